@@ -1,0 +1,60 @@
+// AdamW with decoupled weight decay (Loshchilov & Hutter), and the global gradient norm for clipping.
+// For step t (1-based), gradient g already multiplied by the clipping scale:
+//   m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
+//   p -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
+// The trainer calls this per tensor, with wd = 0 for biases and LayerNorm parameters.
+#pragma once
+
+#include <cmath>
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+struct AdamWHyper {
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+};
+
+template <typename Real>
+void adamw_update(Real* params, const Real* grads, Real* m, Real* v,  // all (n)
+                  size_t n, const AdamWHyper& hyper, float lr, float weight_decay, float grad_scale, int t) {
+    Real b1 = hyper.beta1, b2 = hyper.beta2;
+    Real bias_correction1 = (Real)(1.0 - std::pow((double)hyper.beta1, t));
+    Real bias_correction2 = (Real)(1.0 - std::pow((double)hyper.beta2, t));
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        Real g = grads[i] * (Real)grad_scale;
+        Real mi = b1 * m[i] + (1 - b1) * g;
+        Real vi = b2 * v[i] + (1 - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        Real m_hat = mi / bias_correction1;
+        Real v_hat = vi / bias_correction2;
+        params[i] -= (Real)lr * (m_hat / (std::sqrt(v_hat) + (Real)hyper.eps) + (Real)weight_decay * params[i]);
+    }
+}
+
+// Sum of squares accumulated in double. Fixed-size blocks are summed in index order, so the result
+// is the same bit for bit whatever the thread count (an OpenMP reduction combines in arrival order).
+template <typename Real>
+double sum_of_squares(const Real* x, size_t n) {
+    const size_t block = 1 << 14;
+    size_t num_blocks = (n + block - 1) / block;
+    std::vector<double> partial(num_blocks);
+#pragma omp parallel for schedule(static)
+    for (size_t ib = 0; ib < num_blocks; ib++) {
+        double s = 0.0;
+        size_t end = std::min(n, (ib + 1) * block);
+        for (size_t i = ib * block; i < end; i++) s += (double)x[i] * x[i];
+        partial[ib] = s;
+    }
+    double total = 0.0;
+    for (double s : partial) total += s;
+    return total;
+}
+
+// The clipping scale for a global norm: gradients are scaled down to norm max_norm, never up.
+inline float clip_scale(double grad_norm, double max_norm) {
+    return grad_norm > max_norm ? (float)(max_norm / grad_norm) : 1.0f;
+}

@@ -1,0 +1,178 @@
+// Command-line flags of the trainers, shared by train_gpt2.cpp and train_gpt2.cu.
+//
+// Flags use llm.c's letters where llm.c has one. Every flag takes a value ("-b 4"). A value that does
+// not parse, or lies outside the flag's range, is refused with a message naming the flag; nothing is
+// clamped. Checks that need the model or the data (T <= maxT, batch divisibility) are done by
+// validate_batch_args() once those are known.
+#pragma once
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpt2_config.h"
+#include "schedulers.h"
+#include "utils.h"
+
+struct TrainArgs {
+    // data
+    std::string train_pattern = "dev/data/tinyshakespeare/tinyshakespeare_train_*.bin";
+    std::string val_pattern = "dev/data/tinyshakespeare/tinyshakespeare_val_*.bin";
+    std::string tokenizer_path = "gpt2_tokenizer.bin";
+    int shuffle = 1;
+    // model
+    std::string model = "d12";  // a checkpoint path, or a descriptor d6/d12/d24/d36/d48 for random init
+    int seed = 1337;            // random initialization
+    // batch
+    int B = 4;
+    int T = 64;
+    long total_batch_tokens = -1;  // -1: one micro-batch per step (B*T*processes)
+    // optimization
+    int max_steps = -1;            // -1: one epoch of the training data
+    float learning_rate = 3e-4f;
+    int warmup_steps = 0;
+    float final_lr_frac = 1.0f;
+    std::string schedule = "cosine";
+    float weight_decay = 0.0f;
+    int overfit_single_batch = 0;
+    // evaluation, sampling, output
+    int val_every = 20;
+    int val_batches = 20;
+    int sample_every = 20;
+    int gen_tokens = 64;
+    std::string output_dir;
+    int checkpoint_every = 0;
+    int resume = 0;
+    // CUDA trainer only
+    int recompute = 1;
+    int master_weights = 1;
+};
+
+enum class FlagKind { Int, Long, Float, String };
+
+struct FlagSpec {
+    const char* name;  // "-b"
+    FlagKind kind;
+    void* field;       // the TrainArgs member it sets
+    double min, max;   // numeric range, inclusive (NAN: no bound)
+    bool cuda_only;
+    const char* help;
+};
+
+// The flag table, bound to the members of `a`.
+inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
+    return {
+        {"-i", FlagKind::String, &a->train_pattern, NAN, NAN, false, "train data shards (glob pattern)"},
+        {"-j", FlagKind::String, &a->val_pattern, NAN, NAN, false, "val data shards (glob pattern)"},
+        {"-e", FlagKind::String, &a->model, NAN, NAN, false, "model: checkpoint .bin, or d6|d12|d24|d36|d48 for random init"},
+        {"-o", FlagKind::String, &a->output_dir, NAN, NAN, false, "output dir for main.log, metrics.jsonl, checkpoints"},
+        {"-b", FlagKind::Int, &a->B, 1, 1 << 20, false, "micro-batch size B"},
+        {"-t", FlagKind::Int, &a->T, 1, 1 << 20, false, "sequence length T (at most the model's maxT)"},
+        {"-d", FlagKind::Long, &a->total_batch_tokens, -1, 1e15, false, "total batch in tokens, a multiple of B*T (-1: B*T)"},
+        {"-x", FlagKind::Int, &a->max_steps, -1, INT_MAX, false, "max steps (-1: one epoch)"},
+        {"-l", FlagKind::Float, &a->learning_rate, 0, 10, false, "learning rate"},
+        {"-u", FlagKind::Int, &a->warmup_steps, 0, INT_MAX, false, "learning rate warmup steps"},
+        {"-q", FlagKind::Float, &a->final_lr_frac, 0, 1, false, "final learning rate as a fraction of -l"},
+        {"-k", FlagKind::String, &a->schedule, NAN, NAN, false, "learning rate schedule: cosine|linear|constant|wsd"},
+        {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
+        {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
+        {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss"},
+        {"-s", FlagKind::Int, &a->sample_every, 0, INT_MAX, false, "sample every N steps (0: never)"},
+        {"-g", FlagKind::Int, &a->gen_tokens, 1, 1 << 20, false, "tokens to generate per sample"},
+        {"-n", FlagKind::Int, &a->checkpoint_every, 0, INT_MAX, false, "checkpoint every N steps, and at the end (0: never; needs -o)"},
+        {"-y", FlagKind::Int, &a->resume, 0, 1, false, "1: resume from the newest complete checkpoint in -o"},
+        {"-a", FlagKind::Int, &a->overfit_single_batch, 0, 1, false, "1: train on the first batch only (overfit)"},
+        {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
+        {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
+        {"-tk", FlagKind::String, &a->tokenizer_path, NAN, NAN, false, "gpt2_tokenizer.bin, to print samples as text"},
+        {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
+        {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
+    };
+}
+
+inline void print_usage(const char* program, bool cuda) {
+    TrainArgs defaults;
+    printf("Usage: %s [flags], each flag followed by a value:\n", program);
+    for (const FlagSpec& spec : flag_specs(&defaults)) {
+        if (spec.cuda_only && !cuda) continue;
+        const char* field = (const char*)spec.field;
+        char value[256];
+        switch (spec.kind) {
+            case FlagKind::Int: snprintf(value, sizeof(value), "%d", *(const int*)field); break;
+            case FlagKind::Long: snprintf(value, sizeof(value), "%ld", *(const long*)field); break;
+            case FlagKind::Float: snprintf(value, sizeof(value), "%g", *(const float*)field); break;
+            case FlagKind::String: snprintf(value, sizeof(value), "%s", ((const std::string*)field)->c_str()); break;
+        }
+        printf("  %-4s %-60s (default: %s)\n", spec.name, spec.help, value[0] ? value : "none");
+    }
+}
+
+// Parses one numeric value; refuses garbage, trailing characters and out-of-range values.
+inline double parse_number(const char* flag, const char* text, bool integer, double min, double max) {
+    errno = 0;
+    char* end = nullptr;
+    double value = integer ? (double)strtoll(text, &end, 10) : strtod(text, &end);
+    if (end == text || *end != '\0' || errno == ERANGE || !std::isfinite(value)) {
+        fatal("flag %s: '%s' is not %s", flag, text, integer ? "an integer" : "a number");
+    }
+    if ((!std::isnan(min) && value < min) || (!std::isnan(max) && value > max)) {
+        fatal("flag %s: %s is outside the allowed range %.10g .. %.10g", flag, text, min, max);
+    }
+    return value;
+}
+
+// Parses argv into args. Prints usage and exits 0 on -h; exits 1 on anything it cannot accept.
+inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
+    for (int i = 1; i < argc; i++) {
+        const char* flag = argv[i];
+        if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) {
+            print_usage(argv[0], cuda);
+            exit(EXIT_SUCCESS);
+        }
+        std::vector<FlagSpec> specs = flag_specs(args);
+        const FlagSpec* spec = nullptr;
+        for (const FlagSpec& s : specs) {
+            if (strcmp(s.name, flag) == 0 && (cuda || !s.cuda_only)) spec = &s;
+        }
+        if (spec == nullptr) fatal("unknown flag '%s' (run %s -h for the list)", flag, argv[0]);
+        if (i + 1 >= argc) fatal("flag %s needs a value", flag);
+        const char* value = argv[++i];
+        void* field = spec->field;
+        switch (spec->kind) {
+            case FlagKind::Int: *(int*)field = (int)parse_number(flag, value, true, spec->min, spec->max); break;
+            case FlagKind::Long: *(long*)field = (long)parse_number(flag, value, true, spec->min, spec->max); break;
+            case FlagKind::Float: *(float*)field = (float)parse_number(flag, value, false, spec->min, spec->max); break;
+            case FlagKind::String:
+                if (value[0] == '\0') fatal("flag %s: empty value", flag);
+                *(std::string*)field = value;
+                break;
+        }
+    }
+    LRSchedule schedule;
+    if (!parse_lr_schedule(args->schedule.c_str(), &schedule)) {
+        fatal("flag -k: unknown schedule '%s' (cosine, linear, constant or wsd)", args->schedule.c_str());
+    }
+    if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
+    if (args->max_steps == 0) fatal("flag -x: max steps must be -1 or positive");
+    if (args->checkpoint_every > 0 && args->output_dir.empty()) fatal("flag -n needs an output directory (-o)");
+    if (args->resume && args->output_dir.empty()) fatal("flag -y 1 needs the output directory (-o) to resume from");
+}
+
+// Checks the batch flags against the model and the number of processes; returns grad accumulation steps.
+inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int num_processes) {
+    if (args.T > cfg.max_seq_len) {
+        fatal("flag -t: sequence length %d exceeds the model's maximum %d", args.T, cfg.max_seq_len);
+    }
+    long tokens_per_micro_step = (long)args.B * args.T * num_processes;
+    long total = args.total_batch_tokens == -1 ? tokens_per_micro_step : args.total_batch_tokens;
+    if (total % tokens_per_micro_step != 0) {
+        fatal("flag -d: total batch %ld tokens is not a multiple of B*T*processes = %d*%d*%d = %ld", total, args.B,
+              args.T, num_processes, tokens_per_micro_step);
+    }
+    return (int)(total / tokens_per_micro_step);
+}

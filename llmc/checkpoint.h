@@ -1,0 +1,252 @@
+// Model files, optimizer state files and checkpoint directories.
+//
+// Model file (../shared/FORMATS.md): header magic 20240326, version 3 (fp32) or 5 (bf16), then the
+// 16 parameter tensors back to back. bf16 is the top half of an fp32, so loading upcasts exactly and
+// saving rounds to nearest even.
+//
+// State file (ours; llm.c's has another layout): everything beyond the weights that a run needs to
+// continue bit for bit. Header magic 20261121, version 1, then:
+//   h[2] num_processes   h[3] rank    h[4] B    h[5] T    h[6] grad_accum_steps   h[7] has_master (0/1)
+//   h[8..23] eight int64: step, data epoch, data shard index, data sample index, sampler rng state,
+//            number of parameters, first parameter of this rank's optimizer shard, shard length
+// then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master.
+//
+// A checkpoint for step S in directory DIR is model_S.bin, one state_S_RANK.bin per process and last
+// a DONE_S marker (S as %08d, RANK as %05d). Every file is written to a temporary name and renamed
+// into place, and DONE_S is written only after all of them, so a crash at any point leaves either a
+// complete checkpoint or one without its marker, which resume ignores.
+#pragma once
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpt2_config.h"
+#include "utils.h"
+
+constexpr int32_t MODEL_MAGIC = 20240326;
+constexpr int32_t MODEL_VERSION_FP32 = 3;
+constexpr int32_t MODEL_VERSION_BF16 = 5;
+constexpr int32_t STATE_MAGIC = 20261121;
+constexpr int32_t STATE_VERSION = 1;
+
+// ----------------------------------------------------------------------------
+// bf16 <-> fp32
+
+inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+// ----------------------------------------------------------------------------
+// model file
+
+inline void model_file_write(const std::string& path, const GPT2Config& cfg, const float* params, int version) {
+    int32_t header[HEADER_INTS] = {0};
+    header[0] = MODEL_MAGIC;
+    header[1] = version;
+    header[2] = cfg.max_seq_len;
+    header[3] = cfg.vocab_size;
+    header[4] = cfg.num_layers;
+    header[5] = cfg.num_heads;
+    header[6] = cfg.channels;
+    header[7] = cfg.padded_vocab_size;
+    size_t n = num_parameters(cfg);
+    AtomicFile f = atomic_open(path);
+    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
+    if (version == MODEL_VERSION_FP32) {
+        fwriteCheck(params, sizeof(float), n, f.fp);
+    } else if (version == MODEL_VERSION_BF16) {
+        std::vector<uint16_t> chunk(1 << 20);
+        for (size_t i = 0; i < n; i += chunk.size()) {
+            size_t len = std::min(chunk.size(), n - i);
+            for (size_t j = 0; j < len; j++) chunk[j] = float_to_bf16(params[i + j]);
+            fwriteCheck(chunk.data(), sizeof(uint16_t), len, f.fp);
+        }
+    } else {
+        fatal("model_file_write: unknown version %d", version);
+    }
+    atomic_commit(&f);
+}
+
+// Reads the header of a model file, checks it, and returns its config and version. Leaves fp at the
+// first parameter.
+inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* version) {
+    const char* what = "model checkpoint";
+    static const int32_t versions[] = {MODEL_VERSION_FP32, MODEL_VERSION_BF16};
+    FILE* fp = fopenCheck(path.c_str(), "rb");
+    int32_t header[HEADER_INTS];
+    read_file_header(fp, path.c_str(), what, MODEL_MAGIC, versions, 2, header);
+    cfg->max_seq_len = header[2];
+    cfg->vocab_size = header[3];
+    cfg->num_layers = header[4];
+    cfg->num_heads = header[5];
+    cfg->channels = header[6];
+    cfg->padded_vocab_size = header[7];
+    validate_config(*cfg, path.c_str());
+    *version = header[1];
+    size_t bytes_per_param = *version == MODEL_VERSION_FP32 ? 4 : 2;
+    expect_file_size(fp, path.c_str(), what, HEADER_BYTES + (long)(num_parameters(*cfg) * bytes_per_param));
+    return fp;
+}
+
+// Reads a version-3 or version-5 model file into fp32 parameters (bf16 is upcast exactly).
+inline void model_file_read(const std::string& path, GPT2Config* cfg, std::vector<float>* params, int* version = nullptr) {
+    int file_version;
+    FILE* fp = model_file_open(path, cfg, &file_version);
+    size_t n = num_parameters(*cfg);
+    params->resize(n);
+    if (file_version == MODEL_VERSION_FP32) {
+        freadCheck(params->data(), sizeof(float), n, fp);
+    } else {
+        std::vector<uint16_t> chunk(1 << 20);
+        for (size_t i = 0; i < n; i += chunk.size()) {
+            size_t len = std::min(chunk.size(), n - i);
+            freadCheck(chunk.data(), sizeof(uint16_t), len, fp);
+            for (size_t j = 0; j < len; j++) (*params)[i + j] = bf16_to_float(chunk[j]);
+        }
+    }
+    fcloseCheck(fp);
+    if (version) *version = file_version;
+}
+
+// ----------------------------------------------------------------------------
+// state file
+
+struct TrainState {
+    int num_processes = 1;
+    int rank = 0;
+    int B = 0, T = 0, grad_accum_steps = 1;
+    int64_t step = 0;           // number of updates done
+    int64_t data_epoch = 0, data_shard = 0, data_sample = 0;
+    uint64_t sampler_rng = 0;
+    int64_t num_parameters = 0;
+    int64_t shard_offset = 0;   // this rank's optimizer shard: parameters [offset, offset + length)
+    int64_t shard_length = 0;
+    std::vector<float> m, v;    // (shard_length)
+    std::vector<float> master;  // (shard_length) or empty
+};
+
+inline void state_file_write(const std::string& path, const TrainState& s) {
+    if ((int64_t)s.m.size() != s.shard_length || (int64_t)s.v.size() != s.shard_length ||
+        (!s.master.empty() && (int64_t)s.master.size() != s.shard_length)) {
+        fatal("state_file_write: optimizer buffers do not match the shard length %ld", (long)s.shard_length);
+    }
+    int32_t header[HEADER_INTS] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = STATE_VERSION;
+    header[2] = s.num_processes;
+    header[3] = s.rank;
+    header[4] = s.B;
+    header[5] = s.T;
+    header[6] = s.grad_accum_steps;
+    header[7] = s.master.empty() ? 0 : 1;
+    int64_t wide[8] = {s.step, s.data_epoch, s.data_shard, s.data_sample, (int64_t)s.sampler_rng,
+                       s.num_parameters, s.shard_offset, s.shard_length};
+    memcpy(&header[8], wide, sizeof(wide));
+    AtomicFile f = atomic_open(path);
+    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
+    fwriteCheck(s.m.data(), sizeof(float), s.shard_length, f.fp);
+    fwriteCheck(s.v.data(), sizeof(float), s.shard_length, f.fp);
+    if (!s.master.empty()) fwriteCheck(s.master.data(), sizeof(float), s.shard_length, f.fp);
+    atomic_commit(&f);
+}
+
+inline void state_file_read(const std::string& path, TrainState* s) {
+    const char* what = "optimizer state file";
+    FILE* fp = fopenCheck(path.c_str(), "rb");
+    int32_t header[HEADER_INTS];
+    read_file_header(fp, path.c_str(), what, STATE_MAGIC, &STATE_VERSION, 1, header);
+    s->num_processes = header[2];
+    s->rank = header[3];
+    s->B = header[4];
+    s->T = header[5];
+    s->grad_accum_steps = header[6];
+    int has_master = header[7];
+    int64_t wide[8];
+    memcpy(wide, &header[8], sizeof(wide));
+    s->step = wide[0];
+    s->data_epoch = wide[1];
+    s->data_shard = wide[2];
+    s->data_sample = wide[3];
+    s->sampler_rng = (uint64_t)wide[4];
+    s->num_parameters = wide[5];
+    s->shard_offset = wide[6];
+    s->shard_length = wide[7];
+    if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
+        s->grad_accum_steps < 1 || (has_master != 0 && has_master != 1) || s->step < 0 || s->num_parameters < 1 ||
+        s->shard_offset < 0 || s->shard_length < 0 || s->shard_offset + s->shard_length > s->num_parameters + s->num_processes) {
+        fatal("%s '%s' has an inconsistent header (corrupt?)", what, path.c_str());
+    }
+    long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * (2 + has_master);
+    expect_file_size(fp, path.c_str(), what, expected);
+    s->m.resize(s->shard_length);
+    s->v.resize(s->shard_length);
+    freadCheck(s->m.data(), sizeof(float), s->shard_length, fp);
+    freadCheck(s->v.data(), sizeof(float), s->shard_length, fp);
+    s->master.clear();
+    if (has_master) {
+        s->master.resize(s->shard_length);
+        freadCheck(s->master.data(), sizeof(float), s->shard_length, fp);
+    }
+    fcloseCheck(fp);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoint directory
+
+inline std::string checkpoint_model_path(const std::string& dir, int64_t step) {
+    char name[64];
+    snprintf(name, sizeof(name), "/model_%08ld.bin", (long)step);
+    return dir + name;
+}
+
+inline std::string checkpoint_state_path(const std::string& dir, int64_t step, int rank) {
+    char name[64];
+    snprintf(name, sizeof(name), "/state_%08ld_%05d.bin", (long)step, rank);
+    return dir + name;
+}
+
+inline std::string checkpoint_done_path(const std::string& dir, int64_t step) {
+    char name[64];
+    snprintf(name, sizeof(name), "/DONE_%08ld", (long)step);
+    return dir + name;
+}
+
+// Marks checkpoint `step` complete; call after every file of it is in place.
+inline void checkpoint_mark_done(const std::string& dir, int64_t step) {
+    AtomicFile f = atomic_open(checkpoint_done_path(dir, step));
+    atomic_commit(&f);
+}
+
+// The newest step with a DONE marker in dir, or -1 if there is none.
+inline int64_t checkpoint_find_latest(const std::string& dir) {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return -1;
+    int64_t latest = -1;
+    while (struct dirent* entry = readdir(d)) {
+        long step;
+        char rest;
+        // exactly "DONE_" followed by digits and nothing else
+        if (strncmp(entry->d_name, "DONE_", 5) == 0 && sscanf(entry->d_name + 5, "%ld%c", &step, &rest) == 1 &&
+            step >= 0 && step > latest) {
+            latest = step;
+        }
+    }
+    closedir(d);
+    return latest;
+}

@@ -1,0 +1,142 @@
+// GPT-2's hyperparameters and the layout of its 16 parameter tensors, shared by every trainer and tool.
+//
+// The parameters live in one flat allocation, tensor after tensor in checkpoint order
+// (../shared/FORMATS.md), so a checkpoint is read with one fread and the optimizer walks one array.
+// This header only computes sizes and offsets; each trainer allocates in its own precision.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "utils.h"
+
+struct GPT2Config {
+    int max_seq_len;        // maxT, e.g. 1024
+    int vocab_size;         // V, e.g. 50257
+    int padded_vocab_size;  // Vp: V rounded up to a multiple of 128, e.g. 50304
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+};
+
+constexpr int NUM_PARAMETER_TENSORS = 16;
+
+// Index of each tensor in checkpoint order.
+enum ParamIndex {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB
+};
+
+inline const char* param_tensor_name(int i) {
+    static const char* names[NUM_PARAMETER_TENSORS] = {
+        "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+        "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    return names[i];
+}
+
+// Weight decay applies to the 2-D matrices only: embeddings and linear weights, never biases or
+// LayerNorm parameters.
+inline bool param_tensor_is_decayed(int i) {
+    return i == P_WTE || i == P_WPE || i == P_QKVW || i == P_ATTPROJW || i == P_FCW || i == P_FCPROJW;
+}
+
+inline int pad_vocab(int vocab_size) { return (int)ceil_div(vocab_size, 128) * 128; }
+
+// Number of elements of each tensor.
+inline void param_tensor_sizes(const GPT2Config& cfg, size_t sizes[NUM_PARAMETER_TENSORS]) {
+    size_t Vp = cfg.padded_vocab_size, C = cfg.channels, L = cfg.num_layers, maxT = cfg.max_seq_len;
+    sizes[P_WTE] = Vp * C;
+    sizes[P_WPE] = maxT * C;
+    sizes[P_LN1W] = L * C;
+    sizes[P_LN1B] = L * C;
+    sizes[P_QKVW] = L * 3 * C * C;
+    sizes[P_QKVB] = L * 3 * C;
+    sizes[P_ATTPROJW] = L * C * C;
+    sizes[P_ATTPROJB] = L * C;
+    sizes[P_LN2W] = L * C;
+    sizes[P_LN2B] = L * C;
+    sizes[P_FCW] = L * 4 * C * C;
+    sizes[P_FCB] = L * 4 * C;
+    sizes[P_FCPROJW] = L * C * 4 * C;
+    sizes[P_FCPROJB] = L * C;
+    sizes[P_LNFW] = C;
+    sizes[P_LNFB] = C;
+}
+
+inline size_t num_parameters(const GPT2Config& cfg) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    size_t total = 0;
+    for (size_t s : sizes) total += s;
+    return total;
+}
+
+// Element offset of each tensor inside the flat parameter array.
+inline void param_tensor_offsets(const GPT2Config& cfg, size_t offsets[NUM_PARAMETER_TENSORS]) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        offsets[i] = offset;
+        offset += sizes[i];
+    }
+}
+
+// Forward FLOPs per token for the training FLOP estimate: 6N for the matmuls of forward+backward plus
+// 6·L·C·T for attention's scores and weighted sum (the usual estimate, e.g. the PaLM paper appendix).
+inline double flops_per_token(const GPT2Config& cfg, int T) {
+    double N = (double)num_parameters(cfg);
+    return 6.0 * N + 6.0 * cfg.num_layers * cfg.channels * (double)T;
+}
+
+// Checks that a configuration read from a file or built from flags is usable.
+inline void validate_config(const GPT2Config& cfg, const char* source) {
+    if (cfg.max_seq_len <= 0 || cfg.vocab_size <= 0 || cfg.num_layers <= 0 || cfg.num_heads <= 0 ||
+        cfg.channels <= 0) {
+        fatal("%s: model sizes must be positive (maxT %d, V %d, L %d, NH %d, C %d)", source, cfg.max_seq_len,
+              cfg.vocab_size, cfg.num_layers, cfg.num_heads, cfg.channels);
+    }
+    if (cfg.channels % cfg.num_heads != 0) {
+        fatal("%s: channels %d are not divisible by the %d heads", source, cfg.channels, cfg.num_heads);
+    }
+    if (cfg.padded_vocab_size < cfg.vocab_size || cfg.padded_vocab_size % 128 != 0) {
+        fatal("%s: padded vocab %d must be a multiple of 128 and at least the vocab %d", source,
+              cfg.padded_vocab_size, cfg.vocab_size);
+    }
+    // keep every tensor well inside size_t and every per-layer index inside int arithmetic we use
+    if (cfg.max_seq_len > 1 << 20 || cfg.vocab_size > 1 << 24 || cfg.num_layers > 1024 || cfg.channels > 1 << 16) {
+        fatal("%s: model sizes are implausibly large (maxT %d, V %d, L %d, C %d)", source, cfg.max_seq_len,
+              cfg.vocab_size, cfg.num_layers, cfg.channels);
+    }
+}
+
+// The model descriptors "d6", "d12", ... name GPT-2 shapes by depth (GPT-2 small is d12).
+// Returns false if `name` is not a descriptor (then it is taken as a checkpoint path).
+inline bool config_from_descriptor(const char* name, GPT2Config* cfg) {
+    struct Shape { const char* name; int L, C, NH; };
+    static const Shape shapes[] = {
+        {"d6", 6, 384, 6}, {"d12", 12, 768, 12}, {"d24", 24, 1024, 16}, {"d36", 36, 1280, 20}, {"d48", 48, 1600, 25}};
+    for (const Shape& s : shapes) {
+        if (strcmp(name, s.name) == 0) {
+            cfg->max_seq_len = 1024;
+            cfg->vocab_size = 50257;
+            cfg->padded_vocab_size = pad_vocab(50257);
+            cfg->num_layers = s.L;
+            cfg->channels = s.C;
+            cfg->num_heads = s.NH;
+            return true;
+        }
+    }
+    return false;
+}
+
+// True for strings of the form "d<digits>", which we treat as descriptors (and reject if unknown).
+inline bool looks_like_descriptor(const char* name) {
+    if (name[0] != 'd' || name[1] == '\0') return false;
+    for (const char* p = name + 1; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+    }
+    return true;
+}

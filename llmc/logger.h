@@ -1,0 +1,88 @@
+// Run logs in an output directory:
+//   DIR/main.log       llm.c's line format: "s:STEP trl:LOSS lr:LR norm:NORM" and "s:STEP tel:LOSS"
+//   DIR/metrics.jsonl  one JSON object per line: {"step": N, "train_loss": ..., "lr": ..., "grad_norm": ...,
+//                      "ms": ..., "tokens_per_s": ...} and {"step": N, "val_loss": ...}
+// Losses are printed with 9 significant digits (float's full precision). Step N's train loss is the
+// loss of the forward pass made with the parameters after N updates.
+// On resume from step S, lines for steps >= S (written by the interrupted run after its checkpoint)
+// are dropped first, so the logs read as if the run had never stopped.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "utils.h"
+
+struct Logger {
+    FILE* main_log = nullptr;
+    FILE* metrics = nullptr;
+};
+
+// Step number of a log line ("s:12 ..." or {"step": 12, ...}), or -1.
+inline long log_line_step(const std::string& line) {
+    const char* p = line.c_str();
+    if (strncmp(p, "s:", 2) == 0) return strtol(p + 2, nullptr, 10);
+    const char* key = strstr(p, "\"step\":");
+    if (key) return strtol(key + 7, nullptr, 10);
+    return -1;
+}
+
+// Rewrites `path` keeping only the lines whose step is below `step`.
+inline void log_truncate_from_step(const std::string& path, long step) {
+    if (!file_exists(path)) return;
+    FILE* in = fopenCheck(path.c_str(), "r");
+    std::vector<std::string> kept;
+    char buffer[4096];
+    std::string line;
+    while (fgets(buffer, sizeof(buffer), in)) {
+        line += buffer;
+        if (line.back() != '\n') continue;  // a longer line continues in the next buffer
+        if (log_line_step(line) < step) kept.push_back(line);
+        line.clear();
+    }
+    fcloseCheck(in);
+    AtomicFile out = atomic_open(path);
+    for (const std::string& l : kept) fwriteCheck(l.data(), 1, l.size(), out.fp);
+    atomic_commit(&out);
+}
+
+// Opens the logs in `dir` (nothing is logged if dir is empty). A fresh run starts them empty; a run
+// resumed at `resume_step` keeps what came before it.
+inline void logger_open(Logger* logger, const std::string& dir, long resume_step) {
+    if (dir.empty()) return;
+    std::string main_path = dir + "/main.log", metrics_path = dir + "/metrics.jsonl";
+    if (resume_step >= 0) {
+        log_truncate_from_step(main_path, resume_step);
+        log_truncate_from_step(metrics_path, resume_step);
+    }
+    const char* mode = resume_step >= 0 ? "a" : "w";
+    logger->main_log = fopenCheck(main_path.c_str(), mode);
+    logger->metrics = fopenCheck(metrics_path.c_str(), mode);
+}
+
+inline void logger_log_train(Logger* logger, long step, float loss, float lr, float grad_norm, double ms,
+                             double tokens_per_s) {
+    if (logger->main_log == nullptr) return;
+    fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g\n", step, loss, lr, grad_norm);
+    fprintf(logger->metrics,
+            "{\"step\": %ld, \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+            step, loss, lr, grad_norm, ms, tokens_per_s);
+    fflush(logger->main_log);
+    fflush(logger->metrics);
+}
+
+inline void logger_log_val(Logger* logger, long step, float val_loss) {
+    if (logger->main_log == nullptr) return;
+    fprintf(logger->main_log, "s:%ld tel:%.9g\n", step, val_loss);
+    fprintf(logger->metrics, "{\"step\": %ld, \"val_loss\": %.9g}\n", step, val_loss);
+    fflush(logger->main_log);
+    fflush(logger->metrics);
+}
+
+inline void logger_close(Logger* logger) {
+    if (logger->main_log) fcloseCheck(logger->main_log);
+    if (logger->metrics) fcloseCheck(logger->metrics);
+    logger->main_log = logger->metrics = nullptr;
+}

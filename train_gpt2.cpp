@@ -1,0 +1,551 @@
+/*
+GPT-2 training on the CPU in fp32: the reference that every other trainer in this project is checked
+against. Every layer's forward and backward is written by hand in the llmc/ headers (plain loops, OpenMP); this
+file wires them into the model, and the model into a training loop:
+
+    tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
+                               ln2 -> fc -> gelu -> fcproj -> +residual ] -> lnf -> logits (x wteᵀ) -> loss
+
+Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
+*/
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/adamw.h"
+#include "llmc/args.h"
+#include "llmc/attention.h"
+#include "llmc/checkpoint.h"
+#include "llmc/crossentropy.h"
+#include "llmc/dataloader.h"
+#include "llmc/encoder.h"
+#include "llmc/gelu.h"
+#include "llmc/gpt2_config.h"
+#include "llmc/layernorm.h"
+#include "llmc/logger.h"
+#include "llmc/matmul.h"
+#include "llmc/rand.h"
+#include "llmc/residual.h"
+#include "llmc/sampler.h"
+#include "llmc/schedulers.h"
+#include "llmc/tokenizer_file.h"
+#include "llmc/utils.h"
+
+// ----------------------------------------------------------------------------
+// Parameters: 16 tensors in checkpoint order, pointers into one flat array.
+
+struct ParameterTensors {
+    float* wte;       // (Vp, C)
+    float* wpe;       // (maxT, C)
+    float* ln1w;      // (L, C)
+    float* ln1b;      // (L, C)
+    float* qkvw;      // (L, 3C, C)
+    float* qkvb;      // (L, 3C)
+    float* attprojw;  // (L, C, C)
+    float* attprojb;  // (L, C)
+    float* ln2w;      // (L, C)
+    float* ln2b;      // (L, C)
+    float* fcw;       // (L, 4C, C)
+    float* fcb;       // (L, 4C)
+    float* fcprojw;   // (L, C, 4C)
+    float* fcprojb;   // (L, C)
+    float* lnfw;      // (C)
+    float* lnfb;      // (C)
+};
+
+void point_parameters(ParameterTensors* p, float* memory, const GPT2Config& cfg) {
+    float** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,  &p->wpe,  &p->ln1w,     &p->ln1b,     &p->qkvw,    &p->qkvb,
+                                           &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,     &p->fcb,
+                                           &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
+    size_t offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_offsets(cfg, offsets);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
+}
+
+// ----------------------------------------------------------------------------
+// Activations of the forward pass, kept for the backward pass. Per-layer tensors are stacked over L;
+// within a call they are laid out for that call's (B, T), so any B*T up to the allocated size works.
+
+struct ActivationTensors {
+    float* encoded;    // (B, T, C)
+    float* ln1;        // (L, B, T, C)
+    float* ln1_mean;   // (L, B, T)
+    float* ln1_rstd;   // (L, B, T)
+    float* qkv;        // (L, B, T, 3C)
+    float* atty;       // (L, B, T, C)
+    float* att;        // (L, B, NH, T, T)
+    float* attproj;    // (L, B, T, C)
+    float* residual2;  // (L, B, T, C)
+    float* ln2;        // (L, B, T, C)
+    float* ln2_mean;   // (L, B, T)
+    float* ln2_rstd;   // (L, B, T)
+    float* fch;        // (L, B, T, 4C)
+    float* fch_gelu;   // (L, B, T, 4C)
+    float* fcproj;     // (L, B, T, C)
+    float* residual3;  // (L, B, T, C)
+    float* lnf;        // (B, T, C)
+    float* lnf_mean;   // (B, T)
+    float* lnf_rstd;   // (B, T)
+    float* logits;     // (B, T, Vp)
+    float* losses;     // (B, T)
+};
+
+// Gradients of activations are needed only one layer at a time, so the backward pass reuses these
+// buffers for every layer instead of keeping a gradient for each activation.
+struct BackwardScratch {
+    float* dresidual;  // (B, T, C)   gradient flowing down the residual stream
+    float* dln;        // (B, T, C)   gradient of a layernorm output (ln1, ln2 or lnf)
+    float* datty;      // (B, T, C)
+    float* dqkv;       // (B, T, 3C)
+    float* dfch;       // (B, T, 4C)
+    float* dfch_gelu;  // (B, T, 4C)
+    float* dlogits;    // (B, T, Vp)
+};
+
+struct GPT2 {
+    GPT2Config config;
+    size_t num_parameters = 0;
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t param_offsets[NUM_PARAMETER_TENSORS];
+    std::vector<float> params_memory, grads_memory;
+    ParameterTensors params, grads;
+    std::vector<float> m_memory, v_memory;  // AdamW moments
+    // activations, allocated on the first forward for (batch_size, seq_len)
+    int batch_size = 0, seq_len = 0;
+    std::vector<float> acts_memory, scratch_memory;
+    ActivationTensors acts;
+    BackwardScratch scratch;
+    float mean_loss = -1.0f;  // of the last forward with targets
+};
+
+void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
+    validate_config(cfg, "model");
+    model->config = cfg;
+    param_tensor_sizes(cfg, model->param_sizes);
+    param_tensor_offsets(cfg, model->param_offsets);
+    model->num_parameters = num_parameters(cfg);
+    model->params_memory.assign(model->num_parameters, 0.0f);
+    model->grads_memory.assign(model->num_parameters, 0.0f);
+    model->m_memory.assign(model->num_parameters, 0.0f);
+    model->v_memory.assign(model->num_parameters, 0.0f);
+    point_parameters(&model->params, model->params_memory.data(), cfg);
+    point_parameters(&model->grads, model->grads_memory.data(), cfg);
+}
+
+// GPT-2's initialization: weights N(0, 0.02), the two projections into the residual stream
+// N(0, 0.02/sqrt(2L)) so the stream's variance does not grow with depth, biases 0, LayerNorm gains 1.
+void gpt2_init_random(GPT2* model, const GPT2Config& cfg, unsigned seed) {
+    gpt2_setup(model, cfg);
+    std::mt19937 rng(seed);
+    double residual_std = 0.02 / std::sqrt(2.0 * cfg.num_layers);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        float* tensor = model->params_memory.data() + model->param_offsets[i];
+        size_t n = model->param_sizes[i];
+        if (i == P_LN1W || i == P_LN2W || i == P_LNFW) {
+            for (size_t j = 0; j < n; j++) tensor[j] = 1.0f;
+        } else if (i == P_WTE) {
+            rand_normal_fill(tensor, (size_t)cfg.vocab_size * cfg.channels, 0.0, 0.02, rng);  // padded rows stay 0
+        } else if (i == P_ATTPROJW || i == P_FCPROJW) {
+            rand_normal_fill(tensor, n, 0.0, residual_std, rng);
+        } else if (param_tensor_is_decayed(i)) {  // the other weight matrices: wpe, qkvw, fcw
+            rand_normal_fill(tensor, n, 0.0, 0.02, rng);
+        }  // biases stay 0
+    }
+}
+
+void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(path, &cfg, &params);
+    gpt2_setup(model, cfg);
+    model->params_memory = params;
+    point_parameters(&model->params, model->params_memory.data(), cfg);
+}
+
+// Builds the model named by -e: a descriptor (random init from `seed`) or a checkpoint file.
+void gpt2_build(GPT2* model, const std::string& name, unsigned seed) {
+    GPT2Config cfg;
+    if (config_from_descriptor(name.c_str(), &cfg)) {
+        gpt2_init_random(model, cfg, seed);
+    } else if (looks_like_descriptor(name.c_str())) {
+        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
+    } else {
+        gpt2_load_checkpoint(model, name);
+    }
+}
+
+void gpt2_allocate_activations(GPT2* model, int B, int T) {
+    const GPT2Config& cfg = model->config;
+    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    float** act_ptrs[] = {&model->acts.encoded, &model->acts.ln1, &model->acts.ln1_mean, &model->acts.ln1_rstd,
+                          &model->acts.qkv, &model->acts.atty, &model->acts.att, &model->acts.attproj,
+                          &model->acts.residual2, &model->acts.ln2, &model->acts.ln2_mean, &model->acts.ln2_rstd,
+                          &model->acts.fch, &model->acts.fch_gelu, &model->acts.fcproj, &model->acts.residual3,
+                          &model->acts.lnf, &model->acts.lnf_mean, &model->acts.lnf_rstd, &model->acts.logits,
+                          &model->acts.losses};
+    size_t act_sizes[] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * B * NH * T * T,
+                          L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
+                          L * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
+    size_t total = 0;
+    for (size_t s : act_sizes) total += s;
+    model->acts_memory.assign(total, 0.0f);
+    float* p = model->acts_memory.data();
+    for (size_t i = 0; i < sizeof(act_sizes) / sizeof(act_sizes[0]); i++) {
+        *act_ptrs[i] = p;
+        p += act_sizes[i];
+    }
+    float** scratch_ptrs[] = {&model->scratch.dresidual, &model->scratch.dln, &model->scratch.datty,
+                              &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
+                              &model->scratch.dlogits};
+    size_t scratch_sizes[] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C, BT * Vp};
+    size_t scratch_total = 0;
+    for (size_t s : scratch_sizes) scratch_total += s;
+    model->scratch_memory.assign(scratch_total, 0.0f);
+    p = model->scratch_memory.data();
+    for (size_t i = 0; i < sizeof(scratch_sizes) / sizeof(scratch_sizes[0]); i++) {
+        *scratch_ptrs[i] = p;
+        p += scratch_sizes[i];
+    }
+    model->batch_size = B;
+    model->seq_len = T;
+    printf("activations: %.1f MiB for B=%d T=%d, backward scratch %.1f MiB\n", total * 4.0 / (1 << 20), B, T,
+           scratch_total * 4.0 / (1 << 20));
+}
+
+// Forward pass over inputs (B, T). With targets, also the per-position losses and their mean, which
+// is returned; without, returns -1 and only the logits are meaningful.
+float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
+    const GPT2Config& cfg = model->config;
+    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    if (model->acts_memory.empty()) gpt2_allocate_activations(model, B, T);
+    if ((size_t)B * T > (size_t)model->batch_size * model->seq_len || T > cfg.max_seq_len) {
+        fatal("gpt2_forward: B=%d T=%d exceeds the allocated B=%d T=%d (or maxT %d)", B, T, model->batch_size,
+              model->seq_len, cfg.max_seq_len);
+    }
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
+            fatal("gpt2_forward: token id at position %d is outside 0..%d", i, V - 1);
+        }
+    }
+    const ParameterTensors& p = model->params;
+    const ActivationTensors& a = model->acts;
+    size_t BT = (size_t)B * T;
+
+    encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
+    for (int l = 0; l < L; l++) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+        float* ln1 = a.ln1 + l * BT * C;
+        float* qkv = a.qkv + l * BT * 3 * C;
+        float* atty = a.atty + l * BT * C;
+        float* attproj = a.attproj + l * BT * C;
+        float* residual2 = a.residual2 + l * BT * C;
+        float* ln2 = a.ln2 + l * BT * C;
+        float* fch = a.fch + l * BT * 4 * C;
+        float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+        float* fcproj = a.fcproj + l * BT * C;
+        layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C);
+        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C);
+        attention_forward(atty, a.att + (size_t)l * B * NH * T * T, qkv, B, T, C, NH);
+        matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C);
+        residual_forward(residual2, residual, attproj, BT * C);
+        layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, (int)BT, C);
+        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C);
+        gelu_forward(fch_gelu, fch, BT * 4 * C);
+        matmul_forward(fcproj, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, (int)BT, 4 * C, C);
+        residual_forward(a.residual3 + l * BT * C, residual2, fcproj, BT * C);
+    }
+    const float* final_residual = a.residual3 + (L - 1) * BT * C;
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
+    matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vp);
+
+    if (targets == nullptr) {
+        model->mean_loss = -1.0f;
+        return -1.0f;
+    }
+    crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, Vp);
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += a.losses[i];
+    model->mean_loss = (float)(sum / BT);
+    return model->mean_loss;
+}
+
+void gpt2_zero_grad(GPT2* model) {
+    std::fill(model->grads_memory.begin(), model->grads_memory.end(), 0.0f);
+}
+
+// Backward pass of the last forward (same inputs, targets, B, T). Accumulates (+=) into the parameter
+// gradients; dloss is the weight of each position's loss in the objective, 1/(B*T*grad_accum_steps).
+void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
+    const GPT2Config& cfg = model->config;
+    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const ParameterTensors& p = model->params;
+    const ParameterTensors& g = model->grads;
+    const ActivationTensors& a = model->acts;
+    const BackwardScratch& s = model->scratch;
+    size_t BT = (size_t)B * T;
+    auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
+
+    // loss -> logits -> lnf
+    crossentropy_softmax_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, Vp);
+    zero(s.dln, BT * C);
+    matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vp);
+    zero(s.dresidual, BT * C);
+    const float* final_residual = a.residual3 + (L - 1) * BT * C;
+    layernorm_backward(s.dresidual, g.lnfw, g.lnfb, s.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, (int)BT, C);
+
+    // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
+    for (int l = L - 1; l >= 0; l--) {
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+        const float* ln1 = a.ln1 + l * BT * C;
+        const float* qkv = a.qkv + l * BT * 3 * C;
+        const float* atty = a.atty + l * BT * C;
+        const float* residual2 = a.residual2 + l * BT * C;
+        const float* ln2 = a.ln2 + l * BT * C;
+        const float* fch = a.fch + l * BT * 4 * C;
+        const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
+
+        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+        zero(s.dfch_gelu, BT * 4 * C);
+        matmul_backward(s.dfch_gelu, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, s.dresidual, fch_gelu,
+                        p.fcprojw + (size_t)l * C * 4 * C, (int)BT, 4 * C, C);
+        zero(s.dfch, BT * 4 * C);
+        gelu_backward(s.dfch, fch, s.dfch_gelu, BT * 4 * C);
+        zero(s.dln, BT * C);
+        matmul_backward(s.dln, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.dfch, ln2,
+                        p.fcw + (size_t)l * 4 * C * C, (int)BT, C, 4 * C);
+        layernorm_backward(s.dresidual, g.ln2w + l * C, g.ln2b + l * C, s.dln, residual2, p.ln2w + l * C,
+                           a.ln2_mean + l * BT, a.ln2_rstd + l * BT, (int)BT, C);
+
+        // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
+        zero(s.datty, BT * C);
+        matmul_backward(s.datty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.dresidual, atty,
+                        p.attprojw + (size_t)l * C * C, (int)BT, C, C);
+        zero(s.dqkv, BT * 3 * C);
+        attention_backward(s.dqkv, s.datty, qkv, a.att + (size_t)l * B * NH * T * T, B, T, C, NH);
+        zero(s.dln, BT * C);
+        matmul_backward(s.dln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.dqkv, ln1,
+                        p.qkvw + (size_t)l * 3 * C * C, (int)BT, C, 3 * C);
+        layernorm_backward(s.dresidual, g.ln1w + l * C, g.ln1b + l * C, s.dln, residual, p.ln1w + l * C,
+                           a.ln1_mean + l * BT, a.ln1_rstd + l * BT, (int)BT, C);
+    }
+    encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C);
+}
+
+// L2 norm of all parameter gradients together.
+double gpt2_grad_norm(const GPT2* model) {
+    return std::sqrt(sum_of_squares(model->grads_memory.data(), model->num_parameters));
+}
+
+// One AdamW update (t = number of this update, from 1), per tensor so that weight decay reaches only
+// the 2-D tensors. grad_scale is the clipping factor.
+void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
+    AdamWHyper hyper;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t off = model->param_offsets[i];
+        float wd = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
+        adamw_update(model->params_memory.data() + off, model->grads_memory.data() + off, model->m_memory.data() + off,
+                     model->v_memory.data() + off, model->param_sizes[i], hyper, learning_rate, wd, grad_scale, t);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The training run
+
+// Writes a token's bytes to stdout, with control characters other than newline and tab shown as '?'
+// so a sample cannot disturb the terminal.
+void print_token(const TokenizerFile* tok, int id) {
+    if (tok == nullptr) {
+        printf("%d ", id);
+        return;
+    }
+    for (unsigned char c : tokenizer_file_decode(*tok, id)) putchar(c < 32 && c != '\n' && c != '\t' ? '?' : c);
+}
+
+// Generates `count` tokens after end-of-text, each sampled from the model's distribution given the
+// tokens so far (at most the last T of them).
+void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, const TokenizerFile* tok) {
+    std::vector<int> tokens = {eot};
+    printf("--- sample ---\n");
+    for (int i = 0; i < count; i++) {
+        int context = std::min((int)tokens.size(), T);
+        const int* window = tokens.data() + tokens.size() - context;
+        gpt2_forward(model, window, nullptr, 1, context);
+        const float* logits = model->acts.logits + (size_t)(context - 1) * model->config.padded_vocab_size;
+        int next = sample_softmax(logits, model->config.vocab_size, xorshift_uniform(rng));
+        tokens.push_back(next);
+        print_token(tok, next);
+        fflush(stdout);
+    }
+    printf("\n--------------\n");
+}
+
+float validation_loss(GPT2* model, DataLoader* loader, int num_batches) {
+    dataloader_reset(loader);
+    double sum = 0.0;
+    for (int i = 0; i < num_batches; i++) {
+        dataloader_next_batch(loader);
+        sum += gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
+    }
+    return (float)(sum / num_batches);
+}
+
+void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
+                     uint64_t sampler_rng, int grad_accum_steps) {
+    model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
+    TrainState state;
+    state.B = loader.B;
+    state.T = loader.T;
+    state.grad_accum_steps = grad_accum_steps;
+    state.step = step;
+    state.data_epoch = loader.position.epoch;
+    state.data_shard = loader.position.shard_index;
+    state.data_sample = loader.position.sample_index;
+    state.sampler_rng = sampler_rng;
+    state.num_parameters = (int64_t)model->num_parameters;
+    state.shard_offset = 0;
+    state.shard_length = (int64_t)model->num_parameters;
+    state.m = model->m_memory;
+    state.v = model->v_memory;
+    state_file_write(checkpoint_state_path(dir, step, 0), state);
+    checkpoint_mark_done(dir, step);
+    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
+}
+
+// Restores optimizer state, step and data position from the state file of checkpoint `step`.
+void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
+                int grad_accum_steps) {
+    std::string path = checkpoint_state_path(dir, step, 0);
+    TrainState state;
+    state_file_read(path, &state);
+    if (state.num_processes != 1 || state.shard_length != (int64_t)model->num_parameters ||
+        state.num_parameters != (int64_t)model->num_parameters) {
+        fatal("state file '%s' was written by %d process(es) for %ld parameters; this run is 1 process with %zu",
+              path.c_str(), state.num_processes, (long)state.num_parameters, model->num_parameters);
+    }
+    if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
+        fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
+              "(resume with the same -b, -t and -d)", path.c_str(), state.B, state.T, state.grad_accum_steps,
+              loader->B, loader->T, grad_accum_steps);
+    }
+    if (state.step != step) fatal("state file '%s' is for step %ld", path.c_str(), (long)state.step);
+    model->m_memory = state.m;
+    model->v_memory = state.v;
+    DataPosition position;
+    position.epoch = state.data_epoch;
+    position.shard_index = state.data_shard;
+    position.sample_index = state.data_sample;
+    dataloader_seek(loader, position);
+    *sampler_rng = state.sampler_rng;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    TrainArgs args;
+    parse_args(argc, argv, &args, false);
+    printf("train_gpt2 (fp32 CPU) with %d OpenMP threads\n", omp_get_max_threads());
+
+    // the model: from the newest complete checkpoint when resuming, else from -e
+    int resume_step = -1;
+    if (args.resume) {
+        resume_step = (int)checkpoint_find_latest(args.output_dir);
+        if (resume_step < 0) printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
+    }
+    GPT2 model;
+    if (resume_step >= 0) {
+        printf("resume: continuing from step %d in %s\n", resume_step, args.output_dir.c_str());
+        gpt2_load_checkpoint(&model, checkpoint_model_path(args.output_dir, resume_step));
+    } else {
+        gpt2_build(&model, args.model, (unsigned)args.seed);
+    }
+    const GPT2Config& cfg = model.config;
+    printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
+           cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
+
+    int grad_accum_steps = validate_batch_args(args, cfg, 1);
+    int B = args.B, T = args.T;
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, args.train_pattern, B, T, 0, 1, args.shuffle != 0, cfg.vocab_size);
+    if (args.val_every > 0) {
+        dataloader_init(&val_loader, args.val_pattern, B, T, 0, 1, false, cfg.vocab_size);
+        int64_t available = dataloader_num_batches(&val_loader);
+        if (args.val_batches > available) {
+            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d",
+                  args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
+        }
+    }
+    int64_t epoch_steps = dataloader_num_batches(&train_loader) / grad_accum_steps;
+    int max_steps = args.max_steps > 0 ? args.max_steps : (int)epoch_steps;
+    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %d tokens", args.train_pattern.c_str(), B * T * grad_accum_steps);
+    if (resume_step > max_steps) fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, max_steps);
+    printf("batch: B=%d T=%d, %d accumulation step(s), %d tokens per step; %d steps (one epoch is %ld)\n", B, T,
+           grad_accum_steps, B * T * grad_accum_steps, max_steps, (long)epoch_steps);
+
+    LRScheduler scheduler;
+    parse_lr_schedule(args.schedule.c_str(), &scheduler.type);
+    scheduler.learning_rate = args.learning_rate;
+    scheduler.warmup_steps = args.warmup_steps;
+    scheduler.max_steps = max_steps;
+    scheduler.final_frac = args.final_lr_frac;
+
+    TokenizerFile tokenizer;
+    bool have_tokenizer = tokenizer_file_read(args.tokenizer_path, &tokenizer);
+    int eot = have_tokenizer ? tokenizer.eot_token : 50256;
+    if (eot >= cfg.vocab_size) eot = cfg.vocab_size - 1;  // a small test vocabulary has no GPT-2 end-of-text
+    if (args.sample_every > 0 && !have_tokenizer) {
+        printf("samples print as token ids: no tokenizer file at %s (-tk)\n", args.tokenizer_path.c_str());
+    }
+
+    if (!args.output_dir.empty()) make_dir_check(args.output_dir);
+    uint64_t sampler_rng = 1337;
+    if (resume_step >= 0) load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps);
+    Logger logger;
+    logger_open(&logger, args.output_dir, resume_step);
+
+    if (args.overfit_single_batch) dataloader_next_batch(&train_loader);  // the one batch every step reuses
+    int start_step = resume_step >= 0 ? resume_step : 0;
+    for (int step = start_step; step <= max_steps; step++) {
+        bool last = step == max_steps;
+        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+            float val_loss = validation_loss(&model, &val_loader, args.val_batches);
+            printf("step %d: val loss %.6f\n", step, val_loss);
+            logger_log_val(&logger, step, val_loss);
+        }
+        // a checkpoint saves the sampler's state before this step's sample, so a resumed run repeats it
+        if (args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || last)) {
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps);
+        }
+        if (args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || last)) {
+            generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
+        }
+        if (last) break;
+
+        auto start = std::chrono::steady_clock::now();
+        gpt2_zero_grad(&model);
+        double loss_sum = 0.0;
+        for (int micro = 0; micro < grad_accum_steps; micro++) {
+            if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
+            const int* inputs = train_loader.inputs.data();
+            const int* targets = train_loader.targets.data();
+            loss_sum += gpt2_forward(&model, inputs, targets, B, T);
+            gpt2_backward(&model, inputs, targets, B, T, 1.0f / ((float)B * T * grad_accum_steps));
+        }
+        float loss = (float)(loss_sum / grad_accum_steps);
+        double grad_norm = gpt2_grad_norm(&model);
+        float lr = lr_at_step(scheduler, step);
+        gpt2_update(&model, lr, args.weight_decay, clip_scale(grad_norm, 1.0), step + 1);
+        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        double tokens_per_s = (double)B * T * grad_accum_steps / (ms / 1000.0);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step, max_steps, loss,
+               lr, grad_norm, ms, tokens_per_s);
+        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s);
+    }
+    logger_close(&logger);
+    return 0;
+}
+#endif
