@@ -1,0 +1,113 @@
+// AdamW on the GPU, on fp32 master weights, with stochastic rounding back to the floatX parameters,
+// and the global gradient norm for clipping.
+//   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,   g = grad * grad_scale (the clipping factor)
+//   p -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
+// Mixed precision: the forward and backward read bf16 parameters, but an update is often far smaller
+// than a bf16 step (2^-8 of the weight), so the optimizer keeps an fp32 copy (the master weights) and
+// updates that; the bf16 copy is then rounded stochastically from it. Without master weights (-w 0)
+// the update starts from the bf16 value, and stochastic rounding alone keeps it right on average.
+// The random bits come from a hash of (element, seed): the caller derives the seed from the step and
+// the tensor, so a resumed run draws the same bits as an uninterrupted one.
+//
+// The gradient norm is computed deterministically: a fixed grid of NORM_BLOCKS blocks each reduces a
+// fixed strided subset to one partial sum, then one block adds the partials in a fixed tree order.
+#pragma once
+
+#include <cmath>
+
+#include "cuda_common.cuh"
+
+constexpr int NORM_BLOCKS = 512;  // fixed, not taken from the device, so the summation order is fixed
+
+// ----------------------------------------------------------------------------
+// kernels
+
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                             float lr, float beta1, float beta2, float bias_correction1, float bias_correction2,
+                             float eps, float weight_decay, float grad_scale, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = (float)grads[i] * grad_scale;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = master != nullptr ? master[i] : (float)params[i];
+    float m_hat = mi / bias_correction1;
+    float v_hat = vi / bias_correction2;
+    p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    if (master != nullptr) master[i] = p;
+    stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+}
+
+__global__ void copy_to_master_kernel(float* master, const floatX* params, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) master[i] = (float)params[i];
+}
+
+__global__ void sum_of_squares_partials_kernel(float* partials, const floatX* x, size_t n) {
+    float sum = 0.0f;
+    size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < n; i += stride) {
+        x128 chunk = load128(x + i);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) sum += (float)chunk[k] * (float)chunk[k];
+    }
+    sum = block_reduce_sum(sum);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// one block of NORM_BLOCKS threads
+__global__ void sum_partials_kernel(float* out, const float* partials) {
+    float total = block_reduce_sum(partials[threadIdx.x]);
+    if (threadIdx.x == 0) *out = total;
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+struct AdamWSettings {
+    float lr;
+    float beta1, beta2, eps;
+    float weight_decay;
+    float grad_scale;  // clipping factor, <= 1
+    int t;             // 1-based step count, for the bias corrections
+    uint32_t seed;     // stochastic rounding seed: derive from (step, tensor)
+};
+
+// Updates one tensor of n elements. master may be nullptr (no master weights; then params hold the
+// only copy). m and v are fp32.
+inline void adamw_update(floatX* params,       // (n)
+                         float* master,        // (n) or nullptr
+                         const floatX* grads,  // (n)
+                         float* m, float* v,   // (n)
+                         size_t n, const AdamWSettings& s, cudaStream_t stream) {
+    // the bias corrections in double on the host, as the CPU trainer computes them
+    float bias_correction1 = (float)(1.0 - pow((double)s.beta1, s.t));
+    float bias_correction2 = (float)(1.0 - pow((double)s.beta2, s.t));
+    const int block_size = 512;
+    adamw_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(params, master, grads, m, v, n, s.lr,
+                                                                         s.beta1, s.beta2, bias_correction1,
+                                                                         bias_correction2, s.eps, s.weight_decay,
+                                                                         s.grad_scale, s.seed);
+    cudaCheckLaunch();
+}
+
+// master = params, e.g. after loading a checkpoint.
+inline void copy_to_master(float* master, const floatX* params, size_t n, cudaStream_t stream) {
+    const int block_size = 512;
+    copy_to_master_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(master, params, n);
+    cudaCheckLaunch();
+}
+
+// *out (on the device) = sum of x[i]^2. partials: NORM_BLOCKS floats of scratch.
+inline void sum_of_squares(float* out, float* partials, const floatX* x, size_t n, cudaStream_t stream) {
+    if (n % x128::size != 0) {
+        fprintf(stderr, "Error: sum_of_squares needs a size divisible by %d, got %zu\n", x128::size, n);
+        exit(EXIT_FAILURE);
+    }
+    sum_of_squares_partials_kernel<<<NORM_BLOCKS, 512, 0, stream>>>(partials, x, n);
+    cudaCheckLaunch();
+    sum_partials_kernel<<<1, NORM_BLOCKS, 0, stream>>>(out, partials);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,80 @@
+// The fused classifier: softmax, cross-entropy and the gradient of the logits in one kernel.
+//   loss[n] = logsumexp(logits[n, :V]) - logits[n, target[n]]
+//   dlogits[n, v] = (softmax(logits[n, :V])[v] - [v == target[n]]) * dloss  (v < V),  0 for V <= v < Vp
+// The (N, Vp) probabilities would be the largest tensor of the model (50304 per position), so they
+// are never stored: one block per row first finds the row's max and sum of exponentials (each thread
+// an online running pair over its 16-byte chunks, then a block reduction), then, if asked, walks the
+// row again and overwrites the logits with their gradient. dloss is d(mean loss)/d(loss[n]), i.e.
+// 1 / (B·T·grad_accum_steps).
+#pragma once
+
+#include "cuda_common.cuh"
+
+// ----------------------------------------------------------------------------
+// kernels
+
+__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V,
+                                        int Vp, bool write_dlogits) {
+    int n = blockIdx.x;
+    floatX* row = logits + (size_t)n * Vp;
+    int target = targets[n];
+    float target_logit = (float)row[target];  // read before any thread overwrites the row
+
+    // each thread: running max and sum of exp(x - max) over its chunks
+    float thread_max = -INFINITY, thread_sum = 0.0f;
+    for (int v = threadIdx.x * x128::size; v < V; v += blockDim.x * x128::size) {
+        x128 x = load128(row + v);
+        float chunk_max = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            if (v + k < V) chunk_max = fmaxf(chunk_max, (float)x[k]);
+        }
+        float new_max = fmaxf(thread_max, chunk_max);
+        thread_sum *= expf(thread_max - new_max);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            if (v + k < V) thread_sum += expf((float)x[k] - new_max);
+        }
+        thread_max = new_max;
+    }
+    float row_max = block_reduce_max(thread_max);
+    float rescaled = thread_max == -INFINITY ? 0.0f : thread_sum * expf(thread_max - row_max);
+    float row_sum = block_reduce_sum(rescaled);
+    if (threadIdx.x == 0) losses[n] = logf(row_sum) + row_max - target_logit;
+    if (!write_dlogits) return;
+
+    float inv_sum = 1.0f / row_sum;
+    for (int v = threadIdx.x * x128::size; v < Vp; v += blockDim.x * x128::size) {
+        x128 x = load128(row + v);
+        x128 d;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            int col = v + k;
+            float grad = 0.0f;
+            if (col < V) {
+                float prob = expf((float)x[k] - row_max) * inv_sum;
+                grad = (prob - (col == target ? 1.0f : 0.0f)) * dloss;
+            }
+            d[k] = (floatX)grad;
+        }
+        store128(row + v, d);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+// losses[n] = cross-entropy of row n; with write_dlogits, logits are overwritten by their gradient.
+// targets must lie in [0, V) (the data loader checks the tokens it reads).
+inline void fused_classifier(floatX* logits,      // (N, Vp)
+                             float* losses,       // (N)
+                             const int* targets,  // (N) on the device
+                             float dloss, int N, int V, int Vp, bool write_dlogits, cudaStream_t stream) {
+    if (Vp % x128::size != 0) {
+        fprintf(stderr, "Error: fused_classifier needs a padded vocab divisible by %d, got %d\n", x128::size, Vp);
+        exit(EXIT_FAILURE);
+    }
+    const int block_size = 1024;
+    fused_classifier_kernel<<<N, block_size, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,236 @@
+// What every CUDA op header shares: error checks, the storage precision floatX, 128-bit packed
+// loads and stores, warp and block reductions, and stochastic rounding.
+//
+// Design: activations, parameters and gradients are stored in floatX (bf16 by default, fp32 with
+// -DENABLE_FP32 for tight checks against the oracle); every kernel loads floatX, computes in fp32 and
+// rounds once when it stores. Element-wise kernels move 16 bytes per thread per access (8 bf16 or 4
+// fp32, a Packed128), which is what keeps a memory-bound kernel near the bandwidth ceiling.
+// Reductions use the xor butterfly, so every lane ends with the same bits and, with a fixed launch
+// shape, every run sums in the same order: the trainer is deterministic without extra effort.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+// ----------------------------------------------------------------------------
+// error checks: print the call's reason, our file and line, and exit non-zero
+
+inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fflush(stdout);
+        fprintf(stderr, "Error: CUDA: %s  [%s:%d]\n", cudaGetErrorString(err), file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
+// after a kernel launch: catches a bad launch configuration at the launch, not at the next sync
+#define cudaCheckLaunch() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fflush(stdout);
+        fprintf(stderr, "Error: cuBLAS: %s (status %d)  [%s:%d]\n", cublasGetStatusString(status), (int)status,
+                file, line);
+        exit(EXIT_FAILURE);
+    }
+}
+#define cublasCheck(status) cublas_check((status), __FILE__, __LINE__)
+
+// ----------------------------------------------------------------------------
+// storage precision
+
+#if defined(ENABLE_FP32)
+typedef float floatX;
+constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
+constexpr const char* PRECISION_NAME = "fp32";
+#else
+typedef __nv_bfloat16 floatX;
+constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
+constexpr const char* PRECISION_NAME = "bf16";
+#endif
+
+// ----------------------------------------------------------------------------
+// 128-bit packed vectors: Packed128<floatX> holds 8 bf16 or 4 fp32
+
+template <typename T>
+struct alignas(16) Packed128 {
+    static constexpr int size = 16 / sizeof(T);
+    T payload[size];
+
+    __device__ __host__ T& operator[](int i) { return payload[i]; }
+    __device__ __host__ const T& operator[](int i) const { return payload[i]; }
+
+    __device__ static Packed128 constant(float value) {
+        Packed128 result;
+#pragma unroll
+        for (int k = 0; k < size; k++) result.payload[k] = (T)value;
+        return result;
+    }
+    __device__ static Packed128 zeros() { return constant(0.0f); }
+};
+
+typedef Packed128<floatX> x128;
+typedef Packed128<float> f128;
+
+// The address must be 16-byte aligned; every tensor the trainer hands out is (see the allocators).
+template <typename T>
+__device__ inline Packed128<T> load128(const T* address) {
+    return *reinterpret_cast<const Packed128<T>*>(address);
+}
+
+// streaming load: data read once, so it should not evict what other warps will reuse from L2
+template <typename T>
+__device__ inline Packed128<T> load128cs(const T* address) {
+    int4 bits = __ldcs(reinterpret_cast<const int4*>(address));
+    Packed128<T> result;
+    memcpy(&result, &bits, sizeof(bits));
+    return result;
+}
+
+template <typename T>
+__device__ inline void store128(T* address, Packed128<T> value) {
+    *reinterpret_cast<Packed128<T>*>(address) = value;
+}
+
+// streaming store: written once and not read again soon
+template <typename T>
+__device__ inline void store128cs(T* address, Packed128<T> value) {
+    int4 bits;
+    memcpy(&bits, &value, sizeof(bits));
+    __stcs(reinterpret_cast<int4*>(address), bits);
+}
+
+// ----------------------------------------------------------------------------
+// reductions
+
+constexpr int WARP_SIZE = 32;
+
+__device__ inline float warp_reduce_sum(float value) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
+    return value;
+}
+
+__device__ inline float warp_reduce_max(float value) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, offset));
+    return value;
+}
+
+// Reduces one value per thread over the whole block and returns the result to every thread.
+// blockDim.x must be a multiple of 32 (and at most 1024); `identity` fills the unused warp slots
+// (0 for a sum, -INFINITY for a max). Safe to call several times in a row.
+template <float (*warp_reduce)(float)>
+__device__ inline float block_reduce(float value, float identity) {
+    __shared__ float warp_results[WARP_SIZE];
+    int lane = threadIdx.x % WARP_SIZE;
+    int warp = threadIdx.x / WARP_SIZE;
+    int num_warps = blockDim.x / WARP_SIZE;
+    __syncthreads();  // an earlier call may still be reading warp_results
+    value = warp_reduce(value);
+    if (lane == 0) warp_results[warp] = value;
+    __syncthreads();
+    value = lane < num_warps ? warp_results[lane] : identity;
+    return warp_reduce(value);
+}
+
+__device__ inline float block_reduce_sum(float value) { return block_reduce<warp_reduce_sum>(value, 0.0f); }
+__device__ inline float block_reduce_max(float value) { return block_reduce<warp_reduce_max>(value, -INFINITY); }
+
+// ----------------------------------------------------------------------------
+// stochastic rounding fp32 -> bf16
+//
+// Round-to-nearest loses every update smaller than half a bf16 step (2^-8 relative), so small AdamW
+// steps on bf16 weights vanish. Rounding up with probability equal to the discarded fraction makes
+// the stored value right on average. The random bits come from a hash of (element index, seed), so a
+// run is reproducible and needs no random-number state.
+
+__device__ inline uint32_t hash_u32(uint32_t x, uint32_t seed) {
+    // an integer mixing function (xorshift-multiply rounds); good enough to decorrelate neighbours
+    x ^= seed * 0x9E3779B9u;
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
+}
+
+__device__ inline void stochastic_round(float value, __nv_bfloat16* out, uint32_t random_bits) {
+    if (isnan(value)) {
+        *out = __float2bfloat16(value);
+        return;
+    }
+    // adding r in [0, 2^16) to the 16 bits that bf16 drops carries into the kept bits with
+    // probability (dropped bits) / 2^16; works for either sign since floats are sign-magnitude
+    uint32_t bits = __float_as_uint(value);
+    uint32_t rounded = (bits + (random_bits & 0xFFFFu)) & 0xFFFF0000u;
+    *out = __ushort_as_bfloat16((unsigned short)(rounded >> 16));
+}
+
+__device__ inline void stochastic_round(float value, float* out, uint32_t random_bits) { *out = value; }
+
+// ----------------------------------------------------------------------------
+// host helpers
+
+inline int ceil_div_int(long a, long b) { return (int)((a + b - 1) / b); }
+
+// Bytes from `offset` rounded up to the next multiple of 256: the allocators put every tensor on such
+// a boundary so 128-bit accesses and cuBLASLt's fastest kernels apply to each of them.
+inline size_t align_up_256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
+// fp32 <-> floatX on the host, for copying checkpoints and test data in and out
+inline floatX host_to_floatX(float value) {
+#if defined(ENABLE_FP32)
+    return value;
+#else
+    return __float2bfloat16_rn(value);
+#endif
+}
+
+inline float host_from_floatX(floatX value) {
+#if defined(ENABLE_FP32)
+    return value;
+#else
+    return __bfloat162float(value);
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// cuBLAS / cuBLASLt handles, shared by matmul.cuh and attention.cuh
+//
+// One 32 MiB workspace serves both libraries: all our work runs on one stream, so they never use it
+// at the same time. With one stream and a given workspace, cuBLAS returns the same bits every run on
+// the same GPU model (its documented reproducibility rule), which our determinism relies on.
+
+constexpr size_t CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024;
+
+struct CublasContext {
+    cublasLtHandle_t lt = nullptr;
+    cublasHandle_t blas = nullptr;
+    void* workspace = nullptr;
+};
+inline CublasContext cublas_context;
+
+inline void cublas_setup() {
+    cublasCheck(cublasLtCreate(&cublas_context.lt));
+    cublasCheck(cublasCreate(&cublas_context.blas));
+    cudaCheck(cudaMalloc(&cublas_context.workspace, CUBLAS_WORKSPACE_BYTES));
+    cublasCheck(cublasSetWorkspace(cublas_context.blas, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES));
+    // fp32 builds stay fp32 (no TF32), since they exist for tight checks against the oracle
+    cublasCheck(cublasSetMathMode(cublas_context.blas, CUBLAS_DEFAULT_MATH));
+}
+
+inline void cublas_teardown() {
+    cudaCheck(cudaFree(cublas_context.workspace));
+    cublasCheck(cublasDestroy(cublas_context.blas));
+    cublasCheck(cublasLtDestroy(cublas_context.lt));
+    cublas_context = CublasContext{};
+}

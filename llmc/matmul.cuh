@@ -1,0 +1,191 @@
+// Linear layer on the GPU through cuBLASLt: out = inp · Wᵀ + bias (optionally GELU), and its backward.
+//
+// cuBLASLt is column-major; our tensors are row-major, and a row-major (R, S) matrix is the same
+// memory as a column-major (S, R) one. So every product is written for the transposes:
+//   forward  outᵀ (OC, N) = W (OC, C)·inpᵀ (C, N)        -> A = W transposed, B = inp
+//   dinp     dinpᵀ (C, N) = Wᵀ (C, OC)·doutᵀ (OC, N)     -> A = W, B = dout
+//   dweight  dWᵀ (C, OC) += inpᵀ (C, N)·dout (N, OC)     -> A = inp, B = dout transposed
+// with N = B·T. The products run in fp32 accumulation (tensor cores for bf16; plain fp32, no TF32,
+// in fp32 builds).
+//
+// Epilogues: the bias is added by cuBLASLt's BIAS epilogue (free: it rides on the output write).
+// GELU can also be fused (GELU_AUX_BIAS forward, which writes the pre-GELU values as the aux output;
+// DGELU backward, which multiplies dinp by gelu'(pre-GELU)); whether that is faster than our own GELU
+// kernel depends on the cuBLASLt version, so the trainer makes it a choice (-ge).
+// The bias gradient is our own two-stage column sum (fixed order, no atomics), like LayerNorm's.
+#pragma once
+
+#include "cuda_common.cuh"
+
+constexpr int MATMUL_DBIAS_ROW_BLOCKS = 128;  // partial sums for dbias; fixed so the order is too
+constexpr int MATMUL_DBIAS_ROWS_PER_BLOCK = 8;
+
+// ----------------------------------------------------------------------------
+// kernels
+
+// Stage 1 of dbias: block (32, 8) covers 32 x 8 columns of dout; row block blockIdx.y of
+// MATMUL_DBIAS_ROW_BLOCKS sums rows blockIdx.y*8 + threadIdx.y, stepping 8*MATMUL_DBIAS_ROW_BLOCKS.
+__global__ void matmul_dbias_partials_kernel(float* partials,      // (MATMUL_DBIAS_ROW_BLOCKS, OC)
+                                             const floatX* dout,   // (N, OC)
+                                             int N, int OC) {
+    __shared__ float shared[MATMUL_DBIAS_ROWS_PER_BLOCK][WARP_SIZE][x128::size];
+    int o = (blockIdx.x * WARP_SIZE + threadIdx.x) * x128::size;
+    bool active = o < OC;
+    float sum[x128::size] = {};
+    if (active) {
+        for (int n = blockIdx.y * blockDim.y + threadIdx.y; n < N; n += gridDim.y * blockDim.y) {
+            x128 d = load128(dout + (size_t)n * OC + o);
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) sum[k] += (float)d[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) shared[threadIdx.y][threadIdx.x][k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y != 0 || !active) return;
+    for (int y = 1; y < blockDim.y; y++) {
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) sum[k] += shared[y][threadIdx.x][k];
+    }
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) partials[(size_t)blockIdx.y * OC + o + k] = sum[k];
+}
+
+// Stage 2: dbias[o] += the partials summed in row-block order.
+__global__ void matmul_dbias_sum_partials_kernel(floatX* dbias, const float* partials, int num_row_blocks, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OC) return;
+    float sum = 0.0f;
+    for (int r = 0; r < num_row_blocks; r++) sum += partials[(size_t)r * OC + o];
+    dbias[o] = (floatX)((float)dbias[o] + sum);
+}
+
+// ----------------------------------------------------------------------------
+// the one cuBLASLt call
+
+// D (m, n) = op(A)·op(B) [+ D if accumulate] with an epilogue, all column-major:
+//   A is (m, k), stored (k, m) when trans_a;  B is (k, n), stored (n, k) when trans_b.
+//   bias (m) or nullptr; gelu_aux (m, n) or nullptr: with backward_gelu false the pre-GELU output is
+//   written there and D gets gelu(...); with backward_gelu true it is read and D gets
+//   op(A)·op(B) * gelu'(gelu_aux).
+inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                            bool trans_a, bool trans_b, bool accumulate, floatX* gelu_aux, bool backward_gelu,
+                            cudaStream_t stream) {
+    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d | (uintptr_t)bias | (uintptr_t)gelu_aux) % 16 != 0) {
+        fprintf(stderr, "Error: matmul_cublaslt needs 16-byte aligned pointers\n");
+        exit(EXIT_FAILURE);
+    }
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+    cublasCheck(trans_a ? cublasLtMatrixLayoutCreate(&layout_a, CUBLAS_FLOATX, k, m, k)
+                        : cublasLtMatrixLayoutCreate(&layout_a, CUBLAS_FLOATX, m, k, m));
+    cublasCheck(trans_b ? cublasLtMatrixLayoutCreate(&layout_b, CUBLAS_FLOATX, n, k, n)
+                        : cublasLtMatrixLayoutCreate(&layout_b, CUBLAS_FLOATX, k, n, k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, CUBLAS_FLOATX, m, n, m));
+
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (gelu_aux != nullptr && backward_gelu) {
+        if (bias != nullptr) {
+            fprintf(stderr, "Error: matmul_cublaslt: a bias with the GELU-backward epilogue is not supported\n");
+            exit(EXIT_FAILURE);
+        }
+        epilogue = CUBLASLT_EPILOGUE_DGELU;
+    } else if (gelu_aux != nullptr) {
+        epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    } else if (bias != nullptr) {
+        epilogue = CUBLASLT_EPILOGUE_BIAS;
+    }
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (bias != nullptr) {
+        cudaDataType_t bias_type = CUBLAS_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                   sizeof(bias_type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (gelu_aux != nullptr) {
+        int64_t aux_ld = m;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux,
+                                                   sizeof(gelu_aux)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                   sizeof(aux_ld)));
+    }
+
+    cublasLtMatmulPreference_t preference;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
+    size_t workspace_bytes = CUBLAS_WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &workspace_bytes, sizeof(workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d, layout_d,
+                                               preference, 1, &heuristic, &found));
+    if (found == 0) {
+        fprintf(stderr,
+                "Error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s); "
+                "check the shapes are multiples of 8\n",
+                m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
+        exit(EXIT_FAILURE);
+    }
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(cublas_context.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
+                               layout_d, &heuristic.algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, stream));
+
+    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+// out = inp · weightᵀ + bias, overwriting out. With pre_gelu non-null: pre_gelu = inp · weightᵀ + bias
+// and out = gelu(pre_gelu), both from one fused call.
+inline void matmul_forward(floatX* out,          // (N, OC)
+                           floatX* pre_gelu,     // (N, OC) or nullptr
+                           const floatX* inp,    // (N, C)
+                           const floatX* weight, // (OC, C)
+                           const floatX* bias,   // (OC) or nullptr
+                           int N, int C, int OC, cudaStream_t stream) {
+    matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, false, pre_gelu, false, stream);
+}
+
+// fp32 scratch the bias gradient needs
+inline size_t matmul_backward_scratch_floats(int OC) { return (size_t)MATMUL_DBIAS_ROW_BLOCKS * OC; }
+
+// dinp = dout · weight (overwritten; with pre_gelu non-null, multiplied by gelu'(pre_gelu), i.e. the
+// gradient flows on through the GELU whose output was this layer's input). Accumulates (+=) into
+// dweight and dbias (dbias may be nullptr).
+inline void matmul_backward(floatX* dinp,           // (N, C)
+                            floatX* dweight,        // (OC, C)
+                            floatX* dbias,          // (OC) or nullptr
+                            float* scratch,         // matmul_backward_scratch_floats(OC), if dbias
+                            const floatX* dout,     // (N, OC)
+                            const floatX* inp,      // (N, C)
+                            const floatX* weight,   // (OC, C)
+                            const floatX* pre_gelu, // (N, C) or nullptr
+                            int N, int C, int OC, cudaStream_t stream) {
+    if (dbias != nullptr) {
+        if (OC % x128::size != 0) {
+            fprintf(stderr, "Error: matmul_backward: bias size %d must be divisible by %d\n", OC, x128::size);
+            exit(EXIT_FAILURE);
+        }
+        dim3 grid(ceil_div_int(OC / x128::size, WARP_SIZE), MATMUL_DBIAS_ROW_BLOCKS);
+        dim3 block(WARP_SIZE, MATMUL_DBIAS_ROWS_PER_BLOCK);
+        matmul_dbias_partials_kernel<<<grid, block, 0, stream>>>(scratch, dout, N, OC);
+        cudaCheckLaunch();
+        matmul_dbias_sum_partials_kernel<<<ceil_div_int(OC, 256), 256, 0, stream>>>(dbias, scratch,
+                                                                                   MATMUL_DBIAS_ROW_BLOCKS, OC);
+        cudaCheckLaunch();
+    }
+    matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
+                    true, stream);
+    matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, true, nullptr, false, stream);
+}
