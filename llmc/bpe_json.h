@@ -13,26 +13,26 @@
 #include <cstdlib>
 #include <string>
 
-struct JsonCursor {
+struct BpeJsonCursor {
     const char* pos;
     const char* end;
     const char* error = nullptr;  // set by the first reader that fails
 };
 
-inline bool json_fail(JsonCursor* c, const char* message) {
+inline bool bpe_json_fail(BpeJsonCursor* c, const char* message) {
     if (c->error == nullptr) c->error = message;
     return false;
 }
 
-inline void json_skip_space(JsonCursor* c) {
+inline void bpe_json_skip_space(BpeJsonCursor* c) {
     while (c->pos < c->end && (*c->pos == ' ' || *c->pos == '\t' || *c->pos == '\n' || *c->pos == '\r')) {
         c->pos++;
     }
 }
 
 // Consumes `ch` (after optional whitespace) if it is next; returns whether it was.
-inline bool json_accept(JsonCursor* c, char ch) {
-    json_skip_space(c);
+inline bool bpe_json_accept(BpeJsonCursor* c, char ch) {
+    bpe_json_skip_space(c);
     if (c->pos < c->end && *c->pos == ch) {
         c->pos++;
         return true;
@@ -40,7 +40,7 @@ inline bool json_accept(JsonCursor* c, char ch) {
     return false;
 }
 
-inline void utf8_append(std::string* out, uint32_t cp) {
+inline void bpe_utf8_append(std::string* out, uint32_t cp) {
     if (cp < 0x80) {
         out->push_back((char)cp);
     } else if (cp < 0x800) {
@@ -58,23 +58,23 @@ inline void utf8_append(std::string* out, uint32_t cp) {
     }
 }
 
-inline bool json_read_hex4(JsonCursor* c, uint32_t* value) {
-    if (c->end - c->pos < 4) return json_fail(c, "truncated \\u escape");
+inline bool bpe_json_read_hex4(BpeJsonCursor* c, uint32_t* value) {
+    if (c->end - c->pos < 4) return bpe_json_fail(c, "truncated \\u escape");
     *value = 0;
     for (int i = 0; i < 4; i++) {
         char h = *c->pos++;
         int digit = (h >= '0' && h <= '9') ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10
                   : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
-        if (digit < 0) return json_fail(c, "bad hex digit in \\u escape");
+        if (digit < 0) return bpe_json_fail(c, "bad hex digit in \\u escape");
         *value = *value * 16 + (uint32_t)digit;
     }
     return true;
 }
 
 // Reads a JSON string (after optional whitespace) into `out` as UTF-8.
-inline bool json_read_string(JsonCursor* c, std::string* out) {
+inline bool bpe_json_read_string(BpeJsonCursor* c, std::string* out) {
     out->clear();
-    if (!json_accept(c, '"')) return json_fail(c, "expected a string");
+    if (!bpe_json_accept(c, '"')) return bpe_json_fail(c, "expected a string");
     while (c->pos < c->end) {
         char ch = *c->pos++;
         if (ch == '"') return true;
@@ -95,38 +95,38 @@ inline bool json_read_string(JsonCursor* c, std::string* out) {
             case 't': out->push_back('\t'); break;
             case 'u': {
                 uint32_t cp;
-                if (!json_read_hex4(c, &cp)) return false;
+                if (!bpe_json_read_hex4(c, &cp)) return false;
                 // a high surrogate followed by an escaped low surrogate is one code point
                 if (cp >= 0xD800 && cp < 0xDC00 && c->end - c->pos >= 6 && c->pos[0] == '\\' && c->pos[1] == 'u') {
-                    JsonCursor low_cursor = {c->pos + 2, c->end};
+                    BpeJsonCursor low_cursor = {c->pos + 2, c->end};
                     uint32_t low;
-                    if (json_read_hex4(&low_cursor, &low) && low >= 0xDC00 && low < 0xE000) {
+                    if (bpe_json_read_hex4(&low_cursor, &low) && low >= 0xDC00 && low < 0xE000) {
                         cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
                         c->pos = low_cursor.pos;
                     }
                 }
-                utf8_append(out, cp);
+                bpe_utf8_append(out, cp);
                 break;
             }
-            default: return json_fail(c, "unknown escape in string");
+            default: return bpe_json_fail(c, "unknown escape in string");
         }
     }
-    return json_fail(c, "unterminated string");
+    return bpe_json_fail(c, "unterminated string");
 }
 
 // Reads an integer (no fraction or exponent), as encoder.json's token ids are.
-inline bool json_read_int(JsonCursor* c, long* value) {
-    json_skip_space(c);
+inline bool bpe_json_read_int(BpeJsonCursor* c, long* value) {
+    bpe_json_skip_space(c);
     const char* start = c->pos;
     if (c->pos < c->end && *c->pos == '-') c->pos++;
-    if (c->pos >= c->end || *c->pos < '0' || *c->pos > '9') return json_fail(c, "expected an integer");
+    if (c->pos >= c->end || *c->pos < '0' || *c->pos > '9') return bpe_json_fail(c, "expected an integer");
     long v = 0;
     while (c->pos < c->end && *c->pos >= '0' && *c->pos <= '9') {
-        if (v > 1000000000L) return json_fail(c, "integer out of range");
+        if (v > 1000000000L) return bpe_json_fail(c, "integer out of range");
         v = v * 10 + (*c->pos++ - '0');
     }
     if (c->pos < c->end && (*c->pos == '.' || *c->pos == 'e' || *c->pos == 'E')) {
-        return json_fail(c, "expected an integer, found a fraction");
+        return bpe_json_fail(c, "expected an integer, found a fraction");
     }
     *value = (*start == '-') ? -v : v;
     return true;
@@ -134,25 +134,25 @@ inline bool json_read_int(JsonCursor* c, long* value) {
 
 // Skips one JSON value of any kind. Open containers are kept on an explicit stack, not the call
 // stack, so a hostile line of a million '[' cannot overflow it.
-inline bool json_skip_value(JsonCursor* c) {
+inline bool bpe_json_skip_value(BpeJsonCursor* c) {
     std::string open;  // '{' or '[' for each container we are inside
     std::string scratch;
     for (;;) {
         // at the start of a value
-        json_skip_space(c);
-        if (c->pos >= c->end) return json_fail(c, "unexpected end of input");
+        bpe_json_skip_space(c);
+        if (c->pos >= c->end) return bpe_json_fail(c, "unexpected end of input");
         char ch = *c->pos;
         if (ch == '{' || ch == '[') {
             c->pos++;
-            if (!json_accept(c, ch == '{' ? '}' : ']')) {
+            if (!bpe_json_accept(c, ch == '{' ? '}' : ']')) {
                 open.push_back(ch);
-                if (ch == '{' && !(json_read_string(c, &scratch) && json_accept(c, ':'))) {
-                    return json_fail(c, "expected \"key\": in an object");
+                if (ch == '{' && !(bpe_json_read_string(c, &scratch) && bpe_json_accept(c, ':'))) {
+                    return bpe_json_fail(c, "expected \"key\": in an object");
                 }
                 continue;  // read the first member
             }
         } else if (ch == '"') {
-            if (!json_read_string(c, &scratch)) return false;
+            if (!bpe_json_read_string(c, &scratch)) return false;
         } else {
             // number, true, false or null: a run of these characters
             const char* start = c->pos;
@@ -160,18 +160,18 @@ inline bool json_skip_value(JsonCursor* c) {
                                         *c->pos == '.')) {
                 c->pos++;
             }
-            if (c->pos == start) return json_fail(c, "unexpected character where a value should be");
+            if (c->pos == start) return bpe_json_fail(c, "unexpected character where a value should be");
         }
         // a value has ended: close finished containers, or step to the next member
         for (;;) {
             if (open.empty()) return true;
-            if (json_accept(c, open.back() == '{' ? '}' : ']')) {
+            if (bpe_json_accept(c, open.back() == '{' ? '}' : ']')) {
                 open.pop_back();
                 continue;
             }
-            if (!json_accept(c, ',')) return json_fail(c, "expected ',' or a closing bracket");
-            if (open.back() == '{' && !(json_read_string(c, &scratch) && json_accept(c, ':'))) {
-                return json_fail(c, "expected \"key\": in an object");
+            if (!bpe_json_accept(c, ',')) return bpe_json_fail(c, "expected ',' or a closing bracket");
+            if (open.back() == '{' && !(bpe_json_read_string(c, &scratch) && bpe_json_accept(c, ':'))) {
+                return bpe_json_fail(c, "expected \"key\": in an object");
             }
             break;
         }
@@ -180,24 +180,24 @@ inline bool json_skip_value(JsonCursor* c) {
 
 // Reads one JSON-lines record: an object, of which the string member `field` is returned in `value`.
 // Other members are skipped; a missing field or one that is not a string is an error.
-inline bool json_read_object_field(JsonCursor* c, const std::string& field, std::string* value) {
-    if (!json_accept(c, '{')) return json_fail(c, "expected an object");
+inline bool bpe_json_read_object_field(BpeJsonCursor* c, const std::string& field, std::string* value) {
+    if (!bpe_json_accept(c, '{')) return bpe_json_fail(c, "expected an object");
     std::string key;
     bool found = false;
-    if (!json_accept(c, '}')) {
+    if (!bpe_json_accept(c, '}')) {
         do {
-            if (!json_read_string(c, &key) || !json_accept(c, ':')) return json_fail(c, "expected \"key\": in an object");
-            json_skip_space(c);
+            if (!bpe_json_read_string(c, &key) || !bpe_json_accept(c, ':')) return bpe_json_fail(c, "expected \"key\": in an object");
+            bpe_json_skip_space(c);
             if (key == field && !found) {
-                if (c->pos >= c->end || *c->pos != '"') return json_fail(c, "the field is not a string");
-                if (!json_read_string(c, value)) return false;
+                if (c->pos >= c->end || *c->pos != '"') return bpe_json_fail(c, "the field is not a string");
+                if (!bpe_json_read_string(c, value)) return false;
                 found = true;
-            } else if (!json_skip_value(c)) {
+            } else if (!bpe_json_skip_value(c)) {
                 return false;
             }
-        } while (json_accept(c, ','));
-        if (!json_accept(c, '}')) return json_fail(c, "expected ',' or '}' in an object");
+        } while (bpe_json_accept(c, ','));
+        if (!bpe_json_accept(c, '}')) return bpe_json_fail(c, "expected ',' or '}' in an object");
     }
-    if (!found) return json_fail(c, "the field is missing");
+    if (!found) return bpe_json_fail(c, "the field is missing");
     return true;
 }
