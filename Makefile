@@ -53,3 +53,62 @@ bench-cpu: train_gpt2
 
 clean:
 	rm -rf $(BUILD) train_gpt2 tokenizer_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu
+
+# ---------------------------------------------------------------------------
+# CUDA (see doc/cuda.md). The device code is built for Ampere (sm_80) and Hopper (sm_90).
+#   make train_gpt2cu test_gpt2cu       PRECISION=BF16 (default) or PRECISION=FP32
+#   make train_gpt2fp32cu test_gpt2fp32cu   always fp32 (tight checks against the oracle)
+#   make test-gpu                       the GPU suite, then compute-sanitizer memcheck and racecheck
+#   make cuda-all                       every CUDA target in both precisions (CI; needs nvcc, no GPU)
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCC_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler "-Wall -Wno-unknown-pragmas" -diag-suppress 1675
+NVCC_LDLIBS = -lcublasLt -lcublas
+PRECISION ?= BF16
+ifeq ($(PRECISION),BF16)
+PRECISION_FLAG =
+else ifeq ($(PRECISION),FP32)
+PRECISION_FLAG = -DENABLE_FP32
+else
+$(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
+endif
+CUDA_HEADERS = $(wildcard llmc/*.cuh) $(LLMC_HEADERS)
+GPU_TEST_SOURCES = test/gpu/test_gpt2.cu test/gpu/test_kernels.cuh test/test_helpers.h train_gpt2.cu
+# the tests build in the CPU reference ops (OpenMP) to check each kernel against
+GPU_TEST_FLAGS = -Xcompiler -fopenmp
+
+.PHONY: test-gpu test-gpu-oracle cuda-all
+
+# a stamp per precision, so that switching PRECISION rebuilds train_gpt2cu and test_gpt2cu
+$(BUILD)/cuda-precision-$(PRECISION): | $(BUILD)
+	rm -f $(BUILD)/cuda-precision-* && touch $@
+
+train_gpt2cu: train_gpt2.cu $(CUDA_HEADERS) $(BUILD)/cuda-precision-$(PRECISION)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $< $(NVCC_LDLIBS) -o $@
+
+train_gpt2fp32cu: train_gpt2.cu $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
+
+test_gpt2cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(BUILD)/cuda-precision-$(PRECISION)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_TEST_FLAGS) $(PRECISION_FLAG) -DGPT2_TRAINER='"train_gpt2cu"' $< \
+		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
+
+test_gpt2fp32cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(GPU_TEST_FLAGS) -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu"' $< \
+		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
+
+# Oracle files for the GPU suite, made with PyTorch on any machine (no GPU needed).
+test-gpu-oracle: test_gpt2cu
+	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) ./test_gpt2cu --prepare-oracle
+
+# Without a GPU the suite reports every test skipped and the sanitizer runs are skipped too.
+test-gpu: train_gpt2cu test_gpt2cu train_gpt2
+	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) ./test_gpt2cu $(TEST_ARGS)
+	@if ./test_gpt2cu --has-gpu; then CUDA_HOME=$(CUDA_HOME) test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; \
+	else echo "test-gpu: no CUDA GPU visible, compute-sanitizer runs skipped"; fi
+
+cuda-all:
+	$(MAKE) PRECISION=BF16 train_gpt2cu test_gpt2cu
+	$(MAKE) train_gpt2fp32cu test_gpt2fp32cu

@@ -103,8 +103,7 @@ inline void copy_to_master(float* master, const floatX* params, size_t n, cudaSt
 // *out (on the device) = sum of x[i]^2. partials: NORM_BLOCKS floats of scratch.
 inline void sum_of_squares(float* out, float* partials, const floatX* x, size_t n, cudaStream_t stream) {
     if (n % x128::size != 0) {
-        fprintf(stderr, "Error: sum_of_squares needs a size divisible by %d, got %zu\n", x128::size, n);
-        exit(EXIT_FAILURE);
+        fatal("sum_of_squares needs a size divisible by %d, got %zu", x128::size, n);
     }
     sum_of_squares_partials_kernel<<<NORM_BLOCKS, 512, 0, stream>>>(partials, x, n);
     cudaCheckLaunch();

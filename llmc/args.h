@@ -51,6 +51,7 @@ struct TrainArgs {
     // CUDA trainer only
     int recompute = 1;
     int master_weights = 1;
+    int gelu_fusion = 0;
 };
 
 enum class FlagKind { Int, Long, Float, String };
@@ -92,6 +93,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-tk", FlagKind::String, &a->tokenizer_path, NAN, NAN, false, "gpt2_tokenizer.bin, to print samples as text"},
         {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
+        {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
     };
 }
 

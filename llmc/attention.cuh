@@ -107,8 +107,7 @@ inline size_t attention_scratch_elements(int B, int T, int C, int NH) {
 
 inline void check_attention_shape(int C, int NH) {
     if (C % NH != 0 || (C / NH) % x128::size != 0) {
-        fprintf(stderr, "Error: CUDA attention needs a head size divisible by %d (C %d, NH %d)\n", x128::size, C, NH);
-        exit(EXIT_FAILURE);
+        fatal("CUDA attention needs a head size divisible by %d (C %d, NH %d)", x128::size, C, NH);
     }
 }
 

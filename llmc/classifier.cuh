@@ -71,8 +71,7 @@ inline void fused_classifier(floatX* logits,      // (N, Vp)
                              const int* targets,  // (N) on the device
                              float dloss, int N, int V, int Vp, bool write_dlogits, cudaStream_t stream) {
     if (Vp % x128::size != 0) {
-        fprintf(stderr, "Error: fused_classifier needs a padded vocab divisible by %d, got %d\n", x128::size, Vp);
-        exit(EXIT_FAILURE);
+        fatal("fused_classifier needs a padded vocab divisible by %d, got %d", x128::size, Vp);
     }
     const int block_size = 1024;
     fused_classifier_kernel<<<N, block_size, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);

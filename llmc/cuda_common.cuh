@@ -19,14 +19,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "utils.h"
+
 // ----------------------------------------------------------------------------
 // error checks: print the call's reason, our file and line, and exit non-zero
 
 inline void cuda_check(cudaError_t err, const char* file, int line) {
     if (err != cudaSuccess) {
-        fflush(stdout);
-        fprintf(stderr, "Error: CUDA: %s  [%s:%d]\n", cudaGetErrorString(err), file, line);
-        exit(EXIT_FAILURE);
+        fatal("CUDA: %s  [%s:%d]", cudaGetErrorString(err), file, line);
     }
 }
 #define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
@@ -35,10 +35,7 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 
 inline void cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) {
-        fflush(stdout);
-        fprintf(stderr, "Error: cuBLAS: %s (status %d)  [%s:%d]\n", cublasGetStatusString(status), (int)status,
-                file, line);
-        exit(EXIT_FAILURE);
+        fatal("cuBLAS: %s (status %d)  [%s:%d]", cublasGetStatusString(status), (int)status, file, line);
     }
 }
 #define cublasCheck(status) cublas_check((status), __FILE__, __LINE__)
@@ -180,7 +177,8 @@ __device__ inline void stochastic_round(float value, float* out, uint32_t random
 // ----------------------------------------------------------------------------
 // host helpers
 
-inline int ceil_div_int(long a, long b) { return (int)((a + b - 1) / b); }
+// grid sizes are ints
+inline int ceil_div_int(long a, long b) { return (int)ceil_div(a, b); }
 
 // Bytes from `offset` rounded up to the next multiple of 256: the allocators put every tensor on such
 // a boundary so 128-bit accesses and cuBLASLt's fastest kernels apply to each of them.

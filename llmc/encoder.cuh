@@ -91,8 +91,7 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout,
 
 inline void check_encoder_shape(int C) {
     if (C % x128::size != 0) {
-        fprintf(stderr, "Error: the CUDA encoder needs channels divisible by %d, got %d\n", x128::size, C);
-        exit(EXIT_FAILURE);
+        fatal("the CUDA encoder needs channels divisible by %d, got %d", x128::size, C);
     }
 }
 
@@ -126,8 +125,7 @@ inline void encoder_prepare_backward(EncoderBuckets* buckets, const int* inp_hos
     buckets->counts.assign(V, 0);
     for (int i = 0; i < N; i++) {
         if (inp_host[i] < 0 || inp_host[i] >= V) {
-            fprintf(stderr, "Error: token %d at position %d is outside the vocabulary [0, %d)\n", inp_host[i], i, V);
-            exit(EXIT_FAILURE);
+            fatal("token %d at position %d is outside the vocabulary [0, %d)", inp_host[i], i, V);
         }
         buckets->counts[inp_host[i]]++;
     }

@@ -51,8 +51,7 @@ __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floa
 
 inline void check_gelu_size(size_t N) {
     if (N % x128::size != 0) {
-        fprintf(stderr, "Error: CUDA gelu needs a size divisible by %d, got %zu\n", x128::size, N);
-        exit(EXIT_FAILURE);
+        fatal("CUDA gelu needs a size divisible by %d, got %zu", x128::size, N);
     }
 }
 

@@ -187,8 +187,7 @@ __global__ void layernorm_backward_sum_partials_kernel(floatX* dweight, floatX* 
 
 inline void check_layernorm_shape(int C) {
     if (C % x128::size != 0) {
-        fprintf(stderr, "Error: the CUDA layernorm needs channels divisible by %d, got %d\n", x128::size, C);
-        exit(EXIT_FAILURE);
+        fatal("the CUDA layernorm needs channels divisible by %d, got %d", x128::size, C);
     }
 }
 

@@ -72,8 +72,7 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
                             bool trans_a, bool trans_b, bool accumulate, floatX* gelu_aux, bool backward_gelu,
                             cudaStream_t stream) {
     if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d | (uintptr_t)bias | (uintptr_t)gelu_aux) % 16 != 0) {
-        fprintf(stderr, "Error: matmul_cublaslt needs 16-byte aligned pointers\n");
-        exit(EXIT_FAILURE);
+        fatal("matmul_cublaslt needs 16-byte aligned pointers");
     }
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -92,8 +91,7 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (gelu_aux != nullptr && backward_gelu) {
         if (bias != nullptr) {
-            fprintf(stderr, "Error: matmul_cublaslt: a bias with the GELU-backward epilogue is not supported\n");
-            exit(EXIT_FAILURE);
+            fatal("matmul_cublaslt: a bias with the GELU-backward epilogue is not supported");
         }
         epilogue = CUBLASLT_EPILOGUE_DGELU;
     } else if (gelu_aux != nullptr) {
@@ -126,11 +124,9 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d, layout_d,
                                                preference, 1, &heuristic, &found));
     if (found == 0) {
-        fprintf(stderr,
-                "Error: cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s); "
-                "check the shapes are multiples of 8\n",
-                m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
-        exit(EXIT_FAILURE);
+        fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s); "
+              "check the shapes are multiples of 8",
+              m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
     }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasLtMatmul(cublas_context.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
@@ -174,8 +170,7 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
                             int N, int C, int OC, cudaStream_t stream) {
     if (dbias != nullptr) {
         if (OC % x128::size != 0) {
-            fprintf(stderr, "Error: matmul_backward: bias size %d must be divisible by %d\n", OC, x128::size);
-            exit(EXIT_FAILURE);
+            fatal("matmul_backward: bias size %d must be divisible by %d", OC, x128::size);
         }
         dim3 grid(ceil_div_int(OC / x128::size, WARP_SIZE), MATMUL_DBIAS_ROW_BLOCKS);
         dim3 block(WARP_SIZE, MATMUL_DBIAS_ROWS_PER_BLOCK);

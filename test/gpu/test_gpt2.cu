@@ -1,0 +1,322 @@
+// The CUDA trainer's test suite (make test-gpu): every kernel against its CPU reference op
+// (test_kernels.cuh), then the whole model and the train_gpt2cu binary against the same PyTorch
+// oracle files as the CPU suite (test/test_model.cpp), and the trainer's own promises: -r 0/1/2 give
+// the same run, -w 0 and -ge 1 stay close, two runs are bit-identical, a resumed run equals an
+// uninterrupted one, and checkpoints move between the CPU and the CUDA trainers.
+//
+// Without a GPU every test is skipped with a message and the program exits 0.
+// `test_gpt2cu --has-gpu` exits 0 when a GPU is visible (for scripts).
+// `test_gpt2cu --prepare-oracle` only makes the oracle files (needs /usr/bin/python3 with torch, no GPU),
+// so a GPU machine without torch can run the suite on files made elsewhere (build/oracle/).
+#define TESTING
+#include "../../train_gpt2.cu"
+#include "test_kernels.cuh"
+
+#include <fstream>
+#include <sstream>
+
+// The trainer binary under test, in the repository root (the Makefile names the one of this precision).
+#ifndef GPT2_TRAINER
+#if defined(ENABLE_FP32)
+#define GPT2_TRAINER "train_gpt2fp32cu"
+#else
+#define GPT2_TRAINER "train_gpt2cu"
+#endif
+#endif
+
+namespace gpu_test {
+
+const char* TRAINER = GPT2_TRAINER;
+
+#if defined(ENABLE_FP32)
+// close to the CPU suite's bars (test/test_model.cpp): the GPU sums in fp32 where the CPU sometimes
+// uses double (layernorm statistics), so twice the CPU's allowance on the multi-step quantities
+constexpr double TOL_LOGITS = 1e-5;           // relative to the largest logit
+constexpr double TOL_LOSS_REL = 1e-5;
+constexpr double TOL_GRAD_MATRIX = 1e-4;
+constexpr double TOL_GRAD_VECTOR = 1e-4;
+constexpr double TOL_STEP_LOSS_REL = 2e-5, TOL_STEP_LOSS_ABS = 0.0;
+constexpr double TOL_STEP_NORM_REL = 2e-4;
+#else
+// bf16 keeps 8 significant bits: every stored weight and activation is off by up to 2^-9 = 0.2%
+// relative. Logits come out of L layers of such roundings plus the LM head's sum over C terms: about
+// 1% of the largest logit, allowed 5e-2. The loss averages B·T positions, so its error shrinks to a
+// few thousandths; allowed 0.04 absolute ("a few hundredths"). Gradients:
+//  - matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw): sums over B·T rows of products of two bf16
+//    values, each factor carrying the rounding of the whole backward chain before it: ~1-2%, allowed 5e-2;
+//  - vectors (biases, layernorm gains and shifts): column sums over B·T rows whose terms largely
+//    cancel, so the rounding of the terms is large against the sum: allowed 1e-1.
+// Per-step losses over 10 steps: the same 0.04 absolute; gradient norms 5e-2 relative.
+constexpr double TOL_LOGITS = 5e-2;
+constexpr double TOL_LOSS_ABS = 0.04;
+constexpr double TOL_GRAD_MATRIX = 5e-2;
+constexpr double TOL_GRAD_VECTOR = 1e-1;
+constexpr double TOL_STEP_LOSS_REL = 0.0, TOL_STEP_LOSS_ABS = 0.04;
+constexpr double TOL_STEP_NORM_REL = 5e-2;
+#endif
+
+double loss_tolerance(double reference) {
+#if defined(ENABLE_FP32)
+    return TOL_LOSS_REL * std::fabs(reference);
+#else
+    return TOL_LOSS_ABS;
+#endif
+}
+
+double step_loss_tolerance(double reference) { return TOL_STEP_LOSS_REL * std::fabs(reference) + TOL_STEP_LOSS_ABS; }
+
+// the same oracle arguments as test/test_model.cpp, so `make test` and this suite share build/oracle/
+const char* TINY_MODEL = "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1";
+const char* TINY_DATA = "-b 2 -t 16 --data-tokens 4096";
+const char* D12_ARGS = "--model d12 --seed 2 -b 2 -t 16 --data-tokens 8192 --steps 10 --accum 1 --warmup 2 --lr 0.0003 "
+                       "--final-frac 0.1 --weight-decay 0.1 --schedule cosine";
+const char* TINY_COSINE_RUN = "--steps 10 --accum 2 --warmup 2 --lr 0.001 --final-frac 0.1 --weight-decay 0.1 --schedule cosine";
+const char* TINY_COSINE_TRAINER = "-b 2 -t 16 -d 64 -x 10 -u 2 -l 0.001 -q 0.1 -c 0.1 -k cosine";
+
+std::string tiny_oracle() { return test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA); }
+std::string d12_oracle() { return test::oracle("d12", D12_ARGS); }
+std::string tiny_cosine_oracle() {
+    return test::oracle("tiny_cosine", std::string(TINY_MODEL) + " " + TINY_DATA + " " + TINY_COSINE_RUN);
+}
+
+std::string trainer() { return test::root() + "/" + TRAINER; }
+
+// ----------------------------------------------------------------------------
+// the model in-process against the oracle's one batch
+
+void check_against_oracle_state(const std::string& dir, int recompute) {
+    TrainArgs args;
+    args.recompute = recompute;
+    GPT2 model;
+    gpt2_build(&model, dir + "/model.bin", args);
+    const GPT2Config& cfg = model.config;
+    int V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    test::DebugState state = test::read_debug_state(dir + "/state.bin", V, model.num_parameters);
+    int B = state.B, T = state.T;
+    gpt2_allocate_activations(&model, B, T);
+
+    gpt2_forward(&model, state.inputs.data(), state.targets.data(), B, T);  // dloss 0: the logits stay
+    float loss = gpt2_mean_loss(&model, B, T);
+    std::vector<floatX> raw((size_t)B * T * Vp);
+    cudaCheck(cudaMemcpy(raw.data(), model.acts.logits, raw.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> logits((size_t)B * T * V);
+    for (size_t i = 0; i < (size_t)B * T; i++) {
+        for (int v = 0; v < V; v++) logits[i * V + v] = host_from_floatX(raw[i * Vp + v]);
+    }
+    double logits_err = test::max_rel_error(logits.data(), state.logits.data(), logits.size());
+    EXPECT_LE(logits_err, TOL_LOGITS) << "logits";
+    EXPECT_NEAR(loss, state.loss, loss_tolerance(state.loss)) << "loss";
+    printf("  logits max rel error %.2e, loss %.8f vs oracle %.8f\n", logits_err, loss, state.loss);
+
+    gpt2_zero_grad(&model);
+    gpt2_forward(&model, state.inputs.data(), state.targets.data(), B, T, 1.0f / (B * T));
+    gpt2_backward(&model, B, T);
+    std::vector<floatX> raw_grads(model.num_parameters);
+    cudaCheck(cudaMemcpy(raw_grads.data(), model.grads_memory, raw_grads.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> grads(model.num_parameters);
+    for (size_t i = 0; i < grads.size(); i++) grads[i] = host_from_floatX(raw_grads[i]);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t off = model.param_offsets[i], n = model.param_sizes[i];
+        double err = test::max_rel_error(grads.data() + off, state.grads.data() + off, n);
+        double tol = param_tensor_is_decayed(i) ? TOL_GRAD_MATRIX : TOL_GRAD_VECTOR;
+        EXPECT_LE(err, tol) << "gradient of " << param_tensor_name(i);
+        printf("  grad %-9s max rel error %.2e (tolerance %.0e)\n", param_tensor_name(i), err, tol);
+    }
+    gpt2_free(&model);
+}
+
+TEST(ModelOracle, TinyForwardBackward) { check_against_oracle_state(tiny_oracle(), 1); }
+
+TEST(ModelOracle, TinyForwardBackwardEachRecomputeLevel) {
+    for (int r : {0, 2}) {
+        SCOPED_TRACE(r);
+        check_against_oracle_state(tiny_oracle(), r);
+    }
+}
+
+TEST(ModelOracle, Gpt2SmallShapeForwardBackward) { check_against_oracle_state(d12_oracle(), 1); }
+
+// ----------------------------------------------------------------------------
+// the train_gpt2cu binary
+
+struct TrainerRun {
+    test::CommandResult result;
+    std::string dir;
+};
+
+TrainerRun run_trainer(const std::string& name, const std::string& flags, const std::string& binary = trainer()) {
+    TrainerRun run;
+    run.dir = test::scratch_dir(name);
+    std::string cmd = binary + " " + flags + " -o " + run.dir;
+    run.result = test::run_command(cmd);
+    EXPECT_EQ(run.result.exit_code, 0) << cmd << "\n" << run.result.output;
+    return run;
+}
+
+// Every line of metrics.jsonl with the timings ("ms", "tokens_per_s") removed.
+std::vector<std::string> metrics_without_timings(const std::string& path) {
+    std::vector<std::string> lines;
+    std::istringstream in(test::read_text(path));
+    std::string line;
+    while (std::getline(in, line)) {
+        size_t at = line.find(", \"ms\":");
+        if (at != std::string::npos) line = line.substr(0, at) + "}";
+        lines.push_back(line);
+    }
+    return lines;
+}
+
+std::vector<double> train_losses(const TrainerRun& run) { return test::jsonl_values(run.dir + "/metrics.jsonl", "train_loss"); }
+
+std::string tiny_cosine_flags(const std::string& oracle_dir) {
+    return "-e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -sh 0 -v 0 -s 0 " + TINY_COSINE_TRAINER;
+}
+
+TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
+    std::string dir = tiny_cosine_oracle();
+    TrainerRun run = run_trainer("gpu_tiny_cosine", tiny_cosine_flags(dir) + " -n 10");
+    std::string run_json = test::read_text(dir + "/run.json");
+    std::vector<double> want_loss = test::json_array(run_json, "losses"), want_norm = test::json_array(run_json, "grad_norms");
+    std::vector<double> loss = train_losses(run), norm = test::jsonl_values(run.dir + "/metrics.jsonl", "grad_norm");
+    ASSERT_EQ(want_loss.size(), 10u);
+    ASSERT_EQ(loss.size(), want_loss.size());
+    ASSERT_EQ(norm.size(), want_norm.size());
+    for (size_t s = 0; s < loss.size(); s++) {
+        EXPECT_NEAR(loss[s], want_loss[s], step_loss_tolerance(want_loss[s])) << "loss at step " << s;
+        EXPECT_NEAR(norm[s], want_norm[s], TOL_STEP_NORM_REL * want_norm[s]) << "grad norm at step " << s;
+        printf("  step %zu loss %.6f oracle %.6f | norm %.5f oracle %.5f\n", s, loss[s], want_loss[s], norm[s], want_norm[s]);
+    }
+    EXPECT_LT(loss.back(), loss.front()) << "training did not lower the loss";
+    EXPECT_NE(run.result.output.find("tok/s | MFU"), std::string::npos) << "step lines carry tokens/s and MFU";
+    EXPECT_NE(run.result.output.find("recompute -r 1 saves"), std::string::npos) << "start-up prints the memory saved";
+}
+
+// Recomputation changes only what is stored, never a value: -r 0, 1 and 2 give the same bits.
+// Without master weights (-w 0) or with the GELU fused into cuBLASLt (-ge 1) the arithmetic differs,
+// so those runs must only stay within the oracle tolerance of the default one.
+TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
+    std::string dir = tiny_cosine_oracle();
+    std::string flags = tiny_cosine_flags(dir);
+    TrainerRun r1 = run_trainer("gpu_r1", flags + " -r 1");
+    TrainerRun r0 = run_trainer("gpu_r0", flags + " -r 0");
+    TrainerRun r2 = run_trainer("gpu_r2", flags + " -r 2");
+    EXPECT_EQ(metrics_without_timings(r0.dir + "/metrics.jsonl"), metrics_without_timings(r1.dir + "/metrics.jsonl"));
+    EXPECT_EQ(metrics_without_timings(r2.dir + "/metrics.jsonl"), metrics_without_timings(r1.dir + "/metrics.jsonl"));
+    std::vector<double> base = train_losses(r1);
+    for (const char* option : {"-w 0", "-ge 1", "-ge 1 -r 0"}) {
+        SCOPED_TRACE(option);
+        TrainerRun other = run_trainer("gpu_option", flags + " " + option);
+        std::vector<double> losses = train_losses(other);
+        ASSERT_EQ(losses.size(), base.size());
+        for (size_t s = 0; s < losses.size(); s++) {
+            EXPECT_NEAR(losses[s], base[s], step_loss_tolerance(base[s])) << "step " << s;
+        }
+    }
+}
+
+TEST(TrainDeterminism, SameSeedSameRun) {
+    std::string dir = tiny_oracle();
+    std::string flags = "-e d6 -sd 5 -i " + dir + "/train.bin -b 2 -t 16 -x 3 -v 0 -s 0 -n 3";
+    TrainerRun a = run_trainer("gpu_det1", flags), b = run_trainer("gpu_det2", flags);
+    EXPECT_EQ(metrics_without_timings(a.dir + "/metrics.jsonl"), metrics_without_timings(b.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::read_text(a.dir + "/model_00000003.bin"), test::read_text(b.dir + "/model_00000003.bin"));
+    EXPECT_EQ(test::read_text(a.dir + "/state_00000003_00000.bin"), test::read_text(b.dir + "/state_00000003_00000.bin"));
+}
+
+// Splits the oracle's shard into 3 shards so shuffling permutes shards and samples.
+std::string make_three_shards(const std::string& oracle_dir, const std::string& out) {
+    FILE* fp;
+    int64_t n = shard_open(oracle_dir + "/train.bin", &fp);
+    std::vector<uint16_t> tokens(n);
+    freadCheck(tokens.data(), 2, n, fp);
+    fclose(fp);
+    int64_t third = n / 3;
+    for (int i = 0; i < 3; i++) {
+        shard_write(out + "/shard_train_00000" + std::to_string(i) + ".bin", tokens.data() + i * third, third);
+    }
+    shard_write(out + "/shard_val_000000.bin", tokens.data(), third);
+    return out + "/shard_train_*.bin";
+}
+
+// As the CPU suite's resume test: run A goes 12 steps checkpointing every 4; run B is the same run
+// "killed" after step 8 (later files deleted, a half-written one left) and resumed with -y 1.
+// Shuffled shards, accumulation, validation and sampling are on; the master weights travel in the
+// state file, so everything must match bit for bit.
+TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
+    std::string oracle_dir = tiny_oracle();
+    std::string data = test::scratch_dir("gpu_resume_data");
+    std::string train = make_three_shards(oracle_dir, data);
+    std::string common = "-e " + oracle_dir + "/model.bin -i '" + train + "' -j '" + data +
+                         "/shard_val_*.bin' -b 2 -t 16 -d 64 -x 12 -l 1e-3 -u 2 -q 0.1 -c 0.1 -sh 1 -v 4 -m 2 -s 4 -g 8 -n 4";
+    TrainerRun a = run_trainer("gpu_resume_a", common);
+    TrainerRun b = run_trainer("gpu_resume_b", common);
+    for (const char* f : {"/model_00000012.bin", "/state_00000012_00000.bin", "/DONE_00000012"}) {
+        ASSERT_EQ(remove((b.dir + f).c_str()), 0) << f;
+    }
+    { std::ofstream partial(b.dir + "/model_00000012.bin.tmp"); partial << "half"; }
+    std::string cmd = trainer() + " " + common + " -o " + b.dir + " -y 1";
+    test::CommandResult resumed = test::run_command(cmd);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 8"), std::string::npos) << resumed.output;
+    EXPECT_EQ(metrics_without_timings(a.dir + "/metrics.jsonl"), metrics_without_timings(b.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::read_text(a.dir + "/main.log"), test::read_text(b.dir + "/main.log"));
+    EXPECT_EQ(test::read_text(a.dir + "/model_00000012.bin"), test::read_text(b.dir + "/model_00000012.bin"));
+    EXPECT_EQ(test::read_text(a.dir + "/state_00000012_00000.bin"), test::read_text(b.dir + "/state_00000012_00000.bin"));
+}
+
+// Checkpoints cross between the trainers: each loads a checkpoint the other wrote and both then see
+// the same first loss (within this build's tolerance). Ours is version 5 (bf16) or 3 (fp32); the
+// CPU trainer's is version 3, the format llm.c also writes.
+TEST(TrainCheckpoints, CpuAndCudaTrainersReadEachOthersCheckpoints) {
+    std::string dir = tiny_oracle();
+    std::string cpu_trainer = test::root() + "/train_gpt2";
+    if (!file_exists(cpu_trainer)) GTEST_SKIP() << "needs the CPU trainer (make train_gpt2)";
+    std::string data = "-i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -sh 0 ";
+
+    TrainerRun gpu = run_trainer("gpu_ckpt_gpu", "-e " + dir + "/model.bin " + data + "-x 2 -n 2");
+    TrainerRun cpu = run_trainer("gpu_ckpt_cpu", "-e " + dir + "/model.bin " + data + "-x 2 -n 2", cpu_trainer);
+    for (const std::string& model : {gpu.dir + "/model_00000002.bin", cpu.dir + "/model_00000002.bin"}) {
+        SCOPED_TRACE(model);
+        TrainerRun on_gpu = run_trainer("gpu_ckpt_load_gpu", "-e " + model + " " + data + "-x 1");
+        TrainerRun on_cpu = run_trainer("gpu_ckpt_load_cpu", "-e " + model + " " + data + "-x 1", cpu_trainer);
+        std::vector<double> a = train_losses(on_gpu), b = train_losses(on_cpu);
+        ASSERT_EQ(a.size(), 1u);
+        ASSERT_EQ(b.size(), 1u);
+        EXPECT_NEAR(a[0], b[0], step_loss_tolerance(b[0]));
+    }
+}
+
+}  // namespace gpu_test
+
+int main(int argc, char** argv) {
+    testing::InitGoogleTest(&argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--prepare-oracle") == 0) {
+        gpu_test::tiny_oracle();
+        gpu_test::tiny_cosine_oracle();
+        gpu_test::d12_oracle();
+        printf("oracle files are in %s/build/oracle/\n", test::root().c_str());
+        return testing::UnitTest::GetInstance()->ad_hoc_test_result().Failed() ? 1 : 0;
+    }
+    int device_count = 0;
+    cudaError_t err = cudaGetDeviceCount(&device_count);
+    if (argc > 1 && strcmp(argv[1], "--has-gpu") == 0) return err == cudaSuccess && device_count > 0 ? 0 : 1;
+    if (err != cudaSuccess || device_count == 0) {
+        printf("test_gpt2cu: SKIPPED, no CUDA GPU is visible (%s). These tests need an NVIDIA GPU; on this machine\n"
+               "they were only compiled.\n",
+               err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        printf("tests: 0 passed, 0 failed, %d skipped\n", testing::UnitTest::GetInstance()->total_test_count());
+        return 0;
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("test_gpt2cu (%s) on %s\n", PRECISION_NAME, prop.name);
+    cublas_setup();
+    int rc = RUN_ALL_TESTS();
+    cublas_teardown();
+    const testing::UnitTest& unit = *testing::UnitTest::GetInstance();
+    int skipped = unit.skipped_test_count();
+    printf("tests: %d passed, %d failed, %d skipped\n", unit.successful_test_count() - skipped, unit.failed_test_count(),
+           skipped);
+    return rc;
+}

@@ -1,0 +1,412 @@
+// Each CUDA op's forward and backward against the CPU reference op of the same name in llmc/*.h,
+// on random inputs that are never zero (uniform in [-1, 1) unless a test says otherwise).
+//
+// The CPU op gets exactly the values the GPU sees: inputs are drawn in fp32, rounded to floatX, and
+// both sides start from those rounded values. So the only differences are the GPU's own roundings.
+// One error measure throughout: max |gpu - cpu| / max |cpu| over a tensor (test::max_rel_error).
+// Tolerances (the fp32 build's are near fp32 rounding; bf16's follow from its 8-bit mantissa):
+//   ELEMENTWISE  one stored output rounding: fp32 1e-6; bf16 2^-9 = 2e-3 per element, allowed 4e-3.
+//   SUM          fp32 sums of up to a few thousand terms, rounded once on output: fp32 1e-5 (the CPU
+//                tests' bar); bf16 output rounding plus fp32 summation order, allowed 8e-3.
+//   ATTENTION    bf16 only: the scores and the probabilities are themselves stored in bf16 between the
+//                GEMMs (scores of size ~3 round by ~0.01, i.e. ~1% in exp()), allowed 5e-2.
+// A wrong formula, layout or stride is off by O(1) of the tensor's scale, far above all of these.
+// This file is included by test_gpt2.cu (one translation unit: the kernels are defined in headers).
+#pragma once
+
+#include <random>
+#include <vector>
+
+#include "../../llmc/adamw.h"
+#include "../../llmc/attention.h"
+#include "../../llmc/crossentropy.h"
+#include "../../llmc/encoder.h"
+#include "../../llmc/gelu.h"
+#include "../../llmc/layernorm.h"
+#include "../../llmc/matmul.h"
+#include "../../llmc/residual.h"
+#include "../test_helpers.h"
+
+namespace gpu_test {
+
+#if defined(ENABLE_FP32)
+constexpr double TOL_ELEMENTWISE = 1e-6;
+constexpr double TOL_SUM = 1e-5;
+constexpr double TOL_ATTENTION = 1e-5;
+#else
+constexpr double TOL_ELEMENTWISE = 4e-3;
+constexpr double TOL_SUM = 8e-3;
+constexpr double TOL_ATTENTION = 5e-2;
+#endif
+
+// ----------------------------------------------------------------------------
+// device arrays and data
+
+template <typename T>
+struct DeviceArray {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceArray(size_t count) : n(count) {
+        cudaCheck(cudaMalloc(&ptr, n * sizeof(T)));
+        cudaCheck(cudaMemset(ptr, 0, n * sizeof(T)));
+    }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    ~DeviceArray() { cudaFree(ptr); }
+};
+
+// floatX on the device from fp32 values (which should already be floatX-representable)
+inline void upload(DeviceArray<floatX>& d, const std::vector<float>& host) {
+    std::vector<floatX> converted(host.size());
+    for (size_t i = 0; i < host.size(); i++) converted[i] = host_to_floatX(host[i]);
+    cudaCheck(cudaMemcpy(d.ptr, converted.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+}
+
+template <typename T>
+inline void upload_raw(DeviceArray<T>& d, const std::vector<T>& host) {
+    cudaCheck(cudaMemcpy(d.ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+inline std::vector<float> download(const DeviceArray<floatX>& d) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<floatX> raw(d.n);
+    cudaCheck(cudaMemcpy(raw.data(), d.ptr, d.n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> out(d.n);
+    for (size_t i = 0; i < d.n; i++) out[i] = host_from_floatX(raw[i]);
+    return out;
+}
+
+#if !defined(ENABLE_FP32)
+inline std::vector<float> download(const DeviceArray<float>& d) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> out(d.n);
+    cudaCheck(cudaMemcpy(out.data(), d.ptr, d.n * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+#endif
+
+// uniform in [lo, hi), rounded to floatX so CPU and GPU see the same numbers; never exactly zero
+inline std::vector<float> random_values(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) {
+        do {
+            x = host_from_floatX(host_to_floatX(dist(rng)));
+        } while (x == 0.0f);
+    }
+    return v;
+}
+
+inline std::vector<int> random_tokens(size_t n, int V, std::mt19937& rng) {
+    std::vector<int> v(n);
+    for (int& x : v) x = (int)(rng() % V);
+    return v;
+}
+
+inline void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double err = test::max_rel_error(got.data(), want.data(), want.size());
+    EXPECT_LE(err, tol) << what;
+    printf("  %-28s max rel error %.2e (tolerance %.0e)\n", what, err, tol);
+}
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ----------------------------------------------------------------------------
+// the ops
+
+TEST(Kernels, EncoderForwardBackward) {
+    std::mt19937 rng(11);
+    int B = 4, T = 32, C = 128, V = 20, maxT = 64;  // V small: every token repeats many times
+    std::vector<int> inp = random_tokens(B * T, V, rng);
+    std::vector<float> wte = random_values((size_t)V * C, rng), wpe = random_values((size_t)maxT * C, rng);
+    std::vector<float> dout = random_values((size_t)B * T * C, rng);
+    std::vector<float> dwte0 = random_values((size_t)V * C, rng), dwpe0 = random_values((size_t)maxT * C, rng);
+
+    DeviceArray<floatX> d_wte(wte.size()), d_wpe(wpe.size()), d_out((size_t)B * T * C), d_dout(dout.size());
+    DeviceArray<floatX> d_dwte(dwte0.size()), d_dwpe(dwpe0.size());
+    DeviceArray<int> d_inp(inp.size()), d_buckets(encoder_buckets_ints(B, T));
+    upload(d_wte, wte), upload(d_wpe, wpe), upload(d_dout, dout), upload(d_dwte, dwte0), upload(d_dwpe, dwpe0);
+    upload_raw(d_inp, inp);
+
+    encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, B, T, C, 0);
+    std::vector<float> out((size_t)B * T * C);
+    encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+    expect_close("encoder out", download(d_out), out, TOL_ELEMENTWISE);
+
+    EncoderBuckets buckets;
+    buckets.device = d_buckets.ptr;
+    encoder_prepare_backward(&buckets, inp.data(), B, T, V, 0);
+    encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, buckets, B, T, C, 0);
+    std::vector<float> dwte = dwte0, dwpe = dwpe0;
+    encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C);
+    std::vector<float> got_dwte = download(d_dwte);
+    expect_close("encoder dwte", got_dwte, dwte, TOL_SUM);
+    expect_close("encoder dwpe", download(d_dwpe), dwpe, TOL_SUM);
+
+    // deterministic: the same backward from the same start gives the same bits
+    upload(d_dwte, dwte0);
+    encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, buckets, B, T, C, 0);
+    EXPECT_TRUE(same_bits(download(d_dwte), got_dwte)) << "encoder backward is not deterministic";
+}
+
+TEST(Kernels, LayerNormForwardBackward) {
+    std::mt19937 rng(12);
+    for (int C : {64, 768, 1600}) {  // 1600 (d48): not a multiple of 32 lanes x 8
+        SCOPED_TRACE(C);
+        int N = 96;
+        std::vector<float> inp = random_values((size_t)N * C, rng, -2.0f, 3.0f);
+        std::vector<float> weight = random_values(C, rng), bias = random_values(C, rng);
+        std::vector<float> dout = random_values((size_t)N * C, rng);
+        std::vector<float> dinp0 = random_values((size_t)N * C, rng), dw0 = random_values(C, rng), db0 = random_values(C, rng);
+        DeviceArray<floatX> d_inp(inp.size()), d_w(C), d_b(C), d_out(inp.size()), d_dout(dout.size());
+        DeviceArray<floatX> d_dinp(inp.size()), d_dw(C), d_db(C);
+        DeviceArray<float> d_mean(N), d_rstd(N), d_scratch(layernorm_backward_scratch_floats(C));
+        upload(d_inp, inp), upload(d_w, weight), upload(d_b, bias), upload(d_dout, dout);
+        upload(d_dinp, dinp0), upload(d_dw, dw0), upload(d_db, db0);
+
+        layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, d_b.ptr, N, C, 0);
+        std::vector<float> out((size_t)N * C), mean(N), rstd(N);
+        layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+        expect_close("layernorm out", download(d_out), out, TOL_ELEMENTWISE);
+        std::vector<float> got_mean(N), got_rstd(N);
+        cudaCheck(cudaMemcpy(got_mean.data(), d_mean.ptr, N * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(got_rstd.data(), d_rstd.ptr, N * sizeof(float), cudaMemcpyDeviceToHost));
+        expect_close("layernorm mean (fp32)", got_mean, mean, 1e-5);
+        expect_close("layernorm rstd (fp32)", got_rstd, rstd, 1e-5);
+
+        // the CPU backward gets the GPU's statistics, so only the backward itself is compared
+        layernorm_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, d_mean.ptr,
+                           d_rstd.ptr, N, C, 0);
+        std::vector<float> dinp = dinp0, dw = dw0, db = db0;
+        layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), got_mean.data(),
+                           got_rstd.data(), N, C);
+        expect_close("layernorm dinp", download(d_dinp), dinp, TOL_SUM);
+        std::vector<float> got_dw = download(d_dw);
+        expect_close("layernorm dweight", got_dw, dw, TOL_SUM);
+        expect_close("layernorm dbias", download(d_db), db, TOL_SUM);
+
+        upload(d_dw, dw0);
+        layernorm_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, d_mean.ptr,
+                           d_rstd.ptr, N, C, 0);
+        EXPECT_TRUE(same_bits(download(d_dw), got_dw)) << "layernorm dweight is not deterministic";
+    }
+}
+
+TEST(Kernels, FusedResidualLayerNorm) {
+    std::mt19937 rng(13);
+    int N = 64, C = 768;
+    std::vector<float> a = random_values((size_t)N * C, rng), b = random_values((size_t)N * C, rng);
+    std::vector<float> weight = random_values(C, rng), bias = random_values(C, rng);
+    DeviceArray<floatX> d_a(a.size()), d_b(b.size()), d_w(C), d_bias(C), d_res(a.size()), d_out(a.size());
+    DeviceArray<float> d_mean(N), d_rstd(N);
+    upload(d_a, a), upload(d_b, b), upload(d_w, weight), upload(d_bias, bias);
+    fused_residual_layernorm_forward(d_res.ptr, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_a.ptr, d_b.ptr, d_w.ptr,
+                                     d_bias.ptr, N, C, 0);
+    std::vector<float> residual(a.size()), out(a.size()), mean(N), rstd(N);
+    residual_forward(residual.data(), a.data(), b.data(), residual.size());
+    std::vector<float> got_residual = download(d_res);
+    expect_close("residual", got_residual, residual, TOL_ELEMENTWISE);
+    // the GPU normalizes its stored (rounded) residual; so does the reference
+    layernorm_forward(out.data(), mean.data(), rstd.data(), got_residual.data(), weight.data(), bias.data(), N, C);
+    std::vector<float> got_out = download(d_out);
+    expect_close("residual layernorm out", got_out, out, TOL_ELEMENTWISE);
+
+    // recomputing from the stored residual (what -r 2 does) reproduces the same bits
+    layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_res.ptr, d_w.ptr, d_bias.ptr, N, C, 0);
+    EXPECT_TRUE(same_bits(download(d_out), got_out)) << "recomputed layernorm differs from the fused one";
+}
+
+TEST(Kernels, MatmulForwardBackward) {
+    std::mt19937 rng(14);
+    int N = 64, C = 128, OC = 192;
+    std::vector<float> inp = random_values((size_t)N * C, rng), weight = random_values((size_t)OC * C, rng);
+    std::vector<float> bias = random_values(OC, rng), dout = random_values((size_t)N * OC, rng);
+    std::vector<float> dw0 = random_values((size_t)OC * C, rng), db0 = random_values(OC, rng);
+    DeviceArray<floatX> d_inp(inp.size()), d_w(weight.size()), d_bias(OC), d_out((size_t)N * OC), d_dout(dout.size());
+    DeviceArray<floatX> d_dinp(inp.size()), d_dw(weight.size()), d_db(OC);
+    DeviceArray<float> d_scratch(matmul_backward_scratch_floats(OC));
+    upload(d_inp, inp), upload(d_w, weight), upload(d_bias, bias), upload(d_dout, dout), upload(d_dw, dw0), upload(d_db, db0);
+
+    matmul_forward(d_out.ptr, nullptr, d_inp.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+    std::vector<float> out((size_t)N * OC);
+    matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    expect_close("matmul out (bias epilogue)", download(d_out), out, TOL_SUM);
+
+    matmul_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, nullptr, N, C, OC, 0);
+    std::vector<float> dinp((size_t)N * C, 0.0f), dw = dw0, db = db0;  // GPU dinp overwrites; CPU adds into zeros
+    matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+    expect_close("matmul dinp", download(d_dinp), dinp, TOL_SUM);
+    expect_close("matmul dweight (accumulated)", download(d_dw), dw, TOL_SUM);
+    std::vector<float> got_db = download(d_db);
+    expect_close("matmul dbias (accumulated)", got_db, db, TOL_SUM);
+    upload(d_db, db0);
+    matmul_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, nullptr, N, C, OC, 0);
+    EXPECT_TRUE(same_bits(download(d_db), got_db)) << "dbias is not deterministic";
+}
+
+// -ge 1: GELU fused into the forward (GELU_AUX_BIAS) and into the input gradient (DGELU)
+TEST(Kernels, MatmulGeluEpilogues) {
+    std::mt19937 rng(15);
+    int N = 64, C = 128, OC = 256;
+    std::vector<float> inp = random_values((size_t)N * C, rng, -0.5f, 0.5f), weight = random_values((size_t)OC * C, rng);
+    std::vector<float> bias = random_values(OC, rng);
+    DeviceArray<floatX> d_inp(inp.size()), d_w(weight.size()), d_bias(OC), d_out((size_t)N * OC), d_pre((size_t)N * OC);
+    upload(d_inp, inp), upload(d_w, weight), upload(d_bias, bias);
+    matmul_forward(d_out.ptr, d_pre.ptr, d_inp.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+    std::vector<float> pre((size_t)N * OC), out((size_t)N * OC);
+    matmul_forward(pre.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    gelu_forward(out.data(), pre.data(), pre.size());
+    expect_close("fused matmul pre-GELU", download(d_pre), pre, TOL_SUM);
+    expect_close("fused matmul GELU out", download(d_out), out, TOL_SUM);
+
+    // the next layer's backward: dgelu_in = gelu'(pre) * (dout2 · W2), W2 (OC2, OC)
+    int OC2 = 128;
+    std::vector<float> w2 = random_values((size_t)OC2 * OC, rng), dout2 = random_values((size_t)N * OC2, rng);
+    std::vector<float> pre_rounded = download(d_pre);
+    DeviceArray<floatX> d_w2(w2.size()), d_dout2(dout2.size()), d_dpre((size_t)N * OC), d_dw2(w2.size());
+    DeviceArray<float> d_scratch(1);
+    upload(d_w2, w2), upload(d_dout2, dout2);
+    matmul_backward(d_dpre.ptr, d_dw2.ptr, nullptr, d_scratch.ptr, d_dout2.ptr, d_out.ptr, d_w2.ptr, d_pre.ptr, N, OC,
+                    OC2, 0);
+    std::vector<float> dgelu((size_t)N * OC, 0.0f), dpre((size_t)N * OC, 0.0f), dw2(w2.size(), 0.0f);
+    std::vector<float> gelu_out = download(d_out);
+    matmul_backward(dgelu.data(), dw2.data(), (float*)nullptr, dout2.data(), gelu_out.data(), w2.data(), N, OC, OC2);
+    gelu_backward(dpre.data(), pre_rounded.data(), dgelu.data(), dpre.size());
+    expect_close("DGELU epilogue dinp", download(d_dpre), dpre, TOL_SUM);
+}
+
+TEST(Kernels, AttentionForwardBackward) {
+    std::mt19937 rng(16);
+    struct Shape { int B, T, C, NH; };
+    for (Shape s : {Shape{2, 16, 64, 4}, Shape{1, 64, 128, 2}}) {
+        SCOPED_TRACE(s.T);
+        int B = s.B, T = s.T, C = s.C, NH = s.NH;
+        size_t BTC = (size_t)B * T * C;
+        std::vector<float> qkv = random_values(3 * BTC, rng), dout = random_values(BTC, rng);
+        DeviceArray<floatX> d_qkv(qkv.size()), d_out(BTC), d_saved(attention_saved_elements(B, T, NH));
+        DeviceArray<floatX> d_scratch(attention_scratch_elements(B, T, C, NH)), d_dout(BTC), d_dqkv(3 * BTC);
+        upload(d_qkv, qkv), upload(d_dout, dout);
+        attention_forward(d_out.ptr, d_saved.ptr, d_qkv.ptr, d_scratch.ptr, B, T, C, NH, 0);
+        std::vector<float> out(BTC), att((size_t)B * NH * T * T);
+        attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+        expect_close("attention out", download(d_out), out, TOL_ATTENTION);
+        expect_close("attention probabilities", download(d_saved), att, TOL_ATTENTION);
+
+        attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_saved.ptr, d_scratch.ptr, B, T, C, NH, 0);
+        std::vector<float> dqkv(3 * BTC, 0.0f);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+        expect_close("attention dqkv", download(d_dqkv), dqkv, TOL_ATTENTION);
+    }
+}
+
+TEST(Kernels, GeluForwardBackward) {
+    std::mt19937 rng(17);
+    size_t N = 8 * 1000;
+    std::vector<float> inp = random_values(N, rng, -4.0f, 4.0f), dout = random_values(N, rng);
+    DeviceArray<floatX> d_inp(N), d_out(N), d_dout(N), d_dinp(N);
+    upload(d_inp, inp), upload(d_dout, dout);
+    gelu_forward(d_out.ptr, d_inp.ptr, N, 0);
+    std::vector<float> out(N), dinp(N, 0.0f);
+    gelu_forward(out.data(), inp.data(), N);
+    expect_close("gelu out", download(d_out), out, TOL_ELEMENTWISE);
+    gelu_backward(d_dinp.ptr, d_inp.ptr, d_dout.ptr, N, 0);
+    gelu_backward(dinp.data(), inp.data(), dout.data(), N);
+    expect_close("gelu dinp", download(d_dinp), dinp, TOL_ELEMENTWISE);
+    gelu_backward(d_dout.ptr, d_inp.ptr, d_dout.ptr, N, 0);  // in place, as the trainer uses it
+    expect_close("gelu dinp in place", download(d_dout), dinp, TOL_ELEMENTWISE);
+}
+
+TEST(Kernels, FusedClassifier) {
+    std::mt19937 rng(18);
+    int N = 24, V = 300, Vp = 384;
+    std::vector<float> logits = random_values((size_t)N * Vp, rng, -4.0f, 4.0f);
+    std::vector<int> targets = random_tokens(N, V, rng);
+    float dloss = 1.0f / N;
+    DeviceArray<floatX> d_logits(logits.size());
+    DeviceArray<float> d_losses(N);
+    DeviceArray<int> d_targets(N);
+    upload(d_logits, logits), upload_raw(d_targets, targets);
+
+    std::vector<float> losses(N), dlogits(logits.size());
+    crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
+    crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+
+    fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, dloss, N, V, Vp, false, 0);
+    std::vector<float> got_losses(N);
+    cudaCheck(cudaMemcpy(got_losses.data(), d_losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost));
+    expect_close("classifier losses (fp32)", got_losses, losses, 1e-5);
+    expect_close("classifier leaves logits", download(d_logits), logits, 0.0);
+
+    fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, dloss, N, V, Vp, true, 0);
+    std::vector<float> got = download(d_logits);
+    expect_close("classifier dlogits", got, dlogits, TOL_ELEMENTWISE);
+    for (int n = 0; n < N; n++) {
+        for (int v = V; v < Vp; v++) ASSERT_EQ(got[(size_t)n * Vp + v], 0.0f) << "padded column " << v;
+    }
+}
+
+TEST(Kernels, AdamWAndGradNorm) {
+    std::mt19937 rng(19);
+    size_t n = 8 * 5000;
+    std::vector<float> params = random_values(n, rng), grads = random_values(n, rng, -0.1f, 0.1f);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    DeviceArray<floatX> d_params(n), d_grads(n);
+    DeviceArray<float> d_master(n), d_m(n), d_v(n), d_partials(NORM_BLOCKS), d_norm(1);
+    upload(d_params, params), upload(d_grads, grads);
+    cudaCheck(cudaMemcpy(d_master.ptr, params.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+
+    sum_of_squares(d_norm.ptr, d_partials.ptr, d_grads.ptr, n, 0);
+    float got_sq;
+    cudaCheck(cudaMemcpy(&got_sq, d_norm.ptr, sizeof(float), cudaMemcpyDeviceToHost));
+    double want_sq = sum_of_squares(grads.data(), n);
+    EXPECT_NEAR(got_sq, want_sq, 1e-5 * want_sq) << "sum of squares";
+
+    AdamWHyper hyper;
+    for (int t = 1; t <= 3; t++) {
+        AdamWSettings s{1e-2f, hyper.beta1, hyper.beta2, hyper.eps, 0.1f, 0.5f, t, (uint32_t)t};
+        adamw_update(d_params.ptr, d_master.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, n, s, 0);
+        adamw_update(params.data(), grads.data(), m.data(), v.data(), n, hyper, 1e-2f, 0.1f, 0.5f, t);
+    }
+    std::vector<float> master(n), got_m(n), got_v(n);
+    cudaCheck(cudaMemcpy(master.data(), d_master.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(got_m.data(), d_m.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(got_v.data(), d_v.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+    expect_close("adamw master weights (fp32)", master, params, 1e-6);
+    expect_close("adamw m", got_m, m, 1e-6);
+    expect_close("adamw v", got_v, v, 1e-6);
+    // the floatX copy is the master rounded down or up: within one floatX step (2^-7 relative for bf16)
+    std::vector<float> got_params = download(d_params);
+    for (size_t i = 0; i < n; i++) {
+        ASSERT_LE(std::fabs(got_params[i] - master[i]), std::fabs(master[i]) * (1.0f / 128) + 1e-30f) << i;
+    }
+}
+
+#if !defined(ENABLE_FP32)
+// Stochastic rounding is unbiased: x = 1 + 0.3 ulp rounds up 30% of the time, so the mean of many
+// roundings is x. With n = 2^20 the standard error of the mean is ulp * sqrt(0.21 / n) ~ 3.5e-6.
+TEST(Kernels, StochasticRoundingIsUnbiased) {
+    size_t n = 1 << 20;
+    float ulp = 1.0f / 128, x = 1.0f + 0.3f * ulp;
+    std::vector<float> master(n, x), zeros(n, 0.0f);
+    DeviceArray<floatX> d_params(n), d_grads(n);
+    DeviceArray<float> d_master(n), d_m(n), d_v(n);
+    cudaCheck(cudaMemcpy(d_master.ptr, master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    AdamWSettings s{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1, 1234u};  // lr 0: the update only rounds
+    adamw_update(d_params.ptr, d_master.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, n, s, 0);
+    std::vector<float> rounded = download(d_params);
+    double sum = 0;
+    size_t up = 0;
+    for (float r : rounded) {
+        ASSERT_TRUE(r == 1.0f || r == 1.0f + ulp) << r;
+        sum += r;
+        up += r > 1.0f;
+    }
+    EXPECT_NEAR(sum / n, x, 2e-5);
+    EXPECT_NEAR((double)up / n, 0.3, 0.005);
+}
+#endif
+
+}  // namespace gpu_test

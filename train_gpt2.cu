@@ -1,0 +1,753 @@
+/*
+GPT-2 training on one NVIDIA GPU in BF16 mixed precision (or fp32 with PRECISION=FP32): the same model,
+flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
+kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
+
+    tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
+                               ln2 -> fc -> gelu -> fcproj -> +residual ] -> lnf -> logits (x wteᵀ) -> loss
+
+Mixed precision: parameters, gradients and activations are stored in floatX (bf16); every kernel
+computes in fp32; AdamW keeps fp32 moments and fp32 master weights (-w 1) and rounds the bf16 copy
+stochastically from them. Everything that is not a kernel (flags, data, checkpoints, schedules, logs,
+sampling) is the CPU trainer's host code from the llmc/ .h headers.
+
+Run `./train_gpt2cu -h` for the flags.
+*/
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "llmc/adamw.h"  // AdamWHyper and clip_scale(), shared with the CPU trainer
+#include "llmc/args.h"
+#include "llmc/checkpoint.h"
+#include "llmc/dataloader.h"
+#include "llmc/gpt2_config.h"
+#include "llmc/logger.h"
+#include "llmc/rand.h"
+#include "llmc/sampler.h"
+#include "llmc/schedulers.h"
+#include "llmc/tokenizer_file.h"
+#include "llmc/utils.h"
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/classifier.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+
+#if defined(ENABLE_FP32)
+constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
+#else
+constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_BF16;
+#endif
+
+// ----------------------------------------------------------------------------
+// Parameters: 16 tensors in checkpoint order, pointers into one device allocation.
+
+struct ParameterTensors {
+    floatX* wte;       // (Vp, C)
+    floatX* wpe;       // (maxT, C)
+    floatX* ln1w;      // (L, C)
+    floatX* ln1b;      // (L, C)
+    floatX* qkvw;      // (L, 3C, C)
+    floatX* qkvb;      // (L, 3C)
+    floatX* attprojw;  // (L, C, C)
+    floatX* attprojb;  // (L, C)
+    floatX* ln2w;      // (L, C)
+    floatX* ln2b;      // (L, C)
+    floatX* fcw;       // (L, 4C, C)
+    floatX* fcb;       // (L, 4C)
+    floatX* fcprojw;   // (L, C, 4C)
+    floatX* fcprojb;   // (L, C)
+    floatX* lnfw;      // (C)
+    floatX* lnfb;      // (C)
+};
+
+// Every tensor starts at a multiple of C elements, so with C % 8 == 0 each is 16-byte aligned.
+void point_parameters(ParameterTensors* p, floatX* memory, const GPT2Config& cfg) {
+    floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,
+                                            &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,     &p->fcb,
+                                            &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
+    size_t offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_offsets(cfg, offsets);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
+}
+
+// ----------------------------------------------------------------------------
+// Activations: everything the forward keeps for the backward, the backward's per-layer gradient
+// buffers and all scratch, carved out of one device allocation (each piece 256-byte aligned).
+// With recomputation some per-layer tensors shrink to one layer's worth that the backward refills:
+//   -r 1: fch_gelu is recomputed from fch;  -r 2: also ln1 and ln2 from the residual stream.
+
+struct ActivationTensors {
+    floatX* encoded;     // (B, T, C)
+    floatX* ln1;         // (L, B, T, C), or (B, T, C) with -r 2
+    float* ln1_mean;     // (L, B, T)
+    float* ln1_rstd;     // (L, B, T)
+    floatX* qkv;         // (L, B, T, 3C)
+    floatX* atty;        // (L, B, T, C)
+    floatX* att;         // (L, attention_saved_elements)
+    floatX* residual2;   // (L, B, T, C)
+    floatX* ln2;         // (L, B, T, C), or (B, T, C) with -r 2
+    float* ln2_mean;     // (L, B, T)
+    float* ln2_rstd;     // (L, B, T)
+    floatX* fch;         // (L, B, T, 4C) before GELU
+    floatX* fch_gelu;    // (L, B, T, 4C), or (B, T, 4C) with -r 1 or 2
+    floatX* residual3;   // (L, B, T, C)
+    floatX* lnf;         // (B, T, C)
+    float* lnf_mean;     // (B, T)
+    float* lnf_rstd;     // (B, T)
+    floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
+    float* losses;       // (B, T)
+    // scratch, reused by every layer
+    floatX* proj;        // (B, T, C) output of attproj or fcproj before the residual add
+    floatX* attn_scratch;// attention_scratch_elements
+    floatX* dresidual;   // (B, T, C) gradient flowing down the residual stream
+    floatX* dln;         // (B, T, C) gradient of a layernorm output
+    floatX* datty;       // (B, T, C)
+    floatX* dqkv;        // (B, T, 3C)
+    floatX* dfch;        // (B, T, 4C)
+    float* reduce_scratch;  // partial sums of dbias/dweight/grad norm
+    float* grad_norm_sq;    // (1)
+    int* inputs;         // (B, T)
+    int* targets;        // (B, T)
+    int* encoder_buckets;// encoder_buckets_ints(B, T)
+};
+
+// Lays out the activations for (B, T) and recompute level; with base == nullptr only counts bytes.
+size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute) {
+    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    size_t L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
+    size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
+                                     (size_t)NORM_BLOCKS});
+    size_t offset = 0;
+    auto take = [&](auto** ptr, size_t count) {
+        using Elem = std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>;
+        *ptr = base ? reinterpret_cast<Elem*>(base + offset) : nullptr;
+        offset += align_up_256(count * sizeof(Elem));
+    };
+    take(&a->encoded, BT * C);
+    take(&a->ln1, L_ln * BT * C);
+    take(&a->ln1_mean, L * BT);
+    take(&a->ln1_rstd, L * BT);
+    take(&a->qkv, L * BT * 3 * C);
+    take(&a->atty, L * BT * C);
+    take(&a->att, L * attention_saved_elements(B, T, NH));
+    take(&a->residual2, L * BT * C);
+    take(&a->ln2, L_ln * BT * C);
+    take(&a->ln2_mean, L * BT);
+    take(&a->ln2_rstd, L * BT);
+    take(&a->fch, L * BT * 4 * C);
+    take(&a->fch_gelu, L_gelu * BT * 4 * C);
+    take(&a->residual3, L * BT * C);
+    take(&a->lnf, BT * C);
+    take(&a->lnf_mean, BT);
+    take(&a->lnf_rstd, BT);
+    take(&a->logits, BT * Vp);
+    take(&a->losses, BT);
+    take(&a->proj, BT * C);
+    take(&a->attn_scratch, attention_scratch_elements(B, T, C, NH));
+    take(&a->dresidual, BT * C);
+    take(&a->dln, BT * C);
+    take(&a->datty, BT * C);
+    take(&a->dqkv, BT * 3 * C);
+    take(&a->dfch, BT * 4 * C);
+    take(&a->reduce_scratch, reduce_floats);
+    take(&a->grad_norm_sq, 1);
+    take(&a->inputs, BT);
+    take(&a->targets, BT);
+    take(&a->encoder_buckets, encoder_buckets_ints(B, T));
+    return offset;
+}
+
+struct GPT2 {
+    GPT2Config config;
+    size_t num_parameters = 0;
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t param_offsets[NUM_PARAMETER_TENSORS];
+    floatX* params_memory = nullptr;  // one allocation: the 16 tensors
+    floatX* grads_memory = nullptr;   // one allocation: their gradients
+    float* opt_memory = nullptr;      // one allocation: AdamW m, v, and the master weights if kept
+    float *m_memory = nullptr, *v_memory = nullptr, *master_memory = nullptr;
+    ParameterTensors params, grads;
+    bool use_master_weights = false;
+    int recompute = 1;
+    bool gelu_fusion = false;
+    // activations, allocated once for the run's (B, T)
+    int batch_size = 0, seq_len = 0;
+    char* acts_memory = nullptr;
+    ActivationTensors acts;
+    EncoderBuckets buckets;
+    std::vector<float> host_losses;
+    cudaStream_t stream = nullptr;
+};
+
+// Uploads fp32 host parameters (checkpoint order) to the device as floatX, and to the master weights.
+void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
+    std::vector<floatX> converted(model->num_parameters);
+    for (size_t i = 0; i < model->num_parameters; i++) converted[i] = host_to_floatX(params[i]);
+    cudaCheck(cudaMemcpy(model->params_memory, converted.data(), model->num_parameters * sizeof(floatX),
+                         cudaMemcpyHostToDevice));
+    if (model->master_memory) {
+        cudaCheck(cudaMemcpy(model->master_memory, params.data(), model->num_parameters * sizeof(float),
+                             cudaMemcpyHostToDevice));
+    }
+}
+
+// The device parameters as fp32 on the host (exact: bf16 widens to fp32 without rounding).
+std::vector<float> gpt2_download_parameters(const GPT2* model) {
+    std::vector<floatX> raw(model->num_parameters);
+    cudaCheck(cudaMemcpy(raw.data(), model->params_memory, model->num_parameters * sizeof(floatX),
+                         cudaMemcpyDeviceToHost));
+    std::vector<float> params(model->num_parameters);
+    for (size_t i = 0; i < model->num_parameters; i++) params[i] = host_from_floatX(raw[i]);
+    return params;
+}
+
+void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args) {
+    validate_config(cfg, "model");
+    if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
+        fatal("the CUDA trainer needs channels and head size divisible by 8 (C %d, NH %d)", cfg.channels,
+              cfg.num_heads);
+    }
+    model->config = cfg;
+    param_tensor_sizes(cfg, model->param_sizes);
+    param_tensor_offsets(cfg, model->param_offsets);
+    model->num_parameters = num_parameters(cfg);
+#if defined(ENABLE_FP32)
+    model->use_master_weights = false;  // the parameters are fp32 already
+#else
+    model->use_master_weights = args.master_weights != 0;
+#endif
+    model->recompute = args.recompute;
+    model->gelu_fusion = args.gelu_fusion != 0;
+    size_t n = model->num_parameters;
+    cudaCheck(cudaMalloc(&model->params_memory, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&model->grads_memory, n * sizeof(floatX)));
+    size_t opt_floats = (model->use_master_weights ? 3 : 2) * n;
+    cudaCheck(cudaMalloc(&model->opt_memory, opt_floats * sizeof(float)));
+    cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
+    cudaCheck(cudaMemset(model->grads_memory, 0, n * sizeof(floatX)));
+    model->m_memory = model->opt_memory;
+    model->v_memory = model->opt_memory + n;
+    model->master_memory = model->use_master_weights ? model->opt_memory + 2 * n : nullptr;
+    point_parameters(&model->params, model->params_memory, cfg);
+    point_parameters(&model->grads, model->grads_memory, cfg);
+    cudaCheck(cudaStreamCreate(&model->stream));
+    printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB; AdamW m, v%s %.1f MiB\n", n, PRECISION_NAME,
+           n * sizeof(floatX) / 1048576.0, n * sizeof(floatX) / 1048576.0,
+           model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0);
+}
+
+// GPT-2's initialization, the same draws in the same order as train_gpt2.cpp's gpt2_init_random(), so
+// a descriptor with a seed gives the same starting model on either trainer.
+std::vector<float> gpt2_random_parameters(const GPT2Config& cfg, unsigned seed) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    param_tensor_offsets(cfg, offsets);
+    std::vector<float> params(num_parameters(cfg), 0.0f);
+    std::mt19937 rng(seed);
+    double residual_std = 0.02 / std::sqrt(2.0 * cfg.num_layers);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        float* tensor = params.data() + offsets[i];
+        if (i == P_LN1W || i == P_LN2W || i == P_LNFW) {
+            for (size_t j = 0; j < sizes[i]; j++) tensor[j] = 1.0f;
+        } else if (i == P_WTE) {
+            rand_normal_fill(tensor, (size_t)cfg.vocab_size * cfg.channels, 0.0, 0.02, rng);  // padded rows stay 0
+        } else if (i == P_ATTPROJW || i == P_FCPROJW) {
+            rand_normal_fill(tensor, sizes[i], 0.0, residual_std, rng);
+        } else if (param_tensor_is_decayed(i)) {  // wpe, qkvw, fcw
+            rand_normal_fill(tensor, sizes[i], 0.0, 0.02, rng);
+        }
+    }
+    return params;
+}
+
+// Builds the model from a checkpoint file, or (for a descriptor) from a random initialization.
+void gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args) {
+    GPT2Config cfg;
+    std::vector<float> params;
+    if (config_from_descriptor(name.c_str(), &cfg)) {
+        params = gpt2_random_parameters(cfg, (unsigned)args.seed);
+    } else if (looks_like_descriptor(name.c_str())) {
+        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
+    } else {
+        model_file_read(name, &cfg, &params);
+    }
+    gpt2_setup(model, cfg, args);
+    gpt2_upload_parameters(model, params);
+}
+
+// Bytes of activations at a recompute level (for the start-up report).
+size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute) {
+    ActivationTensors unused;
+    return layout_activations(&unused, nullptr, cfg, B, T, recompute);
+}
+
+void gpt2_allocate_activations(GPT2* model, int B, int T) {
+    size_t bytes = activation_bytes(model->config, B, T, model->recompute);
+    cudaCheck(cudaMalloc(&model->acts_memory, bytes));
+    layout_activations(&model->acts, model->acts_memory, model->config, B, T, model->recompute);
+    model->buckets.device = model->acts.encoder_buckets;
+    model->batch_size = B;
+    model->seq_len = T;
+    model->host_losses.resize((size_t)B * T);
+    size_t none = activation_bytes(model->config, B, T, 0);
+    printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB)\n", bytes / 1048576.0, B, T,
+           model->recompute, (none - bytes) / 1048576.0);
+}
+
+// ----------------------------------------------------------------------------
+// forward, backward, update
+
+// Forward pass over inputs (B, T) (host arrays). With targets, also the per-position losses (fetch their
+// mean with gpt2_mean_loss); with dloss > 0 the classifier also leaves d(loss)/d(logits) in
+// acts.logits, scaled by dloss, ready for gpt2_backward. Nothing here waits for the GPU.
+void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss = 0.0f) {
+    const GPT2Config& cfg = model->config;
+    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    if ((size_t)B * T > (size_t)model->batch_size * model->seq_len || T > model->seq_len) {
+        fatal("gpt2_forward: B=%d T=%d exceeds the allocated B=%d T=%d", B, T, model->batch_size, model->seq_len);
+    }
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
+            fatal("gpt2_forward: token id at position %d is outside 0..%d", i, V - 1);
+        }
+    }
+    const ParameterTensors& p = model->params;
+    const ActivationTensors& a = model->acts;
+    cudaStream_t stream = model->stream;
+    size_t BT = (size_t)B * T;
+    size_t ln_stride = model->recompute >= 2 ? 0 : BT * C;         // per-layer step of ln1 / ln2
+    size_t gelu_stride = model->recompute >= 1 ? 0 : BT * 4 * C;   // per-layer step of fch_gelu
+    size_t att_stride = attention_saved_elements(B, T, NH);
+
+    cudaCheck(cudaMemcpyAsync(a.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (dloss > 0.0f) encoder_prepare_backward(&model->buckets, inputs, B, T, V, stream);
+
+    encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream);
+    // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, (int)BT, C, stream);
+    for (int l = 0; l < L; l++) {
+        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+        floatX* ln1 = a.ln1 + l * ln_stride;
+        floatX* qkv = a.qkv + l * BT * 3 * C;
+        floatX* atty = a.atty + l * BT * C;
+        floatX* residual2 = a.residual2 + l * BT * C;
+        floatX* ln2 = a.ln2 + l * ln_stride;
+        floatX* fch = a.fch + l * BT * 4 * C;
+        floatX* fch_gelu = a.fch_gelu + l * gelu_stride;
+        floatX* residual3 = a.residual3 + l * BT * C;
+
+        matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C, stream);
+        attention_forward(atty, a.att + l * att_stride, qkv, a.attn_scratch, B, T, C, NH, stream);
+        matmul_forward(a.proj, nullptr, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C, stream);
+        fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual, a.proj,
+                                         p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
+        if (model->gelu_fusion) {
+            matmul_forward(fch_gelu, fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C, stream);
+        } else {
+            matmul_forward(fch, nullptr, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C, stream);
+            gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
+        }
+        matmul_forward(a.proj, nullptr, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, (int)BT, 4 * C,
+                       C, stream);
+        if (l + 1 < L) {
+            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * ln_stride, a.ln1_mean + (l + 1) * BT,
+                                             a.ln1_rstd + (l + 1) * BT, residual2, a.proj, p.ln1w + (l + 1) * C,
+                                             p.ln1b + (l + 1) * C, (int)BT, C, stream);
+        } else {
+            fused_residual_layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, a.proj, p.lnfw,
+                                             p.lnfb, (int)BT, C, stream);
+        }
+    }
+    matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
+    if (targets) fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream);
+}
+
+// Mean of the per-position losses of the last forward with targets; waits for the GPU.
+float gpt2_mean_loss(GPT2* model, int B, int T) {
+    size_t BT = (size_t)B * T;
+    cudaCheck(cudaMemcpyAsync(model->host_losses.data(), model->acts.losses, BT * sizeof(float),
+                              cudaMemcpyDeviceToHost, model->stream));
+    cudaCheck(cudaStreamSynchronize(model->stream));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
+    return (float)(sum / BT);
+}
+
+void gpt2_zero_grad(GPT2* model) {
+    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->num_parameters * sizeof(floatX), model->stream));
+}
+
+// Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
+// holds dlogits). Accumulates (+=) into the parameter gradients.
+void gpt2_backward(GPT2* model, int B, int T) {
+    const GPT2Config& cfg = model->config;
+    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
+    const ParameterTensors& p = model->params;
+    const ParameterTensors& g = model->grads;
+    const ActivationTensors& a = model->acts;
+    cudaStream_t stream = model->stream;
+    size_t BT = (size_t)B * T;
+    size_t ln_stride = model->recompute >= 2 ? 0 : BT * C;
+    size_t gelu_stride = model->recompute >= 1 ? 0 : BT * 4 * C;
+    size_t att_stride = attention_saved_elements(B, T, NH);
+    float* reduce = a.reduce_scratch;
+
+    // logits -> lnf -> the residual stream
+    matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
+    cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
+    const floatX* final_residual = a.residual3 + (L - 1) * BT * C;
+    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
+                       (int)BT, C, stream);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+        floatX* ln1 = a.ln1 + l * ln_stride;
+        const floatX* qkv = a.qkv + l * BT * 3 * C;
+        const floatX* atty = a.atty + l * BT * C;
+        const floatX* residual2 = a.residual2 + l * BT * C;
+        floatX* ln2 = a.ln2 + l * ln_stride;
+        const floatX* fch = a.fch + l * BT * 4 * C;
+        floatX* fch_gelu = a.fch_gelu + l * gelu_stride;
+        float* ln1_mean = a.ln1_mean + l * BT, *ln1_rstd = a.ln1_rstd + l * BT;
+        float* ln2_mean = a.ln2_mean + l * BT, *ln2_rstd = a.ln2_rstd + l * BT;
+
+        // recompute what the forward did not keep (same kernels, same inputs: the same bits)
+        if (model->recompute >= 1) gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
+        if (model->recompute >= 2) {
+            layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C, stream);
+            layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
+        }
+
+        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+        if (model->gelu_fusion) {  // dfch straight from the matmul's DGELU epilogue
+            matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, reduce, a.dresidual, fch_gelu,
+                            p.fcprojw + (size_t)l * C * 4 * C, fch, (int)BT, 4 * C, C, stream);
+        } else {
+            matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, reduce, a.dresidual, fch_gelu,
+                            p.fcprojw + (size_t)l * C * 4 * C, nullptr, (int)BT, 4 * C, C, stream);
+            gelu_backward(a.dfch, fch, a.dfch, BT * 4 * C, stream);
+        }
+        matmul_backward(a.dln, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, reduce, a.dfch, ln2,
+                        p.fcw + (size_t)l * 4 * C * C, nullptr, (int)BT, C, 4 * C, stream);
+        layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, reduce, a.dln, residual2, p.ln2w + l * C,
+                           ln2_mean, ln2_rstd, (int)BT, C, stream);
+
+        // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
+        matmul_backward(a.datty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, reduce, a.dresidual, atty,
+                        p.attprojw + (size_t)l * C * C, nullptr, (int)BT, C, C, stream);
+        attention_backward(a.dqkv, a.datty, qkv, a.att + l * att_stride, a.attn_scratch, B, T, C, NH, stream);
+        matmul_backward(a.dln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, reduce, a.dqkv, ln1,
+                        p.qkvw + (size_t)l * 3 * C * C, nullptr, (int)BT, C, 3 * C, stream);
+        layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, reduce, a.dln, residual, p.ln1w + l * C,
+                           ln1_mean, ln1_rstd, (int)BT, C, stream);
+    }
+    encoder_backward(g.wte, g.wpe, a.dresidual, model->buckets, B, T, C, stream);
+}
+
+// L2 norm of all parameter gradients together (deterministic order); waits for the GPU.
+double gpt2_grad_norm(GPT2* model) {
+    sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, model->grads_memory, model->num_parameters,
+                   model->stream);
+    float sum_sq;
+    cudaCheck(cudaMemcpyAsync(&sum_sq, model->acts.grad_norm_sq, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
+    cudaCheck(cudaStreamSynchronize(model->stream));
+    return std::sqrt((double)sum_sq);
+}
+
+// One AdamW update (t = number of this update, from 1), per tensor so weight decay reaches only the
+// 2-D tensors. grad_scale is the clipping factor.
+void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
+    AdamWHyper hyper;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t off = model->param_offsets[i];
+        AdamWSettings s;
+        s.lr = learning_rate;
+        s.beta1 = hyper.beta1;
+        s.beta2 = hyper.beta2;
+        s.eps = hyper.eps;
+        s.weight_decay = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
+        s.grad_scale = grad_scale;
+        s.t = t;
+        s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u;  // a fixed function of (step, tensor)
+        adamw_update(model->params_memory + off, model->master_memory ? model->master_memory + off : nullptr,
+                     model->grads_memory + off, model->m_memory + off, model->v_memory + off, model->param_sizes[i], s,
+                     model->stream);
+    }
+}
+
+void gpt2_free(GPT2* model) {
+    cudaCheck(cudaFree(model->params_memory));
+    cudaCheck(cudaFree(model->grads_memory));
+    cudaCheck(cudaFree(model->opt_memory));
+    cudaCheck(cudaFree(model->acts_memory));
+    cudaCheck(cudaStreamDestroy(model->stream));
+}
+
+// ----------------------------------------------------------------------------
+// The training run
+
+// Dense BF16 tensor-core peak of the device, for MFU; 0 when the model is not in the table.
+double bf16_peak_flops(const cudaDeviceProp& prop) {
+    struct Peak { const char* name; double tflops; };
+    static const Peak peaks[] = {{"H200", 989.0}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.0},
+                                 {"H800", 989.0}, {"A100", 312.0},      {"A800", 312.0},     {"L40S", 362.0},
+                                 {"L4", 121.0},   {"A10G", 70.0},       {"A10", 125.0},      {"RTX 4090", 165.0},
+                                 {"RTX 3090", 71.0}};
+    for (const Peak& p : peaks) {
+        if (strstr(prop.name, p.name)) return p.tflops * 1e12;
+    }
+    return 0.0;
+}
+
+void print_token(const TokenizerFile* tok, int id) {
+    if (tok == nullptr) {
+        printf("%d ", id);
+        return;
+    }
+    for (unsigned char c : tokenizer_file_decode(*tok, id)) putchar(c < 32 && c != '\n' && c != '\t' ? '?' : c);
+}
+
+// Generates `count` tokens after end-of-text, each sampled from the model's distribution given the
+// tokens so far (at most the last T of them); the sampling itself is the CPU trainer's.
+void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, const TokenizerFile* tok) {
+    int Vp = model->config.padded_vocab_size;
+    std::vector<int> tokens = {eot};
+    std::vector<floatX> raw(Vp);
+    std::vector<float> logits(Vp);
+    printf("--- sample ---\n");
+    for (int i = 0; i < count; i++) {
+        int context = std::min((int)tokens.size(), T);
+        const int* window = tokens.data() + tokens.size() - context;
+        gpt2_forward(model, window, nullptr, 1, context);
+        cudaCheck(cudaMemcpyAsync(raw.data(), model->acts.logits + (size_t)(context - 1) * Vp, Vp * sizeof(floatX),
+                                  cudaMemcpyDeviceToHost, model->stream));
+        cudaCheck(cudaStreamSynchronize(model->stream));
+        for (int v = 0; v < Vp; v++) logits[v] = host_from_floatX(raw[v]);
+        int next = sample_softmax(logits.data(), model->config.vocab_size, xorshift_uniform(rng));
+        tokens.push_back(next);
+        print_token(tok, next);
+        fflush(stdout);
+    }
+    printf("\n--------------\n");
+}
+
+float validation_loss(GPT2* model, DataLoader* loader, int num_batches) {
+    dataloader_reset(loader);
+    double sum = 0.0;
+    for (int i = 0; i < num_batches; i++) {
+        dataloader_next_batch(loader);
+        gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
+        sum += gpt2_mean_loss(model, loader->B, loader->T);
+    }
+    return (float)(sum / num_batches);
+}
+
+void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
+                     uint64_t sampler_rng, int grad_accum_steps) {
+    std::vector<float> params = gpt2_download_parameters(model);
+    model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
+    size_t n = model->num_parameters;
+    TrainState state;
+    state.B = loader.B;
+    state.T = loader.T;
+    state.grad_accum_steps = grad_accum_steps;
+    state.step = step;
+    state.data_epoch = loader.position.epoch;
+    state.data_shard = loader.position.shard_index;
+    state.data_sample = loader.position.sample_index;
+    state.sampler_rng = sampler_rng;
+    state.num_parameters = (int64_t)n;
+    state.shard_offset = 0;
+    state.shard_length = (int64_t)n;
+    state.m.resize(n);
+    state.v.resize(n);
+    cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (model->master_memory) {
+        state.master.resize(n);
+        cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    state_file_write(checkpoint_state_path(dir, step, 0), state);
+    checkpoint_mark_done(dir, step);
+    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
+}
+
+// Restores optimizer state, step and data position from the state file of checkpoint `step`.
+// The master weights come from the state file when it has them (ours with -w 1); otherwise they
+// stay as loaded from the model file (a CPU trainer's checkpoint, whose model file is fp32).
+void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
+                int grad_accum_steps) {
+    std::string path = checkpoint_state_path(dir, step, 0);
+    TrainState state;
+    state_file_read(path, &state);
+    size_t n = model->num_parameters;
+    if (state.num_processes != 1 || state.shard_length != (int64_t)n || state.num_parameters != (int64_t)n) {
+        fatal("state file '%s' was written by %d process(es) for %ld parameters; this run is 1 process with %zu",
+              path.c_str(), state.num_processes, (long)state.num_parameters, n);
+    }
+    if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
+        fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
+              "(resume with the same -b, -t and -d)", path.c_str(), state.B, state.T, state.grad_accum_steps,
+              loader->B, loader->T, grad_accum_steps);
+    }
+    if (state.step != step) fatal("state file '%s' is for step %ld", path.c_str(), (long)state.step);
+    cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    if (model->master_memory && !state.master.empty()) {
+        cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    DataPosition position;
+    position.epoch = state.data_epoch;
+    position.shard_index = state.data_shard;
+    position.sample_index = state.data_sample;
+    dataloader_seek(loader, position);
+    *sampler_rng = state.sampler_rng;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    TrainArgs args;
+    parse_args(argc, argv, &args, true);
+
+    int device_count = 0;
+    cudaError_t err = cudaGetDeviceCount(&device_count);
+    if (err != cudaSuccess || device_count == 0) {
+        fatal("no CUDA GPU is visible (%s); train_gpt2cu needs one (train_gpt2 is the CPU trainer)",
+              err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    double peak_flops = bf16_peak_flops(prop);
+    printf("train_gpt2cu (%s, CUDA) on %s (sm_%d%d, %d SMs, %.1f GiB)\n", PRECISION_NAME, prop.name, prop.major,
+           prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d\n", args.recompute,
+           args.master_weights, MODEL_VERSION_NATIVE == MODEL_VERSION_FP32 ? " (fp32 build: not needed)" : "",
+           args.gelu_fusion);
+    cublas_setup();
+
+    // the model: from the newest complete checkpoint when resuming, else from -e
+    int resume_step = -1;
+    if (args.resume) {
+        resume_step = (int)checkpoint_find_latest(args.output_dir);
+        if (resume_step < 0) printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
+    }
+    GPT2 model;
+    if (resume_step >= 0) {
+        printf("resume: continuing from step %d in %s\n", resume_step, args.output_dir.c_str());
+        gpt2_build(&model, checkpoint_model_path(args.output_dir, resume_step), args);
+    } else {
+        gpt2_build(&model, args.model, args);
+    }
+    const GPT2Config& cfg = model.config;
+    printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
+           cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
+
+    int grad_accum_steps = validate_batch_args(args, cfg, 1);
+    int B = args.B, T = args.T;
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, args.train_pattern, B, T, 0, 1, args.shuffle != 0, cfg.vocab_size);
+    if (args.val_every > 0) {
+        dataloader_init(&val_loader, args.val_pattern, B, T, 0, 1, false, cfg.vocab_size);
+        int64_t available = dataloader_num_batches(&val_loader);
+        if (args.val_batches > available) {
+            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d",
+                  args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
+        }
+    }
+    int64_t epoch_steps = dataloader_num_batches(&train_loader) / grad_accum_steps;
+    int max_steps = args.max_steps > 0 ? args.max_steps : (int)epoch_steps;
+    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %d tokens", args.train_pattern.c_str(), B * T * grad_accum_steps);
+    if (resume_step > max_steps) fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, max_steps);
+    printf("batch: B=%d T=%d, %d accumulation step(s), %d tokens per step; %d steps (one epoch is %ld)\n", B, T,
+           grad_accum_steps, B * T * grad_accum_steps, max_steps, (long)epoch_steps);
+    gpt2_allocate_activations(&model, B, T);
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
+           total_bytes / 1073741824.0);
+
+    LRScheduler scheduler;
+    parse_lr_schedule(args.schedule.c_str(), &scheduler.type);
+    scheduler.learning_rate = args.learning_rate;
+    scheduler.warmup_steps = args.warmup_steps;
+    scheduler.max_steps = max_steps;
+    scheduler.final_frac = args.final_lr_frac;
+
+    TokenizerFile tokenizer;
+    bool have_tokenizer = tokenizer_file_read(args.tokenizer_path, &tokenizer);
+    int eot = have_tokenizer ? tokenizer.eot_token : 50256;
+    if (eot >= cfg.vocab_size) eot = cfg.vocab_size - 1;  // a small test vocabulary has no GPT-2 end-of-text
+    if (args.sample_every > 0 && !have_tokenizer) {
+        printf("samples print as token ids: no tokenizer file at %s (-tk)\n", args.tokenizer_path.c_str());
+    }
+
+    if (!args.output_dir.empty()) make_dir_check(args.output_dir);
+    uint64_t sampler_rng = 1337;
+    if (resume_step >= 0) load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps);
+    Logger logger;
+    logger_open(&logger, args.output_dir, resume_step);
+
+    double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps;
+    if (args.overfit_single_batch) dataloader_next_batch(&train_loader);  // the one batch every step reuses
+    int start_step = resume_step >= 0 ? resume_step : 0;
+    for (int step = start_step; step <= max_steps; step++) {
+        bool last = step == max_steps;
+        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+            float val_loss = validation_loss(&model, &val_loader, args.val_batches);
+            printf("step %d: val loss %.6f\n", step, val_loss);
+            logger_log_val(&logger, step, val_loss);
+        }
+        // a checkpoint saves the sampler's state before this step's sample, so a resumed run repeats it
+        if (args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || last)) {
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps);
+        }
+        if (args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || last)) {
+            generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
+        }
+        if (last) break;
+
+        cudaCheck(cudaStreamSynchronize(model.stream));
+        auto start = std::chrono::steady_clock::now();
+        gpt2_zero_grad(&model);
+        double loss_sum = 0.0;
+        float dloss = 1.0f / ((float)B * T * grad_accum_steps);
+        for (int micro = 0; micro < grad_accum_steps; micro++) {
+            if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
+            gpt2_forward(&model, train_loader.inputs.data(), train_loader.targets.data(), B, T, dloss);
+            gpt2_backward(&model, B, T);
+            loss_sum += gpt2_mean_loss(&model, B, T);
+        }
+        float loss = (float)(loss_sum / grad_accum_steps);
+        double grad_norm = gpt2_grad_norm(&model);
+        float lr = lr_at_step(scheduler, step);
+        gpt2_update(&model, lr, args.weight_decay, clip_scale(grad_norm, 1.0), step + 1);
+        cudaCheck(cudaStreamSynchronize(model.stream));
+        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        double tokens_per_s = (double)B * T * grad_accum_steps / (ms / 1000.0);
+        char mfu[32] = "n/a";  // a GPU missing from bf16_peak_flops' table
+        if (peak_flops > 0) snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak_flops);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s\n", step, max_steps,
+               loss, lr, grad_norm, ms, tokens_per_s, mfu);
+        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s);
+    }
+    logger_close(&logger);
+    gpt2_free(&model);
+    cublas_teardown();
+    return 0;
+}
+#endif
