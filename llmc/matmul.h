@@ -66,9 +66,12 @@ static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Rea
 template <typename Real>
 void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K) {
     // packed buffers, shared by the threads: B block (KC × NC) and A block (MC × KC), zero-padded
-    std::vector<Real> packed_b((size_t)GEMM_KC * GEMM_NC);
-    std::vector<Real> packed_a((size_t)GEMM_MC * GEMM_KC);
-#pragma omp parallel
+    size_t kc_max = std::min(GEMM_KC, K), nc_max = std::min(GEMM_NC, N + GEMM_NR), mc_max = std::min(GEMM_MC, M + GEMM_MR);
+    std::vector<Real> packed_b(kc_max * nc_max);
+    std::vector<Real> packed_a(mc_max * kc_max);
+    // a product too small to pay for waking threads runs on the calling thread
+    bool parallel = (double)M * N * K > 1e5;
+#pragma omp parallel if (parallel)
     for (int jc = 0; jc < N; jc += GEMM_NC) {
         int nc = std::min(GEMM_NC, N - jc);
         int n_panels = (nc + GEMM_NR - 1) / GEMM_NR;

@@ -1,0 +1,150 @@
+// Helpers shared by the CPU test suites: paths, running the programs under test, the PyTorch oracle,
+// the debug-state file, and array comparison with a stated tolerance.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../llmc/utils.h"
+
+namespace test {
+
+// The repository root (make test sets GPT2_ROOT; falls back to the working directory).
+inline std::string root() {
+    const char* r = getenv("GPT2_ROOT");
+    return r ? r : ".";
+}
+
+inline std::string python() {
+    const char* p = getenv("GPT2_PYTHON");
+    return p ? p : "/usr/bin/python3";
+}
+
+// A fresh scratch directory under build/test_tmp/NAME.
+inline std::string scratch_dir(const std::string& name) {
+    std::string dir = root() + "/build/test_tmp/" + name;
+    std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "'";
+    if (system(cmd.c_str()) != 0) ADD_FAILURE() << "could not create " << dir;
+    return dir;
+}
+
+struct CommandResult {
+    int exit_code;
+    std::string output;  // stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& cmd) {
+    CommandResult result{-1, ""};
+    FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+    if (!pipe) return result;
+    char buffer[4096];
+    size_t n;
+    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+    int status = pclose(pipe);
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return result;
+}
+
+inline std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Runs the oracle into build/oracle/NAME with the given arguments, unless that directory already holds
+// the output of the same arguments with the same oracle script (so files are made once per build).
+inline std::string oracle(const std::string& name, const std::string& args) {
+    std::string dir = root() + "/build/oracle/" + name;
+    std::string script = root() + "/test/oracle/gpt2_oracle.py";
+    std::string stamp = args + "\n" + read_text(script);
+    if (file_exists(dir + "/stamp") && read_text(dir + "/stamp") == stamp) return dir;
+    std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "' && " + python() + " '" + script + "' --out '" +
+                      dir + "' " + args;
+    CommandResult r = run_command(cmd);
+    if (r.exit_code != 0) {
+        ADD_FAILURE() << "oracle failed (" << cmd << "):\n" << r.output;
+        return dir;
+    }
+    std::ofstream(dir + "/stamp", std::ios::binary) << stamp;
+    return dir;
+}
+
+// The debug state the oracle writes (../shared/FORMATS.md, "Test state").
+struct DebugState {
+    int B = 0, T = 0;
+    std::vector<int> inputs, targets;  // (B, T)
+    std::vector<float> logits;         // (B, T, V)
+    float loss = 0;
+    std::vector<float> grads;          // all 16 tensors, checkpoint order
+};
+
+inline DebugState read_debug_state(const std::string& path, int V, size_t num_params) {
+    DebugState s;
+    const char* what = "debug state";
+    const int32_t version = 2;
+    FILE* fp = fopenCheck(path.c_str(), "rb");
+    int32_t header[HEADER_INTS];
+    read_file_header(fp, path.c_str(), what, 20240327, &version, 1, header);
+    s.B = header[2];
+    s.T = header[3];
+    size_t BT = (size_t)s.B * s.T;
+    expect_file_size(fp, path.c_str(), what, HEADER_BYTES + (long)(BT * 8 + BT * V * 4 + 4 + num_params * 4));
+    s.inputs.resize(BT);
+    s.targets.resize(BT);
+    s.logits.resize(BT * V);
+    s.grads.resize(num_params);
+    freadCheck(s.inputs.data(), 4, BT, fp);
+    freadCheck(s.targets.data(), 4, BT, fp);
+    freadCheck(s.logits.data(), 4, BT * V, fp);
+    freadCheck(&s.loss, 4, 1, fp);
+    freadCheck(s.grads.data(), 4, num_params, fp);
+    fclose(fp);
+    return s;
+}
+
+// Largest |a - b| over the array, relative to the largest |b|: one number per tensor that does not
+// blow up on elements that happen to be near zero.
+inline double max_rel_error(const float* a, const float* b, size_t n) {
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        max_diff = std::max(max_diff, std::fabs((double)a[i] - b[i]));
+        max_ref = std::max(max_ref, std::fabs((double)b[i]));
+    }
+    return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+// The numbers of a JSON array "key": [..] in text (the oracle's run.json); enough JSON for our files.
+inline std::vector<double> json_array(const std::string& text, const std::string& key) {
+    std::vector<double> out;
+    size_t at = text.find("\"" + key + "\"");
+    if (at == std::string::npos) return out;
+    at = text.find('[', at);
+    size_t end = text.find(']', at);
+    std::stringstream ss(text.substr(at + 1, end - at - 1));
+    std::string item;
+    while (std::getline(ss, item, ',')) out.push_back(strtod(item.c_str(), nullptr));
+    return out;
+}
+
+// Values of "key" in each line of a .jsonl file that has it (metrics.jsonl).
+inline std::vector<double> jsonl_values(const std::string& path, const std::string& key) {
+    std::vector<double> out;
+    std::ifstream in(path);
+    std::string line, pattern = "\"" + key + "\": ";
+    while (std::getline(in, line)) {
+        size_t at = line.find(pattern);
+        if (at != std::string::npos) out.push_back(strtod(line.c_str() + at + pattern.size(), nullptr));
+    }
+    return out;
+}
+
+}  // namespace test

@@ -1,0 +1,291 @@
+// Each CPU op's forward and backward, checked without any other implementation:
+//  - the backward against central finite differences of the forward, both run in float64 (the ops
+//    are templates over the scalar type, so this is the very code the trainer runs in fp32);
+//  - the fp32 forward against the float64 forward at GPT-2 small's widths.
+// The objective for an op y = f(x) is J = sum(y * w) with random w, so dJ/dy = w is the dout we pass.
+#include <omp.h>
+
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "../llmc/adamw.h"
+#include "../llmc/attention.h"
+#include "../llmc/crossentropy.h"
+#include "../llmc/encoder.h"
+#include "../llmc/gelu.h"
+#include "../llmc/layernorm.h"
+#include "../llmc/matmul.h"
+#include "../llmc/residual.h"
+#include "test_helpers.h"
+
+namespace {
+
+using Vec = std::vector<double>;
+
+// Uniform in [-1, 1): a zero is vanishingly unlikely, so no gradient is trivially right.
+Vec random_vec(size_t n, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
+    std::uniform_real_distribution<double> dist(lo, hi);
+    Vec v(n);
+    for (double& x : v) x = dist(rng);
+    return v;
+}
+
+std::vector<float> to_float(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+
+double dot(const Vec& a, const Vec& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+    return s;
+}
+
+// Compares `analytic` = dJ/dx with central differences (J(x + h) - J(x - h)) / 2h, h = 1e-5, for every
+// element of x. In float64 the truncation error is O(h^2 f''') ~ 1e-10 and the rounding error
+// ~ 1e-16 |J| / h ~ 1e-11 |J|, so 1e-7 of the tensor's largest gradient is a safe yet tight bound:
+// any real mistake in a backward formula is orders of magnitude larger.
+void expect_gradient(const char* name, Vec& x, const Vec& analytic, const std::function<double()>& objective) {
+    ASSERT_EQ(x.size(), analytic.size());
+    const double h = 1e-5;
+    double scale = 0;
+    for (double g : analytic) scale = std::max(scale, std::fabs(g));
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); i++) {
+        double saved = x[i];
+        x[i] = saved + h;
+        double plus = objective();
+        x[i] = saved - h;
+        double minus = objective();
+        x[i] = saved;
+        worst = std::max(worst, std::fabs((plus - minus) / (2 * h) - analytic[i]));
+    }
+    EXPECT_LE(worst, 1e-7 * std::max(scale, 1e-3)) << name << ": finite differences disagree with the backward";
+}
+
+// fp32 result vs float64 result of the same op, relative to the largest value. fp32 rounds at 6e-8;
+// the ops sum at most a few thousand terms (matmul over C = 3072), which grows the error to ~1e-6
+// at worst, so 1e-5 leaves a margin while still catching precision loss (e.g. a float sum of
+// squares in layernorm over large offsets).
+void expect_fp32_close(const char* name, const std::vector<float>& got, const Vec& want) {
+    ASSERT_EQ(got.size(), want.size());
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+        max_ref = std::max(max_ref, std::fabs(want[i]));
+    }
+    EXPECT_LE(max_diff, 1e-5 * max_ref) << name;
+}
+
+TEST(OpsGradient, Encoder) {
+    std::mt19937 rng(1);
+    int B = 2, T = 3, C = 4, V = 5;
+    std::vector<int> inp = {0, 3, 3, 1, 3, 4};  // token 3 repeats: its row must sum three gradients
+    Vec wte = random_vec(V * C, rng), wpe = random_vec(T * C, rng), w = random_vec(B * T * C, rng);
+    Vec out(B * T * C);
+    auto objective = [&]() {
+        encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+        return dot(out, w);
+    };
+    Vec dwte(V * C, 0.0), dwpe(T * C, 0.0);
+    encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C);
+    expect_gradient("dwte", wte, dwte, objective);
+    expect_gradient("dwpe", wpe, dwpe, objective);
+}
+
+TEST(OpsGradient, LayerNorm) {
+    std::mt19937 rng(2);
+    int N = 6, C = 8;
+    Vec inp = random_vec(N * C, rng, -2, 3), weight = random_vec(C, rng), bias = random_vec(C, rng), w = random_vec(N * C, rng);
+    Vec out(N * C), mean(N), rstd(N);
+    auto objective = [&]() {
+        layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+        return dot(out, w);
+    };
+    objective();
+    Vec dinp(N * C, 0.0), dweight(C, 0.0), dbias(C, 0.0);
+    layernorm_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), mean.data(),
+                       rstd.data(), N, C);
+    expect_gradient("dinp", inp, dinp, objective);
+    expect_gradient("dweight", weight, dweight, objective);
+    expect_gradient("dbias", bias, dbias, objective);
+}
+
+TEST(OpsGradient, Matmul) {
+    std::mt19937 rng(3);
+    int N = 7, C = 13, OC = 19;  // not multiples of the micro-tile, so the edge tiles are exercised
+    Vec inp = random_vec(N * C, rng), weight = random_vec(OC * C, rng), bias = random_vec(OC, rng), w = random_vec(N * OC, rng);
+    Vec out(N * OC);
+    auto objective = [&]() {
+        matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+        return dot(out, w);
+    };
+    Vec dinp(N * C, 0.0), dweight(OC * C, 0.0), dbias(OC, 0.0);
+    matmul_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), N, C, OC);
+    expect_gradient("dinp", inp, dinp, objective);
+    expect_gradient("dweight", weight, dweight, objective);
+    expect_gradient("dbias", bias, dbias, objective);
+}
+
+TEST(OpsGradient, Attention) {
+    std::mt19937 rng(4);
+    int B = 2, T = 5, C = 8, NH = 2;
+    Vec qkv = random_vec(B * T * 3 * C, rng, -2, 2), w = random_vec(B * T * C, rng);
+    Vec out(B * T * C), att(B * NH * T * T);
+    auto objective = [&]() {
+        attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+        return dot(out, w);
+    };
+    objective();
+    Vec dqkv(B * T * 3 * C, 0.0);
+    attention_backward(dqkv.data(), w.data(), qkv.data(), att.data(), B, T, C, NH);
+    expect_gradient("dqkv", qkv, dqkv, objective);
+    // causality: changing a later position's k or v must not change an earlier output
+    Vec before = out;
+    qkv[((size_t)0 * T + 4) * 3 * C + C + 1] += 0.5;      // k at t = 4, batch 0
+    qkv[((size_t)0 * T + 4) * 3 * C + 2 * C + 1] += 0.5;  // v at t = 4
+    objective();
+    for (int t = 0; t < 4; t++) {
+        for (int c = 0; c < C; c++) EXPECT_EQ(out[t * C + c], before[t * C + c]) << "t=" << t;
+    }
+}
+
+TEST(OpsGradient, Gelu) {
+    std::mt19937 rng(5);
+    size_t N = 40;
+    Vec inp = random_vec(N, rng, -4, 4), w = random_vec(N, rng), out(N);
+    auto objective = [&]() {
+        gelu_forward(out.data(), inp.data(), N);
+        return dot(out, w);
+    };
+    Vec dinp(N, 0.0);
+    gelu_backward(dinp.data(), inp.data(), w.data(), N);
+    expect_gradient("dinp", inp, dinp, objective);
+}
+
+TEST(OpsGradient, CrossEntropyOverFirstVLogits) {
+    std::mt19937 rng(6);
+    int N = 4, V = 10, Vp = 16;
+    Vec logits = random_vec(N * Vp, rng, -3, 3);
+    std::vector<int> targets = {0, 9, 4, 4};
+    double dloss = 0.37;
+    Vec losses(N);
+    auto objective = [&]() {
+        crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
+        double s = 0;
+        for (double l : losses) s += l;
+        return s * dloss;
+    };
+    Vec dlogits(N * Vp, 99.0);  // poisoned: the backward must overwrite every element
+    crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+    expect_gradient("dlogits", logits, dlogits, objective);
+    for (int n = 0; n < N; n++) {
+        for (int v = V; v < Vp; v++) EXPECT_EQ(dlogits[n * Vp + v], 0.0) << "padded column " << v;
+    }
+    // the loss is -log softmax: check one row against the definition directly
+    objective();
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += std::exp(logits[v]);
+    EXPECT_NEAR(losses[0], std::log(sum) - logits[targets[0]], 1e-12);
+}
+
+TEST(OpsGradient, ResidualAddsIntoBothBranches) {
+    Vec da = {1, 2}, db = {3, 4}, dout = {0.5, -0.5};
+    residual_backward(da.data(), db.data(), dout.data(), 2);
+    EXPECT_EQ(da, (Vec{1.5, 1.5}));
+    EXPECT_EQ(db, (Vec{3.5, 3.5}));
+}
+
+TEST(OpsFp32, ForwardMatchesFloat64AtGpt2SmallWidths) {
+    std::mt19937 rng(7);
+    int N = 64, C = 768, OC = 3072, B = 1, T = 64, NH = 12;
+    Vec inp = random_vec(N * C, rng, -3, 3), weight = random_vec(OC * C, rng, -0.05, 0.05), bias = random_vec(OC, rng);
+    // matmul
+    Vec out(N * OC);
+    std::vector<float> out_f(N * OC);
+    matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    matmul_forward(out_f.data(), to_float(inp).data(), to_float(weight).data(), to_float(bias).data(), N, C, OC);
+    expect_fp32_close("matmul", out_f, out);
+    // layernorm, on inputs with a large common offset (a float sum of squares would lose digits)
+    Vec shifted = inp;
+    for (double& x : shifted) x += 100.0;
+    Vec ln(N * C), mean(N), rstd(N), lw = random_vec(C, rng), lb = random_vec(C, rng);
+    std::vector<float> ln_f(N * C), mean_f(N), rstd_f(N);
+    layernorm_forward(ln.data(), mean.data(), rstd.data(), shifted.data(), lw.data(), lb.data(), N, C);
+    layernorm_forward(ln_f.data(), mean_f.data(), rstd_f.data(), to_float(shifted).data(), to_float(lw).data(),
+                      to_float(lb).data(), N, C);
+    expect_fp32_close("layernorm", ln_f, ln);
+    // attention
+    Vec qkv = random_vec(B * T * 3 * C, rng, -1, 1), att_out(B * T * C), att(B * NH * T * T);
+    std::vector<float> att_out_f(B * T * C), att_f(B * NH * T * T);
+    attention_forward(att_out.data(), att.data(), qkv.data(), B, T, C, NH);
+    attention_forward(att_out_f.data(), att_f.data(), to_float(qkv).data(), B, T, C, NH);
+    expect_fp32_close("attention", att_out_f, att_out);
+    // gelu
+    Vec g(N * C);
+    std::vector<float> g_f(N * C);
+    gelu_forward(g.data(), inp.data(), g.size());
+    gelu_forward(g_f.data(), to_float(inp).data(), g_f.size());
+    expect_fp32_close("gelu", g_f, g);
+    // cross-entropy over GPT-2's vocabulary
+    int V = 50257, Vp = 50304, rows = 4;
+    Vec logits = random_vec((size_t)rows * Vp, rng, -10, 10), losses(rows);
+    std::vector<float> losses_f(rows);
+    std::vector<int> targets = {0, 50256, 123, 4567};
+    crossentropy_forward(losses.data(), logits.data(), targets.data(), rows, V, Vp);
+    crossentropy_forward(losses_f.data(), to_float(logits).data(), targets.data(), rows, V, Vp);
+    expect_fp32_close("crossentropy", losses_f, losses);
+}
+
+// The blocked GEMM against a plain triple loop, on shapes that span several K slabs (KC = 256),
+// several N blocks (NC = 1024) and ragged edges, in each of the three stride layouts a Linear uses.
+TEST(OpsMatmul, BlockedGemmMatchesNaiveAcrossBlocks) {
+    std::mt19937 rng(8);
+    int M = 37, K = 600, N = 1100;
+    std::vector<float> a = to_float(random_vec((size_t)M * K, rng)), b = to_float(random_vec((size_t)K * N, rng));
+    for (int layout = 0; layout < 3; layout++) {
+        // layout 0: A row-major, B row-major; 1: B transposed; 2: A transposed
+        MatrixView<float> A = layout == 2 ? MatrixView<float>{a.data(), 1, (size_t)M} : MatrixView<float>{a.data(), (size_t)K, 1};
+        MatrixView<float> Bv = layout == 1 ? MatrixView<float>{b.data(), 1, (size_t)K} : MatrixView<float>{b.data(), (size_t)N, 1};
+        std::vector<float> c((size_t)M * N, 1.0f);  // gemm accumulates onto what is there
+        gemm_accumulate(c.data(), N, A, Bv, M, N, K);
+        double worst = 0;
+        for (int i = 0; i < M; i++) {
+            for (int j = 0; j < N; j++) {
+                double s = 1.0;
+                for (int k = 0; k < K; k++) s += (double)A.at(i, k) * Bv.at(k, j);
+                worst = std::max(worst, std::fabs(s - c[(size_t)i * N + j]));
+            }
+        }
+        // |terms| <= 1 and K = 600: fp32 accumulation error is bounded by ~K * 6e-8 = 4e-5 in the worst case
+        EXPECT_LE(worst, 4e-5) << "layout " << layout;
+    }
+}
+
+// AdamW's first step moves each parameter by lr * (sign(g) + wd * p) up to eps (bias correction makes
+// m_hat = g and v_hat = g^2); the clipping scale must not change that direction-only step.
+TEST(OpsAdamW, FirstStepIsSignDescentPlusDecay) {
+    std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.3f, -4.0f, 1e-3f}, m(3, 0.0f), v(3, 0.0f);
+    std::vector<float> p0 = p;
+    float lr = 0.01f, wd = 0.1f;
+    adamw_update(p.data(), g.data(), m.data(), v.data(), 3, AdamWHyper(), lr, wd, 0.5f, 1);
+    for (int i = 0; i < 3; i++) {
+        double expected = p0[i] - lr * ((g[i] > 0 ? 1.0 : -1.0) + wd * p0[i]);
+        EXPECT_NEAR(p[i], expected, 1e-6) << i;
+        EXPECT_FLOAT_EQ(m[i], 0.1f * 0.5f * g[i]);  // (1 - beta1) * scaled gradient
+    }
+}
+
+TEST(OpsAdamW, SumOfSquaresIsExactAndIndependentOfThreads) {
+    std::mt19937 rng(9);
+    std::vector<float> x = to_float(random_vec(100003, rng));
+    double naive = 0;
+    for (float f : x) naive += (double)f * f;
+    double got = sum_of_squares(x.data(), x.size());
+    EXPECT_NEAR(got, naive, 1e-9 * naive);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    double single = sum_of_squares(x.data(), x.size());
+    omp_set_num_threads(threads);
+    EXPECT_EQ(got, single);  // bit-identical: block sums are combined in index order
+}
+
+}  // namespace
