@@ -13,9 +13,9 @@
 //    batch plus one shard, whatever the dataset size.
 //  - Files stream in chunks, so a many-gigabyte JSON-lines file or blank-line-separated file never
 //    has to fit in memory (one document still does).
-//  - A shard is written whole through AtomicFile (PATH.tmp, fsync, rename). If the program dies on an
-//    error (a full disk, say), the exit handler removes the .tmp, so nothing half-written is left, let
-//    alone one that looks complete.
+//  - A shard is written whole by dataloader.h's shard_write (PATH.tmp, fsync, rename). If the program
+//    dies on an error (a full disk, say), an exit handler removes the .tmp, so nothing half-written is
+//    left, let alone one that looks complete.
 //  - All names carry a prepro_/PREPRO_ prefix: these headers are compiled into one test binary with
 //    everyone else's.
 #pragma once
@@ -30,20 +30,20 @@
 #include <dirent.h>
 
 #include "bpe.h"
+#include "dataloader.h"
 #include "utils.h"
 
-constexpr int32_t PREPRO_SHARD_MAGIC = 20240520;
-constexpr int32_t PREPRO_SHARD_VERSION = 1;  // uint16 tokens
 constexpr size_t PREPRO_BATCH_BYTES = 32 << 20;
 constexpr size_t PREPRO_READ_CHUNK = 8 << 20;
 
 // ----------------------------------------------------------------------------
 // Writing files so that an error exit leaves no .tmp behind
 
-// Path of the .tmp file being written, if any; the exit handler removes it.
+// Path of the .tmp file being written, if any; the exit handler removes it. Never destroyed, so it
+// is still there when exit() runs the handler after static destructors.
 inline std::string& prepro_pending_tmp() {
-    static std::string path;
-    return path;
+    static std::string* path = new std::string();
+    return *path;
 }
 
 inline void prepro_remove_pending_tmp() {
@@ -59,18 +59,10 @@ inline void prepro_track_tmp(const std::string& tmp_path) {
     prepro_pending_tmp() = tmp_path;
 }
 
-// Writes one data shard: header, then `count` uint16 tokens.
+// Writes one data shard (dataloader.h's shard_write), removing its .tmp if the write fails.
 inline void prepro_write_shard(const std::string& path, const uint16_t* tokens, size_t count) {
-    if (count > (size_t)INT32_MAX) fatal("shard '%s' would hold %zu tokens, more than a header can count", path.c_str(), count);
-    int32_t header[HEADER_INTS] = {0};
-    header[0] = PREPRO_SHARD_MAGIC;
-    header[1] = PREPRO_SHARD_VERSION;
-    header[2] = (int32_t)count;
     prepro_track_tmp(path + ".tmp");
-    AtomicFile f = atomic_open(path);
-    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
-    fwriteCheck(tokens, sizeof(uint16_t), count, f.fp);
-    atomic_commit(&f);
+    shard_write(path, tokens, (int64_t)count);
     prepro_track_tmp("");
 }
 
@@ -81,17 +73,12 @@ inline void prepro_write_tokenizer_file(const std::string& path, const BpeTokeni
     prepro_track_tmp("");
 }
 
-// Reads a whole data shard, checking magic, version and size (a test and tool helper; trainers use
-// llmc/dataloader.h).
+// All the tokens of one shard, its header and size checked (dataloader.h's shard_open).
 inline std::vector<uint16_t> prepro_read_shard(const std::string& path) {
-    const char* what = "data shard";
-    FILE* fp = fopenCheck(path.c_str(), "rb");
-    int32_t header[HEADER_INTS];
-    read_file_header(fp, path.c_str(), what, PREPRO_SHARD_MAGIC, &PREPRO_SHARD_VERSION, 1, header);
-    if (header[2] < 0) fatal("%s '%s' claims %d tokens", what, path.c_str(), header[2]);
-    expect_file_size(fp, path.c_str(), what, HEADER_BYTES + 2L * header[2]);
-    std::vector<uint16_t> tokens(header[2]);
-    if (!tokens.empty()) freadCheck(tokens.data(), sizeof(uint16_t), tokens.size(), fp);
+    FILE* fp;
+    int64_t count = shard_open(path, &fp);
+    std::vector<uint16_t> tokens(count);
+    if (count > 0) freadCheck(tokens.data(), sizeof(uint16_t), count, fp);
     fcloseCheck(fp);
     return tokens;
 }
