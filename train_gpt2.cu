@@ -505,7 +505,7 @@ double bf16_peak_flops(const cudaDeviceProp& prop) {
     struct Peak { const char* name; double tflops; };
     static const Peak peaks[] = {{"H200", 989.0}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.0},
                                  {"H800", 989.0}, {"A100", 312.0},      {"A800", 312.0},     {"L40S", 362.0},
-                                 {"L4", 121.0},   {"A10G", 70.0},       {"A10", 125.0},      {"RTX 4090", 165.0},
+                                 {"L40", 181.0},  {"L4", 121.0},   {"A10G", 70.0},       {"A10", 125.0},      {"RTX 4090", 165.0},
                                  {"RTX 3090", 71.0}};
     for (const Peak& p : peaks) {
         if (strstr(prop.name, p.name)) return p.tflops * 1e12;
