@@ -22,8 +22,19 @@ LLMC_HEADERS = $(wildcard llmc/*.h)
 
 all: train_gpt2 tokenizer_gpt2
 
+# With MPI installed (mpicxx on PATH) the trainer is built for data-parallel runs under mpirun;
+# `make NO_MPI=1` builds it single-process. The test binary is always single-process.
+ifeq ($(NO_MPI),)
+  MPICXX := $(shell command -v mpicxx 2>/dev/null)
+endif
+ifneq ($(MPICXX),)
+  TRAIN_CXX = OMPI_CXX=$(CXX) $(MPICXX) -DUSE_MPI -DOMPI_SKIP_MPICXX
+else
+  TRAIN_CXX = $(CXX)
+endif
+
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
-	$(CXX) $(CXXFLAGS) $< $(LDLIBS_CPU) -o $@
+	$(TRAIN_CXX) $(CXXFLAGS) $< $(LDLIBS_CPU) -o $@
 
 # ---------------------------------------------------------------------------
 # tokenizer (see doc/tokenizer.md)

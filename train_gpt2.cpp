@@ -29,12 +29,14 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
 #include "llmc/matmul.h"
+#include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer_file.h"
 #include "llmc/utils.h"
+#include "llmc/zero.h"
 
 // ----------------------------------------------------------------------------
 // Parameters: 16 tensors in checkpoint order, pointers into one flat array.
@@ -112,9 +114,12 @@ struct GPT2 {
     size_t num_parameters = 0;
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     size_t param_offsets[NUM_PARAMETER_TENSORS];
-    std::vector<float> params_memory, grads_memory;
+    std::vector<float> params_memory, grads_memory;  // (N), padded to the shard layout's size
     ParameterTensors params, grads;
-    std::vector<float> m_memory, v_memory;  // AdamW moments
+    // AdamW updates parameters [opt_begin, opt_end): all of them, or this process's ZeRO-1 shard
+    ShardLayout shard;
+    size_t opt_begin = 0, opt_end = 0;
+    std::vector<float> m_memory, v_memory;  // AdamW moments, (opt_end - opt_begin)
     // activations, allocated on the first forward for (batch_size, seq_len)
     int batch_size = 0, seq_len = 0;
     std::vector<float> acts_memory, scratch_memory;
@@ -122,6 +127,20 @@ struct GPT2 {
     BackwardScratch scratch;
     float mean_loss = -1.0f;  // of the last forward with targets
 };
+
+// Pads the flat parameter and gradient arrays for the collectives and sizes the AdamW moments for the
+// parameters this process updates: all of them (-z 0) or its shard (-z 1, see llmc/zero.h).
+void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
+    model->shard = shard_layout(model->num_parameters, pg.size, pg.rank);
+    model->params_memory.resize(model->shard.padded_size, 0.0f);
+    model->grads_memory.resize(model->shard.padded_size, 0.0f);
+    point_parameters(&model->params, model->params_memory.data(), model->config);
+    point_parameters(&model->grads, model->grads_memory.data(), model->config);
+    model->opt_begin = zero_stage == 1 ? model->shard.begin : 0;
+    model->opt_end = zero_stage == 1 ? model->shard.end : model->num_parameters;
+    model->m_memory.assign(model->opt_end - model->opt_begin, 0.0f);
+    model->v_memory.assign(model->opt_end - model->opt_begin, 0.0f);
+}
 
 void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     validate_config(cfg, "model");
@@ -131,10 +150,10 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     model->num_parameters = num_parameters(cfg);
     model->params_memory.assign(model->num_parameters, 0.0f);
     model->grads_memory.assign(model->num_parameters, 0.0f);
-    model->m_memory.assign(model->num_parameters, 0.0f);
-    model->v_memory.assign(model->num_parameters, 0.0f);
     point_parameters(&model->params, model->params_memory.data(), cfg);
     point_parameters(&model->grads, model->grads_memory.data(), cfg);
+    ProcessGroup single;
+    gpt2_setup_optimizer(model, single, 0);
 }
 
 // GPT-2's initialization: weights N(0, 0.02), the two projections into the residual stream
@@ -163,8 +182,7 @@ void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
     std::vector<float> params;
     model_file_read(path, &cfg, &params);
     gpt2_setup(model, cfg);
-    model->params_memory = params;
-    point_parameters(&model->params, model->params_memory.data(), cfg);
+    std::copy(params.begin(), params.end(), model->params_memory.begin());
 }
 
 // Builds the model named by -e: a descriptor (random init from `seed`) or a checkpoint file.
@@ -337,21 +355,39 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C);
 }
 
-// L2 norm of all parameter gradients together.
-double gpt2_grad_norm(const GPT2* model) {
-    return std::sqrt(sum_of_squares(model->grads_memory.data(), model->num_parameters));
-}
-
-// One AdamW update (t = number of this update, from 1), per tensor so that weight decay reaches only
-// the 2-D tensors. grad_scale is the clipping factor.
+// One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), tensor by
+// tensor so that weight decay reaches only the 2-D tensors. grad_scale is the clipping factor.
 void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
     AdamWHyper hyper;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t off = model->param_offsets[i];
+        size_t begin = std::max(model->param_offsets[i], model->opt_begin);
+        size_t end = std::min(model->param_offsets[i] + model->param_sizes[i], model->opt_end);
+        if (begin >= end) continue;
         float wd = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
-        adamw_update(model->params_memory.data() + off, model->grads_memory.data() + off, model->m_memory.data() + off,
-                     model->v_memory.data() + off, model->param_sizes[i], hyper, learning_rate, wd, grad_scale, t);
+        size_t m_index = begin - model->opt_begin;
+        adamw_update(model->params_memory.data() + begin, model->grads_memory.data() + begin,
+                     model->m_memory.data() + m_index, model->v_memory.data() + m_index, end - begin, hyper,
+                     learning_rate, wd, grad_scale, t);
     }
+}
+
+// The end of a step, after every micro-step's backward: combine the gradients of all processes, clip
+// them to global norm 1, update, and return the norm before clipping.
+//   -z 0: all-reduce the gradients; every process updates every parameter.
+//   -z 1: reduce-scatter them; each process updates its shard, then the shards are all-gathered.
+double gpt2_step(GPT2* model, const ProcessGroup& pg, int zero_stage, float learning_rate, float weight_decay, int t) {
+    float* grads = model->grads_memory.data();
+    if (zero_stage == 0) {
+        all_reduce_sum(pg, grads, model->num_parameters);
+    } else {
+        reduce_scatter_sum(pg, grads, model->shard.shard_size);
+    }
+    double sum_sq = sum_of_squares(grads + model->opt_begin, model->opt_end - model->opt_begin);
+    if (zero_stage == 1) sum_sq = all_reduce_sum(pg, sum_sq);
+    double grad_norm = std::sqrt(sum_sq);
+    gpt2_update(model, learning_rate, weight_decay, clip_scale(grad_norm, 1.0), t);
+    if (zero_stage == 1) all_gather(pg, model->params_memory.data(), model->shard.shard_size);
+    return grad_norm;
 }
 
 // ----------------------------------------------------------------------------
@@ -385,20 +421,26 @@ void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, cons
     printf("\n--------------\n");
 }
 
-float validation_loss(GPT2* model, DataLoader* loader, int num_batches) {
+// Mean loss over num_batches val batches of every process.
+float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const ProcessGroup& pg) {
     dataloader_reset(loader);
     double sum = 0.0;
     for (int i = 0; i < num_batches; i++) {
         dataloader_next_batch(loader);
         sum += gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
     }
-    return (float)(sum / num_batches);
+    return (float)(all_reduce_sum(pg, sum) / ((double)num_batches * pg.size));
 }
 
+// Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
 void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps) {
-    model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
+                     uint64_t sampler_rng, int grad_accum_steps, const ProcessGroup& pg) {
+    if (pg.rank == 0) {
+        model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
+    }
     TrainState state;
+    state.num_processes = pg.size;
+    state.rank = pg.rank;
     state.B = loader.B;
     state.T = loader.T;
     state.grad_accum_steps = grad_accum_steps;
@@ -408,25 +450,37 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
     state.data_sample = loader.position.sample_index;
     state.sampler_rng = sampler_rng;
     state.num_parameters = (int64_t)model->num_parameters;
-    state.shard_offset = 0;
-    state.shard_length = (int64_t)model->num_parameters;
+    state.shard_offset = (int64_t)model->opt_begin;
+    state.shard_length = (int64_t)(model->opt_end - model->opt_begin);
     state.m = model->m_memory;
     state.v = model->v_memory;
-    state_file_write(checkpoint_state_path(dir, step, 0), state);
-    checkpoint_mark_done(dir, step);
+    state_file_write(checkpoint_state_path(dir, step, pg.rank), state);
+    barrier(pg);
+    if (pg.rank == 0) checkpoint_mark_done(dir, step);
+    barrier(pg);
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
 // Restores optimizer state, step and data position from the state file of checkpoint `step`.
 void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
-                int grad_accum_steps) {
-    std::string path = checkpoint_state_path(dir, step, 0);
+                int grad_accum_steps, const ProcessGroup& pg) {
+    std::string path = checkpoint_state_path(dir, step, pg.rank);
+    if (!file_exists(path)) {
+        fatal("checkpoint %d in %s has no state file for process %d (%s): it was written by fewer processes; "
+              "resume with the process count it was written with", step, dir.c_str(), pg.rank, path.c_str());
+    }
     TrainState state;
     state_file_read(path, &state);
-    if (state.num_processes != 1 || state.shard_length != (int64_t)model->num_parameters ||
-        state.num_parameters != (int64_t)model->num_parameters) {
-        fatal("state file '%s' was written by %d process(es) for %ld parameters; this run is 1 process with %zu",
-              path.c_str(), state.num_processes, (long)state.num_parameters, model->num_parameters);
+    if (state.num_processes != pg.size || state.rank != pg.rank) {
+        fatal("state file '%s' was written by process %d of %d; this is process %d of %d (resume with the process "
+              "count the checkpoint was written with)", path.c_str(), state.rank, state.num_processes, pg.rank, pg.size);
+    }
+    if (state.num_parameters != (int64_t)model->num_parameters || state.shard_offset != (int64_t)model->opt_begin ||
+        state.shard_length != (int64_t)(model->opt_end - model->opt_begin)) {
+        fatal("state file '%s' holds optimizer state for parameters [%ld, %ld) of %ld; this run updates [%zu, %zu) "
+              "of %zu (another model, or another -z)", path.c_str(), (long)state.shard_offset,
+              (long)(state.shard_offset + state.shard_length), (long)state.num_parameters, model->opt_begin,
+              model->opt_end, model->num_parameters);
     }
     if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
         fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
@@ -444,11 +498,36 @@ void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loade
     *sampler_rng = state.sampler_rng;
 }
 
+// A description of everything that must agree across processes: flags, model shape and a checksum of
+// the initial weights (so a different -e file or seed is caught too).
+std::string run_description(const TrainArgs& args, const GPT2& model) {
+    uint64_t checksum = 0;
+    for (size_t i = 0; i < model.num_parameters; i += 4099) {
+        uint32_t bits;
+        memcpy(&bits, &model.params_memory[i], 4);
+        checksum = checksum * 31 + bits;
+    }
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
+             "L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
+             args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
+             args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
+             args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
+             args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), model.config.num_layers,
+             model.config.channels, model.config.num_heads, model.config.vocab_size, model.config.max_seq_len,
+             (unsigned long long)checksum);
+    return text;
+}
+
 #ifndef TESTING
 int main(int argc, char** argv) {
+    ProcessGroup pg = process_group_init(&argc, &argv);
     TrainArgs args;
     parse_args(argc, argv, &args, false);
-    printf("train_gpt2 (fp32 CPU) with %d OpenMP threads\n", omp_get_max_threads());
+    // process 0 speaks for the run; the others print only errors (stderr)
+    if (pg.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence process %d", pg.rank);
+    printf("train_gpt2 (fp32 CPU): %d process(es) x %d OpenMP threads\n", pg.size, omp_get_max_threads());
 
     // the model: from the newest complete checkpoint when resuming, else from -e
     int resume_step = -1;
@@ -466,25 +545,31 @@ int main(int argc, char** argv) {
     const GPT2Config& cfg = model.config;
     printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
            cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
+    check_same_config(pg, run_description(args, model));
+    gpt2_setup_optimizer(&model, pg, args.zero_stage);
+    printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
+           model.opt_end - model.opt_begin, args.zero_stage == 1 ? "ZeRO-1 shard" : "all",
+           2.0 * (model.opt_end - model.opt_begin) * sizeof(float) / (1 << 20));
 
-    int grad_accum_steps = validate_batch_args(args, cfg, 1);
+    int grad_accum_steps = validate_batch_args(args, cfg, pg.size);
     int B = args.B, T = args.T;
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, args.train_pattern, B, T, 0, 1, args.shuffle != 0, cfg.vocab_size);
+    dataloader_init(&train_loader, args.train_pattern, B, T, pg.rank, pg.size, args.shuffle != 0, cfg.vocab_size);
     if (args.val_every > 0) {
-        dataloader_init(&val_loader, args.val_pattern, B, T, 0, 1, false, cfg.vocab_size);
+        dataloader_init(&val_loader, args.val_pattern, B, T, pg.rank, pg.size, false, cfg.vocab_size);
         int64_t available = dataloader_num_batches(&val_loader);
         if (args.val_batches > available) {
-            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d",
+            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d per process",
                   args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
         }
     }
     int64_t epoch_steps = dataloader_num_batches(&train_loader) / grad_accum_steps;
     int max_steps = args.max_steps > 0 ? args.max_steps : (int)epoch_steps;
-    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %d tokens", args.train_pattern.c_str(), B * T * grad_accum_steps);
+    long tokens_per_step = (long)B * T * grad_accum_steps * pg.size;
+    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(), tokens_per_step);
     if (resume_step > max_steps) fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, max_steps);
-    printf("batch: B=%d T=%d, %d accumulation step(s), %d tokens per step; %d steps (one epoch is %ld)\n", B, T,
-           grad_accum_steps, B * T * grad_accum_steps, max_steps, (long)epoch_steps);
+    printf("batch: B=%d T=%d x %d accumulation step(s) x %d process(es) = %ld tokens per step; %d steps (one epoch "
+           "is %ld)\n", B, T, grad_accum_steps, pg.size, tokens_per_step, max_steps, (long)epoch_steps);
 
     LRScheduler scheduler;
     parse_lr_schedule(args.schedule.c_str(), &scheduler.type);
@@ -503,24 +588,26 @@ int main(int argc, char** argv) {
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     uint64_t sampler_rng = 1337;
-    if (resume_step >= 0) load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps);
+    if (resume_step >= 0) {
+        load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, pg);
+    }
     Logger logger;
-    logger_open(&logger, args.output_dir, resume_step);
+    logger_open(&logger, pg.rank == 0 ? args.output_dir : std::string(), resume_step);
 
     if (args.overfit_single_batch) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
-            float val_loss = validation_loss(&model, &val_loader, args.val_batches);
+            float val_loss = validation_loss(&model, &val_loader, args.val_batches, pg);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
         // a checkpoint saves the sampler's state before this step's sample, so a resumed run repeats it
         if (args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || last)) {
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps);
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, pg);
         }
-        if (args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || last)) {
+        if (pg.rank == 0 && args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || last)) {
             generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;
@@ -533,19 +620,20 @@ int main(int argc, char** argv) {
             const int* inputs = train_loader.inputs.data();
             const int* targets = train_loader.targets.data();
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
-            gpt2_backward(&model, inputs, targets, B, T, 1.0f / ((float)B * T * grad_accum_steps));
+            // every position of every micro-step of every process weighs the same in the step's mean loss
+            gpt2_backward(&model, inputs, targets, B, T, 1.0f / ((float)B * T * grad_accum_steps * pg.size));
         }
-        float loss = (float)(loss_sum / grad_accum_steps);
-        double grad_norm = gpt2_grad_norm(&model);
+        float loss = (float)(all_reduce_sum(pg, loss_sum) / ((double)grad_accum_steps * pg.size));
         float lr = lr_at_step(scheduler, step);
-        gpt2_update(&model, lr, args.weight_decay, clip_scale(grad_norm, 1.0), step + 1);
+        double grad_norm = gpt2_step(&model, pg, args.zero_stage, lr, args.weight_decay, step + 1);
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        double tokens_per_s = (double)B * T * grad_accum_steps / (ms / 1000.0);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step, max_steps, loss,
-               lr, grad_norm, ms, tokens_per_s);
+        double tokens_per_s = (double)tokens_per_step / (ms / 1000.0);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step, max_steps, loss, lr,
+               grad_norm, ms, tokens_per_s);
         logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s);
     }
     logger_close(&logger);
+    process_group_finalize(pg);
     return 0;
 }
 #endif

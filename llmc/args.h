@@ -48,6 +48,8 @@ struct TrainArgs {
     std::string output_dir;
     int checkpoint_every = 0;
     int resume = 0;
+    // data parallelism (mpirun -np N)
+    int zero_stage = 0;
     // CUDA trainer only
     int recompute = 1;
     int master_weights = 1;
@@ -90,6 +92,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-a", FlagKind::Int, &a->overfit_single_batch, 0, 1, false, "1: train on the first batch only (overfit)"},
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
+        {"-z", FlagKind::Int, &a->zero_stage, 0, 1, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state"},
         {"-tk", FlagKind::String, &a->tokenizer_path, NAN, NAN, false, "gpt2_tokenizer.bin, to print samples as text"},
         {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},

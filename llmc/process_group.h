@@ -1,0 +1,117 @@
+// The processes of a data-parallel CPU run, and the collectives the trainer needs, over MPI.
+//
+// Built with USE_MPI (the Makefile defines it when mpicxx is found) and launched with
+// `mpirun -np N ./train_gpt2 ...`, every process trains on its own samples and the gradients are
+// combined with these calls. Built without MPI, or run without mpirun, there is one process and every
+// collective is the identity. Sums are done by MPI in float32 (like NCCL on the GPU path); MPI's
+// reduction order is fixed for a given process count, so runs are reproducible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "utils.h"
+
+#ifdef USE_MPI
+#include <mpi.h>
+
+inline void mpi_check(int rc, const char* file, int line) {
+    if (rc != MPI_SUCCESS) {
+        char message[MPI_MAX_ERROR_STRING];
+        int length = 0;
+        MPI_Error_string(rc, message, &length);
+        fprintf(stderr, "Error: MPI call failed: %s  [%s:%d]\n", message, file, line);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+#define mpiCheck(call) mpi_check((call), __FILE__, __LINE__)
+#endif
+
+struct ProcessGroup {
+    int rank = 0;
+    int size = 1;
+};
+
+inline ProcessGroup process_group_init(int* argc, char*** argv) {
+    ProcessGroup pg;
+#ifdef USE_MPI
+    int provided;
+    mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    // errors are returned to us (and reported by mpiCheck) instead of aborting inside MPI silently
+    mpiCheck(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &pg.rank));
+    mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &pg.size));
+#endif
+    return pg;
+}
+
+inline void process_group_finalize(const ProcessGroup& pg) {
+#ifdef USE_MPI
+    mpiCheck(MPI_Finalize());
+#endif
+}
+
+// In-place sum across processes of data[n].
+inline void all_reduce_sum(const ProcessGroup& pg, float* data, size_t n) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+#endif
+}
+
+inline double all_reduce_sum(const ProcessGroup& pg, double value) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+#endif
+    return value;
+}
+
+// data holds size * count elements; afterwards data[rank*count .. (rank+1)*count) is the sum across
+// processes of that block (the other blocks are left as they were).
+inline void reduce_scatter_sum(const ProcessGroup& pg, float* data, size_t count) {
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        std::vector<float> mine(count);
+        mpiCheck(MPI_Reduce_scatter_block(data, mine.data(), (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        std::copy(mine.begin(), mine.end(), data + (size_t)pg.rank * count);
+    }
+#endif
+}
+
+// data holds size * count elements; gathers every process's block rank*count .. into all of them.
+inline void all_gather(const ProcessGroup& pg, float* data, size_t count) {
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, (int)count, MPI_FLOAT, MPI_COMM_WORLD));
+    }
+#endif
+}
+
+inline void barrier(const ProcessGroup& pg) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
+#endif
+}
+
+// Every process must run the same configuration; a process started with other flags or another model
+// would silently train something else. Each process hashes its description; rank 0 names the first
+// process that differs, and all stop.
+inline void check_same_config(const ProcessGroup& pg, const std::string& description) {
+#ifdef USE_MPI
+    if (pg.size == 1) return;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
+    std::vector<uint64_t> hashes(pg.size);
+    mpiCheck(MPI_Allgather(&hash, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+    for (int r = 1; r < pg.size; r++) {
+        if (hashes[r] != hashes[0]) {
+            if (pg.rank == 0 || pg.rank == r) {
+                fprintf(stderr, "Error: process %d runs a different configuration than process 0 (flags, model or "
+                        "data differ); this process has: %s\n", r, description.c_str());
+            }
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+#endif
+}

@@ -1,0 +1,190 @@
+// Data parallelism on the CPU: train_gpt2 under `mpirun --oversubscribe` with 2 and 3 processes.
+//  - N processes with ZeRO-1 follow 1 process with N-fold gradient accumulation on the same global
+//    batch (sample layout of ../shared/FORMATS.md): same losses, norms and final weights to fp32
+//    rounding, over several steps, also with a parameter count that does not divide by N;
+//  - -z 0 and -z 1 agree;
+//  - a multi-process run resumed from its checkpoint equals the uninterrupted one, bit for bit, and
+//    resuming with another process count is refused;
+//  - processes started with different flags are stopped at start-up;
+//  - killing one process ends the run with an error within a bounded time.
+// The shard arithmetic itself (llmc/zero.h) is checked directly.
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "../llmc/zero.h"
+#include "test_helpers.h"
+
+namespace {
+
+const char* TINY = "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 4096";
+// L=1, C=21: 14343 parameters, odd, so 2 processes need a padded shard
+const char* ODD = "--layers 1 --channels 21 --heads 3 --max-seq-len 32 --vocab 300 --seed 3 -b 2 -t 16 --data-tokens 4096";
+
+bool have_mpirun() { return test::run_command("command -v mpirun").exit_code == 0; }
+
+// mpirun as CI runs it: as root, more processes than cores, one OpenMP thread each.
+std::string mpirun(int np) {
+    return "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
+}
+
+struct Run {
+    std::vector<double> loss, norm;
+    std::vector<float> params;
+};
+
+Run read_run(const std::string& dir, int final_step) {
+    Run run;
+    run.loss = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
+    run.norm = test::jsonl_values(dir + "/metrics.jsonl", "grad_norm");
+    std::string path = dir + "/model_" + std::string(8 - std::to_string(final_step).size(), '0') + std::to_string(final_step) + ".bin";
+    std::string bytes = test::read_text(path);
+    if (bytes.size() > HEADER_BYTES) {
+        run.params.resize((bytes.size() - HEADER_BYTES) / 4);
+        memcpy(run.params.data(), bytes.data() + HEADER_BYTES, run.params.size() * 4);
+    }
+    return run;
+}
+
+// Two runs that differ only in how the same sums are ordered (accumulation vs reduction across
+// processes, all-reduce vs reduce-scatter). Losses and norms: 1e-5 relative (fp32 rounding of sums
+// of thousands of terms is ~1e-6). Weights: within 1% of AdamW's largest possible movement
+// (steps * lr), for the reason given in test_model.cpp: elements whose true gradient is ~0 move by
+// rounding noise that AdamW scales up, differently in each run.
+void expect_same_training(const Run& a, const Run& b, int steps, double lr) {
+    ASSERT_EQ(a.loss.size(), (size_t)steps);
+    ASSERT_EQ(b.loss.size(), (size_t)steps);
+    for (int s = 0; s < steps; s++) {
+        EXPECT_NEAR(a.loss[s], b.loss[s], 1e-5 * a.loss[s]) << "loss at step " << s;
+        EXPECT_NEAR(a.norm[s], b.norm[s], 1e-5 * a.norm[s]) << "grad norm at step " << s;
+    }
+    ASSERT_EQ(a.params.size(), b.params.size());
+    ASSERT_FALSE(a.params.empty());
+    double worst = 0;
+    for (size_t i = 0; i < a.params.size(); i++) worst = std::max(worst, (double)std::fabs(a.params[i] - b.params[i]));
+    EXPECT_LE(worst, 0.01 * steps * lr) << "final weights";
+}
+
+std::string train_args(const std::string& oracle_dir, int steps, int total_batch) {
+    return test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+           "/train.bin -b 2 -t 16 -l 1e-3 -c 0.1 -u 1 -q 0.5 -sh 0 -v 0 -s 0 -x " + std::to_string(steps) +
+           " -n " + std::to_string(steps) + " -d " + std::to_string(total_batch);
+}
+
+TEST(DistributedShards, LayoutCoversEveryParameterOnce) {
+    for (size_t n : {1ul, 2ul, 10ul, 14343ul, 124475904ul}) {
+        for (int p : {1, 2, 3, 4, 7, 8}) {
+            size_t covered = 0;
+            for (int r = 0; r < p; r++) {
+                ShardLayout s = shard_layout(n, p, r);
+                EXPECT_EQ(s.shard_size, (n + p - 1) / p);
+                EXPECT_EQ(s.padded_size, s.shard_size * p);
+                EXPECT_GE(s.padded_size, n);
+                EXPECT_EQ(s.begin, std::min(n, r * s.shard_size)) << n << " " << p << " " << r;
+                EXPECT_LE(s.end, n);
+                EXPECT_EQ(s.begin, covered) << "shards must tile [0, n) in rank order";
+                covered = s.end;
+            }
+            EXPECT_EQ(covered, n);
+        }
+    }
+}
+
+TEST(Distributed, Zero1RanksMatchOneRankWithAccumulation) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    for (int np : {2, 3}) {
+        for (const char* model : {TINY, ODD}) {
+            std::string name = model == TINY ? "tiny" : "tiny_odd";
+            std::string oracle_dir = test::oracle(name, model);
+            SCOPED_TRACE(name + " with " + std::to_string(np) + " processes");
+            int steps = 4, total = 2 * 16 * np;
+            std::string one = test::scratch_dir("dp_one"), many = test::scratch_dir("dp_many");
+            test::CommandResult r1 = test::run_command("OMP_NUM_THREADS=1 " + train_args(oracle_dir, steps, total) + " -o " + one);
+            ASSERT_EQ(r1.exit_code, 0) << r1.output;
+            test::CommandResult rn = test::run_command(mpirun(np) + train_args(oracle_dir, steps, total) + " -z 1 -o " + many);
+            ASSERT_EQ(rn.exit_code, 0) << rn.output;
+            EXPECT_NE(rn.output.find(std::to_string(np) + " process(es)"), std::string::npos) << rn.output;
+            expect_same_training(read_run(one, steps), read_run(many, steps), steps, 1e-3);
+        }
+    }
+}
+
+TEST(Distributed, Zero0AndZero1Agree) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    int steps = 4;
+    std::string z0 = test::scratch_dir("dp_z0"), z1 = test::scratch_dir("dp_z1");
+    test::CommandResult r0 = test::run_command(mpirun(2) + train_args(oracle_dir, steps, 128) + " -z 0 -o " + z0);
+    ASSERT_EQ(r0.exit_code, 0) << r0.output;
+    test::CommandResult r1 = test::run_command(mpirun(2) + train_args(oracle_dir, steps, 128) + " -z 1 -o " + z1);
+    ASSERT_EQ(r1.exit_code, 0) << r1.output;
+    expect_same_training(read_run(z0, steps), read_run(z1, steps), steps, 1e-3);
+    // ZeRO-1 keeps half the moments per process: 14343 parameters -> shards of 7172
+    EXPECT_NE(r1.output.find("AdamW over 7172 parameters"), std::string::npos) << r1.output;
+    EXPECT_NE(r0.output.find("AdamW over 14343 parameters"), std::string::npos) << r0.output;
+}
+
+TEST(Distributed, ResumeAcrossRanksEqualsUninterrupted) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                      "/train.bin -b 2 -t 16 -d 192 -x 6 -n 3 -l 1e-3 -sh 1 -v 0 -s 0 -z 1";  // 192 = 3 x 2 x 32 = 2 x 3 x 32
+    std::string a = test::scratch_dir("dp_resume_a"), b = test::scratch_dir("dp_resume_b");
+    ASSERT_EQ(test::run_command(mpirun(2) + cmd + " -o " + a).exit_code, 0);
+    ASSERT_EQ(test::run_command(mpirun(2) + cmd + " -o " + b).exit_code, 0);
+    for (const char* f : {"/model_00000006.bin", "/state_00000006_00000.bin", "/state_00000006_00001.bin", "/DONE_00000006"}) {
+        ASSERT_EQ(remove((b + f).c_str()), 0) << f;
+    }
+    // another process count cannot take these shards
+    test::CommandResult wrong = test::run_command(mpirun(3) + cmd + " -o " + b + " -y 1");
+    EXPECT_NE(wrong.exit_code, 0);
+    EXPECT_NE(wrong.output.find("process count"), std::string::npos) << wrong.output;
+    test::CommandResult resumed = test::run_command(mpirun(2) + cmd + " -o " + b + " -y 1");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
+    // same process count, same reduction order: bit for bit
+    EXPECT_EQ(test::read_text(a + "/model_00000006.bin"), test::read_text(b + "/model_00000006.bin"));
+    EXPECT_EQ(test::read_text(a + "/state_00000006_00001.bin"), test::read_text(b + "/state_00000006_00001.bin"));
+    EXPECT_EQ(test::jsonl_values(a + "/metrics.jsonl", "train_loss"), test::jsonl_values(b + "/metrics.jsonl", "train_loss"));
+}
+
+TEST(Distributed, ProcessesWithDifferentFlagsAreStopped) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    std::string base = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0";
+    // MPMD launch: the second process gets another learning rate
+    std::string cmd = "OMP_NUM_THREADS=1 timeout 120 mpirun --allow-run-as-root --oversubscribe -np 1 " + base +
+                      " -l 1e-3 : -np 1 " + base + " -l 2e-3";
+    test::CommandResult r = test::run_command(cmd);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("different configuration"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step    1/2"), std::string::npos) << "training must not start";
+}
+
+// One process is killed with SIGKILL mid-run; mpirun must end the whole job with a non-zero status.
+// Bound: 60 s (it takes a few seconds); `timeout` turns a hang into a failure instead of a stuck CI.
+TEST(Distributed, KillingOneProcessEndsTheRunInBoundedTime) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny", TINY);
+    std::string dir = test::scratch_dir("dp_kill");
+    std::string script = dir + "/kill.sh";
+    std::ofstream(script) << "set -u\n"
+                          << "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 " << test::root()
+                          << "/train_gpt2 -e " << oracle_dir << "/model.bin -i " << oracle_dir
+                          << "/train.bin -b 2 -t 16 -x 1000000 -sh 0 -v 0 -s 0 > " << dir << "/log 2>&1 &\n"
+                          << "launcher=$!\n"
+                          << "for i in $(seq 1 600); do grep -q 'step    2/' " << dir << "/log && break; sleep 0.1; done\n"
+                          << "victim=$(pgrep -P $launcher -f train_gpt2 | tail -n 1)\n"
+                          << "[ -n \"$victim\" ] || { echo 'no rank to kill'; kill $launcher; exit 3; }\n"
+                          << "kill -9 $victim\n"
+                          << "start=$(date +%s)\n"
+                          << "timeout 60 tail --pid=$launcher -f /dev/null || { echo 'still running after 60 s'; kill -9 $launcher; exit 4; }\n"
+                          << "wait $launcher; rc=$?\n"
+                          << "echo \"launcher exit $rc after $(( $(date +%s) - start )) s\"\n"
+                          << "[ $rc -ne 0 ] || exit 5\n";
+    test::CommandResult r = test::run_command("bash " + script);
+    EXPECT_EQ(r.exit_code, 0) << r.output << "\n" << test::read_text(dir + "/log");
+    EXPECT_NE(r.output.find("launcher exit"), std::string::npos) << r.output;
+}
+
+}  // namespace
