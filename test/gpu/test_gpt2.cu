@@ -73,11 +73,25 @@ const char* D12_ARGS = "--model d12 --seed 2 -b 2 -t 16 --data-tokens 8192 --ste
 const char* TINY_COSINE_RUN = "--steps 10 --accum 2 --warmup 2 --lr 0.001 --final-frac 0.1 --weight-decay 0.1 --schedule cosine";
 const char* TINY_COSINE_TRAINER = "-b 2 -t 16 -d 64 -x 10 -u 2 -l 0.001 -q 0.1 -c 0.1 -k cosine";
 
-std::string tiny_oracle() { return test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA); }
-std::string d12_oracle() { return test::oracle("d12", D12_ARGS); }
-std::string tiny_cosine_oracle() {
-    return test::oracle("tiny_cosine", std::string(TINY_MODEL) + " " + TINY_DATA + " " + TINY_COSINE_RUN);
+// True if the oracle directory NAME is there for ARGS, or PyTorch is here to make it. A GPU machine
+// without PyTorch runs on files made elsewhere (make test-gpu-oracle) and copied into build/oracle/.
+bool oracle_available(const std::string& name, const std::string& args) {
+    std::string dir = test::root() + "/build/oracle/" + name;
+    std::string stamp = args + "\n" + test::read_text(test::root() + "/test/oracle/gpt2_oracle.py");
+    if (file_exists(dir + "/stamp") && test::read_text(dir + "/stamp") == stamp) return true;
+    return test::run_command(test::python() + " -c 'import torch'").exit_code == 0;
 }
+
+#define REQUIRE_ORACLE(name, args)                                                                             \
+    if (!oracle_available(name, args))                                                                         \
+    GTEST_SKIP() << "no oracle files build/oracle/" << name << " and no PyTorch to make them: run `make "      \
+                 << "test-gpu-oracle` where torch is installed and copy build/oracle/ here"
+
+std::string tiny_args() { return std::string(TINY_MODEL) + " " + TINY_DATA; }
+std::string tiny_cosine_args() { return tiny_args() + " " + TINY_COSINE_RUN; }
+std::string tiny_oracle() { return test::oracle("tiny", tiny_args()); }
+std::string d12_oracle() { return test::oracle("d12", D12_ARGS); }
+std::string tiny_cosine_oracle() { return test::oracle("tiny_cosine", tiny_cosine_args()); }
 
 std::string trainer() { return test::root() + "/" + TRAINER; }
 
@@ -125,16 +139,23 @@ void check_against_oracle_state(const std::string& dir, int recompute) {
     gpt2_free(&model);
 }
 
-TEST(ModelOracle, TinyForwardBackward) { check_against_oracle_state(tiny_oracle(), 1); }
+TEST(ModelOracle, TinyForwardBackward) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    check_against_oracle_state(tiny_oracle(), 1);
+}
 
 TEST(ModelOracle, TinyForwardBackwardEachRecomputeLevel) {
+    REQUIRE_ORACLE("tiny", tiny_args());
     for (int r : {0, 2}) {
         SCOPED_TRACE(r);
         check_against_oracle_state(tiny_oracle(), r);
     }
 }
 
-TEST(ModelOracle, Gpt2SmallShapeForwardBackward) { check_against_oracle_state(d12_oracle(), 1); }
+TEST(ModelOracle, Gpt2SmallShapeForwardBackward) {
+    REQUIRE_ORACLE("d12", D12_ARGS);
+    check_against_oracle_state(d12_oracle(), 1);
+}
 
 // ----------------------------------------------------------------------------
 // the train_gpt2cu binary
@@ -173,6 +194,7 @@ std::string tiny_cosine_flags(const std::string& oracle_dir) {
 }
 
 TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
     std::string dir = tiny_cosine_oracle();
     TrainerRun run = run_trainer("gpu_tiny_cosine", tiny_cosine_flags(dir) + " -n 10");
     std::string run_json = test::read_text(dir + "/run.json");
@@ -195,6 +217,7 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
 // Without master weights (-w 0) or with the GELU fused into cuBLASLt (-ge 1) the arithmetic differs,
 // so those runs must only stay within the oracle tolerance of the default one.
 TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
     std::string dir = tiny_cosine_oracle();
     std::string flags = tiny_cosine_flags(dir);
     TrainerRun r1 = run_trainer("gpu_r1", flags + " -r 1");
@@ -215,6 +238,7 @@ TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
 }
 
 TEST(TrainDeterminism, SameSeedSameRun) {
+    REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
     std::string flags = "-e d6 -sd 5 -i " + dir + "/train.bin -b 2 -t 16 -x 3 -v 0 -s 0 -n 3";
     TrainerRun a = run_trainer("gpu_det1", flags), b = run_trainer("gpu_det2", flags);
@@ -243,6 +267,7 @@ std::string make_three_shards(const std::string& oracle_dir, const std::string& 
 // Shuffled shards, accumulation, validation and sampling are on; the master weights travel in the
 // state file, so everything must match bit for bit.
 TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
+    REQUIRE_ORACLE("tiny", tiny_args());
     std::string oracle_dir = tiny_oracle();
     std::string data = test::scratch_dir("gpu_resume_data");
     std::string train = make_three_shards(oracle_dir, data);
@@ -268,6 +293,7 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
 // the same first loss (within this build's tolerance). Ours is version 5 (bf16) or 3 (fp32); the
 // CPU trainer's is version 3, the format llm.c also writes.
 TEST(TrainCheckpoints, CpuAndCudaTrainersReadEachOthersCheckpoints) {
+    REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
     std::string cpu_trainer = test::root() + "/train_gpt2";
     if (!file_exists(cpu_trainer)) GTEST_SKIP() << "needs the CPU trainer (make train_gpt2)";
