@@ -25,6 +25,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/dataloader.h"
 #include "llmc/encoder.h"
 #include "llmc/gelu.h"
+#include "llmc/gpt2_init.h"
 #include "llmc/gpt2_config.h"
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
@@ -35,6 +36,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer_file.h"
+#include "llmc/train_common.h"
 #include "llmc/utils.h"
 #include "llmc/zero.h"
 
@@ -156,45 +158,17 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     gpt2_setup_optimizer(model, single, 0);
 }
 
-// GPT-2's initialization: weights N(0, 0.02), the two projections into the residual stream
-// N(0, 0.02/sqrt(2L)) so the stream's variance does not grow with depth, biases 0, LayerNorm gains 1.
-void gpt2_init_random(GPT2* model, const GPT2Config& cfg, unsigned seed) {
+// Builds the model from fp32 parameters (N, checkpoint order).
+void gpt2_init_from(GPT2* model, const GPT2Config& cfg, const std::vector<float>& params) {
     gpt2_setup(model, cfg);
-    std::mt19937 rng(seed);
-    double residual_std = 0.02 / std::sqrt(2.0 * cfg.num_layers);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        float* tensor = model->params_memory.data() + model->param_offsets[i];
-        size_t n = model->param_sizes[i];
-        if (i == P_LN1W || i == P_LN2W || i == P_LNFW) {
-            for (size_t j = 0; j < n; j++) tensor[j] = 1.0f;
-        } else if (i == P_WTE) {
-            rand_normal_fill(tensor, (size_t)cfg.vocab_size * cfg.channels, 0.0, 0.02, rng);  // padded rows stay 0
-        } else if (i == P_ATTPROJW || i == P_FCPROJW) {
-            rand_normal_fill(tensor, n, 0.0, residual_std, rng);
-        } else if (param_tensor_is_decayed(i)) {  // the other weight matrices: wpe, qkvw, fcw
-            rand_normal_fill(tensor, n, 0.0, 0.02, rng);
-        }  // biases stay 0
-    }
+    std::copy(params.begin(), params.end(), model->params_memory.begin());
 }
 
 void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
     GPT2Config cfg;
     std::vector<float> params;
     model_file_read(path, &cfg, &params);
-    gpt2_setup(model, cfg);
-    std::copy(params.begin(), params.end(), model->params_memory.begin());
-}
-
-// Builds the model named by -e: a descriptor (random init from `seed`) or a checkpoint file.
-void gpt2_build(GPT2* model, const std::string& name, unsigned seed) {
-    GPT2Config cfg;
-    if (config_from_descriptor(name.c_str(), &cfg)) {
-        gpt2_init_random(model, cfg, seed);
-    } else if (looks_like_descriptor(name.c_str())) {
-        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
-    } else {
-        gpt2_load_checkpoint(model, name);
-    }
+    gpt2_init_from(model, cfg, params);
 }
 
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
@@ -393,16 +367,6 @@ double gpt2_step(GPT2* model, const ProcessGroup& pg, int zero_stage, float lear
 // ----------------------------------------------------------------------------
 // The training run
 
-// Writes a token's bytes to stdout, with control characters other than newline and tab shown as '?'
-// so a sample cannot disturb the terminal.
-void print_token(const TokenizerFile* tok, int id) {
-    if (tok == nullptr) {
-        printf("%d ", id);
-        return;
-    }
-    for (unsigned char c : tokenizer_file_decode(*tok, id)) putchar(c < 32 && c != '\n' && c != '\t' ? '?' : c);
-}
-
 // Generates `count` tokens after end-of-text, each sampled from the model's distribution given the
 // tokens so far (at most the last T of them).
 void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, const TokenizerFile* tok) {
@@ -438,20 +402,8 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
     if (pg.rank == 0) {
         model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
     }
-    TrainState state;
-    state.num_processes = pg.size;
-    state.rank = pg.rank;
-    state.B = loader.B;
-    state.T = loader.T;
-    state.grad_accum_steps = grad_accum_steps;
-    state.step = step;
-    state.data_epoch = loader.position.epoch;
-    state.data_shard = loader.position.shard_index;
-    state.data_sample = loader.position.sample_index;
-    state.sampler_rng = sampler_rng;
-    state.num_parameters = (int64_t)model->num_parameters;
-    state.shard_offset = (int64_t)model->opt_begin;
-    state.shard_length = (int64_t)(model->opt_end - model->opt_begin);
+    TrainState state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
+                                          model->opt_begin, model->opt_end);
     state.m = model->m_memory;
     state.v = model->v_memory;
     state_file_write(checkpoint_state_path(dir, step, pg.rank), state);
@@ -459,65 +411,6 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
     if (pg.rank == 0) checkpoint_mark_done(dir, step);
     barrier(pg);
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
-}
-
-// Restores optimizer state, step and data position from the state file of checkpoint `step`.
-void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
-                int grad_accum_steps, const ProcessGroup& pg) {
-    std::string path = checkpoint_state_path(dir, step, pg.rank);
-    if (!file_exists(path)) {
-        fatal("checkpoint %d in %s has no state file for process %d (%s): it was written by fewer processes; "
-              "resume with the process count it was written with", step, dir.c_str(), pg.rank, path.c_str());
-    }
-    TrainState state;
-    state_file_read(path, &state);
-    if (state.num_processes != pg.size || state.rank != pg.rank) {
-        fatal("state file '%s' was written by process %d of %d; this is process %d of %d (resume with the process "
-              "count the checkpoint was written with)", path.c_str(), state.rank, state.num_processes, pg.rank, pg.size);
-    }
-    if (state.num_parameters != (int64_t)model->num_parameters || state.shard_offset != (int64_t)model->opt_begin ||
-        state.shard_length != (int64_t)(model->opt_end - model->opt_begin)) {
-        fatal("state file '%s' holds optimizer state for parameters [%ld, %ld) of %ld; this run updates [%zu, %zu) "
-              "of %zu (another model, or another -z)", path.c_str(), (long)state.shard_offset,
-              (long)(state.shard_offset + state.shard_length), (long)state.num_parameters, model->opt_begin,
-              model->opt_end, model->num_parameters);
-    }
-    if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
-        fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
-              "(resume with the same -b, -t and -d)", path.c_str(), state.B, state.T, state.grad_accum_steps,
-              loader->B, loader->T, grad_accum_steps);
-    }
-    if (state.step != step) fatal("state file '%s' is for step %ld", path.c_str(), (long)state.step);
-    model->m_memory = state.m;
-    model->v_memory = state.v;
-    DataPosition position;
-    position.epoch = state.data_epoch;
-    position.shard_index = state.data_shard;
-    position.sample_index = state.data_sample;
-    dataloader_seek(loader, position);
-    *sampler_rng = state.sampler_rng;
-}
-
-// A description of everything that must agree across processes: flags, model shape and a checksum of
-// the initial weights (so a different -e file or seed is caught too).
-std::string run_description(const TrainArgs& args, const GPT2& model) {
-    uint64_t checksum = 0;
-    for (size_t i = 0; i < model.num_parameters; i += 4099) {
-        uint32_t bits;
-        memcpy(&bits, &model.params_memory[i], 4);
-        checksum = checksum * 31 + bits;
-    }
-    char text[1024];
-    snprintf(text, sizeof(text),
-             "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
-             "L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
-             args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
-             args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
-             args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
-             args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), model.config.num_layers,
-             model.config.channels, model.config.num_heads, model.config.vocab_size, model.config.max_seq_len,
-             (unsigned long long)checksum);
-    return text;
 }
 
 #ifndef TESTING
@@ -540,12 +433,14 @@ int main(int argc, char** argv) {
         printf("resume: continuing from step %d in %s\n", resume_step, args.output_dir.c_str());
         gpt2_load_checkpoint(&model, checkpoint_model_path(args.output_dir, resume_step));
     } else {
-        gpt2_build(&model, args.model, (unsigned)args.seed);
+        GPT2Config cfg;
+        std::vector<float> params = gpt2_parameters_from_flag(args.model, (unsigned)args.seed, &cfg);
+        gpt2_init_from(&model, cfg, params);
     }
     const GPT2Config& cfg = model.config;
     printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
            cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
-    check_same_config(pg, run_description(args, model));
+    check_same_config(pg, run_description(args, cfg, model.params_memory.data(), model.num_parameters));
     gpt2_setup_optimizer(&model, pg, args.zero_stage);
     printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
            model.opt_end - model.opt_begin, args.zero_stage == 1 ? "ZeRO-1 shard" : "all",
@@ -579,17 +474,16 @@ int main(int argc, char** argv) {
     scheduler.final_frac = args.final_lr_frac;
 
     TokenizerFile tokenizer;
-    bool have_tokenizer = tokenizer_file_read(args.tokenizer_path, &tokenizer);
-    int eot = have_tokenizer ? tokenizer.eot_token : 50256;
-    if (eot >= cfg.vocab_size) eot = cfg.vocab_size - 1;  // a small test vocabulary has no GPT-2 end-of-text
-    if (args.sample_every > 0 && !have_tokenizer) {
-        printf("samples print as token ids: no tokenizer file at %s (-tk)\n", args.tokenizer_path.c_str());
-    }
+    int eot;
+    bool have_tokenizer = load_sample_tokenizer(args, cfg, &tokenizer, &eot);
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     uint64_t sampler_rng = 1337;
     if (resume_step >= 0) {
-        load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, pg);
+        TrainState state = train_state_restore(args.output_dir, resume_step, pg, grad_accum_steps, model.num_parameters,
+                                               model.opt_begin, model.opt_end, &train_loader, &sampler_rng);
+        model.m_memory = state.m;
+        model.v_memory = state.v;
     }
     Logger logger;
     logger_open(&logger, pg.rank == 0 ? args.output_dir : std::string(), resume_step);
@@ -598,16 +492,15 @@ int main(int argc, char** argv) {
     int start_step = resume_step >= 0 ? resume_step : 0;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
-        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+        if (is_val_step(args, step, max_steps)) {
             float val_loss = validation_loss(&model, &val_loader, args.val_batches, pg);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
-        // a checkpoint saves the sampler's state before this step's sample, so a resumed run repeats it
-        if (args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || last)) {
+        if (is_checkpoint_step(args, step, start_step, max_steps)) {
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, pg);
         }
-        if (pg.rank == 0 && args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || last)) {
+        if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;

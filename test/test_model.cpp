@@ -253,7 +253,7 @@ TEST(ModelInit, Gpt2InitializationStatistics) {
     GPT2Config cfg;
     ASSERT_TRUE(config_from_descriptor("d6", &cfg));
     GPT2 model;
-    gpt2_init_random(&model, cfg, 123);
+    gpt2_init_from(&model, cfg, gpt2_random_parameters(cfg, 123));
     EXPECT_EQ(model.num_parameters, num_parameters(cfg));
     auto stats = [&](int i, size_t count, double* mean, double* std) {
         const float* t = model.params_memory.data() + model.param_offsets[i];

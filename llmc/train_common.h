@@ -1,0 +1,131 @@
+// Host code of the training loop that the CPU and CUDA trainers share: what goes into a state file
+// and how a resumed run checks and restores it, the description that all processes must agree on,
+// when to evaluate, checkpoint and sample, and how a sampled token is printed.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "args.h"
+#include "checkpoint.h"
+#include "dataloader.h"
+#include "gpt2_config.h"
+#include "process_group.h"
+#include "tokenizer_file.h"
+
+// The state file of one process, without the optimizer buffers (the trainer fills m, v, master from
+// its own memory, host or device). The process updates parameters [opt_begin, opt_end).
+inline TrainState train_state_header(int step, const DataLoader& loader, uint64_t sampler_rng, int grad_accum_steps,
+                                     const ProcessGroup& pg, size_t num_parameters, size_t opt_begin, size_t opt_end) {
+    TrainState state;
+    state.num_processes = pg.size;
+    state.rank = pg.rank;
+    state.B = loader.B;
+    state.T = loader.T;
+    state.grad_accum_steps = grad_accum_steps;
+    state.step = step;
+    state.data_epoch = loader.position.epoch;
+    state.data_shard = loader.position.shard_index;
+    state.data_sample = loader.position.sample_index;
+    state.sampler_rng = sampler_rng;
+    state.num_parameters = (int64_t)num_parameters;
+    state.shard_offset = (int64_t)opt_begin;
+    state.shard_length = (int64_t)(opt_end - opt_begin);
+    return state;
+}
+
+// Reads this process's state file of checkpoint `step` and checks that it belongs to this run (same
+// process count and rank, same batch geometry, same optimizer range); then moves the data loader to
+// the saved position and restores the sampler. The trainer copies state.m, .v, .master into place.
+inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
+                                      size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
+                                      uint64_t* sampler_rng) {
+    std::string path = checkpoint_state_path(dir, step, pg.rank);
+    if (!file_exists(path)) {
+        fatal("checkpoint %d in %s has no state file for process %d (%s): it was written by fewer processes; "
+              "resume with the process count it was written with", step, dir.c_str(), pg.rank, path.c_str());
+    }
+    TrainState state;
+    state_file_read(path, &state);
+    if (state.num_processes != pg.size || state.rank != pg.rank) {
+        fatal("state file '%s' was written by process %d of %d; this is process %d of %d (resume with the process "
+              "count the checkpoint was written with)", path.c_str(), state.rank, state.num_processes, pg.rank, pg.size);
+    }
+    if (state.num_parameters != (int64_t)num_parameters || state.shard_offset != (int64_t)opt_begin ||
+        state.shard_length != (int64_t)(opt_end - opt_begin)) {
+        fatal("state file '%s' holds optimizer state for parameters [%ld, %ld) of %ld; this run updates [%zu, %zu) "
+              "of %zu (another model, or another -z)", path.c_str(), (long)state.shard_offset,
+              (long)(state.shard_offset + state.shard_length), (long)state.num_parameters, opt_begin, opt_end,
+              num_parameters);
+    }
+    if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
+        fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
+              "(resume with the same -b, -t and -d)", path.c_str(), state.B, state.T, state.grad_accum_steps,
+              loader->B, loader->T, grad_accum_steps);
+    }
+    if (state.step != step) fatal("state file '%s' is for step %ld", path.c_str(), (long)state.step);
+    DataPosition position;
+    position.epoch = state.data_epoch;
+    position.shard_index = state.data_shard;
+    position.sample_index = state.data_sample;
+    dataloader_seek(loader, position);
+    *sampler_rng = state.sampler_rng;
+    return state;
+}
+
+// Everything that must agree across processes: flags, model shape and a checksum of the initial
+// weights (so a different -e file or seed is caught too). See check_same_config().
+inline std::string run_description(const TrainArgs& args, const GPT2Config& cfg, const float* params, size_t num_params) {
+    uint64_t checksum = 0;
+    for (size_t i = 0; i < num_params; i += 4099) {
+        uint32_t bits;
+        memcpy(&bits, &params[i], 4);
+        checksum = checksum * 31 + bits;
+    }
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
+             "r=%d w=%d L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
+             args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
+             args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
+             args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
+             args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), args.recompute,
+             args.master_weights, cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
+             (unsigned long long)checksum);
+    return text;
+}
+
+// The loop's schedule. At step N the parameters have had N updates; the last step (N = max_steps)
+// only evaluates, checkpoints and samples. A resumed run does not rewrite the checkpoint it started
+// from; checkpoints are taken before sampling, so a resumed run samples the same text.
+inline bool is_val_step(const TrainArgs& args, int step, int max_steps) {
+    return args.val_every > 0 && (step % args.val_every == 0 || step == max_steps);
+}
+inline bool is_checkpoint_step(const TrainArgs& args, int step, int start_step, int max_steps) {
+    return args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || step == max_steps);
+}
+inline bool is_sample_step(const TrainArgs& args, int step, int max_steps) {
+    return args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || step == max_steps);
+}
+
+// Writes a token's bytes to stdout (its id without a tokenizer), with control characters other than
+// newline and tab shown as '?' so a sample cannot disturb the terminal.
+inline void print_token(const TokenizerFile* tok, int id) {
+    if (tok == nullptr) {
+        printf("%d ", id);
+        return;
+    }
+    for (unsigned char c : tokenizer_file_decode(*tok, id)) putchar(c < 32 && c != '\n' && c != '\t' ? '?' : c);
+}
+
+// The tokenizer for printing samples (if its file exists) and the token a sample starts from.
+inline bool load_sample_tokenizer(const TrainArgs& args, const GPT2Config& cfg, TokenizerFile* tok, int* eot) {
+    bool have = tokenizer_file_read(args.tokenizer_path, tok);
+    *eot = have ? tok->eot_token : 50256;
+    if (*eot >= cfg.vocab_size) *eot = cfg.vocab_size - 1;  // a small test vocabulary has no GPT-2 end-of-text
+    if (args.sample_every > 0 && !have) {
+        printf("samples print as token ids: no tokenizer file at %s (-tk)\n", args.tokenizer_path.c_str());
+    }
+    return have;
+}
