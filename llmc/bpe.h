@@ -14,10 +14,11 @@
 //    and PCRE2_MATCH_INVALID_UTF lets it walk text that is not valid UTF-8 with no separate pass.
 //  - `\s` is written \p{White_Space}: that is what GPT-2's reference encoder (Python's `regex`) means
 //    by \s, while PCRE2's \s also takes U+180E. (JavaScript's \s differs too: it takes U+FEFF and not
-//    U+0085, so gpt-3-encoder's Encoder.js disagrees with GPT-2 on those two characters.)
+//    U+0085, so gpt-3-encoder's Encoder.js cuts pieces differently around those two characters.)
 //  - Unicode version: PCRE2 10.42 has Unicode 14.0 tables. Letters and numbers assigned since then
-//    (CJK extensions H-J, Kawi, ...: all unassigned in 14.0) count as "other" here, as they did for
-//    GPT-2's reference encoder on the Unicode of its day; newer encoders count them as letters.
+//    (CJK extensions H-J, Kawi, ...: all unassigned in 14.0) count as "other" here, while encoders
+//    with newer tables (Python's `regex` today, node 20) count them as letters. Nothing assigned by
+//    14.0 differs.
 //  - Bytes that are not valid UTF-8 match nothing in the pattern; each run of them becomes a piece of
 //    its own and is merged like any other bytes, so every byte string round-trips through decode.
 //  - Merging uses a linked list of symbols and a min-heap of (rank, position) for the candidate pairs:
@@ -32,7 +33,9 @@
 // data, merge scratch, cache).
 #pragma once
 
-#define PCRE2_CODE_UNIT_WIDTH 8
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8  // UTF-8 text
+#endif
 #include <pcre2.h>
 
 #include <algorithm>
