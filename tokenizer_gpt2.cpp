@@ -312,6 +312,10 @@ static int cmd_prepro(const Args& args) {
     if (file_exists(stale)) {
         fprintf(stderr, "warning: '%s' and any later train shards are from an earlier run; delete them\n", stale.c_str());
     }
+    std::string stale_val = prepro_shard_path(args.output_dir, args.name, "val", 0);
+    if (args.val_tokens == 0 && file_exists(stale_val)) {
+        fprintf(stderr, "warning: '%s' is from an earlier run (this one has no val split)\n", stale_val.c_str());
+    }
     for (BpeEncoder& enc : encoders) bpe_encoder_free(&enc);
     bpe_tokenizer_free(&tok);
     return 0;
