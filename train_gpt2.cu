@@ -18,7 +18,6 @@ Run `./train_gpt2cu -h` for the flags.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -28,11 +27,13 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_config.h"
+#include "llmc/gpt2_init.h"
 #include "llmc/logger.h"
 #include "llmc/rand.h"
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer_file.h"
+#include "llmc/train_common.h"
 #include "llmc/utils.h"
 
 #include "llmc/cuda_common.cuh"
@@ -249,41 +250,10 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args) {
            model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0);
 }
 
-// GPT-2's initialization, the same draws in the same order as train_gpt2.cpp's gpt2_init_random(), so
-// a descriptor with a seed gives the same starting model on either trainer.
-std::vector<float> gpt2_random_parameters(const GPT2Config& cfg, unsigned seed) {
-    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
-    param_tensor_sizes(cfg, sizes);
-    param_tensor_offsets(cfg, offsets);
-    std::vector<float> params(num_parameters(cfg), 0.0f);
-    std::mt19937 rng(seed);
-    double residual_std = 0.02 / std::sqrt(2.0 * cfg.num_layers);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        float* tensor = params.data() + offsets[i];
-        if (i == P_LN1W || i == P_LN2W || i == P_LNFW) {
-            for (size_t j = 0; j < sizes[i]; j++) tensor[j] = 1.0f;
-        } else if (i == P_WTE) {
-            rand_normal_fill(tensor, (size_t)cfg.vocab_size * cfg.channels, 0.0, 0.02, rng);  // padded rows stay 0
-        } else if (i == P_ATTPROJW || i == P_FCPROJW) {
-            rand_normal_fill(tensor, sizes[i], 0.0, residual_std, rng);
-        } else if (param_tensor_is_decayed(i)) {  // wpe, qkvw, fcw
-            rand_normal_fill(tensor, sizes[i], 0.0, 0.02, rng);
-        }
-    }
-    return params;
-}
-
 // Builds the model from a checkpoint file, or (for a descriptor) from a random initialization.
 void gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args) {
     GPT2Config cfg;
-    std::vector<float> params;
-    if (config_from_descriptor(name.c_str(), &cfg)) {
-        params = gpt2_random_parameters(cfg, (unsigned)args.seed);
-    } else if (looks_like_descriptor(name.c_str())) {
-        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
-    } else {
-        model_file_read(name, &cfg, &params);
-    }
+    std::vector<float> params = gpt2_parameters_from_flag(name, (unsigned)args.seed, &cfg);
     gpt2_setup(model, cfg, args);
     gpt2_upload_parameters(model, params);
 }
@@ -513,14 +483,6 @@ double bf16_peak_flops(const cudaDeviceProp& prop) {
     return 0.0;
 }
 
-void print_token(const TokenizerFile* tok, int id) {
-    if (tok == nullptr) {
-        printf("%d ", id);
-        return;
-    }
-    for (unsigned char c : tokenizer_file_decode(*tok, id)) putchar(c < 32 && c != '\n' && c != '\t' ? '?' : c);
-}
-
 // Generates `count` tokens after end-of-text, each sampled from the model's distribution given the
 // tokens so far (at most the last T of them); the sampling itself is the CPU trainer's.
 void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, const TokenizerFile* tok) {
@@ -556,23 +518,15 @@ float validation_loss(GPT2* model, DataLoader* loader, int num_batches) {
     return (float)(sum / num_batches);
 }
 
+// One process: it writes the weights, its optimizer state (m, v and the master weights, from the
+// device) and then the DONE marker.
 void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
                      uint64_t sampler_rng, int grad_accum_steps) {
     std::vector<float> params = gpt2_download_parameters(model);
     model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
     size_t n = model->num_parameters;
-    TrainState state;
-    state.B = loader.B;
-    state.T = loader.T;
-    state.grad_accum_steps = grad_accum_steps;
-    state.step = step;
-    state.data_epoch = loader.position.epoch;
-    state.data_shard = loader.position.shard_index;
-    state.data_sample = loader.position.sample_index;
-    state.sampler_rng = sampler_rng;
-    state.num_parameters = (int64_t)n;
-    state.shard_offset = 0;
-    state.shard_length = (int64_t)n;
+    ProcessGroup single;
+    TrainState state = train_state_header(step, loader, sampler_rng, grad_accum_steps, single, n, 0, n);
     state.m.resize(n);
     state.v.resize(n);
     cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -586,36 +540,20 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
-// Restores optimizer state, step and data position from the state file of checkpoint `step`.
-// The master weights come from the state file when it has them (ours with -w 1); otherwise they
-// stay as loaded from the model file (a CPU trainer's checkpoint, whose model file is fp32).
+// Restores optimizer state, step and data position from the state file of checkpoint `step`
+// (train_state_restore checks that it belongs to this run). The master weights come from the state
+// file when it has them (ours with -w 1); otherwise they stay as loaded from the model file (a CPU
+// trainer's checkpoint, whose model file is fp32).
 void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
                 int grad_accum_steps) {
-    std::string path = checkpoint_state_path(dir, step, 0);
-    TrainState state;
-    state_file_read(path, &state);
     size_t n = model->num_parameters;
-    if (state.num_processes != 1 || state.shard_length != (int64_t)n || state.num_parameters != (int64_t)n) {
-        fatal("state file '%s' was written by %d process(es) for %ld parameters; this run is 1 process with %zu",
-              path.c_str(), state.num_processes, (long)state.num_parameters, n);
-    }
-    if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
-        fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
-              "(resume with the same -b, -t and -d)", path.c_str(), state.B, state.T, state.grad_accum_steps,
-              loader->B, loader->T, grad_accum_steps);
-    }
-    if (state.step != step) fatal("state file '%s' is for step %ld", path.c_str(), (long)state.step);
+    ProcessGroup single;
+    TrainState state = train_state_restore(dir, step, single, grad_accum_steps, n, 0, n, loader, sampler_rng);
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     if (model->master_memory && !state.master.empty()) {
         cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     }
-    DataPosition position;
-    position.epoch = state.data_epoch;
-    position.shard_index = state.data_shard;
-    position.sample_index = state.data_sample;
-    dataloader_seek(loader, position);
-    *sampler_rng = state.sampler_rng;
 }
 
 #ifndef TESTING
@@ -689,12 +627,8 @@ int main(int argc, char** argv) {
     scheduler.final_frac = args.final_lr_frac;
 
     TokenizerFile tokenizer;
-    bool have_tokenizer = tokenizer_file_read(args.tokenizer_path, &tokenizer);
-    int eot = have_tokenizer ? tokenizer.eot_token : 50256;
-    if (eot >= cfg.vocab_size) eot = cfg.vocab_size - 1;  // a small test vocabulary has no GPT-2 end-of-text
-    if (args.sample_every > 0 && !have_tokenizer) {
-        printf("samples print as token ids: no tokenizer file at %s (-tk)\n", args.tokenizer_path.c_str());
-    }
+    int eot;
+    bool have_tokenizer = load_sample_tokenizer(args, cfg, &tokenizer, &eot);
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     uint64_t sampler_rng = 1337;
@@ -707,16 +641,15 @@ int main(int argc, char** argv) {
     int start_step = resume_step >= 0 ? resume_step : 0;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
-        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+        if (is_val_step(args, step, max_steps)) {
             float val_loss = validation_loss(&model, &val_loader, args.val_batches);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
-        // a checkpoint saves the sampler's state before this step's sample, so a resumed run repeats it
-        if (args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || last)) {
+        if (is_checkpoint_step(args, step, start_step, max_steps)) {
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps);
         }
-        if (args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || last)) {
+        if (is_sample_step(args, step, max_steps)) {
             generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;
