@@ -20,6 +20,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -189,7 +190,10 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     s->shard_length = wide[7];
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
         s->grad_accum_steps < 1 || (has_master != 0 && has_master != 1) || s->step < 0 || s->num_parameters < 1 ||
-        s->shard_offset < 0 || s->shard_length < 0 || s->shard_offset + s->shard_length > s->num_parameters + s->num_processes) {
+        s->num_parameters > ((int64_t)1 << 40) ||  // bounds the sizes below, so no byte count can overflow
+        s->shard_offset < 0 || s->shard_length < 0 || s->shard_offset > s->num_parameters + s->num_processes ||
+        s->shard_length > s->num_parameters + s->num_processes ||
+        s->shard_offset + s->shard_length > s->num_parameters + s->num_processes) {
         fatal("%s '%s' has an inconsistent header (corrupt?)", what, path.c_str());
     }
     long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * (2 + has_master);
@@ -242,8 +246,8 @@ inline int64_t checkpoint_find_latest(const std::string& dir) {
         long step;
         char rest;
         // exactly "DONE_" followed by digits and nothing else
-        if (strncmp(entry->d_name, "DONE_", 5) == 0 && sscanf(entry->d_name + 5, "%ld%c", &step, &rest) == 1 &&
-            step >= 0 && step > latest) {
+        if (strncmp(entry->d_name, "DONE_", 5) == 0 && isdigit((unsigned char)entry->d_name[5]) &&
+            sscanf(entry->d_name + 5, "%ld%c", &step, &rest) == 1 && step > latest) {
             latest = step;
         }
     }

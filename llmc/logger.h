@@ -42,6 +42,8 @@ inline void log_truncate_from_step(const std::string& path, long step) {
         if (log_line_step(line) < step) kept.push_back(line);
         line.clear();
     }
+    // a last line without its newline: kept (with one, so the next append starts a new line) if below `step`
+    if (!line.empty() && log_line_step(line) < step) kept.push_back(line + "\n");
     fcloseCheck(in);
     AtomicFile out = atomic_open(path);
     for (const std::string& l : kept) fwriteCheck(l.data(), 1, l.size(), out.fp);

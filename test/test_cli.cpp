@@ -1,0 +1,419 @@
+// The trainer's command line (llmc/args.h), learning-rate schedules (llmc/schedulers.h) and log
+// truncation on resume (llmc/logger.h).
+//
+// Flag errors are checked on the built trainer (GPT2_ROOT/train_gpt2, which `make test` builds before
+// this binary runs): each bad command line must exit non-zero with a message naming the flag. The
+// errors that need a model or data run against a tiny checkpoint and tiny shards, and the same
+// command line without the fault is run once and must succeed, so each failure is due to its fault.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "../llmc/args.h"
+#include "../llmc/checkpoint.h"
+#include "../llmc/dataloader.h"
+#include "../llmc/logger.h"
+#include "../llmc/schedulers.h"
+#include "test_helpers.h"
+
+namespace {
+
+// Runs the trainer; a command line it wrongly accepts would start training a default-sized model, so
+// the run is cut off after 120 s (exit code 124, which fails every check here).
+test::CommandResult run_trainer(const std::string& args) {
+    return test::run_command("cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 ./train_gpt2 " + args);
+}
+
+struct Refusal {
+    std::string args;     // the trainer's command line (shell words)
+    std::string pattern;  // ECMAScript regex its output must match
+};
+
+// Expects the trainer to refuse each command line: exit code 1 and output matching the pattern. The
+// commands run concurrently (each one's start-up is mostly waiting), outputs in build/test_tmp/NAME.
+void expect_refused_all(const std::string& name, const std::vector<Refusal>& cases) {
+    std::string dir = test::scratch_dir(name);
+    std::string script = "cd '" + test::root() + "' && { ";
+    for (size_t i = 0; i < cases.size(); i++) {
+        std::string out = dir + "/out_" + std::to_string(i), rc = dir + "/rc_" + std::to_string(i);
+        script += "( OMP_NUM_THREADS=1 timeout 120 ./train_gpt2 " + cases[i].args + " > '" + out + "' 2>&1; echo $? > '" +
+                  rc + "' ) & ";
+    }
+    script += "wait; }";
+    test::CommandResult all = test::run_command(script);
+    ASSERT_EQ(all.exit_code, 0) << all.output;
+    for (size_t i = 0; i < cases.size(); i++) {
+        std::string output = test::read_text(dir + "/out_" + std::to_string(i));
+        int exit_code = atoi(test::read_text(dir + "/rc_" + std::to_string(i)).c_str());
+        EXPECT_EQ(exit_code, 1) << "train_gpt2 " << cases[i].args << "\n" << output;
+        EXPECT_TRUE(std::regex_search(output, std::regex(cases[i].pattern)))
+            << "train_gpt2 " << cases[i].args << "\nexpected output matching: " << cases[i].pattern << "\ngot:\n"
+            << output;
+    }
+}
+
+// A tiny model checkpoint and tiny shards: maxT 16, V 64 (Vp 128), 1 layer, 2 heads, 8 channels;
+// 401 train tokens (25 batches of B*T = 16) and 97 val tokens (6 batches).
+struct TinyRun {
+    std::string dir, model, train, val;
+    std::string args() const {  // a complete command line that trains one step
+        return "-e '" + model + "' -i '" + train + "' -j '" + val + "' -b 2 -t 8 -x 1 -v 1 -m 2 -s 0";
+    }
+};
+
+TinyRun make_tiny_run(const std::string& name) {
+    TinyRun run;
+    run.dir = test::scratch_dir(name);
+    GPT2Config cfg{16, 64, 128, 1, 2, 8};  // maxT, V, Vp, L, NH, C
+    std::vector<float> params(num_parameters(cfg));
+    std::mt19937 rng(5);
+    rand_normal_fill(params.data(), params.size(), 0.0, 0.02, rng);
+    run.model = run.dir + "/model.bin";
+    model_file_write(run.model, cfg, params.data(), MODEL_VERSION_FP32);
+    std::vector<uint16_t> tokens(401);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint16_t)(i * 7 % 64);
+    shard_write(run.dir + "/tiny_train_000001.bin", tokens.data(), 401);
+    shard_write(run.dir + "/tiny_val_000000.bin", tokens.data(), 97);
+    run.train = run.dir + "/tiny_train_*.bin";
+    run.val = run.dir + "/tiny_val_*.bin";
+    return run;
+}
+
+// Parses a command line in-process (argv[0] is added).
+TrainArgs parse(std::vector<std::string> words, bool cuda = false) {
+    words.insert(words.begin(), "train_gpt2");
+    std::vector<char*> argv;
+    for (std::string& w : words) argv.push_back(&w[0]);
+    TrainArgs args;
+    parse_args((int)argv.size(), argv.data(), &args, cuda);
+    return args;
+}
+
+// The schedule formulas of schedulers.h, written out again in double.
+double lr_formula(const std::string& type, double lr, int W, int max_steps, double frac, int s) {
+    double floor_lr = frac * lr;
+    if (s < W) return lr * (s + 1) / W;
+    double r = (double)(s - W) / (max_steps - W);
+    if (type == "cosine") return floor_lr + (lr - floor_lr) * 0.5 * (1 + std::cos(M_PI * r));
+    if (type == "linear") return lr - (lr - floor_lr) * r;
+    if (type == "constant") return lr;
+    int D = std::max(W, (int)std::floor(0.8 * max_steps));  // wsd
+    if (s < D) return lr;
+    return floor_lr + (lr - floor_lr) * (1 - std::sqrt((double)(s - D) / (max_steps - D)));
+}
+
+LRScheduler make_scheduler(const std::string& type, double lr, int W, int max_steps, double frac) {
+    LRScheduler s;
+    EXPECT_TRUE(parse_lr_schedule(type.c_str(), &s.type)) << type;
+    s.learning_rate = lr;
+    s.warmup_steps = W;
+    s.max_steps = max_steps;
+    s.final_frac = frac;
+    return s;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+    FILE* fp = fopenCheck(path.c_str(), "wb");
+    fwriteCheck(text.data(), 1, text.size(), fp);
+    fcloseCheck(fp);
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// the trainer binary
+
+TEST(CliTrainer, BinaryIsBuilt) {
+    ASSERT_TRUE(file_exists(test::root() + "/train_gpt2")) << "build it first: make train_gpt2 (make test does)";
+}
+
+TEST(CliTrainer, HelpListsEveryFlag) {
+    test::CommandResult r = run_trainer("-h");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const char* flag : {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
+                             "-m", "-s", "-g", "-n", "-y", "-a", "-sh"}) {
+        // each flag starts its own line of the usage, followed by a space (so "-s" is not found in "-sh")
+        EXPECT_NE(r.output.find(std::string("\n  ") + flag + " "), std::string::npos) << "-h does not list " << flag;
+    }
+    // the CUDA-only flags are not offered by the CPU trainer
+    EXPECT_EQ(r.output.find("\n  -r "), std::string::npos);
+    EXPECT_EQ(r.output.find("\n  -w "), std::string::npos);
+    EXPECT_EQ(run_trainer("--help").exit_code, 0);
+}
+
+TEST(CliTrainer, RefusesBadValues) {
+    expect_refused_all("cli_bad_values", {
+        // not numbers, or numbers with trailing characters
+        {"-b abc", "flag -b: 'abc' is not an integer"},
+        {"-b 4x", "flag -b: '4x' is not an integer"},
+        {"-b 2.5", "flag -b: '2.5' is not an integer"},
+        {"-x ''", "flag -x: '' is not an integer"},
+        {"-l 0.1x", "flag -l: '0.1x' is not a number"},
+        {"-l nan", "flag -l: 'nan' is not a number"},
+        {"-q inf", "flag -q: 'inf' is not a number"},
+        {"-d 99999999999999999999999", "flag -d: '9+' is not an integer"},  // overflows int64
+        // out of range
+        {"-b 0", "flag -b: 0 is outside the allowed range 1 \\.\\. "},
+        {"-b 5000000000", "flag -b: 5000000000 is outside the allowed range"},  // beyond int
+        {"-q 1.5", "flag -q: 1.5 is outside the allowed range 0 \\.\\. 1"},
+        {"-y 2", "flag -y: 2 is outside the allowed range 0 \\.\\. 1"},
+        {"-sh 3", "flag -sh: 3 is outside the allowed range 0 \\.\\. 1"},
+        {"-l -1", "flag -l: -1 is outside the allowed range 0 \\.\\. "},
+        {"-a -1", "flag -a: -1 is outside the allowed range"},
+        {"-d 0", "flag -d: total batch must be -1 or positive"},
+        {"-x 0", "flag -x: max steps must be -1 or positive"},
+        {"-i ''", "flag -i: empty value"},
+    });
+}
+
+TEST(CliTrainer, RefusesBadFlagsAndCombinations) {
+    expect_refused_all("cli_bad_flags", {
+        {"-Q 1", "unknown flag '-Q'"},
+        {"-b 4 --batch 4", "unknown flag '--batch'"},
+        {"-w 1", "unknown flag '-w'"},  // CUDA only
+        {"-b", "flag -b needs a value"},
+        {"-t 64 -sh", "flag -sh needs a value"},
+        {"-k step", "flag -k: unknown schedule 'step'"},
+        {"-e d13", "flag -e: unknown model descriptor 'd13'"},
+        {"-n 10", "flag -n needs an output directory \\(-o\\)"},
+        {"-y 1", "flag -y 1 needs the output directory \\(-o\\)"},
+    });
+}
+
+TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
+    TinyRun run = make_tiny_run("cli_tiny");
+    // the unchanged command line trains
+    test::CommandResult ok = run_trainer(run.args());
+    ASSERT_EQ(ok.exit_code, 0) << ok.output;
+    std::string missing_train = run.dir + "/nothing_train_*.bin", missing_val = run.dir + "/nothing_val_*.bin";
+    expect_refused_all("cli_bad_fit", {
+        // -t above the model's maxT (d6: 1024; the tiny model: 16)
+        {"-e d6 -t 1025", "flag -t: sequence length 1025 exceeds the model's maximum 1024"},
+        {run.args() + " -t 17", "flag -t: sequence length 17 exceeds the model's maximum 16"},
+        // -d not a multiple of B*T = 16
+        {run.args() + " -d 24", "flag -d: total batch 24 tokens is not a multiple of B\\*T\\*processes"},
+        // a data glob that matches nothing: the message names the pattern
+        {run.args() + " -i '" + missing_train + "'", "no file matches '.*nothing_train_\\*\\.bin'"},
+        {run.args() + " -j '" + missing_val + "'", "no file matches '.*nothing_val_\\*\\.bin'"},
+        // more val batches than the val set holds (6 of B=2 x T=8)
+        {run.args() + " -m 7", "flag -m: 7 val batches requested but the val data .* holds only 6"},
+    });
+}
+
+// ----------------------------------------------------------------------------
+// parse_args in-process
+
+TEST(CliParse, DefaultsWithoutFlags) {
+    TrainArgs a = parse({});
+    TrainArgs defaults;
+    EXPECT_EQ(a.B, defaults.B);
+    EXPECT_EQ(a.T, defaults.T);
+    EXPECT_EQ(a.model, "d12");
+    EXPECT_EQ(a.schedule, "cosine");
+    EXPECT_EQ(a.total_batch_tokens, -1);
+    EXPECT_EQ(a.resume, 0);
+    EXPECT_EQ(a.shuffle, 1);
+}
+
+TEST(CliParse, SetsEveryField) {
+    TrainArgs a = parse({"-i", "tr_*.bin", "-j", "va_*.bin", "-e", "d6", "-o", "out", "-b", "8", "-t", "128",
+                         "-d", "8192", "-x", "100", "-l", "6e-4", "-u", "10", "-q", "0.1", "-k", "wsd", "-c",
+                         "0.1", "-v", "5", "-m", "3", "-s", "0", "-g", "32", "-n", "50", "-y", "1", "-a", "1",
+                         "-sh", "0", "-sd", "7", "-tk", "tok.bin"});
+    EXPECT_EQ(a.train_pattern, "tr_*.bin");
+    EXPECT_EQ(a.val_pattern, "va_*.bin");
+    EXPECT_EQ(a.model, "d6");
+    EXPECT_EQ(a.output_dir, "out");
+    EXPECT_EQ(a.B, 8);
+    EXPECT_EQ(a.T, 128);
+    EXPECT_EQ(a.total_batch_tokens, 8192);
+    EXPECT_EQ(a.max_steps, 100);
+    EXPECT_FLOAT_EQ(a.learning_rate, 6e-4f);
+    EXPECT_EQ(a.warmup_steps, 10);
+    EXPECT_FLOAT_EQ(a.final_lr_frac, 0.1f);
+    EXPECT_EQ(a.schedule, "wsd");
+    EXPECT_FLOAT_EQ(a.weight_decay, 0.1f);
+    EXPECT_EQ(a.val_every, 5);
+    EXPECT_EQ(a.val_batches, 3);
+    EXPECT_EQ(a.sample_every, 0);
+    EXPECT_EQ(a.gen_tokens, 32);
+    EXPECT_EQ(a.checkpoint_every, 50);
+    EXPECT_EQ(a.resume, 1);
+    EXPECT_EQ(a.overfit_single_batch, 1);
+    EXPECT_EQ(a.shuffle, 0);
+    EXPECT_EQ(a.seed, 7);
+    EXPECT_EQ(a.tokenizer_path, "tok.bin");
+}
+
+TEST(CliParse, RangeEdgesAndRepeats) {
+    TrainArgs a = parse({"-d", "-1", "-x", "-1", "-l", "0", "-q", "1", "-b", "1", "-b", "3", "-k", "linear"});
+    EXPECT_EQ(a.total_batch_tokens, -1);
+    EXPECT_EQ(a.max_steps, -1);
+    EXPECT_EQ(a.learning_rate, 0.0f);
+    EXPECT_EQ(a.final_lr_frac, 1.0f);
+    EXPECT_EQ(a.B, 3);  // the last of a repeated flag wins
+    EXPECT_EQ(a.schedule, "linear");
+    TrainArgs big = parse({"-d", "1000000000000"});  // a long, beyond int
+    EXPECT_EQ(big.total_batch_tokens, 1000000000000L);
+    // the CUDA trainer's own flags parse only there
+    TrainArgs cuda = parse({"-r", "2", "-w", "0"}, true);
+    EXPECT_EQ(cuda.recompute, 2);
+    EXPECT_EQ(cuda.master_weights, 0);
+    EXPECT_EXIT(parse({"-r", "1"}), testing::ExitedWithCode(1), "unknown flag '-r'");
+}
+
+TEST(CliParse, BatchArgsAgainstModel) {
+    GPT2Config cfg{16, 64, 128, 1, 2, 8};
+    TrainArgs a = parse({"-b", "2", "-t", "8", "-d", "64"});
+    EXPECT_EQ(validate_batch_args(a, cfg, 1), 4);  // 64 / (2*8)
+    EXPECT_EQ(validate_batch_args(a, cfg, 2), 2);  // 64 / (2*8*2)
+    EXPECT_EXIT(validate_batch_args(a, cfg, 3), testing::ExitedWithCode(1),
+                "flag -d: total batch 64 tokens is not a multiple of B\\*T\\*processes = 2\\*8\\*3 = 48");
+    TrainArgs one = parse({"-b", "2", "-t", "16"});
+    EXPECT_EQ(validate_batch_args(one, cfg, 4), 1);  // -d -1: one micro-batch per step
+    TrainArgs long_t = parse({"-t", "17"});
+    EXPECT_EXIT(validate_batch_args(long_t, cfg, 1), testing::ExitedWithCode(1),
+                "flag -t: sequence length 17 exceeds the model's maximum 16");
+}
+
+// ----------------------------------------------------------------------------
+// learning-rate schedules
+
+TEST(CliSchedule, MatchesFormulas) {
+    // tolerance: lr_at_step computes in double and returns float, so it is within one float rounding
+    // (relative 6e-8) of the double formula; 1e-6 relative leaves room and still catches any formula error
+    const char* types[] = {"cosine", "linear", "constant", "wsd"};
+    struct Case { double lr; int W, max_steps; double frac; };
+    const Case cases[] = {{6e-4, 10, 110, 0.1}, {1.0, 0, 50, 0.0}, {3e-4, 7, 23, 0.5}, {1e-3, 100, 100000, 0.0}};
+    for (const char* type : types) {
+        for (const Case& c : cases) {
+            LRScheduler s = make_scheduler(type, c.lr, c.W, c.max_steps, c.frac);
+            for (int step : {0, 1, c.W / 2, c.W - 1, c.W, c.W + 1, c.max_steps / 2, (int)(0.8 * c.max_steps) - 1,
+                             (int)(0.8 * c.max_steps), (int)(0.8 * c.max_steps) + 1, c.max_steps - 2, c.max_steps - 1}) {
+                if (step < 0) continue;
+                double want = lr_formula(type, c.lr, c.W, c.max_steps, c.frac, step);
+                EXPECT_NEAR(lr_at_step(s, step), want, 1e-6 * c.lr) << type << " step " << step << " W " << c.W;
+            }
+        }
+    }
+}
+
+TEST(CliSchedule, HandComputedValues) {
+    // lr 1, warmup 10, 110 steps, floor 0.1: r = (s - 10) / 100; wsd decays from D = 88 over 22 steps
+    const double tol = 1e-6;  // float rounding of values near 1
+    LRScheduler cosine = make_scheduler("cosine", 1.0, 10, 110, 0.1);
+    EXPECT_NEAR(lr_at_step(cosine, 0), 0.1, tol);    // warmup: (0 + 1) / 10
+    EXPECT_NEAR(lr_at_step(cosine, 4), 0.5, tol);
+    EXPECT_NEAR(lr_at_step(cosine, 9), 1.0, tol);    // warmup ends at the full rate
+    EXPECT_NEAR(lr_at_step(cosine, 10), 1.0, tol);   // r = 0
+    EXPECT_NEAR(lr_at_step(cosine, 60), 0.55, tol);  // r = 0.5: halfway between 1 and 0.1
+    EXPECT_NEAR(lr_at_step(cosine, 109), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.99)), tol);
+    LRScheduler linear = make_scheduler("linear", 1.0, 10, 110, 0.1);
+    EXPECT_NEAR(lr_at_step(linear, 35), 1.0 - 0.9 * 0.25, tol);
+    EXPECT_NEAR(lr_at_step(linear, 109), 1.0 - 0.9 * 0.99, tol);
+    LRScheduler constant = make_scheduler("constant", 1.0, 10, 110, 0.1);
+    EXPECT_NEAR(lr_at_step(constant, 4), 0.5, tol);  // warmup applies to every schedule
+    EXPECT_NEAR(lr_at_step(constant, 109), 1.0, tol);
+    LRScheduler wsd = make_scheduler("wsd", 1.0, 10, 110, 0.1);
+    EXPECT_NEAR(lr_at_step(wsd, 4), 0.5, tol);
+    EXPECT_NEAR(lr_at_step(wsd, 87), 1.0, tol);  // stable
+    EXPECT_NEAR(lr_at_step(wsd, 88), 1.0, tol);  // decay starts at sqrt(0)
+    EXPECT_NEAR(lr_at_step(wsd, 99), 0.1 + 0.9 * (1 - std::sqrt(0.5)), tol);
+    // warmup longer than 80% of the run: the decay starts after the warmup
+    LRScheduler wsd_long = make_scheduler("wsd", 1.0, 90, 100, 0.0);
+    EXPECT_NEAR(lr_at_step(wsd_long, 89), 1.0, tol);
+    EXPECT_NEAR(lr_at_step(wsd_long, 90), 1.0, tol);
+    EXPECT_NEAR(lr_at_step(wsd_long, 95), 1 - std::sqrt(0.5), tol);
+
+    LRSchedule unused;
+    EXPECT_FALSE(parse_lr_schedule("Cosine", &unused));
+    EXPECT_FALSE(parse_lr_schedule("", &unused));
+}
+
+TEST(CliSchedule, FinalFracOneWithoutWarmupIsConstant) {
+    for (const char* type : {"cosine", "linear", "constant", "wsd"}) {
+        LRScheduler s = make_scheduler(type, 3e-4, 0, 37, 1.0);
+        int off = 0;
+        for (int step = 0; step < 37; step++) off += lr_at_step(s, step) != 3e-4f;  // exactly the rate
+        EXPECT_EQ(off, 0) << type;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// logs on resume
+
+TEST(CliLogger, TruncateKeepsStepsBelow) {
+    std::string dir = test::scratch_dir("cli_logger_truncate");
+    std::string main_log = "s:0 trl:5.5 lr:0.1 norm:1\ns:0 tel:5.6\ns:1 trl:5.4 lr:0.1 norm:1\n"
+                           "s:2 trl:5.3 lr:0.1 norm:1\ns:2 tel:5.2\ns:10 trl:5.0 lr:0.1 norm:1\n";
+    std::string metrics = "{\"step\": 0, \"train_loss\": 5.5}\n{\"step\": 0, \"val_loss\": 5.6}\n"
+                          "{\"step\": 1, \"train_loss\": 5.4}\n{\"step\": 2, \"train_loss\": 5.3}\n"
+                          "{\"step\": 10, \"train_loss\": 5.0}\n";
+    write_text(dir + "/main.log", main_log);
+    write_text(dir + "/metrics.jsonl", metrics);
+    log_truncate_from_step(dir + "/main.log", 2);
+    log_truncate_from_step(dir + "/metrics.jsonl", 2);
+    EXPECT_EQ(test::read_text(dir + "/main.log"), "s:0 trl:5.5 lr:0.1 norm:1\ns:0 tel:5.6\ns:1 trl:5.4 lr:0.1 norm:1\n");
+    EXPECT_EQ(test::read_text(dir + "/metrics.jsonl"),
+              "{\"step\": 0, \"train_loss\": 5.5}\n{\"step\": 0, \"val_loss\": 5.6}\n{\"step\": 1, \"train_loss\": 5.4}\n");
+    // step 10 is not step 1 (no prefix matching)
+    write_text(dir + "/main.log", main_log);
+    log_truncate_from_step(dir + "/main.log", 10);
+    EXPECT_EQ(test::read_text(dir + "/main.log"), main_log.substr(0, main_log.find("s:10")));
+    // from step 0 nothing is kept; a missing file stays missing
+    log_truncate_from_step(dir + "/main.log", 0);
+    EXPECT_EQ(test::read_text(dir + "/main.log"), "");
+    log_truncate_from_step(dir + "/absent.log", 3);
+    EXPECT_FALSE(file_exists(dir + "/absent.log"));
+}
+
+TEST(CliLogger, TruncateHandlesLongLinesAndNoFinalNewline) {
+    std::string dir = test::scratch_dir("cli_logger_newline");
+    // a line longer than the reader's 4096-byte buffer is one line
+    std::string long_line = "{\"step\": 1, \"note\": \"" + std::string(10000, 'x') + "\"}\n";
+    write_text(dir + "/metrics.jsonl", "{\"step\": 0}\n" + long_line + "{\"step\": 3}\n");
+    log_truncate_from_step(dir + "/metrics.jsonl", 2);
+    EXPECT_EQ(test::read_text(dir + "/metrics.jsonl"), "{\"step\": 0}\n" + long_line);
+
+    // no newline after the last line: a kept last line stays, and what is appended next starts its own line
+    for (const char* name : {"main.log", "metrics.jsonl"}) {
+        bool json = std::string(name) == "metrics.jsonl";
+        std::string l0 = json ? "{\"step\": 0, \"train_loss\": 5.5}" : "s:0 trl:5.5 lr:0.1 norm:1";
+        std::string l1 = json ? "{\"step\": 1, \"train_loss\": 5.4}" : "s:1 trl:5.4 lr:0.1 norm:1";
+        std::string l5 = json ? "{\"step\": 5, \"train_loss\": 5.0}" : "s:5 trl:5.0 lr:0.1 norm:1";
+        std::string path = dir + "/" + name;
+        write_text(path, l0 + "\n" + l1);  // last line kept
+        log_truncate_from_step(path, 2);
+        EXPECT_EQ(test::read_text(path), l0 + "\n" + l1 + "\n") << name;
+        write_text(path, l0 + "\n" + l5);  // last line dropped
+        log_truncate_from_step(path, 2);
+        EXPECT_EQ(test::read_text(path), l0 + "\n") << name;
+        write_text(path, l1);              // a single line, no newline
+        log_truncate_from_step(path, 2);
+        EXPECT_EQ(test::read_text(path), l1 + "\n") << name;
+    }
+}
+
+TEST(CliLogger, ResumedRunAppendsAfterItsCheckpoint) {
+    std::string dir = test::scratch_dir("cli_logger_resume");
+    Logger logger;
+    logger_open(&logger, dir, -1);
+    for (int step = 0; step < 5; step++) logger_log_train(&logger, step, 5.0f - step, 0.1f, 1.0f, 10.0, 100.0);
+    logger_log_val(&logger, 4, 3.5f);
+    logger_close(&logger);
+    logger_open(&logger, dir, 3);  // resumed from the checkpoint at step 3: steps 3 and 4 are redone
+    logger_log_train(&logger, 3, 7.0f, 0.1f, 1.0f, 10.0, 100.0);
+    logger_close(&logger);
+    EXPECT_EQ(test::read_text(dir + "/main.log"),
+              "s:0 trl:5 lr:0.1 norm:1\ns:1 trl:4 lr:0.1 norm:1\ns:2 trl:3 lr:0.1 norm:1\ns:3 trl:7 lr:0.1 norm:1\n");
+    EXPECT_EQ(test::jsonl_values(dir + "/metrics.jsonl", "train_loss"), (std::vector<double>{5, 4, 3, 7}));
+    EXPECT_TRUE(test::jsonl_values(dir + "/metrics.jsonl", "val_loss").empty());
+    // a fresh run (no resume) starts the logs empty
+    logger_open(&logger, dir, -1);
+    logger_close(&logger);
+    EXPECT_EQ(test::read_text(dir + "/main.log"), "");
+}
