@@ -17,8 +17,8 @@ void crossentropy_forward(Real* losses,       // (N)
         const Real* row = logits + (size_t)n * Vp;
         Real maxval = row[0];
         for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
-        double sum = 0.0;
-        for (int v = 0; v < V; v++) sum += std::exp((double)(row[v] - maxval));
+        double sum = 0.0;  // exponentials in Real precision, their sum in double
+        for (int v = 0; v < V; v++) sum += std::exp(row[v] - maxval);
         losses[n] = (Real)(std::log(sum) + maxval - row[targets[n]]);
     }
 }
@@ -35,10 +35,14 @@ void crossentropy_softmax_backward(Real* dlogits,      // (N, Vp)
         Real* drow = dlogits + (size_t)n * Vp;
         Real maxval = row[0];
         for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+        // each exponential once: store it, sum it (in double), then scale the row
         double sum = 0.0;
-        for (int v = 0; v < V; v++) sum += std::exp((double)(row[v] - maxval));
-        Real inv_sum = (Real)(1.0 / sum);
-        for (int v = 0; v < V; v++) drow[v] = std::exp(row[v] - maxval) * inv_sum * dloss;
+        for (int v = 0; v < V; v++) {
+            drow[v] = std::exp(row[v] - maxval);
+            sum += drow[v];
+        }
+        Real scale = (Real)(dloss / sum);
+        for (int v = 0; v < V; v++) drow[v] *= scale;
         drow[targets[n]] -= dloss;
         for (int v = V; v < Vp; v++) drow[v] = 0;
     }
