@@ -1,0 +1,676 @@
+#!/usr/bin/env python3
+"""PyTorch oracle for the GPT-2 trainer: the reference the C++/CUDA code is tested against.
+
+It is written from the model spec (doc: shared/FORMATS.md), not from the C++ sources; autograd does
+every backward pass, so a disagreement with the C++ points at the C++ (or at the spec).
+
+What it writes into --out DIR:
+  model.bin   the initial parameters, checkpoint version 3 (fp32)
+  state.bin   a debug test state for sample 0 of the shard: inputs, targets, logits (B,T,V), loss,
+              and the gradients of the 16 parameter tensors (version 2, same layout as llm.c's)
+  train.bin   with --data-tokens N: a synthetic data shard the run (and the C++) trains on
+  run.json    with --steps S: per-step loss, learning rate and gradient norm of an AdamW run
+  final.bin   with --steps S: the parameters after S updates (version 3)
+
+Other modes: --check-grads compares autograd with central finite differences (float64);
+--bench N prints `oracle_ms_per_step <ms>` for N training steps (optionally on CUDA).
+
+Examples (always run with /usr/bin/python3, the interpreter that sees torch):
+  /usr/bin/python3 test/oracle/gpt2_oracle.py --out /tmp/or --layers 2 --channels 64 --heads 4 \\
+      --max-seq-len 32 --vocab 300 -b 2 -t 16 --data-tokens 4096 --steps 10 --lr 1e-3
+  /usr/bin/python3 test/oracle/gpt2_oracle.py --check-grads
+  /usr/bin/python3 test/oracle/gpt2_oracle.py --model d12 -b 4 -t 64 --bench 5 --threads 2
+
+Errors in flags or input files print one line to stderr and exit with status 2.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+# numpy and torch are imported in main(), after --threads has set the thread pools' variables;
+# a script that imports this module must set gpt2_oracle.torch, .F and .np itself.
+
+# ---------------------------------------------------------------------------------------------------
+# constants of the file formats and of the training recipe
+
+HEADER_INTS = 256                 # every file starts with 256 little-endian int32
+MODEL_MAGIC = 20240326            # version 3: fp32 tensors, version 5: bf16 tensors
+STATE_MAGIC, STATE_VERSION = 20240327, 2
+SHARD_MAGIC, SHARD_VERSION = 20240520, 1
+
+PARAM_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
+DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"}   # 2-D weights get weight decay
+
+MODEL_PRESETS = {   # name: (layers, channels, heads); all have maxT 1024, V 50257
+    "d6": (6, 384, 6), "d12": (12, 768, 12), "d24": (24, 1024, 16),
+    "d36": (36, 1280, 20), "d48": (48, 1600, 25),
+}
+
+LN_EPS = 1e-5
+INIT_STD = 0.02
+BETA1, BETA2, ADAM_EPS = 0.9, 0.95, 1e-8
+GRAD_CLIP = 1.0
+
+
+class UsageError(Exception):
+    """A bad flag or input file: reported on stderr, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# command line (parsed before torch is imported, so --threads can reach OpenBLAS through its env var)
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="output directory (created if missing)")
+    g = ap.add_argument_group("model")
+    g.add_argument("--model", choices=sorted(MODEL_PRESETS), help="preset size (maxT 1024, V 50257)")
+    g.add_argument("--layers", type=int, help="L")
+    g.add_argument("--channels", type=int, help="C")
+    g.add_argument("--heads", type=int, help="NH")
+    g.add_argument("--max-seq-len", type=int, help="maxT")
+    g.add_argument("--vocab", type=int, help="V (padded to Vp, a multiple of 128)")
+    g.add_argument("--init-from", help="start from this checkpoint (version 3 or 5) instead of random init")
+    g.add_argument("--seed", type=int, default=0, help="seed of the parameter init and synthetic data")
+    g = ap.add_argument_group("batch and numerics")
+    g.add_argument("-b", "--batch-size", type=int, dest="B", help="micro-batch B (default 4)")
+    g.add_argument("-t", "--seq-len", type=int, dest="T", help="sequence length T (default min(64, maxT))")
+    g.add_argument("--dtype", choices=["float64", "float32"],
+                   help="compute dtype (default float64; float32 for --bench)")
+    g.add_argument("--threads", type=int, help="CPU threads for torch and OpenBLAS")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    g = ap.add_argument_group("data (one of)")
+    g.add_argument("--data-tokens", type=int, help="write DIR/train.bin with N synthetic tokens")
+    g.add_argument("--shard", help="read tokens from this existing data shard")
+    g = ap.add_argument_group("training run")
+    g.add_argument("--steps", type=int, default=0, help="AdamW steps (0: only model.bin and state.bin)")
+    g.add_argument("--lr", type=float, default=1e-4)
+    g.add_argument("--warmup", type=int, default=0, help="linear warm-up steps W")
+    g.add_argument("--final-frac", type=float, default=1.0, help="final lr as a fraction of --lr")
+    g.add_argument("--schedule", choices=["cosine", "linear", "constant", "wsd"], default="cosine")
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--accum", type=int, default=1, help="gradient accumulation micro-steps K")
+    g = ap.add_argument_group("other modes")
+    g.add_argument("--check-grads", action="store_true",
+                   help="compare autograd with finite differences (float64; tiny model by default)")
+    g.add_argument("--bench", type=int, metavar="N", help="time N training steps, print ms/step, exit")
+    g.add_argument("--bf16", action="store_true", help="bench on cuda: torch.autocast bf16")
+    g.add_argument("--compile", action="store_true", help="bench on cuda: torch.compile the loss")
+    g.add_argument("--sdpa", action="store_true", help="bench on cuda: F.scaled_dot_product_attention")
+    return ap.parse_args(argv)
+
+
+class Config:
+    """Model shape. Vp is V rounded up to a multiple of 128 unless a checkpoint says otherwise."""
+
+    def __init__(self, maxT, V, L, NH, C, Vp=None):
+        self.maxT, self.V, self.L, self.NH, self.C = maxT, V, L, NH, C
+        self.Vp = Vp if Vp is not None else (V + 127) // 128 * 128
+
+    def shapes(self):
+        L, C, maxT, Vp = self.L, self.C, self.maxT, self.Vp
+        return [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
+                (L, C), (L, C), (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
+
+    def num_params(self):
+        return sum(math.prod(s) for s in self.shapes())
+
+    def as_dict(self):
+        return {"maxT": self.maxT, "V": self.V, "Vp": self.Vp, "L": self.L, "NH": self.NH, "C": self.C}
+
+    def __str__(self):
+        return (f"L={self.L} C={self.C} NH={self.NH} maxT={self.maxT} V={self.V} Vp={self.Vp} "
+                f"params={self.num_params():,}")
+
+
+def check_config(cfg):
+    if min(cfg.L, cfg.C, cfg.NH, cfg.maxT, cfg.V) < 1:
+        raise UsageError("layers, channels, heads, max-seq-len and vocab must all be >= 1")
+    if cfg.C % cfg.NH:
+        raise UsageError(f"channels ({cfg.C}) must be divisible by heads ({cfg.NH})")
+    if cfg.Vp < cfg.V:
+        raise UsageError(f"padded vocab {cfg.Vp} is smaller than vocab {cfg.V}")
+
+
+def config_from_args(args, default_tiny):
+    """The model shape from --model or the five explicit flags (or a tiny default for --check-grads)."""
+    explicit = [args.layers, args.channels, args.heads, args.max_seq_len, args.vocab]
+    if args.model and any(x is not None for x in explicit):
+        raise UsageError("give either --model or --layers/--channels/--heads/--max-seq-len/--vocab, not both")
+    if args.model:
+        L, C, NH = MODEL_PRESETS[args.model]
+        cfg = Config(1024, 50257, L, NH, C)
+    elif all(x is not None for x in explicit):
+        cfg = Config(args.max_seq_len, args.vocab, args.layers, args.heads, args.channels)
+    elif all(x is None for x in explicit) and default_tiny:
+        cfg = Config(16, 100, 2, 4, 32)
+    else:
+        raise UsageError("model shape needed: --model dN, or all of --layers --channels --heads "
+                         "--max-seq-len --vocab, or --init-from FILE")
+    check_config(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------------
+# file formats (all little-endian; header of 256 int32; numpy does the byte work)
+
+def write_header(f, values):
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:len(values)] = values
+    f.write(header.tobytes())
+
+
+def write_f32(f, tensor):
+    array = tensor.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    f.write(memoryview(array).cast("B"))
+
+
+def read_header(path, what):
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_INTS * 4)
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}")
+    if len(raw) < HEADER_INTS * 4:
+        raise UsageError(f"{what} {path}: {size} bytes, shorter than the 1024-byte header")
+    return np.frombuffer(raw, dtype="<i4"), size
+
+
+def write_model(path, cfg, params):
+    """Checkpoint version 3: header then the 16 tensors in fp32."""
+    with open(path, "wb") as f:
+        write_header(f, [MODEL_MAGIC, 3, cfg.maxT, cfg.V, cfg.L, cfg.NH, cfg.C, cfg.Vp])
+        for p in params:
+            write_f32(f, p)
+
+
+def read_model(path):
+    """Checkpoint version 3 (fp32) or 5 (bf16, upcast exactly to fp32). Returns (cfg, fp32 tensors)."""
+    h, size = read_header(path, "checkpoint")
+    if h[0] != MODEL_MAGIC:
+        raise UsageError(f"checkpoint {path}: magic {h[0]}, expected {MODEL_MAGIC}")
+    if h[1] not in (3, 5):
+        raise UsageError(f"checkpoint {path}: version {h[1]}, expected 3 (fp32) or 5 (bf16)")
+    cfg = Config(int(h[2]), int(h[3]), int(h[4]), int(h[5]), int(h[6]), int(h[7]))
+    try:
+        check_config(cfg)
+    except UsageError as e:
+        raise UsageError(f"checkpoint {path}: bad header ({e})")
+    elem = 4 if h[1] == 3 else 2
+    expected = HEADER_INTS * 4 + cfg.num_params() * elem
+    if size != expected:
+        raise UsageError(f"checkpoint {path}: {size} bytes, but the header ({cfg}, version {h[1]}) "
+                         f"implies {expected}")
+    if h[1] == 3:
+        flat = np.fromfile(path, dtype="<f4", offset=HEADER_INTS * 4).astype(np.float32)
+    else:   # bf16 is the top half of an fp32: shift the bits up 16
+        bits = np.fromfile(path, dtype="<u2", offset=HEADER_INTS * 4).astype(np.uint32) << 16
+        flat = bits.view(np.float32)
+    params, offset = [], 0
+    for shape in cfg.shapes():
+        n = math.prod(shape)
+        params.append(torch.from_numpy(flat[offset:offset + n].copy()).view(shape))
+        offset += n
+    return cfg, params
+
+
+def write_shard(path, tokens):
+    with open(path, "wb") as f:
+        write_header(f, [SHARD_MAGIC, SHARD_VERSION, len(tokens)])
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def read_shard(path, vocab):
+    h, size = read_header(path, "data shard")
+    if h[0] != SHARD_MAGIC:
+        raise UsageError(f"data shard {path}: magic {h[0]}, expected {SHARD_MAGIC}")
+    if h[1] != SHARD_VERSION:
+        raise UsageError(f"data shard {path}: version {h[1]}, expected {SHARD_VERSION} (uint16 tokens)")
+    n = int(h[2])
+    if n < 0 or size != HEADER_INTS * 4 + 2 * n:
+        raise UsageError(f"data shard {path}: {size} bytes, but the header says {n} tokens "
+                         f"= {HEADER_INTS * 4 + 2 * n} bytes")
+    tokens = np.fromfile(path, dtype="<u2", offset=HEADER_INTS * 4, count=n)
+    if n and int(tokens.max()) >= vocab:
+        raise UsageError(f"data shard {path}: token {int(tokens.max())} is outside the vocab of {vocab}")
+    return torch.from_numpy(tokens.astype(np.int64))
+
+
+def write_state(path, B, T, inputs, targets, logits, loss, grads):
+    """Debug state version 2: inputs, targets (int32), logits (B,T,V), loss, then the 16 gradients."""
+    with open(path, "wb") as f:
+        write_header(f, [STATE_MAGIC, STATE_VERSION, B, T])
+        f.write(inputs.to("cpu", torch.int32).numpy().astype("<i4").tobytes())
+        f.write(targets.to("cpu", torch.int32).numpy().astype("<i4").tobytes())
+        write_f32(f, logits)
+        write_f32(f, loss.reshape(1))
+        for g in grads:
+            write_f32(f, g)
+
+
+# ---------------------------------------------------------------------------------------------------
+# synthetic data: a random bigram Markov chain, so a model can learn it and the loss visibly falls
+
+def markov_tokens(n, vocab, seed):
+    """Each token has 4 random successors, taken with probability 0.6/0.2/0.1/0.05; with probability
+    0.05 the next token is uniform instead. The chain's entropy rate is about 1.15 + 0.05 ln V nats
+    (1.4 at V=300, 1.7 at V=50257), far below the ln V of an untrained model."""
+    gen = torch.Generator().manual_seed(seed + 1)   # the params use `seed`; keep the streams apart
+    successors = torch.randint(0, vocab, (vocab, 4), generator=gen).tolist()
+    coin = torch.rand(n, generator=gen).tolist()
+    uniform = torch.randint(0, vocab, (n,), generator=gen).tolist()
+    cumulative = [0.05, 0.65, 0.85, 0.95]   # below 0.05: uniform; then successor 0, 1, 2, 3
+    tokens = [uniform[0]]
+    for i in range(1, n):
+        u = coin[i]
+        if u < cumulative[0]:
+            tokens.append(uniform[i])
+        else:
+            k = 0 if u < cumulative[1] else 1 if u < cumulative[2] else 2 if u < cumulative[3] else 3
+            tokens.append(successors[tokens[-1]][k])
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def sample(tokens, i, B, T):
+    """Sample i of the shard: B*T+1 tokens from i*B*T; inputs the first B*T, targets the last B*T."""
+    chunk = tokens[i * B * T: i * B * T + B * T + 1]
+    return chunk[:-1].view(B, T), chunk[1:].view(B, T)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the model: 16 tensors in checkpoint order, per-layer tensors stacked over L
+
+def init_params(cfg, seed):
+    """GPT-2 init in fp32 from one generator, drawn in checkpoint order."""
+    gen = torch.Generator().manual_seed(seed)
+    L, C = cfg.L, cfg.C
+    proj_std = INIT_STD / math.sqrt(2 * L)   # residual projections: scaled by depth
+
+    def normal(shape, std):
+        return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+
+    zeros = lambda shape: torch.zeros(shape, dtype=torch.float32)
+    ones = lambda shape: torch.ones(shape, dtype=torch.float32)
+    wte = normal((cfg.Vp, C), INIT_STD)
+    wte[cfg.V:] = 0.0                         # padded rows never get a token and must stay zero
+    wpe = normal((cfg.maxT, C), INIT_STD)
+    qkvw = normal((L, 3 * C, C), INIT_STD)
+    attprojw = normal((L, C, C), proj_std)
+    fcw = normal((L, 4 * C, C), INIT_STD)
+    fcprojw = normal((L, C, 4 * C), proj_std)
+    return [wte, wpe, ones((L, C)), zeros((L, C)), qkvw, zeros((L, 3 * C)), attprojw, zeros((L, C)),
+            ones((L, C)), zeros((L, C)), fcw, zeros((L, 4 * C)), fcprojw, zeros((L, C)),
+            ones((C,)), zeros((C,))]
+
+
+def layernorm(x, w, b):
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis; var is the biased (1/C) variance."""
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + LN_EPS) * w + b
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def attention(qkv, NH, use_sdpa):
+    """Causal multi-head self-attention. qkv (B,T,3C) = [q | k | v]; head h is channels h*hs..(h+1)*hs-1."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // NH
+    q, k, v = (z.view(B, T, NH, hs).transpose(1, 2) for z in qkv.split(C, dim=-1))   # (B,NH,T,hs)
+    if use_sdpa:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))                  # (B,NH,T,T)
+        future = torch.ones(T, T, dtype=torch.bool, device=qkv.device).triu(diagonal=1)
+        att = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        y = att @ v                                                                 # (B,NH,T,hs)
+    return y.transpose(1, 2).reshape(B, T, C)
+
+
+def forward(params, inputs, cfg, use_sdpa=False):
+    """inputs (B,T) int64 -> logits (B,T,Vp)."""
+    (wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
+     ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb) = params
+    T = inputs.shape[1]
+    # Split the stacked (L, ...) tensors into per-layer views once: unbind's backward stacks the L
+    # gradients in one go, where indexing qkvw[l] in the loop would add L full-size zero-padded
+    # gradients (O(L^2) memory traffic; 3x the backward time at d12).
+    (ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb) = (
+        t.unbind(0) for t in (ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
+                              ln2w, ln2b, fcw, fcb, fcprojw, fcprojb))
+    x = wte[inputs] + wpe[:T]                                                      # (B,T,C)
+    for l in range(cfg.L):
+        qkv = F.linear(layernorm(x, ln1w[l], ln1b[l]), qkvw[l], qkvb[l])           # (B,T,3C)
+        x = x + F.linear(attention(qkv, cfg.NH, use_sdpa), attprojw[l], attprojb[l])
+        h = gelu_tanh(F.linear(layernorm(x, ln2w[l], ln2b[l]), fcw[l], fcb[l]))    # (B,T,4C)
+        x = x + F.linear(h, fcprojw[l], fcprojb[l])
+    return layernorm(x, lnfw, lnfb) @ wte.t()                                      # (B,T,Vp)
+
+
+def cross_entropy(logits, targets, V):
+    """Mean over all B*T positions, over the real vocab only: the padded logits take no part."""
+    return F.cross_entropy(logits[..., :V].reshape(-1, V), targets.reshape(-1))
+
+
+def loss_fn(params, inputs, targets, cfg, use_sdpa=False):
+    logits = forward(params, inputs, cfg, use_sdpa)
+    return cross_entropy(logits, targets, cfg.V), logits
+
+
+# ---------------------------------------------------------------------------------------------------
+# optimization: learning-rate schedule, clipping, AdamW (all written out, to match the C++ exactly)
+
+def learning_rate(step, max_steps, lr, warmup, final_frac, schedule):
+    """LR at 0-based `step`, in Python double. Warm-up is linear from lr/W at step 0 to lr at step W-1."""
+    lr_min = final_frac * lr
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "wsd":   # warmup-stable-decay: flat until 80% of the run, then a 1-sqrt decay
+        decay_start = max(warmup, math.floor(0.8 * max_steps))
+        if step < decay_start:
+            return lr
+        return lr_min + (lr - lr_min) * (1.0 - math.sqrt((step - decay_start) / (max_steps - decay_start)))
+    r = (step - warmup) / (max_steps - warmup)
+    if schedule == "cosine":
+        return lr_min + 0.5 * (1.0 + math.cos(math.pi * r)) * (lr - lr_min)
+    if schedule == "linear":
+        return lr - r * (lr - lr_min)
+    return lr   # constant
+
+
+def clip_gradients(grads):
+    """Returns the global L2 norm before clipping; scales every gradient by 1/norm if norm > 1."""
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grads))
+    if norm > GRAD_CLIP:
+        scale = GRAD_CLIP / norm
+        for g in grads:
+            g.mul_(scale)
+    return norm
+
+
+def adamw_update(params, grads, m_state, v_state, step, lr, weight_decay):
+    """One AdamW update at t = step+1, in the params' dtype:
+    m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  m^ = m/(1-b1^t);  v^ = v/(1-b2^t)
+    p = p - lr * (m^ / (sqrt(v^) + eps) + wd_i * p),  wd_i = weight_decay for 2-D weights, else 0."""
+    t = step + 1
+    bias1, bias2 = 1.0 - BETA1 ** t, 1.0 - BETA2 ** t
+    with torch.no_grad():
+        for name, p, g, m, v in zip(PARAM_NAMES, params, grads, m_state, v_state):
+            m.mul_(BETA1).add_(g, alpha=1.0 - BETA1)
+            v.mul_(BETA2).addcmul_(g, g, value=1.0 - BETA2)
+            update = torch.div(m, bias1).div_(torch.div(v, bias2).sqrt_().add_(ADAM_EPS))
+            if name in DECAYED and weight_decay != 0.0:
+                update.add_(p, alpha=weight_decay)
+            p.add_(update, alpha=-lr)
+
+
+def train_step(params, m_state, v_state, batches, step, lr, weight_decay, loss_impl, autocast=None):
+    """Accumulates the grads of loss_m / K over the K micro-batches, clips, updates.
+    loss_impl(params, inputs, targets) -> scalar loss. Returns (mean of the K losses, grad norm)."""
+    for p in params:
+        p.grad = None
+    K = len(batches)
+    losses = []
+    for inputs, targets in batches:
+        if autocast is not None:
+            with autocast():
+                loss = loss_impl(params, inputs, targets)
+        else:
+            loss = loss_impl(params, inputs, targets)
+        (loss / K).backward()
+        losses.append(float(loss))
+    grads = [p.grad for p in params]
+    norm = clip_gradients(grads)
+    adamw_update(params, grads, m_state, v_state, step, lr, weight_decay)
+    return sum(losses) / K, norm
+
+
+def train(args, cfg, params, tokens, B, T, out_dir):
+    S, K = args.steps, args.accum
+    num_samples = (len(tokens) - 1) // (B * T)
+    m_state = [torch.zeros_like(p) for p in params]
+    v_state = [torch.zeros_like(p) for p in params]
+    device = params[0].device
+    loss_impl = lambda p, x, y: loss_fn(p, x, y, cfg)[0]
+    losses, lrs, norms = [], [], []
+    t0 = time.perf_counter()
+    for s in range(S):
+        batches = [tuple(z.to(device) for z in sample(tokens, (s * K + m) % num_samples, B, T))
+                   for m in range(K)]
+        lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
+        loss, norm = train_step(params, m_state, v_state, batches, s, lr, args.weight_decay, loss_impl)
+        losses.append(loss), lrs.append(lr), norms.append(norm)
+        print(f"step {s + 1:4d}/{S} | loss {loss:.6f} | lr {lr:.4e} | grad norm {norm:.4f} "
+              f"| {time.perf_counter() - t0:.1f} s")
+    run = {"losses": losses, "lrs": lrs, "grad_norms": norms, "config": {
+        **cfg.as_dict(), "B": B, "T": T, "dtype": args.dtype, "seed": args.seed, "steps": S,
+        "lr": args.lr, "warmup": args.warmup, "final_frac": args.final_frac,
+        "schedule": args.schedule, "weight_decay": args.weight_decay, "accum": K,
+        "num_samples": num_samples, "beta1": BETA1, "beta2": BETA2, "eps": ADAM_EPS,
+        "grad_clip": GRAD_CLIP, "init_from": args.init_from,
+        "data": args.shard or os.path.join(out_dir, "train.bin")}}
+    with open(os.path.join(out_dir, "run.json"), "w") as f:
+        json.dump(run, f, indent=1)
+    write_model(os.path.join(out_dir, "final.bin"), cfg, params)
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------------
+# modes
+
+def resolve_batch(args, cfg):
+    B = args.B if args.B is not None else 4
+    T = args.T if args.T is not None else min(64, cfg.maxT)
+    if B < 1 or T < 1:
+        raise UsageError("-b and -t must be >= 1")
+    if T > cfg.maxT:
+        raise UsageError(f"-t {T} is longer than the model's max-seq-len {cfg.maxT}")
+    return B, T
+
+
+def run_oracle(args):
+    if not args.out:
+        raise UsageError("--out DIR is required")
+    if args.bf16 or args.compile or args.sdpa:
+        raise UsageError("--bf16, --compile and --sdpa are for --bench only")
+    if args.init_from:
+        if args.model or any(x is not None for x in
+                             [args.layers, args.channels, args.heads, args.max_seq_len, args.vocab]):
+            raise UsageError("--init-from takes the model shape from the file; drop the model flags")
+        cfg, params32 = read_model(args.init_from)
+    else:
+        cfg = config_from_args(args, default_tiny=False)
+        params32 = init_params(cfg, args.seed)
+    B, T = resolve_batch(args, cfg)
+    if (args.data_tokens is None) == (args.shard is None):
+        raise UsageError("give exactly one of --data-tokens N and --shard PATH")
+    if args.steps < 0 or args.accum < 1 or args.warmup < 0 or args.final_frac < 0:
+        raise UsageError("need --steps >= 0, --accum >= 1, --warmup >= 0, --final-frac >= 0")
+    if cfg.V > 65536:
+        raise UsageError(f"vocab {cfg.V} does not fit the uint16 tokens of a data shard")
+    os.makedirs(args.out, exist_ok=True)
+
+    if args.shard:
+        tokens = read_shard(args.shard, cfg.V)
+        if len(tokens) < B * T + 1:
+            raise UsageError(f"data shard {args.shard}: {len(tokens)} tokens, "
+                             f"need at least B*T+1 = {B * T + 1}")
+    else:
+        if args.data_tokens < B * T + 1:
+            raise UsageError(f"--data-tokens {args.data_tokens}: need at least B*T+1 = {B * T + 1}")
+        tokens = markov_tokens(args.data_tokens, cfg.V, args.seed)
+        write_shard(os.path.join(args.out, "train.bin"), tokens.numpy())
+
+    model_path = os.path.join(args.out, "model.bin")
+    write_model(model_path, cfg, params32)
+    dtype = getattr(torch, args.dtype)
+    params = [p.to(args.device, dtype).requires_grad_() for p in params32]
+    del params32
+
+    inputs, targets = (z.to(args.device) for z in sample(tokens, 0, B, T))
+    loss, logits = loss_fn(params, inputs, targets, cfg)
+    loss.backward()
+    state_path = os.path.join(args.out, "state.bin")
+    write_state(state_path, B, T, inputs, targets, logits[..., :cfg.V], loss.detach(),
+                [p.grad for p in params])
+    print(f"model {cfg} | B={B} T={T} dtype={args.dtype} seed={args.seed} tokens={len(tokens)}")
+    print(f"loss at init {float(loss):.6f} (ln V = {math.log(cfg.V):.6f})")
+    print(f"wrote {model_path}, {state_path}"
+          + (f", {os.path.join(args.out, 'train.bin')}" if args.data_tokens is not None else ""))
+    if args.steps > 0:
+        losses = train(args, cfg, params, tokens, B, T, args.out)
+        print(f"trained {args.steps} steps: loss {losses[0]:.6f} -> {losses[-1]:.6f}; wrote "
+              f"{os.path.join(args.out, 'run.json')}, {os.path.join(args.out, 'final.bin')}")
+
+
+def run_check_grads(args):
+    """Fourth-order central differences (float64) on a few entries of each tensor vs autograd:
+    f' = (f(x-2h) - 8 f(x-h) + 8 f(x+h) - f(x+2h)) / 12h, truncation error O(h^4).
+    Error measure per entry: |a - n| / max(|a|, |n|, 1e-4) (the floor keeps near-zero gradients, whose
+    finite difference is dominated by rounding, from reading as large relative errors)."""
+    if args.bf16 or args.compile or args.sdpa or args.device != "cpu":
+        raise UsageError("--check-grads runs on the CPU in float64; drop --device/--bf16/--compile/--sdpa")
+    cfg = config_from_args(args, default_tiny=True)
+    B, T = (args.B or 2), (args.T or min(8, cfg.maxT))
+    if T > cfg.maxT:
+        raise UsageError(f"-t {T} is longer than the model's max-seq-len {cfg.maxT}")
+    gen = torch.Generator().manual_seed(args.seed)
+    params = [p.double() for p in init_params(cfg, args.seed)]
+    for p in params:   # move LN weights off 1 and biases off 0 so every path is exercised
+        p += 0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+    params[0][cfg.V:] = 0.0
+    params = [p.requires_grad_() for p in params]
+    tokens = torch.randint(0, cfg.V, (B * T + 1,), generator=gen)
+    inputs, targets = sample(tokens, 0, B, T)
+    loss, _ = loss_fn(params, inputs, targets, cfg)
+    loss.backward()
+    h, per_tensor, worst = 1e-3, 4, 0.0
+    print(f"check-grads: {cfg} | B={B} T={T} | loss {float(loss):.6f} | h={h}")
+    with torch.no_grad():
+        for name, p in zip(PARAM_NAMES, params):
+            rows = cfg.V if name == "wte" else T if name == "wpe" else p.shape[0]   # reachable rows
+            reach = p[:rows].reshape(-1)
+            idx = torch.randint(0, reach.numel(), (per_tensor,), generator=gen).tolist()
+            tensor_err = 0.0
+            for i in idx:
+                old = float(reach[i])
+                f = {}
+                for k in (-2, -1, 1, 2):
+                    reach[i] = old + k * h
+                    f[k] = float(loss_fn(params, inputs, targets, cfg)[0])
+                reach[i] = old
+                numeric = (f[-2] - 8 * f[-1] + 8 * f[1] - f[2]) / (12 * h)
+                analytic = float(p.grad[:rows].reshape(-1)[i])
+                err = abs(analytic - numeric) / max(abs(analytic), abs(numeric), 1e-4)
+                tensor_err = max(tensor_err, err)
+            worst = max(worst, tensor_err)
+            print(f"  {name:9s} max rel err {tensor_err:.3e}")
+    pad_ok = cfg.Vp == cfg.V or float(params[0].grad[cfg.V:].abs().max()) == 0.0
+    print(f"max rel err {worst:.3e}; padded wte rows have zero grad: {pad_ok}")
+    ok = worst < 1e-5 and pad_ok
+    print("check-grads " + ("PASSED" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def run_bench(args):
+    """Times N training steps (forward, backward, clip, AdamW) after 2 warm-up steps."""
+    if args.bench < 1:
+        raise UsageError("--bench N needs N >= 1")
+    if args.device != "cuda" and (args.bf16 or args.compile or args.sdpa):
+        raise UsageError("--bf16, --compile and --sdpa need --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device")
+    if args.compile and not hasattr(torch, "compile"):
+        raise UsageError(f"--compile needs torch >= 2.0 (this is {torch.__version__})")
+    if args.sdpa and not hasattr(F, "scaled_dot_product_attention"):
+        raise UsageError(f"--sdpa needs torch >= 2.0 (this is {torch.__version__})")
+    cfg = config_from_args(args, default_tiny=False)
+    B, T = resolve_batch(args, cfg)
+    dtype = getattr(torch, args.dtype)
+    params = [p.to(args.device, dtype).requires_grad_() for p in init_params(cfg, args.seed)]
+    m_state = [torch.zeros_like(p) for p in params]
+    v_state = [torch.zeros_like(p) for p in params]
+    gen = torch.Generator().manual_seed(args.seed + 2)
+    batch = [sample(torch.randint(0, cfg.V, (B * T + 1,), generator=gen).to(args.device), 0, B, T)]
+    loss_impl = lambda p, x, y: loss_fn(p, x, y, cfg, args.sdpa)[0]
+    if args.compile:
+        loss_impl = torch.compile(loss_impl)
+    autocast = (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)) if args.bf16 else None
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    for s in range(2 + args.bench):
+        if s == 2:
+            sync()
+            t0, cpu0 = time.perf_counter(), time.process_time()
+        train_step(params, m_state, v_state, batch, s, 1e-4, 0.0, loss_impl, autocast)
+    sync()
+    ms = (time.perf_counter() - t0) * 1e3 / args.bench
+    # CPU time of all threads: wall time far above cpu_ms / threads means the machine is busy
+    cpu_ms = (time.process_time() - cpu0) * 1e3 / args.bench
+    print(f"# {cfg} B={B} T={T} dtype={args.dtype} device={args.device} threads={torch.get_num_threads()}"
+          f" bf16={args.bf16} compile={args.compile} sdpa={args.sdpa} cpu_ms_per_step={cpu_ms:.1f}",
+          file=sys.stderr)
+    print(f"oracle_ms_per_step {ms:.3f}")
+
+
+def keep_freed_memory():
+    """Every training step frees and re-allocates gigabytes of tensors (gradients, AdamW temporaries).
+    glibc hands blocks over 32 MB back to the kernel on free, so each step page-faults them in again
+    (at d12, float64: about 2 s of system time per step). On glibc, serve every block from the heap
+    and never trim it, so freed tensors are reused. Elsewhere this does nothing."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv):
+    args = parse_args(argv)
+    keep_freed_memory()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError("--threads must be >= 1")
+        # Debian's torch runs matmuls in OpenBLAS's own thread pool and everything else in OpenMP's;
+        # both read these variables when they load. Idle threads of either pool spin by default and
+        # then starve the other pool's workers (2-5x slower steps on 2 cores), so both are told to
+        # sleep when idle: OpenMP's passive wait, OpenBLAS's shortest spin (2^4 cycles).
+        os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    global torch, F, np
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.bench is not None:
+        args.dtype = args.dtype or "float32"
+        return run_bench(args)
+    args.dtype = args.dtype or "float64"
+    if args.check_grads:
+        return run_check_grads(args)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device")
+    return run_oracle(args)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]) or 0)
+    except UsageError as e:
+        print(f"gpt2_oracle: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:   # writing an output file failed (no space, --out is a file, ...)
+        print(f"gpt2_oracle: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
