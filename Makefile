@@ -76,7 +76,21 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCC_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler "-Wall -Wno-unknown-pragmas" -diag-suppress 1675
-NVCC_LDLIBS = -lcublasLt -lcublas
+NVCC_LDLIBS = -lcublasLt -lcublas -lnccl
+# Multi-GPU (llmc/nccl.cuh, doc/data_parallel.md): NCCL always; MPI too when Open MPI's mpicxx is
+# found (as for train_gpt2), so `mpirun -np 8 ./train_gpt2cu` works. Without it the processes are
+# started with -pi tcp or -pi file. `make NO_MPI=1` leaves MPI out.
+# Only the flags nvcc takes as they are (-I -D -L -l), and -Wl,... turned into -Xlinker ...
+comma := ,
+ifneq ($(MPICXX),)
+  CUDA_MPI_CFLAGS := $(filter -I% -D%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
+  CUDA_MPI_LIBS := $(foreach f,$(shell $(MPICXX) --showme:link 2>/dev/null),\
+    $(if $(filter -Wl$(comma)%,$f),-Xlinker $(patsubst -Wl$(comma)%,%,$f),$(filter -L% -l%,$f)))
+endif
+ifneq ($(CUDA_MPI_LIBS),)
+  NVCC_MPI_FLAGS = -DUSE_MPI -DOMPI_SKIP_MPICXX $(CUDA_MPI_CFLAGS)
+  NVCC_LDLIBS += $(CUDA_MPI_LIBS)
+endif
 PRECISION ?= BF16
 ifeq ($(PRECISION),BF16)
 PRECISION_FLAG =
@@ -86,7 +100,7 @@ else
 $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
 endif
 CUDA_HEADERS = $(wildcard llmc/*.cuh) $(LLMC_HEADERS)
-GPU_TEST_SOURCES = test/gpu/test_gpt2.cu test/gpu/test_kernels.cuh test/test_helpers.h train_gpt2.cu
+GPU_TEST_SOURCES = test/gpu/test_gpt2.cu test/gpu/test_kernels.cuh test/gpu/test_multi_gpu.cuh test/test_helpers.h train_gpt2.cu
 # the tests build in the CPU reference ops (OpenMP) to check each kernel against
 GPU_TEST_FLAGS = -Xcompiler -fopenmp
 
@@ -97,17 +111,17 @@ $(BUILD)/cuda-precision-$(PRECISION): | $(BUILD)
 	rm -f $(BUILD)/cuda-precision-* && touch $@
 
 train_gpt2cu: train_gpt2.cu $(CUDA_HEADERS) $(BUILD)/cuda-precision-$(PRECISION)
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) $< $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(PRECISION_FLAG) $< $(NVCC_LDLIBS) -o $@
 
 train_gpt2fp32cu: train_gpt2.cu $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
 
 test_gpt2cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(BUILD)/cuda-precision-$(PRECISION)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_TEST_FLAGS) $(PRECISION_FLAG) -DGPT2_TRAINER='"train_gpt2cu"' $< \
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(GPU_TEST_FLAGS) $(PRECISION_FLAG) -DGPT2_TRAINER='"train_gpt2cu"' $< \
 		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
 
 test_gpt2fp32cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(GPU_TEST_FLAGS) -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu"' $< \
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(GPU_TEST_FLAGS) -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu"' $< \
 		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
 
 # Oracle files for the GPU suite, made with PyTorch on any machine (no GPU needed).

@@ -1,7 +1,9 @@
 /*
-GPT-2 training on one NVIDIA GPU in BF16 mixed precision (or fp32 with PRECISION=FP32): the same model,
+GPT-2 training on NVIDIA GPUs in BF16 mixed precision (or fp32 with PRECISION=FP32): the same model,
 flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
+One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1):
+llmc/nccl.cuh and doc/data_parallel.md.
 
     tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
                                ln2 -> fc -> gelu -> fcproj -> +residual ] -> lnf -> logits (x wteᵀ) -> loss
@@ -44,6 +46,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/gelu.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/nccl.cuh"
 
 #if defined(ENABLE_FP32)
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
@@ -181,6 +184,13 @@ struct GPT2 {
     float* opt_memory = nullptr;      // one allocation: AdamW m, v, and the master weights if kept
     float *m_memory = nullptr, *v_memory = nullptr, *master_memory = nullptr;
     ParameterTensors params, grads;
+    // data parallelism (llmc/nccl.cuh, llmc/grad_buckets.h); dp is null in the tests' single models
+    DataParallel* dp = nullptr;
+    int zero_stage = 0;               // 1 only with an NCCL communicator
+    ShardLayout shard;                // params and grads are padded to shard.padded_size
+    size_t opt_begin = 0, opt_end = 0;  // the parameters this process's AdamW updates; m, v, master hold these
+    std::vector<std::vector<GradSlice>> grad_buckets;
+    bool reduce_in_backward = false;  // set for the last micro-step: reduce each layer's gradients as it finishes
     bool use_master_weights = false;
     int recompute = 1;
     bool gelu_fusion = false;
@@ -189,19 +199,31 @@ struct GPT2 {
     char* acts_memory = nullptr;
     ActivationTensors acts;
     EncoderBuckets buckets;
-    std::vector<float> host_losses;
+    float* host_losses = nullptr;   // (B, T), pinned: copies into it do not block the host
+    float* host_norm_sq = nullptr;  // (1), pinned
     cudaStream_t stream = nullptr;
 };
 
-// Uploads fp32 host parameters (checkpoint order) to the device as floatX, and to the master weights.
+// Waits for the compute stream. With several processes its work can depend on theirs, so the wait
+// goes through the watchdog (dp_wait), which gives up after -pt seconds instead of hanging.
+void gpt2_sync(GPT2* model, const char* what) {
+    if (model->dp != nullptr) {
+        dp_wait(*model->dp, model->stream, what);
+    } else {
+        cudaCheck(cudaStreamSynchronize(model->stream));
+    }
+}
+
+// Uploads fp32 host parameters (checkpoint order) to the device as floatX, and this process's part
+// [opt_begin, opt_end) of them to the master weights.
 void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
     std::vector<floatX> converted(model->num_parameters);
     for (size_t i = 0; i < model->num_parameters; i++) converted[i] = host_to_floatX(params[i]);
     cudaCheck(cudaMemcpy(model->params_memory, converted.data(), model->num_parameters * sizeof(floatX),
                          cudaMemcpyHostToDevice));
     if (model->master_memory) {
-        cudaCheck(cudaMemcpy(model->master_memory, params.data(), model->num_parameters * sizeof(float),
-                             cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(model->master_memory, params.data() + model->opt_begin,
+                             (model->opt_end - model->opt_begin) * sizeof(float), cudaMemcpyHostToDevice));
     }
 }
 
@@ -215,7 +237,10 @@ std::vector<float> gpt2_download_parameters(const GPT2* model) {
     return params;
 }
 
-void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args) {
+// Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
+// arrays are padded to whole shards (llmc/grad_buckets.h) and, with -z 1, AdamW's moments and master
+// weights cover this process's shard only.
+void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataParallel* dp = nullptr) {
     validate_config(cfg, "model");
     if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
         fatal("the CUDA trainer needs channels and head size divisible by 8 (C %d, NH %d)", cfg.channels,
@@ -233,29 +258,45 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args) {
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
     size_t n = model->num_parameters;
-    cudaCheck(cudaMalloc(&model->params_memory, n * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&model->grads_memory, n * sizeof(floatX)));
-    size_t opt_floats = (model->use_master_weights ? 3 : 2) * n;
-    cudaCheck(cudaMalloc(&model->opt_memory, opt_floats * sizeof(float)));
+    bool distributed = dp != nullptr && dp->nccl;
+    model->dp = dp;
+    model->zero_stage = distributed ? args.zero_stage : 0;
+    // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
+    // one process's shard is exactly [0, N)
+    model->shard = aligned_shard_layout(n, distributed ? dp->size : 1, distributed ? dp->rank : 0, 8);
+    model->opt_begin = model->zero_stage == 1 ? model->shard.begin : 0;
+    model->opt_end = model->zero_stage == 1 ? model->shard.end : n;
+    if (distributed) model->grad_buckets = gradient_buckets(cfg, model->zero_stage, model->shard.shard_size);
+    size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
+    cudaCheck(cudaMalloc(&model->params_memory, padded * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&model->grads_memory, padded * sizeof(floatX)));
+    cudaCheck(cudaMemset(model->params_memory, 0, padded * sizeof(floatX)));
+    cudaCheck(cudaMemset(model->grads_memory, 0, padded * sizeof(floatX)));
+    size_t opt_floats = (model->use_master_weights ? 3 : 2) * opt_n;
+    cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
     cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
-    cudaCheck(cudaMemset(model->grads_memory, 0, n * sizeof(floatX)));
     model->m_memory = model->opt_memory;
-    model->v_memory = model->opt_memory + n;
-    model->master_memory = model->use_master_weights ? model->opt_memory + 2 * n : nullptr;
+    model->v_memory = model->opt_memory + opt_n;
+    model->master_memory = model->use_master_weights ? model->opt_memory + 2 * opt_n : nullptr;
     point_parameters(&model->params, model->params_memory, cfg);
     point_parameters(&model->grads, model->grads_memory, cfg);
     cudaCheck(cudaStreamCreate(&model->stream));
-    printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB; AdamW m, v%s %.1f MiB\n", n, PRECISION_NAME,
-           n * sizeof(floatX) / 1048576.0, n * sizeof(floatX) / 1048576.0,
-           model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0);
+    printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB\n", n, PRECISION_NAME, n * sizeof(floatX) / 1048576.0,
+           n * sizeof(floatX) / 1048576.0);
+    double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
+    printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
+           "unsharded)\n", opt_n, model->zero_stage == 1 ? "ZeRO-1 shard" : "all",
+           model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
 }
 
-// Builds the model from a checkpoint file, or (for a descriptor) from a random initialization.
-void gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args) {
+// Builds the model from a checkpoint file, or (for a descriptor) from a random initialization;
+// returns the fp32 parameters it was built from.
+std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args, DataParallel* dp = nullptr) {
     GPT2Config cfg;
     std::vector<float> params = gpt2_parameters_from_flag(name, (unsigned)args.seed, &cfg);
-    gpt2_setup(model, cfg, args);
+    gpt2_setup(model, cfg, args, dp);
     gpt2_upload_parameters(model, params);
+    return params;
 }
 
 // Bytes of activations at a recompute level (for the start-up report).
@@ -271,7 +312,8 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->buckets.device = model->acts.encoder_buckets;
     model->batch_size = B;
     model->seq_len = T;
-    model->host_losses.resize((size_t)B * T);
+    cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
+    cudaCheck(cudaMallocHost(&model->host_norm_sq, sizeof(float)));
     size_t none = activation_bytes(model->config, B, T, 0);
     printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB)\n", bytes / 1048576.0, B, T,
            model->recompute, (none - bytes) / 1048576.0);
@@ -349,20 +391,22 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
 // Mean of the per-position losses of the last forward with targets; waits for the GPU.
 float gpt2_mean_loss(GPT2* model, int B, int T) {
     size_t BT = (size_t)B * T;
-    cudaCheck(cudaMemcpyAsync(model->host_losses.data(), model->acts.losses, BT * sizeof(float),
-                              cudaMemcpyDeviceToHost, model->stream));
-    cudaCheck(cudaStreamSynchronize(model->stream));
+    cudaCheck(cudaMemcpyAsync(model->host_losses, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
+                              model->stream));
+    gpt2_sync(model, "the loss (and the gradient reduction before it)");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
     return (float)(sum / BT);
 }
 
 void gpt2_zero_grad(GPT2* model) {
-    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->num_parameters * sizeof(floatX), model->stream));
+    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->shard.padded_size * sizeof(floatX), model->stream));
 }
 
 // Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
-// holds dlogits). Accumulates (+=) into the parameter gradients.
+// holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
+// gradients are handed to the communication stream as soon as that layer is done (llmc/grad_buckets.h),
+// and the compute stream's later work waits for all of those reductions.
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
@@ -424,26 +468,44 @@ void gpt2_backward(GPT2* model, int B, int T) {
                         p.qkvw + (size_t)l * 3 * C * C, nullptr, (int)BT, C, 3 * C, stream);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, reduce, a.dln, residual, p.ln1w + l * C,
                            ln1_mean, ln1_rstd, (int)BT, C, stream);
+        if (model->reduce_in_backward) dp_reduce_bucket(*model->dp, model->grads_memory, model->grad_buckets[l], stream);
     }
     encoder_backward(g.wte, g.wpe, a.dresidual, model->buckets, B, T, C, stream);
+    if (model->reduce_in_backward) {
+        dp_reduce_bucket(*model->dp, model->grads_memory, model->grad_buckets[L], stream);
+        dp_join(*model->dp, stream);
+    }
 }
 
-// L2 norm of all parameter gradients together (deterministic order); waits for the GPU.
+// L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1 each
+// process holds the reduced gradient of its shard only: it sums the squares over its shard (padding
+// included, which is zero) and the processes add their sums.
 double gpt2_grad_norm(GPT2* model) {
-    sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, model->grads_memory, model->num_parameters,
-                   model->stream);
-    float sum_sq;
-    cudaCheck(cudaMemcpyAsync(&sum_sq, model->acts.grad_norm_sq, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
-    cudaCheck(cudaStreamSynchronize(model->stream));
-    return std::sqrt((double)sum_sq);
+    const floatX* grads = model->grads_memory;
+    size_t n = model->num_parameters;
+    if (model->zero_stage == 1) {
+        grads += (size_t)model->shard.rank * model->shard.shard_size;
+        n = model->shard.shard_size;
+    }
+    sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, n, model->stream);
+    if (model->zero_stage == 1) dp_all_reduce_floats(*model->dp, model->acts.grad_norm_sq, 1, model->stream);
+    cudaCheck(cudaMemcpyAsync(model->host_norm_sq, model->acts.grad_norm_sq, sizeof(float), cudaMemcpyDeviceToHost,
+                              model->stream));
+    gpt2_sync(model, "the gradient norm");
+    return std::sqrt((double)*model->host_norm_sq);
 }
 
-// One AdamW update (t = number of this update, from 1), per tensor so weight decay reaches only the
-// 2-D tensors. grad_scale is the clipping factor.
+// One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), per tensor
+// so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With -z 1, the
+// updated shards are then all-gathered, so every process has all the new parameters.
 void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
     AdamWHyper hyper;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         size_t off = model->param_offsets[i];
+        size_t begin = std::max(off, model->opt_begin);
+        size_t end = std::min(off + model->param_sizes[i], model->opt_end);
+        if (begin >= end) continue;
+        size_t opt_index = begin - model->opt_begin;
         AdamWSettings s;
         s.lr = learning_rate;
         s.beta1 = hyper.beta1;
@@ -452,11 +514,14 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
         s.weight_decay = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
         s.grad_scale = grad_scale;
         s.t = t;
-        s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u;  // a fixed function of (step, tensor)
-        adamw_update(model->params_memory + off, model->master_memory ? model->master_memory + off : nullptr,
-                     model->grads_memory + off, model->m_memory + off, model->v_memory + off, model->param_sizes[i], s,
-                     model->stream);
+        // a fixed function of (step, tensor, where this part of the tensor starts): the rounding bits
+        // of a tensor cut between two shards do not repeat, and a whole tensor draws what one GPU draws
+        s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u + (uint32_t)(begin - off) * 2246822519u;
+        adamw_update(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
+                     model->grads_memory + begin, model->m_memory + opt_index, model->v_memory + opt_index, end - begin,
+                     s, model->stream);
     }
+    if (model->zero_stage == 1) dp_all_gather(*model->dp, model->params_memory, model->shard.shard_size, model->stream);
 }
 
 void gpt2_free(GPT2* model) {
@@ -464,6 +529,8 @@ void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->grads_memory));
     cudaCheck(cudaFree(model->opt_memory));
     cudaCheck(cudaFree(model->acts_memory));
+    cudaCheck(cudaFreeHost(model->host_losses));
+    cudaCheck(cudaFreeHost(model->host_norm_sq));
     cudaCheck(cudaStreamDestroy(model->stream));
 }
 
@@ -507,7 +574,8 @@ void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, cons
     printf("\n--------------\n");
 }
 
-float validation_loss(GPT2* model, DataLoader* loader, int num_batches) {
+// Mean loss over num_batches val batches of every process.
+float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const DataParallel& dp) {
     dataloader_reset(loader);
     double sum = 0.0;
     for (int i = 0; i < num_batches; i++) {
@@ -515,44 +583,50 @@ float validation_loss(GPT2* model, DataLoader* loader, int num_batches) {
         gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
         sum += gpt2_mean_loss(model, loader->B, loader->T);
     }
-    return (float)(sum / num_batches);
+    return (float)(dp_sum(dp, sum, "the val loss") / ((double)num_batches * dp.size));
 }
 
-// One process: it writes the weights, its optimizer state (m, v and the master weights, from the
-// device) and then the DONE marker.
+// Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
+// master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
+// once all are written.
 void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps) {
-    std::vector<float> params = gpt2_download_parameters(model);
-    model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
-    size_t n = model->num_parameters;
-    ProcessGroup single;
-    TrainState state = train_state_header(step, loader, sampler_rng, grad_accum_steps, single, n, 0, n);
-    state.m.resize(n);
-    state.v.resize(n);
-    cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
-    if (model->master_memory) {
-        state.master.resize(n);
-        cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, n * sizeof(float), cudaMemcpyDeviceToHost));
+                     uint64_t sampler_rng, int grad_accum_steps, const DataParallel& dp) {
+    if (dp.rank == 0) {
+        std::vector<float> params = gpt2_download_parameters(model);
+        model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
     }
-    state_file_write(checkpoint_state_path(dir, step, 0), state);
-    checkpoint_mark_done(dir, step);
+    size_t opt_n = model->opt_end - model->opt_begin;
+    TrainState state = train_state_header(step, loader, sampler_rng, grad_accum_steps, dp_process_group(dp),
+                                          model->num_parameters, model->opt_begin, model->opt_end);
+    state.m.resize(opt_n);
+    state.v.resize(opt_n);
+    cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (model->master_memory) {
+        state.master.resize(opt_n);
+        cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    state_file_write(checkpoint_state_path(dir, step, dp.rank), state);
+    dp_barrier(dp, "the other processes' checkpoint files");
+    if (dp.rank == 0) checkpoint_mark_done(dir, step);
+    dp_barrier(dp, "rank 0's checkpoint marker");
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
-// Restores optimizer state, step and data position from the state file of checkpoint `step`
-// (train_state_restore checks that it belongs to this run). The master weights come from the state
-// file when it has them (ours with -w 1); otherwise they stay as loaded from the model file (a CPU
-// trainer's checkpoint, whose model file is fp32).
+// Restores this process's optimizer state, step and data position from checkpoint `step`
+// (train_state_restore checks that the file belongs to this run: same process count, rank, batch and
+// optimizer range; another process count is refused with a message). The master weights come from
+// the state file when it has them (ours with -w 1); otherwise they stay as loaded from the model file
+// (a CPU trainer's checkpoint, whose model file is fp32).
 void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
-                int grad_accum_steps) {
-    size_t n = model->num_parameters;
-    ProcessGroup single;
-    TrainState state = train_state_restore(dir, step, single, grad_accum_steps, n, 0, n, loader, sampler_rng);
-    cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+                int grad_accum_steps, const DataParallel& dp) {
+    size_t opt_n = model->opt_end - model->opt_begin;
+    TrainState state = train_state_restore(dir, step, dp_process_group(dp), grad_accum_steps, model->num_parameters,
+                                           model->opt_begin, model->opt_end, loader, sampler_rng);
+    cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     if (model->master_memory && !state.master.empty()) {
-        cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     }
 }
 
@@ -560,19 +634,21 @@ void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loade
 int main(int argc, char** argv) {
     TrainArgs args;
     parse_args(argc, argv, &args, true);
-
-    int device_count = 0;
-    cudaError_t err = cudaGetDeviceCount(&device_count);
-    if (err != cudaSuccess || device_count == 0) {
-        fatal("no CUDA GPU is visible (%s); train_gpt2cu needs one (train_gpt2 is the CPU trainer)",
-              err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    }
-    cudaCheck(cudaSetDevice(0));
+    // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes
+    DataParallel dp = dp_init(args, &argc, &argv);
+    // rank 0 speaks for the run; the others print only errors (stderr)
+    if (dp.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence rank %d", dp.rank);
     cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaGetDeviceProperties(&prop, dp.device));
     double peak_flops = bf16_peak_flops(prop);
     printf("train_gpt2cu (%s, CUDA) on %s (sm_%d%d, %d SMs, %.1f GiB)\n", PRECISION_NAME, prop.name, prop.major,
            prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    if (dp.nccl) {
+        int version = 0;
+        ncclGetVersion(&version);
+        printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
+               dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
+    }
     printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d\n", args.recompute,
            args.master_weights, MODEL_VERSION_NATIVE == MODEL_VERSION_FP32 ? " (fp32 build: not needed)" : "",
            args.gelu_fusion);
@@ -585,34 +661,47 @@ int main(int argc, char** argv) {
         if (resume_step < 0) printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
     }
     GPT2 model;
+    std::vector<float> initial;
     if (resume_step >= 0) {
         printf("resume: continuing from step %d in %s\n", resume_step, args.output_dir.c_str());
-        gpt2_build(&model, checkpoint_model_path(args.output_dir, resume_step), args);
+        initial = gpt2_build(&model, checkpoint_model_path(args.output_dir, resume_step), args, &dp);
     } else {
-        gpt2_build(&model, args.model, args);
+        initial = gpt2_build(&model, args.model, args, &dp);
     }
     const GPT2Config& cfg = model.config;
     printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
            cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
+    // what all processes must agree on: the shared description, plus what only this trainer has
+    char extra[256];
+    snprintf(extra, sizeof(extra), " cuda: %s ge=%d processes=%d pg=%d pt=%g resume_step=%d", PRECISION_NAME,
+             args.gelu_fusion, dp.size, args.gpus_per_node, args.comm_timeout, resume_step);
+    dp_check_same_config(dp, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
+    std::vector<float>().swap(initial);
 
-    int grad_accum_steps = validate_batch_args(args, cfg, 1);
+    int grad_accum_steps = validate_batch_args(args, cfg, dp.size);
     int B = args.B, T = args.T;
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, args.train_pattern, B, T, 0, 1, args.shuffle != 0, cfg.vocab_size);
+    dataloader_init(&train_loader, args.train_pattern, B, T, dp.rank, dp.size, args.shuffle != 0, cfg.vocab_size);
     if (args.val_every > 0) {
-        dataloader_init(&val_loader, args.val_pattern, B, T, 0, 1, false, cfg.vocab_size);
+        dataloader_init(&val_loader, args.val_pattern, B, T, dp.rank, dp.size, false, cfg.vocab_size);
         int64_t available = dataloader_num_batches(&val_loader);
         if (args.val_batches > available) {
-            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d",
+            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d per process",
                   args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
         }
     }
     int64_t epoch_steps = dataloader_num_batches(&train_loader) / grad_accum_steps;
     int max_steps = args.max_steps > 0 ? args.max_steps : (int)epoch_steps;
-    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %d tokens", args.train_pattern.c_str(), B * T * grad_accum_steps);
+    long tokens_per_step = (long)B * T * grad_accum_steps * dp.size;
+    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(), tokens_per_step);
     if (resume_step > max_steps) fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, max_steps);
-    printf("batch: B=%d T=%d, %d accumulation step(s), %d tokens per step; %d steps (one epoch is %ld)\n", B, T,
-           grad_accum_steps, B * T * grad_accum_steps, max_steps, (long)epoch_steps);
+    if (dp.size == 1) {
+        printf("batch: B=%d T=%d, %d accumulation step(s), %ld tokens per step; %d steps (one epoch is %ld)\n", B, T,
+               grad_accum_steps, tokens_per_step, max_steps, (long)epoch_steps);
+    } else {
+        printf("batch: B=%d T=%d x %d accumulation step(s) x %d processes = %ld tokens per step; %d steps (one epoch "
+               "is %ld)\n", B, T, grad_accum_steps, dp.size, tokens_per_step, max_steps, (long)epoch_steps);
+    }
     gpt2_allocate_activations(&model, B, T);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -632,46 +721,52 @@ int main(int argc, char** argv) {
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     uint64_t sampler_rng = 1337;
-    if (resume_step >= 0) load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps);
+    if (resume_step >= 0) {
+        load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, dp);
+    }
     Logger logger;
-    logger_open(&logger, args.output_dir, resume_step);
+    logger_open(&logger, dp.rank == 0 ? args.output_dir : std::string(), resume_step);
 
-    double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps;
+    double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps;  // per GPU
     if (args.overfit_single_batch) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &val_loader, args.val_batches);
+            float val_loss = validation_loss(&model, &val_loader, args.val_batches, dp);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps);
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, dp);
         }
-        if (is_sample_step(args, step, max_steps)) {
+        if (dp.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;
 
-        cudaCheck(cudaStreamSynchronize(model.stream));
+        gpt2_sync(&model, "the previous step");
         auto start = std::chrono::steady_clock::now();
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
-        float dloss = 1.0f / ((float)B * T * grad_accum_steps);
+        // every position of every micro-step of every process weighs the same in the step's mean loss
+        float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
         for (int micro = 0; micro < grad_accum_steps; micro++) {
             if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
+            // the last micro-step completes the gradients: reduce each layer's while the backward goes on
+            model.reduce_in_backward = dp.nccl && micro == grad_accum_steps - 1;
             gpt2_forward(&model, train_loader.inputs.data(), train_loader.targets.data(), B, T, dloss);
             gpt2_backward(&model, B, T);
             loss_sum += gpt2_mean_loss(&model, B, T);
         }
-        float loss = (float)(loss_sum / grad_accum_steps);
+        model.reduce_in_backward = false;
         double grad_norm = gpt2_grad_norm(&model);
         float lr = lr_at_step(scheduler, step);
         gpt2_update(&model, lr, args.weight_decay, clip_scale(grad_norm, 1.0), step + 1);
-        cudaCheck(cudaStreamSynchronize(model.stream));
+        gpt2_sync(&model, "the parameter update");
+        float loss = (float)(dp_sum(dp, loss_sum, "the step's loss") / ((double)grad_accum_steps * dp.size));
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        double tokens_per_s = (double)B * T * grad_accum_steps / (ms / 1000.0);
+        double tokens_per_s = (double)tokens_per_step / (ms / 1000.0);
         char mfu[32] = "n/a";  // a GPU missing from bf16_peak_flops' table
         if (peak_flops > 0) snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak_flops);
         printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s\n", step, max_steps,
@@ -681,6 +776,7 @@ int main(int argc, char** argv) {
     logger_close(&logger);
     gpt2_free(&model);
     cublas_teardown();
+    dp_finalize(&dp);
     return 0;
 }
 #endif

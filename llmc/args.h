@@ -54,6 +54,14 @@ struct TrainArgs {
     int recompute = 1;
     int master_weights = 1;
     int gelu_fusion = 0;
+    // CUDA trainer only: several GPUs, one process each (llmc/bootstrap.h, llmc/nccl.cuh)
+    std::string init_method = "auto";  // auto|mpi|tcp|file
+    std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
+    std::string bootstrap_file;        // a path on a file system all nodes share (file)
+    int num_processes = 1;
+    int process_rank = 0;
+    int gpus_per_node = 0;             // 0: every GPU this process sees
+    float comm_timeout = 300.0f;       // seconds any process waits for the others
 };
 
 enum class FlagKind { Int, Long, Float, String };
@@ -97,6 +105,13 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
+        {"-pi", FlagKind::String, &a->init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
+        {"-pn", FlagKind::Int, &a->num_processes, 1, 1 << 16, true, "number of processes (-pi tcp|file; mpirun sets it)"},
+        {"-pr", FlagKind::Int, &a->process_rank, 0, (1 << 16) - 1, true, "rank of this process, 0..pn-1 (-pi tcp|file)"},
+        {"-pg", FlagKind::Int, &a->gpus_per_node, 0, 1024, true, "GPUs per node, GPU = rank % pg (0: all visible)"},
+        {"-ps", FlagKind::String, &a->server_address, NAN, NAN, true, "HOST:PORT where rank 0 listens (-pi tcp)"},
+        {"-pf", FlagKind::String, &a->bootstrap_file, NAN, NAN, true, "shared file for rank 0's NCCL id, new per run (-pi file)"},
+        {"-pt", FlagKind::Float, &a->comm_timeout, 1, 86400, true, "seconds to wait for other processes before aborting"},
     };
 }
 

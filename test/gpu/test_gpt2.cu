@@ -2,7 +2,8 @@
 // (test_kernels.cuh), then the whole model and the train_gpt2cu binary against the same PyTorch
 // oracle files as the CPU suite (test/test_model.cpp), and the trainer's own promises: -r 0/1/2 give
 // the same run, -w 0 and -ge 1 stay close, two runs are bit-identical, a resumed run equals an
-// uninterrupted one, and checkpoints move between the CPU and the CUDA trainers.
+// uninterrupted one, and checkpoints move between the CPU and the CUDA trainers. Data parallelism
+// over NCCL (one process, and two or more GPUs where there are): test_multi_gpu.cuh.
 //
 // Without a GPU every test is skipped with a message and the program exits 0.
 // `test_gpt2cu --has-gpu` exits 0 when a GPU is visible (for scripts).
@@ -313,6 +314,8 @@ TEST(TrainCheckpoints, CpuAndCudaTrainersReadEachOthersCheckpoints) {
 }
 
 }  // namespace gpu_test
+
+#include "test_multi_gpu.cuh"
 
 int main(int argc, char** argv) {
     testing::InitGoogleTest(&argc, argv);

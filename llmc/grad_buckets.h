@@ -1,0 +1,77 @@
+// Which parts of the gradient the GPU trainer reduces across processes, and when: the plan that lets
+// the reduction run during the backward pass. Host arithmetic only, tested on the CPU
+// (test/test_bootstrap.cpp); llmc/nccl.cuh turns each bucket into NCCL calls.
+//
+// The backward pass goes through the layers last to first. When layer l's backward is done, layer
+// l's slice of each of the 12 per-layer tensors (ln1w .. fcprojb, each stacked over L in the flat
+// parameter array) is final for the step. Bucket l holds those 12 slices; a second stream reduces
+// them while the backward of layer l-1 runs. wte, wpe, lnfw and lnfb form bucket L, reduced after the
+// backward ends (wte's gradient gets its last part from the encoder's backward, the very last op).
+//
+//   -z 0: every slice is all-reduced (owner -1): every process gets the sum.
+//   -z 1: a slice is cut where it crosses a shard boundary (llmc/zero.h) and each piece is reduced to
+//         the process whose shard holds it (owner = that rank). Over all buckets the pieces tile
+//         [0, N) exactly once, so together they are a reduce-scatter of the whole gradient, done in L+1
+//         installments instead of one call after the backward.
+//
+// The GPU's shards are aligned: shard_size is rounded up to a multiple of `align` elements, so every
+// shard starts on a 16-byte boundary (the vector loads of the gradient-norm kernel, and NCCL's fast
+// path, want that). N itself is a multiple of C, so with one process the shard is exactly [0, N).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "gpt2_config.h"
+#include "zero.h"
+
+// ShardLayout of llmc/zero.h with shard_size a multiple of `align`; begin/end still clip to N.
+inline ShardLayout aligned_shard_layout(size_t num_parameters, int num_processes, int rank, size_t align) {
+    size_t per_process = (num_parameters + num_processes - 1) / num_processes;
+    size_t shard_size = (per_process + align - 1) / align * align;
+    ShardLayout s = shard_layout(shard_size * num_processes, num_processes, rank);
+    s.num_parameters = num_parameters;
+    s.begin = std::min(s.begin, num_parameters);
+    s.end = std::min(s.end, num_parameters);
+    return s;
+}
+
+struct GradSlice {
+    size_t offset;  // first element in the flat gradient
+    size_t count;
+    int owner;      // the rank that receives the sum (-z 1), or -1: all of them (-z 0)
+};
+
+// Appends [offset, offset + count) to bucket: whole (-z 0), or cut at the shard boundaries (-z 1).
+inline void add_slice(std::vector<GradSlice>* bucket, size_t offset, size_t count, int zero_stage, size_t shard_size) {
+    if (zero_stage == 0) {
+        bucket->push_back({offset, count, -1});
+        return;
+    }
+    size_t end = offset + count;
+    while (offset < end) {
+        size_t owner = offset / shard_size;
+        size_t piece_end = std::min(end, (owner + 1) * shard_size);
+        bucket->push_back({offset, piece_end - offset, (int)owner});
+        offset = piece_end;
+    }
+}
+
+// Buckets 0..L-1: the slices of layer l; bucket L: wte, wpe, lnfw, lnfb. The backward completes them
+// in the order L-1, ..., 1, 0, L.
+inline std::vector<std::vector<GradSlice>> gradient_buckets(const GPT2Config& cfg, int zero_stage, size_t shard_size) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    param_tensor_offsets(cfg, offsets);
+    int L = cfg.num_layers;
+    std::vector<std::vector<GradSlice>> buckets(L + 1);
+    for (int l = 0; l < L; l++) {
+        for (int i = P_LN1W; i <= P_FCPROJB; i++) {
+            size_t per_layer = sizes[i] / L;
+            add_slice(&buckets[l], offsets[i] + l * per_layer, per_layer, zero_stage, shard_size);
+        }
+    }
+    for (int i : {P_WTE, P_WPE, P_LNFW, P_LNFB}) add_slice(&buckets[L], offsets[i], sizes[i], zero_stage, shard_size);
+    return buckets;
+}

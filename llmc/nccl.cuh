@@ -1,0 +1,346 @@
+// Data parallelism across GPUs with NCCL: one process per GPU, on one node or many.
+//
+// Start-up (dp_init): the process learns its rank, the process count and its GPU, from MPI under
+// mpirun or from flags (-pn -pr -pg) otherwise; rank 0 makes the NCCL id and the others receive it
+// by MPI broadcast, over TCP or through a shared file (llmc/bootstrap.h); then all form one NCCL
+// communicator. Every rank checks that all of them run the same configuration (dp_check_same_config).
+//
+// During a step (train_gpt2.cu): the gradients of each layer go to a second, high-priority stream as
+// soon as the backward has finished that layer (llmc/grad_buckets.h says which slices, and to whom),
+// so communication overlaps the backward of the layers below. -z 0 all-reduces them; -z 1 reduces
+// each piece to the rank whose shard holds it, that rank updates its shard of the fp32 master weights
+// and AdamW moments, and the bf16 parameters are all-gathered.
+//
+// Faults. A collective waits for every rank; if one has died or hangs, the others would wait forever.
+// So the communicator is non-blocking (NCCL returns ncclInProgress instead of waiting inside a call)
+// and every host wait that can depend on a collective goes through dp_wait: it polls the stream and
+// ncclCommGetAsyncError, and after -pt seconds, or on an NCCL error, it prints which rank gave up
+// waiting for what, aborts the communicator (ncclCommAbort makes NCCL's kernels and threads quit) and
+// exits non-zero. ncclCommAbort has been seen to hang on its own, so an alarm ends the process if it
+// has not returned within DP_ABORT_GRACE_S.
+#pragma once
+
+#include <nccl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap.h"
+#include "cuda_common.cuh"
+#include "grad_buckets.h"
+#include "process_group.h"
+
+#if defined(ENABLE_FP32)
+constexpr ncclDataType_t NCCL_FLOATX = ncclFloat32;
+#else
+constexpr ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+#endif
+
+constexpr unsigned DP_ABORT_GRACE_S = 20;
+
+struct DataParallel {
+    LaunchMethod method = LaunchMethod::Single;
+    int rank = 0, size = 1;
+    int device = 0;
+    bool nccl = false;           // a communicator exists (every method but Single, even with one process)
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;  // the collectives run here
+    cudaEvent_t compute_ready = nullptr, comm_done = nullptr;
+    double timeout_s = 300;
+    uint64_t* device_scratch = nullptr;  // (size + 1) words for small collectives
+    uint64_t* host_scratch = nullptr;    // pinned mirror: its copies never block the host
+    std::string id_file;                 // rank 0, -pi file: the id's file, until the communicator is formed
+};
+
+inline ProcessGroup dp_process_group(const DataParallel& dp) {
+    ProcessGroup pg;
+    pg.rank = dp.rank;
+    pg.size = dp.size;
+    return pg;
+}
+
+// ----------------------------------------------------------------------------
+// errors and the watchdog
+
+// Prints the reason, aborts the communicator and exits non-zero, without waiting for anything.
+[[noreturn]] __attribute__((format(printf, 2, 3))) inline void dp_abort(const DataParallel& dp, const char* fmt, ...) {
+    fflush(stdout);
+    fprintf(stderr, "Error: rank %d of %d: ", dp.rank, dp.size);
+    va_list args;
+    va_start(args, fmt);
+    vfprintf(stderr, fmt, args);
+    va_end(args);
+    fprintf(stderr, "\n");
+    fflush(stderr);
+    if (!dp.id_file.empty()) bootstrap_file_remove(dp.id_file);  // the run is over: the id is stale
+    alarm(DP_ABORT_GRACE_S);  // SIGALRM ends the process if ncclCommAbort does not return
+    if (dp.comm != nullptr) ncclCommAbort(dp.comm);
+    _exit(EXIT_FAILURE);
+}
+
+inline std::string nccl_reason(const DataParallel& dp, ncclResult_t result) {
+    std::string reason = ncclGetErrorString(result);
+    const char* last = ncclGetLastError(dp.comm);
+    if (last != nullptr && last[0] != '\0') reason += std::string(" (") + last + ")";
+    return reason;
+}
+
+// For an NCCL call outside a group: ncclInProgress means a non-blocking communicator is still
+// working on it (connecting, enqueuing); poll until it is done, an error, or -pt seconds have passed.
+inline void dp_settle(const DataParallel& dp, ncclResult_t result, const char* what, const char* file, int line) {
+    BootstrapClock::time_point deadline = deadline_after(dp.timeout_s);
+    while (result == ncclInProgress) {
+        if (ms_until(deadline) == 0) {
+            dp_abort(dp, "%s did not finish within %g s (-pt): another process has died, hangs or never started "
+                     "[%s:%d]", what, dp.timeout_s, file, line);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        ncclCommGetAsyncError(dp.comm, &result);
+    }
+    if (result != ncclSuccess) dp_abort(dp, "NCCL: %s failed: %s  [%s:%d]", what, nccl_reason(dp, result).c_str(), file, line);
+}
+#define ncclSettle(dp, call) dp_settle((dp), (call), #call, __FILE__, __LINE__)
+
+// For an NCCL call inside ncclGroupStart/End, which only records the operation.
+inline void dp_check_queued(const DataParallel& dp, ncclResult_t result, const char* what, const char* file, int line) {
+    if (result != ncclSuccess && result != ncclInProgress) {
+        dp_abort(dp, "NCCL: %s failed: %s  [%s:%d]", what, nccl_reason(dp, result).c_str(), file, line);
+    }
+}
+#define ncclQueued(dp, call) dp_check_queued((dp), (call), #call, __FILE__, __LINE__)
+
+// Waits for `stream` to finish, like cudaStreamSynchronize, but gives up after -pt seconds or at an
+// NCCL error: use it for every wait that can depend on a collective.
+inline void dp_wait(const DataParallel& dp, cudaStream_t stream, const char* what) {
+    if (!dp.nccl) {
+        cudaCheck(cudaStreamSynchronize(stream));
+        return;
+    }
+    BootstrapClock::time_point deadline = deadline_after(dp.timeout_s);
+    while (true) {
+        cudaError_t status = cudaStreamQuery(stream);
+        if (status == cudaSuccess) return;
+        if (status != cudaErrorNotReady) cudaCheck(status);
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(dp.comm, &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+            dp_abort(dp, "NCCL failed while waiting for %s: %s (another process may have died)", what,
+                     nccl_reason(dp, async).c_str());
+        }
+        if (ms_until(deadline) == 0) {
+            dp_abort(dp, "waited %g s (-pt) for %s: another process has died or hangs (or is slower than -pt allows: "
+                     "raise -pt if a checkpoint or a sample takes longer)", dp.timeout_s, what);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// start-up
+
+#ifdef USE_MPI
+// This process's index among the MPI processes on its node.
+inline void mpi_local_rank(int world_rank, int* local_rank, int* local_size) {
+    MPI_Comm node;
+    mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
+    mpiCheck(MPI_Comm_rank(node, local_rank));
+    mpiCheck(MPI_Comm_size(node, local_size));
+    mpiCheck(MPI_Comm_free(&node));
+}
+#endif
+
+// Rank, process count and GPU; then the NCCL communicator (all methods but Single). Selects the GPU
+// (cudaSetDevice) in every case.
+inline DataParallel dp_init(const TrainArgs& args, int* argc, char*** argv) {
+    DataParallel dp;
+    dp.timeout_s = args.comm_timeout;
+    std::string error;
+#ifdef USE_MPI
+    const bool with_mpi = true;
+#else
+    const bool with_mpi = false;
+#endif
+    if (!choose_launch_method(args, with_mpi, &dp.method, &error)) fatal("%s", error.c_str());
+    int visible = 0;
+    cudaError_t err = cudaGetDeviceCount(&visible);
+    if (err != cudaSuccess || visible == 0) {
+        fatal("no CUDA GPU is visible (%s); train_gpt2cu needs one (train_gpt2 is the CPU trainer)",
+              err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    if (dp.method == LaunchMethod::Mpi) {
+#ifdef USE_MPI
+        ProcessGroup pg = process_group_init(argc, argv);
+        dp.rank = pg.rank;
+        dp.size = pg.size;
+        int local_rank, local_size;
+        mpi_local_rank(dp.rank, &local_rank, &local_size);
+        if (args.num_processes != 1 && args.num_processes != dp.size) {
+            fatal("flag -pn %d disagrees with the %d processes mpirun started (leave -pn out under mpirun)",
+                  args.num_processes, dp.size);
+        }
+        if (local_size > visible) {
+            fatal("rank %d: %d processes share this node but only %d GPU(s) are visible to each", dp.rank, local_size,
+                  visible);
+        }
+        dp.device = local_rank;
+#endif
+    } else if (dp.method == LaunchMethod::Tcp || dp.method == LaunchMethod::File) {
+        dp.rank = args.process_rank;
+        dp.size = args.num_processes;
+        if (!choose_device(dp.rank, args.gpus_per_node, visible, &dp.device, &error)) fatal("%s", error.c_str());
+    }
+    cudaCheck(cudaSetDevice(dp.device));
+    if (dp.method == LaunchMethod::Single) return dp;
+
+    // the NCCL id: made by rank 0, carried to the others by the chosen method
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (dp.rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) fatal("ncclGetUniqueId failed: %s (check NCCL_SOCKET_IFNAME)", ncclGetErrorString(r));
+    }
+    bool ok = true;
+    if (dp.method == LaunchMethod::Mpi) {
+#ifdef USE_MPI
+        mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+#endif
+    } else if (dp.method == LaunchMethod::Tcp) {
+        ok = bootstrap_tcp(args.server_address, dp.rank, dp.size, dp.timeout_s, (uint8_t*)&id, sizeof(id), &error);
+    } else {
+        ok = bootstrap_file(args.bootstrap_file, dp.rank, dp.size, dp.timeout_s, (uint8_t*)&id, sizeof(id), &error);
+    }
+    if (!ok) fatal("bootstrap (-pi %s), rank %d of %d: %s", launch_method_name(dp.method), dp.rank, dp.size, error.c_str());
+    if (dp.method == LaunchMethod::File && dp.rank == 0) dp.id_file = args.bootstrap_file;
+
+    // a non-blocking communicator: its calls return ncclInProgress instead of waiting for the others
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&dp.comm, dp.size, id, dp.rank, &config);
+    dp.nccl = true;
+    dp_settle(dp, r, "forming the NCCL communicator (every rank must join)", __FILE__, __LINE__);
+    if (!dp.id_file.empty()) {  // every rank has read it: the next run may use the path again
+        bootstrap_file_remove(dp.id_file);
+        dp.id_file.clear();
+    }
+
+    int lowest, highest;  // numerically lowest is the highest priority
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&dp.stream, cudaStreamNonBlocking, highest));
+    cudaCheck(cudaEventCreateWithFlags(&dp.compute_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&dp.comm_done, cudaEventDisableTiming));
+    cudaCheck(cudaMalloc(&dp.device_scratch, (dp.size + 1) * sizeof(uint64_t)));
+    cudaCheck(cudaMallocHost(&dp.host_scratch, (dp.size + 1) * sizeof(uint64_t)));
+    return dp;
+}
+
+inline void dp_finalize(DataParallel* dp) {
+    if (dp->nccl) {
+        cudaCheck(cudaStreamSynchronize(dp->stream));
+        ncclSettle(*dp, ncclCommFinalize(dp->comm));  // flushes; waits for the peers' last operations
+        ncclCommDestroy(dp->comm);
+        dp->comm = nullptr;
+        cudaCheck(cudaFree(dp->device_scratch));
+        cudaCheck(cudaFreeHost(dp->host_scratch));
+        cudaCheck(cudaEventDestroy(dp->compute_ready));
+        cudaCheck(cudaEventDestroy(dp->comm_done));
+        cudaCheck(cudaStreamDestroy(dp->stream));
+        dp->nccl = false;
+    }
+#ifdef USE_MPI
+    if (dp->method == LaunchMethod::Mpi) process_group_finalize(dp_process_group(*dp));
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// stream order: the communication stream starts after the compute stream's work so far, and the
+// compute stream continues after every collective queued so far
+
+inline void dp_after_compute(const DataParallel& dp, cudaStream_t compute) {
+    cudaCheck(cudaEventRecord(dp.compute_ready, compute));
+    cudaCheck(cudaStreamWaitEvent(dp.stream, dp.compute_ready, 0));
+}
+
+inline void dp_join(const DataParallel& dp, cudaStream_t compute) {
+    cudaCheck(cudaEventRecord(dp.comm_done, dp.stream));
+    cudaCheck(cudaStreamWaitEvent(compute, dp.comm_done, 0));
+}
+
+// ----------------------------------------------------------------------------
+// collectives
+
+// Queues the reduction of one gradient bucket (llmc/grad_buckets.h) behind the compute stream's work
+// so far: an all-reduce per slice (-z 0) or a reduce to the slice's owner (-z 1), as one NCCL group.
+inline void dp_reduce_bucket(const DataParallel& dp, floatX* grads, const std::vector<GradSlice>& bucket,
+                             cudaStream_t compute) {
+    dp_after_compute(dp, compute);
+    ncclQueued(dp, ncclGroupStart());
+    for (const GradSlice& s : bucket) {
+        floatX* g = grads + s.offset;
+        if (s.owner < 0) {
+            ncclQueued(dp, ncclAllReduce(g, g, s.count, NCCL_FLOATX, ncclSum, dp.comm, dp.stream));
+        } else {
+            ncclQueued(dp, ncclReduce(g, g, s.count, NCCL_FLOATX, ncclSum, s.owner, dp.comm, dp.stream));
+        }
+    }
+    ncclSettle(dp, ncclGroupEnd());
+}
+
+// In-place sum over ranks of a device float array, ordered after and before the compute stream.
+inline void dp_all_reduce_floats(const DataParallel& dp, float* data, size_t count, cudaStream_t compute) {
+    dp_after_compute(dp, compute);
+    ncclSettle(dp, ncclAllReduce(data, data, count, ncclFloat32, ncclSum, dp.comm, dp.stream));
+    dp_join(dp, compute);
+}
+
+// ZeRO-1: every rank holds shard_size elements at data + rank * shard_size; afterwards all ranks hold
+// all size * shard_size of them.
+inline void dp_all_gather(const DataParallel& dp, floatX* data, size_t shard_size, cudaStream_t compute) {
+    dp_after_compute(dp, compute);
+    ncclSettle(dp, ncclAllGather(data + (size_t)dp.rank * shard_size, data, shard_size, NCCL_FLOATX, dp.comm, dp.stream));
+    dp_join(dp, compute);
+}
+
+// Sum over ranks of a host value (losses); waits for it.
+inline double dp_sum(const DataParallel& dp, double value, const char* what) {
+    if (!dp.nccl) return value;
+    memcpy(dp.host_scratch, &value, sizeof(double));
+    cudaCheck(cudaMemcpyAsync(dp.device_scratch, dp.host_scratch, sizeof(double), cudaMemcpyHostToDevice, dp.stream));
+    ncclSettle(dp, ncclAllReduce(dp.device_scratch, dp.device_scratch, 1, ncclFloat64, ncclSum, dp.comm, dp.stream));
+    cudaCheck(cudaMemcpyAsync(dp.host_scratch, dp.device_scratch, sizeof(double), cudaMemcpyDeviceToHost, dp.stream));
+    dp_wait(dp, dp.stream, what);
+    memcpy(&value, dp.host_scratch, sizeof(double));
+    return value;
+}
+
+inline void dp_barrier(const DataParallel& dp, const char* what) { dp_sum(dp, 0.0, what); }
+
+// Every rank must run the same configuration: one started with other flags, another model or other
+// data would silently train something else. The ranks all-gather a hash of their description (flags,
+// model shape, a checksum of the initial weights); every rank sees the same table, so all stop
+// together, rank 0 naming the ranks that differ and each of those printing what it runs.
+inline void dp_check_same_config(const DataParallel& dp, const std::string& description) {
+    if (!dp.nccl || dp.size == 1) return;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
+    dp.host_scratch[dp.rank] = hash;
+    cudaCheck(cudaMemcpyAsync(dp.device_scratch + dp.rank, dp.host_scratch + dp.rank, sizeof(uint64_t),
+                              cudaMemcpyHostToDevice, dp.stream));
+    ncclSettle(dp, ncclAllGather(dp.device_scratch + dp.rank, dp.device_scratch, 1, ncclUint64, dp.comm, dp.stream));
+    cudaCheck(cudaMemcpyAsync(dp.host_scratch, dp.device_scratch, dp.size * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                              dp.stream));
+    dp_wait(dp, dp.stream, "the configuration check at start-up");
+    std::string differing;
+    for (int r = 1; r < dp.size; r++) {
+        if (dp.host_scratch[r] != dp.host_scratch[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (differing.empty()) return;
+    if (dp.rank == 0 || dp.host_scratch[dp.rank] != dp.host_scratch[0]) {
+        dp_abort(dp, "rank(s) %s run a different configuration than rank 0 (flags, model or data differ); this rank "
+                 "has: %s", differing.c_str(), description.c_str());
+    }
+    dp_abort(dp, "rank(s) %s run a different configuration than rank 0; stopping", differing.c_str());
+}

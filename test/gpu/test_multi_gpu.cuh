@@ -1,0 +1,257 @@
+// Data parallelism on GPUs (llmc/nccl.cuh), run through the train_gpt2cu binary. Included by
+// test_gpt2.cu after its helpers (run_trainer, tiny_cosine_flags, metrics_without_timings).
+//
+// One GPU is enough for the first group: the NCCL path with one process must be the single-GPU
+// trainer, bit for bit, with -z 0 and -z 1 and whichever way the process starts (tcp, file, mpirun);
+// and a rank that never comes must stop rank 0 within -pt seconds, at the bootstrap (tcp) or while
+// the communicator forms (file).
+// With two GPUs or more: 2 processes follow 1 process with 2-fold accumulation on the same global
+// batch; -z 0 and -z 1 agree; a resumed 2-process run equals the uninterrupted one bit for bit;
+// another process count is refused; different flags are caught at start-up; killing one process
+// stops the other within -pt seconds. The processes are started with -pi tcp on 127.0.0.1.
+#pragma once
+
+#include <unistd.h>
+
+namespace gpu_test {
+
+int visible_gpus() {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+#define REQUIRE_GPUS(n)                                                                                   \
+    if (visible_gpus() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << visible_gpus() << " visible"
+
+// A port for rank 0 that nothing listens on now (127.0.0.1 only).
+std::string free_loopback_address() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (sockaddr*)&addr, sizeof(addr));
+    socklen_t size = sizeof(addr);
+    getsockname(fd, (sockaddr*)&addr, &size);
+    close(fd);
+    return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
+size_t tiny_parameters(const std::string& oracle_dir) {
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+    return params.size();
+}
+
+// Starts `flags` (each entry: one process's extra flags) as processes of one run in `dir`, in the
+// background except the first (rank 0), each under `timeout`; returns the exit codes and each log.
+struct MultiRun {
+    std::vector<int> exit_codes;
+    std::vector<std::string> logs;
+    std::string dir;
+};
+
+MultiRun run_processes(const std::string& name, const std::string& common, const std::vector<std::string>& per_rank,
+                       int timeout_s = 300, const std::string& before_wait = "") {
+    MultiRun run;
+    run.dir = test::scratch_dir(name);
+    std::string script = "cd '" + run.dir + "'\n";
+    for (size_t r = 1; r < per_rank.size(); r++) {
+        script += "timeout " + std::to_string(timeout_s) + " " + trainer() + " " + common + " " + per_rank[r] +
+                  " > rank" + std::to_string(r) + ".log 2>&1 &\npid" + std::to_string(r) + "=$!\n";
+    }
+    script += before_wait;
+    script += "timeout " + std::to_string(timeout_s) + " " + trainer() + " " + common + " " + per_rank[0] +
+              " > rank0.log 2>&1; echo $? > rc0\n";
+    for (size_t r = 1; r < per_rank.size(); r++) {
+        script += "wait $pid" + std::to_string(r) + "; echo $? > rc" + std::to_string(r) + "\n";
+    }
+    std::ofstream(run.dir + "/run.sh") << script;
+    test::run_command("bash '" + run.dir + "/run.sh'");
+    for (size_t r = 0; r < per_rank.size(); r++) {
+        run.exit_codes.push_back(atoi(test::read_text(run.dir + "/rc" + std::to_string(r)).c_str()));
+        run.logs.push_back(test::read_text(run.dir + "/rank" + std::to_string(r) + ".log"));
+    }
+    return run;
+}
+
+std::string all_logs(const MultiRun& run) {
+    std::string text;
+    for (size_t r = 0; r < run.logs.size(); r++) text += "--- rank " + std::to_string(r) + " ---\n" + run.logs[r];
+    return text;
+}
+
+// Flags of an N-process run with -pi tcp: common ones and each rank's own.
+std::vector<std::string> tcp_ranks(int n, const std::string& address) {
+    std::vector<std::string> ranks;
+    for (int r = 0; r < n; r++) {
+        ranks.push_back("-pi tcp -pn " + std::to_string(n) + " -pr " + std::to_string(r) + " -ps " + address);
+    }
+    return ranks;
+}
+
+// ----------------------------------------------------------------------------
+// one GPU
+
+// The same training with and without NCCL: the same losses, norms, weights and optimizer state, to
+// the bit. A communicator of one process sums nothing, the shard of one process is every parameter,
+// and everything else is the same code.
+TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
+    std::string oracle_dir = tiny_cosine_oracle();
+    std::string flags = tiny_cosine_flags(oracle_dir) + " -n 10";
+    TrainerRun single = run_trainer("mgpu_single", flags);
+    std::vector<std::string> lines = metrics_without_timings(single.dir + "/metrics.jsonl");
+    ASSERT_EQ(lines.size(), 10u);
+    std::vector<std::pair<std::string, std::string>> variants = {
+        {"tcp -z 0", "-pi tcp -pn 1 -pr 0 -ps " + free_loopback_address() + " -z 0"},
+        {"tcp -z 1", "-pi tcp -pn 1 -pr 0 -ps " + free_loopback_address() + " -z 1"},
+        {"file -z 1", "-pi file -pn 1 -pf " + test::scratch_dir("mgpu_id") + "/nccl_id -z 1"},
+    };
+    for (const auto& v : variants) {
+        SCOPED_TRACE(v.first);
+        TrainerRun nccl = run_trainer("mgpu_nccl", flags + " " + v.second);
+        EXPECT_NE(nccl.result.output.find("data parallel: 1 process(es)"), std::string::npos) << nccl.result.output;
+        EXPECT_EQ(metrics_without_timings(nccl.dir + "/metrics.jsonl"), lines);
+        EXPECT_EQ(test::read_text(nccl.dir + "/model_00000010.bin"), test::read_text(single.dir + "/model_00000010.bin"));
+        EXPECT_EQ(test::read_text(nccl.dir + "/state_00000010_00000.bin"),
+                  test::read_text(single.dir + "/state_00000010_00000.bin"));
+    }
+    // the file of the id is removed once the communicator is formed
+    EXPECT_FALSE(file_exists(test::root() + "/build/test_tmp/mgpu_id/nccl_id"));
+}
+
+#ifdef USE_MPI
+TEST(MultiGpuOneProcess, MpirunWithOneProcessEqualsSingleGpu) {
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
+    if (test::run_command("command -v mpirun").exit_code != 0) GTEST_SKIP() << "mpirun not found";
+    std::string oracle_dir = tiny_cosine_oracle();
+    std::string flags = tiny_cosine_flags(oracle_dir);
+    TrainerRun single = run_trainer("mgpu_single_mpi", flags);
+    std::string dir = test::scratch_dir("mgpu_mpirun");
+    test::CommandResult r = test::run_command("timeout 300 mpirun --allow-run-as-root -np 1 " + trainer() + " " + flags +
+                                              " -z 1 -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("started by mpi"), std::string::npos) << r.output;
+    EXPECT_EQ(metrics_without_timings(dir + "/metrics.jsonl"), metrics_without_timings(single.dir + "/metrics.jsonl"));
+}
+#endif
+
+// Rank 1 never starts. With tcp, rank 0 gives up at the bootstrap; with file, rank 0 gets past the
+// bootstrap (it only writes the file) and waits while NCCL forms the communicator: the watchdog must
+// end that wait too. Either way: a non-zero exit and a message within -pt plus a margin.
+TEST(MultiGpuOneProcess, MissingRankStopsRank0WithinTheTimeout) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string common = trainer() + " -e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0 -pt 8";
+    struct Case { std::string flags, message; };
+    std::string id_dir = test::scratch_dir("mgpu_missing");
+    const Case cases[] = {
+        {"-pi tcp -pn 2 -pr 0 -ps " + free_loopback_address(), "missing rank(s): 1"},
+        {"-pi file -pn 2 -pr 0 -pf " + id_dir + "/nccl_id", "forming the NCCL communicator"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.flags);
+        auto start = std::chrono::steady_clock::now();
+        test::CommandResult r = test::run_command("timeout 120 " + common + " " + c.flags);
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_NE(r.exit_code, 0);
+        EXPECT_NE(r.exit_code, 124) << "killed by timeout: the watchdog did not fire";
+        EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+        EXPECT_LT(seconds, 8 + DP_ABORT_GRACE_S + 15) << r.output;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// two GPUs or more
+
+// -d 64 with B=2 T=16: one process accumulates 2 micro-steps, two processes 1 each, over the same 64
+// tokens per step (the sample layout of ../shared/FORMATS.md). Sums in another order: the losses agree
+// within the suite's per-step tolerance, not to the bit.
+TEST(MultiGpu, TwoProcessesMatchOneWithAccumulation) {
+    REQUIRE_GPUS(2);
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
+    std::string oracle_dir = tiny_cosine_oracle();
+    std::string flags = tiny_cosine_flags(oracle_dir);
+    TrainerRun one = run_trainer("mgpu_one", flags);
+    std::vector<double> want = train_losses(one);
+    size_t n = tiny_parameters(oracle_dir);
+    for (int zero : {0, 1}) {
+        SCOPED_TRACE("-z " + std::to_string(zero));
+        std::string dir = test::scratch_dir("mgpu_two_out");
+        MultiRun run = run_processes("mgpu_two", flags + " -o " + dir + " -z " + std::to_string(zero),
+                                     tcp_ranks(2, free_loopback_address()));
+        ASSERT_EQ(run.exit_codes, std::vector<int>({0, 0})) << all_logs(run);
+        std::vector<double> got = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
+        ASSERT_EQ(got.size(), want.size()) << all_logs(run);
+        for (size_t s = 0; s < got.size(); s++) EXPECT_NEAR(got[s], want[s], step_loss_tolerance(want[s])) << "step " << s;
+        // the optimizer memory per process: all N, or rank 0's shard
+        size_t expected = zero == 1 ? aligned_shard_layout(n, 2, 0, 8).end : n;
+        EXPECT_NE(run.logs[0].find("AdamW over " + std::to_string(expected) + " parameters"), std::string::npos)
+            << run.logs[0];
+        EXPECT_EQ(run.logs[1].find("step "), std::string::npos) << "only rank 0 logs";
+    }
+}
+
+TEST(MultiGpu, ResumeEqualsUninterruptedAndOtherProcessCountsAreRefused) {
+    REQUIRE_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string a = test::scratch_dir("mgpu_resume_a"), b = test::scratch_dir("mgpu_resume_b");
+    std::string flags = "-e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                        "/train.bin -b 2 -t 16 -d 128 -x 6 -n 3 -l 1e-3 -sh 1 -v 0 -s 0 -z 1";
+    MultiRun ra = run_processes("mgpu_ra", flags + " -o " + a, tcp_ranks(2, free_loopback_address()));
+    ASSERT_EQ(ra.exit_codes, std::vector<int>({0, 0})) << all_logs(ra);
+    MultiRun rb = run_processes("mgpu_rb", flags + " -o " + b, tcp_ranks(2, free_loopback_address()));
+    ASSERT_EQ(rb.exit_codes, std::vector<int>({0, 0})) << all_logs(rb);
+    for (const char* f : {"/model_00000006.bin", "/state_00000006_00000.bin", "/state_00000006_00001.bin", "/DONE_00000006"}) {
+        ASSERT_EQ(remove((b + f).c_str()), 0) << f;
+    }
+    // one process cannot take the state of two
+    test::CommandResult wrong = test::run_command("timeout 120 " + trainer() + " " + flags + " -o " + b + " -y 1");
+    EXPECT_NE(wrong.exit_code, 0);
+    EXPECT_NE(wrong.output.find("process count"), std::string::npos) << wrong.output;
+    MultiRun resumed = run_processes("mgpu_rr", flags + " -o " + b + " -y 1", tcp_ranks(2, free_loopback_address()));
+    ASSERT_EQ(resumed.exit_codes, std::vector<int>({0, 0})) << all_logs(resumed);
+    EXPECT_NE(resumed.logs[0].find("continuing from step 3"), std::string::npos) << resumed.logs[0];
+    EXPECT_EQ(test::read_text(a + "/model_00000006.bin"), test::read_text(b + "/model_00000006.bin"));
+    EXPECT_EQ(test::read_text(a + "/state_00000006_00001.bin"), test::read_text(b + "/state_00000006_00001.bin"));
+    EXPECT_EQ(metrics_without_timings(a + "/metrics.jsonl"), metrics_without_timings(b + "/metrics.jsonl"));
+}
+
+TEST(MultiGpu, ProcessesWithDifferentFlagsAreStopped) {
+    REQUIRE_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string flags = "-e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0 -pt 30";
+    std::vector<std::string> ranks = tcp_ranks(2, free_loopback_address());
+    ranks[1] += " -l 2e-3";
+    MultiRun run = run_processes("mgpu_flags", flags, ranks, 120);
+    EXPECT_NE(run.exit_codes[0], 0);
+    EXPECT_NE(run.exit_codes[1], 0);
+    EXPECT_NE(all_logs(run).find("different configuration"), std::string::npos) << all_logs(run);
+    EXPECT_EQ(run.logs[0].find("step    1/2"), std::string::npos) << "training must not start";
+}
+
+// Rank 1 is killed (SIGKILL) after a few steps; rank 0 is then stuck in a collective, and its watchdog
+// must end it with an error within -pt (10 s) plus the abort grace, not hang.
+TEST(MultiGpu, KillingOneProcessStopsTheOtherWithinTheTimeout) {
+    REQUIRE_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string flags = "-e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 1000000 -sh 0 -v 0 -s 0 -pt 10";
+    // rank 1 runs in the background; once rank 0... cannot be watched from here (rank 0 runs in the
+    // foreground), so a helper kills rank 1 after 20 s of training
+    std::string killer = "(sleep 20; kill -9 $pid1) &\n";
+    auto start = std::chrono::steady_clock::now();
+    MultiRun run = run_processes("mgpu_kill", flags, tcp_ranks(2, free_loopback_address()), 120, killer);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(run.exit_codes[0], 0) << all_logs(run);
+    EXPECT_NE(run.exit_codes[0], 124) << "rank 0 hung until `timeout` killed it\n" << all_logs(run);
+    EXPECT_NE(run.logs[0].find("Error: rank 0 of 2"), std::string::npos) << all_logs(run);
+    EXPECT_NE(run.logs[0].find("step    2/"), std::string::npos) << "rank 0 trained before the kill";
+    EXPECT_LT(seconds, 20 + 10 + DP_ABORT_GRACE_S + 20) << all_logs(run);
+}
+
+}  // namespace gpu_test
