@@ -12,13 +12,16 @@
 //   3. a micro-kernel keeps an MR×NR tile of C in registers and, for each k, adds the outer product
 //      of an MR column of A and an NR row of B: MR·NR multiply-adds per MR+NR loads.
 // With MR=6, NR=16 the tile is 12 AVX2 registers of 8 floats; the compiler vectorizes the plain
-// loops below (check with -fopt-info-vec). Threads split the tiles of each block, each writing its
-// own tiles of C, so the result does not depend on timing.
+// loops below (check with -fopt-info-vec). Threads split C's columns, each writing its own, so the
+// result does not depend on timing or on the thread count.
 #pragma once
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 constexpr int GEMM_MR = 6;     // rows of C per micro-tile
@@ -63,55 +66,58 @@ static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Rea
 }
 
 // C (M×N, row-major, leading dimension ldc) += A (M×K) · B (K×N).
+// Each thread takes a contiguous range of C's columns and does all of its work alone (its own
+// packed panels of B, its own copy of the packed rows of A): no barrier inside the product, so a
+// thread that the OS pauses delays only its own columns instead of stalling every other thread at
+// each packing step. Packing A once per thread costs M·K copies against M·K·N/threads multiply-adds.
 template <typename Real>
 void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K) {
-    // packed buffers, shared by the threads: B block (KC × NC) and A block (MC × KC), zero-padded
-    size_t kc_max = std::min(GEMM_KC, K), nc_max = std::min(GEMM_NC, N + GEMM_NR), mc_max = std::min(GEMM_MC, M + GEMM_MR);
-    std::vector<Real> packed_b(kc_max * nc_max);
-    std::vector<Real> packed_a(mc_max * kc_max);
+    int total_panels = (N + GEMM_NR - 1) / GEMM_NR;
     // a product too small to pay for waking threads runs on the calling thread
-    bool parallel = (double)M * N * K > 1e5;
+    bool parallel = (double)M * N * K > 1e5 && total_panels > 1;
 #pragma omp parallel if (parallel)
-    for (int jc = 0; jc < N; jc += GEMM_NC) {
-        int nc = std::min(GEMM_NC, N - jc);
-        int n_panels = (nc + GEMM_NR - 1) / GEMM_NR;
-        for (int pc = 0; pc < K; pc += GEMM_KC) {
-            int kc = std::min(GEMM_KC, K - pc);
-            // pack B[pc:pc+kc, jc:jc+nc] as panels [panel][k][NR]
-#pragma omp for schedule(static)
-            for (int jp = 0; jp < n_panels; jp++) {
-                Real* dst = packed_b.data() + (size_t)jp * kc * GEMM_NR;
-                int j0 = jc + jp * GEMM_NR;
-                int nr = std::min(GEMM_NR, N - j0);
-                for (int k = 0; k < kc; k++) {
-                    for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = B.at(pc + k, j0 + j);
-                    for (int j = nr; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = 0;
-                }
-            }  // implicit barrier: the B block is complete
-            for (int ic = 0; ic < M; ic += GEMM_MC) {
-                int mc = std::min(GEMM_MC, M - ic);
-                int m_panels = (mc + GEMM_MR - 1) / GEMM_MR;
-                // pack A[ic:ic+mc, pc:pc+kc] as panels [panel][k][MR]
-#pragma omp for schedule(static)
-                for (int ip = 0; ip < m_panels; ip++) {
-                    Real* dst = packed_a.data() + (size_t)ip * kc * GEMM_MR;
-                    int i0 = ic + ip * GEMM_MR;
-                    int mr = std::min(GEMM_MR, M - i0);
+    {
+        int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        int j_begin = (int)((long)total_panels * thread / threads) * GEMM_NR;
+        int j_end = std::min(N, (int)((long)total_panels * (thread + 1) / threads) * GEMM_NR);
+        size_t kc_max = std::min(GEMM_KC, K);
+        std::unique_ptr<Real[]> packed_b(new Real[kc_max * GEMM_NC]);  // (KC × NC) as [panel][k][NR]
+        std::unique_ptr<Real[]> packed_a(new Real[kc_max * GEMM_MC]);  // (MC × KC) as [panel][k][MR]
+        for (int jc = j_begin; jc < j_end; jc += GEMM_NC) {
+            int nc = std::min(GEMM_NC, j_end - jc);
+            int n_panels = (nc + GEMM_NR - 1) / GEMM_NR;
+            for (int pc = 0; pc < K; pc += GEMM_KC) {
+                int kc = std::min(GEMM_KC, K - pc);
+                for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc], zero-padded
+                    Real* dst = packed_b.get() + (size_t)jp * kc * GEMM_NR;
+                    int j0 = jc + jp * GEMM_NR;
+                    int nr = std::min(GEMM_NR, j_end - j0);
                     for (int k = 0; k < kc; k++) {
-                        for (int i = 0; i < mr; i++) dst[k * GEMM_MR + i] = A.at(i0 + i, pc + k);
-                        for (int i = mr; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = 0;
+                        for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = B.at(pc + k, j0 + j);
+                        for (int j = nr; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = 0;
                     }
                 }
-                // each thread takes a contiguous range of B panels and sweeps all A panels over it
-#pragma omp for collapse(2) schedule(static)
-                for (int jp = 0; jp < n_panels; jp++) {
-                    for (int ip = 0; ip < m_panels; ip++) {
-                        int i0 = ic + ip * GEMM_MR, j0 = jc + jp * GEMM_NR;
-                        gemm_micro_kernel(kc, packed_a.data() + (size_t)ip * kc * GEMM_MR,
-                                          packed_b.data() + (size_t)jp * kc * GEMM_NR, C + (size_t)i0 * ldc + j0,
-                                          ldc, std::min(GEMM_MR, M - i0), std::min(GEMM_NR, N - j0));
+                for (int ic = 0; ic < M; ic += GEMM_MC) {
+                    int mc = std::min(GEMM_MC, M - ic);
+                    int m_panels = (mc + GEMM_MR - 1) / GEMM_MR;
+                    for (int ip = 0; ip < m_panels; ip++) {  // pack A[ic:ic+mc, pc:pc+kc], zero-padded
+                        Real* dst = packed_a.get() + (size_t)ip * kc * GEMM_MR;
+                        int i0 = ic + ip * GEMM_MR;
+                        int mr = std::min(GEMM_MR, M - i0);
+                        for (int k = 0; k < kc; k++) {
+                            for (int i = 0; i < mr; i++) dst[k * GEMM_MR + i] = A.at(i0 + i, pc + k);
+                            for (int i = mr; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = 0;
+                        }
                     }
-                }  // implicit barrier before packed_a is overwritten
+                    for (int jp = 0; jp < n_panels; jp++) {
+                        for (int ip = 0; ip < m_panels; ip++) {
+                            int i0 = ic + ip * GEMM_MR, j0 = jc + jp * GEMM_NR;
+                            gemm_micro_kernel(kc, packed_a.get() + (size_t)ip * kc * GEMM_MR,
+                                              packed_b.get() + (size_t)jp * kc * GEMM_NR, C + (size_t)i0 * ldc + j0,
+                                              ldc, std::min(GEMM_MR, M - i0), std::min(GEMM_NR, j_end - j0));
+                        }
+                    }
+                }
             }
         }
     }
