@@ -43,33 +43,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 // ----------------------------------------------------------------------------
 // Parameters: 16 tensors in checkpoint order, pointers into one flat array.
 
-struct ParameterTensors {
-    float* wte;       // (Vp, C)
-    float* wpe;       // (maxT, C)
-    float* ln1w;      // (L, C)
-    float* ln1b;      // (L, C)
-    float* qkvw;      // (L, 3C, C)
-    float* qkvb;      // (L, 3C)
-    float* attprojw;  // (L, C, C)
-    float* attprojb;  // (L, C)
-    float* ln2w;      // (L, C)
-    float* ln2b;      // (L, C)
-    float* fcw;       // (L, 4C, C)
-    float* fcb;       // (L, 4C)
-    float* fcprojw;   // (L, C, 4C)
-    float* fcprojb;   // (L, C)
-    float* lnfw;      // (C)
-    float* lnfb;      // (C)
-};
-
-void point_parameters(ParameterTensors* p, float* memory, const GPT2Config& cfg) {
-    float** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,  &p->wpe,  &p->ln1w,     &p->ln1b,     &p->qkvw,    &p->qkvb,
-                                           &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,     &p->fcb,
-                                           &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
-    size_t offsets[NUM_PARAMETER_TENSORS];
-    param_tensor_offsets(cfg, offsets);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
-}
+using ParameterTensors = ParameterTensorsOf<float>;  // llmc/gpt2_config.h
 
 // ----------------------------------------------------------------------------
 // Activations of the forward pass, kept for the backward pass. Per-layer tensors are stacked over L;

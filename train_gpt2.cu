@@ -57,34 +57,7 @@ constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_BF16;
 // ----------------------------------------------------------------------------
 // Parameters: 16 tensors in checkpoint order, pointers into one device allocation.
 
-struct ParameterTensors {
-    floatX* wte;       // (Vp, C)
-    floatX* wpe;       // (maxT, C)
-    floatX* ln1w;      // (L, C)
-    floatX* ln1b;      // (L, C)
-    floatX* qkvw;      // (L, 3C, C)
-    floatX* qkvb;      // (L, 3C)
-    floatX* attprojw;  // (L, C, C)
-    floatX* attprojb;  // (L, C)
-    floatX* ln2w;      // (L, C)
-    floatX* ln2b;      // (L, C)
-    floatX* fcw;       // (L, 4C, C)
-    floatX* fcb;       // (L, 4C)
-    floatX* fcprojw;   // (L, C, 4C)
-    floatX* fcprojb;   // (L, C)
-    floatX* lnfw;      // (C)
-    floatX* lnfb;      // (C)
-};
-
-// Every tensor starts at a multiple of C elements, so with C % 8 == 0 each is 16-byte aligned.
-void point_parameters(ParameterTensors* p, floatX* memory, const GPT2Config& cfg) {
-    floatX** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw,    &p->qkvb,
-                                            &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,     &p->fcb,
-                                            &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
-    size_t offsets[NUM_PARAMETER_TENSORS];
-    param_tensor_offsets(cfg, offsets);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
-}
+using ParameterTensors = ParameterTensorsOf<floatX>;  // llmc/gpt2_config.h
 
 // ----------------------------------------------------------------------------
 // Activations: everything the forward keeps for the backward, the backward's per-layer gradient

@@ -84,6 +84,40 @@ inline void param_tensor_offsets(const GPT2Config& cfg, size_t offsets[NUM_PARAM
     }
 }
 
+// Pointers to the 16 tensors inside one flat allocation of element type T (float on the CPU, the
+// CUDA trainer's floatX on the GPU); per-layer tensors are stacked over L.
+template <typename T>
+struct ParameterTensorsOf {
+    T* wte;       // (Vp, C)
+    T* wpe;       // (maxT, C)
+    T* ln1w;      // (L, C)
+    T* ln1b;      // (L, C)
+    T* qkvw;      // (L, 3C, C)
+    T* qkvb;      // (L, 3C)
+    T* attprojw;  // (L, C, C)
+    T* attprojb;  // (L, C)
+    T* ln2w;      // (L, C)
+    T* ln2b;      // (L, C)
+    T* fcw;       // (L, 4C, C)
+    T* fcb;       // (L, 4C)
+    T* fcprojw;   // (L, C, 4C)
+    T* fcprojb;   // (L, C)
+    T* lnfw;      // (C)
+    T* lnfb;      // (C)
+};
+
+// Points each tensor at its offset in `memory` (N elements in checkpoint order). Every tensor starts
+// at a multiple of C elements, so with C % 8 == 0 each is 16-byte aligned for 2-byte types.
+template <typename T>
+void point_parameters(ParameterTensorsOf<T>* p, T* memory, const GPT2Config& cfg) {
+    T** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
+                                       &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,
+                                       &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
+    size_t offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_offsets(cfg, offsets);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
+}
+
 // Forward FLOPs per token for the training FLOP estimate: 6N for the matmuls of forward+backward plus
 // 6·L·C·T for attention's scores and weighted sum (the usual estimate, e.g. the PaLM paper appendix).
 inline double flops_per_token(const GPT2Config& cfg, int T) {

@@ -80,15 +80,6 @@ int64_t expected_samples(int64_t n, int P, int B, int T) {
     return count;
 }
 
-std::string re_escape(const std::string& text) {
-    std::string out;
-    for (char c : text) {
-        if (strchr(".[]{}()\\*+?^$|", c)) out += '\\';
-        out += c;
-    }
-    return out;
-}
-
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -315,7 +306,7 @@ TEST(DataLoaderErrors, TokenOutsideVocabNamesShardAndOffset) {
     for (int64_t k = 0; k < first_shard; k++) dataloader_next_batch(&loader);  // the good shard reads fine
     EXPECT_EQ(loader.inputs[0], 5);
     EXPECT_EXIT(dataloader_next_batch(&loader), testing::ExitedWithCode(1),
-                "data shard '" + re_escape(dir + "/v_000001.bin") +
+                "data shard '" + test::re_escape(dir + "/v_000001.bin") +
                     "': token 50257 at offset 37 .* is not below the model's vocab size 50257");
     // the first token of a shard, and the largest uint16
     tokens.assign(100, 5);
@@ -336,7 +327,7 @@ TEST(DataLoaderErrors, ShardTooSmallForOneBatch) {
     dataloader_init(&loader, dir + "/s_000000.bin", 2, 4, 0, 3, false, VOCAB);  // 100 tokens are enough
     EXPECT_EQ(dataloader_num_batches(&loader), 4);
     EXPECT_EXIT(dataloader_init(&loader, dir + "/s_*.bin", 2, 4, 0, 3, false, VOCAB), testing::ExitedWithCode(1),
-                "data shard '" + re_escape(dir + "/s_000001.bin") +
+                "data shard '" + test::re_escape(dir + "/s_000001.bin") +
                     "' has 24 tokens, fewer than the 25 one batch needs \\(3 processes x B=2 x T=4, plus one\\)");
     shard_write(dir + "/s_000001.bin", tokens.data(), 25);  // exactly one sample
     dataloader_init(&loader, dir + "/s_*.bin", 2, 4, 0, 3, false, VOCAB);
@@ -347,7 +338,7 @@ TEST(DataLoaderErrors, NoShardMatches) {
     std::string dir = test::scratch_dir("dataloader_nomatch");
     DataLoader loader;
     EXPECT_EXIT(dataloader_init(&loader, dir + "/absent_train_*.bin", 2, 4, 0, 1, false, VOCAB),
-                testing::ExitedWithCode(1), "no file matches '" + re_escape(dir + "/absent_train_*.bin") + "'");
+                testing::ExitedWithCode(1), "no file matches '" + test::re_escape(dir + "/absent_train_*.bin") + "'");
 }
 
 // ----------------------------------------------------------------------------

@@ -43,16 +43,6 @@ void copy_resized(const std::string& from, const std::string& to, long size) {
     write_bytes(to, bytes);
 }
 
-// `text` with every POSIX extended-regex metacharacter escaped, to match a path literally.
-std::string re_escape(const std::string& text) {
-    std::string out;
-    for (char c : text) {
-        if (strchr(".[]{}()\\*+?^$|", c)) out += '\\';
-        out += c;
-    }
-    return out;
-}
-
 uint32_t float_bits(float f) {
     uint32_t bits;
     memcpy(&bits, &f, 4);
@@ -438,7 +428,7 @@ TEST(FilesState, RefusesInconsistentHeaders) {
     const char* inconsistent = "optimizer state file '.*%s' has an inconsistent header";
     auto expect_refused = [&](const std::string& name) {
         char re[256];
-        snprintf(re, sizeof(re), inconsistent, re_escape(name).c_str());
+        snprintf(re, sizeof(re), inconsistent, test::re_escape(name).c_str());
         EXPECT_EXIT(read_state(dir + "/" + name), testing::ExitedWithCode(1), re) << name;
     };
     copy_with_header(dir + "/good.bin", dir + "/rank.bin", 3, 4);  // rank 4 of 4 processes
@@ -534,7 +524,7 @@ TEST(FilesShard, LoaderChecksEveryShardAtInit) {
     EXPECT_EXIT(dataloader_init(&loader, dir + "/d_*.bin", 2, 4, 0, 1, true, 50257), testing::ExitedWithCode(1),
                 "data shard '.*d_000002\\.bin' has magic 0, expected 20240520");
     EXPECT_EXIT(dataloader_init(&loader, dir + "/nothing_*.bin", 2, 4, 0, 1, false, 50257),
-                testing::ExitedWithCode(1), "no file matches '" + re_escape(dir + "/nothing_*.bin") + "'");
+                testing::ExitedWithCode(1), "no file matches '" + test::re_escape(dir + "/nothing_*.bin") + "'");
 }
 
 // ----------------------------------------------------------------------------

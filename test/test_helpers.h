@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -51,6 +52,16 @@ inline CommandResult run_command(const std::string& cmd) {
     int status = pclose(pipe);
     result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return result;
+}
+
+// `text` with every POSIX extended-regex metacharacter escaped, to match a path literally.
+inline std::string re_escape(const std::string& text) {
+    std::string out;
+    for (char c : text) {
+        if (strchr(".[]{}()\\*+?^$|", c)) out += '\\';
+        out += c;
+    }
+    return out;
 }
 
 inline std::string read_text(const std::string& path) {
