@@ -101,11 +101,11 @@ struct GPT2 {
     std::vector<float> acts_memory, scratch_memory;
     ActivationTensors acts;
     BackwardScratch scratch;
-    float mean_loss = -1.0f;  // of the last forward with targets
 };
 
-// Pads the flat parameter and gradient arrays for the collectives and sizes the AdamW moments for the
-// parameters this process updates: all of them (-z 0) or its shard (-z 1, see llmc/zero.h).
+// Sizes the flat parameter and gradient arrays (zero-filled where new, padded for the collectives)
+// and the AdamW moments for the parameters this process updates: all of them (-z 0) or its shard
+// (-z 1, see llmc/zero.h).
 void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
     model->shard = shard_layout(model->num_parameters, pg.size, pg.rank);
     model->params_memory.resize(model->shard.padded_size, 0.0f);
@@ -124,12 +124,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     param_tensor_sizes(cfg, model->param_sizes);
     param_tensor_offsets(cfg, model->param_offsets);
     model->num_parameters = num_parameters(cfg);
-    model->params_memory.assign(model->num_parameters, 0.0f);
-    model->grads_memory.assign(model->num_parameters, 0.0f);
-    point_parameters(&model->params, model->params_memory.data(), cfg);
-    point_parameters(&model->grads, model->grads_memory.data(), cfg);
-    ProcessGroup single;
-    gpt2_setup_optimizer(model, single, 0);
+    model->params_memory.clear();
+    model->grads_memory.clear();
+    gpt2_setup_optimizer(model, ProcessGroup(), 0);  // one process, until main() knows better
 }
 
 // Builds the model from fp32 parameters (N, checkpoint order).
@@ -230,15 +227,11 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
     matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vp);
 
-    if (targets == nullptr) {
-        model->mean_loss = -1.0f;
-        return -1.0f;
-    }
+    if (targets == nullptr) return -1.0f;
     crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, Vp);
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += a.losses[i];
-    model->mean_loss = (float)(sum / BT);
-    return model->mean_loss;
+    return (float)(sum / BT);
 }
 
 void gpt2_zero_grad(GPT2* model) {
