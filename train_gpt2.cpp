@@ -413,32 +413,11 @@ int main(int argc, char** argv) {
            model.opt_end - model.opt_begin, args.zero_stage == 1 ? "ZeRO-1 shard" : "all",
            2.0 * (model.opt_end - model.opt_begin) * sizeof(float) / (1 << 20));
 
-    int grad_accum_steps = validate_batch_args(args, cfg, pg.size);
-    int B = args.B, T = args.T;
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, args.train_pattern, B, T, pg.rank, pg.size, args.shuffle != 0, cfg.vocab_size);
-    if (args.val_every > 0) {
-        dataloader_init(&val_loader, args.val_pattern, B, T, pg.rank, pg.size, false, cfg.vocab_size);
-        int64_t available = dataloader_num_batches(&val_loader);
-        if (args.val_batches > available) {
-            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d per process",
-                  args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
-        }
-    }
-    int64_t epoch_steps = dataloader_num_batches(&train_loader) / grad_accum_steps;
-    int max_steps = args.max_steps > 0 ? args.max_steps : (int)epoch_steps;
-    long tokens_per_step = (long)B * T * grad_accum_steps * pg.size;
-    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(), tokens_per_step);
-    if (resume_step > max_steps) fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, max_steps);
-    printf("batch: B=%d T=%d x %d accumulation step(s) x %d process(es) = %ld tokens per step; %d steps (one epoch "
-           "is %ld)\n", B, T, grad_accum_steps, pg.size, tokens_per_step, max_steps, (long)epoch_steps);
-
-    LRScheduler scheduler;
-    parse_lr_schedule(args.schedule.c_str(), &scheduler.type);
-    scheduler.learning_rate = args.learning_rate;
-    scheduler.warmup_steps = args.warmup_steps;
-    scheduler.max_steps = max_steps;
-    scheduler.final_frac = args.final_lr_frac;
+    TrainingData data;
+    training_data_init(&data, args, cfg, pg.rank, pg.size, resume_step);
+    DataLoader& train_loader = data.train;
+    int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
+    LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
 
     TokenizerFile tokenizer;
     int eot;
@@ -460,7 +439,7 @@ int main(int argc, char** argv) {
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &val_loader, args.val_batches, pg);
+            float val_loss = validation_loss(&model, &data.val, args.val_batches, pg);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
@@ -487,7 +466,7 @@ int main(int argc, char** argv) {
         float lr = lr_at_step(scheduler, step);
         double grad_norm = gpt2_step(&model, pg, args.zero_stage, lr, args.weight_decay, step + 1);
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        double tokens_per_s = (double)tokens_per_step / (ms / 1000.0);
+        double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
         printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step, max_steps, loss, lr,
                grad_norm, ms, tokens_per_s);
         logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s);

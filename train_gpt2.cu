@@ -651,42 +651,17 @@ int main(int argc, char** argv) {
     dp_check_same_config(dp, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
     std::vector<float>().swap(initial);
 
-    int grad_accum_steps = validate_batch_args(args, cfg, dp.size);
-    int B = args.B, T = args.T;
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, args.train_pattern, B, T, dp.rank, dp.size, args.shuffle != 0, cfg.vocab_size);
-    if (args.val_every > 0) {
-        dataloader_init(&val_loader, args.val_pattern, B, T, dp.rank, dp.size, false, cfg.vocab_size);
-        int64_t available = dataloader_num_batches(&val_loader);
-        if (args.val_batches > available) {
-            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d per process",
-                  args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
-        }
-    }
-    int64_t epoch_steps = dataloader_num_batches(&train_loader) / grad_accum_steps;
-    int max_steps = args.max_steps > 0 ? args.max_steps : (int)epoch_steps;
-    long tokens_per_step = (long)B * T * grad_accum_steps * dp.size;
-    if (max_steps < 1) fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(), tokens_per_step);
-    if (resume_step > max_steps) fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, max_steps);
-    if (dp.size == 1) {
-        printf("batch: B=%d T=%d, %d accumulation step(s), %ld tokens per step; %d steps (one epoch is %ld)\n", B, T,
-               grad_accum_steps, tokens_per_step, max_steps, (long)epoch_steps);
-    } else {
-        printf("batch: B=%d T=%d x %d accumulation step(s) x %d processes = %ld tokens per step; %d steps (one epoch "
-               "is %ld)\n", B, T, grad_accum_steps, dp.size, tokens_per_step, max_steps, (long)epoch_steps);
-    }
+    TrainingData data;
+    training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
+    DataLoader& train_loader = data.train;
+    int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
     gpt2_allocate_activations(&model, B, T);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
            total_bytes / 1073741824.0);
 
-    LRScheduler scheduler;
-    parse_lr_schedule(args.schedule.c_str(), &scheduler.type);
-    scheduler.learning_rate = args.learning_rate;
-    scheduler.warmup_steps = args.warmup_steps;
-    scheduler.max_steps = max_steps;
-    scheduler.final_frac = args.final_lr_frac;
+    LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
 
     TokenizerFile tokenizer;
     int eot;
@@ -706,7 +681,7 @@ int main(int argc, char** argv) {
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &val_loader, args.val_batches, dp);
+            float val_loss = validation_loss(&model, &data.val, args.val_batches, dp);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
@@ -739,7 +714,7 @@ int main(int argc, char** argv) {
         gpt2_sync(&model, "the parameter update");
         float loss = (float)(dp_sum(dp, loss_sum, "the step's loss") / ((double)grad_accum_steps * dp.size));
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        double tokens_per_s = (double)tokens_per_step / (ms / 1000.0);
+        double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
         char mfu[32] = "n/a";  // a GPU missing from bf16_peak_flops' table
         if (peak_flops > 0) snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak_flops);
         printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s\n", step, max_steps,

@@ -12,6 +12,7 @@
 #include "dataloader.h"
 #include "gpt2_config.h"
 #include "process_group.h"
+#include "schedulers.h"
 #include "tokenizer_file.h"
 
 // The state file of one process, without the optimizer buffers (the trainer fills m, v, master from
@@ -33,6 +34,55 @@ inline TrainState train_state_header(int step, const DataLoader& loader, uint64_
     state.shard_offset = (int64_t)opt_begin;
     state.shard_length = (int64_t)(opt_end - opt_begin);
     return state;
+}
+
+// The data of one process and the step count it gives: the train loader (shuffled unless -sh 0), the
+// val loader (when -v > 0; -m must fit in it), the accumulation steps that make up -d, and -x or one
+// epoch. A resumed checkpoint past the last step is refused.
+struct TrainingData {
+    DataLoader train, val;
+    int grad_accum_steps = 1;
+    int max_steps = 0;
+    int64_t epoch_steps = 0;
+    long tokens_per_step = 0;  // all processes together
+};
+
+inline void training_data_init(TrainingData* data, const TrainArgs& args, const GPT2Config& cfg, int rank,
+                               int num_processes, int resume_step) {
+    data->grad_accum_steps = validate_batch_args(args, cfg, num_processes);
+    int B = args.B, T = args.T;
+    dataloader_init(&data->train, args.train_pattern, B, T, rank, num_processes, args.shuffle != 0, cfg.vocab_size);
+    if (args.val_every > 0) {
+        dataloader_init(&data->val, args.val_pattern, B, T, rank, num_processes, false, cfg.vocab_size);
+        int64_t available = dataloader_num_batches(&data->val);
+        if (args.val_batches > available) {
+            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d per process",
+                  args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
+        }
+    }
+    data->epoch_steps = dataloader_num_batches(&data->train) / data->grad_accum_steps;
+    data->max_steps = args.max_steps > 0 ? args.max_steps : (int)data->epoch_steps;
+    data->tokens_per_step = (long)B * T * data->grad_accum_steps * num_processes;
+    if (data->max_steps < 1) {
+        fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(),
+              data->tokens_per_step);
+    }
+    if (resume_step > data->max_steps) {
+        fatal("resume: the checkpoint is at step %d, past -x %d", resume_step, data->max_steps);
+    }
+    printf("batch: B=%d T=%d x %d accumulation step(s) x %d process(es) = %ld tokens per step; %d steps (one epoch "
+           "is %ld)\n", B, T, data->grad_accum_steps, num_processes, data->tokens_per_step, data->max_steps,
+           (long)data->epoch_steps);
+}
+
+inline LRScheduler lr_scheduler_from_args(const TrainArgs& args, int max_steps) {
+    LRScheduler scheduler;
+    parse_lr_schedule(args.schedule.c_str(), &scheduler.type);  // checked by parse_args
+    scheduler.learning_rate = args.learning_rate;
+    scheduler.warmup_steps = args.warmup_steps;
+    scheduler.max_steps = max_steps;
+    scheduler.final_frac = args.final_lr_frac;
+    return scheduler;
 }
 
 // Reads this process's state file of checkpoint `step` and checks that it belongs to this run (same

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../llmc/dataloader.h"
 #include "../llmc/utils.h"
 
 namespace test {
@@ -156,6 +157,35 @@ inline std::vector<double> jsonl_values(const std::string& path, const std::stri
         if (at != std::string::npos) out.push_back(strtod(line.c_str() + at + pattern.size(), nullptr));
     }
     return out;
+}
+
+// Every line of metrics.jsonl with the timings ("ms", "tokens_per_s") removed, so runs can be compared.
+inline std::vector<std::string> metrics_without_timings(const std::string& path) {
+    std::vector<std::string> lines;
+    std::istringstream in(read_text(path));
+    std::string line;
+    while (std::getline(in, line)) {
+        size_t at = line.find(", \"ms\":");
+        if (at != std::string::npos) line = line.substr(0, at) + "}";
+        lines.push_back(line);
+    }
+    return lines;
+}
+
+// Splits the oracle's shard into 3 train shards (so shuffling permutes shards and samples) and a val
+// shard in `out`; returns the train glob.
+inline std::string make_three_shards(const std::string& oracle_dir, const std::string& out) {
+    FILE* fp;
+    int64_t n = shard_open(oracle_dir + "/train.bin", &fp);
+    std::vector<uint16_t> tokens(n);
+    freadCheck(tokens.data(), 2, n, fp);
+    fclose(fp);
+    int64_t third = n / 3;
+    for (int i = 0; i < 3; i++) {
+        shard_write(out + "/shard_train_00000" + std::to_string(i) + ".bin", tokens.data() + i * third, third);
+    }
+    shard_write(out + "/shard_val_000000.bin", tokens.data(), third);
+    return out + "/shard_train_*.bin";
 }
 
 }  // namespace test

@@ -155,34 +155,6 @@ TEST(TrainOracle, Gpt2Small10Steps) {
     check_training_run(dir, "d12_train", flags, 2, 16);
 }
 
-// Splits the oracle's shard into 3 shards so shuffling permutes shards and samples.
-std::string make_three_shards(const std::string& oracle_dir, const std::string& out) {
-    FILE* fp;
-    int64_t n = shard_open(oracle_dir + "/train.bin", &fp);
-    std::vector<uint16_t> tokens(n);
-    freadCheck(tokens.data(), 2, n, fp);
-    fclose(fp);
-    int64_t third = n / 3;
-    for (int i = 0; i < 3; i++) {
-        shard_write(out + "/shard_train_00000" + std::to_string(i) + ".bin", tokens.data() + i * third, third);
-    }
-    shard_write(out + "/shard_val_000000.bin", tokens.data(), third);
-    return out + "/shard_train_*.bin";
-}
-
-// Every line of metrics.jsonl with "ms" and "tokens_per_s" (timings) removed.
-std::vector<std::string> metrics_without_timings(const std::string& path) {
-    std::vector<std::string> lines;
-    std::istringstream in(test::read_text(path));
-    std::string line;
-    while (std::getline(in, line)) {
-        size_t at = line.find(", \"ms\":");
-        if (at != std::string::npos) line = line.substr(0, at) + "}";
-        lines.push_back(line);
-    }
-    return lines;
-}
-
 // Sample texts printed by a run, in order.
 std::vector<std::string> samples_in(const std::string& output) {
     std::vector<std::string> samples;
@@ -204,7 +176,7 @@ std::vector<std::string> samples_in(const std::string& output) {
 TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
     std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
     std::string data = test::scratch_dir("resume_data");
-    std::string train = make_three_shards(oracle_dir, data);
+    std::string train = test::make_three_shards(oracle_dir, data);
     std::string common = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i '" + train + "' -j '" + data +
                          "/shard_val_*.bin' -b 2 -t 16 -d 64 -x 12 -l 1e-3 -u 2 -q 0.1 -c 0.1 -sh 1 -v 4 -m 2 -s 4 -g 8 -n 4";
     std::string dir_a = test::scratch_dir("resume_a"), dir_b = test::scratch_dir("resume_b");
@@ -223,7 +195,7 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     EXPECT_NE(resumed.output.find("continuing from step 8"), std::string::npos) << resumed.output;
 
-    EXPECT_EQ(metrics_without_timings(dir_a + "/metrics.jsonl"), metrics_without_timings(dir_b + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(dir_a + "/metrics.jsonl"), test::metrics_without_timings(dir_b + "/metrics.jsonl"));
     EXPECT_EQ(test::read_text(dir_a + "/main.log"), test::read_text(dir_b + "/main.log"));
     EXPECT_EQ(test::read_text(dir_a + "/model_00000012.bin"), test::read_text(dir_b + "/model_00000012.bin"));
     EXPECT_EQ(test::read_text(dir_a + "/state_00000012_00000.bin"), test::read_text(dir_b + "/state_00000012_00000.bin"));
@@ -243,7 +215,7 @@ TEST(TrainDeterminism, SameSeedSameRunOtherSeedOtherInit) {
     ASSERT_EQ(test::run_command(base + " -sd 5 -o " + d1).exit_code, 0);
     ASSERT_EQ(test::run_command(base + " -sd 5 -o " + d2).exit_code, 0);
     ASSERT_EQ(test::run_command(base + " -sd 6 -o " + d3).exit_code, 0);
-    EXPECT_EQ(metrics_without_timings(d1 + "/metrics.jsonl"), metrics_without_timings(d2 + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(d1 + "/metrics.jsonl"), test::metrics_without_timings(d2 + "/metrics.jsonl"));
     EXPECT_EQ(test::read_text(d1 + "/model_00000002.bin"), test::read_text(d2 + "/model_00000002.bin"));
     EXPECT_NE(test::read_text(d1 + "/model_00000002.bin"), test::read_text(d3 + "/model_00000002.bin"));
 }

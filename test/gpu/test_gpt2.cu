@@ -175,19 +175,6 @@ TrainerRun run_trainer(const std::string& name, const std::string& flags, const 
     return run;
 }
 
-// Every line of metrics.jsonl with the timings ("ms", "tokens_per_s") removed.
-std::vector<std::string> metrics_without_timings(const std::string& path) {
-    std::vector<std::string> lines;
-    std::istringstream in(test::read_text(path));
-    std::string line;
-    while (std::getline(in, line)) {
-        size_t at = line.find(", \"ms\":");
-        if (at != std::string::npos) line = line.substr(0, at) + "}";
-        lines.push_back(line);
-    }
-    return lines;
-}
-
 std::vector<double> train_losses(const TrainerRun& run) { return test::jsonl_values(run.dir + "/metrics.jsonl", "train_loss"); }
 
 std::string tiny_cosine_flags(const std::string& oracle_dir) {
@@ -224,8 +211,8 @@ TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
     TrainerRun r1 = run_trainer("gpu_r1", flags + " -r 1");
     TrainerRun r0 = run_trainer("gpu_r0", flags + " -r 0");
     TrainerRun r2 = run_trainer("gpu_r2", flags + " -r 2");
-    EXPECT_EQ(metrics_without_timings(r0.dir + "/metrics.jsonl"), metrics_without_timings(r1.dir + "/metrics.jsonl"));
-    EXPECT_EQ(metrics_without_timings(r2.dir + "/metrics.jsonl"), metrics_without_timings(r1.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(r0.dir + "/metrics.jsonl"), test::metrics_without_timings(r1.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(r2.dir + "/metrics.jsonl"), test::metrics_without_timings(r1.dir + "/metrics.jsonl"));
     std::vector<double> base = train_losses(r1);
     for (const char* option : {"-w 0", "-ge 1", "-ge 1 -r 0"}) {
         SCOPED_TRACE(option);
@@ -243,24 +230,9 @@ TEST(TrainDeterminism, SameSeedSameRun) {
     std::string dir = tiny_oracle();
     std::string flags = "-e d6 -sd 5 -i " + dir + "/train.bin -b 2 -t 16 -x 3 -v 0 -s 0 -n 3";
     TrainerRun a = run_trainer("gpu_det1", flags), b = run_trainer("gpu_det2", flags);
-    EXPECT_EQ(metrics_without_timings(a.dir + "/metrics.jsonl"), metrics_without_timings(b.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(a.dir + "/metrics.jsonl"), test::metrics_without_timings(b.dir + "/metrics.jsonl"));
     EXPECT_EQ(test::read_text(a.dir + "/model_00000003.bin"), test::read_text(b.dir + "/model_00000003.bin"));
     EXPECT_EQ(test::read_text(a.dir + "/state_00000003_00000.bin"), test::read_text(b.dir + "/state_00000003_00000.bin"));
-}
-
-// Splits the oracle's shard into 3 shards so shuffling permutes shards and samples.
-std::string make_three_shards(const std::string& oracle_dir, const std::string& out) {
-    FILE* fp;
-    int64_t n = shard_open(oracle_dir + "/train.bin", &fp);
-    std::vector<uint16_t> tokens(n);
-    freadCheck(tokens.data(), 2, n, fp);
-    fclose(fp);
-    int64_t third = n / 3;
-    for (int i = 0; i < 3; i++) {
-        shard_write(out + "/shard_train_00000" + std::to_string(i) + ".bin", tokens.data() + i * third, third);
-    }
-    shard_write(out + "/shard_val_000000.bin", tokens.data(), third);
-    return out + "/shard_train_*.bin";
 }
 
 // As the CPU suite's resume test: run A goes 12 steps checkpointing every 4; run B is the same run
@@ -271,7 +243,7 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string oracle_dir = tiny_oracle();
     std::string data = test::scratch_dir("gpu_resume_data");
-    std::string train = make_three_shards(oracle_dir, data);
+    std::string train = test::make_three_shards(oracle_dir, data);
     std::string common = "-e " + oracle_dir + "/model.bin -i '" + train + "' -j '" + data +
                          "/shard_val_*.bin' -b 2 -t 16 -d 64 -x 12 -l 1e-3 -u 2 -q 0.1 -c 0.1 -sh 1 -v 4 -m 2 -s 4 -g 8 -n 4";
     TrainerRun a = run_trainer("gpu_resume_a", common);
@@ -284,7 +256,7 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
     test::CommandResult resumed = test::run_command(cmd);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     EXPECT_NE(resumed.output.find("continuing from step 8"), std::string::npos) << resumed.output;
-    EXPECT_EQ(metrics_without_timings(a.dir + "/metrics.jsonl"), metrics_without_timings(b.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(a.dir + "/metrics.jsonl"), test::metrics_without_timings(b.dir + "/metrics.jsonl"));
     EXPECT_EQ(test::read_text(a.dir + "/main.log"), test::read_text(b.dir + "/main.log"));
     EXPECT_EQ(test::read_text(a.dir + "/model_00000012.bin"), test::read_text(b.dir + "/model_00000012.bin"));
     EXPECT_EQ(test::read_text(a.dir + "/state_00000012_00000.bin"), test::read_text(b.dir + "/state_00000012_00000.bin"));

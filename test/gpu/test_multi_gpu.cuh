@@ -1,5 +1,5 @@
 // Data parallelism on GPUs (llmc/nccl.cuh), run through the train_gpt2cu binary. Included by
-// test_gpt2.cu after its helpers (run_trainer, tiny_cosine_flags, metrics_without_timings).
+// test_gpt2.cu after its helpers (run_trainer, tiny_cosine_flags; metrics_without_timings is in test_helpers.h).
 //
 // One GPU is enough for the first group: the NCCL path with one process must be the single-GPU
 // trainer, bit for bit, with -z 0 and -z 1 and whichever way the process starts (tcp, file, mpirun);
@@ -102,7 +102,7 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
     std::string oracle_dir = tiny_cosine_oracle();
     std::string flags = tiny_cosine_flags(oracle_dir) + " -n 10";
     TrainerRun single = run_trainer("mgpu_single", flags);
-    std::vector<std::string> lines = metrics_without_timings(single.dir + "/metrics.jsonl");
+    std::vector<std::string> lines = test::metrics_without_timings(single.dir + "/metrics.jsonl");
     ASSERT_EQ(lines.size(), 10u);
     std::vector<std::pair<std::string, std::string>> variants = {
         {"tcp -z 0", "-pi tcp -pn 1 -pr 0 -ps " + free_loopback_address() + " -z 0"},
@@ -113,7 +113,7 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
         SCOPED_TRACE(v.first);
         TrainerRun nccl = run_trainer("mgpu_nccl", flags + " " + v.second);
         EXPECT_NE(nccl.result.output.find("data parallel: 1 process(es)"), std::string::npos) << nccl.result.output;
-        EXPECT_EQ(metrics_without_timings(nccl.dir + "/metrics.jsonl"), lines);
+        EXPECT_EQ(test::metrics_without_timings(nccl.dir + "/metrics.jsonl"), lines);
         EXPECT_EQ(test::read_text(nccl.dir + "/model_00000010.bin"), test::read_text(single.dir + "/model_00000010.bin"));
         EXPECT_EQ(test::read_text(nccl.dir + "/state_00000010_00000.bin"),
                   test::read_text(single.dir + "/state_00000010_00000.bin"));
@@ -134,7 +134,7 @@ TEST(MultiGpuOneProcess, MpirunWithOneProcessEqualsSingleGpu) {
                                               " -z 1 -o " + dir);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("started by mpi"), std::string::npos) << r.output;
-    EXPECT_EQ(metrics_without_timings(dir + "/metrics.jsonl"), metrics_without_timings(single.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(dir + "/metrics.jsonl"), test::metrics_without_timings(single.dir + "/metrics.jsonl"));
 }
 #endif
 
@@ -217,7 +217,7 @@ TEST(MultiGpu, ResumeEqualsUninterruptedAndOtherProcessCountsAreRefused) {
     EXPECT_NE(resumed.logs[0].find("continuing from step 3"), std::string::npos) << resumed.logs[0];
     EXPECT_EQ(test::read_text(a + "/model_00000006.bin"), test::read_text(b + "/model_00000006.bin"));
     EXPECT_EQ(test::read_text(a + "/state_00000006_00001.bin"), test::read_text(b + "/state_00000006_00001.bin"));
-    EXPECT_EQ(metrics_without_timings(a + "/metrics.jsonl"), metrics_without_timings(b + "/metrics.jsonl"));
+    EXPECT_EQ(test::metrics_without_timings(a + "/metrics.jsonl"), test::metrics_without_timings(b + "/metrics.jsonl"));
 }
 
 TEST(MultiGpu, ProcessesWithDifferentFlagsAreStopped) {
