@@ -2,8 +2,8 @@
 #
 #   make train_gpt2            fp32 CPU trainer (OpenMP)
 #   make tokenizer_gpt2        GPT-2 BPE tokenizer and data preparation tool
-#   make test                  googletest suites + PyTorch oracle (needs /usr/bin/python3 with torch)
-#   make bench-cpu             step time of train_gpt2 vs the oracle's PyTorch model, same machine
+#   make test                  googletest suites + PyTorch oracle (scripts/install_deps.sh makes .venv)
+#   make bench-cpu             step time of train_gpt2 vs PyTorch eager and torch.compile, same machine
 #   make train_gpt2cu test_gpt2cu   CUDA trainer and its test (PRECISION=BF16|FP32)
 #   make cuda-all              compile every CUDA target for sm_80 and sm_90 (CI does this)
 
@@ -16,7 +16,9 @@ CPU_ARCH ?= -march=native
 # Results are unchanged: IEEE arithmetic and rounding stay exactly as they are.
 CXXFLAGS ?= -O3 $(CPU_ARCH) -std=c++17 -fopenmp -fno-math-errno -fno-trapping-math -Wall -Wextra -Wno-unused-parameter
 LDLIBS_CPU = -lm
-PYTHON ?= /usr/bin/python3
+# The interpreter of the oracle and the benchmarks: the first that imports torch of the project's
+# .venv, python3 on PATH (a GPU machine's has torch) and /usr/bin/python3 (scripts/find_python.sh).
+PYTHON ?= $(shell scripts/find_python.sh)
 BUILD = build
 
 LLMC_HEADERS = $(wildcard llmc/*.h)

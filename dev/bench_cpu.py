@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """
-Benchmark (not a test): step time of ./train_gpt2 against the oracle's PyTorch model (OpenBLAS) on the
-same config, same machine, same thread count, run back to back. Prints both and the ratio.
+Benchmark (not a test): step time of ./train_gpt2 against current PyTorch on the same model, the same
+machine and the same thread count, in the same run: PyTorch eager and torch.compile (inductor, which
+generates C++ for the CPU), each with the BLAS its wheel bundles. Prints a table and the ratios.
 
-    make train_gpt2 && /usr/bin/python3 dev/bench_cpu.py [--model d12] [-b 4] [-t 64] [--threads 2] [--steps 10]
+    make train_gpt2 && .venv/bin/python dev/bench_cpu.py [--model d12] [--shapes 4x64,8x256]
+                                                          [--threads 2] [--steps 10]
 
-A step is forward + backward + AdamW update on one micro-batch. The first 2 steps of each are warm-up
-and not counted. Our trainer reads a shard of random token ids written here (the oracle's --bench
-draws its own); the step time does not depend on the token values.
+A step is forward + backward + gradient clipping + AdamW on one micro-batch. PyTorch's step is written
+the way a user would write it (test/oracle/gpt2_oracle.py --bench): the oracle's model with
+scaled_dot_product_attention, autograd, clip_grad_norm_, torch.optim.AdamW (fused). The first 2 steps
+of each are warm-up and not counted (for torch.compile they include the compilation). Our trainer
+reads a shard of random token ids written here; step time does not depend on the token values.
+Timings on a shared 2-core machine move by about +-10%: run it on a quiet machine.
 """
 import argparse
 import os
@@ -16,63 +21,78 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARMUP = 2
 
 
 def write_shard(path, num_tokens, vocab=50257, seed=0):
-    tokens = np.random.default_rng(seed).integers(0, vocab, size=num_tokens, dtype=np.uint16)
-    header = np.zeros(256, dtype=np.int32)
+    import random
+    rng = random.Random(seed)
+    header = [0] * 256
     header[0], header[1], header[2] = 20240520, 1, num_tokens
     with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.tobytes())
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack(f"<{num_tokens}H", *(rng.randrange(vocab) for _ in range(num_tokens))))
 
 
-def ours_ms_per_step(args, shard, env):
-    warmup = 2
-    cmd = [os.path.join(ROOT, "train_gpt2"), "-e", args.model, "-i", shard, "-b", str(args.b), "-t", str(args.t),
-           "-x", str(args.steps + warmup), "-v", "0", "-s", "0", "-sh", "0"]
+def ours_ms_per_step(model, B, T, steps, shard, env):
+    cmd = [os.path.join(ROOT, "train_gpt2"), "-e", model, "-i", shard, "-b", str(B), "-t", str(T),
+           "-x", str(steps + WARMUP), "-v", "0", "-s", "0", "-sh", "0"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"train_gpt2 failed:\n{out.stdout}\n{out.stderr}")
     times = [float(m) for m in re.findall(r"\| ([0-9.]+) ms \|", out.stdout)]
-    if len(times) != args.steps + warmup:
-        sys.exit(f"expected {args.steps + warmup} step lines from train_gpt2, got {len(times)}:\n{out.stdout}")
-    return sum(times[warmup:]) / args.steps
+    if len(times) != steps + WARMUP:
+        sys.exit(f"expected {steps + WARMUP} step lines from train_gpt2, got {len(times)}:\n{out.stdout}")
+    return sum(times[WARMUP:]) / steps
 
 
-def oracle_ms_per_step(args, env):
-    cmd = [sys.executable, os.path.join(ROOT, "test", "oracle", "gpt2_oracle.py"), "--model", args.model,
-           "-b", str(args.b), "-t", str(args.t), "--threads", str(args.threads), "--bench", str(args.steps)]
+def torch_ms_per_step(model, B, T, steps, threads, compile_, env):
+    cmd = [sys.executable, os.path.join(ROOT, "test", "oracle", "gpt2_oracle.py"), "--model", model,
+           "-b", str(B), "-t", str(T), "--threads", str(threads), "--bench", str(steps), "--sdpa"]
+    if compile_:
+        cmd.append("--compile")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     m = re.search(r"oracle_ms_per_step ([0-9.]+)", out.stdout)
     if out.returncode != 0 or not m:
-        sys.exit(f"oracle benchmark failed:\n{out.stdout}\n{out.stderr}")
+        sys.exit(f"PyTorch benchmark failed ({' '.join(cmd)}):\n{out.stdout}\n{out.stderr}")
     return float(m.group(1))
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="d12")
-    p.add_argument("-b", type=int, default=4)
-    p.add_argument("-t", type=int, default=64)
+    p.add_argument("--shapes", default="4x64,8x256", help="comma-separated BxT micro-batch shapes")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per run (after 2 warm-up steps)")
     args = p.parse_args()
+    try:
+        import torch
+    except ImportError:
+        sys.exit(f"bench_cpu: {sys.executable} has no torch; run it with .venv/bin/python "
+                 "(scripts/install_deps.sh makes it)")
+    shapes = []
+    for item in args.shapes.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)", item.strip())
+        if not m:
+            sys.exit(f"bench_cpu: --shapes wants BxT items like 4x64, got '{item}'")
+        shapes.append((int(m.group(1)), int(m.group(2))))
 
     os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
-    shard = os.path.join(ROOT, "build", "bench_tokens.bin")
-    write_shard(shard, (args.steps + 3) * args.b * args.t + 1)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-
-    ours = ours_ms_per_step(args, shard, env)
-    torch_ms = oracle_ms_per_step(args, env)
-    print(f"config: {args.model} B={args.b} T={args.t}, {args.threads} threads, {args.steps} timed steps")
-    print(f"train_gpt2 (ours):  {ours:9.1f} ms/step")
-    print(f"PyTorch (oracle):   {torch_ms:9.1f} ms/step")
-    print(f"speedup: {torch_ms / ours:.2f}x (PyTorch time / our time; > 1 means we are faster)")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    print(f"model {args.model}, {args.threads} threads, {args.steps} timed steps after {WARMUP} warm-up, "
+          f"torch {torch.__version__}")
+    print("| B x T | train_gpt2 ms/step | PyTorch eager ms/step | torch.compile ms/step | eager / ours | compile / ours |")
+    print("|---|---|---|---|---|---|")
+    for B, T in shapes:
+        shard = os.path.join(ROOT, "build", f"bench_tokens_{B}x{T}.bin")
+        write_shard(shard, (args.steps + WARMUP + 1) * B * T + 1)
+        ours = ours_ms_per_step(args.model, B, T, args.steps, shard, env)
+        eager = torch_ms_per_step(args.model, B, T, args.steps, args.threads, False, env)
+        compiled = torch_ms_per_step(args.model, B, T, args.steps, args.threads, True, env)
+        print(f"| {B} x {T} | {ours:.1f} | {eager:.1f} | {compiled:.1f} | {eager / ours:.2f}x | "
+              f"{compiled / ours:.2f}x |", flush=True)
+    print("ratios are PyTorch time / our time: > 1 means train_gpt2 is faster")
 
 
 if __name__ == "__main__":

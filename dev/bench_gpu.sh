@@ -5,13 +5,13 @@
 #
 #   dev/bench_gpu.sh [steps] [extra train_gpt2cu flags, e.g. -ge 1 or -r 0]
 #
-# Needs a GPU, a built ./train_gpt2cu (make train_gpt2cu) and, for the PyTorch side, /usr/bin/python3
+# Needs a GPU, a built ./train_gpt2cu (make train_gpt2cu) and, for the PyTorch side, a python3 (scripts/find_python.sh picks one)
 # with torch >= 2.0 and CUDA. Tokens are random ids in a synthetic shard: speed does not depend on them.
 set -euo pipefail
 steps=${1:-30}
 shift || true
 extra="$*"
-python=${PYTHON:-/usr/bin/python3}
+python=${PYTHON:-$(scripts/find_python.sh)}
 T=1024
 work=build/bench_gpu
 mkdir -p "$work"

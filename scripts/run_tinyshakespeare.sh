@@ -26,28 +26,23 @@ $trainer -e d6 -i "$data/tinyshakespeare_train_*.bin" -j "$data/tinyshakespeare_
     -tk "$data/gpt2_tokenizer.bin" -o "$out" \
     -b 4 -t 64 -x "$steps" -l 1e-3 -u 10 -q 0.1 -c 0.1 -v 100 -m 16 -s 200 -g 64 -n "$steps" "$@"
 
-# how good is that? the unigram model (token frequencies of the training split) is the baseline
-python3 - "$data" "$out" <<'PY'
-import array, glob, json, math, sys
-data, out = sys.argv[1], sys.argv[2]
-def tokens(pattern):
-    t = array.array("H")
-    for path in sorted(glob.glob(pattern)):
-        with open(path, "rb") as f:
-            f.seek(1024)
-            t.frombytes(f.read())
-    return t
-train, val = tokens(f"{data}/tinyshakespeare_train_*.bin"), tokens(f"{data}/tinyshakespeare_val_*.bin")
-counts = {}
-for x in train:
-    counts[x] = counts.get(x, 0) + 1
-vocab, n = 50257, len(train)
-# add-one smoothing so unseen val tokens have a finite cost
-unigram = sum(-math.log((counts.get(x, 0) + 1) / (n + vocab)) for x in val) / len(val)
-metrics = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
-val_losses = [m["val_loss"] for m in metrics if "val_loss" in m]
-train_losses = [m["train_loss"] for m in metrics if "train_loss" in m]
-print(f"unigram baseline on val: {unigram:.3f} nats/token (uniform over the vocabulary: {math.log(vocab):.3f})")
-print(f"val loss: {val_losses[0]:.3f} at start -> {val_losses[-1]:.3f} at the end")
-print(f"train loss (mean of the last 10 steps): {sum(train_losses[-10:]) / len(train_losses[-10:]):.3f}")
-PY
+# how good is that? the unigram model (token frequencies of the training split) is the baseline;
+# computed with od and awk, so the main job needs no Python
+tokens() { for f in $1; do od -An -tu2 -v -j1024 "$f"; done; }
+{ tokens "$data/tinyshakespeare_train_*.bin" | sed 's/^/T /'; tokens "$data/tinyshakespeare_val_*.bin" | sed 's/^/V /'; } |
+awk -v vocab=50257 '
+    $1 == "T" { for (i = 2; i <= NF; i++) { count[$i]++; n++ } }
+    $1 == "V" { for (i = 2; i <= NF; i++) val[++m] = $i }
+    END {
+        # add-one smoothing so unseen val tokens have a finite cost
+        for (j = 1; j <= m; j++) cost += -log((count[val[j]] + 1) / (n + vocab))
+        printf "unigram baseline on val: %.3f nats/token (uniform over the vocabulary: %.3f)\n", cost / m, log(vocab)
+    }'
+awk '
+    /"val_loss"/ { match($0, /"val_loss": [-0-9.eE+]+/); v = substr($0, RSTART + 12, RLENGTH - 12); if (first == "") first = v; last = v }
+    /"train_loss"/ { match($0, /"train_loss": [-0-9.eE+]+/); t[++k] = substr($0, RSTART + 14, RLENGTH - 14) }
+    END {
+        printf "val loss: %.3f at start -> %.3f at the end\n", first, last
+        for (i = (k > 10 ? k - 9 : 1); i <= k; i++) { s += t[i]; c++ }
+        printf "train loss (mean of the last 10 steps): %.3f\n", s / c
+    }' "$out/metrics.jsonl"

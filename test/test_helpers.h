@@ -27,7 +27,7 @@ inline std::string root() {
 
 inline std::string python() {
     const char* p = getenv("GPT2_PYTHON");
-    return p ? p : "/usr/bin/python3";
+    return p ? p : "python3";
 }
 
 // A fresh scratch directory under build/test_tmp/NAME.
