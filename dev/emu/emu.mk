@@ -1,0 +1,79 @@
+# The CUDA emulator (dev/emu/README.md): the unchanged CUDA sources built with g++ and run on the CPU.
+# Included by the top-level Makefile.
+#
+#   make emu              train_gpt2cu_emu (bf16), train_gpt2fp32cu_emu (fp32), test_gpt2cu_emu
+#   make emu-test-core    build and run the emulator's own unit tests (dev/emu/test_emu_core.cpp)
+#   make EMU_ASAN=1 ...   the same with AddressSanitizer (objects under build/emu-asan/)
+#
+# Every source is first copied by dev/emu/cu2cpp.sh into $(EMU_BUILD)/src/ with `<<< >>>` rewritten.
+# Kernels' register counts come from ptxas for sm_90 (dev/emu/kernel_table.sh; needs nvcc, not a GPU).
+
+EMU_DIR := dev/emu
+ifeq ($(EMU_ASAN),1)
+  EMU_BUILD := build/emu-asan
+  EMU_SAN := -fsanitize=address -fno-omit-frame-pointer -g1
+else
+  EMU_BUILD := build/emu
+  EMU_SAN :=
+endif
+EMU_OPT ?= -O2
+EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
+# for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
+EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -x c++ -include $(EMU_DIR)/prelude.h
+EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl
+# trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
+EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
+
+EMU_CORE_SOURCES := $(EMU_DIR)/exec.cpp $(EMU_DIR)/runtime.cpp
+EMU_CORE_HEADERS := $(wildcard $(EMU_DIR)/include/*.h $(EMU_DIR)/include/emu/*.h) $(EMU_DIR)/prelude.h $(EMU_DIR)/internal.h
+EMU_CORE_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_CORE_SOURCES))
+# the other parts of the emulator (dev/emu/CONTRACT.md): linked when they are there
+EMU_LIB_SOURCES := $(wildcard $(EMU_DIR)/cublas*.cpp $(EMU_DIR)/nccl*.cpp)
+EMU_LIB_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_LIB_SOURCES))
+
+# the CUDA sources the emulated targets are built from (and dev/cuda, for its programs)
+EMU_CU_SOURCES := train_gpt2.cu $(wildcard llmc/*.h llmc/*.cuh test/gpu/*.cu test/gpu/*.cuh test/*.h dev/cuda/*.cu dev/cuda/*.cuh) \
+                  $(EMU_DIR)/test_emu_core.cpp
+EMU_SRC := $(EMU_BUILD)/src
+
+.PHONY: emu emu-test-core
+
+emu: train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu
+
+$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh
+	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
+	touch $@
+
+$(EMU_BUILD)/obj/exec.o $(EMU_BUILD)/obj/runtime.o: $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
+
+$(EMU_LIB_OBJECTS): $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS) $(wildcard $(EMU_DIR)/*.h)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_BASE_FLAGS) -c $< -o $@
+
+# registers and static shared memory per kernel, both precisions (the test includes the trainer)
+$(EMU_BUILD)/kernel_table.cpp: $(EMU_DIR)/kernel_table.sh train_gpt2.cu $(wildcard llmc/*.cuh test/gpu/*)
+	@mkdir -p $(dir $@)
+	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "test/gpu/test_gpt2.cu" "test/gpu/test_gpt2.cu -DENABLE_FP32"
+
+$(EMU_BUILD)/obj/kernel_table.o: $(EMU_BUILD)/kernel_table.cpp $(EMU_CORE_HEADERS)
+	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
+
+EMU_LINK = $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS) $(EMU_BUILD)/obj/kernel_table.o
+
+train_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+	$(EMU_CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/train_gpt2.cu -x none $(EMU_LINK) $(EMU_LDLIBS) -o $@
+
+train_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+	$(EMU_CXX) $(EMU_CU_FLAGS) -DENABLE_FP32 $(EMU_SRC)/train_gpt2.cu -x none $(EMU_LINK) $(EMU_LDLIBS) -o $@
+
+test_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DGPT2_TRAINER='"train_gpt2cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu -x none \
+		$(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
+
+$(EMU_BUILD)/test_emu_core: $(EMU_BUILD)/src.stamp $(EMU_CORE_OBJECTS)
+	$(CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/$(EMU_DIR)/test_emu_core.cpp -x none $(EMU_CORE_OBJECTS) -lgtest $(EMU_LDLIBS) -o $@
+
+emu-test-core: $(EMU_BUILD)/test_emu_core
+	$(EMU_BUILD)/test_emu_core $(TEST_ARGS)

@@ -1,0 +1,667 @@
+// The emulator's execution engine: runs a kernel's grid on the CPU, one fiber per CUDA thread.
+//
+// A block runs on one host thread. Each of its CUDA threads is a fiber (Boost.Context's fcontext:
+// a stack switch in user space, no system call) that runs until it reaches __syncthreads, a warp
+// collective or its end, and then switches back to the block's scheduler. The scheduler sweeps the
+// threads in a fixed order (forward, or reverse with EMU_THREAD_ORDER=reverse), so code that forgets
+// a __syncthreads reads different values in the two orders. Fibers and their stacks are made once per
+// host thread and reused for every block and launch.
+//
+// __syncthreads: the barrier opens when every thread of the block that has not exited is waiting at
+// it. Threads that have exited count as arrived, as on the hardware since Volta (a block whose threads
+// `return` early and then sync is common and correct); a barrier that can never open (threads waiting
+// at a barrier while others wait in a warp collective) is reported as a deadlock.
+// Warp collectives: a lane waits until every lane named in the mask has called the same collective;
+// then every result is computed at once from the values all lanes gave, and the lanes resume. A lane
+// named in the mask that has exited, or is stuck elsewhere, is an error, never a hang.
+//
+// Launches are checked against an H100's limits when they are made (launch_check); registers per
+// thread come from the ptxas table of the real sm_90 build (set_kernel_resources).
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/context/detail/fcontext.hpp>
+
+#include <cuda_runtime.h>
+
+#include "internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+namespace bctx = boost::context::detail;
+
+__thread uint3 threadIdx;
+__thread uint3 blockIdx;
+__thread dim3 blockDim;
+__thread dim3 gridDim;
+
+namespace emu {
+
+// ----------------------------------------------------------------------------
+// kernels: names, resources, attributes
+
+namespace {
+
+struct KernelInfo {
+    std::string mangled;   // empty when the symbol could not be found
+    std::string readable;  // demangled, or the address
+    int registers = -1;    // from the ptxas table; -1: unknown
+    int static_shared = 0;
+    int max_dynamic_shared = 48 * 1024;  // cudaFuncAttributeMaxDynamicSharedMemorySize
+    bool warned_registers = false;
+};
+
+struct Resources {
+    int registers, static_shared;
+};
+
+std::mutex kernels_mutex;
+std::unordered_map<const void*, KernelInfo>& kernels() {
+    static std::unordered_map<const void*, KernelInfo> map;
+    return map;
+}
+std::unordered_map<std::string, Resources>& resource_table() {
+    static std::unordered_map<std::string, Resources> table;
+    return table;
+}
+
+// caller holds kernels_mutex
+KernelInfo& kernel_info(const void* kernel) {
+    auto it = kernels().find(kernel);
+    if (it != kernels().end()) return it->second;
+    KernelInfo info;
+    Dl_info dl;
+    if (dladdr(kernel, &dl) && dl.dli_sname && dl.dli_saddr == kernel) {
+        info.mangled = dl.dli_sname;
+        int status = 0;
+        char* readable = abi::__cxa_demangle(dl.dli_sname, nullptr, nullptr, &status);
+        info.readable = status == 0 && readable ? readable : dl.dli_sname;
+        free(readable);
+        auto r = resource_table().find(info.mangled);
+        if (r != resource_table().end()) {
+            info.registers = r->second.registers;
+            info.static_shared = r->second.static_shared;
+        }
+    } else {
+        char address[64];
+        snprintf(address, sizeof(address), "kernel at %p (link with -rdynamic to see its name)", kernel);
+        info.readable = address;
+    }
+    return kernels().emplace(kernel, info).first->second;
+}
+
+}  // namespace
+
+void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes) {
+    std::lock_guard<std::mutex> lock(kernels_mutex);
+    resource_table()[mangled_name] = Resources{registers, static_shared_bytes};
+    for (auto& [kernel, info] : kernels()) {
+        if (info.mangled == mangled_name) {
+            info.registers = registers;
+            info.static_shared = static_shared_bytes;
+        }
+    }
+}
+
+std::string kernel_name(const void* kernel) {
+    std::lock_guard<std::mutex> lock(kernels_mutex);
+    return kernel_info(kernel).readable;
+}
+
+}  // namespace emu
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    std::lock_guard<std::mutex> lock(emu::kernels_mutex);
+    emu::KernelInfo& info = emu::kernel_info(func);
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || value + info.static_shared > emu::H100.max_shared_per_block_optin)
+            return emu::set_error(cudaErrorInvalidValue);
+        info.max_dynamic_shared = value;
+        return cudaSuccess;
+    }
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
+    return emu::set_error(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+    if (!attr) return emu::set_error(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lock(emu::kernels_mutex);
+    emu::KernelInfo& info = emu::kernel_info(func);
+    *attr = cudaFuncAttributes{};
+    attr->sharedSizeBytes = info.static_shared;
+    attr->maxThreadsPerBlock = 1024;
+    attr->numRegs = info.registers < 0 ? 0 : info.registers;
+    attr->ptxVersion = 90;
+    attr->binaryVersion = 90;
+    attr->maxDynamicSharedSizeBytes = info.max_dynamic_shared;
+    return cudaSuccess;
+}
+
+namespace emu {
+
+// ----------------------------------------------------------------------------
+// launch checks: what a real launch on an H100 refuses
+
+bool launch_check(const void* kernel, const LaunchConfig& c) {
+    auto refuse = [&](cudaError_t error, const char* fmt, ...) {
+        char reason[512];
+        va_list args;
+        va_start(args, fmt);
+        vsnprintf(reason, sizeof(reason), fmt, args);
+        va_end(args);
+        if (getenv("EMU_QUIET_LAUNCH_ERRORS") == nullptr)
+            fprintf(stderr, "cuda-emu: launch of %s refused: %s\n", kernel_name(kernel).c_str(), reason);
+        set_error(error);
+        return false;
+    };
+    const DeviceLimits& h = H100;
+    const dim3 b = c.block, g = c.grid;
+    unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
+    if (b.x == 0 || b.y == 0 || b.z == 0 || g.x == 0 || g.y == 0 || g.z == 0)
+        return refuse(cudaErrorInvalidConfiguration, "grid (%u,%u,%u) or block (%u,%u,%u) has a zero dimension", g.x, g.y,
+                      g.z, b.x, b.y, b.z);
+    if (b.x > 1024 || b.y > 1024 || b.z > 64 || threads > (unsigned long long)h.max_threads_per_block)
+        return refuse(cudaErrorInvalidConfiguration, "block (%u,%u,%u) = %llu threads; at most 1024 threads and (1024,1024,64)",
+                      b.x, b.y, b.z, threads);
+    if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u)
+        return refuse(cudaErrorInvalidConfiguration, "grid (%u,%u,%u) above (2^31-1, 65535, 65535)", g.x, g.y, g.z);
+
+    std::unique_lock<std::mutex> lock(kernels_mutex);
+    KernelInfo& info = kernel_info(kernel);
+    if (c.shared_bytes > (size_t)info.max_dynamic_shared)
+        return refuse(cudaErrorInvalidConfiguration,
+                      "%zu bytes of dynamic shared memory, above the kernel's limit of %d (raise it with "
+                      "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize), at most %d)",
+                      c.shared_bytes, info.max_dynamic_shared, h.max_shared_per_block_optin);
+    if (c.shared_bytes + info.static_shared > (size_t)h.max_shared_per_block_optin)
+        return refuse(cudaErrorInvalidConfiguration, "%d static + %zu dynamic bytes of shared memory, above %d",
+                      info.static_shared, c.shared_bytes, h.max_shared_per_block_optin);
+    if (info.registers < 0) {
+        if (!info.warned_registers) {
+            info.warned_registers = true;
+            fprintf(stderr,
+                    "cuda-emu: warning: no ptxas register count for %s; its registers-per-block limit is not checked\n",
+                    info.readable.c_str());
+        }
+    } else {
+        // registers are allocated per warp in units of 256 (sm_90)
+        long per_warp = ((long)info.registers * 32 + 255) / 256 * 256;
+        long warps = (long)((threads + 31) / 32);
+        if (per_warp * warps > h.registers_per_block)
+            return refuse(cudaErrorLaunchOutOfResources, "%d registers per thread x %llu threads need %ld registers, above %d",
+                          info.registers, threads, per_warp * warps, h.registers_per_block);
+    }
+    return true;
+}
+
+void check_pointer_argument(const void* kernel, int index, const void* pointer) {
+    if (is_device_pointer(pointer, 0) || is_pinned_host_pointer(pointer, 0)) return;
+    fail("kernel %s argument %d is a host pointer (%p), neither from cudaMalloc nor cudaMallocHost; the GPU would "
+         "fault on it",
+         kernel_name(kernel).c_str(), index, pointer);
+}
+
+// ----------------------------------------------------------------------------
+// fibers
+
+namespace {
+
+ThreadOrder thread_order_setting() {
+    const char* env = getenv("EMU_THREAD_ORDER");
+    if (env == nullptr || strcmp(env, "forward") == 0) return ThreadOrder::forward;
+    if (strcmp(env, "reverse") == 0) return ThreadOrder::reverse;
+    fail("EMU_THREAD_ORDER must be forward or reverse, not '%s'", env);
+}
+std::atomic<ThreadOrder> thread_order{thread_order_setting()};
+
+size_t fiber_stack_bytes() {
+    const char* env = getenv("EMU_STACK_KB");
+    if (env) return (size_t)atol(env) * 1024;
+    return EMU_ASAN ? 256 * 1024 : 64 * 1024;  // ASan's redzones make frames several times larger
+}
+
+enum class FiberState : uint8_t { runnable, at_barrier, at_warp, done };
+
+struct Fiber {
+    bctx::fcontext_t context = nullptr;  // where it resumes
+    char* stack_bottom = nullptr;
+    size_t stack_bytes = 0;
+    void* asan_fake_stack = nullptr;
+    FiberState state = FiberState::done;
+};
+
+// one lane's part in a warp collective
+struct LaneSlot {
+    WarpOp op;
+    const char* name;
+    unsigned mask;
+    int arg, width;
+    uint64_t value, result;
+};
+
+struct Worker {
+    std::vector<Fiber> fibers;  // reserved for 1024, so addresses stay put
+    std::vector<LaneSlot> lanes;
+    std::vector<unsigned> warp_arrived;  // per warp: lanes waiting in a collective
+    bctx::fcontext_t scheduler = nullptr;
+    Fiber* current = nullptr;
+    int current_index = 0;
+    const void* scheduler_stack_bottom = nullptr;
+    size_t scheduler_stack_bytes = 0;
+    void* scheduler_fake_stack = nullptr;
+    // the block being run
+    void (*run_thread)(void*) = nullptr;
+    void* args = nullptr;
+    const void* kernel = nullptr;
+    int threads = 0;
+    int runnable = 0, at_barrier = 0, at_warp = 0, live = 0;
+    int barrier_count = 0;  // __syncthreads_count's tally
+    // dynamic shared memory, 16-byte aligned
+    std::vector<uint4> dynamic_shared;
+};
+
+thread_local Worker* this_worker = nullptr;
+
+Worker& worker() {
+    if (this_worker == nullptr) {
+        this_worker = new Worker;  // lives as long as its host thread; fibers are never torn down
+        this_worker->fibers.reserve(1024);
+        this_worker->lanes.resize(1024);
+        this_worker->warp_arrived.resize(32);
+    }
+    return *this_worker;
+}
+
+inline void asan_start(void** fake_stack_save, const void* bottom, size_t bytes) {
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(fake_stack_save, bottom, bytes);
+#else
+    (void)fake_stack_save, (void)bottom, (void)bytes;
+#endif
+}
+inline void asan_finish(void* fake_stack_save, const void** bottom_old, size_t* bytes_old) {
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake_stack_save, bottom_old, bytes_old);
+#else
+    (void)fake_stack_save, (void)bottom_old, (void)bytes_old;
+#endif
+}
+
+// from a fiber back to its block's scheduler; returns when the scheduler resumes this fiber
+void yield_to_scheduler(Worker& w) {
+    Fiber* self = w.current;
+    asan_start(&self->asan_fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
+    bctx::transfer_t t = bctx::jump_fcontext(w.scheduler, nullptr);
+    asan_finish(self->asan_fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
+    w.scheduler = t.fctx;
+}
+
+void fiber_main(bctx::transfer_t t) {
+    Worker& w = *static_cast<Worker*>(t.data);
+    asan_finish(nullptr, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
+    w.scheduler = t.fctx;
+    for (;;) {
+        w.run_thread(w.args);
+        w.current->state = FiberState::done;
+        yield_to_scheduler(w);  // the next resume starts another CUDA thread on this fiber
+    }
+}
+
+void add_fiber(Worker& w) {
+    size_t bytes = fiber_stack_bytes();
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    // one guard page below the stack: an overflow faults instead of corrupting the next stack
+    char* region = (char*)mmap(nullptr, bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region == MAP_FAILED) fail("cannot map a %zu-byte fiber stack", bytes);
+    mprotect(region, page, PROT_NONE);
+    Fiber f;
+    f.stack_bottom = region + page;
+    f.stack_bytes = bytes;
+    f.context = bctx::make_fcontext(f.stack_bottom + bytes, bytes, fiber_main);
+    w.fibers.push_back(f);
+}
+
+void resume(Worker& w, int index) {
+    Fiber& f = w.fibers[index];
+    const dim3 b = blockDim;
+    threadIdx = uint3{index % b.x, (index / b.x) % b.y, index / (b.x * b.y)};
+    w.current = &f;
+    w.current_index = index;
+    asan_start(&w.scheduler_fake_stack, f.stack_bottom, f.stack_bytes);
+    bctx::transfer_t t = bctx::jump_fcontext(f.context, &w);
+    asan_finish(w.scheduler_fake_stack, nullptr, nullptr);
+    f.context = t.fctx;
+}
+
+std::string lanes_text(unsigned bits) {
+    std::string s;
+    for (int i = 0; i < 32; i++) {
+        if (bits & (1u << i)) s += (s.empty() ? "" : ",") + std::to_string(i);
+    }
+    return s;
+}
+
+// All lanes of `mask` in warp `warp` have arrived: compute every result, then let them run.
+void complete_collective(Worker& w, int warp, unsigned mask) {
+    LaneSlot* lanes = &w.lanes[warp * 32];
+    int first = __builtin_ctz(mask);
+    const LaneSlot& leader = lanes[first];
+    for (int j = 0; j < 32; j++) {
+        if (!(mask & (1u << j))) continue;
+        if (lanes[j].op != leader.op || lanes[j].mask != mask)
+            fail("kernel %s block (%u,%u,%u) warp %d: lane %d called %s(mask 0x%08x) while lane %d called %s(mask 0x%08x)",
+                 kernel_name(w.kernel).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, warp, j, lanes[j].name, lanes[j].mask,
+                 first, leader.name, leader.mask);
+    }
+    uint64_t reduced = 0;
+    switch (leader.op) {
+        case WarpOp::ballot:
+        case WarpOp::any:
+        case WarpOp::all:
+            for (int j = 0; j < 32; j++)
+                if ((mask & (1u << j)) && lanes[j].value) reduced |= 1ull << j;
+            if (leader.op == WarpOp::any) reduced = reduced != 0;
+            if (leader.op == WarpOp::all) reduced = reduced == mask;
+            break;
+        case WarpOp::reduce_add:
+        case WarpOp::reduce_min:
+        case WarpOp::reduce_max: {
+            uint32_t acc = leader.op == WarpOp::reduce_min ? 0xFFFFFFFFu : 0;
+            for (int j = 0; j < 32; j++) {
+                if (!(mask & (1u << j))) continue;
+                uint32_t v = (uint32_t)lanes[j].value;
+                if (leader.op == WarpOp::reduce_add) acc += v;
+                if (leader.op == WarpOp::reduce_min) acc = v < acc ? v : acc;
+                if (leader.op == WarpOp::reduce_max) acc = v > acc ? v : acc;
+            }
+            reduced = acc;
+            break;
+        }
+        default:
+            break;
+    }
+    for (int j = 0; j < 32; j++) {
+        if (!(mask & (1u << j))) continue;
+        LaneSlot& lane = lanes[j];
+        int width = lane.width;
+        int segment = j & ~(width - 1);
+        int src = j;
+        switch (lane.op) {
+            case WarpOp::shfl: src = segment + (lane.arg & (width - 1)); break;
+            case WarpOp::shfl_up: src = j - lane.arg < segment ? j : j - lane.arg; break;
+            case WarpOp::shfl_down: src = j + lane.arg >= segment + width ? j : j + lane.arg; break;
+            case WarpOp::shfl_xor: src = (j ^ lane.arg) >= segment + width ? j : (j ^ lane.arg); break;
+            default: break;
+        }
+        switch (lane.op) {
+            case WarpOp::shfl:
+            case WarpOp::shfl_up:
+            case WarpOp::shfl_down:
+            case WarpOp::shfl_xor:
+                if (!(mask & (1u << src)))
+                    fail("kernel %s block (%u,%u,%u) warp %d: lane %d's %s reads lane %d, which is not in the mask 0x%08x "
+                         "(its value is undefined in CUDA)",
+                         kernel_name(w.kernel).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, warp, j, lane.name, src, mask);
+                lane.result = lanes[src].value;
+                break;
+            case WarpOp::sync: lane.result = 0; break;
+            default: lane.result = reduced; break;
+        }
+        w.fibers[warp * 32 + j].state = FiberState::runnable;
+    }
+    w.warp_arrived[warp] &= ~mask;
+    w.at_warp -= __builtin_popcount(mask);
+    w.runnable += __builtin_popcount(mask);
+}
+
+// no thread can run and the barrier cannot open: say who waits for whom
+[[noreturn]] void report_deadlock(Worker& w) {
+    std::string detail;
+    for (int warp = 0; warp * 32 < w.threads; warp++) {
+        unsigned arrived = w.warp_arrived[warp];
+        if (!arrived) continue;
+        int lane = __builtin_ctz(arrived);
+        const LaneSlot& slot = w.lanes[warp * 32 + lane];
+        unsigned missing = slot.mask & ~arrived;
+        std::string exited, at_barrier, absent;
+        for (int j = 0; j < 32; j++) {
+            if (!(missing & (1u << j))) continue;
+            int t = warp * 32 + j;
+            if (t >= w.threads) absent += (absent.empty() ? "" : ",") + std::to_string(j);
+            else if (w.fibers[t].state == FiberState::done) exited += (exited.empty() ? "" : ",") + std::to_string(j);
+            else at_barrier += (at_barrier.empty() ? "" : ",") + std::to_string(j);
+        }
+        char line[1024];
+        snprintf(line, sizeof(line), "\n  warp %d: lanes %s wait in %s(mask 0x%08x) for lanes that%s%s%s%s%s%s", warp,
+                 lanes_text(arrived).c_str(), slot.name, slot.mask, exited.empty() ? "" : " have exited: ", exited.c_str(),
+                 at_barrier.empty() ? "" : " wait at __syncthreads: ", at_barrier.c_str(),
+                 absent.empty() ? "" : " do not exist in this block: ", absent.c_str());
+        detail += line;
+    }
+    fail("kernel %s block (%u,%u,%u) cannot go on (on a GPU it would hang or read undefined values):%s",
+         kernel_name(w.kernel).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, detail.c_str());
+}
+
+void run_block(Worker& w) {
+    const int n = w.threads;
+    while ((int)w.fibers.size() < n) add_fiber(w);
+    for (int i = 0; i < n; i++) w.fibers[i].state = FiberState::runnable;
+    for (int k = 0; k < (n + 31) / 32; k++) w.warp_arrived[k] = 0;
+    w.runnable = n;
+    w.live = n;
+    w.at_barrier = 0;
+    w.at_warp = 0;
+    const bool reverse = thread_order.load(std::memory_order_relaxed) == ThreadOrder::reverse;
+    for (;;) {
+        for (int k = 0; k < n && w.runnable > 0; k++) {
+            int i = reverse ? n - 1 - k : k;
+            if (w.fibers[i].state != FiberState::runnable) continue;
+            resume(w, i);
+            w.runnable--;
+            switch (w.fibers[i].state) {
+                case FiberState::done: w.live--; break;
+                case FiberState::at_barrier: w.at_barrier++; break;
+                case FiberState::at_warp: {
+                    w.at_warp++;
+                    int warp = i / 32;
+                    unsigned mask = w.lanes[i].mask;
+                    w.warp_arrived[warp] |= 1u << (i % 32);
+                    if ((w.warp_arrived[warp] & mask) == mask) complete_collective(w, warp, mask);
+                    break;
+                }
+                case FiberState::runnable: fail("internal: fiber returned while runnable");
+            }
+        }
+        if (w.runnable > 0) continue;
+        if (w.live == 0) return;
+        if (w.at_warp == 0 && w.at_barrier == w.live) {
+            for (int i = 0; i < n; i++)
+                if (w.fibers[i].state == FiberState::at_barrier) w.fibers[i].state = FiberState::runnable;
+            w.runnable = w.at_barrier;
+            w.at_barrier = 0;
+            continue;
+        }
+        report_deadlock(w);
+    }
+}
+
+}  // namespace
+
+void set_thread_order(ThreadOrder order) { thread_order.store(order); }
+
+uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t value, int arg, int width) {
+    if (this_worker == nullptr || this_worker->current == nullptr) fail("%s called outside a kernel", name);
+    Worker& w = *this_worker;
+    int i = w.current_index;
+    int lane = i % 32;
+    if (!(mask & (1u << lane)))
+        fail("kernel %s block (%u,%u,%u) thread %d: %s with mask 0x%08x that does not name the calling lane %d",
+             kernel_name(w.kernel).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, i, name, mask, lane);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        fail("kernel %s: %s with width %d (must be a power of 2 up to 32)", kernel_name(w.kernel).c_str(), name, width);
+    LaneSlot& slot = w.lanes[i];
+    slot.op = op;
+    slot.name = name;
+    slot.mask = mask;
+    slot.arg = arg;
+    slot.width = width;
+    slot.value = value;
+    w.current->state = FiberState::at_warp;
+    yield_to_scheduler(w);
+    return w.lanes[i].result;
+}
+
+void syncthreads() {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current == nullptr) fail("__syncthreads called outside a kernel");
+    w->current->state = FiberState::at_barrier;
+    yield_to_scheduler(*w);
+}
+
+int syncthreads_count(int predicate) {
+    if (this_worker == nullptr || this_worker->current == nullptr) fail("__syncthreads_count called outside a kernel");
+    Worker& w = *this_worker;
+    // each thread leaves its predicate in its own slot; after the barrier every thread counts the
+    // slots of the threads that have not exited
+    w.lanes[w.current_index].value = predicate != 0;
+    syncthreads();
+    int count = 0;
+    for (int i = 0; i < w.threads; i++)
+        if (w.fibers[i].state != FiberState::done) count += (int)w.lanes[i].value;
+    syncthreads();  // nobody overwrites its slot before all have counted
+    return count;
+}
+
+void* dynamic_shared_memory() {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current == nullptr) fail("dynamic shared memory used outside a kernel");
+    return w->dynamic_shared.data();
+}
+
+// ----------------------------------------------------------------------------
+// grids: blocks shared out to EMU_THREADS host threads
+
+namespace {
+
+struct Grid {
+    const void* kernel;
+    LaunchConfig config{1, 1};
+    void (*run_thread)(void*);
+    void* args;
+    std::atomic<unsigned long long> next_block{0};
+    unsigned long long blocks;
+};
+
+void run_blocks(Grid& g) {
+    Worker& w = worker();
+    const LaunchConfig& c = g.config;
+    blockDim = c.block;
+    gridDim = c.grid;
+    w.kernel = g.kernel;
+    w.run_thread = g.run_thread;
+    w.args = g.args;
+    w.threads = (int)(c.block.x * c.block.y * c.block.z);
+    size_t shared_words = (c.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4);
+    if (w.dynamic_shared.size() < shared_words) w.dynamic_shared.resize(shared_words);
+    for (;;) {
+        unsigned long long b = g.next_block.fetch_add(1, std::memory_order_relaxed);
+        if (b >= g.blocks) break;
+        blockIdx = uint3{(unsigned)(b % c.grid.x), (unsigned)((b / c.grid.x) % c.grid.y), (unsigned)(b / ((unsigned long long)c.grid.x * c.grid.y))};
+        // never-written shared memory reads as NaN (0xFF bytes), as device memory does
+        if (c.shared_bytes) memset(w.dynamic_shared.data(), 0xFF, c.shared_bytes);
+        run_block(w);
+    }
+    w.current = nullptr;
+}
+
+int block_threads_setting() {
+    const char* env = getenv("EMU_THREADS");
+    int n = env ? atoi(env) : 1;
+    if (n < 1 || n > 256) fail("EMU_THREADS must be between 1 and 256, not '%s'", env);
+    return n;
+}
+
+// helper host threads that run blocks beside the device thread
+struct BlockPool {
+    std::mutex mutex;
+    std::condition_variable wake, done;
+    Grid* grid = nullptr;
+    unsigned long long generation = 0;
+    int busy = 0;
+    std::vector<std::thread> threads;
+
+    explicit BlockPool(int helpers) {
+        for (int i = 0; i < helpers; i++) threads.emplace_back([this] { loop(); });
+        for (auto& t : threads) t.detach();
+    }
+    void loop() {
+        unsigned long long seen = 0;
+        for (;;) {
+            Grid* g;
+            {
+                std::unique_lock<std::mutex> lock(mutex);
+                wake.wait(lock, [&] { return generation != seen; });
+                seen = generation;
+                g = grid;
+            }
+            run_blocks(*g);
+            std::lock_guard<std::mutex> lock(mutex);
+            if (--busy == 0) done.notify_all();
+        }
+    }
+    void run(Grid& g) {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            grid = &g;
+            busy = (int)threads.size();
+            generation++;
+        }
+        wake.notify_all();
+        run_blocks(g);
+        std::unique_lock<std::mutex> lock(mutex);
+        done.wait(lock, [&] { return busy == 0; });
+    }
+};
+
+}  // namespace
+
+void launch_enqueue(const void* kernel, const LaunchConfig& config, void (*run_thread)(void*), std::shared_ptr<void> args) {
+    std::string what = "kernel " + kernel_name(kernel);
+    enqueue_named(config.stream, what, [kernel, config, run_thread, args] {
+        static const int host_threads = block_threads_setting();
+        Grid g;
+        g.kernel = kernel;
+        g.config = config;
+        g.run_thread = run_thread;
+        g.args = args.get();
+        g.blocks = (unsigned long long)config.grid.x * config.grid.y * config.grid.z;
+        if (host_threads == 1 || g.blocks == 1) {
+            run_blocks(g);
+        } else {
+            static BlockPool pool(host_threads - 1);
+            pool.run(g);
+        }
+    });
+}
+
+}  // namespace emu

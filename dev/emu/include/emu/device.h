@@ -1,0 +1,43 @@
+// The emulator core's interface to the other emulated libraries (cuBLAS, NCCL) and to tests.
+// See dev/emu/CONTRACT.md. Everything here runs on the CPU; "device" means the emulator's device thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;
+
+namespace emu {
+
+// Queues `task` on `stream` (nullptr: the legacy default stream). It runs later on the emulated
+// device, after everything queued before it on that stream and after the events the stream waits
+// for, never at the time of the call (streams are lazy). `what` names it in error messages.
+void enqueue(cudaStream_t stream, const char* what, std::function<void()> task);
+
+// True when `p` lies inside memory from cudaMalloc (device memory); `bytes` must fit inside too.
+bool is_device_pointer(const void* p, size_t bytes);
+
+// True when `p` lies inside memory from cudaMallocHost (pinned host memory); `bytes` must fit too.
+bool is_pinned_host_pointer(const void* p, size_t bytes);
+
+// Ends the program with a clear message (an unsupported call or argument): "cuda-emu: <message>".
+[[noreturn]] __attribute__((format(printf, 1, 2))) void fail(const char* fmt, ...);
+
+// ---- for tests and the build (not part of CUDA) ----
+
+// Order in which a block's threads run between two synchronization points (__syncthreads, warp
+// collectives): forward (thread 0 first, the default) or reverse (EMU_THREAD_ORDER=reverse).
+enum class ThreadOrder { forward, reverse };
+void set_thread_order(ThreadOrder order);
+
+// Order in which the device picks among streams that all have runnable work: the most recently
+// created stream first (the default), or plain issue order (EMU_STREAM_ORDER=issue).
+enum class StreamOrder { newest_stream_first, issue };
+void set_stream_order(StreamOrder order);
+
+// Registers and static shared memory per thread block of a kernel, as ptxas reports them for the real
+// sm_90 build (the build generates a table that calls this; tests may add synthetic entries).
+void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes);
+
+}  // namespace emu

@@ -1,0 +1,292 @@
+// What kernels see in the emulator: thread indices, __syncthreads, warp collectives, atomics,
+// cache-hint loads and stores, fast-math intrinsics, and the launch `k *emu::LaunchConfig{g, b, s, st}(args)`
+// that dev/emu/cu2cpp.sh writes in place of `k<<<g, b, s, st>>>(args)`.
+//
+// Each CUDA thread of a block is a fiber (exec.cpp); the indices below are host-thread-local
+// variables the scheduler sets before it resumes a fiber, so they always belong to the running thread.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// included by cuda_runtime.h after the types it needs
+extern __thread uint3 threadIdx;
+extern __thread uint3 blockIdx;
+extern __thread dim3 blockDim;
+extern __thread dim3 gridDim;
+constexpr int warpSize = 32;
+
+namespace emu {
+
+// ----------------------------------------------------------------------------
+// synchronization inside a block (exec.cpp)
+
+enum class WarpOp : uint8_t { shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, sync, reduce_add, reduce_min, reduce_max };
+
+// Blocks the calling thread until every lane named in `mask` has called the same collective, then
+// returns this lane's result (a shuffled value, a ballot, ...). `arg` is the source lane, delta or
+// xor mask; `width` the shuffle's segment width.
+uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t value, int arg, int width);
+void syncthreads();
+int syncthreads_count(int predicate);  // the number of threads whose predicate is nonzero
+void* dynamic_shared_memory();
+
+template <typename T>
+inline uint64_t to_bits(T value) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "warp shuffle of a type over 8 bytes");
+    uint64_t bits = 0;
+    memcpy(&bits, &value, sizeof(T));
+    return bits;
+}
+template <typename T>
+inline T from_bits(uint64_t bits) {
+    T value;
+    memcpy(&value, &bits, sizeof(T));
+    return value;
+}
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::syncthreads(); }
+inline int __syncthreads_count(int predicate) { return emu::syncthreads_count(predicate); }
+inline int __syncthreads_or(int predicate) { return emu::syncthreads_count(predicate) != 0; }
+inline int __syncthreads_and(int predicate) { return emu::syncthreads_count(predicate) == (int)(blockDim.x * blockDim.y * blockDim.z); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::warp_collective(emu::WarpOp::sync, "__syncwarp", mask, 0, 0, 32); }
+
+template <typename T>
+inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+    return emu::from_bits<T>(emu::warp_collective(emu::WarpOp::shfl, "__shfl_sync", mask, emu::to_bits(var), src_lane, width));
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    return emu::from_bits<T>(
+        emu::warp_collective(emu::WarpOp::shfl_up, "__shfl_up_sync", mask, emu::to_bits(var), (int)delta, width));
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    return emu::from_bits<T>(
+        emu::warp_collective(emu::WarpOp::shfl_down, "__shfl_down_sync", mask, emu::to_bits(var), (int)delta, width));
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+    return emu::from_bits<T>(
+        emu::warp_collective(emu::WarpOp::shfl_xor, "__shfl_xor_sync", mask, emu::to_bits(var), lane_mask, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    return (unsigned)emu::warp_collective(emu::WarpOp::ballot, "__ballot_sync", mask, predicate != 0, 0, 32);
+}
+inline int __any_sync(unsigned mask, int predicate) {
+    return (int)emu::warp_collective(emu::WarpOp::any, "__any_sync", mask, predicate != 0, 0, 32);
+}
+inline int __all_sync(unsigned mask, int predicate) {
+    return (int)emu::warp_collective(emu::WarpOp::all, "__all_sync", mask, predicate != 0, 0, 32);
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
+    return (unsigned)emu::warp_collective(emu::WarpOp::reduce_add, "__reduce_add_sync", mask, value, 0, 32);
+}
+inline unsigned __reduce_min_sync(unsigned mask, unsigned value) {
+    return (unsigned)emu::warp_collective(emu::WarpOp::reduce_min, "__reduce_min_sync", mask, value, 0, 32);
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
+    return (unsigned)emu::warp_collective(emu::WarpOp::reduce_max, "__reduce_max_sync", mask, value, 0, 32);
+}
+inline unsigned __activemask() { return 0xffffffffu; }
+
+// ----------------------------------------------------------------------------
+// memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
+// atomics are real host atomics; the fences are full fences.
+
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+template <typename T>
+inline T emu_atomic_fetch_add(T* address, T value) {
+    if constexpr (std::is_integral<T>::value) {
+        return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+    } else {
+        T old = *address;
+        T desired;
+        do {
+            desired = (T)(old + value);
+        } while (!__atomic_compare_exchange(address, &old, &desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+        return old;
+    }
+}
+inline int atomicAdd(int* address, int value) { return emu_atomic_fetch_add(address, value); }
+inline unsigned atomicAdd(unsigned* address, unsigned value) { return emu_atomic_fetch_add(address, value); }
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+    return emu_atomic_fetch_add(address, value);
+}
+inline float atomicAdd(float* address, float value) { return emu_atomic_fetch_add(address, value); }
+inline double atomicAdd(double* address, double value) { return emu_atomic_fetch_add(address, value); }
+inline int atomicSub(int* address, int value) { return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }
+inline unsigned atomicSub(unsigned* address, unsigned value) { return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }
+template <typename T>
+inline T atomicExch(T* address, T value) {
+    T old;
+    __atomic_exchange(address, &value, &old, __ATOMIC_RELAXED);
+    return old;
+}
+template <typename T>
+inline T atomicCAS(T* address, T compare, T value) {
+    __atomic_compare_exchange(address, &compare, &value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;  // the old value either way
+}
+template <typename T>
+inline T emu_atomic_update(T* address, T value, bool take_new(T, T)) {
+    T old = *address;
+    while (take_new(old, value)) {
+        if (__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
+    }
+    return old;
+}
+inline int atomicMax(int* a, int v) { return emu_atomic_update<int>(a, v, [](int o, int n) { return n > o; }); }
+inline unsigned atomicMax(unsigned* a, unsigned v) { return emu_atomic_update<unsigned>(a, v, [](unsigned o, unsigned n) { return n > o; }); }
+inline int atomicMin(int* a, int v) { return emu_atomic_update<int>(a, v, [](int o, int n) { return n < o; }); }
+inline unsigned atomicMin(unsigned* a, unsigned v) { return emu_atomic_update<unsigned>(a, v, [](unsigned o, unsigned n) { return n < o; }); }
+inline int atomicOr(int* a, int v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+inline int atomicAnd(int* a, int v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAnd(unsigned* a, unsigned v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+
+// ----------------------------------------------------------------------------
+// cache-hinted loads and stores: the hint changes nothing on the CPU
+
+template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldcg(const T* p) { return *p; }
+template <typename T> inline T __ldca(const T* p) { return *p; }
+template <typename T> inline T __ldcs(const T* p) { return *p; }
+template <typename T> inline T __ldlu(const T* p) { return *p; }
+template <typename T> inline T __ldcv(const T* p) { return *p; }
+template <typename T> inline void __stcg(T* p, T v) { *p = v; }
+template <typename T> inline void __stcs(T* p, T v) { *p = v; }
+template <typename T> inline void __stwb(T* p, T v) { *p = v; }
+template <typename T> inline void __stwt(T* p, T v) { *p = v; }
+// a shared-memory window address; only its use as an opaque number can be emulated
+inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
+
+// ----------------------------------------------------------------------------
+// intrinsics. The fast-math ones (__expf, __fdividef, ...) are less precise on the GPU; here they
+// are the exact functions, so results agree with the GPU's only within the documented ulp bounds.
+
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __tanf(float x) { return tanf(x); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline unsigned __float_as_uint(float x) { return emu::from_bits<unsigned>(emu::to_bits(x)); }
+inline int __float_as_int(float x) { return emu::from_bits<int>(emu::to_bits(x)); }
+inline float __uint_as_float(unsigned x) { return emu::from_bits<float>(emu::to_bits(x)); }
+inline float __int_as_float(int x) { return emu::from_bits<float>(emu::to_bits(x)); }
+inline long long __double_as_longlong(double x) { return emu::from_bits<long long>(emu::to_bits(x)); }
+inline double __longlong_as_double(long long x) { return emu::from_bits<double>(emu::to_bits(x)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline unsigned __brev(unsigned x) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+inline int __mul24(int a, int b) { return a * b; }
+
+// ----------------------------------------------------------------------------
+// launches
+
+namespace emu {
+
+// The first two to four values between <<< >>>: grid, block, dynamic shared bytes, stream.
+// Templates so that `<<<n, 256, bytes, stream>>>` with int values converts as in CUDA (no narrowing error).
+template <typename... A>
+struct PendingLaunch;
+
+struct LaunchConfig {
+    dim3 grid, block;
+    size_t shared_bytes = 0;
+    cudaStream_t stream = nullptr;
+    template <typename G, typename B>
+    LaunchConfig(G g, B b) : grid(to_dim3(g)), block(to_dim3(b)) {}
+    template <typename G, typename B, typename S>
+    LaunchConfig(G g, B b, S s) : grid(to_dim3(g)), block(to_dim3(b)), shared_bytes((size_t)s) {}
+    template <typename G, typename B, typename S>
+    LaunchConfig(G g, B b, S s, cudaStream_t st) : grid(to_dim3(g)), block(to_dim3(b)), shared_bytes((size_t)s), stream(st) {}
+
+    template <typename T>
+    static dim3 to_dim3(T v) {
+        if constexpr (std::is_integral<T>::value) {
+            return dim3((unsigned)v);
+        } else {
+            return dim3(v);
+        }
+    }
+    template <typename... A>
+    PendingLaunch<std::decay_t<A>...> operator()(A&&... args) const;
+};
+
+template <typename... A>
+struct PendingLaunch {
+    LaunchConfig config;
+    std::tuple<A...> args;
+};
+
+template <typename... A>
+PendingLaunch<std::decay_t<A>...> LaunchConfig::operator()(A&&... a) const {
+    return PendingLaunch<std::decay_t<A>...>{*this, std::tuple<std::decay_t<A>...>(std::forward<A>(a)...)};
+}
+
+// exec.cpp: checks the configuration against the hardware limits (setting the launch error that
+// cudaGetLastError returns, as a failed launch does) and returns false if it is refused.
+bool launch_check(const void* kernel, const LaunchConfig& config);
+// Refuses (fails) a non-null pointer argument that is neither device nor pinned host memory.
+void check_pointer_argument(const void* kernel, int index, const void* pointer);
+// Queues the grid on config.stream; each thread calls run_thread(args).
+void launch_enqueue(const void* kernel, const LaunchConfig& config, void (*run_thread)(void*), std::shared_ptr<void> args);
+
+template <typename... P>
+struct BoundKernel {
+    void (*kernel)(P...);
+    std::tuple<std::decay_t<P>...> args;
+    static void run_thread(void* self) {
+        BoundKernel* bound = static_cast<BoundKernel*>(self);
+        std::apply(bound->kernel, bound->args);  // each thread gets its own copy of the parameters
+    }
+};
+
+template <typename T>
+inline void check_argument(const void* kernel, int index, const T& value) {
+    if constexpr (std::is_pointer<T>::value) {
+        if (value != nullptr) check_pointer_argument(kernel, index, (const void*)value);
+    }
+}
+
+template <typename... P, typename... A>
+void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
+    static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
+    const void* id = reinterpret_cast<const void*>(kernel);
+    auto bound = std::make_shared<BoundKernel<P...>>(BoundKernel<P...>{kernel, std::tuple<std::decay_t<P>...>(pending.args)});
+    if (!launch_check(id, pending.config)) return;
+    std::apply([&](const auto&... values) {
+        int index = 0;
+        (check_argument(id, ++index, values), ...);
+    }, bound->args);
+    launch_enqueue(id, pending.config, &BoundKernel<P...>::run_thread, std::move(bound));
+}
+
+}  // namespace emu

@@ -1,0 +1,35 @@
+// Shared between the emulator core's own files (exec.cpp, runtime.cpp); not seen by CUDA sources.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include <cuda_runtime.h>
+
+namespace emu {
+
+// An H100 SXM's limits (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"
+// for 9.0, and the H100 datasheet for the SM count and memory).
+struct DeviceLimits {
+    int max_threads_per_block = 1024;
+    int max_shared_per_block = 48 * 1024;          // without opting in
+    int max_shared_per_block_optin = 227 * 1024;   // cudaFuncAttributeMaxDynamicSharedMemorySize
+    int shared_per_sm = 228 * 1024;
+    int registers_per_block = 65536;
+    int multiprocessors = 132;
+    size_t global_memory = 80ull << 30;
+    int l2_bytes = 50 * 1024 * 1024;
+};
+inline constexpr DeviceLimits H100{};
+
+// Records `error` as this host thread's last error (cudaGetLastError) and returns it.
+cudaError_t set_error(cudaError_t error);
+
+// enqueue with a name built at run time
+void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> task);
+
+// the kernel's demangled name (or its address when the symbol is not visible)
+std::string kernel_name(const void* kernel);
+
+}  // namespace emu

@@ -1,0 +1,27 @@
+// Included before every CUDA source compiled for the emulator (g++ -include dev/emu/prelude.h):
+// CUDA's declaration specifiers as plain C++, and the emulated runtime.
+//
+// __shared__ becomes `static thread_local`: one copy per host thread, and a host thread runs the
+// fibers of one block at a time (exec.cpp), so that copy is the block's shared memory. Like real shared
+// memory it is not cleared between blocks. `extern __shared__ T name[];` (dynamic shared memory) is
+// rewritten by cu2cpp.sh into a pointer to the block's dynamic buffer.
+#pragma once
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __managed__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static thread_local
+#define __grid_constant__
+
+#include <math.h>
+#include <cmath>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>

@@ -1,0 +1,716 @@
+// The emulator's runtime: device memory, streams, events, errors and device properties.
+//
+// Streams are lazy. Work queued on a stream (kernels, async copies, NCCL's tasks) does not run when
+// it is queued; one emulator device thread runs it when the host waits for something (a synchronous
+// copy, cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, cudaFree) or asks about
+// it (cudaStreamQuery, cudaEventQuery: these start the device on everything queued and return at
+// once, so a host polling loop makes progress). When several streams have work that may run, the
+// device picks the most recently created stream first (EMU_STREAM_ORDER=issue: oldest work first),
+// which differs from the order of issue: work that lacks an event dependency on another stream runs
+// in the "wrong" order and changes the result, as it may on a GPU.
+//
+// Dependencies are CUDA's: stream order; cudaStreamWaitEvent (waits for the work queued before the
+// matching cudaEventRecord); and the legacy default stream, whose work waits for all earlier work on
+// blocking streams, and whose earlier work every blocking stream's later work waits for (streams
+// made with cudaStreamNonBlocking take no part).
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "internal.h"
+
+using Clock = std::chrono::steady_clock;
+
+struct CUstream_st {
+    int id;  // creation order; the legacy default stream is 0
+    unsigned flags;
+    int priority;
+    struct Task {
+        unsigned long long seq, issue;
+        std::string what;
+        std::function<void()> run;
+        std::vector<std::pair<CUstream_st*, unsigned long long>> after;  // (stream, seq) to wait for
+    };
+    std::deque<Task> queue;
+    unsigned long long enqueued = 0, completed = 0;
+    bool destroyed = false;
+    bool blocking() const { return !(flags & cudaStreamNonBlocking); }
+};
+
+struct CUevent_st {
+    unsigned flags;
+    CUstream_st* stream = nullptr;  // where it was last recorded; nullptr: never recorded
+    unsigned long long seq = 0;
+    Clock::time_point time;
+    bool destroyed = false;
+};
+
+namespace emu {
+
+// ----------------------------------------------------------------------------
+// errors
+
+namespace {
+thread_local cudaError_t last_error = cudaSuccess;
+}
+
+cudaError_t set_error(cudaError_t error) {
+    if (error != cudaSuccess) last_error = error;
+    return error;
+}
+
+void fail(const char* fmt, ...) {
+    char message[4096];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof(message), fmt, args);
+    va_end(args);
+    fflush(stdout);
+    fprintf(stderr, "cuda-emu: %s\n", message);
+    fflush(stderr);
+    _exit(1);  // other threads may hold locks that exit()'s destructors would need
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+namespace {
+
+struct Allocations {
+    std::mutex mutex;
+    std::map<uintptr_t, size_t> device, pinned;  // start -> bytes
+    size_t device_bytes = 0;
+};
+Allocations& allocations() {
+    static Allocations* a = new Allocations;  // never destroyed: the device thread may outlive main
+    return *a;
+}
+
+bool inside(const std::map<uintptr_t, size_t>& map, const void* p, size_t bytes) {
+    uintptr_t q = (uintptr_t)p;
+    auto it = map.upper_bound(q);
+    if (it == map.begin()) return false;
+    --it;
+    // a pointer just past the end of an allocation counts (an empty range at its end)
+    return q >= it->first && q - it->first <= it->second && bytes <= it->second - (q - it->first);
+}
+
+}  // namespace
+
+bool is_device_pointer(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(allocations().mutex);
+    return inside(allocations().device, p, bytes);
+}
+
+bool is_pinned_host_pointer(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(allocations().mutex);
+    return inside(allocations().pinned, p, bytes);
+}
+
+// ----------------------------------------------------------------------------
+// the device thread and its streams
+
+namespace {
+
+StreamOrder stream_order_setting() {
+    const char* env = getenv("EMU_STREAM_ORDER");
+    if (env == nullptr || strcmp(env, "newest") == 0) return StreamOrder::newest_stream_first;
+    if (strcmp(env, "issue") == 0) return StreamOrder::issue;
+    fail("EMU_STREAM_ORDER must be newest or issue, not '%s'", env);
+}
+
+struct Device {
+    std::mutex mutex;
+    std::condition_variable work;  // the device thread waits here
+    std::condition_variable done;  // host threads wait here for work to complete
+    std::vector<CUstream_st*> streams;
+    CUstream_st legacy{0, cudaStreamDefault, 0, {}, 0, 0, false};
+    unsigned long long issued = 0;
+    int waiters = 0;        // host threads blocked until something completes
+    bool kicked = false;    // a query asked for progress: run everything that can run
+    bool running = false;   // a task is running now
+    StreamOrder order = stream_order_setting();
+    bool started = false;
+
+    Device() { streams.push_back(&legacy); }
+
+    static bool ready(const CUstream_st::Task& t) {
+        for (auto& [stream, seq] : t.after)
+            if (stream->completed < seq) return false;
+        return true;
+    }
+
+    CUstream_st* pick() {
+        CUstream_st* best = nullptr;
+        if (order == StreamOrder::newest_stream_first) {
+            for (auto it = streams.rbegin(); it != streams.rend(); ++it) {
+                CUstream_st* s = *it;
+                if (!s->queue.empty() && ready(s->queue.front())) return s;
+            }
+            return nullptr;
+        }
+        for (CUstream_st* s : streams)
+            if (!s->queue.empty() && ready(s->queue.front()) && (!best || s->queue.front().issue < best->queue.front().issue))
+                best = s;
+        return best;
+    }
+
+    void loop() {
+        std::unique_lock<std::mutex> lock(mutex);
+        for (;;) {
+            CUstream_st* s = nullptr;
+            work.wait(lock, [&] { return (waiters > 0 || kicked) && (s = pick()) != nullptr; });
+            CUstream_st::Task& task = s->queue.front();
+            running = true;
+            std::function<void()> run = std::move(task.run);
+            lock.unlock();
+            run();
+            lock.lock();
+            running = false;
+            s->completed = s->queue.front().seq;
+            s->queue.pop_front();
+            if (pick() == nullptr) kicked = false;
+            done.notify_all();
+        }
+    }
+
+    // caller holds mutex
+    void start() {
+        if (started) return;
+        started = true;
+        std::thread([this] { loop(); }).detach();
+    }
+
+    // caller holds mutex; blocks until `finished` holds, running the device meanwhile
+    template <typename F>
+    void wait_until(std::unique_lock<std::mutex>& lock, F finished) {
+        if (finished()) return;
+        start();
+        waiters++;
+        work.notify_one();
+        done.wait(lock, finished);
+        waiters--;
+    }
+
+    CUstream_st* resolve(cudaStream_t stream) {
+        if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return &legacy;
+        return stream;
+    }
+
+    // caller holds mutex
+    unsigned long long push(CUstream_st* s, std::string what, std::function<void()> run) {
+        CUstream_st::Task t;
+        t.seq = ++s->enqueued;
+        t.issue = ++issued;
+        t.what = std::move(what);
+        t.run = std::move(run);
+        if (!s->queue.empty()) {
+            // stream order is the queue's own; only cross-stream dependencies are listed
+        }
+        if (s == &legacy) {
+            for (CUstream_st* other : streams)
+                if (other != &legacy && other->blocking() && other->completed < other->enqueued)
+                    t.after.emplace_back(other, other->enqueued);
+        } else if (s->blocking() && legacy.completed < legacy.enqueued) {
+            t.after.emplace_back(&legacy, legacy.enqueued);
+        }
+        s->queue.push_back(std::move(t));
+        return s->enqueued;
+    }
+};
+
+Device& device() {
+    static Device* d = new Device;  // never destroyed: its thread runs until the process ends
+    return *d;
+}
+
+}  // namespace
+
+void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> task) {
+    Device& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    CUstream_st* s = d.resolve(stream);
+    if (s->destroyed) fail("%s queued on a destroyed stream", what.c_str());
+    d.push(s, std::move(what), std::move(task));
+}
+
+void enqueue(cudaStream_t stream, const char* what, std::function<void()> task) {
+    enqueue_named(stream, what ? what : "task", std::move(task));
+}
+
+void set_stream_order(StreamOrder order) {
+    Device& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    d.order = order;
+}
+
+namespace {
+
+// queue `run` on `stream` and wait for it (synchronous copies)
+void run_and_wait(cudaStream_t stream, const char* what, std::function<void()> run) {
+    Device& d = device();
+    std::unique_lock<std::mutex> lock(d.mutex);
+    CUstream_st* s = d.resolve(stream);
+    unsigned long long seq = d.push(s, what, std::move(run));
+    d.wait_until(lock, [&] { return s->completed >= seq; });
+}
+
+void synchronize_device() {
+    Device& d = device();
+    std::unique_lock<std::mutex> lock(d.mutex);
+    d.wait_until(lock, [&] {
+        for (CUstream_st* s : d.streams)
+            if (s->completed < s->enqueued) return false;
+        return true;
+    });
+}
+
+}  // namespace
+
+}  // namespace emu
+
+using emu::set_error;
+
+// ----------------------------------------------------------------------------
+// errors
+
+const char* cudaGetErrorName(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInitializationError: return "cudaErrorInitializationError";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+        case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+        case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+        case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+        case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+        case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+        case cudaErrorNotSupported: return "cudaErrorNotSupported";
+        default: return "cudaErrorUnknown";
+    }
+}
+
+// the texts of NVIDIA's runtime
+const char* cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInitializationError: return "initialization error";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+        case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+        case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorNotReady: return "device not ready";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
+        case cudaErrorNotSupported: return "operation not supported";
+        default: return "unknown error";
+    }
+}
+
+// Launch-configuration errors are not sticky: reading them resets them (all our errors are of that kind;
+// a fault inside a kernel ends the emulated program with a message instead).
+cudaError_t cudaGetLastError() {
+    cudaError_t e = emu::last_error;
+    emu::last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() { return emu::last_error; }
+
+// ----------------------------------------------------------------------------
+// device
+
+namespace {
+int device_count() {
+    const char* env = getenv("EMU_DEVICE_COUNT");
+    int n = env ? atoi(env) : 1;
+    if (n < 0 || n > 64) emu::fail("EMU_DEVICE_COUNT must be between 0 and 64, not '%s'", env);
+    return n;
+}
+thread_local int current_device = 0;
+}  // namespace
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    if (!count) return set_error(cudaErrorInvalidValue);
+    *count = device_count();
+    if (*count == 0) return set_error(cudaErrorNoDevice);
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return set_error(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+    if (!device) return set_error(cudaErrorInvalidValue);
+    *device = current_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+    if (!prop) return set_error(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count()) return set_error(cudaErrorInvalidDevice);
+    const emu::DeviceLimits& h = emu::H100;
+    *prop = cudaDeviceProp{};
+    // no GPU model in the name: the trainer's MFU table must not mistake the emulator for one
+    snprintf(prop->name, sizeof(prop->name), "CUDA emulator (sm_90 limits, on the CPU)");
+    prop->totalGlobalMem = h.global_memory;
+    prop->sharedMemPerBlock = h.max_shared_per_block;
+    prop->sharedMemPerBlockOptin = h.max_shared_per_block_optin;
+    prop->sharedMemPerMultiprocessor = h.shared_per_sm;
+    prop->reservedSharedMemPerBlock = 1024;
+    prop->regsPerBlock = h.registers_per_block;
+    prop->regsPerMultiprocessor = 65536;
+    prop->warpSize = 32;
+    prop->memPitch = 2147483647;
+    prop->maxThreadsPerBlock = h.max_threads_per_block;
+    prop->maxThreadsDim[0] = 1024, prop->maxThreadsDim[1] = 1024, prop->maxThreadsDim[2] = 64;
+    prop->maxGridSize[0] = 2147483647, prop->maxGridSize[1] = 65535, prop->maxGridSize[2] = 65535;
+    prop->clockRate = 1980000;
+    prop->totalConstMem = 65536;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->textureAlignment = 512;
+    prop->multiProcessorCount = h.multiprocessors;
+    prop->concurrentKernels = 1;
+    prop->asyncEngineCount = 3;
+    prop->unifiedAddressing = 1;
+    prop->memoryClockRate = 2619000;
+    prop->memoryBusWidth = 5120;
+    prop->l2CacheSize = h.l2_bytes;
+    prop->maxThreadsPerMultiProcessor = 2048;
+    prop->streamPrioritiesSupported = 1;
+    prop->globalL1CacheSupported = 1;
+    prop->localL1CacheSupported = 1;
+    prop->managedMemory = 1;
+    prop->cooperativeLaunch = 1;
+    prop->maxBlocksPerMultiProcessor = 32;
+    prop->pciBusID = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    if (e != cudaSuccess || !value) return set_error(e != cudaSuccess ? e : cudaErrorInvalidValue);
+    switch (attr) {
+        case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+        case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
+        case cudaDevAttrWarpSize: *value = p.warpSize; break;
+        case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
+        default: return set_error(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+    emu::synchronize_device();
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceReset() {
+    emu::synchronize_device();
+    return cudaSuccess;
+}
+
+// CUDA's convention: numerically lower is higher priority
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    std::lock_guard<std::mutex> lock(emu::allocations().mutex);
+    size_t used = emu::allocations().device_bytes;
+    if (total_bytes) *total_bytes = emu::H100.global_memory;
+    if (free_bytes) *free_bytes = used < emu::H100.global_memory ? emu::H100.global_memory - used : 0;
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+namespace {
+
+// 256-byte aligned like cudaMalloc; filled with 0xFF bytes so a read of never-written memory gives NaN
+void* allocate(size_t bytes) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return nullptr;
+    memset(p, 0xFF, bytes);
+    return p;
+}
+
+}  // namespace
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+    if (!ptr) return set_error(cudaErrorInvalidValue);
+    auto& a = emu::allocations();
+    {
+        std::lock_guard<std::mutex> lock(a.mutex);
+        if (a.device_bytes + bytes > emu::H100.global_memory) return set_error(cudaErrorMemoryAllocation);
+    }
+    void* p = allocate(bytes);
+    if (!p) return set_error(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.device[(uintptr_t)p] = bytes;
+    a.device_bytes += bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+    if (!ptr) return cudaSuccess;
+    emu::synchronize_device();  // as on a GPU, cudaFree waits for the device
+    auto& a = emu::allocations();
+    size_t bytes;
+    {
+        std::lock_guard<std::mutex> lock(a.mutex);
+        auto it = a.device.find((uintptr_t)ptr);
+        if (it == a.device.end()) return set_error(cudaErrorInvalidValue);
+        bytes = it->second;
+        a.device_bytes -= bytes;
+        a.device.erase(it);
+    }
+    memset(ptr, 0xFF, bytes);  // a use after free reads NaN (ASan builds report it)
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+    if (!ptr) return set_error(cudaErrorInvalidValue);
+    void* p = allocate(bytes);
+    if (!p) return set_error(cudaErrorMemoryAllocation);
+    auto& a = emu::allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.pinned[(uintptr_t)p] = bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+    if (!ptr) return cudaSuccess;
+    emu::synchronize_device();
+    auto& a = emu::allocations();
+    {
+        std::lock_guard<std::mutex> lock(a.mutex);
+        auto it = a.pinned.find((uintptr_t)ptr);
+        if (it == a.pinned.end()) return set_error(cudaErrorInvalidValue);
+        a.pinned.erase(it);
+    }
+    free(ptr);
+    return cudaSuccess;
+}
+
+namespace {
+
+// checks that the device side(s) of a copy lie inside device memory; resolves cudaMemcpyDefault
+cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind& kind) {
+    if (bytes == 0) return cudaSuccess;
+    if (!dst || !src) return cudaErrorInvalidValue;
+    if (kind == cudaMemcpyDefault) {
+        bool d = emu::is_device_pointer(dst, bytes), s = emu::is_device_pointer(src, bytes);
+        kind = s ? (d ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost) : (d ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    }
+    switch (kind) {
+        case cudaMemcpyHostToHost: return cudaSuccess;
+        case cudaMemcpyHostToDevice: return emu::is_device_pointer(dst, bytes) ? cudaSuccess : cudaErrorInvalidValue;
+        case cudaMemcpyDeviceToHost: return emu::is_device_pointer(src, bytes) ? cudaSuccess : cudaErrorInvalidValue;
+        case cudaMemcpyDeviceToDevice:
+            return emu::is_device_pointer(dst, bytes) && emu::is_device_pointer(src, bytes) ? cudaSuccess : cudaErrorInvalidValue;
+        default: return cudaErrorInvalidMemcpyDirection;
+    }
+}
+
+}  // namespace
+
+// On the legacy default stream, waiting for it (and so for all blocking streams' earlier work).
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    cudaError_t e = check_copy(dst, src, bytes, kind);
+    if (e != cudaSuccess) return set_error(e);
+    if (bytes == 0) return cudaSuccess;
+    emu::run_and_wait(nullptr, "cudaMemcpy", [=] { memmove(dst, src, bytes); });
+    return cudaSuccess;
+}
+
+// As the CUDA documentation describes for pageable host memory: a copy from it is staged at the call
+// (the caller may reuse the buffer at once), a copy into it returns only when done. Pinned memory is
+// read and written when the copy runs on the stream.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    cudaError_t e = check_copy(dst, src, bytes, kind);
+    if (e != cudaSuccess) return set_error(e);
+    if (bytes == 0) return cudaSuccess;
+    bool from_pageable = (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost) && !emu::is_pinned_host_pointer(src, bytes);
+    bool to_pageable = (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost) && !emu::is_pinned_host_pointer(dst, bytes);
+    if (from_pageable) {
+        auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char*)src, (const unsigned char*)src + bytes);
+        if (to_pageable) {
+            emu::run_and_wait(stream, "cudaMemcpyAsync", [=] { memcpy(dst, staged->data(), bytes); });
+        } else {
+            emu::enqueue(stream, "cudaMemcpyAsync", [=] { memcpy(dst, staged->data(), bytes); });
+        }
+    } else if (to_pageable) {
+        emu::run_and_wait(stream, "cudaMemcpyAsync", [=] { memmove(dst, src, bytes); });
+    } else {
+        emu::enqueue(stream, "cudaMemcpyAsync", [=] { memmove(dst, src, bytes); });
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return cudaSuccess;
+    if (!emu::is_device_pointer(ptr, bytes)) return set_error(cudaErrorInvalidValue);
+    emu::enqueue(stream, "cudaMemset", [=] { memset(ptr, value, bytes); });
+    return cudaSuccess;
+}
+
+// asynchronous with respect to the host for device memory (CUDA Runtime API, "API synchronization behavior")
+cudaError_t cudaMemset(void* ptr, int value, size_t bytes) { return cudaMemsetAsync(ptr, value, bytes, nullptr); }
+
+// ----------------------------------------------------------------------------
+// streams
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+    if (!stream || (flags & ~cudaStreamNonBlocking)) return set_error(cudaErrorInvalidValue);
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    CUstream_st* s = new CUstream_st{(int)d.streams.size(), flags, priority, {}, 0, 0, false};
+    d.streams.push_back(s);
+    *stream = s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+    return cudaStreamCreateWithPriority(stream, flags, 0);
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithPriority(stream, cudaStreamDefault, 0); }
+
+// Work already queued still runs (CUDA: resources are released once the device has finished).
+// The stream object stays allocated, since events and tasks may refer to it.
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (stream == nullptr || stream->destroyed) return set_error(cudaErrorInvalidResourceHandle);
+    stream->destroyed = true;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    emu::Device& d = emu::device();
+    std::unique_lock<std::mutex> lock(d.mutex);
+    CUstream_st* s = d.resolve(stream);
+    unsigned long long target = s->enqueued;
+    d.wait_until(lock, [&] { return s->completed >= target; });
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    CUstream_st* s = d.resolve(stream);
+    if (s->completed >= s->enqueued) return cudaSuccess;
+    d.start();
+    d.kicked = true;
+    d.work.notify_one();
+    return cudaErrorNotReady;  // not an error to record: cudaGetLastError stays as it was
+}
+
+// ----------------------------------------------------------------------------
+// events
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+    if (!event) return set_error(cudaErrorInvalidValue);
+    *event = new CUevent_st{flags, nullptr, 0, Clock::time_point{}, false};
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    CUstream_st* s = d.resolve(stream);
+    event->stream = s;
+    event->seq = d.push(s, "cudaEventRecord", [event] { event->time = Clock::now(); });
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
+    emu::Device& d = emu::device();
+    std::unique_lock<std::mutex> lock(d.mutex);
+    if (!event->stream) return cudaSuccess;  // never recorded: nothing to wait for
+    CUstream_st* s = event->stream;
+    unsigned long long seq = event->seq;
+    d.wait_until(lock, [&] { return s->completed >= seq; });
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!event->stream || event->stream->completed >= event->seq) return cudaSuccess;
+    d.start();
+    d.kicked = true;
+    d.work.notify_one();
+    return cudaErrorNotReady;
+}
+
+// host wall-clock time between the moments the device reached the two events
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!ms || !start || !end) return set_error(cudaErrorInvalidValue);
+    if ((start->flags | end->flags) & cudaEventDisableTiming) return set_error(cudaErrorInvalidResourceHandle);
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!start->stream || !end->stream) return set_error(cudaErrorInvalidResourceHandle);
+    if (start->stream->completed < start->seq || end->stream->completed < end->seq) return set_error(cudaErrorNotReady);
+    *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+    return cudaSuccess;
+}
+
+// The event object stays allocated (a queued record may still write it); only its handle dies.
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
+    event->destroyed = true;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!event->stream) return cudaSuccess;  // an event never recorded is complete
+    CUstream_st* s = d.resolve(stream);
+    CUstream_st* on = event->stream;
+    unsigned long long seq = event->seq;
+    d.push(s, "cudaStreamWaitEvent", [] {});
+    s->queue.back().after.emplace_back(on, seq);
+    return cudaSuccess;
+}
