@@ -142,3 +142,5 @@ test-gpu: train_gpt2cu test_gpt2cu train_gpt2
 cuda-all:
 	$(MAKE) PRECISION=BF16 train_gpt2cu test_gpt2cu
 	$(MAKE) train_gpt2fp32cu test_gpt2fp32cu
+
+include dev/emu/emu.mk
