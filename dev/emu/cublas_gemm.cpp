@@ -1,0 +1,321 @@
+// The CPU kernel behind cublasGemmEx, cublasGemmStridedBatchedEx and cublasLtMatmul.
+//
+// Blocking (GotoBLAS-style, simplified): the output is cut into tiles of TILE_M x TILE_N; for each
+// tile, k is walked in panels of PANEL_K, and each panel of op(A) (TILE_M x PANEL_K) and op(B)
+// (PANEL_K x TILE_N) is converted once to fp32 and packed so the micro-kernel reads both sequentially.
+// The micro-kernel keeps a MICRO_M x MICRO_N block of fp32 accumulators in registers.
+//
+// Determinism: every output element is one fp32 accumulator summed over p = 0, 1, ..., k-1 in that
+// order (panels are visited in order and the accumulator is carried between them), so the bits do not
+// depend on the tiling or on how tiles are shared between threads. Whether a·b + acc is fused (FMA)
+// is the compiler's choice under the build flags; it is fixed for a given binary.
+#include "cublas_gemm.h"
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace emu_blas {
+
+namespace {
+
+constexpr int MICRO_M = 16;  // two 8-float vectors
+constexpr int MICRO_N = 6;
+constexpr int TILE_M = 128;  // multiple of MICRO_M
+constexpr int TILE_N = 96;   // multiple of MICRO_N
+constexpr int PANEL_K = 256;
+
+typedef float v8 __attribute__((vector_size(32)));
+
+// ----------------------------------------------------------------------------
+// element conversions (bf16 is the top half of an fp32; rounding to nearest even)
+
+inline float bf16_bits_to_float(uint16_t bits) {
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline uint16_t float_to_bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);  // NaN stays a quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+inline float load_element(const void* base, cudaDataType type, int64_t index) {
+    if (type == CUDA_R_16BF) return bf16_bits_to_float(((const uint16_t*)base)[index]);
+    return ((const float*)base)[index];
+}
+
+inline void store_element(void* base, cudaDataType type, int64_t index, float value) {
+    if (type == CUDA_R_16BF) {
+        ((uint16_t*)base)[index] = float_to_bf16_bits(value);
+    } else {
+        ((float*)base)[index] = value;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// packing: op(X) element (row, col) of a column-major operand
+
+struct View {
+    const char* base;
+    cudaDataType type;
+    int64_t ld;
+    bool trans;
+    bool tf32;
+};
+
+// Stored element index of op(X)(row, col).
+inline int64_t view_index(const View& v, int64_t row, int64_t col) {
+    return v.trans ? col + row * v.ld : row + col * v.ld;
+}
+
+template <typename T>
+inline float load_typed(const T* p, int64_t i);
+template <>
+inline float load_typed<float>(const float* p, int64_t i) { return p[i]; }
+template <>
+inline float load_typed<uint16_t>(const uint16_t* p, int64_t i) { return bf16_bits_to_float(p[i]); }
+
+// Packs op(A)(i0 .. i0+rows, p0 .. p0+depth) as slivers of MICRO_M rows: packed[s][p][r], zero-padded.
+template <typename T>
+void pack_a(float* packed, const View& a, int64_t i0, int rows, int64_t p0, int depth) {
+    const T* base = (const T*)a.base;
+    int slivers = (rows + MICRO_M - 1) / MICRO_M;
+    for (int s = 0; s < slivers; s++) {
+        float* out = packed + (size_t)s * depth * MICRO_M;
+        int live = std::min(MICRO_M, rows - s * MICRO_M);
+        for (int p = 0; p < depth; p++) {
+            for (int r = 0; r < MICRO_M; r++) {
+                out[p * MICRO_M + r] =
+                    r < live ? load_typed<T>(base, view_index(a, i0 + s * MICRO_M + r, p0 + p)) : 0.0f;
+            }
+        }
+        if (a.tf32) {
+            for (int e = 0; e < depth * MICRO_M; e++) out[e] = round_to_tf32(out[e]);
+        }
+    }
+}
+
+// Packs op(B)(p0 .. p0+depth, j0 .. j0+cols) as slivers of MICRO_N columns: packed[s][p][c], zero-padded.
+template <typename T>
+void pack_b(float* packed, const View& b, int64_t p0, int depth, int64_t j0, int cols) {
+    const T* base = (const T*)b.base;
+    int slivers = (cols + MICRO_N - 1) / MICRO_N;
+    for (int s = 0; s < slivers; s++) {
+        float* out = packed + (size_t)s * depth * MICRO_N;
+        int live = std::min(MICRO_N, cols - s * MICRO_N);
+        for (int p = 0; p < depth; p++) {
+            for (int c = 0; c < MICRO_N; c++) {
+                out[p * MICRO_N + c] =
+                    c < live ? load_typed<T>(base, view_index(b, p0 + p, j0 + s * MICRO_N + c)) : 0.0f;
+            }
+        }
+        if (b.tf32) {
+            for (int e = 0; e < depth * MICRO_N; e++) out[e] = round_to_tf32(out[e]);
+        }
+    }
+}
+
+void pack_a_any(float* packed, const View& a, int64_t i0, int rows, int64_t p0, int depth) {
+    if (a.type == CUDA_R_16BF) {
+        pack_a<uint16_t>(packed, a, i0, rows, p0, depth);
+    } else {
+        pack_a<float>(packed, a, i0, rows, p0, depth);
+    }
+}
+
+void pack_b_any(float* packed, const View& b, int64_t p0, int depth, int64_t j0, int cols) {
+    if (b.type == CUDA_R_16BF) {
+        pack_b<uint16_t>(packed, b, p0, depth, j0, cols);
+    } else {
+        pack_b<float>(packed, b, p0, depth, j0, cols);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// micro-kernel: acc (MICRO_M x MICRO_N, column-major with leading dimension ld_acc) += a_sliver·b_sliver
+
+inline void micro_kernel(float* acc, int ld_acc, const float* a, const float* b, int depth) {
+    v8 c0[MICRO_N], c1[MICRO_N];
+    for (int c = 0; c < MICRO_N; c++) {
+        std::memcpy(&c0[c], acc + c * ld_acc, sizeof(v8));
+        std::memcpy(&c1[c], acc + c * ld_acc + 8, sizeof(v8));
+    }
+    for (int p = 0; p < depth; p++) {
+        v8 a0, a1;
+        std::memcpy(&a0, a + p * MICRO_M, sizeof(v8));
+        std::memcpy(&a1, a + p * MICRO_M + 8, sizeof(v8));
+        const float* bp = b + p * MICRO_N;
+        for (int c = 0; c < MICRO_N; c++) {
+            c0[c] += a0 * bp[c];
+            c1[c] += a1 * bp[c];
+        }
+    }
+    for (int c = 0; c < MICRO_N; c++) {
+        std::memcpy(acc + c * ld_acc, &c0[c], sizeof(v8));
+        std::memcpy(acc + c * ld_acc + 8, &c1[c], sizeof(v8));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// one output tile
+
+struct Workspace {
+    std::vector<float> a_panel, b_panel, acc;
+    Workspace()
+        : a_panel((size_t)TILE_M * PANEL_K), b_panel((size_t)PANEL_K * TILE_N), acc((size_t)TILE_M * TILE_N) {}
+};
+
+struct Tile {
+    int64_t batch, i0, j0;
+};
+
+void run_tile(const Gemm& g, const Tile& t, Workspace& ws) {
+    int rows = (int)std::min<int64_t>(TILE_M, g.m - t.i0);
+    int cols = (int)std::min<int64_t>(TILE_N, g.n - t.j0);
+    View a{(const char*)g.a.ptr + t.batch * g.stride_a * (int64_t)type_bytes(g.a.type), g.a.type, g.a.ld,
+           g.a.trans, g.tf32 && g.a.type == CUDA_R_32F};
+    View b{(const char*)g.b.ptr + t.batch * g.stride_b * (int64_t)type_bytes(g.b.type), g.b.type, g.b.ld,
+           g.b.trans, g.tf32 && g.b.type == CUDA_R_32F};
+    float* acc = ws.acc.data();
+    std::fill(ws.acc.begin(), ws.acc.end(), 0.0f);
+    int slivers_m = (rows + MICRO_M - 1) / MICRO_M, slivers_n = (cols + MICRO_N - 1) / MICRO_N;
+    for (int64_t p0 = 0; p0 < g.k; p0 += PANEL_K) {
+        int depth = (int)std::min<int64_t>(PANEL_K, g.k - p0);
+        pack_a_any(ws.a_panel.data(), a, t.i0, rows, p0, depth);
+        pack_b_any(ws.b_panel.data(), b, p0, depth, t.j0, cols);
+        for (int sn = 0; sn < slivers_n; sn++) {
+            for (int sm = 0; sm < slivers_m; sm++) {
+                micro_kernel(acc + (size_t)sn * MICRO_N * TILE_M + sm * MICRO_M, TILE_M,
+                             ws.a_panel.data() + (size_t)sm * depth * MICRO_M,
+                             ws.b_panel.data() + (size_t)sn * depth * MICRO_N, depth);
+            }
+        }
+    }
+
+    // epilogue: one rounding per output (and per aux) element
+    const Epilogue& e = g.epilogue;
+    const char* c_base =
+        g.c == nullptr ? nullptr : (const char*)g.c + t.batch * g.stride_c * (int64_t)type_bytes(g.c_type);
+    char* d_base = (char*)g.d + t.batch * g.stride_d * (int64_t)type_bytes(g.d_type);
+    for (int r = 0; r < rows; r++) {
+        int64_t i = t.i0 + r;
+        float bias = e.add_bias ? load_element(e.bias, e.bias_type, i) : 0.0f;
+        for (int cidx = 0; cidx < cols; cidx++) {
+            int64_t j = t.j0 + cidx;
+            float v = g.alpha * acc[(size_t)cidx * TILE_M + r];
+            if (g.beta != 0.0f) v += g.beta * load_element(c_base, g.c_type, i + j * g.ldc);
+            if (e.add_bias) v += bias;
+            if (e.dgelu) v *= gelu_grad(load_element(e.aux, e.aux_type, i + j * e.aux_ld));
+            if (e.write_aux) store_element(e.aux, e.aux_type, i + j * e.aux_ld, v);
+            if (e.gelu) v = gelu(v);
+            store_element(d_base, g.d_type, i + j * g.ldd, v);
+        }
+    }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// public helpers
+
+float round_to_tf32(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;  // Inf and NaN unchanged
+    u += 0xfffu + ((u >> 13) & 1u);                   // 23 - 10 = 13 mantissa bits dropped, ties to even
+    u &= ~0x1fffu;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+float gelu(float x) {
+    const float s = 0.7978845608028654f;  // sqrt(2/pi)
+    float u = s * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + std::tanh(u));
+}
+
+float gelu_grad(float x) {
+    const float s = 0.7978845608028654f;
+    float u = s * (x + 0.044715f * x * x * x);
+    float th = std::tanh(u);
+    float du_dx = s * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du_dx;
+}
+
+size_t type_bytes(cudaDataType type) {
+    switch (type) {
+        case CUDA_R_32F: return 4;
+        case CUDA_R_16BF: return 2;
+        default: return 0;
+    }
+}
+
+const char* type_name(cudaDataType type) {
+    switch (type) {
+        case CUDA_R_32F: return "CUDA_R_32F";
+        case CUDA_R_16BF: return "CUDA_R_16BF";
+        case CUDA_R_16F: return "CUDA_R_16F";
+        case CUDA_R_64F: return "CUDA_R_64F";
+        default: return "an unsupported cudaDataType";
+    }
+}
+
+bool supported_types(cudaDataType a, cudaDataType b, cudaDataType c) {
+    if (a != b) return false;
+    if (a == CUDA_R_16BF) return c == CUDA_R_16BF || c == CUDA_R_32F;
+    if (a == CUDA_R_32F) return c == CUDA_R_32F;
+    return false;
+}
+
+size_t matrix_extent_bytes(int64_t rows, int64_t cols, int64_t ld, cudaDataType type) {
+    if (rows <= 0 || cols <= 0) return 0;
+    return (size_t)((cols - 1) * ld + rows) * type_bytes(type);
+}
+
+cublasStatus_t refuse(cublasStatus_t status, const char* fmt, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof(message), fmt, args);
+    va_end(args);
+    fprintf(stderr, "cuda-emu: cuBLAS: %s (returning %s)\n", message, cublasGetStatusName(status));
+    return status;
+}
+
+void run_gemm(const Gemm& g) {
+    if (g.m <= 0 || g.n <= 0 || g.batch_count <= 0) return;
+    int64_t tiles_m = (g.m + TILE_M - 1) / TILE_M, tiles_n = (g.n + TILE_N - 1) / TILE_N;
+    std::vector<Tile> tiles;
+    tiles.reserve((size_t)(g.batch_count * tiles_m * tiles_n));
+    for (int64_t batch = 0; batch < g.batch_count; batch++) {
+        for (int64_t tn = 0; tn < tiles_n; tn++) {
+            for (int64_t tm = 0; tm < tiles_m; tm++) tiles.push_back({batch, tm * TILE_M, tn * TILE_N});
+        }
+    }
+    // the two halves of the tile list run on two threads; results do not depend on the split
+    double flops = 2.0 * (double)g.m * g.n * std::max<int64_t>(g.k, 1) * g.batch_count;
+    bool two_threads = tiles.size() > 1 && flops > 4e6 && std::thread::hardware_concurrency() > 1;
+    size_t split = two_threads ? tiles.size() / 2 : tiles.size();
+    auto run_range = [&](size_t begin, size_t end) {
+        Workspace ws;
+        for (size_t t = begin; t < end; t++) run_tile(g, tiles[t], ws);
+    };
+    if (two_threads) {
+        std::thread helper(run_range, split, tiles.size());
+        run_range(0, split);
+        helper.join();
+    } else {
+        run_range(0, tiles.size());
+    }
+}
+
+}  // namespace emu_blas

@@ -1,0 +1,72 @@
+// What cublas.cpp (cuBLAS) and cublas_lt.cpp (cuBLASLt) share: one description of a product with its
+// epilogue, the CPU kernel that runs it (cublas_gemm.cpp), and the argument checks both APIs make.
+#pragma once
+
+#include <cstdint>
+
+#include "cublasLt.h"
+#include "cublas_v2.h"
+
+namespace emu_blas {
+
+// One column-major operand: op(X) is read from ptr with leading dimension ld (in elements).
+struct Operand {
+    const void* ptr = nullptr;
+    cudaDataType type = CUDA_R_32F;
+    int64_t ld = 0;
+    bool trans = false;
+};
+
+// What happens to each fp32 value v = alpha·acc + beta·C(i, j) before it is rounded into D, in order:
+//   add_bias:   v += bias[i]
+//   dgelu:      v *= gelu'(aux(i, j))                      (aux read)
+//   write_aux:  aux(i, j) = v, rounded to aux_type       (the GELU input)
+//   gelu:       v = gelu(v)
+struct Epilogue {
+    bool add_bias = false, dgelu = false, write_aux = false, gelu = false;
+    const void* bias = nullptr;
+    cudaDataType bias_type = CUDA_R_32F;
+    void* aux = nullptr;
+    cudaDataType aux_type = CUDA_R_32F;
+    int64_t aux_ld = 0;
+};
+
+// D (m, n) = epilogue(alpha·op(A)·op(B) + beta·C) for batch_count matrices; matrix b of X starts
+// stride_x elements after matrix b-1. With beta == 0, C is not read (BLAS convention).
+struct Gemm {
+    int64_t m = 0, n = 0, k = 0;
+    float alpha = 1.0f, beta = 0.0f;
+    Operand a, b;
+    const void* c = nullptr;
+    cudaDataType c_type = CUDA_R_32F;
+    int64_t ldc = 0;
+    void* d = nullptr;
+    cudaDataType d_type = CUDA_R_32F;
+    int64_t ldd = 0;
+    bool tf32 = false;  // round fp32 inputs to TF32 (10-bit mantissa, round to nearest even)
+    Epilogue epilogue;
+    int64_t batch_count = 1;
+    int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_d = 0;
+};
+
+// Runs the product now, on the calling thread and one helper thread (called from an enqueued task).
+void run_gemm(const Gemm& gemm);
+
+// Prints "cuda-emu: cuBLAS: <message>" on stderr and returns status: how every refusal is reported,
+// so that a failing cublasCheck in the caller is preceded by the reason.
+cublasStatus_t refuse(cublasStatus_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+size_t type_bytes(cudaDataType type);  // 0 for a type the emulator does not compute with
+const char* type_name(cudaDataType type);
+// True for the A/B/C combinations the emulator runs with fp32 compute: A = B = bf16 with C = D = bf16
+// or fp32, and A = B = C = D = fp32 (cuBLAS's cublasGemmEx table for CUBLAS_COMPUTE_32F).
+bool supported_types(cudaDataType ab, cudaDataType b, cudaDataType c);
+// Bytes a stored rows x cols column-major matrix spans with leading dimension ld.
+size_t matrix_extent_bytes(int64_t rows, int64_t cols, int64_t ld, cudaDataType type);
+
+// GELU, tanh approximation: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), and its derivative.
+float gelu(float x);
+float gelu_grad(float x);
+float round_to_tf32(float x);
+
+}  // namespace emu_blas

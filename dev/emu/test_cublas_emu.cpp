@@ -1,0 +1,614 @@
+// Tests of the emulated cuBLAS and cuBLASLt (dev/emu/cublas*.cpp) against values worked out from the
+// definitions in NVIDIA's documentation: column-major storage, op(X), alpha/beta, the epilogues, bf16
+// rounding to nearest even, TF32 inputs, the heuristic's alignment promise. Expected values are written
+// out by hand or computed here in double from the formulas, never by the emulator or by our callers;
+// the randomized test compares with a plain triple loop written below.
+//
+//   make -j2 -f dev/emu/emu.mk -f dev/emu/cublas.mk emu-test-cublas
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+// ----------------------------------------------------------------------------
+// helpers: device buffers and bf16 bits written by definition (bf16 = the top 16 bits of an fp32)
+
+uint16_t bf16_exact(float f) {  // only for values bf16 holds exactly (checked)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    EXPECT_EQ(u & 0xffffu, 0u) << f << " is not exact in bf16";
+    return (uint16_t)(u >> 16);
+}
+float bf16_value(uint16_t bits) {
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+template <typename T>
+struct Device {
+    T* ptr = nullptr;
+    size_t count = 0;
+    explicit Device(const std::vector<T>& host) : count(host.size()) {
+        EXPECT_EQ(cudaMalloc(&ptr, count * sizeof(T)), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    ~Device() { cudaFree(ptr); }
+    std::vector<T> download() const {
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<T> host(count);
+        EXPECT_EQ(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+        return host;
+    }
+};
+
+constexpr float PAD = -999.0f;  // fills the rows beyond each matrix's extent inside its leading dimension
+
+// The worked example: A (2x3) = [1 2 3; 4 5 6], B (3x2) = [7 8; 9 10; 11 12],
+// A·B = [1·7+2·9+3·11, 1·8+2·10+3·12; 4·7+5·9+6·11, 4·8+5·10+6·12] = [58 64; 139 154].
+const float A23[2][3] = {{1, 2, 3}, {4, 5, 6}};
+const float B32[3][2] = {{7, 8}, {9, 10}, {11, 12}};
+const float AB22[2][2] = {{58, 64}, {139, 154}};
+
+// Column-major storage of a rows x cols matrix (or of its transpose when `transposed`) with leading
+// dimension ld, padding rows filled with PAD.
+template <size_t R, size_t C>
+std::vector<float> store(const float (&m)[R][C], bool transposed, int ld) {
+    int rows = transposed ? C : R, cols = transposed ? R : C;
+    std::vector<float> out((size_t)ld * cols, PAD);
+    for (int j = 0; j < cols; j++) {
+        for (int i = 0; i < rows; i++) out[i + (size_t)j * ld] = transposed ? m[j][i] : m[i][j];
+    }
+    return out;
+}
+
+struct Blas {
+    cublasHandle_t handle = nullptr;
+    Blas() { EXPECT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS); }
+    ~Blas() { cublasDestroy(handle); }
+};
+
+// ----------------------------------------------------------------------------
+// cublasGemmEx / cublasGemmStridedBatchedEx
+
+TEST(CublasGemmEx, EveryTransposeWithPaddedLeadingDimensions) {
+    Blas blas;
+    for (int ta = 0; ta < 2; ta++) {
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = ta ? 5 : 4, ldb = tb ? 3 : 6, ldc = 3;  // all larger than the stored rows
+            Device<float> a(store(A23, ta, lda)), b(store(B32, tb, ldb));
+            Device<float> c(std::vector<float>((size_t)ldc * 2, PAD));
+            float alpha = 1.0f, beta = 0.0f;
+            ASSERT_EQ(cublasGemmEx(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, 2, 2, 3,
+                                   &alpha, a.ptr, CUDA_R_32F, lda, b.ptr, CUDA_R_32F, ldb, &beta, c.ptr, CUDA_R_32F,
+                                   ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      CUBLAS_STATUS_SUCCESS);
+            std::vector<float> out = c.download();
+            for (int j = 0; j < 2; j++) {
+                for (int i = 0; i < 2; i++) EXPECT_EQ(out[i + j * ldc], AB22[i][j]) << "ta " << ta << " tb " << tb;
+                EXPECT_EQ(out[2 + j * ldc], PAD) << "padding row written";
+            }
+        }
+    }
+}
+
+TEST(CublasGemmEx, AlphaBetaAccumulate) {
+    Blas blas;
+    Device<float> a(store(A23, false, 2)), b(store(B32, false, 3));
+    Device<float> c(std::vector<float>{1, 3, 2, 4});  // C = [1 2; 3 4]
+    float alpha = 2.0f, beta = -1.0f;
+    ASSERT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &alpha, a.ptr, CUDA_R_32F, 2, b.ptr,
+                           CUDA_R_32F, 3, &beta, c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    // 2·[58 64; 139 154] - [1 2; 3 4] = [115 126; 275 304]
+    EXPECT_EQ(c.download(), (std::vector<float>{115, 275, 126, 304}));
+}
+
+TEST(CublasGemmEx, BetaZeroDoesNotReadC) {
+    Blas blas;
+    Device<float> a(store(A23, false, 2)), b(store(B32, false, 3));
+    Device<float> c(std::vector<float>(4, NAN));
+    float alpha = 1.0f, beta = 0.0f;
+    ASSERT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &alpha, a.ptr, CUDA_R_32F, 2, b.ptr,
+                           CUDA_R_32F, 3, &beta, c.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(c.download(), (std::vector<float>{58, 139, 64, 154}));
+}
+
+TEST(CublasGemmEx, Bf16InputsAndOutput) {
+    Blas blas;
+    std::vector<uint16_t> a_bits, b_bits;
+    for (float v : store(A23, true, 3)) a_bits.push_back(bf16_exact(v));  // stored transposed, (3, 2)
+    for (float v : store(B32, false, 3)) b_bits.push_back(bf16_exact(v));
+    Device<uint16_t> a(a_bits), b(b_bits), c(std::vector<uint16_t>(4, 0));
+    float alpha = 1.0f, beta = 0.0f;
+    ASSERT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &alpha, a.ptr, CUDA_R_16BF, 3, b.ptr,
+                           CUDA_R_16BF, 3, &beta, c.ptr, CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    // 58, 139, 64, 154 all fit in bf16's 8 significant bits
+    std::vector<uint16_t> out = c.download();
+    EXPECT_EQ(out, (std::vector<uint16_t>{bf16_exact(58), bf16_exact(139), bf16_exact(64), bf16_exact(154)}));
+}
+
+TEST(CublasGemmEx, Bf16OutputRoundsTiesToEven) {
+    // D (1x2) = [1 1]·[1 1; 2^-8 3·2^-8]: column 0 is 1 + 2^-8, exactly halfway between the bf16
+    // neighbours 1 (0x3F80, even) and 1 + 2^-7 (0x3F81): rounds to 0x3F80. Column 1 is 1 + 3·2^-8,
+    // halfway between 1 + 2^-7 (0x3F81) and 1 + 2^-6 (0x3F82, even): rounds to 0x3F82.
+    Blas blas;
+    Device<uint16_t> a(std::vector<uint16_t>{0x3F80, 0x3F80});          // (1, 2): [1 1]
+    Device<uint16_t> b(std::vector<uint16_t>{0x3F80, 0x3B80, 0x3F80, 0x3C40});  // (2, 2): 2^-8 = 0x3B80, 3·2^-8 = 0x3C40
+    ASSERT_EQ(bf16_value(0x3B80), std::ldexp(1.0f, -8));
+    ASSERT_EQ(bf16_value(0x3C40), 3.0f * std::ldexp(1.0f, -8));
+    Device<uint16_t> c(std::vector<uint16_t>{0, 0});
+    float alpha = 1.0f, beta = 0.0f;
+    ASSERT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 1, 2, 2, &alpha, a.ptr, CUDA_R_16BF, 1, b.ptr,
+                           CUDA_R_16BF, 2, &beta, c.ptr, CUDA_R_16BF, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(c.download(), (std::vector<uint16_t>{0x3F80, 0x3F82}));
+}
+
+TEST(CublasGemmEx, Tf32RoundsFp32InputsOnlyWhenAllowed) {
+    // 1 + 2^-12 needs 12 mantissa bits; TF32 keeps 10, so it becomes 1 (the nearest TF32 value), and
+    // 1 + 3·2^-11 is halfway between 1 + 2^-10 and 1 + 2^-9: ties to even gives 1 + 2^-9.
+    Blas blas;
+    float x = 1.0f + std::ldexp(1.0f, -12), y = 1.0f + 3.0f * std::ldexp(1.0f, -11);
+    Device<float> a(std::vector<float>{x, y}), one(std::vector<float>{1.0f}), c(std::vector<float>{0, 0});
+    float alpha = 1.0f, beta = 0.0f;
+    auto run = [&](cublasComputeType_t compute) {
+        EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &alpha, a.ptr, CUDA_R_32F, 2, one.ptr,
+                               CUDA_R_32F, 1, &beta, c.ptr, CUDA_R_32F, 2, compute, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+        return c.download();
+    };
+    EXPECT_EQ(run(CUBLAS_COMPUTE_32F), (std::vector<float>{x, y}));
+    std::vector<float> tf32 = {1.0f, 1.0f + std::ldexp(1.0f, -9)};
+    EXPECT_EQ(run(CUBLAS_COMPUTE_32F_FAST_TF32), tf32);
+    ASSERT_EQ(cublasSetMathMode(blas.handle, CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(run(CUBLAS_COMPUTE_32F), tf32);
+    EXPECT_EQ(run(CUBLAS_COMPUTE_32F_PEDANTIC), (std::vector<float>{x, y}));
+}
+
+TEST(CublasGemmStridedBatchedEx, TwoBatchesWithGaps) {
+    // batch 0: [1 2; 3 4]·[5 6; 7 8] = [19 22; 43 50]; batch 1: I·[2 3; 4 5] = [2 3; 4 5]
+    Blas blas;
+    Device<float> a(std::vector<float>{1, 3, 2, 4, PAD, 1, 0, 0, 1});  // stride 5
+    Device<float> b(std::vector<float>{5, 7, 6, 8, PAD, PAD, 2, 4, 3, 5});  // stride 6
+    Device<float> c(std::vector<float>(14, PAD));                       // stride 7, ld 3
+    float alpha = 1.0f, beta = 0.0f;
+    ASSERT_EQ(cublasGemmStridedBatchedEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, CUDA_R_32F, 2,
+                                         5, b.ptr, CUDA_R_32F, 2, 6, &beta, c.ptr, CUDA_R_32F, 3, 7, 2,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(c.download(), (std::vector<float>{19, 43, PAD, 22, 50, PAD, PAD, 2, 4, PAD, 3, 5, PAD, PAD}));
+}
+
+TEST(CublasGemmEx, RefusesWhatItCannotDo) {
+    Blas blas;
+    Device<float> a(std::vector<float>(16, 1.0f));
+    std::vector<float> host(16, 1.0f);
+    float alpha = 1.0f, beta = 0.0f;
+    // fp16 is not emulated
+    EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, CUDA_R_16F, 2, a.ptr,
+                           CUDA_R_16F, 2, &beta, a.ptr, CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_NOT_SUPPORTED);
+    // lda smaller than the rows of A
+    EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 2, &alpha, a.ptr, CUDA_R_32F, 2, a.ptr,
+                           CUDA_R_32F, 2, &beta, a.ptr, CUDA_R_32F, 3, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_INVALID_VALUE);
+    // host memory as B
+    EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, CUDA_R_32F, 2, host.data(),
+                           CUDA_R_32F, 2, &beta, a.ptr, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_INVALID_VALUE);
+    // C extends past the allocation: 4 x 4 with ld 4 needs 16 floats; 5 x 4 with ld 5 needs 20
+    EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 5, 4, 1, &alpha, a.ptr, CUDA_R_32F, 5, a.ptr,
+                           CUDA_R_32F, 1, &beta, a.ptr, CUDA_R_32F, 5, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_INVALID_VALUE);
+}
+
+TEST(CublasHandle, SetStreamResetsTheUserWorkspace) {
+    Blas blas;
+    Device<uint8_t> workspace(std::vector<uint8_t>(4096));
+    void* ptr = nullptr;
+    size_t bytes = 1;
+    emu::cublas_user_workspace(blas.handle, &ptr, &bytes);
+    EXPECT_EQ(ptr, nullptr);
+    EXPECT_EQ(bytes, 0u);
+    ASSERT_EQ(cublasSetWorkspace(blas.handle, workspace.ptr, 4096), CUBLAS_STATUS_SUCCESS);
+    emu::cublas_user_workspace(blas.handle, &ptr, &bytes);
+    EXPECT_EQ(ptr, workspace.ptr);
+    EXPECT_EQ(bytes, 4096u);
+    ASSERT_EQ(cublasSetStream(blas.handle, nullptr), CUBLAS_STATUS_SUCCESS);
+    emu::cublas_user_workspace(blas.handle, &ptr, &bytes);
+    EXPECT_EQ(ptr, nullptr) << "cublasSetStream must reset the workspace to the default pool";
+    EXPECT_EQ(bytes, 0u);
+    // documented: a workspace not aligned to 256 bytes is refused
+    EXPECT_EQ(cublasSetWorkspace(blas.handle, workspace.ptr + 128, 1024), CUBLAS_STATUS_INVALID_VALUE);
+}
+
+TEST(CublasHandle, StatusStrings) {
+    EXPECT_STRNE(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED), "");
+    EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+}
+
+// ----------------------------------------------------------------------------
+// cublasLtMatmul
+
+// GELU (tanh approximation) and its derivative, in double, from the formula.
+double gelu_ref(double x) {
+    double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+    return 0.5 * x * (1.0 + std::tanh(u));
+}
+double gelu_grad_ref(double x) {
+    double s = std::sqrt(2.0 / M_PI);
+    double t = std::tanh(s * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// One cuBLASLt product, set up the way the documentation describes; the fields are the knobs.
+struct LtCall {
+    cudaDataType type = CUDA_R_32F;
+    int m = 0, n = 0, k = 0;
+    bool trans_a = false, trans_b = false;
+    int64_t lda = 0, ldb = 0, ldd = 0;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void* bias = nullptr;
+    void* aux = nullptr;
+    int64_t aux_ld = 0;
+    int64_t alignment_a = 0;  // 0: leave the preference's default
+    float alpha = 1.0f, beta = 0.0f;
+    int found = -1;
+    cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;
+
+    cublasStatus_t run(const void* a, const void* b, const void* c, void* d) {
+        cublasLtHandle_t lt;
+        EXPECT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+        cublasLtMatmulDesc_t desc;
+        EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+        cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), 0);
+        EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), 0);
+        EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), 0);
+        if (bias != nullptr) {
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)), 0);
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), 0);
+        }
+        if (aux != nullptr) {
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+                      0);
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+                      0);
+        }
+        cublasLtMatrixLayout_t la, lb, ld;
+        EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, type, trans_a ? k : m, trans_a ? m : k, lda), 0);
+        EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, type, trans_b ? n : k, trans_b ? k : n, ldb), 0);
+        EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, type, m, n, ldd), 0);
+        cublasLtMatmulPreference_t pref;
+        EXPECT_EQ(cublasLtMatmulPreferenceCreate(&pref), 0);
+        uint64_t workspace_bytes = 0;
+        EXPECT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &workspace_bytes, sizeof(workspace_bytes)),
+                  0);
+        if (alignment_a != 0) {
+            uint32_t alignment = (uint32_t)alignment_a;
+            EXPECT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alignment,
+                                                           sizeof(alignment)),
+                      0);
+        }
+        cublasLtMatmulHeuristicResult_t heuristic;
+        found = 0;
+        heuristic_status = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found);
+        cublasStatus_t status = heuristic_status;
+        if (status == CUBLAS_STATUS_SUCCESS) {
+            status = cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, ld, d, ld, &heuristic.algo, nullptr, 0,
+                                    nullptr);
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(desc);
+        cublasLtDestroy(lt);
+        return status;
+    }
+};
+
+TEST(CublasLtMatmul, DefaultAndBiasWithTransposedA) {
+    // the project's forward shape: A stored (k, m) and transposed, B (k, n)
+    Device<float> a(store(A23, true, 4)), b(store(B32, false, 3)), bias(std::vector<float>{10, 20});
+    Device<float> d(std::vector<float>(4, PAD));
+    LtCall call;
+    call.m = 2, call.n = 2, call.k = 3, call.trans_a = true, call.lda = 4, call.ldb = 3, call.ldd = 2;
+    ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(call.found, 1);
+    EXPECT_EQ(d.download(), (std::vector<float>{58, 139, 64, 154}));
+    call.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    call.bias = bias.ptr;
+    ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    // bias[i] is added to row i: [58+10 64+10; 139+20 154+20]
+    EXPECT_EQ(d.download(), (std::vector<float>{68, 159, 74, 174}));
+}
+
+TEST(CublasLtMatmul, AccumulateWithTransposedB) {
+    // D = 1·A·B + 1·D (the project's dweight call): B stored (n, k) and transposed
+    Device<float> a(store(A23, false, 2)), b(store(B32, true, 2)), d(std::vector<float>{1, 3, 2, 4});
+    LtCall call;
+    call.m = 2, call.n = 2, call.k = 3, call.trans_b = true, call.lda = 2, call.ldb = 2, call.ldd = 2;
+    call.beta = 1.0f;
+    ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(d.download(), (std::vector<float>{59, 142, 66, 158}));
+}
+
+// D (8 x 1) = epilogue(x·1): k = 1 turns the product into the identity on a column x.
+const std::vector<float> GELU_POINTS = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 2.0f, 4.0f};
+
+TEST(CublasLtMatmul, GeluAtHandPickedPoints) {
+    Device<float> x(GELU_POINTS), one(std::vector<float>{1.0f}), d(std::vector<float>(8, PAD));
+    LtCall call;
+    call.m = 8, call.n = 1, call.k = 1, call.lda = 8, call.ldb = 1, call.ldd = 8;
+    call.epilogue = CUBLASLT_EPILOGUE_GELU;
+    ASSERT_EQ(call.run(x.ptr, one.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> out = d.download();
+    for (int i = 0; i < 8; i++) EXPECT_NEAR(out[i], gelu_ref(GELU_POINTS[i]), 2e-6) << "x = " << GELU_POINTS[i];
+    // two values worked out by hand: gelu(0) = 0; gelu(1) = 0.5·(1 + tanh(0.7978846·1.044715)) = 0.841192
+    EXPECT_EQ(out[3], 0.0f);
+    EXPECT_NEAR(out[5], 0.841192, 1e-6);
+}
+
+TEST(CublasLtMatmul, GeluAuxBiasStoresTheGeluInput) {
+    // pre = x + bias, D = gelu(pre), aux = pre (aux ld 16 > 8 rows, padding left alone)
+    std::vector<float> bias_values = {0.5f, 0.25f, -0.5f, 1.0f, 0.0f, -1.0f, 0.5f, -2.0f};
+    Device<float> x(GELU_POINTS), one(std::vector<float>{1.0f}), bias(bias_values);
+    Device<float> d(std::vector<float>(8, PAD)), aux(std::vector<float>(16, PAD));
+    LtCall call;
+    call.m = 8, call.n = 1, call.k = 1, call.lda = 8, call.ldb = 1, call.ldd = 8;
+    call.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    call.bias = bias.ptr;
+    call.aux = aux.ptr;
+    call.aux_ld = 16;
+    ASSERT_EQ(call.run(x.ptr, one.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> out = d.download(), pre = aux.download();
+    for (int i = 0; i < 8; i++) {
+        float expected_pre = GELU_POINTS[i] + bias_values[i];  // exact in fp32 for these values
+        EXPECT_EQ(pre[i], expected_pre);
+        EXPECT_EQ(pre[8 + i], PAD);
+        EXPECT_NEAR(out[i], gelu_ref(expected_pre), 2e-6);
+    }
+}
+
+TEST(CublasLtMatmul, DgeluMultipliesByTheGeluDerivative) {
+    // D = (g·1)·gelu'(aux) with g = 2 everywhere and aux = the GELU points
+    Device<float> g(std::vector<float>(8, 2.0f)), one(std::vector<float>{1.0f}), aux(GELU_POINTS);
+    Device<float> d(std::vector<float>(8, PAD));
+    LtCall call;
+    call.m = 8, call.n = 1, call.k = 1, call.lda = 8, call.ldb = 1, call.ldd = 8;
+    call.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    call.aux = aux.ptr;
+    call.aux_ld = 8;
+    ASSERT_EQ(call.run(g.ptr, one.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> out = d.download();
+    for (int i = 0; i < 8; i++) EXPECT_NEAR(out[i], 2.0 * gelu_grad_ref(GELU_POINTS[i]), 4e-6);
+    // by hand: gelu'(0) = 0.5, so D = 1
+    EXPECT_EQ(out[3], 1.0f);
+}
+
+TEST(CublasLtMatmul, Bf16GeluAuxRoundsBothOutputs) {
+    // x = 1 + 2^-8 comes from 1·1 + 2^-8·1 (k = 2); aux holds it rounded to bf16: a tie, to even 1.0.
+    // D = gelu(1 + 2^-8) rounded from fp32 (not gelu of the rounded aux).
+    std::vector<uint16_t> a_bits(16), b_bits = {0x3F80, 0x3F80};
+    for (int i = 0; i < 8; i++) a_bits[i] = 0x3F80, a_bits[8 + i] = 0x3B80;  // columns: 1, 2^-8
+    Device<uint16_t> a(a_bits), b(b_bits), d(std::vector<uint16_t>(8)), aux(std::vector<uint16_t>(8));
+    LtCall call;
+    call.type = CUDA_R_16BF;
+    call.m = 8, call.n = 1, call.k = 2, call.lda = 8, call.ldb = 2, call.ldd = 8;
+    call.epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+    call.aux = aux.ptr;
+    call.aux_ld = 8;
+    ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    std::vector<uint16_t> out = d.download(), pre = aux.download();
+    double expected = gelu_ref(1.0 + std::ldexp(1.0, -8));  // 0.84539..., bf16 spacing there is 2^-8
+    for (int i = 0; i < 8; i++) {
+        EXPECT_EQ(pre[i], 0x3F80);
+        EXPECT_NEAR(bf16_value(out[i]), expected, std::ldexp(1.0, -9));
+    }
+}
+
+TEST(CublasLtMatmul, RefusesPointersLessAlignedThanPromised) {
+    // A starts 128 bytes into an allocation: with the default preference (256-byte alignment promised)
+    // the product must be refused; a preference promising 128 (or less) lets it run.
+    std::vector<float> storage(64 + 6, 0.0f);
+    std::vector<float> a_values = store(A23, false, 2);
+    std::copy(a_values.begin(), a_values.end(), storage.begin() + 32);
+    Device<float> a(storage), b(store(B32, false, 3)), d(std::vector<float>(4, PAD));
+    const float* a_128 = a.ptr + 32;
+    ASSERT_EQ((uintptr_t)a.ptr % 256, 0u) << "cudaMalloc returns 256-byte aligned memory";
+    LtCall call;
+    call.m = 2, call.n = 2, call.k = 3, call.lda = 2, call.ldb = 3, call.ldd = 2;
+    EXPECT_EQ(call.run(a_128, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    EXPECT_EQ(d.download(), std::vector<float>(4, PAD)) << "nothing may be written";
+    call.alignment_a = 128;
+    ASSERT_EQ(call.run(a_128, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(d.download(), (std::vector<float>{58, 139, 64, 154}));
+    call.alignment_a = 256;
+    EXPECT_EQ(call.run(a_128, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+}
+
+TEST(CublasLtMatmul, RefusesUnsupportedEpiloguesAndBadAuxLd) {
+    Device<float> a(std::vector<float>(64, 1.0f)), d(std::vector<float>(64, PAD));
+    LtCall call;
+    call.m = 8, call.n = 1, call.k = 1, call.lda = 8, call.ldb = 1, call.ldd = 8;
+    call.aux = d.ptr;
+    for (cublasLtEpilogue_t e : {CUBLASLT_EPILOGUE_RELU, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADB}) {
+        call.epilogue = e;
+        call.aux_ld = 8;
+        call.bias = a.ptr;
+        EXPECT_EQ(call.run(a.ptr, a.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED) << "epilogue " << (int)e;
+        EXPECT_EQ(call.found, 0);
+    }
+    // documented: the GELU aux leading dimension must be a multiple of 8 and at least the rows
+    call.epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+    call.bias = nullptr;
+    call.aux_ld = 12;
+    EXPECT_EQ(call.run(a.ptr, a.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_EQ(d.download(), std::vector<float>(64, PAD));
+}
+
+TEST(CublasLtMatmul, RefusesHostMemoryAndShortBuffers) {
+    Device<float> a(store(A23, false, 2)), b(store(B32, false, 3)), d(std::vector<float>(4, PAD));
+    std::vector<float> host(6, 1.0f);
+    LtCall call;
+    call.m = 2, call.n = 2, call.k = 3, call.lda = 2, call.ldb = 3, call.ldd = 2;
+    call.alignment_a = 4;
+    EXPECT_EQ(call.run(host.data(), b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
+    Device<float> short_b(std::vector<float>(5, 1.0f));  // B needs 6
+    EXPECT_EQ(call.run(a.ptr, short_b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
+    Device<float> bias(std::vector<float>{1.0f});  // bias needs m = 2
+    call.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    call.bias = bias.ptr;
+    EXPECT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
+}
+
+// ----------------------------------------------------------------------------
+// randomized: against a plain triple loop in double, every transpose, across the kernel's tile edges
+
+// op(X)(i, j) of a column-major matrix stored with leading dimension ld
+double element(const std::vector<float>& x, int64_t ld, bool trans, int64_t i, int64_t j) {
+    return trans ? x[j + i * ld] : x[i + j * ld];
+}
+
+TEST(CublasRandomized, MatchesATripleLoop) {
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    Blas blas;
+    const int shapes[][3] = {{1, 1, 1}, {17, 5, 3}, {130, 97, 300}, {7, 200, 513}, {128, 96, 256}};
+    for (auto& shape : shapes) {
+        for (int combo = 0; combo < 4; combo++) {
+            int m = shape[0], n = shape[1], k = shape[2];
+            bool ta = combo & 1, tb = combo & 2;
+            int lda = (ta ? k : m) + 3, ldb = (tb ? n : k) + 1, ldc = m + 2;
+            std::vector<float> a_host((size_t)lda * (ta ? m : k)), b_host((size_t)ldb * (tb ? k : n));
+            std::vector<float> c_host((size_t)ldc * n);
+            // inputs rounded to bf16 (truncating the low bits), so the fp32 and bf16 runs share them
+            auto draw = [&] {
+                float f = uniform(rng);
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                u &= 0xffff0000u;
+                memcpy(&f, &u, 4);
+                return f;
+            };
+            for (float& v : a_host) v = draw();
+            for (float& v : b_host) v = draw();
+            for (float& v : c_host) v = draw();
+            float alpha = 0.75f, beta = -0.5f;
+            std::vector<double> expected((size_t)m * n);
+            double worst_scale = 0.0;
+            for (int i = 0; i < m; i++) {
+                for (int j = 0; j < n; j++) {
+                    double sum = 0.0, scale = 0.0;
+                    for (int p = 0; p < k; p++) {
+                        double t = element(a_host, lda, ta, i, p) * element(b_host, ldb, tb, p, j);
+                        sum += t;
+                        scale += std::fabs(t);
+                    }
+                    expected[i + (size_t)j * m] = alpha * sum + beta * c_host[i + (size_t)j * ldc];
+                    worst_scale = std::max(worst_scale, scale);
+                }
+            }
+            // fp32 in, fp32 out: error of k fp32 additions
+            Device<float> a(a_host), b(b_host), c(c_host);
+            ASSERT_EQ(cublasGemmEx(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                   &alpha, a.ptr, CUDA_R_32F, lda, b.ptr, CUDA_R_32F, ldb, &beta, c.ptr, CUDA_R_32F,
+                                   ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      CUBLAS_STATUS_SUCCESS);
+            std::vector<float> out = c.download();
+            double tolerance = (k + 2) * std::ldexp(1.0, -23) * (worst_scale + 1.0);
+            for (int i = 0; i < m; i++) {
+                for (int j = 0; j < n; j++) {
+                    ASSERT_NEAR(out[i + (size_t)j * ldc], expected[i + (size_t)j * m], tolerance)
+                        << "fp32 m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb << " at " << i
+                        << "," << j;
+                }
+            }
+            // bf16 in, bf16 out: the same plus one bf16 rounding (relative 2^-9)
+            std::vector<uint16_t> a16, b16, c16;
+            for (float v : a_host) a16.push_back(bf16_exact(v));
+            for (float v : b_host) b16.push_back(bf16_exact(v));
+            for (float v : c_host) c16.push_back(bf16_exact(v));
+            Device<uint16_t> a2(a16), b2(b16), c2(c16);
+            ASSERT_EQ(cublasGemmEx(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                   &alpha, a2.ptr, CUDA_R_16BF, lda, b2.ptr, CUDA_R_16BF, ldb, &beta, c2.ptr,
+                                   CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      CUBLAS_STATUS_SUCCESS);
+            std::vector<uint16_t> out16 = c2.download();
+            for (int i = 0; i < m; i++) {
+                for (int j = 0; j < n; j++) {
+                    double e = expected[i + (size_t)j * m];
+                    ASSERT_NEAR(bf16_value(out16[i + (size_t)j * ldc]), e, tolerance + std::fabs(e) * std::ldexp(1.0, -8))
+                        << "bf16 m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb;
+                }
+            }
+        }
+    }
+}
+
+TEST(CublasRandomized, SameBitsEveryRun) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    int m = 300, n = 200, k = 700;
+    std::vector<float> a_host((size_t)m * k), b_host((size_t)k * n);
+    for (float& v : a_host) v = uniform(rng);
+    for (float& v : b_host) v = uniform(rng);
+    Device<float> a(a_host), b(b_host), c1(std::vector<float>((size_t)m * n)), c2(std::vector<float>((size_t)m * n));
+    Blas blas;
+    float alpha = 1.0f, beta = 0.0f;
+    for (float* c : {c1.ptr, c2.ptr}) {
+        ASSERT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a.ptr, CUDA_R_32F, m, b.ptr,
+                               CUDA_R_32F, k, &beta, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+    }
+    std::vector<float> x = c1.download(), y = c2.download();
+    EXPECT_EQ(memcmp(x.data(), y.data(), x.size() * 4), 0);
+}
+
+// ----------------------------------------------------------------------------
+// throughput (printed, not checked): the trainer tests' largest shape and a d12 layer
+
+TEST(CublasThroughput, PrintGflops) {
+    struct Shape {
+        const char* name;
+        int m, n, k;
+        bool ta;
+    };
+    const Shape shapes[] = {{"lm head fwd (50304x768)·(768x32)", 50304, 32, 768, true},
+                            {"d12 fc fwd (3072x768)·(768x256)", 3072, 256, 768, true},
+                            {"d12 fc dweight (768x256)·(256x3072)", 768, 3072, 256, false}};
+    Blas blas;
+    for (const Shape& s : shapes) {
+        std::vector<uint16_t> a_host((size_t)s.m * s.k, 0x3F80), b_host((size_t)s.k * s.n, 0x3C00);
+        Device<uint16_t> a(a_host), b(b_host), c(std::vector<uint16_t>((size_t)s.m * s.n));
+        float alpha = 1.0f, beta = 0.0f;
+        auto start = std::chrono::steady_clock::now();
+        int reps = 3;
+        for (int r = 0; r < reps; r++) {
+            ASSERT_EQ(cublasGemmEx(blas.handle, s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, s.m, s.n, s.k, &alpha,
+                                   a.ptr, CUDA_R_16BF, s.ta ? s.k : s.m, b.ptr, CUDA_R_16BF, s.k, &beta, c.ptr,
+                                   CUDA_R_16BF, s.m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      CUBLAS_STATUS_SUCCESS);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+        printf("  %-40s %7.1f ms  %6.1f GFLOP/s\n", s.name, seconds * 1e3, 2.0 * s.m * s.n * s.k / seconds / 1e9);
+    }
+}
+
+}  // namespace
