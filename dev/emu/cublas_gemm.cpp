@@ -28,8 +28,6 @@ constexpr int TILE_M = 128;  // multiple of MICRO_M
 constexpr int TILE_N = 96;   // multiple of MICRO_N
 constexpr int PANEL_K = 256;
 
-typedef float v8 __attribute__((vector_size(32)));
-
 // ----------------------------------------------------------------------------
 // element conversions (bf16 is the top half of an fp32; rounding to nearest even)
 
@@ -92,10 +90,17 @@ void pack_a(float* packed, const View& a, int64_t i0, int rows, int64_t p0, int 
     for (int s = 0; s < slivers; s++) {
         float* out = packed + (size_t)s * depth * MICRO_M;
         int live = std::min(MICRO_M, rows - s * MICRO_M);
-        for (int p = 0; p < depth; p++) {
-            for (int r = 0; r < MICRO_M; r++) {
-                out[p * MICRO_M + r] =
-                    r < live ? load_typed<T>(base, view_index(a, i0 + s * MICRO_M + r, p0 + p)) : 0.0f;
+        if (live < MICRO_M) std::fill(out, out + (size_t)depth * MICRO_M, 0.0f);
+        // loop order follows memory: along p for a transposed A (rows are contiguous), else along r
+        if (a.trans) {
+            for (int r = 0; r < live; r++) {
+                const T* src = base + view_index(a, i0 + s * MICRO_M + r, p0);
+                for (int p = 0; p < depth; p++) out[p * MICRO_M + r] = load_typed<T>(src, p);
+            }
+        } else {
+            for (int p = 0; p < depth; p++) {
+                const T* src = base + view_index(a, i0 + s * MICRO_M, p0 + p);
+                for (int r = 0; r < live; r++) out[p * MICRO_M + r] = load_typed<T>(src, r);
             }
         }
         if (a.tf32) {
@@ -112,10 +117,16 @@ void pack_b(float* packed, const View& b, int64_t p0, int depth, int64_t j0, int
     for (int s = 0; s < slivers; s++) {
         float* out = packed + (size_t)s * depth * MICRO_N;
         int live = std::min(MICRO_N, cols - s * MICRO_N);
-        for (int p = 0; p < depth; p++) {
-            for (int c = 0; c < MICRO_N; c++) {
-                out[p * MICRO_N + c] =
-                    c < live ? load_typed<T>(base, view_index(b, p0 + p, j0 + s * MICRO_N + c)) : 0.0f;
+        if (live < MICRO_N) std::fill(out, out + (size_t)depth * MICRO_N, 0.0f);
+        if (b.trans) {
+            for (int p = 0; p < depth; p++) {
+                const T* src = base + view_index(b, p0 + p, j0 + s * MICRO_N);
+                for (int c = 0; c < live; c++) out[p * MICRO_N + c] = load_typed<T>(src, c);
+            }
+        } else {
+            for (int c = 0; c < live; c++) {
+                const T* src = base + view_index(b, p0, j0 + s * MICRO_N + c);
+                for (int p = 0; p < depth; p++) out[p * MICRO_N + c] = load_typed<T>(src, p);
             }
         }
         if (b.tf32) {
@@ -142,28 +153,56 @@ void pack_b_any(float* packed, const View& b, int64_t p0, int depth, int64_t j0,
 
 // ----------------------------------------------------------------------------
 // micro-kernel: acc (MICRO_M x MICRO_N, column-major with leading dimension ld_acc) += a_sliver·b_sliver
+//
+// Written once over a vector type V and compiled twice: with AVX2 (8 floats per vector) for CPUs that
+// have it, chosen at run time since the emulator is built without -march, and with the baseline
+// SSE2 (4 floats). Neither may use FMA, so both paths give the same bits: a·b is rounded, then added.
 
-inline void micro_kernel(float* acc, int ld_acc, const float* a, const float* b, int depth) {
-    v8 c0[MICRO_N], c1[MICRO_N];
-    for (int c = 0; c < MICRO_N; c++) {
-        std::memcpy(&c0[c], acc + c * ld_acc, sizeof(v8));
-        std::memcpy(&c1[c], acc + c * ld_acc + 8, sizeof(v8));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+template <typename V>
+inline __attribute__((always_inline)) void micro_kernel_body(float* acc, int ld_acc, const float* a, const float* b,
+                                                             int depth) {
+    constexpr int lanes = sizeof(V) / sizeof(float), vectors = MICRO_M / lanes;
+    V c[MICRO_N][vectors];
+#pragma GCC unroll 8
+    for (int j = 0; j < MICRO_N; j++) {
+#pragma GCC unroll 8
+        for (int v = 0; v < vectors; v++) std::memcpy(&c[j][v], acc + j * ld_acc + v * lanes, sizeof(V));
     }
     for (int p = 0; p < depth; p++) {
-        v8 a0, a1;
-        std::memcpy(&a0, a + p * MICRO_M, sizeof(v8));
-        std::memcpy(&a1, a + p * MICRO_M + 8, sizeof(v8));
+        V av[vectors];
+#pragma GCC unroll 8
+        for (int v = 0; v < vectors; v++) std::memcpy(&av[v], a + p * MICRO_M + v * lanes, sizeof(V));
         const float* bp = b + p * MICRO_N;
-        for (int c = 0; c < MICRO_N; c++) {
-            c0[c] += a0 * bp[c];
-            c1[c] += a1 * bp[c];
+#pragma GCC unroll 8
+        for (int j = 0; j < MICRO_N; j++) {
+            V bj;
+#pragma GCC unroll 8
+            for (int l = 0; l < lanes; l++) bj[l] = bp[j];
+#pragma GCC unroll 8
+            for (int v = 0; v < vectors; v++) c[j][v] += av[v] * bj;
         }
     }
-    for (int c = 0; c < MICRO_N; c++) {
-        std::memcpy(acc + c * ld_acc, &c0[c], sizeof(v8));
-        std::memcpy(acc + c * ld_acc + 8, &c1[c], sizeof(v8));
+#pragma GCC unroll 8
+    for (int j = 0; j < MICRO_N; j++) {
+#pragma GCC unroll 8
+        for (int v = 0; v < vectors; v++) std::memcpy(acc + j * ld_acc + v * lanes, &c[j][v], sizeof(V));
     }
 }
+
+__attribute__((target("avx2"))) void micro_kernel_avx2(float* acc, int ld_acc, const float* a, const float* b,
+                                                       int depth) {
+    micro_kernel_body<v8>(acc, ld_acc, a, b, depth);
+}
+
+void micro_kernel_sse2(float* acc, int ld_acc, const float* a, const float* b, int depth) {
+    micro_kernel_body<v4>(acc, ld_acc, a, b, depth);
+}
+
+typedef void (*MicroKernel)(float*, int, const float*, const float*, int);
+const MicroKernel micro_kernel = __builtin_cpu_supports("avx2") ? micro_kernel_avx2 : micro_kernel_sse2;
 
 // ----------------------------------------------------------------------------
 // one output tile
