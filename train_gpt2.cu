@@ -100,10 +100,37 @@ struct ActivationTensors {
     int* encoder_buckets;// encoder_buckets_ints(B, T)
 };
 
+// Per-layer steps, in elements, through the (L, ...) activation tensors for a pass over (B, T). Each
+// layer's slice starts on 256 bytes, like the one-layer buffers that recomputation uses instead: cuBLASLt
+// is told each pointer's real alignment (matmul.cuh), so equal alignment means the same algorithm for a
+// layer's matmuls at every -r level, which -r 0/1/2 giving the same bits relies on. 0 for a tensor
+// that recomputation keeps for one layer only.
+struct LayerStrides {
+    size_t ln;        // ln1, ln2
+    size_t qkv, atty, att, residual;  // residual: residual2, residual3
+    size_t fch, fch_gelu;
+};
+
+inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
+
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute) {
+    size_t C = cfg.channels, BT = (size_t)B * T;
+    LayerStrides s;
+    s.ln = recompute >= 2 ? 0 : aligned_elements(BT * C);
+    s.qkv = aligned_elements(BT * 3 * C);
+    s.atty = aligned_elements(BT * C);
+    s.att = aligned_elements(attention_saved_elements(B, T, cfg.num_heads));
+    s.residual = aligned_elements(BT * C);
+    s.fch = aligned_elements(BT * 4 * C);
+    s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * C);
+    return s;
+}
+
 // Lays out the activations for (B, T) and recompute level; with base == nullptr only counts bytes.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
     size_t BT = (size_t)B * T;
+    LayerStrides all = layer_strides(cfg, B, T, 0);  // a kept tensor holds L of these
     size_t L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
@@ -114,19 +141,19 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         offset += align_up_256(count * sizeof(Elem));
     };
     take(&a->encoded, BT * C);
-    take(&a->ln1, L_ln * BT * C);
+    take(&a->ln1, L_ln * all.ln);
     take(&a->ln1_mean, L * BT);
     take(&a->ln1_rstd, L * BT);
-    take(&a->qkv, L * BT * 3 * C);
-    take(&a->atty, L * BT * C);
-    take(&a->att, L * attention_saved_elements(B, T, NH));
-    take(&a->residual2, L * BT * C);
-    take(&a->ln2, L_ln * BT * C);
+    take(&a->qkv, L * all.qkv);
+    take(&a->atty, L * all.atty);
+    take(&a->att, L * all.att);
+    take(&a->residual2, L * all.residual);
+    take(&a->ln2, L_ln * all.ln);
     take(&a->ln2_mean, L * BT);
     take(&a->ln2_rstd, L * BT);
-    take(&a->fch, L * BT * 4 * C);
-    take(&a->fch_gelu, L_gelu * BT * 4 * C);
-    take(&a->residual3, L * BT * C);
+    take(&a->fch, L * all.fch);
+    take(&a->fch_gelu, L_gelu * all.fch_gelu);
+    take(&a->residual3, L * all.residual);
     take(&a->lnf, BT * C);
     take(&a->lnf_mean, BT);
     take(&a->lnf_rstd, BT);
@@ -313,9 +340,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     size_t BT = (size_t)B * T;
-    size_t ln_stride = model->recompute >= 2 ? 0 : BT * C;         // per-layer step of ln1 / ln2
-    size_t gelu_stride = model->recompute >= 1 ? 0 : BT * 4 * C;   // per-layer step of fch_gelu
-    size_t att_stride = attention_saved_elements(B, T, NH);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute);
 
     cudaCheck(cudaMemcpyAsync(a.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -325,18 +350,18 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, (int)BT, C, stream);
     for (int l = 0; l < L; l++) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        floatX* ln1 = a.ln1 + l * ln_stride;
-        floatX* qkv = a.qkv + l * BT * 3 * C;
-        floatX* atty = a.atty + l * BT * C;
-        floatX* residual2 = a.residual2 + l * BT * C;
-        floatX* ln2 = a.ln2 + l * ln_stride;
-        floatX* fch = a.fch + l * BT * 4 * C;
-        floatX* fch_gelu = a.fch_gelu + l * gelu_stride;
-        floatX* residual3 = a.residual3 + l * BT * C;
+        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual;
+        floatX* ln1 = a.ln1 + l * ls.ln;
+        floatX* qkv = a.qkv + l * ls.qkv;
+        floatX* atty = a.atty + l * ls.atty;
+        floatX* residual2 = a.residual2 + l * ls.residual;
+        floatX* ln2 = a.ln2 + l * ls.ln;
+        floatX* fch = a.fch + l * ls.fch;
+        floatX* fch_gelu = a.fch_gelu + l * ls.fch_gelu;
+        floatX* residual3 = a.residual3 + l * ls.residual;
 
         matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C, stream);
-        attention_forward(atty, a.att + l * att_stride, qkv, a.attn_scratch, B, T, C, NH, stream);
+        attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, stream);
         matmul_forward(a.proj, nullptr, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C, stream);
         fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual, a.proj,
                                          p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
@@ -349,7 +374,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
         matmul_forward(a.proj, nullptr, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, (int)BT, 4 * C,
                        C, stream);
         if (l + 1 < L) {
-            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * ln_stride, a.ln1_mean + (l + 1) * BT,
+            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * ls.ln, a.ln1_mean + (l + 1) * BT,
                                              a.ln1_rstd + (l + 1) * BT, residual2, a.proj, p.ln1w + (l + 1) * C,
                                              p.ln1b + (l + 1) * C, (int)BT, C, stream);
         } else {
@@ -388,35 +413,45 @@ void gpt2_backward(GPT2* model, int B, int T) {
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     size_t BT = (size_t)B * T;
-    size_t ln_stride = model->recompute >= 2 ? 0 : BT * C;
-    size_t gelu_stride = model->recompute >= 1 ? 0 : BT * 4 * C;
-    size_t att_stride = attention_saved_elements(B, T, NH);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute);
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
     matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
-    const floatX* final_residual = a.residual3 + (L - 1) * BT * C;
+    const floatX* final_residual = a.residual3 + (L - 1) * ls.residual;
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
                        (int)BT, C, stream);
 
     for (int l = L - 1; l >= 0; l--) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        floatX* ln1 = a.ln1 + l * ln_stride;
-        const floatX* qkv = a.qkv + l * BT * 3 * C;
-        const floatX* atty = a.atty + l * BT * C;
-        const floatX* residual2 = a.residual2 + l * BT * C;
-        floatX* ln2 = a.ln2 + l * ln_stride;
-        const floatX* fch = a.fch + l * BT * 4 * C;
-        floatX* fch_gelu = a.fch_gelu + l * gelu_stride;
+        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual;
+        floatX* ln1 = a.ln1 + l * ls.ln;
+        const floatX* qkv = a.qkv + l * ls.qkv;
+        const floatX* atty = a.atty + l * ls.atty;
+        const floatX* residual2 = a.residual2 + l * ls.residual;
+        floatX* ln2 = a.ln2 + l * ls.ln;
+        const floatX* fch = a.fch + l * ls.fch;
+        floatX* fch_gelu = a.fch_gelu + l * ls.fch_gelu;
         float* ln1_mean = a.ln1_mean + l * BT, *ln1_rstd = a.ln1_rstd + l * BT;
         float* ln2_mean = a.ln2_mean + l * BT, *ln2_rstd = a.ln2_rstd + l * BT;
 
-        // recompute what the forward did not keep (same kernels, same inputs: the same bits)
-        if (model->recompute >= 1) gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
+        // recompute what the forward did not keep (same kernels, same inputs: the same bits); ln2 first,
+        // since with -ge 1 the GELU output is recomputed from it
         if (model->recompute >= 2) {
             layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C, stream);
             layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
+        }
+        if (model->recompute >= 1 && model->gelu_fusion) {
+            // The forward's GELU came out of cuBLASLt's epilogue, applied to the fp32 accumulator before
+            // rounding; gelu_forward on the stored bf16 fch can differ by one bf16 ulp. So the fc matmul
+            // is run again, the same call on the same inputs and equally aligned pointers (layer_strides):
+            // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
+            // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
+            // matmul per layer, a third more forward matmul flops, about 11% of a step's.
+            matmul_forward(fch_gelu, a.dfch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C,
+                           stream);
+        } else if (model->recompute >= 1) {
+            gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
         }
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
@@ -436,7 +471,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         matmul_backward(a.datty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, reduce, a.dresidual, atty,
                         p.attprojw + (size_t)l * C * C, nullptr, (int)BT, C, C, stream);
-        attention_backward(a.dqkv, a.datty, qkv, a.att + l * att_stride, a.attn_scratch, B, T, C, NH, stream);
+        attention_backward(a.dqkv, a.datty, qkv, a.att + l * ls.att, a.attn_scratch, B, T, C, NH, stream);
         matmul_backward(a.dln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, reduce, a.dqkv, ln1,
                         p.qkvw + (size_t)l * 3 * C * C, nullptr, (int)BT, C, 3 * C, stream);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, reduce, a.dln, residual, p.ln1w + l * C,

@@ -116,7 +116,7 @@ inline void attention_batched_gemm(floatX* c, const floatX* a, const floatX* b, 
                                    bool trans_b, int lda, long stride_a, int ldb, long stride_b, int ldc,
                                    long stride_c, int batch, cudaStream_t stream) {
     const float alpha = 1.0f, beta = 0.0f;
-    cublasCheck(cublasSetStream(cublas_context.blas, stream));
+    cublas_use_stream(stream);
     cublasCheck(cublasGemmStridedBatchedEx(cublas_context.blas, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                            trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUBLAS_FLOATX,
                                            lda, stride_a, b, CUBLAS_FLOATX, ldb, stride_b, &beta, c, CUBLAS_FLOATX,

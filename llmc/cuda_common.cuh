@@ -217,6 +217,17 @@ struct CublasContext {
 };
 inline CublasContext cublas_context;
 
+// Points the cuBLAS handle at `stream` before a call. cublasSetStream also puts the handle back on
+// cuBLAS's default workspace pool (documented), so our workspace is set again right after: without
+// that cuBLAS would allocate its own, and the "given workspace" of the reproducibility rule would not
+// hold. Both are cheap host calls, made before every cuBLAS call rather than cached, so a stream
+// destroyed and another created at the same address can never be confused. (cuBLASLt takes the
+// stream and the workspace with each call.)
+inline void cublas_use_stream(cudaStream_t stream) {
+    cublasCheck(cublasSetStream(cublas_context.blas, stream));
+    cublasCheck(cublasSetWorkspace(cublas_context.blas, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES));
+}
+
 inline void cublas_setup() {
     cublasCheck(cublasLtCreate(&cublas_context.lt));
     cublasCheck(cublasCreate(&cublas_context.blas));

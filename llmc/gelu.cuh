@@ -3,7 +3,8 @@
 //   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // The backward overwrites dinp (it may be the same buffer as dout: each thread reads its 16 bytes
 // before writing them). The trainer uses the same forward kernel when it recomputes GELU (-r 1), so a
-// recomputed activation has the same bits as the original.
+// recomputed activation has the same bits as the original. (With -ge 1 the forward's GELU comes from
+// cuBLASLt's epilogue instead, and the recompute re-runs that matmul: train_gpt2.cu, gpt2_backward.)
 #pragma once
 
 #include "cuda_common.cuh"

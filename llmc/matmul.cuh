@@ -11,7 +11,11 @@
 // Epilogues: the bias is added by cuBLASLt's BIAS epilogue (free: it rides on the output write).
 // GELU can also be fused (GELU_AUX_BIAS forward, which writes the pre-GELU values as the aux output;
 // DGELU backward, which multiplies dinp by gelu'(pre-GELU)); whether that is faster than our own GELU
-// kernel depends on the cuBLASLt version, so the trainer makes it a choice (-ge).
+// kernel depends on the cuBLASLt version, so the trainer makes it a choice (-ge). The epilogue applies
+// GELU to the fp32 accumulator, our kernel to the rounded bf16 value, so the two differ in the last bit:
+// with -ge 1 a recomputation (-r 1, 2) re-runs the fused matmul rather than our GELU kernel.
+// The heuristic is told each matrix's real alignment (pointer_alignment); it would otherwise assume 256
+// bytes. Same shapes, epilogue and alignments give the same algorithm, so the same bits, every call.
 // The bias gradient is our own two-stage column sum (fixed order, no atomics), like LayerNorm's.
 #pragma once
 
@@ -62,6 +66,16 @@ __global__ void matmul_dbias_sum_partials_kernel(floatX* dbias, const float* par
 
 // ----------------------------------------------------------------------------
 // the one cuBLASLt call
+
+// The largest power of two dividing the address, capped at 256 (cuBLASLt's own default assumption):
+// what the heuristic is told about each matrix. The trainer lays every per-layer activation slice out
+// on 256 bytes (train_gpt2.cu, layer_strides), so a recomputed matmul sees the alignment the forward saw
+// and gets the same algorithm, hence the same bits.
+inline uint32_t pointer_alignment(const void* pointer) {
+    uintptr_t address = (uintptr_t)pointer;
+    uintptr_t lowest_bit = address & (~address + 1);  // 0 for a null pointer
+    return lowest_bit == 0 || lowest_bit > 256 ? 256u : (uint32_t)lowest_bit;
+}
 
 // D (m, n) = op(A)·op(B) [+ D if accumulate] with an epilogue, all column-major:
 //   A is (m, k), stored (k, m) when trans_a;  B is (k, n), stored (n, k) when trans_b.
@@ -119,6 +133,18 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     size_t workspace_bytes = CUBLAS_WORKSPACE_BYTES;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &workspace_bytes, sizeof(workspace_bytes)));
+    // Unless told, the heuristic assumes every matrix is 256-byte aligned and may pick a kernel that
+    // faults or refuses on a pointer that is not (a parameter tensor after an odd-sized one, a layer of
+    // a short sampling forward). Tell it the real alignment; C is D here.
+    uint32_t align_a = pointer_alignment(a), align_b = pointer_alignment(b), align_d = pointer_alignment(d);
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                     &align_a, sizeof(align_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                     &align_b, sizeof(align_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                     &align_d, sizeof(align_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                     &align_d, sizeof(align_d)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d, layout_d,
