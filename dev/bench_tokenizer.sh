@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Encoding throughput of our GPT-2 tokenizer (llmc/bpe.h, through `tokenizer_gpt2 bench`) next to
-# peers measured in the same run, on the same machine and the same text (tinyshakespeare by default):
-#   - tiktoken from npm: OpenAI's Rust BPE compiled to WebAssembly (no cache; whole text);
-#   - gpt-3-encoder from npm: Encoder.js in plain JavaScript (cached per pre-token). Its output is
-#     built with one Array.concat per pre-token, quadratic in a text's length, so it gets the text's
-#     blank-line documents, as prepro would feed them.
-# Each peer that `npm` can install is measured; one that cannot is reported as skipped. Times cover
-# encoding only: loading the vocabulary is left out for every encoder. A benchmark, not a test: the
-# numbers move with the machine's load, so run it on a quiet machine and read the best of the repeats.
+# OpenAI's tiktoken (its Rust core, from Python), measured in the same run, on the same machine and the
+# same text (tinyshakespeare by default), and printed as one table:
+#   - ours: 1 thread with an empty cache, then warm (best of REPEAT), on the whole text; prepro's batch
+#     encoder on 1 thread and on all cores, over the text's blank-line documents copied REPEAT times;
+#   - tiktoken: encode_ordinary and encode (which also looks for special tokens) on the whole text, first
+#     run and best of REPEAT; encode_ordinary_batch over the same documents on 1 thread and on all
+#     cores (its thread pool; the Rust core releases the GIL).
+# tiktoken gets GPT-2's encoding from the same local encoder.json / vocab.bpe (test/tokenizer_oracle.py
+# builds it), so nothing is downloaded. Python: $GPT2_PYTHON, else the project's .venv, else python3;
+# without tiktoken there, its rows are reported as skipped. Times cover encoding only: loading the
+# vocabulary is left out for both. A benchmark, not a test: the numbers move with the machine's load,
+# so run it on a quiet machine and read the best of the repeats.
 #
 #   dev/bench_tokenizer.sh [FILE] [REPEAT]
 set -euo pipefail
@@ -15,79 +19,87 @@ source "$(dirname "${BASH_SOURCE[0]}")/data/common.sh"
 
 TEXT="${1:-}"
 REPEAT="${2:-5}"
-if [ -z "$TEXT" ]; then
-    TEXT="$DATA_DIR/tinyshakespeare/input.txt"
-    [ -f "$TEXT" ] || "$DATA_DIR/tinyshakespeare.sh" >/dev/null
+if [ -z "$TEXT" ]; then  # tinyshakespeare, where the tests look for it, else fetched
+    for TEXT in "${TINYSHAKESPEARE_TXT:-}" "$DATA_DIR/tinyshakespeare/input.txt" \
+        "$REPO_ROOT/../shared/data/tinyshakespeare/input.txt" ""; do
+        [ -n "$TEXT" ] && [ -f "$TEXT" ] && break
+    done
+    if [ -z "$TEXT" ]; then
+        "$DATA_DIR/tinyshakespeare.sh" >/dev/null
+        TEXT="$DATA_DIR/tinyshakespeare/input.txt"
+    fi
 fi
 [ -f "$TEXT" ] || die "no text to encode at '$TEXT'"
 ensure_gpt2_bpe
 ensure_tokenizer
+PYTHON="${GPT2_PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+    if [ -x "$REPO_ROOT/.venv/bin/python" ]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "text:    $TEXT ($(wc -c <"$TEXT") bytes)"
-"$TOKENIZER" bench --repeat "$REPEAT" "$TEXT"
-
-# the peers, installed under build/ (git-ignored), once
-NODE_DIR="$REPO_ROOT/build/bench-node"
-JS_DIR="$REPO_ROOT/build/gpt-3-encoder/package"  # where the tests unpack it too
-if ! command -v node >/dev/null 2>&1; then
-    echo "peers skipped: node is not installed"
+OURS="$("$TOKENIZER" bench --repeat "$REPEAT" "$TEXT")"
+if ! "$PYTHON" -c 'import tiktoken' >/dev/null 2>&1; then
+    echo "$OURS"
+    echo "tiktoken skipped: $PYTHON cannot import it (pip install tiktoken, or set GPT2_PYTHON)"
     exit 0
 fi
-if [ ! -d "$NODE_DIR/node_modules/tiktoken" ] && command -v npm >/dev/null 2>&1; then
-    mkdir -p "$NODE_DIR"
-    npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent tiktoken@1 >/dev/null 2>&1 || true
-fi
-if [ ! -f "$JS_DIR/Encoder.js" ] && command -v npm >/dev/null 2>&1; then
-    tmp="$(mktemp -d)"
-    if (cd "$tmp" && npm pack gpt-3-encoder >/dev/null 2>&1 && tar xzf gpt-3-encoder-*.tgz); then
-        mkdir -p "$(dirname "$JS_DIR")"
-        rm -rf "$JS_DIR"
-        mv "$tmp/package" "$JS_DIR"
-    fi
-    rm -rf "$tmp"
-fi
 
-node - "$TEXT" "$REPEAT" "$NODE_DIR/node_modules/tiktoken" "$JS_DIR" <<'JS'
-const fs = require('fs');
-const [file, repeatArg, tiktokenDir, encoderJsDir] = process.argv.slice(2);
-const repeat = parseInt(repeatArg, 10);
-const text = fs.readFileSync(file, 'utf8');
-const mb = Buffer.byteLength(text) / 1e6;
-const seconds = (f) => { const t = process.hrtime.bigint(); f(); return Number(process.hrtime.bigint() - t) / 1e9; };
-const line = (name, rate, note) => console.log(`peer  ${name.padEnd(40)} ${rate.toFixed(2).padStart(8)} MB/s  (${note})`);
-const version = (dir) => { try { return JSON.parse(fs.readFileSync(dir + '/package.json')).version; } catch (e) { return '?'; } };
+# tiktoken's rows, then one table of both (ours' lines read "ours  WHAT  RATE MB/s  (NOTE)")
+"$PYTHON" - "$REPO_ROOT/test" "$GPT2_BPE_DIR" "$TEXT" "$REPEAT" "$(nproc)" "$OURS" <<'PY'
+import re
+import sys
+import time
 
-if (fs.existsSync(tiktokenDir)) {
-  const { get_encoding } = require(tiktokenDir);
-  const enc = get_encoding('gpt2');
-  let count = 0;
-  const first = seconds(() => { count = enc.encode_ordinary(text).length; });
-  let best = Infinity;
-  for (let r = 0; r < repeat; r++) best = Math.min(best, seconds(() => enc.encode_ordinary(text)));
-  line(`tiktoken ${version(tiktokenDir)} (WASM), first run`, mb / first, `${count} tokens`);
-  line(`tiktoken ${version(tiktokenDir)} (WASM), whole text`, mb / best, `best of ${repeat}`);
-  enc.free();
-} else {
-  console.log('peer  tiktoken skipped: `npm install tiktoken` failed');
-}
+test_dir, bpe_dir, path, repeat, cores, ours = sys.argv[1:]
+repeat, cores = int(repeat), int(cores)
+sys.path.insert(0, test_dir)
+import tiktoken
+from tokenizer_oracle import gpt2_encoding
 
-if (fs.existsSync(encoderJsDir + '/Encoder.js')) {
-  const { encode } = require(encoderJsDir + '/Encoder.js');
-  const docs = [];  // cut after each "\n\n", as prepro --split-blank-lines
-  for (let pos = 0; pos < text.length;) {
-    const at = text.indexOf('\n\n', pos);
-    const stop = at < 0 ? text.length : at + 2;
-    docs.push(text.slice(pos, stop));
-    pos = stop;
-  }
-  let count = 0;
-  const cold = seconds(() => { for (const d of docs) count += encode(d).length; });
-  let best = Infinity;
-  for (let r = 0; r < repeat; r++) best = Math.min(best, seconds(() => { for (const d of docs) encode(d); }));
-  line(`gpt-3-encoder ${version(encoderJsDir)} (JS), empty cache`, mb / cold, `${docs.length} documents, ${count} tokens`);
-  line(`gpt-3-encoder ${version(encoderJsDir)} (JS), warm cache`, mb / best, `best of ${repeat}`);
-} else {
-  console.log('peer  gpt-3-encoder skipped: `npm pack gpt-3-encoder` failed');
-}
-JS
+rows = []  # (encoder, what, MB/s, note)
+for line in ours.splitlines():
+    m = re.match(r"ours\s+(.*?)\s+([0-9.]+) MB/s\s+\((.*)\)$", line)
+    if not m:
+        sys.exit(f"bench_tokenizer.sh: cannot read tokenizer_gpt2 bench's line {line!r}")
+    rows.append(("ours", m.group(1), float(m.group(2)), m.group(3)))
+
+enc = gpt2_encoding(bpe_dir)
+with open(path, encoding="utf-8") as f:
+    text = f.read()
+mb = len(text.encode("utf-8")) / 1e6
+name = f"tiktoken {tiktoken.__version__}"
+
+
+def seconds(f):
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
+
+
+for method in ("encode_ordinary", "encode"):
+    encode = getattr(enc, method)
+    first = seconds(lambda: encode(text))
+    best = min(seconds(lambda: encode(text)) for _ in range(repeat))
+    rows.append((name, f"{method}, 1 thread, first run, whole text", mb / first, f"{len(encode(text))} tokens"))
+    rows.append((name, f"{method}, 1 thread, whole text", mb / best, f"best of {repeat}"))
+
+docs = []  # cut after each "\n\n", as prepro --split-blank-lines, then copied `repeat` times, as ours
+pos = 0
+while pos < len(text):
+    at = text.find("\n\n", pos)
+    stop = len(text) if at < 0 else at + 2
+    docs.append(text[pos:stop])
+    pos = stop
+docs *= repeat
+for threads in sorted({1, cores}):
+    batch = seconds(lambda: enc.encode_ordinary_batch(docs, num_threads=threads))
+    rows.append((name, f"encode_ordinary_batch, {threads} thread(s), documents", mb * repeat / batch,
+                 f"{len(docs)} documents = the text x {repeat}"))
+
+width = [max(len(r[i]) for r in rows) for i in (0, 1)]
+print(f"{'encoder':<{width[0]}}  {'how':<{width[1]}}  {'MB/s':>8}  note")
+for encoder, what, rate, note in rows:
+    print(f"{encoder:<{width[0]}}  {what:<{width[1]}}  {rate:8.2f}  {note}")
+PY

