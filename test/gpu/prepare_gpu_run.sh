@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Run on the CPU machine (nvcc, googletest and PyTorch here, no GPU): builds everything
+# test/gpu/run_on_gpu.sh runs and makes the oracle files, so the GPU machine (no googletest, no MPI,
+# no apt, no network) only runs. Prints the paths to carry there and their sizes.
+#
+#   test/gpu/prepare_gpu_run.sh          build (2 jobs; JOBS=<n> for more), make oracles, check, list
+#
+# What it builds, and how:
+#   train_gpt2 (CPU trainer, for the checkpoint-crossing test), train_gpt2cu, train_gpt2fp32cu,
+#   test_gpt2cu, test_gpt2fp32cu, dev/cuda/bin/* — all with NO_MPI=1 (the GPU machine has no MPI);
+#   train_gpt2 with -march=x86-64-v2 rather than -march=native (it runs on another machine's CPU).
+#   Linking: googletest is static (Debian ships only libgtest.a); the CUDA runtime is static (nvcc's
+#   default, -cudart static); cuBLAS, cuBLASLt and NCCL are dynamic, because no static cuBLAS is
+#   installed here and the shared ones (54 + 542 + 218 MB) are far over the 64 MiB the GPU tool
+#   carries. They are part of the CUDA toolkit and of PyTorch's nvidia-* wheels on the GPU machine:
+#   the binaries get an rpath to /usr/local/cuda/lib64, and run_on_gpu.sh looks further (the other CUDA
+#   folders, Python's site-packages) for any the loader does not find. This script checks with ldd
+#   that nothing else is dynamic: only libc, libm, libstdc++, libgcc_s, libgomp, the loader, and
+#   libcublas, libcublasLt, libnccl.
+#   Binaries already there that were built otherwise (with MPI, without the rpath) are rebuilt.
+#
+# Oracle files (build/oracle/, test/oracle/gpt2_oracle.py run by the Python that scripts/find_python.sh
+# names): `test_gpt2cu --prepare-oracle` and `test_gpt2fp32cu --prepare-oracle` (the same files: the
+# second finds them made). tiny and tiny_cosine are carried; d12 (a GPT-2 small model file and its
+# gradients, about 1 GB) is too large, and the GPU machine's own PyTorch makes it when the test needs it.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+jobs=${JOBS:-2}
+RPATH_FLAG="-Xlinker -rpath=/usr/local/cuda/lib64"
+MAKE_FLAGS=(NO_MPI=1 CPU_ARCH=-march=x86-64-v2 "NVCC_LDLIBS=-lcublasLt -lcublas -lnccl $RPATH_FLAG")
+CUDA_BINARIES=(train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu)
+ALLOWED_LIBS='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libgomp|libpthread|libdl|librt|ld-linux-x86-64|libcublas|libcublasLt|libnccl)\.so'
+
+command -v "${NVCC:-/usr/local/cuda/bin/nvcc}" > /dev/null || { echo "prepare: nvcc not found (CUDA_HOME/NVCC)"; exit 1; }
+[ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/libgtest.a ] || [ -f /usr/local/lib/libgtest.a ] ||
+    { echo "prepare: no static googletest (libgtest.a); scripts/install_deps.sh installs it"; exit 1; }
+python=$(scripts/find_python.sh)
+"$python" -c 'import torch' 2> /dev/null || { echo "prepare: $python cannot import torch (needed for the oracle)"; exit 1; }
+
+# A binary built another way is removed so make rebuilds it: linked against MPI, or without the rpath.
+built_otherwise() {
+    [ -f "$1" ] || return 1
+    ldd "$1" 2> /dev/null | grep -q "libmpi" && return 0
+    [ "$2" = cuda ] && ! readelf -d "$1" 2> /dev/null | grep -qE "R(UN)?PATH.*/usr/local/cuda/lib64" && return 0
+    return 1
+}
+for b in "${CUDA_BINARIES[@]}" dev/cuda/bin/*; do
+    if built_otherwise "$b" cuda; then echo "prepare: $b was built another way; rebuilding"; rm -f "$b"; fi
+done
+
+echo "== build (make -j$jobs ${MAKE_FLAGS[*]})"
+start=$SECONDS
+# the CPU trainer always, since a -march=native one from `make` may not run on the GPU machine's CPU
+make -B -j"$jobs" "${MAKE_FLAGS[@]}" train_gpt2
+make -j"$jobs" "${MAKE_FLAGS[@]}" train_gpt2cu test_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
+make -C dev/cuda -j"$jobs" "LDLIBS=-lcublasLt -lcublas -lgomp $RPATH_FLAG"
+echo "build: $((SECONDS - start)) s"
+
+echo "== shared libraries (allowed: the C/C++ runtime, libgomp, cuBLAS, cuBLASLt, NCCL)"
+bad=0
+for b in train_gpt2 "${CUDA_BINARIES[@]}" dev/cuda/bin/*; do
+    others=$(ldd "$b" | awk '{print $1}' | sed 's|.*/||' | grep -vE "$ALLOWED_LIBS" || true)
+    if [ -n "$others" ]; then echo "prepare: $b links dynamically against: $others"; bad=1; fi
+done
+[ $bad -eq 0 ] || exit 1
+ldd ./test_gpt2cu | sed 's/^/  /'
+# the GPU machine's C and C++ runtimes must be at least this new (Ubuntu 24.04: GLIBC 2.39, GLIBCXX 3.4.33)
+for v in GLIBC GLIBCXX; do
+    echo "  newest $v symbol version needed: $(objdump -T ./test_gpt2cu ./train_gpt2 | grep -oE "${v}_[0-9.]+" | sort -V | tail -n 1)"
+done
+
+echo "== oracle files ($python)"
+GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2cu --prepare-oracle
+GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2fp32cu --prepare-oracle
+
+CARRY=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin build/oracle/tiny build/oracle/tiny_cosine)
+echo "== to carry to the GPU machine (8 paths, the tool's most)"
+du -sh "${CARRY[@]}"
+carry_bytes=$(du -scb "${CARRY[@]}" | tail -n 1 | cut -f1)
+tree_bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 du -cb 2> /dev/null |
+             awk '$2 == "total" { t += $1 } END { print t + 0 }')
+limit=$((64 * 1024 * 1024))
+awk -v c="$carry_bytes" -v t="$tree_bytes" -v l="$limit" 'BEGIN {
+    printf "carried %.1f MiB + working tree %.1f MiB = %.1f MiB of the 64 MiB the tool takes: %s\n",
+           c / 1048576, t / 1048576, (c + t) / 1048576, (c + t <= l) ? "fits" : "TOO LARGE" }'
+printf 'carry: ['; printf '"%s", ' "${CARRY[@]}" | sed 's/, $//'; printf ']\n'
+echo "then on the GPU machine: test/gpu/run_on_gpu.sh (or a few stages per call: test/gpu/run_on_gpu.sh --list)"
+[ $((carry_bytes + tree_bytes)) -le $limit ]
