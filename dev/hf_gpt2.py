@@ -441,9 +441,11 @@ def export_hf(model_path, hf_dir):
     except OSError as e:
         raise ConvertError(f"output directory {hf_dir}: {e.strerror}")
     write_safetensors(os.path.join(hf_dir, "model.safetensors"), entries, {"format": "pt"})
-    with open(os.path.join(hf_dir, "config.json"), "w", encoding="utf-8") as f:
+    config_path = os.path.join(hf_dir, "config.json")
+    with open(config_path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(hf_config_json(cfg), f, indent=2)
         f.write("\n")
+    os.replace(config_path + ".tmp", config_path)
     print(f"exported {model_path} (version {version}; L={cfg['L']} C={cfg['C']} NH={cfg['NH']} "
           f"maxT={cfg['maxT']} V={V}, {cfg['Vp'] - V} padded rows dropped) -> {hf_dir} (F32 model.safetensors, config.json)")
 
