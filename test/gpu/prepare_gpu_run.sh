@@ -6,9 +6,11 @@
 #   test/gpu/prepare_gpu_run.sh          build (2 jobs; JOBS=<n> for more), make oracles, check, list
 #
 # What it builds, and how:
-#   train_gpt2 (CPU trainer, for the checkpoint-crossing test), train_gpt2cu, train_gpt2fp32cu,
-#   test_gpt2cu, test_gpt2fp32cu, dev/cuda/bin/* — all with NO_MPI=1 (the GPU machine has no MPI);
-#   train_gpt2 with -march=x86-64-v2 rather than -march=native (it runs on another machine's CPU).
+#   train_gpt2cu, train_gpt2fp32cu, test_gpt2cu, test_gpt2fp32cu, dev/cuda/bin/* with NO_MPI=1 (the GPU
+#   machine has no MPI), and the CPU trainer (for the checkpoint-crossing test) as build/gpu/train_gpt2:
+#   the Makefile's own command for train_gpt2 with NO_MPI=1 and -march=x86-64-v2 rather than native (it
+#   runs on another machine's CPU), written beside the checkout's ./train_gpt2, which the CPU suite runs
+#   under mpirun and which stays as `make` builds it. run_on_gpu.sh puts it in place on the GPU machine.
 #   Linking: googletest is static (Debian ships only libgtest.a); the CUDA runtime is static (nvcc's
 #   default, -cudart static); cuBLAS, cuBLASLt and NCCL are dynamic, because no static cuBLAS is
 #   installed here and the shared ones (54 + 542 + 218 MB) are far over the 64 MiB the GPU tool
@@ -51,15 +53,20 @@ done
 
 echo "== build (make -j$jobs ${MAKE_FLAGS[*]})"
 start=$SECONDS
-# the CPU trainer always, since a -march=native one from `make` may not run on the GPU machine's CPU
-make -B -j"$jobs" "${MAKE_FLAGS[@]}" train_gpt2
+# the CPU trainer: the Makefile's command (make -n), with the output renamed
+mkdir -p build/gpu
+cpu_cmd=$(make -s -n -B "${MAKE_FLAGS[@]}" train_gpt2)
+[[ "$cpu_cmd" == *" -o train_gpt2" ]] || { echo "prepare: unexpected command for train_gpt2: $cpu_cmd"; exit 1; }
+cpu_cmd="${cpu_cmd% -o train_gpt2} -o build/gpu/train_gpt2"
+echo "$cpu_cmd"
+eval "$cpu_cmd"
 make -j"$jobs" "${MAKE_FLAGS[@]}" train_gpt2cu test_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
 make -C dev/cuda -j"$jobs" "LDLIBS=-lcublasLt -lcublas -lgomp $RPATH_FLAG"
 echo "build: $((SECONDS - start)) s"
 
 echo "== shared libraries (allowed: the C/C++ runtime, libgomp, cuBLAS, cuBLASLt, NCCL)"
 bad=0
-for b in train_gpt2 "${CUDA_BINARIES[@]}" dev/cuda/bin/*; do
+for b in build/gpu/train_gpt2 "${CUDA_BINARIES[@]}" dev/cuda/bin/*; do
     others=$(ldd "$b" | awk '{print $1}' | sed 's|.*/||' | grep -vE "$ALLOWED_LIBS" || true)
     if [ -n "$others" ]; then echo "prepare: $b links dynamically against: $others"; bad=1; fi
 done
@@ -67,14 +74,14 @@ done
 ldd ./test_gpt2cu | sed 's/^/  /'
 # the GPU machine's C and C++ runtimes must be at least this new (Ubuntu 24.04: GLIBC 2.39, GLIBCXX 3.4.33)
 for v in GLIBC GLIBCXX; do
-    echo "  newest $v symbol version needed: $(objdump -T ./test_gpt2cu ./train_gpt2 | grep -oE "${v}_[0-9.]+" | sort -V | tail -n 1)"
+    echo "  newest $v symbol version needed: $(objdump -T ./test_gpt2cu build/gpu/train_gpt2 | grep -oE "${v}_[0-9.]+" | sort -V | tail -n 1)"
 done
 
 echo "== oracle files ($python)"
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2cu --prepare-oracle
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2fp32cu --prepare-oracle
 
-CARRY=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin build/oracle/tiny build/oracle/tiny_cosine)
+CARRY=(build/gpu/train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin build/oracle/tiny build/oracle/tiny_cosine)
 echo "== to carry to the GPU machine (8 paths, the tool's most)"
 du -sh "${CARRY[@]}"
 carry_bytes=$(du -scb "${CARRY[@]}" | tail -n 1 | cut -f1)

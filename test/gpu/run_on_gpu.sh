@@ -168,6 +168,13 @@ if git rev-parse --short HEAD > /dev/null 2>&1; then
     commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2> /dev/null || echo ' (with local changes)')"
 fi
 say "python: $GPT2_PYTHON; commit: $commit"
+# the CPU trainer prepare_gpu_run.sh built for this machine (no MPI, portable -march) goes where the
+# tests look for it (on a GPU machine only: on the CPU machine ./train_gpt2 is the MPI build the CPU
+# suite needs)
+if [ -x build/gpu/train_gpt2 ] && nvidia-smi -L > /dev/null 2>&1; then
+    cp build/gpu/train_gpt2 ./train_gpt2
+    say "train_gpt2: build/gpu/train_gpt2 copied into place"
+fi
 resolve_libraries
 
 export -f run_stage_body gtest_stage
