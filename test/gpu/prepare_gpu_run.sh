@@ -24,7 +24,7 @@
 # Oracle files (build/oracle/, test/oracle/gpt2_oracle.py run by the Python that scripts/find_python.sh
 # names): `test_gpt2cu --prepare-oracle` and `test_gpt2fp32cu --prepare-oracle` (the same files: the
 # second finds them made). tiny and tiny_cosine are carried; d12 (a GPT-2 small model file and its
-# gradients, about 1 GB) is too large, and the GPU machine's own PyTorch makes it when the test needs it.
+# gradients, 1.4 GB) is too large, and the GPU machine's own PyTorch makes it when the test needs it.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
