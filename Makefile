@@ -74,7 +74,8 @@ clean:
 # CUDA (see doc/cuda.md). The device code is built for Ampere (sm_80) and Hopper (sm_90).
 #   make train_gpt2cu test_gpt2cu       PRECISION=BF16 (default) or PRECISION=FP32
 #   make train_gpt2fp32cu test_gpt2fp32cu   always fp32 (tight checks against the oracle)
-#   make test-gpu                       the GPU suite, then compute-sanitizer memcheck and racecheck
+#   make test-gpu                       the GPU suite, then compute-sanitizer memcheck, racecheck and synccheck
+#   make gpu-prepare                    build and make oracle files here for a GPU machine (test/gpu/prepare_gpu_run.sh)
 #   make cuda-all                       every CUDA target in both precisions (CI; needs nvcc, no GPU)
 
 CUDA_HOME ?= /usr/local/cuda
@@ -138,6 +139,10 @@ test-gpu: train_gpt2cu test_gpt2cu train_gpt2
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) ./test_gpt2cu $(TEST_ARGS)
 	@if ./test_gpt2cu --has-gpu; then CUDA_HOME=$(CUDA_HOME) test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; \
 	else echo "test-gpu: no CUDA GPU visible, compute-sanitizer runs skipped"; fi
+
+.PHONY: gpu-prepare
+gpu-prepare:
+	test/gpu/prepare_gpu_run.sh
 
 cuda-all:
 	$(MAKE) PRECISION=BF16 train_gpt2cu test_gpt2cu
