@@ -75,7 +75,7 @@ struct Resources {
     int registers, static_shared;
 };
 
-std::mutex kernels_mutex;
+std::recursive_mutex kernels_mutex;  // launch_check names the kernel while holding it
 std::unordered_map<const void*, KernelInfo>& kernels() {
     static std::unordered_map<const void*, KernelInfo> map;
     return map;
@@ -113,7 +113,7 @@ KernelInfo& kernel_info(const void* kernel) {
 }  // namespace
 
 void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes) {
-    std::lock_guard<std::mutex> lock(kernels_mutex);
+    std::lock_guard<std::recursive_mutex> lock(kernels_mutex);
     resource_table()[mangled_name] = Resources{registers, static_shared_bytes};
     for (auto& [kernel, info] : kernels()) {
         if (info.mangled == mangled_name) {
@@ -124,14 +124,14 @@ void set_kernel_resources(const char* mangled_name, int registers, int static_sh
 }
 
 std::string kernel_name(const void* kernel) {
-    std::lock_guard<std::mutex> lock(kernels_mutex);
+    std::lock_guard<std::recursive_mutex> lock(kernels_mutex);
     return kernel_info(kernel).readable;
 }
 
 }  // namespace emu
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
-    std::lock_guard<std::mutex> lock(emu::kernels_mutex);
+    std::lock_guard<std::recursive_mutex> lock(emu::kernels_mutex);
     emu::KernelInfo& info = emu::kernel_info(func);
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (value < 0 || value + info.static_shared > emu::H100.max_shared_per_block_optin)
@@ -145,7 +145,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
     if (!attr) return emu::set_error(cudaErrorInvalidValue);
-    std::lock_guard<std::mutex> lock(emu::kernels_mutex);
+    std::lock_guard<std::recursive_mutex> lock(emu::kernels_mutex);
     emu::KernelInfo& info = emu::kernel_info(func);
     *attr = cudaFuncAttributes{};
     attr->sharedSizeBytes = info.static_shared;
@@ -186,7 +186,7 @@ bool launch_check(const void* kernel, const LaunchConfig& c) {
     if (g.x > 2147483647u || g.y > 65535u || g.z > 65535u)
         return refuse(cudaErrorInvalidConfiguration, "grid (%u,%u,%u) above (2^31-1, 65535, 65535)", g.x, g.y, g.z);
 
-    std::unique_lock<std::mutex> lock(kernels_mutex);
+    std::unique_lock<std::recursive_mutex> lock(kernels_mutex);
     KernelInfo& info = kernel_info(kernel);
     if (c.shared_bytes > (size_t)info.max_dynamic_shared)
         return refuse(cudaErrorInvalidConfiguration,
@@ -197,7 +197,8 @@ bool launch_check(const void* kernel, const LaunchConfig& c) {
         return refuse(cudaErrorInvalidConfiguration, "%d static + %zu dynamic bytes of shared memory, above %d",
                       info.static_shared, c.shared_bytes, h.max_shared_per_block_optin);
     if (info.registers < 0) {
-        if (!info.warned_registers) {
+        static const bool warn = getenv("EMU_REGISTER_WARNINGS") == nullptr || strcmp(getenv("EMU_REGISTER_WARNINGS"), "0") != 0;
+        if (warn && !info.warned_registers) {
             info.warned_registers = true;
             fprintf(stderr,
                     "cuda-emu: warning: no ptxas register count for %s; its registers-per-block limit is not checked\n",

@@ -13,11 +13,11 @@
 #define __constant__
 #define __managed__
 #define __forceinline__ inline __attribute__((always_inline))
-#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static thread_local
 #define __grid_constant__
+// (no __noinline__: libstdc++ spells GCC's attribute that way)
 
 #include <math.h>
 #include <cmath>

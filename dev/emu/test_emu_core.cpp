@@ -1,0 +1,649 @@
+// Unit tests of the emulator core (dev/emu): each small kernel's expected result is worked out from
+// the CUDA definitions (CUDA C++ Programming Guide, PTX ISA), not from the emulator or our callers.
+// Built like every emulated CUDA source (cu2cpp.sh rewrites the <<< >>> launches); `make emu-test-core`.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace {
+
+// ----------------------------------------------------------------------------
+// helpers
+
+template <typename T>
+T* device_array(size_t n, int byte = 0) {
+    T* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, byte, n * sizeof(T)), cudaSuccess);
+    return p;
+}
+
+template <typename T>
+std::vector<T> download(const T* d, size_t n) {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+}
+
+struct ThreadOrderGuard {
+    explicit ThreadOrderGuard(emu::ThreadOrder o) { emu::set_thread_order(o); }
+    ~ThreadOrderGuard() { emu::set_thread_order(emu::ThreadOrder::forward); }
+};
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// kernels (in a named namespace: the emulator finds a kernel's name in the dynamic symbol table,
+// which has no internal-linkage symbols)
+
+namespace emu_test {
+
+// each thread reads its right neighbour's slot after writing its own; `sync` puts the barrier between
+__global__ void neighbour_kernel(int* out, bool sync) {
+    __shared__ int slots[64];
+    int t = threadIdx.x;
+    slots[t] = -1;
+    __syncthreads();
+    slots[t] = t;
+    if (sync) __syncthreads();
+    out[t] = slots[(t + 1) % blockDim.x];
+}
+
+__global__ void indices_kernel(int* out) {
+    int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int threads = blockDim.x * blockDim.y * blockDim.z;
+    out[block * threads + thread] = block * 1000 + thread;
+}
+
+// out[(which, lane)] for the shuffle variants; value of lane j is 100 + j
+__global__ void shuffle_kernel(int* out) {
+    int lane = threadIdx.x;
+    int v = 100 + lane;
+    out[0 * 32 + lane] = __shfl_xor_sync(0xffffffffu, v, 5);
+    out[1 * 32 + lane] = __shfl_xor_sync(0xffffffffu, v, 9, 8);  // may leave the lane's segment of 8
+    out[2 * 32 + lane] = __shfl_down_sync(0xffffffffu, v, 3, 8);
+    out[3 * 32 + lane] = __shfl_up_sync(0xffffffffu, v, 2, 16);
+    out[4 * 32 + lane] = __shfl_sync(0xffffffffu, v, 7, 8);
+    out[5 * 32 + lane] = __shfl_sync(0xffffffffu, v, 9, 8);  // source lane taken modulo the width
+    out[6 * 32 + lane] = __shfl_down_sync(0xffffffffu, v, 1);
+    out[7 * 32 + lane] = __shfl_sync(0xffffffffu, v, 31);
+    float f = (float)lane;
+    for (int offset = 16; offset > 0; offset /= 2) f += __shfl_xor_sync(0xffffffffu, f, offset);
+    out[8 * 32 + lane] = (int)f;
+}
+
+__global__ void vote_kernel(unsigned* out) {
+    int lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32;
+    unsigned* o = out + warp * 4;
+    unsigned ballot = __ballot_sync(0xffffffffu, lane % 3 == 0);
+    int any = __any_sync(0xffffffffu, lane == 17);
+    int all_true = __all_sync(0xffffffffu, lane >= 0);
+    int all_false = __all_sync(0xffffffffu, lane != 5);
+    if (lane == 0) {
+        o[0] = ballot;
+        o[1] = any;
+        o[2] = all_true;
+        o[3] = all_false;
+    }
+}
+
+// the lower 16 lanes shuffle among themselves while the upper 16 take another path
+__global__ void half_warp_kernel(int* out) {
+    int lane = threadIdx.x;
+    if (lane < 16) {
+        out[lane] = __shfl_xor_sync(0x0000ffffu, lane, 1);
+    } else {
+        out[lane] = __reduce_add_sync(0xffff0000u, (unsigned)lane);
+    }
+}
+
+__global__ void atomic_kernel(int* count, float* sum, unsigned long long* wide) {
+    atomicAdd(count, 1);
+    atomicAdd(sum, 1.0f);
+    atomicAdd(wide, 3ull);
+}
+
+// reverses each block's slice through dynamic shared memory
+__global__ void reverse_kernel(float* data) {
+    extern __shared__ __align__(16) float buffer[];
+    int t = threadIdx.x;
+    int n = blockDim.x;
+    buffer[t] = data[blockIdx.x * n + t];
+    __syncthreads();
+    data[blockIdx.x * n + t] = buffer[n - 1 - t];
+}
+
+// threads past `active` return at once; the rest still meet at the barrier (exited threads do not block it)
+__global__ void early_exit_kernel(int* out, int active) {
+    __shared__ int total;
+    int t = threadIdx.x;
+    if (t >= active) return;
+    if (t == 0) total = 0;
+    __syncthreads();
+    atomicAdd(&total, t);
+    __syncthreads();
+    out[t] = total;
+}
+
+__global__ void count_kernel(int* out) {
+    int c = __syncthreads_count(threadIdx.x % 4 == 0);
+    out[threadIdx.x] = c;
+}
+
+// a lane named in the mask has exited: the hardware would hang or return garbage
+__global__ void missing_lane_kernel(int* out) {
+    if (threadIdx.x == 7) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+__global__ void store_kernel(int* p, int value) { *p = value; }
+__global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
+__global__ void empty_kernel(int* p) {}
+__global__ void reg_heavy_kernel(int* p) {}
+
+__global__ void bf16_kernel(__nv_bfloat16* out, const float* in, int n) {
+    int i = threadIdx.x;
+    if (i < n) out[i] = (__nv_bfloat16)in[i];
+}
+
+// one 128-bit load and store per thread, as the element-wise kernels do
+__global__ void scale_kernel(float4* data, size_t n, float factor) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float4 v = __ldcs(&data[i]);
+    v.x *= factor, v.y *= factor, v.z *= factor, v.w *= factor;
+    __stcs(&data[i], v);
+}
+
+__device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__global__ void block_sum_kernel(float* out, const float* in) {
+    __shared__ float partial[32];
+    float v = in[blockIdx.x * blockDim.x + threadIdx.x];
+    v = warp_sum(v);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+
+}  // namespace emu_test
+
+using namespace emu_test;
+
+// ----------------------------------------------------------------------------
+// blocks, barriers, shared memory
+
+TEST(EmuExec, IndicesCoverGridAndBlock) {
+    dim3 grid(3, 2, 2), block(4, 2, 3);
+    int threads = 24, blocks = 12;
+    int* d = device_array<int>(threads * blocks);
+    indices_kernel<<<grid, block>>>(d);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<int> h = download(d, threads * blocks);
+    for (int b = 0; b < blocks; b++)
+        for (int t = 0; t < threads; t++) ASSERT_EQ(h[b * threads + t], b * 1000 + t);
+    cudaFree(d);
+}
+
+TEST(EmuExec, SyncthreadsOrdersSharedMemoryInBothThreadOrders) {
+    for (auto order : {emu::ThreadOrder::forward, emu::ThreadOrder::reverse}) {
+        ThreadOrderGuard guard(order);
+        int* d = device_array<int>(64);
+        neighbour_kernel<<<1, 64>>>(d, true);
+        std::vector<int> h = download(d, 64);
+        for (int t = 0; t < 64; t++) EXPECT_EQ(h[t], (t + 1) % 64);
+        cudaFree(d);
+    }
+}
+
+TEST(EmuExec, MissingSyncthreadsShowsAsDifferentResultsPerThreadOrder) {
+    std::vector<int> results[2];
+    int k = 0;
+    for (auto order : {emu::ThreadOrder::forward, emu::ThreadOrder::reverse}) {
+        ThreadOrderGuard guard(order);
+        int* d = device_array<int>(64);
+        neighbour_kernel<<<1, 64>>>(d, false);
+        results[k++] = download(d, 64);
+        cudaFree(d);
+    }
+    // forward: thread t runs to its end before thread t+1 writes; reverse: t+1 has already written
+    EXPECT_EQ(results[0][0], -1);
+    EXPECT_EQ(results[1][0], 1);
+    EXPECT_NE(results[0], results[1]);
+}
+
+TEST(EmuExec, DynamicSharedMemory) {
+    int n = 128, blocks = 3;
+    std::vector<float> h(n * blocks);
+    for (int i = 0; i < n * blocks; i++) h[i] = (float)i;
+    float* d = device_array<float>(n * blocks);
+    cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
+    reverse_kernel<<<blocks, n, n * sizeof(float)>>>(d);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> got = download(d, n * blocks);
+    for (int b = 0; b < blocks; b++)
+        for (int t = 0; t < n; t++) ASSERT_EQ(got[b * n + t], (float)(b * n + n - 1 - t));
+    cudaFree(d);
+}
+
+TEST(EmuExec, ExitedThreadsDoNotBlockBarriers) {
+    int* d = device_array<int>(64, 0xFF);
+    early_exit_kernel<<<1, 64>>>(d, 20);
+    std::vector<int> h = download(d, 64);
+    for (int t = 0; t < 20; t++) EXPECT_EQ(h[t], 19 * 20 / 2);
+    EXPECT_EQ(h[20], -1);  // never written
+    cudaFree(d);
+}
+
+TEST(EmuExec, SyncthreadsCount) {
+    int* d = device_array<int>(96);
+    count_kernel<<<1, 96>>>(d);
+    std::vector<int> h = download(d, 96);
+    for (int t = 0; t < 96; t++) EXPECT_EQ(h[t], 24);
+    cudaFree(d);
+}
+
+// ----------------------------------------------------------------------------
+// warp collectives
+
+TEST(EmuWarp, ShufflesFollowTheCudaDefinitions) {
+    int* d = device_array<int>(9 * 32);
+    shuffle_kernel<<<1, 32>>>(d);
+    std::vector<int> h = download(d, 9 * 32);
+    for (int j = 0; j < 32; j++) {
+        int seg8 = j & ~7, seg16 = j & ~15;
+        EXPECT_EQ(h[0 * 32 + j], 100 + (j ^ 5)) << j;
+        // xor 9 within segments of 8: a source in a later segment returns the lane's own value
+        int x = j ^ 9;
+        EXPECT_EQ(h[1 * 32 + j], 100 + (x >= seg8 + 8 ? j : x)) << j;
+        EXPECT_EQ(h[2 * 32 + j], 100 + (j + 3 >= seg8 + 8 ? j : j + 3)) << j;
+        EXPECT_EQ(h[3 * 32 + j], 100 + (j - 2 < seg16 ? j : j - 2)) << j;
+        EXPECT_EQ(h[4 * 32 + j], 100 + seg8 + 7) << j;
+        EXPECT_EQ(h[5 * 32 + j], 100 + seg8 + 1) << j;
+        EXPECT_EQ(h[6 * 32 + j], 100 + (j == 31 ? 31 : j + 1)) << j;
+        EXPECT_EQ(h[7 * 32 + j], 131) << j;
+        EXPECT_EQ(h[8 * 32 + j], 31 * 32 / 2) << j;  // every lane ends with the same butterfly sum
+    }
+    cudaFree(d);
+}
+
+TEST(EmuWarp, BallotAnyAll) {
+    unsigned* d = device_array<unsigned>(2 * 4);
+    vote_kernel<<<1, 64>>>(d);
+    std::vector<unsigned> h = download(d, 8);
+    unsigned expected = 0;
+    for (int j = 0; j < 32; j += 3) expected |= 1u << j;
+    for (int w = 0; w < 2; w++) {
+        EXPECT_EQ(h[w * 4 + 0], expected);
+        EXPECT_EQ(h[w * 4 + 1], 1u);
+        EXPECT_EQ(h[w * 4 + 2], 1u);
+        EXPECT_EQ(h[w * 4 + 3], 0u);
+    }
+    cudaFree(d);
+}
+
+TEST(EmuWarp, PartialMasksInDivergentBranches) {
+    int* d = device_array<int>(32);
+    half_warp_kernel<<<1, 32>>>(d);
+    std::vector<int> h = download(d, 32);
+    for (int j = 0; j < 16; j++) EXPECT_EQ(h[j], j ^ 1);
+    for (int j = 16; j < 32; j++) EXPECT_EQ(h[j], (16 + 31) * 16 / 2);
+    cudaFree(d);
+}
+
+TEST(EmuWarpDeathTest, LaneNamedInMaskHasExited) {
+    auto run = [] {
+        int* d = device_array<int>(32);
+        missing_lane_kernel<<<1, 32>>>(d);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(run(),
+        "lanes [0-9,]+ wait in __shfl_xor_sync\\(mask 0xffffffff\\) for lanes that have exited: 7");
+}
+
+// ----------------------------------------------------------------------------
+// atomics and bf16
+
+TEST(EmuExec, AtomicsGiveExactIntegerSums) {
+    int* count = device_array<int>(1);
+    float* sum = device_array<float>(1);
+    unsigned long long* wide = device_array<unsigned long long>(1);
+    atomic_kernel<<<64, 256>>>(count, sum, wide);
+    EXPECT_EQ(download(count, 1)[0], 64 * 256);
+    EXPECT_EQ(download(sum, 1)[0], 64.0f * 256.0f);  // integers below 2^24 add exactly in fp32
+    EXPECT_EQ(download(wide, 1)[0], 3ull * 64 * 256);
+    cudaFree(count), cudaFree(sum), cudaFree(wide);
+}
+
+namespace {
+float float_of(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+unsigned short bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+}  // namespace
+
+TEST(EmuBf16, RoundsToNearestEvenLikeCvtRn) {
+    EXPECT_EQ(bf16_bits(1.0f), 0x3F80);
+    EXPECT_EQ(bf16_bits(-2.0f), 0xC000);
+    EXPECT_EQ(bf16_bits(float_of(0x3F808000)), 0x3F80);  // tie, even neighbour below
+    EXPECT_EQ(bf16_bits(float_of(0x3F818000)), 0x3F82);  // tie, even neighbour above
+    EXPECT_EQ(bf16_bits(float_of(0x3F808001)), 0x3F81);  // just above the tie
+    EXPECT_EQ(bf16_bits(float_of(0x3F807FFF)), 0x3F80);  // just below
+    EXPECT_EQ(bf16_bits(float_of(0xBF818000)), 0xBF82);  // sign-magnitude: the same for negatives
+    EXPECT_EQ(bf16_bits(float_of(0x7F800000)), 0x7F80);  // +inf
+    EXPECT_EQ(bf16_bits(float_of(0xFF800000)), 0xFF80);  // -inf
+    EXPECT_EQ(bf16_bits(float_of(0x7F7FFFFF)), 0x7F80);  // FLT_MAX overflows to inf
+    EXPECT_EQ(bf16_bits(float_of(0x7F7F7FFF)), 0x7F7F);  // largest that stays finite
+    EXPECT_EQ(bf16_bits(float_of(0x7FC00000)), 0x7FFF);  // NaN -> canonical NaN
+    EXPECT_EQ(bf16_bits(float_of(0x7F800001)), 0x7FFF);  // NaN whose payload is all in the dropped bits
+    EXPECT_EQ(bf16_bits(float_of(0xFFC00001)), 0x7FFF);
+    EXPECT_EQ(bf16_bits(float_of(0x00010000)), 0x0001);  // denormals are kept
+    EXPECT_EQ(bf16_bits(float_of(0x00008000)), 0x0000);  // tie between 0 and the smallest denormal
+    EXPECT_EQ(bf16_bits(float_of(0x00018000)), 0x0002);
+    EXPECT_EQ(bf16_bits(float_of(0x80000000)), 0x8000);  // -0
+}
+
+TEST(EmuBf16, ConversionsAndLayout) {
+    static_assert(sizeof(__nv_bfloat16) == 2 && alignof(__nv_bfloat16) == 2, "bf16 layout");
+    static_assert(std::is_trivially_copyable<__nv_bfloat16>::value, "bf16 is trivially copyable");
+    static_assert(sizeof(__nv_bfloat162) == 4, "bf16x2 layout");
+    uint32_t bits;
+    float back = __bfloat162float(__ushort_as_bfloat16(0x0001));
+    memcpy(&bits, &back, 4);
+    EXPECT_EQ(bits, 0x00010000u);
+    EXPECT_EQ((float)__ushort_as_bfloat16(0x4049), 3.140625f);
+    __nv_bfloat16 x = (__nv_bfloat16)3.14159f;  // (floatX)value as the kernels write it
+    EXPECT_EQ(__bfloat16_as_ushort(x), 0x4049);
+    __nv_bfloat162 pair = __floats2bfloat162_rn(1.0f, -2.0f);
+    EXPECT_EQ(__bfloat16_as_ushort(pair.x), 0x3F80);
+    EXPECT_EQ(__bfloat16_as_ushort(pair.y), 0xC000);
+    EXPECT_EQ(__bfloat16_as_ushort(__float2bfloat16(float_of(0x3F818000))), 0x3F82);
+    // in a kernel too
+    float* in = device_array<float>(3);
+    __nv_bfloat16* out = device_array<__nv_bfloat16>(3);
+    float h[3] = {float_of(0x3F808000), float_of(0x7F800001), float_of(0x3F808001)};
+    cudaMemcpy(in, h, sizeof(h), cudaMemcpyHostToDevice);
+    bf16_kernel<<<1, 32>>>(out, in, 3);
+    std::vector<__nv_bfloat16> got = download(out, 3);
+    EXPECT_EQ(__bfloat16_as_ushort(got[0]), 0x3F80);
+    EXPECT_EQ(__bfloat16_as_ushort(got[1]), 0x7FFF);
+    EXPECT_EQ(__bfloat16_as_ushort(got[2]), 0x3F81);
+    cudaFree(in), cudaFree(out);
+}
+
+// ----------------------------------------------------------------------------
+// launch limits (an H100's), reported through cudaGetLastError like a failed launch
+
+TEST(EmuLaunch, BlockAndGridLimits) {
+    int* d = device_array<int>(1);
+    empty_kernel<<<1, 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    empty_kernel<<<1, 1025>>>(d);
+    EXPECT_EQ(cudaPeekAtLastError(), cudaErrorInvalidConfiguration);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // not sticky
+    empty_kernel<<<1, dim3(1, 1, 65)>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    empty_kernel<<<1, dim3(32, 32, 2)>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    empty_kernel<<<dim3(1, 65536), 32>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    empty_kernel<<<0, 32>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    cudaFree(d);
+}
+
+TEST(EmuLaunch, DynamicSharedMemoryNeedsTheAttributeAbove48KiB) {
+    float* d = device_array<float>(1024);
+    reverse_kernel<<<1, 32, 48 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    reverse_kernel<<<1, 32, 49 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    EXPECT_EQ(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024), cudaErrorInvalidValue);
+    cudaGetLastError();
+    EXPECT_EQ(cudaFuncSetAttribute(reverse_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024), cudaSuccess);
+    reverse_kernel<<<1, 32, 227 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    reverse_kernel<<<1, 32, 228 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(d);
+}
+
+TEST(EmuLaunch, RegistersPerBlockFromThePtxasTable) {
+    // 128 registers per thread: 4096 per warp, so at most 16 warps (512 threads) fit in 65536
+    emu::set_kernel_resources("_ZN8emu_test16reg_heavy_kernelEPi", 128, 0);
+    int* d = device_array<int>(1);
+    reg_heavy_kernel<<<1, 512>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    reg_heavy_kernel<<<1, 544>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchOutOfResources);
+    cudaFuncAttributes attr;
+    ASSERT_EQ(cudaFuncGetAttributes(&attr, reg_heavy_kernel), cudaSuccess);
+    EXPECT_EQ(attr.numRegs, 128);
+    cudaFree(d);
+}
+
+TEST(EmuLaunchDeathTest, HostPointerArgumentIsRefused) {
+    std::vector<int> host(4);
+    // the launch in parentheses: its commas would split the macro's arguments (with nvcc too)
+    EXPECT_DEATH((add_one_kernel<<<1, 1>>>(host.data(), host.data() + 1)),
+                 "kernel emu_test::add_one_kernel\\(int\\*, int const\\*\\) argument 1 is a host pointer");
+}
+
+TEST(EmuLaunch, PinnedHostAndNullPointersAreAccepted) {
+    int* pinned = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned, 2 * sizeof(int)), cudaSuccess);
+    pinned[0] = 41;
+    add_one_kernel<<<1, 1>>>(pinned + 1, pinned);
+    empty_kernel<<<1, 1>>>(nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(pinned[1], 42);
+    cudaFreeHost(pinned);
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+TEST(EmuMemory, MallocIsAlignedAndReadsAsNaN) {
+    float* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, 100 * sizeof(float)), cudaSuccess);
+    EXPECT_EQ((uintptr_t)d % 256, 0u);
+    EXPECT_TRUE(emu::is_device_pointer(d, 100 * sizeof(float)));
+    EXPECT_TRUE(emu::is_device_pointer(d + 50, 50 * sizeof(float)));
+    EXPECT_FALSE(emu::is_device_pointer(d + 50, 51 * sizeof(float)));
+    std::vector<float> h = download(d, 100);
+    EXPECT_TRUE(std::isnan(h[0]) && std::isnan(h[99]));
+    int local;
+    EXPECT_EQ(cudaMemcpy(&local, &local, 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    EXPECT_EQ(cudaFree(&local), cudaErrorInvalidValue);
+    cudaGetLastError();
+    EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+// ----------------------------------------------------------------------------
+// streams and events: lazy, and in an order that differs from issue order unless events say otherwise
+
+TEST(EmuStream, WorkRunsOnlyWhenTheHostWaits) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    int* d = device_array<int>(1);
+    cudaDeviceSynchronize();
+    store_kernel<<<1, 1, 0, s>>>(d, 7);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(*(volatile int*)d, 0);  // queued, not run (read directly: the emulator's memory is the host's)
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_EQ(*(volatile int*)d, 7);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
+TEST(EmuStream, QueryLetsAPollingLoopFinish) {
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    int* d = device_array<int>(1);
+    cudaDeviceSynchronize();  // else the non-blocking stream may run before device_array's memset
+    store_kernel<<<1, 1, 0, s>>>(d, 3);
+    cudaError_t status;
+    auto start = std::chrono::steady_clock::now();
+    while ((status = cudaStreamQuery(s)) == cudaErrorNotReady) {
+        ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(status, cudaSuccess);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(download(d, 1)[0], 3);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
+namespace {
+// x = 1 on `compute`; y = x + 1 on `comm` (created later), with or without the event between them
+int produce_consume(bool with_event) {
+    cudaStream_t compute, comm;
+    cudaEvent_t ready;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    int* x = device_array<int>(1);
+    int* y = device_array<int>(1);
+    cudaDeviceSynchronize();
+    store_kernel<<<1, 1, 0, compute>>>(x, 1);
+    cudaEventRecord(ready, compute);
+    if (with_event) cudaStreamWaitEvent(comm, ready, 0);
+    add_one_kernel<<<1, 1, 0, comm>>>(y, x);
+    cudaDeviceSynchronize();
+    int result = download(y, 1)[0];
+    cudaFree(x), cudaFree(y);
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(compute), cudaStreamDestroy(comm);
+    return result;
+}
+}  // namespace
+
+TEST(EmuStream, EventDependencyIsHonoured) { EXPECT_EQ(produce_consume(true), 2); }
+
+TEST(EmuStream, MissingDependencyVisiblyReorders) {
+    EXPECT_EQ(produce_consume(false), 1);  // the newer stream ran first
+    emu::set_stream_order(emu::StreamOrder::issue);
+    EXPECT_EQ(produce_consume(false), 2);
+    emu::set_stream_order(emu::StreamOrder::newest_stream_first);
+}
+
+TEST(EmuStream, LegacyDefaultStreamSynchronizesWithBlockingStreams) {
+    cudaStream_t blocking, non_blocking;
+    cudaStreamCreate(&blocking);
+    cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking);
+    int* x = device_array<int>(1);
+    int* y = device_array<int>(1);
+    cudaDeviceSynchronize();
+    // blocking stream, then the default stream: the default stream's work waits
+    store_kernel<<<1, 1, 0, blocking>>>(x, 5);
+    add_one_kernel<<<1, 1>>>(y, x);
+    EXPECT_EQ(download(y, 1)[0], 6);
+    // non-blocking stream: no implicit order with the default stream, and the newer stream runs first
+    cudaMemset(x, 0, sizeof(int));
+    add_one_kernel<<<1, 1>>>(x, y);                   // in issue order: x = 0, then x = 6 + 1
+    add_one_kernel<<<1, 1, 0, non_blocking>>>(y, x);  // in issue order y = 7 + 1; run first, y = 5 + 1
+    cudaDeviceSynchronize();
+    EXPECT_EQ(download(y, 1)[0], 6);
+    EXPECT_EQ(download(x, 1)[0], 7);
+    cudaFree(x), cudaFree(y);
+    cudaStreamDestroy(blocking), cudaStreamDestroy(non_blocking);
+}
+
+TEST(EmuStream, AsyncCopyFromPageableMemoryIsStagedAtTheCall) {
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    int* d = device_array<int>(1);
+    int value = 11;
+    cudaMemcpyAsync(d, &value, sizeof(int), cudaMemcpyHostToDevice, s);
+    value = 12;  // allowed: the source was copied already
+    cudaStreamSynchronize(s);
+    EXPECT_EQ(download(d, 1)[0], 11);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
+TEST(EmuStream, EventsTimeAndSynchronize) {
+    cudaEvent_t a, b;
+    ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+    float* d = device_array<float>(1 << 16);
+    cudaEventRecord(a);
+    scale_kernel<<<64, 256>>>((float4*)d, (1 << 16) / 4, 2.0f);
+    cudaEventRecord(b);
+    float ms = -1;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaErrorNotReady);
+    cudaGetLastError();
+    ASSERT_EQ(cudaEventSynchronize(b), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(b), cudaSuccess);
+    ASSERT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+    EXPECT_GE(ms, 0.0f);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    cudaFree(d);
+}
+
+TEST(EmuDevice, OneDeviceWithAnH100sLimits) {
+    int n = 0;
+    ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+    EXPECT_EQ(n, 1);
+    cudaDeviceProp p;
+    ASSERT_EQ(cudaGetDeviceProperties(&p, 0), cudaSuccess);
+    EXPECT_EQ(p.major * 10 + p.minor, 90);
+    EXPECT_EQ(p.multiProcessorCount, 132);
+    EXPECT_EQ(p.sharedMemPerBlockOptin, 227u * 1024);
+    EXPECT_EQ(strstr(p.name, "H100"), nullptr);  // the trainer's MFU table must not take it for a GPU
+    EXPECT_EQ(cudaSetDevice(1), cudaErrorInvalidDevice);
+    cudaGetLastError();
+}
+
+// ----------------------------------------------------------------------------
+// throughput (printed, not checked): what the emulated suite's run time is made of
+
+TEST(EmuSpeed, ElementwiseAndBlockReduce) {
+    size_t n4 = 1 << 20;  // 4M floats, 1M threads
+    float* d = device_array<float>(n4 * 4);
+    cudaDeviceSynchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    scale_kernel<<<(unsigned)(n4 / 256), 256>>>((float4*)d, n4, 1.0f);
+    cudaDeviceSynchronize();
+    double s1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int blocks = 2048, threads = 512;
+    float* out = device_array<float>(blocks);
+    cudaMemset(d, 0, (size_t)blocks * threads * sizeof(float));
+    cudaDeviceSynchronize();
+    t0 = std::chrono::steady_clock::now();
+    block_sum_kernel<<<blocks, threads>>>(out, d);
+    cudaDeviceSynchronize();
+    double s2 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(download(out, 1)[0], 0.0f);
+    printf("emulator throughput: elementwise %.1f M threads/s, block_reduce (512 threads, 10 shuffles + 1 barrier each) "
+           "%.2f M threads/s\n",
+           n4 / s1 / 1e6, (double)blocks * threads / s2 / 1e6);
+    cudaFree(d), cudaFree(out);
+}
+
+int main(int argc, char** argv) {
+    setenv("EMU_REGISTER_WARNINGS", "0", 0);  // these kernels are not in the ptxas table
+    setenv("EMU_QUIET_LAUNCH_ERRORS", "1", 0);  // the refused launches below are meant
+    testing::InitGoogleTest(&argc, argv);
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    return RUN_ALL_TESTS();
+}
