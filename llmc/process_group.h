@@ -37,8 +37,11 @@ struct ProcessGroup {
 inline ProcessGroup process_group_init(int* argc, char*** argv) {
     ProcessGroup pg;
 #ifdef USE_MPI
+    // The trainers call MPI from the main thread only (FUNNELED would do), but the CUDA emulator
+    // (dev/emu) runs NCCL over MPI on its device thread while the main thread may call MPI too, so
+    // ask for MPI_THREAD_MULTIPLE; the emulation refuses a lower level when it forms a communicator.
     int provided;
-    mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     // errors are returned to us (and reported by mpiCheck) instead of aborting inside MPI silently
     mpiCheck(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &pg.rank));
