@@ -89,8 +89,8 @@ void adamw_v2(floatX* params, float* master, const floatX* grads, float* m, floa
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("adamw");
+int main(int argc, char** argv) {
+    dev::device_init("adamw", argc, argv);
     const size_t n = dev::NUM_PARAMETERS;
 
     AdamWHyper hyper;  // the trainer's betas and eps

@@ -437,8 +437,8 @@ std::vector<float> qkv_part(const std::vector<float>& qkv, int part, size_t BT, 
     return result;
 }
 
-int main() {
-    dev::device_init("attention_backward");
+int main(int argc, char** argv) {
+    dev::device_init("attention_backward", argc, argv);
     cublas_setup();
     const int B = dev::B, T = dev::T, C = dev::C, NH = dev::NH;
     const size_t BTC = (size_t)B * T * C, att_elements = (size_t)B * NH * T * T;

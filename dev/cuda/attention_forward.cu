@@ -250,8 +250,8 @@ void attention_forward_v3(floatX* out, const floatX* qkv, int B, int T, int C, i
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("attention_forward");
+int main(int argc, char** argv) {
+    dev::device_init("attention_forward", argc, argv);
     cublas_setup();
     const int B = dev::B, T = dev::T, C = dev::C, NH = dev::NH;
     const size_t BTC = (size_t)B * T * C, att_elements = (size_t)B * NH * T * T;

@@ -206,8 +206,8 @@ void encoder_backward_v3(floatX* dwte, floatX* dwpe, const floatX* dout, const S
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("encoder_backward");
+int main(int argc, char** argv) {
+    dev::device_init("encoder_backward", argc, argv);
     const int B = dev::B, T = dev::T, C = dev::C, V = dev::V, Vp = dev::Vp;
     const size_t BTC = (size_t)B * T * C;
 

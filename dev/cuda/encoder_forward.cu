@@ -83,8 +83,8 @@ void encoder_forward_v3(floatX* out, const int* inp, const floatX* wte, const fl
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("encoder_forward");
+int main(int argc, char** argv) {
+    dev::device_init("encoder_forward", argc, argv);
     const int B = dev::B, T = dev::T, C = dev::C, Vp = dev::Vp;
 
     std::vector<int> inp = dev::random_tokens((size_t)B * T, dev::V);

@@ -131,8 +131,8 @@ void fused_classifier_v3(floatX* logits, float* losses, const int* targets, floa
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("fused_classifier");
+int main(int argc, char** argv) {
+    dev::device_init("fused_classifier", argc, argv);
     const int N = dev::B * dev::T, V = dev::V, Vp = dev::Vp;
     const size_t elements = (size_t)N * Vp;
     const float dloss = 1.0f / N;

@@ -122,8 +122,8 @@ void fused_residual_forward_v3(floatX* residual, floatX* out, float* mean, float
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("fused_residual_forward");
+int main(int argc, char** argv) {
+    dev::device_init("fused_residual_forward", argc, argv);
     const int N = dev::B * dev::T, C = dev::C;
     const size_t NC = (size_t)N * C;
 

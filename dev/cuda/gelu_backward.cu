@@ -95,8 +95,8 @@ void gelu_backward_v4(floatX* dinp, const floatX* inp, const floatX* dout, size_
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("gelu_backward");
+int main(int argc, char** argv) {
+    dev::device_init("gelu_backward", argc, argv);
     const size_t N = (size_t)dev::B * dev::T * 4 * dev::C;
 
     std::vector<float> inp = dev::random_floatX(N, -4.0f, 4.0f);

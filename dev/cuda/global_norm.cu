@@ -87,8 +87,8 @@ void global_norm_v3(float* out, float* partials, const floatX* x, size_t n, int 
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("global_norm");
+int main(int argc, char** argv) {
+    dev::device_init("global_norm", argc, argv);
     const size_t n = dev::NUM_PARAMETERS;
 
     std::vector<float> grads = dev::random_floatX(n, -0.1f, 0.1f);

@@ -1,6 +1,12 @@
 // The harness every dev/cuda program shares: check a kernel version against the CPU reference op, then
 // time it and say how close it came to what this GPU can do.
 //
+// Two modes. The default checks and times at GPT-2 124M's shapes. The check-only mode (`--check`, or
+// DEV_CHECK_ONLY=1; always on under the CPU emulator, where a time means nothing) shrinks the shapes
+// (check_shapes below), skips the ceilings and the timing, and still checks every version and block
+// size; the exit code is 1 if any check failed. CI runs every program that way under the emulator
+// (make emu-devcuda-check, dev/emu/devcuda.mk).
+//
 // The method, in the order a program uses it:
 //   1. No GPU (or one older than sm_80): print why and exit 0, so run_all.sh is safe anywhere.
 //   2. Ceilings, measured in the same run: a large device-to-device copy (bytes read + written per
@@ -34,6 +40,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <functional>
 #include <random>
@@ -46,14 +53,34 @@ static_assert(sizeof(floatX) == 2, "dev/cuda programs are written for the bf16 b
 
 namespace dev {
 
-// GPT-2 124M at the trainer's default batch: the shapes every program checks and times.
-constexpr int B = 8;
-constexpr int T = 1024;
-constexpr int C = 768;
-constexpr int NH = 12;
-constexpr int V = 50257;
-constexpr int Vp = 50304;  // V padded to a multiple of 128
-constexpr size_t NUM_PARAMETERS = 124475904;  // GPT-2 124M with the padded vocabulary
+// GPT-2 124M at the trainer's default batch: the shapes every program checks and times. Settings, not
+// constants: device_init switches them to check_shapes() in the check-only mode.
+inline int B = 8;
+inline int T = 1024;
+inline int C = 768;
+inline int NH = 12;
+inline int V = 50257;
+inline int Vp = 50304;  // V padded to a multiple of 128
+inline size_t NUM_PARAMETERS = 124475904;  // GPT-2 124M with the padded vocabulary
+
+// true: check every version at the small shapes, time nothing (--check, DEV_CHECK_ONLY=1, the emulator)
+inline bool check_only = false;
+
+// Small shapes every kernel here accepts, chosen to reach the same code paths as the real ones:
+// head size C / NH = 64 (the attention kernels' HS); B·T = 640 rows, a multiple of the 128-row matmul
+// tiles; T = 320, five 64-query tiles for the flash kernels and, like C = 384, more than one but not a
+// whole number of a warp's 256-element passes (the register-held rows' last chunk is partial, as at
+// C = 768); C, 3C, 4C and Vp multiples of 128 (matmul tiles) and of 8 (16-byte accesses); V < Vp so
+// the padding is exercised; NUM_PARAMETERS a multiple of 128 like the real count, several grids' worth.
+inline void check_shapes() {
+    B = 2;
+    T = 320;
+    C = 384;
+    NH = 6;
+    V = 1000;
+    Vp = 1024;
+    NUM_PARAMETERS = 200064;
+}
 
 constexpr double TOL_ELEMENTWISE = 4e-3;
 constexpr double TOL_REDUCTION = 1e-2;
@@ -79,8 +106,24 @@ inline std::string today() {
     return buffer;
 }
 
-// Picks GPU 0, or prints why this program cannot run here and exits 0.
-inline void device_init(const char* program) {
+// Reads the command line (`--check`: the check-only mode; DEV_CHECK_ONLY=1 does the same), then picks
+// GPU 0, or prints why this program cannot run here and exits 0. The CPU emulator (CUDA_EMULATION)
+// reports one sm_90 device, so under it the program always runs, in the check-only mode.
+inline void device_init(const char* program, int argc, char** argv) {
+    const char* env = getenv("DEV_CHECK_ONLY");
+    check_only = env != nullptr && strcmp(env, "0") != 0 && env[0] != '\0';
+#if defined(CUDA_EMULATION)
+    check_only = true;
+#endif
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--check") == 0) {
+            check_only = true;
+        } else {
+            fprintf(stderr, "%s: unknown argument '%s'; usage: %s [--check]\n", program, argv[i], program);
+            exit(1);
+        }
+    }
+    if (check_only) check_shapes();
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
@@ -100,6 +143,16 @@ inline void device_init(const char* program) {
     printf("device: %s, %d SMs, %.0f MB L2, compute capability %d.%d, %.0f GB; %s\n", d.prop.name,
            d.prop.multiProcessorCount, d.prop.l2CacheSize / 1e6, d.prop.major, d.prop.minor,
            d.prop.totalGlobalMem / 1e9, today().c_str());
+    if (check_only) {
+        printf("check-only: B=%d T=%d C=%d NH=%d V=%d Vp=%d parameters=%zu; nothing is timed%s\n", B, T, C, NH, V, Vp,
+               NUM_PARAMETERS,
+#if defined(CUDA_EMULATION)
+               " (emulated on the CPU: this proves the logic, not the speed)"
+#else
+               ""
+#endif
+        );
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -450,6 +503,14 @@ struct Report {
 // and starts a report: prints the ceilings, the op's bytes and flops, and the table's header.
 inline Report make_report(const std::string& op, double bytes, double flops) {
     static double copy_gbps = 0.0, gemm_tflops = 0.0;
+    if (check_only) {
+        Report report;
+        report.op = op;
+        report.bytes = bytes;
+        report.flops = flops;
+        printf("op: %s (check only)\n\n%-44s %6s %9s  %s\n", op.c_str(), "version", "block", "err", "check");
+        return report;
+    }
     if (copy_gbps == 0.0) {
         copy_gbps = measure_copy_gbps();
         printf("ceiling: device-to-device copy %.0f GB/s (bytes read + written)\n", copy_gbps);
@@ -483,6 +544,10 @@ inline void print_row(const Report& report, const Row& row) {
     } else {
         snprintf(block, sizeof(block), "fixed");
     }
+    if (check_only) {
+        printf("%-44s %6s %9.2e  %s\n", row.version.c_str(), block, row.err, row.ok ? "ok" : "FAIL");
+        return;
+    }
     double rate = report.rate(row.timing.median_ms);
     printf("%-44s %6s %11.1f %10.1f %7.1f%% %6.0f%% %9.2e  %s\n", row.version.c_str(), block,
            row.timing.median_ms * 1e3, rate, 100.0 * rate / report.ceiling(), 100.0 * row.timing.spread, row.err,
@@ -506,7 +571,7 @@ inline void run_versions(Report* report, const std::vector<Version>& versions, c
             row.block_size = block_size;
             row.err = result.worst;
             row.ok = result.ok;
-            row.timing = time_ms(prepare, [&] { version.launch(block_size); });
+            if (!check_only) row.timing = time_ms(prepare, [&] { version.launch(block_size); });
             report->rows.push_back(row);
             print_row(*report, row);
             if (!result.ok) printf("    FAIL:%s\n", result.failures.c_str());
@@ -517,7 +582,7 @@ inline void run_versions(Report* report, const std::vector<Version>& versions, c
 
 // Prints the best passing row as one line for run_all.sh:
 //   RESULT|op|version|block|time_us|rate|unit|pct_of_ceiling|ceiling_name|checks
-// and returns the exit code: 1 if any version failed its check.
+// (in the check-only mode: CHECK|op|checks) and returns the exit code: 1 if any version failed its check.
 inline int finish(const Report& report) {
     const Row* best = nullptr;
     int failed = 0;
@@ -535,6 +600,10 @@ inline int finish(const Report& report) {
         snprintf(checks, sizeof(checks), "%d of %zu FAILED", failed, report.rows.size());
     }
     printf("\n");
+    if (check_only) {
+        printf("CHECK|%s|%s\n", report.op.c_str(), checks);
+        return failed == 0 ? 0 : 1;
+    }
     if (best == nullptr) {
         printf("RESULT|%s|none passed|-|-|-|-|-|-|%s\n", report.op.c_str(), checks);
         return 1;

@@ -196,8 +196,8 @@ void layernorm_backward_v3(floatX* dinp, floatX* dweight, floatX* dbias, float* 
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("layernorm_backward");
+int main(int argc, char** argv) {
+    dev::device_init("layernorm_backward", argc, argv);
     const int N = dev::B * dev::T, C = dev::C;
 
     std::vector<float> inp = dev::random_floatX((size_t)N * C, -2.0f, 2.0f);

@@ -158,8 +158,8 @@ void layernorm_forward_v4(floatX* out, float* mean, float* rstd, const floatX* i
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("layernorm_forward");
+int main(int argc, char** argv) {
+    dev::device_init("layernorm_forward", argc, argv);
     const int N = dev::B * dev::T, C = dev::C;
 
     std::vector<float> inp = dev::random_floatX((size_t)N * C, -2.0f, 2.0f);

@@ -117,8 +117,8 @@ void matmul_backward_bias_v3(floatX* dbias, float* scratch, unsigned int* ticket
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("matmul_backward_bias");
+int main(int argc, char** argv) {
+    dev::device_init("matmul_backward_bias", argc, argv);
     const int N = dev::B * dev::T, OC = 4 * dev::C;
 
     std::vector<float> dout = dev::random_floatX((size_t)N * OC, -1.0f, 1.0f);

@@ -182,8 +182,8 @@ void softmax_forward_v4(floatX* att, float scale, int num_rows, int T, int block
 
 // ----------------------------------------------------------------------------
 
-int main() {
-    dev::device_init("softmax_forward");
+int main(int argc, char** argv) {
+    dev::device_init("softmax_forward", argc, argv);
     const int B = dev::B, T = dev::T, C = dev::C, NH = dev::NH, hs = C / NH;
     const size_t square = (size_t)T * T, elements = (size_t)B * NH * square;
     const int rows = B * NH * T;

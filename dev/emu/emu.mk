@@ -77,3 +77,4 @@ $(EMU_BUILD)/test_emu_core: $(EMU_BUILD)/src.stamp $(EMU_CORE_OBJECTS)
 
 emu-test-core: $(EMU_BUILD)/test_emu_core
 	$(EMU_BUILD)/test_emu_core $(TEST_ARGS)
+include dev/emu/devcuda.mk

@@ -1,0 +1,59 @@
+# The dev/cuda programs under the CPU emulator (dev/cuda/README.md, "Emulated runs"), and the unit
+# tests of the emulated tensor-core primitives. Included by dev/emu/emu.mk; uses its variables.
+#
+#   make emu-devcuda          build/emu/devcuda/<program> for every program dev/cuda/*.cu
+#   make emu-devcuda-check    build them, run each (check-only mode: small shapes, no timing), then
+#                             print "N passed, N failed"; exits 1 if any failed. Logs: build/emu/devcuda/logs
+#   make emu-test-mma         the one-warp tests of mma.sync, ldmatrix and cp.async (dev/emu/test_mma_emu.cpp)
+#
+# Emulated runs prove the kernels' logic, never their speed. Each program also gets a table of its
+# kernels' registers and static shared memory from ptxas (sm_90), so the emulator refuses a launch the
+# GPU would refuse; without nvcc the table is empty and the emulator warns instead.
+
+DEVCUDA_PROGRAMS := $(sort $(basename $(notdir $(wildcard dev/cuda/*.cu))))
+DEVCUDA_BUILD := $(EMU_BUILD)/devcuda
+DEVCUDA_BINS := $(addprefix $(DEVCUDA_BUILD)/,$(DEVCUDA_PROGRAMS))
+# mma.cuh includes dev/emu/mma_emu.h under CUDA_EMULATION
+DEVCUDA_FLAGS = $(EMU_CU_FLAGS) -I$(EMU_DIR) -fopenmp -Wno-unknown-pragmas
+DEVCUDA_LINK = $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS) -lgomp $(EMU_LDLIBS)
+
+.PHONY: emu-devcuda emu-devcuda-check emu-test-mma
+
+emu-devcuda: $(DEVCUDA_BINS)
+
+$(DEVCUDA_BUILD)/%_kernels.cpp: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh llmc/*.cuh llmc/*.h) $(EMU_DIR)/kernel_table.sh
+	@mkdir -p $(dir $@)
+	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "dev/cuda/$*.cu"
+
+$(DEVCUDA_BUILD)/%_kernels.o: $(DEVCUDA_BUILD)/%_kernels.cpp $(EMU_CORE_HEADERS)
+	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
+
+$(DEVCUDA_BINS): $(DEVCUDA_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_DIR)/mma_emu.h $(DEVCUDA_BUILD)/%_kernels.o $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS)
+	$(EMU_CXX) $(DEVCUDA_FLAGS) $(EMU_SRC)/dev/cuda/$*.cu -x none $(DEVCUDA_BUILD)/$*_kernels.o $(DEVCUDA_LINK) -o $@
+
+# Each program alone; a program passes when it exits 0 (all its checks
+# passed). nccl_all_reduce runs as one rank: it opens every GPU of one process (ncclCommInitAll), and the
+# emulator has one device per process, so mpirun would only start independent copies of it; the
+# multi-rank all-reduce is tested by dev/emu/test_nccl_emu.cpp.
+emu-devcuda-check: $(DEVCUDA_BINS)
+	@mkdir -p $(DEVCUDA_BUILD)/logs; passed=0; failed=0; failures=""; \
+	for p in $(DEVCUDA_PROGRAMS); do \
+	    start=$$(date +%s%N); \
+	    EMU_REGISTER_WARNINGS=0 $(DEVCUDA_BUILD)/$$p > $(DEVCUDA_BUILD)/logs/$$p.log 2>&1; rc=$$?; \
+	    ms=$$((($$(date +%s%N) - start) / 1000000)); \
+	    if [ $$rc -eq 0 ]; then passed=$$((passed + 1)); verdict=passed; \
+	    else failed=$$((failed + 1)); verdict="FAILED (exit $$rc)"; failures="$$failures $$p"; fi; \
+	    printf "%-24s %s, %d.%d s (emulated; log: %s)\n" $$p "$$verdict" $$((ms / 1000)) $$((ms % 1000 / 100)) $(DEVCUDA_BUILD)/logs/$$p.log; \
+	    grep -h "FAIL\|cuda-emu:" $(DEVCUDA_BUILD)/logs/$$p.log | head -5 | sed 's/^/    /'; \
+	done; \
+	echo "$$passed passed, $$failed failed"; \
+	[ $$failed -eq 0 ]
+
+$(EMU_BUILD)/src/dev/emu/test_mma_emu.cpp: $(EMU_DIR)/test_mma_emu.cpp $(EMU_DIR)/cu2cpp.sh
+	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_DIR)/test_mma_emu.cpp
+
+$(EMU_BUILD)/test_mma_emu: $(EMU_BUILD)/src/dev/emu/test_mma_emu.cpp $(EMU_BUILD)/src.stamp $(EMU_DIR)/mma_emu.h $(EMU_CORE_OBJECTS)
+	$(CXX) $(EMU_CU_FLAGS) -I$(EMU_DIR) $< -x none $(EMU_CORE_OBJECTS) -lgtest_main -lgtest $(EMU_LDLIBS) -o $@
+
+emu-test-mma: $(EMU_BUILD)/test_mma_emu
+	$(EMU_BUILD)/test_mma_emu $(TEST_ARGS)

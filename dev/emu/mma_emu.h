@@ -1,0 +1,207 @@
+// The tensor-core primitives of dev/cuda/mma.cuh, emulated (dev/cuda/mma.cuh includes this file when
+// CUDA_EMULATION is defined; dev/emu/devcuda.mk puts dev/emu on the include path). Semantics from the
+// PTX ISA: "Warp-level matrix load instruction: ldmatrix", "Matrix Fragments for mma.m16n8k16 with
+// floating point type" and "Data movement: cp.async". Tests: dev/emu/test_mma_emu.cpp.
+//
+// Warp-collective exchange. ldmatrix and mma are .sync.aligned: a lane's result depends on the other
+// lanes' registers or addresses. Each lane writes what it contributes into its slot of a per-warp
+// scratch area, all lanes meet in __syncwarp (the core's warp collective: every lane arrives before any
+// goes on), each lane then computes its own result from all slots, and a second __syncwarp keeps a fast
+// lane from overwriting its slot (at its next call) before the slow ones have read it. The scratch is
+// `thread_local`, like the emulator's __shared__: one host thread runs one block at a time.
+//
+// mma arithmetic. Each product of two bf16 values is exact in fp32 (8 + 8 significant bits <= 24), so
+// only the additions round. The order inside a real tensor core is not documented; here it is fixed:
+// d = c, then d += a[k] * b[k] for k = 0, 1, ..., 15, each addition in fp32, rounded to nearest even.
+// Results can differ from a GPU's in the last bits of the accumulator, never more.
+//
+// cp.async. The copy is asynchronous: the data may land any time between the cp.async and the
+// cp.async.wait_group that covers its group. Two faithful extremes, chosen with EMU_CP_ASYNC:
+//   wait  (default)  the 16 bytes are read from global memory at the cp.async and written to shared
+//                    memory only at the covering wait_group, so a thread that reads the destination
+//                    before waiting (or another thread that reads it before that thread waited and
+//                    the block synchronized) sees the old contents, as a GPU may show it.
+//   issue            written at once (as a plain copy), which exposes the opposite race: a copy into a
+//                    buffer other threads are still reading.
+// A correct kernel passes under both. Copies never waited for are dropped when the block that issued
+// them is followed by another block or launch (on a GPU they would land in shared memory nobody reads).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+namespace emu_mma {
+
+inline int linear_thread() {
+    return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+// what one lane contributes to a warp-wide operation: up to 6 registers, or an address
+struct LaneSlot {
+    uint32_t regs[6];
+    const void* address;
+};
+
+// the calling warp's 32 slots, and the calling lane
+inline LaneSlot* warp_slots() {
+    static thread_local LaneSlot slots[1024];
+    return &slots[linear_thread() & ~31];
+}
+
+inline void require_full_warp(const char* what) {
+    int warp_start = linear_thread() & ~31;
+    int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
+    if (warp_start + 32 > threads)
+        emu::fail("%s needs all 32 lanes of a warp (.sync.aligned), but the block of %d threads leaves warp %d partial",
+                  what, threads, warp_start / 32);
+}
+
+inline float bf16_to_float(uint32_t bits16) {
+    uint32_t bits = bits16 << 16;
+    float value;
+    memcpy(&value, &bits, sizeof(value));
+    return value;
+}
+
+inline void require_shared(const void* p, size_t bytes, const char* what) {
+    if (((uintptr_t)p & 15) != 0) emu::fail("%s: shared address %p is not 16-byte aligned", what, p);
+    if (emu::is_device_pointer(p, bytes)) emu::fail("%s: address %p is in global memory, not shared memory", what, p);
+}
+
+// ----------------------------------------------------------------------------
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16: lanes 8m..8m+7 give the addresses of matrix m's
+// rows (8 b16 each, 16 bytes). Register m of lane l: without .trans the pair (row l/4, columns 2(l%4)
+// and 2(l%4)+1) of matrix m; with .trans the pair (rows 2(l%4) and 2(l%4)+1, column l/4): the
+// fragment of the transposed matrix. The lower column (row, with .trans) goes in the lower 16 bits.
+
+inline void ldmatrix_x4(uint32_t* r, const void* shared, bool trans) {
+    const char* what = trans ? "ldmatrix.x4.trans" : "ldmatrix.x4";
+    require_full_warp(what);
+    require_shared(shared, 16, what);
+    LaneSlot* slots = warp_slots();
+    int lane = linear_thread() & 31;
+    slots[lane].address = shared;
+    __syncwarp();
+    for (int m = 0; m < 4; m++) {
+        if (!trans) {
+            const uint16_t* row = static_cast<const uint16_t*>(slots[8 * m + lane / 4].address);
+            r[m] = (uint32_t)row[2 * (lane % 4)] | ((uint32_t)row[2 * (lane % 4) + 1] << 16);
+        } else {
+            const uint16_t* row0 = static_cast<const uint16_t*>(slots[8 * m + 2 * (lane % 4)].address);
+            const uint16_t* row1 = static_cast<const uint16_t*>(slots[8 * m + 2 * (lane % 4) + 1].address);
+            r[m] = (uint32_t)row0[lane / 4] | ((uint32_t)row1[lane / 4] << 16);
+        }
+    }
+    __syncwarp();
+}
+
+// ----------------------------------------------------------------------------
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d = a · b + d. With g = lane / 4, t = lane % 4:
+//   A (16x16): reg 0 = A[g][2t, 2t+1], reg 1 = A[g+8][2t, 2t+1], reg 2 = A[g][2t+8, 2t+9], reg 3 = A[g+8][2t+8, 2t+9]
+//   B (16x8):  reg 0 = B[2t, 2t+1][g], reg 1 = B[2t+8, 2t+9][g]
+//   C, D (16x8, fp32): d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1]
+
+// element A[row][k] from the lanes' registers
+inline float fragment_a(const LaneSlot* slots, int row, int k) {
+    int lane = (row % 8) * 4 + (k % 8) / 2;
+    int reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+    return bf16_to_float((slots[lane].regs[reg] >> (16 * (k % 2))) & 0xFFFFu);
+}
+
+// element B[k][col]
+inline float fragment_b(const LaneSlot* slots, int k, int col) {
+    int lane = col * 4 + (k % 8) / 2;
+    int reg = 4 + (k >= 8 ? 1 : 0);  // slots hold a in regs 0..3, b in 4..5
+    return bf16_to_float((slots[lane].regs[reg] >> (16 * (k % 2))) & 0xFFFFu);
+}
+
+inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
+    require_full_warp("mma.sync.m16n8k16");
+    LaneSlot* slots = warp_slots();
+    int lane = linear_thread() & 31;
+    for (int i = 0; i < 4; i++) slots[lane].regs[i] = a[i];
+    slots[lane].regs[4] = b[0];
+    slots[lane].regs[5] = b[1];
+    __syncwarp();
+    int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0);
+        int col = 2 * t + (i % 2);
+        float acc = d[i];
+        for (int k = 0; k < 16; k++) acc += fragment_a(slots, row, k) * fragment_b(slots, k, col);
+        d[i] = acc;
+    }
+    __syncwarp();
+}
+
+// ----------------------------------------------------------------------------
+// cp.async.cg.shared.global 16 bytes, cp.async.commit_group, cp.async.wait_group N (per thread)
+
+struct PendingCopy {
+    void* shared;
+    unsigned char bytes[16];
+};
+
+struct CopyQueue {
+    uint3 block{~0u, ~0u, ~0u};  // the block whose thread owns these copies
+    std::vector<PendingCopy> uncommitted;
+    std::deque<std::vector<PendingCopy>> groups;  // committed, oldest first
+};
+
+inline bool copy_at_issue() {
+    static const bool at_issue = [] {
+        const char* mode = getenv("EMU_CP_ASYNC");
+        if (mode == nullptr || strcmp(mode, "wait") == 0) return false;
+        if (strcmp(mode, "issue") == 0) return true;
+        emu::fail("EMU_CP_ASYNC=%s: expected wait (copies land at cp.async.wait_group) or issue (at cp.async)", mode);
+    }();
+    return at_issue;
+}
+
+// this thread's queue, emptied if it was left by a thread of another block
+inline CopyQueue& copy_queue() {
+    static thread_local CopyQueue queues[1024];
+    CopyQueue& q = queues[linear_thread()];
+    if (q.block.x != blockIdx.x || q.block.y != blockIdx.y || q.block.z != blockIdx.z) {
+        q.uncommitted.clear();
+        q.groups.clear();
+        q.block = blockIdx;
+    }
+    return q;
+}
+
+inline void cp_async16(void* shared, const void* global) {
+    require_shared(shared, 16, "cp.async");
+    if (((uintptr_t)global & 15) != 0 || !emu::is_device_pointer(global, 16))
+        emu::fail("cp.async: source %p is not 16 bytes of global memory on a 16-byte boundary", global);
+    if (copy_at_issue()) {
+        memcpy(shared, global, 16);
+        return;
+    }
+    PendingCopy copy;
+    copy.shared = shared;
+    memcpy(copy.bytes, global, 16);
+    copy_queue().uncommitted.push_back(copy);
+}
+
+inline void cp_async_commit() {
+    CopyQueue& q = copy_queue();
+    q.groups.push_back(std::move(q.uncommitted));
+    q.uncommitted.clear();
+}
+
+// the copies of every committed group but the newest `pending` land now
+inline void cp_async_wait(int pending) {
+    CopyQueue& q = copy_queue();
+    while ((int)q.groups.size() > pending) {
+        for (const PendingCopy& copy : q.groups.front()) memcpy(copy.shared, copy.bytes, 16);
+        q.groups.pop_front();
+    }
+}
+
+}  // namespace emu_mma
