@@ -659,8 +659,9 @@ void launch_enqueue(const void* kernel, const LaunchConfig& config, void (*run_t
         if (host_threads == 1 || g.blocks == 1) {
             run_blocks(g);
         } else {
-            static BlockPool pool(host_threads - 1);
-            pool.run(g);
+            // never destroyed: destroying a condition variable its threads wait on would hang exit()
+            static BlockPool* pool = new BlockPool(host_threads - 1);
+            pool->run(g);
         }
     });
 }
