@@ -180,6 +180,12 @@ __global__ void block_sum_kernel(float* out, const float* in) {
     if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
 
+template <typename T>
+__global__ void fill_kernel(T* out, T value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+
 }  // namespace emu_test
 
 using namespace emu_test;
@@ -196,6 +202,19 @@ TEST(EmuExec, IndicesCoverGridAndBlock) {
     std::vector<int> h = download(d, threads * blocks);
     for (int b = 0; b < blocks; b++)
         for (int t = 0; t < threads; t++) ASSERT_EQ(h[b * threads + t], b * 1000 + t);
+    cudaFree(d);
+}
+
+TEST(EmuExec, TemplateKernelsAndLaunchArgumentTypes) {
+    int n = 100;
+    float* d = device_array<float>(n);
+    int shared_bytes = 0;     // an int variable where the launch wants size_t
+    cudaStream_t stream = 0;  // the legacy default stream
+    long blocks = 4;
+    fill_kernel<float><<<blocks, dim3(32), shared_bytes, stream>>>(d, 2.5, n);  // double converts to float
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> h = download(d, n);
+    for (int i = 0; i < n; i++) ASSERT_EQ(h[i], 2.5f);
     cudaFree(d);
 }
 
