@@ -67,12 +67,13 @@ struct KernelInfo {
     std::string readable;  // demangled, or the address
     int registers = -1;    // from the ptxas table; -1: unknown
     int static_shared = 0;
+    int max_threads = 0;  // __launch_bounds__; 0: none
     int max_dynamic_shared = 48 * 1024;  // cudaFuncAttributeMaxDynamicSharedMemorySize
     bool warned_registers = false;
 };
 
 struct Resources {
-    int registers, static_shared;
+    int registers, static_shared, max_threads;
 };
 
 std::recursive_mutex kernels_mutex;  // launch_check names the kernel while holding it
@@ -101,6 +102,7 @@ KernelInfo& kernel_info(const void* kernel) {
         if (r != resource_table().end()) {
             info.registers = r->second.registers;
             info.static_shared = r->second.static_shared;
+            info.max_threads = r->second.max_threads;
         }
     } else {
         char address[64];
@@ -112,13 +114,14 @@ KernelInfo& kernel_info(const void* kernel) {
 
 }  // namespace
 
-void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes) {
+void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes, int max_threads_per_block) {
     std::lock_guard<std::recursive_mutex> lock(kernels_mutex);
-    resource_table()[mangled_name] = Resources{registers, static_shared_bytes};
+    resource_table()[mangled_name] = Resources{registers, static_shared_bytes, max_threads_per_block};
     for (auto& [kernel, info] : kernels()) {
         if (info.mangled == mangled_name) {
             info.registers = registers;
             info.static_shared = static_shared_bytes;
+            info.max_threads = max_threads_per_block;
         }
     }
 }
@@ -188,6 +191,9 @@ bool launch_check(const void* kernel, const LaunchConfig& c) {
 
     std::unique_lock<std::recursive_mutex> lock(kernels_mutex);
     KernelInfo& info = kernel_info(kernel);
+    if (info.max_threads > 0 && threads > (unsigned long long)info.max_threads)
+        return refuse(cudaErrorLaunchOutOfResources, "%llu threads per block, above the kernel's __launch_bounds__ of %d",
+                      threads, info.max_threads);
     if (c.shared_bytes > (size_t)info.max_dynamic_shared)
         return refuse(cudaErrorInvalidConfiguration,
                       "%zu bytes of dynamic shared memory, above the kernel's limit of %d (raise it with "

@@ -149,6 +149,7 @@ __global__ void store_kernel(int* p, int value) { *p = value; }
 __global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
 __global__ void empty_kernel(int* p) {}
 __global__ void reg_heavy_kernel(int* p) {}
+__global__ void __launch_bounds__(256) bounded_kernel(int* p) {}
 
 __global__ void bf16_kernel(__nv_bfloat16* out, const float* in, int n) {
     int i = threadIdx.x;
@@ -456,6 +457,16 @@ TEST(EmuLaunch, RegistersPerBlockFromThePtxasTable) {
     cudaFuncAttributes attr;
     ASSERT_EQ(cudaFuncGetAttributes(&attr, reg_heavy_kernel), cudaSuccess);
     EXPECT_EQ(attr.numRegs, 128);
+    cudaFree(d);
+}
+
+TEST(EmuLaunch, LaunchBoundsFromThePtx) {
+    emu::set_kernel_resources("_ZN8emu_test14bounded_kernelEPi", 32, 0, 256);
+    int* d = device_array<int>(1);
+    bounded_kernel<<<1, 256>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    bounded_kernel<<<1, 288>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchOutOfResources);
     cudaFree(d);
 }
 
