@@ -47,6 +47,7 @@ $(EMU_FLAVOR_STAMP):
 	rm -f build/emu-flavor-* && touch $@
 
 $(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh
+	@mkdir -p $(EMU_BUILD)
 	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
 	touch $@
 
@@ -64,6 +65,7 @@ $(EMU_BUILD)/kernel_table.cpp: $(EMU_DIR)/kernel_table.sh train_gpt2.cu $(wildca
 	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "test/gpu/test_gpt2.cu" "test/gpu/test_gpt2.cu -DENABLE_FP32"
 
 $(EMU_BUILD)/obj/kernel_table.o: $(EMU_BUILD)/kernel_table.cpp $(EMU_CORE_HEADERS)
+	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
 
 EMU_LINK = $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS) $(EMU_BUILD)/obj/kernel_table.o

@@ -68,7 +68,7 @@ struct KernelInfo {
     int registers = -1;    // from the ptxas table; -1: unknown
     int static_shared = 0;
     int max_threads = 0;  // __launch_bounds__; 0: none
-    int max_dynamic_shared = 48 * 1024;  // cudaFuncAttributeMaxDynamicSharedMemorySize
+    int max_dynamic_shared = -1;  // cudaFuncAttributeMaxDynamicSharedMemorySize; -1: not set
     bool warned_registers = false;
 };
 
@@ -156,7 +156,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
     attr->numRegs = info.registers < 0 ? 0 : info.registers;
     attr->ptxVersion = 90;
     attr->binaryVersion = 90;
-    attr->maxDynamicSharedSizeBytes = info.max_dynamic_shared;
+    attr->maxDynamicSharedSizeBytes = info.max_dynamic_shared >= 0 ? info.max_dynamic_shared : 48 * 1024 - info.static_shared;
     return cudaSuccess;
 }
 
@@ -194,11 +194,14 @@ bool launch_check(const void* kernel, const LaunchConfig& c) {
     if (info.max_threads > 0 && threads > (unsigned long long)info.max_threads)
         return refuse(cudaErrorLaunchOutOfResources, "%llu threads per block, above the kernel's __launch_bounds__ of %d",
                       threads, info.max_threads);
-    if (c.shared_bytes > (size_t)info.max_dynamic_shared)
+    // without the attribute, static + dynamic shared memory must fit in the default 48 KiB
+    size_t dynamic_limit = info.max_dynamic_shared >= 0 ? (size_t)info.max_dynamic_shared
+                           : info.static_shared < h.max_shared_per_block ? (size_t)(h.max_shared_per_block - info.static_shared) : 0;
+    if (c.shared_bytes > dynamic_limit)
         return refuse(cudaErrorInvalidConfiguration,
-                      "%zu bytes of dynamic shared memory, above the kernel's limit of %d (raise it with "
-                      "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize), at most %d)",
-                      c.shared_bytes, info.max_dynamic_shared, h.max_shared_per_block_optin);
+                      "%zu bytes of dynamic shared memory (and %d static), above the kernel's limit of %zu dynamic (raise it "
+                      "with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize), to at most %d minus the static part)",
+                      c.shared_bytes, info.static_shared, dynamic_limit, h.max_shared_per_block_optin);
     if (c.shared_bytes + info.static_shared > (size_t)h.max_shared_per_block_optin)
         return refuse(cudaErrorInvalidConfiguration, "%d static + %zu dynamic bytes of shared memory, above %d",
                       info.static_shared, c.shared_bytes, h.max_shared_per_block_optin);

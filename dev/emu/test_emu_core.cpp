@@ -150,6 +150,7 @@ __global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
 __global__ void empty_kernel(int* p) {}
 __global__ void reg_heavy_kernel(int* p) {}
 __global__ void __launch_bounds__(256) bounded_kernel(int* p) {}
+__global__ void static_shared_kernel(int* p) {}
 
 __global__ void bf16_kernel(__nv_bfloat16* out, const float* in, int n) {
     int i = threadIdx.x;
@@ -443,6 +444,23 @@ TEST(EmuLaunch, DynamicSharedMemoryNeedsTheAttributeAbove48KiB) {
     reverse_kernel<<<1, 32, 228 * 1024>>>(d);
     EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(d);
+}
+
+TEST(EmuLaunch, StaticAndDynamicSharedMemoryShareTheDefault48KiB) {
+    emu::set_kernel_resources("_ZN8emu_test20static_shared_kernelEPi", 32, 16 * 1024);
+    int* d = device_array<int>(1);
+    static_shared_kernel<<<1, 32, 32 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    static_shared_kernel<<<1, 32, 32 * 1024 + 16>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    // opted in: at most 227 KiB in all
+    EXPECT_EQ(cudaFuncSetAttribute(static_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 211 * 1024 + 1),
+              cudaErrorInvalidValue);
+    cudaGetLastError();
+    EXPECT_EQ(cudaFuncSetAttribute(static_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 211 * 1024), cudaSuccess);
+    static_shared_kernel<<<1, 32, 211 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     cudaFree(d);
 }
 
