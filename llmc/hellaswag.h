@@ -81,7 +81,8 @@ inline void hellaswag_read(const std::string& path, int vocab_size, HellaSwagSet
         if (pos + 6 > data.size()) fail("the file ends inside it (truncated)");
         if (data[pos] != 65535) fail("does not start with the marker 65535 (corrupt, or not this format)");
         size_t words = data[pos + 1] / 2;
-        if (data[pos + 1] % 2 != 0 || words < 8 || pos + words > data.size()) fail("its size field is wrong or runs past the end");
+        if (data[pos + 1] % 2 != 0 || words < 8) fail("its size field is wrong");
+        if (pos + words > data.size()) fail("it runs past the end of the file (truncated)");
         if ((long)data[pos + 1] > longest_bytes) fail("it is longer than the header's longest example");
         HellaSwagExample& ex = set->examples[e];
         ex.index = data[pos + 2];
