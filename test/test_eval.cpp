@@ -309,3 +309,59 @@ TEST(Sampler, CheckpointSamplingIsDeterministicAndStartsWithThePrompt) {
 }
 
 }  // namespace
+
+// ----------------------------------------------------------------------------
+// plots (dev/plot_metrics.py)
+
+namespace {
+
+// PNG width and height from the IHDR chunk (bytes 16..23, big-endian).
+std::pair<int, int> png_size(const std::string& bytes) {
+    if (bytes.size() < 24 || bytes.compare(1, 3, "PNG") != 0) return {0, 0};
+    auto be32 = [&](size_t at) {
+        return (int)((unsigned char)bytes[at] << 24 | (unsigned char)bytes[at + 1] << 16 |
+                     (unsigned char)bytes[at + 2] << 8 | (unsigned char)bytes[at + 3]);
+    };
+    return {be32(16), be32(20)};
+}
+
+TEST(Plot, TwoRunsToPngOfTheRequestedSizeAndMalformedFilesRefused) {
+    test::CommandResult has = test::run_command(test::python() + " -c 'import matplotlib'");
+    if (has.exit_code != 0) GTEST_SKIP() << "matplotlib is not installed for " << test::python();
+    std::string dir = test::scratch_dir("plot");
+    for (int run = 0; run < 2; run++) {  // the lines train_gpt2 writes (llmc/logger.h)
+        Logger logger;
+        make_dir_check(dir + "/run" + std::to_string(run));
+        logger_open(&logger, dir + "/run" + std::to_string(run), -1);
+        for (int step = 0; step <= 40; step++) {
+            if (step % 10 == 0) logger_log_val(&logger, step, 10.0f - step * 0.05f * (run + 1));
+            if (step % 20 == 0) logger_log_hellaswag(&logger, step, 0.25, 0.26 + step * 0.001, 0.25, 10);
+            if (step < 40) logger_log_train(&logger, step, 10.5f - step * 0.1f, 1e-3f, 2.0f / (step + 1), 50.0, 5000.0 + run);
+        }
+        logger_close(&logger);
+    }
+    std::string plot = test::python() + " " + test::root() + "/dev/plot_metrics.py ";
+    test::CommandResult r = test::run_command(plot + dir + "/run0/metrics.jsonl " + dir + "/run1/metrics.jsonl --labels a b -o " +
+                                              dir + "/both.png --width 900 --height 600");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(png_size(test::read_text(dir + "/both.png")), std::make_pair(900, 600));
+    r = test::run_command(plot + dir + "/run0/metrics.jsonl");  // default: metrics.png next to it, 1600 x 1000
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(png_size(test::read_text(dir + "/run0/metrics.png")), std::make_pair(1600, 1000));
+
+    struct Bad { const char* content; const char* message; };
+    for (const Bad& bad : std::vector<Bad>{
+             {"{\"step\": 0, \"train_loss\": 1.5}\nnot json\n", "line 2: not JSON"},
+             {"{\"train_loss\": 1.5}\n", "line 1: no integer \"step\""},
+             {"{\"step\": 3, \"val_loss\": \"high\"}\n", "\"val_loss\" is 'high', not a finite number"},
+             {"", "no metrics in it"},
+         }) {
+        std::ofstream(dir + "/bad.jsonl", std::ios::binary) << bad.content;
+        r = test::run_command(plot + dir + "/bad.jsonl -o " + dir + "/bad.png");
+        EXPECT_EQ(r.exit_code, 1) << bad.message;
+        EXPECT_NE(r.output.find(bad.message), std::string::npos) << "expected '" << bad.message << "' in " << r.output;
+        EXPECT_FALSE(file_exists(dir + "/bad.png"));
+    }
+}
+
+}  // namespace
