@@ -22,7 +22,7 @@ EMU_OPT ?= -O2
 EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
 # for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
 EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -x c++ -include $(EMU_DIR)/prelude.h
-EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl
+EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
 
