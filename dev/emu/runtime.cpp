@@ -221,6 +221,15 @@ struct Device {
         waiters--;
     }
 
+    // caller holds mutex; for the queries: gives the device up to 1 ms to finish before answering
+    // "not ready". A host loop that polls a query (llmc/nccl.cuh's dp_wait: every 20 us) then sleeps
+    // here instead of waking up tens of thousands of times a second and taking the CPU from the
+    // device thread (on 2 cores, or under mpirun's binding to one core, that halved the speed).
+    template <typename F>
+    bool wait_briefly(std::unique_lock<std::mutex>& lock, F finished) {
+        return done.wait_for(lock, std::chrono::milliseconds(1), finished);
+    }
+
     CUstream_st* resolve(cudaStream_t stream) {
         if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return &legacy;
         return stream;
@@ -648,12 +657,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     emu::Device& d = emu::device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::unique_lock<std::mutex> lock(d.mutex);
     CUstream_st* s = d.resolve(stream);
     if (s->completed >= s->enqueued) return cudaSuccess;
     d.start();
     d.kicked = true;
     d.work.notify_one();
+    unsigned long long target = s->enqueued;
+    if (d.wait_briefly(lock, [&] { return s->completed >= target; })) return cudaSuccess;
     return cudaErrorNotReady;  // not an error to record: cudaGetLastError stays as it was
 }
 
@@ -694,11 +705,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
     emu::Device& d = emu::device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::unique_lock<std::mutex> lock(d.mutex);
     if (!event->stream || event->stream->completed >= event->seq) return cudaSuccess;
     d.start();
     d.kicked = true;
     d.work.notify_one();
+    CUstream_st* s = event->stream;
+    unsigned long long seq = event->seq;
+    if (d.wait_briefly(lock, [&] { return s->completed >= seq; })) return cudaSuccess;
     return cudaErrorNotReady;
 }
 
