@@ -1,4 +1,5 @@
-# Build everything with `make`; `make test` builds and runs the CPU test suite (what CI runs).
+# Build everything with `make`; `make test` builds and runs the CPU test suite and the emulated CUDA
+# suites (test/run_tests.sh; what CI runs).
 #
 #   make train_gpt2            fp32 CPU trainer (OpenMP)
 #   make tokenizer_gpt2        GPT-2 BPE tokenizer and data preparation tool
@@ -61,15 +62,20 @@ $(BUILD)/test_cpu: $(TEST_SOURCES) train_gpt2.cpp $(LLMC_HEADERS) | $(BUILD)
 $(BUILD):
 	mkdir -p $(BUILD)
 
-# The test binary finds the trainer, the tokenizer tool and the oracle through these variables.
+# The test binaries find the trainers, the tokenizer tool and the oracle through these variables.
+# test/run_tests.sh runs the CPU suite, then the CUDA code's suites under the CPU emulator (dev/emu,
+# dev/emu/tests.mk; built here with -j2), and ends with one line "tests: N passed, N failed, N skipped".
 test: $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2
-	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BUILD)/test_cpu $(TEST_ARGS)
+	$(MAKE) -j2 --no-print-directory emu-test-binaries
+	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
+		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
 
 bench-cpu: train_gpt2
 	$(PYTHON) dev/bench_cpu.py
 
 clean:
-	rm -rf $(BUILD) train_gpt2 tokenizer_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu
+	rm -rf $(BUILD) train_gpt2 tokenizer_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu \
+		train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu
 
 # ---------------------------------------------------------------------------
 # CUDA (see doc/cuda.md). The device code is built for Ampere (sm_80) and Hopper (sm_90).
@@ -150,3 +156,4 @@ cuda-all:
 	$(MAKE) train_gpt2fp32cu test_gpt2fp32cu
 
 include dev/emu/emu.mk
+include dev/emu/tests.mk

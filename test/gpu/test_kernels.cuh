@@ -103,8 +103,27 @@ inline std::vector<int> random_tokens(size_t n, int V, std::mt19937& rng) {
     return v;
 }
 
+// With EMU_KERNEL_HASHES=file, every checked output's bits are hashed (FNV-1a) into that file, one
+// line per output. Under emulation the test driver (test/run_tests.sh) runs these tests with the
+// block's threads in forward and in reverse order (EMU_THREAD_ORDER) and requires the same file: a
+// missing __syncthreads or __syncwarp changes some output's bits in one of the orders.
+inline void record_output_hash(const char* what, const std::vector<float>& got) {
+    const char* path = getenv("EMU_KERNEL_HASHES");
+    if (path == nullptr) return;
+    uint64_t hash = 1469598103934665603ull;
+    const unsigned char* bytes = (const unsigned char*)got.data();
+    for (size_t i = 0; i < got.size() * sizeof(float); i++) hash = (hash ^ bytes[i]) * 1099511628211ull;
+    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
+    FILE* f = fopen(path, "a");
+    if (f == nullptr) return;
+    fprintf(f, "%s.%s %s %016llx\n", info ? info->test_suite_name() : "?", info ? info->name() : "?", what,
+            (unsigned long long)hash);
+    fclose(f);
+}
+
 inline void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
     ASSERT_EQ(got.size(), want.size()) << what;
+    record_output_hash(what, got);
     double err = test::max_rel_error(got.data(), want.data(), want.size());
     EXPECT_LE(err, tol) << what;
     printf("  %-28s max rel error %.2e (tolerance %.0e)\n", what, err, tol);
@@ -363,6 +382,7 @@ TEST(Kernels, AdamWAndGradNorm) {
     cudaCheck(cudaMemcpy(&got_sq, d_norm.ptr, sizeof(float), cudaMemcpyDeviceToHost));
     double want_sq = sum_of_squares(grads.data(), n);
     EXPECT_NEAR(got_sq, want_sq, 1e-5 * want_sq) << "sum of squares";
+    record_output_hash("sum of squares", {got_sq});
 
     AdamWHyper hyper;
     for (int t = 1; t <= 3; t++) {

@@ -1,0 +1,24 @@
+# The emulated test suites that `make test` runs (test/run_tests.sh): the emulator's own unit tests,
+# the GPU suite (test/gpu/test_gpt2.cu) in both precisions, and the dev/cuda check modes. Included by
+# emu.mk; uses its variables and those of cublas.mk, nccl.mk and devcuda.mk.
+#
+#   make emu-test-binaries            build everything the emulated suites run (CI: with EMU_ASAN=1)
+#   make test_gpt2fp32cu_emu          the GPU suite of the fp32 build (tolerances of test_gpt2.cu's fp32 branch)
+#
+# Every result of these suites is labelled "emulated": they prove the CUDA code's logic on the CPU,
+# never its speed nor the GPU's memory model (dev/emu/README.md).
+
+include $(EMU_DIR)/cublas.mk
+include $(EMU_DIR)/nccl.mk
+
+.PHONY: emu-test-binaries
+
+test_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
+	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu \
+		-x none $(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
+
+EMU_TEST_BINARIES = train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu \
+                    $(EMU_BUILD)/test_emu_core $(EMU_BUILD)/test_cublas_emu $(EMU_BUILD)/test_nccl_emu \
+                    $(EMU_BUILD)/test_mma_emu $(DEVCUDA_BINS)
+
+emu-test-binaries: $(EMU_TEST_BINARIES)

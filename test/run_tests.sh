@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The test driver of `make test`: the CPU suite, then the CUDA code's suites under the CPU emulator
+# (dev/emu). Each suite runs even when an earlier one failed; each logs to build/test_logs/<suite>.log.
+# At the end: a table (suite, passed, failed, skipped, seconds) and one closing line
+#   tests: N passed, N failed, N skipped
+# over all suites (CI reads the last such line). Exit status 1 if any suite failed.
+#
+# Emulated suites prove the CUDA code's logic on the CPU, not its speed or the GPU's memory model;
+# the table labels them "emulated". Expects the binaries built (`make test` builds them first) and:
+#   GPT2_ROOT   the repository (default: this script's parent)
+#   EMU_BUILD   the emulator's build folder: build/emu, or build/emu-asan for AddressSanitizer builds
+#   MAKE        for the dev/cuda check modes (make emu-devcuda-check)
+#   TEST_SUITES a space-separated subset of the suite names to run (default: all)
+set -u
+root="${GPT2_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
+cd "$root"
+export GPT2_ROOT="$root"
+emu_build="${EMU_BUILD:-build/emu}"
+make_cmd="${MAKE:-make}"
+logs=build/test_logs
+mkdir -p "$logs"
+rm -f "$logs"/*.log "$logs"/*.hashes
+
+# mpirun as CI runs it: as root, more processes than cores, no binding (an emulated process runs a
+# host thread and a device thread). Open MPI leaks at exit: LeakSanitizer stays off for MPI runs.
+mpirun_np() {
+    echo "env ASAN_OPTIONS=detect_leaks=0 timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none -x ASAN_OPTIONS -np $1"
+}
+
+rows=()
+total_passed=0 total_failed=0 total_skipped=0
+any_failed=0
+
+# Counts of one suite's log: the last "tests: N passed, N failed, N skipped" line, else googletest's
+# summary, else "N passed, N failed" (the NCCL and dev/cuda runners); without any, the exit status.
+count_results() {
+    local log=$1 rc=$2 line passed=0 failed=0 skipped=0
+    line=$(grep -E '^tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$log" | tail -n 1)
+    if [ -n "$line" ]; then
+        read -r passed failed skipped <<<"$(sed -E 's/^tests: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/' <<<"$line")"
+    elif grep -qE '^\[==========\] [0-9]+ tests? from .* ran' "$log"; then
+        passed=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | tail -n 1 | sed -E 's/^\[  PASSED  \] ([0-9]+).*/\1/')
+        failed=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | tail -n 1 | sed -E 's/^\[  FAILED  \] ([0-9]+).*/\1/')
+        skipped=$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$log" | tail -n 1 | sed -E 's/^\[  SKIPPED \] ([0-9]+).*/\1/')
+        passed=${passed:-0} failed=${failed:-0} skipped=${skipped:-0}
+    else
+        line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+        if [ -n "$line" ]; then
+            read -r passed failed <<<"$(sed -E 's/^([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")"
+        fi
+    fi
+    # a crash, a timeout or a non-zero exit with no failure counted is one failure
+    if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+    if [ "$rc" -eq 0 ] && [ "$passed" -eq 0 ] && [ "$failed" -eq 0 ] && [ "$skipped" -eq 0 ]; then passed=1; fi
+    echo "$passed $failed $skipped"
+}
+
+wanted() { [ -z "${TEST_SUITES:-}" ] || [[ " $TEST_SUITES " == *" $1 "* ]]; }
+
+# run_suite NAME KIND COMMAND...: KIND is "cpu" or "emulated"
+run_suite() {
+    local name=$1 kind=$2
+    shift 2
+    wanted "$name" || return 0
+    local log="$logs/$name.log" start rc seconds counts
+    echo "== $name ($kind): $*"
+    start=$(date +%s)
+    bash -c "$*" >"$log" 2>&1
+    rc=$?
+    seconds=$(($(date +%s) - start))
+    counts=$(count_results "$log" "$rc")
+    record "$name" "$kind" "$counts" "$seconds" "$rc" "$log"
+}
+
+record() {
+    local name=$1 kind=$2 counts=$3 seconds=$4 rc=$5 log=$6 passed failed skipped
+    read -r passed failed skipped <<<"$counts"
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    total_skipped=$((total_skipped + skipped))
+    [ "$failed" -eq 0 ] || any_failed=1
+    rows+=("$(printf '%-24s %-9s %7d %7d %8d %8d' "$name" "$kind" "$passed" "$failed" "$skipped" "$seconds")")
+    printf '   %d passed, %d failed, %d skipped, %d s (exit %d, log %s)\n' "$passed" "$failed" "$skipped" "$seconds" "$rc" "$log"
+    if [ "$failed" -ne 0 ]; then grep -E '^\[  FAILED  \]|cuda-emu:|FAIL|Error' "$log" | head -n 15 | sed 's/^/   | /'; fi
+}
+
+# Kernel tests of one build in both thread orders; the two runs must hash every output alike.
+run_kernels_both_orders() {
+    local precision=$1 binary=$2
+    for order in forward reverse; do
+        rm -f "$logs/kernels-$precision-$order.hashes"
+        run_suite "kernels-$precision-$order" emulated \
+            "EMU_THREAD_ORDER=$order EMU_KERNEL_HASHES=$logs/kernels-$precision-$order.hashes ./$binary --gtest_filter='Kernels.*'"
+    done
+    local name="kernels-$precision-orders"
+    wanted "$name" || return 0
+    echo "== $name (emulated): the outputs of both thread orders, bit for bit"
+    local log="$logs/$name.log" rc=0
+    {
+        echo "forward and reverse thread order: every kernel output must have the same bits"
+        if [ ! -s "$logs/kernels-$precision-forward.hashes" ]; then
+            echo "FAILED: no hashes recorded"; rc=1
+        elif ! diff "$logs/kernels-$precision-forward.hashes" "$logs/kernels-$precision-reverse.hashes"; then
+            echo "FAILED: the outputs differ between the thread orders (a missing __syncthreads or __syncwarp?)"; rc=1
+        else
+            echo "$(wc -l <"$logs/kernels-$precision-forward.hashes") outputs identical"
+        fi
+    } >"$log" 2>&1
+    record "$name" emulated "$(count_results "$log" "$rc")" 0 "$rc" "$log"
+}
+
+start_all=$(date +%s)
+
+run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
+
+run_suite emu-core emulated "$emu_build/test_emu_core"
+run_suite emu-cublas emulated "$emu_build/test_cublas_emu"
+run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"
+run_suite emu-nccl-np3 emulated "$(mpirun_np 3) $emu_build/test_nccl_emu"
+run_suite emu-nccl-nompi emulated "$emu_build/test_nccl_emu --no-mpi"
+run_suite emu-mma emulated "$emu_build/test_mma_emu"
+
+run_kernels_both_orders bf16 test_gpt2cu_emu
+run_suite gpu-suite-bf16 emulated "./test_gpt2cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
+run_kernels_both_orders fp32 test_gpt2fp32cu_emu
+run_suite gpu-suite-fp32 emulated "./test_gpt2fp32cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
+
+run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
+
+echo
+printf '%-24s %-9s %7s %7s %8s %8s\n' suite kind passed failed skipped seconds
+for row in "${rows[@]}"; do echo "$row"; done
+echo "(emulated: the CUDA code run on the CPU by dev/emu; proves the logic, not the speed or the GPU memory model)"
+echo "all suites: $(($(date +%s) - start_all)) s; logs in $logs/"
+echo "tests: $total_passed passed, $total_failed failed, $total_skipped skipped"
+exit $any_failed
