@@ -320,9 +320,20 @@ void expect_same_training(const std::string& want_dir, const std::string& got_di
     }
     std::vector<float> a = checkpoint_weights(want_dir, steps), b = checkpoint_weights(got_dir, steps);
     ASSERT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t i = 0; i < a.size(); i++) worst = std::max(worst, (double)std::fabs(a[i] - b[i]));
-    EXPECT_LE(worst, 0.01 * steps * lr) << "final weights";
+    // bf16: a checkpoint rounds each weight to 8 significant bits (neighbouring values are 2^-7 of the
+    // weight apart; 2 such steps allowed), and the gradients carry bf16 noise that AdamW turns into
+    // moves of up to lr per step for the elements whose true gradient is ~0: there the weights are
+    // only bounded by AdamW's largest movement in both runs (2 * steps * lr); the losses and norms
+    // above are the check.
+    const double movement = (sizeof(floatX) == 2 ? 2.0 : 0.01) * steps * lr;
+    double worst = 0, worst_excess = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        double diff = std::fabs(a[i] - b[i]);
+        double rounding = sizeof(floatX) == 2 ? std::ldexp(std::max(std::fabs(a[i]), std::fabs(b[i])), -6) : 0.0;
+        worst = std::max(worst, diff);
+        worst_excess = std::max(worst_excess, diff - rounding);
+    }
+    EXPECT_LE(worst_excess, movement) << "final weights (beyond bf16 rounding: " << worst << " in all)";
     printf("  %d steps: losses within %.1e relative, grad norms %.1e, weights %.1e absolute\n", steps, loss_err, norm_err, worst);
 }
 
