@@ -13,7 +13,7 @@
 //
 //   make -C dev/cuda bin/matmul_forward && dev/cuda/bin/matmul_forward
 #include "harness.cuh"
-#include "mma.cuh"
+#include "../../llmc/mma.cuh"
 
 #include "../../llmc/matmul.cuh"
 #include "../../llmc/matmul.h"

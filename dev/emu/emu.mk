@@ -19,7 +19,8 @@ endif
 EMU_OPT ?= -O2
 EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
 # for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
-EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -x c++ -include $(EMU_DIR)/prelude.h
+# -I$(EMU_DIR): llmc/mma.cuh includes mma_emu.h (the emulated mma.sync, ldmatrix, cp.async)
+EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -I$(EMU_DIR) -x c++ -include $(EMU_DIR)/prelude.h
 EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
@@ -40,7 +41,7 @@ EMU_SRC := $(EMU_BUILD)/src
 
 emu: train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu
 
-$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh
+$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh $(EMU_DIR)/mma_emu.h
 	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
 	touch $@
 
