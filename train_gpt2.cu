@@ -323,12 +323,15 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     size_t none = activation_bytes(model->config, B, T, 0, flash);
     printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB)\n", bytes / 1048576.0, B, T,
            model->recompute, (none - bytes) / 1048576.0);
-    size_t with_flash = activation_bytes(model->config, B, T, model->recompute, true);
-    size_t with_cublas = activation_bytes(model->config, B, T, model->recompute, false);
-    printf("attention: %s; activations with flash (-fa 1) %.1f MiB, with cuBLAS + softmax (-fa 0) %.1f MiB\n",
-           flash ? "flash (-fa 1)" : FLASH_ATTENTION_AVAILABLE ? "cuBLAS + softmax (-fa 0)"
-                                                               : "cuBLAS + softmax (fp32 build: flash needs bf16)",
-           with_flash / 1048576.0, with_cublas / 1048576.0);
+    if (FLASH_ATTENTION_AVAILABLE) {
+        size_t with_flash = activation_bytes(model->config, B, T, model->recompute, true);
+        size_t with_cublas = activation_bytes(model->config, B, T, model->recompute, false);
+        printf("attention: %s; activations with flash (-fa 1) %.1f MiB, with cuBLAS + softmax (-fa 0) %.1f MiB\n",
+               flash ? "flash (-fa 1)" : "cuBLAS + softmax (-fa 0)", with_flash / 1048576.0, with_cublas / 1048576.0);
+    } else {
+        printf("attention: cuBLAS + softmax, storing (B, NH, T, T) per layer (the fp32 build has no flash attention: "
+               "it needs the bf16 tensor cores)\n");
+    }
 }
 
 // ----------------------------------------------------------------------------
