@@ -416,10 +416,17 @@ __global__ void __launch_bounds__(FLASH_THREADS)
 // launchers
 
 // Each kernel instance may use more than the default 48 KiB of shared memory (D = 128: 103 KiB for
-// the dk/dv kernel); the opt-in is per kernel, once.
+// the dk/dv kernel, more than the 99 KiB of an sm_86/sm_89 GPU); the opt-in is per kernel, once.
 template <typename Kernel>
-inline void flash_allow_shared(Kernel kernel, size_t bytes, bool* done) {
+inline void flash_allow_shared(Kernel kernel, size_t bytes, int hs, bool* done) {
     if (*done) return;
+    int device = 0, limit = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (bytes > (size_t)limit) {
+        fatal("flash attention at head size %d needs %zu bytes of shared memory per block, this GPU allows %d: "
+              "use -fa 0", hs, bytes, limit);
+    }
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     *done = true;
 }
@@ -429,7 +436,7 @@ inline void attention_flash_forward_launch(floatX* out, float* lse, const floatX
                                            cudaStream_t stream) {
     static bool configured = false;
     size_t shared = sizeof(FlashForwardShared<D>);
-    flash_allow_shared(attention_flash_forward_kernel<D>, shared, &configured);
+    flash_allow_shared(attention_flash_forward_kernel<D>, shared, hs, &configured);
     dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
     attention_flash_forward_kernel<D><<<grid, FLASH_THREADS, shared, stream>>>(out, lse, qkv, T, NH, hs);
     cudaCheckLaunch();
@@ -440,8 +447,8 @@ inline void attention_flash_backward_launch(floatX* dqkv, const floatX* dout, co
                                             const float* delta, int B, int T, int NH, int hs, cudaStream_t stream) {
     static bool kv_configured = false, q_configured = false;
     size_t kv_shared = sizeof(FlashKVShared<D>), q_shared = sizeof(FlashQShared<D>);
-    flash_allow_shared(attention_flash_backward_dkv_kernel<D>, kv_shared, &kv_configured);
-    flash_allow_shared(attention_flash_backward_dq_kernel<D>, q_shared, &q_configured);
+    flash_allow_shared(attention_flash_backward_dkv_kernel<D>, kv_shared, hs, &kv_configured);
+    flash_allow_shared(attention_flash_backward_dq_kernel<D>, q_shared, hs, &q_configured);
     dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
     attention_flash_backward_dkv_kernel<D><<<grid, FLASH_THREADS, kv_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
                                                                                       NH, hs);
