@@ -10,6 +10,7 @@
 //                tests' bar); bf16 output rounding plus fp32 summation order, allowed 8e-3.
 //   ATTENTION    bf16 only: the scores and the probabilities are themselves stored in bf16 between the
 //                GEMMs (scores of size ~3 round by ~0.01, i.e. ~1% in exp()), allowed 5e-2.
+//                (Flash attention keeps the scores in fp32 and is held to SUM.)
 // A wrong formula, layout or stride is off by O(1) of the tensor's scale, far above all of these.
 // This file is included by test_gpt2.cu (one translation unit: the kernels are defined in headers).
 #pragma once
@@ -311,8 +312,10 @@ TEST(Kernels, AttentionForwardBackward) {
 // and T around the 64-row tile (1, 7, 63, 64, 65: partial, whole and one-past tiles; 200: several tiles
 // and a partial one). The forward's saved lse is checked against ln(sum exp(scores)) from the CPU's
 // probabilities: lse = s[m] - ln(att[m]) at the row's largest probability m. A second backward must
-// give the same bits (no atomics). Errors stay well under TOL_ATTENTION: only P is rounded to bf16
-// (before P·v and dS·k), the rest is fp32 on the tensor cores.
+// give the same bits (no atomics). Held to TOL_SUM, not the cuBLAS path's TOL_ATTENTION: flash keeps
+// the scores in fp32 and rounds only P and dS to bf16 (as mma operands) and the outputs once; we measure
+// up to 5e-3 (one bf16 rounding of the largest outputs is 2e-3 of their size). Also run under
+// EMU_THREAD_ORDER=reverse and EMU_CP_ASYNC=issue (dev/cuda/README.md) to shake out missing barriers.
 TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
     std::mt19937 rng(17);
     const int B = 1, NH = 2;
@@ -357,7 +360,7 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
             }
             double e_out = test::max_rel_error(gpu_out.data(), out.data(), BTC);
             double e_lse = test::max_rel_error(gpu_lse.data(), lse.data(), rows);
-            EXPECT_LE(e_out, TOL_ATTENTION) << "out";
+            EXPECT_LE(e_out, TOL_SUM) << "out";
             EXPECT_LE(e_lse, TOL_SUM) << "lse";
             // dq, dk and dv each on its own scale (at T = 1, dq and dk are exactly zero)
             double e_part[3];
@@ -373,7 +376,7 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
                 bool zero = std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; });
                 e_part[part] = zero ? (std::all_of(got.begin(), got.end(), [](float x) { return x == 0.0f; }) ? 0.0 : 1.0)
                                     : test::max_rel_error(got.data(), want.data(), BTC);
-                EXPECT_LE(e_part[part], TOL_ATTENTION) << names[part];
+                EXPECT_LE(e_part[part], TOL_SUM) << names[part];
             }
             double e_dqkv = std::max({e_part[0], e_part[1], e_part[2]});
             printf("  hs %3d T %3d: max rel error out %.2e, lse %.2e, dq %.2e, dk %.2e, dv %.2e\n", hs, T, e_out, e_lse,
@@ -382,8 +385,7 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
             worst_dqkv = std::max(worst_dqkv, e_dqkv);
         }
     }
-    printf("  worst: out %.2e, lse %.2e, dq/dk/dv %.2e (tolerances %.0e, %.0e, %.0e)\n", worst_out, worst_lse, worst_dqkv,
-           TOL_ATTENTION, TOL_SUM, TOL_ATTENTION);
+    printf("  worst: out %.2e, lse %.2e, dq/dk/dv %.2e (tolerance %.0e)\n", worst_out, worst_lse, worst_dqkv, TOL_SUM);
 }
 #endif
 
