@@ -131,8 +131,8 @@ struct FlashForwardShared {
 };
 
 template <int D>
-__global__ void __launch_bounds__(FLASH_THREADS)
-    attention_flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int NH, int hs) {
+__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
+    floatX* out, float* lse, const floatX* qkv, int T, int NH, int hs) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashForwardShared<D>& sh = *reinterpret_cast<FlashForwardShared<D>*>(flash_shared);
     int C = NH * hs;
@@ -248,8 +248,8 @@ struct FlashKVShared {
 
 // kernel 1: dk and dv for 64 keys of one head
 template <int D>
-__global__ void __launch_bounds__(FLASH_THREADS)
-    attention_flash_backward_dkv_kernel(floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
+__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_kernel(
+    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
                                         const float* delta, int T, int NH, int hs) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashKVShared<D>& sh = *reinterpret_cast<FlashKVShared<D>*>(flash_shared);
@@ -339,8 +339,8 @@ struct FlashQShared {
 
 // kernel 2: dq for 64 queries of one head
 template <int D>
-__global__ void __launch_bounds__(FLASH_THREADS)
-    attention_flash_backward_dq_kernel(floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
+__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_kernel(
+    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
                                        const float* delta, int T, int NH, int hs) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashQShared<D>& sh = *reinterpret_cast<FlashQShared<D>*>(flash_shared);
