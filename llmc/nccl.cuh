@@ -239,7 +239,8 @@ inline DataParallel dp_init(const TrainArgs& args, int* argc, char*** argv) {
 
 inline void dp_finalize(DataParallel* dp) {
     if (dp->nccl) {
-        cudaCheck(cudaStreamSynchronize(dp->stream));
+        // the last collectives may wait for a peer that has died: the watchdog's wait, not a plain sync
+        dp_wait(*dp, dp->stream, "the last collectives before shutdown");
         ncclSettle(*dp, ncclCommFinalize(dp->comm));  // flushes; waits for the peers' last operations
         ncclCommDestroy(dp->comm);
         dp->comm = nullptr;

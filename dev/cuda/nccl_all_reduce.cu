@@ -111,9 +111,11 @@ int main(int argc, char** argv) {
     printf("check: err %.2e over %d rank(s): %s%s\n", result.worst, num_devices, result.ok ? "ok" : "FAIL",
            result.failures.c_str());
     if (dev::check_only) {
-        // (under the CPU emulator: one device per process, so one rank; this program puts every GPU in
-        // one process with ncclCommInitAll, so mpirun would only start independent 1-rank copies of it.
-        // The multi-rank all-reduce is tested by dev/emu/test_nccl_emu.cpp under mpirun.)
+#if defined(CUDA_EMULATION)
+        printf("note: one rank only: this program opens every GPU from one process (ncclCommInitAll) and the "
+               "emulator has one device per process, so mpirun would start independent 1-rank copies; the "
+               "multi-rank all-reduce is tested under mpirun by dev/emu/test_nccl_emu.cpp\n");
+#endif
         printf("\nCHECK|nccl_all_reduce %d rank%s|%s\n", num_devices, num_devices == 1 ? "" : "s",
                result.ok ? "all 1 ok" : "1 of 1 FAILED");
         destroy_ranks(ranks);

@@ -6,6 +6,10 @@
 #                             print "N passed, N failed"; exits 1 if any failed. Logs: build/emu/devcuda/logs
 #   make emu-test-mma         the one-warp tests of mma.sync, ldmatrix and cp.async (dev/emu/test_mma_emu.cpp)
 #
+#   make emu-devcuda-check EMU_DEVCUDA_ENV="EMU_CP_ASYNC=issue EMU_THREAD_ORDER=reverse EMU_THREADS=2"
+#                             the same under the emulator's other legal schedules (a correct kernel
+#                             passes under all of them); EMU_ASAN=1 for AddressSanitizer builds
+#
 # Emulated runs prove the kernels' logic, never their speed. Each program also gets a table of its
 # kernels' registers and static shared memory from ptxas (sm_90), so the emulator refuses a launch the
 # GPU would refuse; without nvcc the table is empty and the emulator warns instead.
@@ -39,12 +43,12 @@ emu-devcuda-check: $(DEVCUDA_BINS)
 	@mkdir -p $(DEVCUDA_BUILD)/logs; passed=0; failed=0; failures=""; \
 	for p in $(DEVCUDA_PROGRAMS); do \
 	    start=$$(date +%s%N); \
-	    EMU_REGISTER_WARNINGS=0 $(DEVCUDA_BUILD)/$$p > $(DEVCUDA_BUILD)/logs/$$p.log 2>&1; rc=$$?; \
+	    env EMU_REGISTER_WARNINGS=0 $(EMU_DEVCUDA_ENV) $(DEVCUDA_BUILD)/$$p > $(DEVCUDA_BUILD)/logs/$$p.log 2>&1; rc=$$?; \
 	    ms=$$((($$(date +%s%N) - start) / 1000000)); \
 	    if [ $$rc -eq 0 ]; then passed=$$((passed + 1)); verdict=passed; \
 	    else failed=$$((failed + 1)); verdict="FAILED (exit $$rc)"; failures="$$failures $$p"; fi; \
 	    printf "%-24s %s, %d.%d s (emulated; log: %s)\n" $$p "$$verdict" $$((ms / 1000)) $$((ms % 1000 / 100)) $(DEVCUDA_BUILD)/logs/$$p.log; \
-	    grep -h "FAIL\|cuda-emu:" $(DEVCUDA_BUILD)/logs/$$p.log | head -5 | sed 's/^/    /'; \
+	    grep -h "FAIL\|cuda-emu:\|^note:" $(DEVCUDA_BUILD)/logs/$$p.log | head -5 | sed 's/^/    /'; \
 	done; \
 	echo "$$passed passed, $$failed failed"; \
 	[ $$failed -eq 0 ]

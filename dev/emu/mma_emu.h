@@ -6,9 +6,12 @@
 // Warp-collective exchange. ldmatrix and mma are .sync.aligned: a lane's result depends on the other
 // lanes' registers or addresses. Each lane writes what it contributes into its slot of a per-warp
 // scratch area, all lanes meet in __syncwarp (the core's warp collective: every lane arrives before any
-// goes on), each lane then computes its own result from all slots, and a second __syncwarp keeps a fast
-// lane from overwriting its slot (at its next call) before the slow ones have read it. The scratch is
-// `thread_local`, like the emulator's __shared__: one host thread runs one block at a time.
+// goes on), and each lane then computes its own result from all slots. The scratch is double-buffered
+// by the parity of the lane's count of such calls: a fast lane's next call writes the other half, and
+// it cannot get two calls ahead, since the next __syncwarp waits for every lane. The count and the
+// instruction are in the slot too, so lanes that do not execute the same instruction in the same order
+// (undefined for .aligned instructions) fail loudly. The scratch is `thread_local`, like the emulator's
+// __shared__: one host thread runs one block at a time.
 //
 // mma arithmetic. Each product of two bf16 values is exact in fp32 (8 + 8 significant bits <= 24), so
 // only the additions round. The order inside a real tensor core is not documented; here it is fixed:
@@ -45,12 +48,31 @@ inline int linear_thread() {
 struct LaneSlot {
     uint32_t regs[6];
     const void* address;
+    uint32_t call;     // the lane's count of warp-wide calls
+    const char* what;  // the instruction
 };
 
-// the calling warp's 32 slots, and the calling lane
-inline LaneSlot* warp_slots() {
-    static thread_local LaneSlot slots[1024];
-    return &slots[linear_thread() & ~31];
+// Publishes this lane's slot (filled by `fill`) and waits for the warp; returns the warp's 32 slots.
+template <typename Fill>
+inline const LaneSlot* exchange(const char* what, Fill fill) {
+    static thread_local LaneSlot slots[2][1024];
+    static thread_local uint32_t calls[1024];
+    int thread = linear_thread();
+    uint32_t call = calls[thread]++;
+    LaneSlot& mine = slots[call & 1][thread];
+    fill(mine);
+    mine.call = call;
+    mine.what = what;
+    __syncwarp();
+    const LaneSlot* warp = &slots[call & 1][thread & ~31];
+    for (int lane = 0; lane < 32; lane++) {
+        if (warp[lane].call != call || strcmp(warp[lane].what, what) != 0)
+            emu::fail("%s (.sync.aligned) in block (%u,%u,%u): lane %d is at its warp-wide call %u (%s) while lane %d "
+                      "is at call %u (%s); all lanes must execute the same instructions",
+                      what, blockIdx.x, blockIdx.y, blockIdx.z, thread % 32, call, what, lane, warp[lane].call,
+                      warp[lane].what);
+    }
+    return warp;
 }
 
 inline void require_full_warp(const char* what) {
@@ -83,10 +105,8 @@ inline void ldmatrix_x4(uint32_t* r, const void* shared, bool trans) {
     const char* what = trans ? "ldmatrix.x4.trans" : "ldmatrix.x4";
     require_full_warp(what);
     require_shared(shared, 16, what);
-    LaneSlot* slots = warp_slots();
+    const LaneSlot* slots = exchange(what, [&](LaneSlot& slot) { slot.address = shared; });
     int lane = linear_thread() & 31;
-    slots[lane].address = shared;
-    __syncwarp();
     for (int m = 0; m < 4; m++) {
         if (!trans) {
             const uint16_t* row = static_cast<const uint16_t*>(slots[8 * m + lane / 4].address);
@@ -97,7 +117,6 @@ inline void ldmatrix_x4(uint32_t* r, const void* shared, bool trans) {
             r[m] = (uint32_t)row0[lane / 4] | ((uint32_t)row1[lane / 4] << 16);
         }
     }
-    __syncwarp();
 }
 
 // ----------------------------------------------------------------------------
@@ -122,12 +141,12 @@ inline float fragment_b(const LaneSlot* slots, int k, int col) {
 
 inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
     require_full_warp("mma.sync.m16n8k16");
-    LaneSlot* slots = warp_slots();
+    const LaneSlot* slots = exchange("mma.sync.m16n8k16", [&](LaneSlot& slot) {
+        for (int i = 0; i < 4; i++) slot.regs[i] = a[i];
+        slot.regs[4] = b[0];
+        slot.regs[5] = b[1];
+    });
     int lane = linear_thread() & 31;
-    for (int i = 0; i < 4; i++) slots[lane].regs[i] = a[i];
-    slots[lane].regs[4] = b[0];
-    slots[lane].regs[5] = b[1];
-    __syncwarp();
     int g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; i++) {
         int row = g + (i >= 2 ? 8 : 0);
@@ -136,7 +155,6 @@ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
         for (int k = 0; k < 16; k++) acc += fragment_a(slots, row, k) * fragment_b(slots, k, col);
         d[i] = acc;
     }
-    __syncwarp();
 }
 
 // ----------------------------------------------------------------------------
