@@ -73,7 +73,7 @@ struct ActivationTensors {
     float* ln1_rstd;     // (L, B, T)
     floatX* qkv;         // (L, B, T, 3C)
     floatX* atty;        // (L, B, T, C)
-    floatX* att;         // (L, attention_saved_elements)
+    floatX* att;         // (L, attention_saved_elements): flash's lse (B, NH, T) fp32, or (B, NH, T, T)
     floatX* residual2;   // (L, B, T, C)
     floatX* ln2;         // (L, B, T, C), or (B, T, C) with -r 2
     float* ln2_mean;     // (L, B, T)
@@ -114,24 +114,26 @@ struct LayerStrides {
 
 inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
 
-LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute) {
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
     size_t C = cfg.channels, BT = (size_t)B * T;
     LayerStrides s;
     s.ln = recompute >= 2 ? 0 : aligned_elements(BT * C);
     s.qkv = aligned_elements(BT * 3 * C);
     s.atty = aligned_elements(BT * C);
-    s.att = aligned_elements(attention_saved_elements(B, T, cfg.num_heads));
+    s.att = aligned_elements(attention_saved_elements(B, T, cfg.num_heads, flash));
     s.residual = aligned_elements(BT * C);
     s.fch = aligned_elements(BT * 4 * C);
     s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * C);
     return s;
 }
 
-// Lays out the activations for (B, T) and recompute level; with base == nullptr only counts bytes.
-size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute) {
+// Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
+// counts bytes.
+size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
+                          bool flash) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
     size_t BT = (size_t)B * T;
-    LayerStrides all = layer_strides(cfg, B, T, 0);  // a kept tensor holds L of these
+    LayerStrides all = layer_strides(cfg, B, T, 0, flash);  // a kept tensor holds L of these
     size_t L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
@@ -161,7 +163,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&a->logits, BT * Vp);
     take(&a->losses, BT);
     take(&a->proj, BT * C);
-    take(&a->attn_scratch, attention_scratch_elements(B, T, C, NH));
+    take(&a->attn_scratch, attention_scratch_elements(B, T, C, NH, flash));
     take(&a->dresidual, BT * C);
     take(&a->dln, BT * C);
     take(&a->datty, BT * C);
@@ -195,6 +197,7 @@ struct GPT2 {
     bool use_master_weights = false;
     int recompute = 1;
     bool gelu_fusion = false;
+    bool flash_attention = true;  // -fa; always false in the fp32 build
     // activations, allocated once for the run's (B, T)
     int batch_size = 0, seq_len = 0;
     char* acts_memory = nullptr;
@@ -258,6 +261,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
 #endif
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
+    model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
+    check_attention_shape(cfg.channels, cfg.num_heads, model->flash_attention);
     size_t n = model->num_parameters;
     bool distributed = dp != nullptr && dp->nccl;
     model->dp = dp;
@@ -300,24 +305,34 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
     return params;
 }
 
-// Bytes of activations at a recompute level (for the start-up report).
-size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute) {
+// Bytes of activations at a recompute level and attention path (for the start-up report).
+size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
     ActivationTensors unused;
-    return layout_activations(&unused, nullptr, cfg, B, T, recompute);
+    return layout_activations(&unused, nullptr, cfg, B, T, recompute, flash);
 }
 
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    size_t bytes = activation_bytes(model->config, B, T, model->recompute);
+    bool flash = model->flash_attention;
+    size_t bytes = activation_bytes(model->config, B, T, model->recompute, flash);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
-    layout_activations(&model->acts, model->acts_memory, model->config, B, T, model->recompute);
+    layout_activations(&model->acts, model->acts_memory, model->config, B, T, model->recompute, flash);
     model->buckets.device = model->acts.encoder_buckets;
     model->batch_size = B;
     model->seq_len = T;
     cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
     cudaCheck(cudaMallocHost(&model->host_norm_sq, sizeof(float)));
-    size_t none = activation_bytes(model->config, B, T, 0);
+    size_t none = activation_bytes(model->config, B, T, 0, flash);
     printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB)\n", bytes / 1048576.0, B, T,
            model->recompute, (none - bytes) / 1048576.0);
+    if (FLASH_ATTENTION_AVAILABLE) {
+        size_t with_flash = activation_bytes(model->config, B, T, model->recompute, true);
+        size_t with_cublas = activation_bytes(model->config, B, T, model->recompute, false);
+        printf("attention: %s; activations with flash (-fa 1) %.1f MiB, with cuBLAS + softmax (-fa 0) %.1f MiB\n",
+               flash ? "flash (-fa 1)" : "cuBLAS + softmax (-fa 0)", with_flash / 1048576.0, with_cublas / 1048576.0);
+    } else {
+        printf("attention: cuBLAS + softmax, storing (B, NH, T, T) per layer (the fp32 build has no flash attention: "
+               "it needs the bf16 tensor cores)\n");
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -341,7 +356,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     size_t BT = (size_t)B * T;
-    LayerStrides ls = layer_strides(cfg, B, T, model->recompute);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention);
 
     cudaCheck(cudaMemcpyAsync(a.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -362,7 +377,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
         floatX* residual3 = a.residual3 + l * ls.residual;
 
         matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C, stream);
-        attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, stream);
+        attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, model->flash_attention, stream);
         matmul_forward(a.proj, nullptr, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C, stream);
         fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual, a.proj,
                                          p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
@@ -414,7 +429,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     size_t BT = (size_t)B * T;
-    LayerStrides ls = layer_strides(cfg, B, T, model->recompute);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention);
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
@@ -472,7 +487,8 @@ void gpt2_backward(GPT2* model, int B, int T) {
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
         matmul_backward(a.datty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, reduce, a.dresidual, atty,
                         p.attprojw + (size_t)l * C * C, nullptr, (int)BT, C, C, stream);
-        attention_backward(a.dqkv, a.datty, qkv, a.att + l * ls.att, a.attn_scratch, B, T, C, NH, stream);
+        attention_backward(a.dqkv, a.datty, qkv, atty, a.att + l * ls.att, a.attn_scratch, B, T, C, NH,
+                           model->flash_attention, stream);
         matmul_backward(a.dln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, reduce, a.dqkv, ln1,
                         p.qkvw + (size_t)l * 3 * C * C, nullptr, (int)BT, C, 3 * C, stream);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, reduce, a.dln, residual, p.ln1w + l * C,
@@ -673,9 +689,9 @@ int main(int argc, char** argv) {
         printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
                dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
     }
-    printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d\n", args.recompute,
-           args.master_weights, MODEL_VERSION_NATIVE == MODEL_VERSION_FP32 ? " (fp32 build: not needed)" : "",
-           args.gelu_fusion);
+    printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d, flash attention -fa %d%s\n",
+           args.recompute, args.master_weights, MODEL_VERSION_NATIVE == MODEL_VERSION_FP32 ? " (fp32 build: not needed)" : "",
+           args.gelu_fusion, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (fp32 build: cuBLAS path)");
     cublas_setup();
 
     // the model: from the newest complete checkpoint when resuming, else from -e
@@ -697,8 +713,8 @@ int main(int argc, char** argv) {
            cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
     // what all processes must agree on: the shared description, plus what only this trainer has
     char extra[256];
-    snprintf(extra, sizeof(extra), " cuda: %s ge=%d processes=%d pg=%d pt=%g resume_step=%d", PRECISION_NAME,
-             args.gelu_fusion, dp.size, args.gpus_per_node, args.comm_timeout, resume_step);
+    snprintf(extra, sizeof(extra), " cuda: %s ge=%d fa=%d processes=%d pg=%d pt=%g resume_step=%d", PRECISION_NAME,
+             args.gelu_fusion, args.flash_attention, dp.size, args.gpus_per_node, args.comm_timeout, resume_step);
     dp_check_same_config(dp, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
     std::vector<float>().swap(initial);
 

@@ -62,6 +62,7 @@ struct TrainArgs {
     int recompute = 1;
     int master_weights = 1;
     int gelu_fusion = 0;
+    int flash_attention = 1;
     // CUDA trainer only: several GPUs, one process each (llmc/bootstrap.h, llmc/nccl.cuh)
     std::string init_method = "auto";  // auto|mpi|tcp|file
     std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
@@ -121,6 +122,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
+        {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},
         {"-pi", FlagKind::String, &a->init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
         {"-pn", FlagKind::Int, &a->num_processes, 1, 1 << 16, true, "number of processes (-pi tcp|file; mpirun sets it)"},
         {"-pr", FlagKind::Int, &a->process_rank, 0, (1 << 16) - 1, true, "rank of this process, 0..pn-1 (-pi tcp|file)"},

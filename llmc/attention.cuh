@@ -1,21 +1,25 @@
-// Causal multi-head self-attention on the GPU, the plain way: materialize the (T, T) scores per head.
-//   q, k, v = split(qkv) per head;  att = softmax_causal(q·kᵀ / sqrt(hs));  out = att·v
-// Steps: permute qkv (B, T, 3, NH, hs) into q, k, v (B, NH, T, hs); one strided-batched cuBLAS GEMM for
-// the scores; our causal softmax in place (one warp per row, fp32 math, zeros above the diagonal);
-// a second batched GEMM for att·v; un-permute to (B, T, C). The backward retraces this:
-//   datt = dout·vᵀ,  dv = attᵀ·dout,  dscores = att * (datt - sum(att * datt)) / sqrt(hs),
-//   dq = dscores·k,  dk = dscoresᵀ·q
-// Since att is exactly zero above the diagonal, the full-square GEMMs need no mask.
+// Causal multi-head self-attention on the GPU, two ways behind one interface:
+//  - flash (the default; attention_flash.cuh, bf16 builds): fused tiles on the tensor cores, no (T, T)
+//    matrix anywhere; the forward saves the per-row log-sum-exp (B, NH, T) in fp32, the backward
+//    recomputes the probabilities from it. Any T, head sizes that are multiples of 8 up to 128.
+//  - the cuBLAS path (-fa 0, and always in the fp32 build), below: materialize the (T, T) scores per head.
+//      q, k, v = split(qkv) per head;  att = softmax_causal(q·kᵀ / sqrt(hs));  out = att·v
+//    Steps: permute qkv (B, T, 3, NH, hs) into q, k, v (B, NH, T, hs); one strided-batched cuBLAS GEMM
+//    for the scores; our causal softmax in place (one warp per row, fp32 math, zeros above the
+//    diagonal); a second batched GEMM for att·v; un-permute to (B, T, C). The backward retraces this:
+//      datt = dout·vᵀ,  dv = attᵀ·dout,  dscores = att * (datt - sum(att * datt)) / sqrt(hs),
+//      dq = dscores·k,  dk = dscoresᵀ·q
+//    Since att is exactly zero above the diagonal, the full-square GEMMs need no mask. It saves att
+//    (B, NH, T, T) per layer: 19 GB of bf16 over d12's 12 layers at B=64, T=1024, where flash saves 38 MB.
 //
-// The interface is kept narrow so that a flash-attention version can replace this header: the
-// trainer only knows how many elements per layer the forward saves for the backward
+// The trainer only knows how many floatX elements per layer the forward saves for the backward
 // (attention_saved_elements) and how much shared scratch both passes use (attention_scratch_elements).
-// Here the saved tensor is att (B, NH, T, T).
 #pragma once
 
 #include <cmath>
 
 #include "cuda_common.cuh"
+#include "attention_flash.cuh"
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -96,18 +100,37 @@ __global__ void attention_softmax_backward_kernel(floatX* datt, const floatX* at
 // ----------------------------------------------------------------------------
 // launchers
 
-// Elements of floatX the forward saves per layer for the backward.
-inline size_t attention_saved_elements(int B, int T, int NH) { return (size_t)B * NH * T * T; }
+// Flash attention needs the bf16 tensor cores: the fp32 build always runs the cuBLAS path.
+#if defined(ENABLE_FP32)
+constexpr bool FLASH_ATTENTION_AVAILABLE = false;
+#else
+constexpr bool FLASH_ATTENTION_AVAILABLE = true;
+#endif
 
-// Elements of floatX scratch shared by all layers' forward and backward passes:
-// q, k, v, out_heads or dout_heads, dq, dk, dv (7 x B·T·C) and datt (B, NH, T, T).
-inline size_t attention_scratch_elements(int B, int T, int C, int NH) {
-    return 7 * (size_t)B * T * C + (size_t)B * NH * T * T;
+// Elements of floatX the forward saves per layer for the backward: flash, the log-sum-exp (B, NH, T)
+// as fp32; otherwise att (B, NH, T, T).
+inline size_t attention_saved_elements(int B, int T, int NH, bool flash) {
+    size_t rows = (size_t)B * NH * T;
+    return flash ? rows * sizeof(float) / sizeof(floatX) : rows * T;
 }
 
-inline void check_attention_shape(int C, int NH) {
+// Elements of floatX scratch shared by all layers' forward and backward passes. Flash: D = rowsum(dout
+// * out) (B, NH, T) as fp32. Otherwise q, k, v, out_heads or dout_heads, dq, dk, dv (7 x B·T·C) and
+// datt (B, NH, T, T).
+inline size_t attention_scratch_elements(int B, int T, int C, int NH, bool flash) {
+    size_t rows = (size_t)B * NH * T;
+    return flash ? rows * sizeof(float) / sizeof(floatX) : 7 * (size_t)B * T * C + rows * T;
+}
+
+// Refuses (at start-up, through the trainer's setup, and at every call) a shape the chosen path cannot take.
+inline void check_attention_shape(int C, int NH, bool flash) {
     if (C % NH != 0 || (C / NH) % x128::size != 0) {
         fatal("CUDA attention needs a head size divisible by %d (C %d, NH %d)", x128::size, C, NH);
+    }
+    if (flash && !FLASH_ATTENTION_AVAILABLE) fatal("flash attention needs the bf16 build (this one is fp32): use -fa 0");
+    if (flash && (C / NH % 8 != 0 || C / NH > 128)) {
+        fatal("flash attention takes head sizes that are multiples of 8 up to 128, got %d (C %d, NH %d): use -fa 0",
+              C / NH, C, NH);
     }
 }
 
@@ -124,12 +147,18 @@ inline void attention_batched_gemm(floatX* c, const floatX* a, const floatX* b, 
 }
 
 inline void attention_forward(floatX* out,       // (B, T, C)
-                              floatX* saved,     // attention_saved_elements: att (B, NH, T, T)
+                              floatX* saved,     // attention_saved_elements: lse (B, NH, T) fp32, or att (B, NH, T, T)
                               const floatX* qkv, // (B, T, 3C)
                               floatX* scratch,   // attention_scratch_elements
-                              int B, int T, int C, int NH, cudaStream_t stream) {
-    check_attention_shape(C, NH);
+                              int B, int T, int C, int NH, bool flash, cudaStream_t stream) {
+    check_attention_shape(C, NH, flash);
     int hs = C / NH;
+#if !defined(ENABLE_FP32)
+    if (flash) {
+        attention_flash_forward(out, reinterpret_cast<float*>(saved), qkv, B, T, NH, hs, stream);
+        return;
+    }
+#endif
     size_t BTC = (size_t)B * T * C;
     floatX *q = scratch, *k = q + BTC, *v = k + BTC, *heads = v + BTC;
     floatX* att = saved;
@@ -156,11 +185,19 @@ inline void attention_forward(floatX* out,       // (B, T, C)
 inline void attention_backward(floatX* dqkv,         // (B, T, 3C)
                                const floatX* dout,   // (B, T, C)
                                const floatX* qkv,    // (B, T, 3C)
+                               const floatX* out,    // (B, T, C) the forward's output (read by flash only)
                                const floatX* saved,  // what attention_forward saved
                                floatX* scratch,      // attention_scratch_elements
-                               int B, int T, int C, int NH, cudaStream_t stream) {
-    check_attention_shape(C, NH);
+                               int B, int T, int C, int NH, bool flash, cudaStream_t stream) {
+    check_attention_shape(C, NH, flash);
     int hs = C / NH;
+#if !defined(ENABLE_FP32)
+    if (flash) {
+        attention_flash_backward(dqkv, reinterpret_cast<float*>(scratch), dout, qkv, out,
+                                 reinterpret_cast<const float*>(saved), B, T, NH, hs, stream);
+        return;
+    }
+#endif
     size_t BTC = (size_t)B * T * C;
     floatX *q = scratch, *k = q + BTC, *v = k + BTC, *dheads = v + BTC;
     floatX *dq = dheads + BTC, *dk = dq + BTC, *dv = dk + BTC, *datt = dv + BTC;

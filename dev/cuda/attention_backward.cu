@@ -14,7 +14,6 @@
 //
 //   make -C dev/cuda bin/attention_backward && dev/cuda/bin/attention_backward
 #include "harness.cuh"
-#include "mma.cuh"
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/attention.h"
@@ -128,10 +127,11 @@ void attention_backward_v1(floatX* dqkv, float* dscore /* (B, NH, T, T) fp32 */,
 // what remains is the traffic of att and datt (B, NH, T, T) through memory, and twice the causal work.
 
 // ----------------------------------------------------------------------------
-// v3: fused, flash-attention style, on the tensor cores (mma.sync, see mma.cuh). att is never read:
-// each tile of probabilities is recomputed from q, k and the forward's log-sum-exp per row,
-// P = exp(scale q·kᵀ - lse), which the forward has to save instead of att (B·NH·T floats instead of
-// B·NH·T² bf16). With D = rowsum(dout * out) (a small first kernel), dscore = P * (dout·vᵀ - D). Then:
+// v3 is llmc's flash backward (llmc/attention_flash.cuh, the trainer's default), fused on the tensor
+// cores (mma.sync, llmc/mma.cuh). att is never read: each tile of probabilities is recomputed from q, k
+// and the forward's log-sum-exp per row, P = exp(scale q·kᵀ - lse), which the forward saves instead of
+// att (B·NH·T floats instead of B·NH·T² bf16). With D = rowsum(dout * out) (a small first kernel),
+// dscore = P * (dout·vᵀ - D). Then:
 //   kernel 1, a block per 64 keys of a head, walking the query tiles from the diagonal down; each warp
 //     owns 16 keys and works in the transposed frame (rows = keys): Pᵀ = exp(k·qᵀ scale - lse),
 //     dv += Pᵀ·dout, dPᵀ = v·doutᵀ, dSᵀ = Pᵀ * (dPᵀ - D), dk += dSᵀ·q. dk and dv stay in registers
@@ -141,289 +141,8 @@ void attention_backward_v1(floatX* dqkv, float* dscore /* (B, NH, T, T) fp32 */,
 // Splitting dq into its own pass recomputes two of the products (7 instead of 5) but makes every
 // output owned by one warp: no atomics, so the result is deterministic like v2's. Accumulator
 // fragments are reused as the next product's A operand; an operand stored with its k dimension
-// across rows (dout and q as B of dv and dk, k as B of dq) is read with ldmatrix.trans.
-
-constexpr int FB_BR = 64;  // queries per tile
-constexpr int FB_BC = 64;  // keys per tile
-constexpr int FB_THREADS = 128;
-constexpr int FB_LDS = HS + 8;  // shared row stride in bf16: 144 bytes, conflict-free ldmatrix
-constexpr float LOG2E = 1.4426950408889634f;
-
-// D[b, h, t] = sum over d of dout[b, t, h, d] * out[b, t, h, d]: one thread per row
-__global__ void attention_backward_v3_delta_kernel(float* delta, const floatX* dout, const floatX* out, int B, int T,
-                                                   int NH) {
-    int row_index = blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, t)
-    if (row_index >= B * NH * T) return;
-    int t = row_index % T, h = (row_index / T) % NH, b = row_index / (NH * T);
-    size_t offset = ((size_t)b * T + t) * NH * HS + h * HS;
-    float sum = 0.0f;
-#pragma unroll
-    for (int d = 0; d < HS; d += x128::size) {
-        x128 dy = load128(dout + offset + d);
-        x128 o = load128(out + offset + d);
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) sum += (float)dy[k] * (float)o[k];
-    }
-    delta[row_index] = sum;
-}
-
-// 64 rows x 64 values from a (B, T, row_stride) tensor into shared memory: 512 chunks of 16 bytes
-__device__ inline void flash_load_rows(floatX (*dst)[FB_LDS], const floatX* src, int row_stride) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int chunk = threadIdx.x + i * FB_THREADS;
-        int r = chunk / 8, col = (chunk % 8) * 8;
-        cp_async16(&dst[r][col], src + (size_t)r * row_stride + col);
-    }
-}
-
-// c (8 tiles of 16x8) = A (16 x 64, 4 fragments) · Bᵀ, where B is 64 rows x 64 values in shared memory
-// (rows = the product's columns, values along k): the pattern of q·kᵀ
-__device__ inline void flash_mma_abt(float (*c)[4], const uint32_t (*a)[4], const floatX (*b)[FB_LDS], int lane) {
-#pragma unroll
-    for (int kc = 0; kc < HS / 16; kc++) {
-#pragma unroll
-        for (int pair = 0; pair < 4; pair++) {
-            uint32_t r[4];
-            ldmatrix_x4(r, &b[pair * 16 + lane % 8 + (lane / 16) * 8][kc * 16 + ((lane / 8) % 2) * 8]);
-            uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mma_bf16_16816(c[2 * pair], a[kc], b0);
-            mma_bf16_16816(c[2 * pair + 1], a[kc], b1);
-        }
-    }
-}
-
-// acc (8 tiles of 16x8) += P (16 x 64, accumulator fragments) · B, where B is 64 rows (along k) x 64
-// values (the product's columns) in shared memory: the pattern of att·v
-__device__ inline void flash_mma_pb(float (*acc)[4], const float (*p)[4], const floatX (*b)[FB_LDS], int lane) {
-#pragma unroll
-    for (int kc = 0; kc < 4; kc++) {
-        uint32_t a[4] = {pack_bf16x2(p[2 * kc][0], p[2 * kc][1]), pack_bf16x2(p[2 * kc][2], p[2 * kc][3]),
-                         pack_bf16x2(p[2 * kc + 1][0], p[2 * kc + 1][1]),
-                         pack_bf16x2(p[2 * kc + 1][2], p[2 * kc + 1][3])};
-#pragma unroll
-        for (int pair = 0; pair < HS / 16; pair++) {
-            uint32_t r[4];
-            ldmatrix_x4_trans(r, &b[kc * 16 + lane % 8 + ((lane / 8) % 2) * 8][pair * 16 + (lane / 16) * 8]);
-            uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mma_bf16_16816(acc[2 * pair], a, b0);
-            mma_bf16_16816(acc[2 * pair + 1], a, b1);
-        }
-    }
-}
-
-// a warp's 16 rows of a 64 x 64 shared tile as A fragments (4 chunks of 16 along k)
-__device__ inline void flash_load_a(uint32_t (*a)[4], const floatX (*tile)[FB_LDS], int row0, int lane) {
-#pragma unroll
-    for (int kc = 0; kc < HS / 16; kc++) ldmatrix_x4(a[kc], &tile[row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
-}
-
-struct FlashKVShared {
-    floatX k[FB_BC][FB_LDS];
-    floatX v[FB_BC][FB_LDS];
-    floatX q[2][FB_BR][FB_LDS];
-    floatX dout[2][FB_BR][FB_LDS];
-    float lse[2][FB_BR];
-    float delta[2][FB_BR];
-};
-
-// kernel 1: dk and dv for 64 keys of one head
-__global__ void __launch_bounds__(FB_THREADS) attention_backward_v3_dkv_kernel(floatX* dqkv, const floatX* qkv,
-                                                                                const floatX* dout, const float* lse,
-                                                                                const float* delta, int T, int NH) {
-    extern __shared__ __align__(16) unsigned char flash_kv_shared[];
-    FlashKVShared& sh = *reinterpret_cast<FlashKVShared*>(flash_kv_shared);
-    int C = NH * HS;
-    int k_tile = blockIdx.x;  // tile 0 has the most query tiles below it, and starts first
-    int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * HS;  // q of (b, t = 0, h); k at + C, v at + 2C
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-    const float* lse_head = lse + (size_t)blockIdx.y * T;  // (b, h) rows
-    const float* delta_head = delta + (size_t)blockIdx.y * T;
-    int num_q_tiles = T / FB_BR;
-
-    auto load_query_tile = [&](int stage, int q_tile) {
-        flash_load_rows(sh.q[stage], q_head + (size_t)q_tile * FB_BR * 3 * C, 3 * C);
-        flash_load_rows(sh.dout[stage], dout_head + (size_t)q_tile * FB_BR * C, C);
-        if (threadIdx.x < FB_BR / 4) {
-            cp_async16(&sh.lse[stage][threadIdx.x * 4], lse_head + q_tile * FB_BR + threadIdx.x * 4);
-        } else if (threadIdx.x < FB_BR / 2) {
-            int i = threadIdx.x - FB_BR / 4;
-            cp_async16(&sh.delta[stage][i * 4], delta_head + q_tile * FB_BR + i * 4);
-        }
-    };
-    flash_load_rows(sh.k, q_head + (size_t)k_tile * FB_BC * 3 * C + C, 3 * C);
-    flash_load_rows(sh.v, q_head + (size_t)k_tile * FB_BC * 3 * C + 2 * C, 3 * C);
-    load_query_tile(0, k_tile);
-    cp_async_commit();
-
-    const float scale = rsqrtf((float)HS);
-    const float scale_log2 = scale * LOG2E;
-    int key0 = k_tile * FB_BC + warp * 16 + lane / 4;  // the lane's keys: key0 and key0 + 8
-    uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];
-    float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-
-    for (int q_tile = k_tile; q_tile < num_q_tiles; q_tile++) {
-        int stage = (q_tile - k_tile) % 2;
-        if (q_tile + 1 < num_q_tiles) load_query_tile(1 - stage, q_tile + 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        if (q_tile == k_tile) {
-            flash_load_a(k_frag, sh.k, warp * 16, lane);
-            flash_load_a(v_frag, sh.v, warp * 16, lane);
-        }
-        // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse), 0 where key > query
-        float p[FB_BR / 8][4] = {};
-        flash_mma_abt(p, k_frag, sh.q[stage], lane);
-#pragma unroll
-        for (int nt = 0; nt < FB_BR / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int query_in_tile = nt * 8 + (lane % 4) * 2 + e % 2;
-                int key = key0 + 8 * (e / 2);
-                float x = p[nt][e] * scale_log2 - sh.lse[stage][query_in_tile] * LOG2E;
-                p[nt][e] = key > q_tile * FB_BR + query_in_tile ? 0.0f : exp2f(x);
-            }
-        }
-        flash_mma_pb(dv, p, sh.dout[stage], lane);  // dv += Pᵀ·dout
-        // dPᵀ = v·doutᵀ, then dSᵀ = Pᵀ * (dPᵀ - D) in place of dPᵀ
-        float ds[FB_BR / 8][4] = {};
-        flash_mma_abt(ds, v_frag, sh.dout[stage], lane);
-#pragma unroll
-        for (int nt = 0; nt < FB_BR / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int query_in_tile = nt * 8 + (lane % 4) * 2 + e % 2;
-                ds[nt][e] = p[nt][e] * (ds[nt][e] - sh.delta[stage][query_in_tile]);
-            }
-        }
-        flash_mma_pb(dk, ds, sh.q[stage], lane);  // dk += dSᵀ·q
-        __syncthreads();  // all warps are done with this stage before it is refilled
-    }
-
-    floatX* dk0 = dqkv + ((size_t)b * T + key0) * 3 * C + C + h * HS;
-    floatX* dk1 = dk0 + (size_t)8 * 3 * C;
-#pragma unroll
-    for (int nt = 0; nt < HS / 8; nt++) {
-        int col = nt * 8 + (lane % 4) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(dk0 + col) = __floats2bfloat162_rn(dk[nt][0] * scale, dk[nt][1] * scale);
-        *reinterpret_cast<__nv_bfloat162*>(dk1 + col) = __floats2bfloat162_rn(dk[nt][2] * scale, dk[nt][3] * scale);
-        *reinterpret_cast<__nv_bfloat162*>(dk0 + C + col) = __floats2bfloat162_rn(dv[nt][0], dv[nt][1]);
-        *reinterpret_cast<__nv_bfloat162*>(dk1 + C + col) = __floats2bfloat162_rn(dv[nt][2], dv[nt][3]);
-    }
-}
-
-struct FlashQShared {
-    floatX q[FB_BR][FB_LDS];
-    floatX dout[FB_BR][FB_LDS];
-    floatX k[2][FB_BC][FB_LDS];
-    floatX v[2][FB_BC][FB_LDS];
-};
-
-// kernel 2: dq for 64 queries of one head
-__global__ void __launch_bounds__(FB_THREADS) attention_backward_v3_dq_kernel(floatX* dqkv, const floatX* qkv,
-                                                                               const floatX* dout, const float* lse,
-                                                                               const float* delta, int T, int NH) {
-    extern __shared__ __align__(16) unsigned char flash_q_shared[];
-    FlashQShared& sh = *reinterpret_cast<FlashQShared*>(flash_q_shared);
-    int C = NH * HS;
-    int q_tile = gridDim.x - 1 - blockIdx.x;  // longest first
-    int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * HS;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * HS;
-
-    flash_load_rows(sh.q, q_head + (size_t)q_tile * FB_BR * 3 * C, 3 * C);
-    flash_load_rows(sh.dout, dout_head + (size_t)q_tile * FB_BR * C, C);
-    flash_load_rows(sh.k[0], q_head + C, 3 * C);
-    flash_load_rows(sh.v[0], q_head + 2 * C, 3 * C);
-    cp_async_commit();
-
-    const float scale = rsqrtf((float)HS);
-    const float scale_log2 = scale * LOG2E;
-    int query0 = q_tile * FB_BR + warp * 16 + lane / 4;  // the lane's rows: query0 and query0 + 8
-    float row_lse_log2[2], row_delta[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        row_lse_log2[r] = lse[(size_t)blockIdx.y * T + query0 + 8 * r] * LOG2E;
-        row_delta[r] = delta[(size_t)blockIdx.y * T + query0 + 8 * r];
-    }
-    uint32_t q_frag[HS / 16][4], dout_frag[HS / 16][4];
-    float dq[HS / 8][4] = {};
-
-    for (int k_tile = 0; k_tile <= q_tile; k_tile++) {
-        int stage = k_tile % 2;
-        if (k_tile + 1 <= q_tile) {
-            flash_load_rows(sh.k[1 - stage], q_head + (size_t)(k_tile + 1) * FB_BC * 3 * C + C, 3 * C);
-            flash_load_rows(sh.v[1 - stage], q_head + (size_t)(k_tile + 1) * FB_BC * 3 * C + 2 * C, 3 * C);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        if (k_tile == 0) {
-            flash_load_a(q_frag, sh.q, warp * 16, lane);
-            flash_load_a(dout_frag, sh.dout, warp * 16, lane);
-        }
-        // P = exp(q·kᵀ scale - lse), 0 where key > query
-        float p[FB_BC / 8][4] = {};
-        flash_mma_abt(p, q_frag, sh.k[stage], lane);
-#pragma unroll
-        for (int nt = 0; nt < FB_BC / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k_tile * FB_BC + nt * 8 + (lane % 4) * 2 + e % 2;
-                float x = p[nt][e] * scale_log2 - row_lse_log2[e / 2];
-                p[nt][e] = key > query0 + 8 * (e / 2) ? 0.0f : exp2f(x);
-            }
-        }
-        // dP = dout·vᵀ, then dS = P * (dP - D) in place
-        float ds[FB_BC / 8][4] = {};
-        flash_mma_abt(ds, dout_frag, sh.v[stage], lane);
-#pragma unroll
-        for (int nt = 0; nt < FB_BC / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e / 2]);
-        }
-        flash_mma_pb(dq, ds, sh.k[stage], lane);  // dq += dS·k
-        __syncthreads();
-    }
-
-    floatX* dq0 = dqkv + ((size_t)b * T + query0) * 3 * C + h * HS;
-    floatX* dq1 = dq0 + (size_t)8 * 3 * C;
-#pragma unroll
-    for (int nt = 0; nt < HS / 8; nt++) {
-        int col = nt * 8 + (lane % 4) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(dq0 + col) = __floats2bfloat162_rn(dq[nt][0] * scale, dq[nt][1] * scale);
-        *reinterpret_cast<__nv_bfloat162*>(dq1 + col) = __floats2bfloat162_rn(dq[nt][2] * scale, dq[nt][3] * scale);
-    }
-}
-
-// dqkv overwritten. out and lse are what a flash forward saves: the output (B, T, C) and the natural-log
-// log-sum-exp of each row's scaled scores (B, NH, T); delta is (B, NH, T) floats of scratch.
-void attention_backward_v3(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
-                           const float* lse, int B, int T, int C, int NH) {
-    if (C != NH * HS || T % FB_BR != 0) {
-        fatal("attention_backward_v3 needs head size %d and T divisible by %d (C %d, NH %d, T %d)", HS, FB_BR, C, NH,
-              T);
-    }
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(attention_backward_v3_dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)sizeof(FlashKVShared)));
-        cudaCheck(cudaFuncSetAttribute(attention_backward_v3_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)sizeof(FlashQShared)));
-        configured = true;
-    }
-    attention_backward_v3_delta_kernel<<<ceil_div_int((long)B * NH * T, 256), 256>>>(delta, dout, out, B, T, NH);
-    cudaCheckLaunch();
-    dim3 grid(T / FB_BR, B * NH);
-    attention_backward_v3_dkv_kernel<<<grid, FB_THREADS, sizeof(FlashKVShared)>>>(dqkv, qkv, dout, lse, delta, T, NH);
-    cudaCheckLaunch();
-    attention_backward_v3_dq_kernel<<<grid, FB_THREADS, sizeof(FlashQShared)>>>(dqkv, qkv, dout, lse, delta, T, NH);
-    cudaCheckLaunch();
-}
+// across rows (dout and q as B of dv and dk, k as B of dq) is read with ldmatrix.trans. Any T and
+// head sizes that are multiples of 8 up to 128, as the forward.
 
 // ----------------------------------------------------------------------------
 
@@ -470,11 +189,12 @@ int main(int argc, char** argv) {
     attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
 
     dev::DeviceBuffer<floatX> d_qkv(3 * BTC), d_dout(BTC), d_dqkv(3 * BTC);
-    dev::DeviceBuffer<floatX> d_att(std::max(att_elements, attention_saved_elements(B, T, NH)));
-    dev::DeviceBuffer<floatX> d_scratch(attention_scratch_elements(B, T, C, NH));
+    dev::DeviceBuffer<floatX> d_att(std::max(att_elements, attention_saved_elements(B, T, NH, false)));
+    dev::DeviceBuffer<floatX> d_scratch(std::max(attention_scratch_elements(B, T, C, NH, false),
+                                                 attention_scratch_elements(B, T, C, NH, true)));
     dev::DeviceBuffer<float> d_dscore(att_elements);
     dev::DeviceBuffer<floatX> d_out(BTC);
-    dev::DeviceBuffer<float> d_lse((size_t)B * NH * T), d_delta((size_t)B * NH * T);
+    dev::DeviceBuffer<float> d_lse((size_t)B * NH * T);  // what the flash forward saves
     dev::upload(d_qkv, qkv);
     dev::upload(d_dout, dout);
     dev::upload(d_out, out);
@@ -493,13 +213,15 @@ int main(int argc, char** argv) {
          [&](int bs) {
              attention_backward_v1(d_dqkv.ptr, d_dscore.ptr, d_dout.ptr, d_qkv.ptr, d_att.ptr, B, T, C, NH, bs);
          }},
-        {"v2 llmc: cuBLAS + softmax backward kernel", {0},
+        {"v2 llmc -fa 0: cuBLAS + softmax backward", {0},
          [&](int) {
-             attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_att.ptr, d_scratch.ptr, B, T, C, NH, 0);
+             attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_att.ptr, d_scratch.ptr, B, T, C, NH,
+                                false, 0);
          }},
-        {"v3 flash: recompute P per tile, mma.sync", {0},
+        {"v3 llmc flash: recompute P, mma.sync", {0},
          [&](int) {
-             attention_backward_v3(d_dqkv.ptr, d_delta.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
+             attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, reinterpret_cast<floatX*>(d_lse.ptr),
+                                d_scratch.ptr, B, T, C, NH, true, 0);
          }},
     };
     dev::run_versions(&report, versions, [&] { dev::poison(d_dqkv); },

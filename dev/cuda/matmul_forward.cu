@@ -13,7 +13,7 @@
 //
 //   make -C dev/cuda bin/matmul_forward && dev/cuda/bin/matmul_forward
 #include "harness.cuh"
-#include "mma.cuh"
+#include "../../llmc/mma.cuh"
 
 #include "../../llmc/matmul.cuh"
 #include "../../llmc/matmul.h"
@@ -108,7 +108,7 @@ void matmul_forward_v2(floatX* out, const floatX* inp, const floatX* weight, con
 }
 
 // ----------------------------------------------------------------------------
-// v3: tensor cores through mma.sync (see mma.cuh). A block of 8 warps computes a 128x128 tile of out;
+// v3: tensor cores through mma.sync (see llmc/mma.cuh). A block of 8 warps computes a 128x128 tile of out;
 // each warp a 64x32 piece of it, as 4x4 mma tiles of 16x8 with fp32 accumulators in registers (64
 // floats per lane). Both operands are K-contiguous (a row of inp, a row of weight), which is what
 // mma's row.col form wants, so ldmatrix loads the fragments without transposes. Slabs of 32 k are

@@ -21,7 +21,8 @@ EMU_FLAVOR_STAMP := build/emu-flavor-$(if $(filter 1,$(EMU_ASAN)),asan,plain)
 EMU_OPT ?= -O2
 EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
 # for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
-EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -x c++ -include $(EMU_DIR)/prelude.h
+# -I$(EMU_DIR): llmc/mma.cuh includes mma_emu.h (the emulated mma.sync, ldmatrix, cp.async)
+EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -I$(EMU_DIR) -x c++ -include $(EMU_DIR)/prelude.h
 EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
@@ -46,7 +47,7 @@ $(EMU_FLAVOR_STAMP):
 	@mkdir -p build
 	rm -f build/emu-flavor-* && touch $@
 
-$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh
+$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh $(EMU_DIR)/mma_emu.h
 	@mkdir -p $(EMU_BUILD)
 	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
 	touch $@

@@ -1,5 +1,5 @@
-// The tensor-core primitives of dev/cuda/mma.cuh, emulated (dev/cuda/mma.cuh includes this file when
-// CUDA_EMULATION is defined; dev/emu/devcuda.mk puts dev/emu on the include path). Semantics from the
+// The tensor-core primitives of llmc/mma.cuh, emulated (llmc/mma.cuh includes this file when
+// CUDA_EMULATION is defined; dev/emu/emu.mk and devcuda.mk put dev/emu on the include path). Semantics from the
 // PTX ISA: "Warp-level matrix load instruction: ldmatrix", "Matrix Fragments for mma.m16n8k16 with
 // floating point type" and "Data movement: cp.async". Tests: dev/emu/test_mma_emu.cpp.
 //

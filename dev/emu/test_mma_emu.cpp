@@ -1,4 +1,4 @@
-// One-warp unit tests of the emulated tensor-core primitives of dev/cuda/mma.cuh (dev/emu/mma_emu.h).
+// One-warp unit tests of the emulated tensor-core primitives of llmc/mma.cuh (dev/emu/mma_emu.h).
 // Each kernel is one warp that loads known matrices, applies one primitive and writes what every lane
 // got; the expected values are worked out here from the PTX ISA's definitions, element by element
 // (the per-element index formulas of "Matrix Fragments for mma.m16n8k16", not the emulation's code).
@@ -13,7 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "../cuda/mma.cuh"
+#include "../../llmc/mma.cuh"
 
 namespace {
 

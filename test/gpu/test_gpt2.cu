@@ -1,7 +1,8 @@
 // The CUDA trainer's test suite (make test-gpu): every kernel against its CPU reference op
 // (test_kernels.cuh), then the whole model and the train_gpt2cu binary against the same PyTorch
 // oracle files as the CPU suite (test/test_model.cpp), and the trainer's own promises: -r 0/1/2 give
-// the same bits (with -ge 0 and with -ge 1), -w 0 and -ge 1 stay close, two runs are bit-identical, a resumed run equals an
+// the same bits (with -ge 0 and with -ge 1), -w 0, -ge 1 and -fa 0 (the cuBLAS attention instead of
+// flash) stay close, two runs are bit-identical, a resumed run equals an
 // uninterrupted one, and checkpoints move between the CPU and the CUDA trainers. Data parallelism
 // over NCCL (one process, and two or more GPUs where there are): test_multi_gpu.cuh.
 //
@@ -99,9 +100,10 @@ std::string trainer() { return test::root() + "/" + TRAINER; }
 // ----------------------------------------------------------------------------
 // the model in-process against the oracle's one batch
 
-void check_against_oracle_state(const std::string& dir, int recompute) {
+void check_against_oracle_state(const std::string& dir, int recompute, int flash_attention = 1) {
     TrainArgs args;
     args.recompute = recompute;
+    args.flash_attention = flash_attention;
     GPT2 model;
     gpt2_build(&model, dir + "/model.bin", args);
     const GPT2Config& cfg = model.config;
@@ -153,6 +155,12 @@ TEST(ModelOracle, TinyForwardBackwardEachRecomputeLevel) {
     }
 }
 
+// the cuBLAS + softmax attention (-fa 0) against the same oracle (the tiny model's head size is 16)
+TEST(ModelOracle, TinyForwardBackwardCublasAttention) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    check_against_oracle_state(tiny_oracle(), 1, 0);
+}
+
 TEST(ModelOracle, Gpt2SmallShapeForwardBackward) {
     REQUIRE_ORACLE("d12", D12_ARGS);
     check_against_oracle_state(d12_oracle(), 1);
@@ -199,6 +207,31 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
     EXPECT_LT(loss.back(), loss.front()) << "training did not lower the loss";
     EXPECT_NE(run.result.output.find("tok/s | MFU"), std::string::npos) << "step lines carry tokens/s and MFU";
     EXPECT_NE(run.result.output.find("recompute -r 1 saves"), std::string::npos) << "start-up prints the memory saved";
+#if !defined(ENABLE_FP32)
+    EXPECT_NE(run.result.output.find("attention: flash (-fa 1); activations with flash"), std::string::npos)
+        << "flash attention is the default, and start-up prints the memory of both paths";
+#endif
+}
+
+// Flash attention (the default) and the cuBLAS + softmax path (-fa 0) compute the same function with
+// different roundings (flash rounds only P to bf16; the cuBLAS path stores the scores and the
+// probabilities in bf16): their 10-step runs agree within the oracle's tolerances.
+TEST(TrainOptions, FlashAndCublasAttentionAgree) {
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
+    std::string flags = tiny_cosine_flags(tiny_cosine_oracle());
+    TrainerRun flash = run_trainer("gpu_fa1", flags);
+    TrainerRun cublas = run_trainer("gpu_fa0", flags + " -fa 0");
+    std::vector<double> a = train_losses(flash), b = train_losses(cublas);
+    std::vector<double> na = test::jsonl_values(flash.dir + "/metrics.jsonl", "grad_norm");
+    std::vector<double> nb = test::jsonl_values(cublas.dir + "/metrics.jsonl", "grad_norm");
+    ASSERT_EQ(a.size(), 10u);
+    ASSERT_EQ(b.size(), a.size());
+    ASSERT_EQ(na.size(), nb.size());
+    for (size_t s = 0; s < a.size(); s++) {
+        EXPECT_NEAR(a[s], b[s], step_loss_tolerance(b[s])) << "loss at step " << s;
+        EXPECT_NEAR(na[s], nb[s], TOL_STEP_NORM_REL * nb[s]) << "grad norm at step " << s;
+        printf("  step %zu loss flash %.6f cuBLAS %.6f | norm %.5f %.5f\n", s, a[s], b[s], na[s], nb[s]);
+    }
 }
 
 // Recomputation changes only what is stored, never a value: -r 0, 1 and 2 give the same bits, with

@@ -14,7 +14,10 @@
 // This file is included by test_gpt2.cu (one translation unit: the kernels are defined in headers).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../../llmc/adamw.h"
@@ -297,6 +300,7 @@ TEST(Kernels, MatmulGeluEpilogues) {
     expect_close("DGELU epilogue dinp", download(d_dpre), dpre, TOL_SUM);
 }
 
+// the cuBLAS + softmax path (-fa 0): saves the probabilities themselves
 TEST(Kernels, AttentionForwardBackward) {
     std::mt19937 rng(16);
     struct Shape { int B, T, C, NH; };
@@ -305,21 +309,107 @@ TEST(Kernels, AttentionForwardBackward) {
         int B = s.B, T = s.T, C = s.C, NH = s.NH;
         size_t BTC = (size_t)B * T * C;
         std::vector<float> qkv = random_values(3 * BTC, rng), dout = random_values(BTC, rng);
-        DeviceArray<floatX> d_qkv(qkv.size()), d_out(BTC), d_saved(attention_saved_elements(B, T, NH));
-        DeviceArray<floatX> d_scratch(attention_scratch_elements(B, T, C, NH)), d_dout(BTC), d_dqkv(3 * BTC);
+        DeviceArray<floatX> d_qkv(qkv.size()), d_out(BTC), d_saved(attention_saved_elements(B, T, NH, false));
+        DeviceArray<floatX> d_scratch(attention_scratch_elements(B, T, C, NH, false)), d_dout(BTC), d_dqkv(3 * BTC);
         upload(d_qkv, qkv), upload(d_dout, dout);
-        attention_forward(d_out.ptr, d_saved.ptr, d_qkv.ptr, d_scratch.ptr, B, T, C, NH, 0);
+        attention_forward(d_out.ptr, d_saved.ptr, d_qkv.ptr, d_scratch.ptr, B, T, C, NH, false, 0);
         std::vector<float> out(BTC), att((size_t)B * NH * T * T);
         attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
         expect_close("attention out", download(d_out), out, TOL_ATTENTION);
         expect_close("attention probabilities", download(d_saved), att, TOL_ATTENTION);
 
-        attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_saved.ptr, d_scratch.ptr, B, T, C, NH, 0);
+        attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_saved.ptr, d_scratch.ptr, B, T, C, NH, false, 0);
         std::vector<float> dqkv(3 * BTC, 0.0f);
         attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
         expect_close("attention dqkv", download(d_dqkv), dqkv, TOL_ATTENTION);
     }
 }
+
+#if !defined(ENABLE_FP32)
+// Flash attention (the default) against the CPU op, for the head sizes GPT-2 and other checkpoints use
+// (16, 32, 64, 80, 128) and T around the 64-row tile (1, 7, 63, 64, 65: partial, whole and one-past
+// tiles; 200: several tiles and a partial one); head sizes 8, 24, 40 at two lengths. The forward's saved lse is checked against ln(sum exp(scores)) from the CPU's
+// probabilities: lse = s[m] - ln(att[m]) at the row's largest probability m. A second backward must
+// give the same bits (no atomics). Flash keeps the scores in fp32 and rounds P and dS to bf16 (as mma
+// operands) and the outputs once: out and dv come within ~3e-3; dq and dk, sums of few cancelling dS·k
+// terms at small T and head size, reach ~1e-2 (hs 8, T 7). Held to TOL_ATTENTION (lse to TOL_SUM); a
+// wrong mask, tile edge or padding is off by O(1). Also run under
+// EMU_THREAD_ORDER=reverse and EMU_CP_ASYNC=issue (dev/cuda/README.md) to shake out missing barriers.
+TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
+    std::mt19937 rng(17);
+    const int B = 1, NH = 2;
+    double worst_out = 0, worst_lse = 0, worst_dqkv = 0;
+    // 8, 24, 40: not multiples of mma's 16, so the kernels' zero columns past hs are in play
+    std::vector<int> every_length = {1, 7, 63, 64, 65, 200}, some_lengths = {7, 65};
+    for (int hs : {8, 16, 24, 32, 40, 64, 80, 128}) {
+        for (int T : hs % 16 == 0 ? every_length : some_lengths) {
+            SCOPED_TRACE("hs " + std::to_string(hs) + " T " + std::to_string(T));
+            int C = NH * hs;
+            size_t BTC = (size_t)B * T * C, rows = (size_t)B * NH * T;
+            std::vector<float> qkv = random_values(3 * BTC, rng, -2.0f, 2.0f), dout = random_values(BTC, rng);
+            DeviceArray<floatX> d_qkv(qkv.size()), d_out(BTC), d_dout(BTC), d_dqkv(3 * BTC);
+            DeviceArray<floatX> d_saved(attention_saved_elements(B, T, NH, true));
+            DeviceArray<floatX> d_scratch(attention_scratch_elements(B, T, C, NH, true));
+            upload(d_qkv, qkv), upload(d_dout, dout);
+            attention_forward(d_out.ptr, d_saved.ptr, d_qkv.ptr, d_scratch.ptr, B, T, C, NH, true, 0);
+            attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_saved.ptr, d_scratch.ptr, B, T, C, NH,
+                               true, 0);
+            std::vector<float> gpu_out = download(d_out), gpu_dqkv = download(d_dqkv);
+            std::vector<float> gpu_lse(rows);
+            cudaCheck(cudaMemcpy(gpu_lse.data(), d_saved.ptr, rows * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemset(d_dqkv.ptr, 0xff, 3 * BTC * sizeof(floatX)));
+            attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_saved.ptr, d_scratch.ptr, B, T, C, NH,
+                               true, 0);
+            EXPECT_TRUE(same_bits(download(d_dqkv), gpu_dqkv)) << "two backward passes differ";
+
+            std::vector<float> out(BTC), att(rows * T), lse(rows), dqkv(3 * BTC, 0.0f);
+            attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+            attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < NH; h++) {
+                    for (int t = 0; t < T; t++) {
+                        size_t row = ((size_t)b * NH + h) * T + t;
+                        const float* p = att.data() + row * T;
+                        int m = (int)(std::max_element(p, p + t + 1) - p);
+                        const float* q = qkv.data() + ((size_t)b * T + t) * 3 * C + h * hs;
+                        const float* k = qkv.data() + ((size_t)b * T + m) * 3 * C + C + h * hs;
+                        double dot = 0;
+                        for (int i = 0; i < hs; i++) dot += (double)q[i] * k[i];
+                        lse[row] = (float)(dot / std::sqrt((double)hs) - std::log((double)p[m]));
+                    }
+                }
+            }
+            double e_out = test::max_rel_error(gpu_out.data(), out.data(), BTC);
+            double e_lse = test::max_rel_error(gpu_lse.data(), lse.data(), rows);
+            EXPECT_LE(e_out, TOL_ATTENTION) << "out";
+            EXPECT_LE(e_lse, TOL_SUM) << "lse";
+            // dq, dk and dv each on its own scale (at T = 1, dq and dk are exactly zero)
+            double e_part[3];
+            const char* names[3] = {"dq", "dk", "dv"};
+            for (int part = 0; part < 3; part++) {
+                std::vector<float> got(BTC), want(BTC);
+                for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+                    for (int c = 0; c < C; c++) {
+                        got[bt * C + c] = gpu_dqkv[bt * 3 * C + part * C + c];
+                        want[bt * C + c] = dqkv[bt * 3 * C + part * C + c];
+                    }
+                }
+                bool zero = std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; });
+                e_part[part] = zero ? (std::all_of(got.begin(), got.end(), [](float x) { return x == 0.0f; }) ? 0.0 : 1.0)
+                                    : test::max_rel_error(got.data(), want.data(), BTC);
+                EXPECT_LE(e_part[part], TOL_ATTENTION) << names[part];
+            }
+            double e_dqkv = std::max({e_part[0], e_part[1], e_part[2]});
+            printf("  hs %3d T %3d: max rel error out %.2e, lse %.2e, dq %.2e, dk %.2e, dv %.2e\n", hs, T, e_out, e_lse,
+                   e_part[0], e_part[1], e_part[2]);
+            worst_out = std::max(worst_out, e_out), worst_lse = std::max(worst_lse, e_lse);
+            worst_dqkv = std::max(worst_dqkv, e_dqkv);
+        }
+    }
+    printf("  worst: out %.2e, lse %.2e, dq/dk/dv %.2e (tolerances %.0e, %.0e, %.0e)\n", worst_out, worst_lse, worst_dqkv,
+           TOL_ATTENTION, TOL_SUM, TOL_ATTENTION);
+}
+#endif
 
 TEST(Kernels, GeluForwardBackward) {
     std::mt19937 rng(17);

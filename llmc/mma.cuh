@@ -1,5 +1,6 @@
-// Warp-level tensor-core primitives (sm_80+) for the dev/cuda matmul and attention kernels: the
-// asynchronous global->shared copy, ldmatrix, and the bf16 mma.sync m16n8k16 with fp32 accumulators.
+// Warp-level tensor-core primitives (sm_80+) for the flash attention kernels (attention.cuh) and the
+// dev/cuda matmul: the asynchronous global->shared copy, ldmatrix, and the bf16 mma.sync m16n8k16 with
+// fp32 accumulators.
 //
 // mma.sync.m16n8k16.row.col: D (16x8, fp32) = A (16x16, bf16, row-major) · B (16x8, bf16, "col": stored
 // as 8 rows of 16 k values) + C. With g = lane / 4 and i = lane % 4, each lane holds:

@@ -1,0 +1,497 @@
+// Causal self-attention without the (T, T) matrix (flash attention), on the bf16 tensor cores through
+// mma.sync (mma.cuh). The trainer's default; attention.cuh picks between this and the cuBLAS path.
+//
+// Forward: a block of 4 warps owns 64 queries of one head, each warp 16 of them, and walks the key
+// tiles (64 keys each) up to the diagonal. Per tile: S = q·kᵀ by mma (fp32), scaled into log2 units
+// and masked above the diagonal; the online softmax raises the running row max m and rescales the
+// running sum l and output O by 2^(m_old - m_new); P = 2^(S - m) stays in registers and O += P·v by
+// mma, P's accumulator fragments reused as the A operand. The block stores O / l and, per row, the
+// log-sum-exp lse = ln(sum_j exp(s_j)) of its scaled scores s (fp32, (B, NH, T)): all the backward
+// needs to rebuild any tile of probabilities, P = exp(s - lse). Nothing of size T x T is ever stored.
+//
+// Backward, with D = rowsum(dout * out) (a small first kernel) and dS = P * (dout·vᵀ - D):
+//   kernel 1, a block per 64 keys, walks the query tiles from the diagonal down in the transposed frame
+//     (rows = keys): Pᵀ, dv += Pᵀ·dout, dSᵀ, dk += dSᵀ·q; dk and dv stay in registers to the end.
+//   kernel 2, a block per 64 queries, walks the key tiles up to the diagonal: P, dS, dq += dS·k.
+// Every output element is owned by one warp and summed in a fixed order: no atomics, so two runs give
+// the same bits. The price is recomputing two of the products for dq (7 products instead of 5).
+//
+// Shapes: any T (the last tile is padded with zero rows; queries past T are masked and never stored)
+// and any head size hs that is a multiple of 8 up to 128. The kernels are compiled for D = hs rounded
+// up to 16 (mma's k step), the extra columns zero in shared memory: zeros add nothing to q·kᵀ, and the
+// output columns past hs are not stored. The row stride in shared memory is D + 8 bf16 so the 8 rows
+// an ldmatrix reads fall in distinct banks.
+//
+// bf16 only: the fp32 build (-DENABLE_FP32) has no tensor-core path here and runs the cuBLAS path.
+#pragma once
+
+#if !defined(ENABLE_FP32)
+
+#include <cmath>
+
+#include "cuda_common.cuh"
+#include "mma.cuh"
+
+constexpr int FLASH_TILE = 64;     // queries per block and keys per tile (a block's 4 warps x 16 rows)
+constexpr int FLASH_THREADS = 128;
+constexpr int FLASH_MAX_HEAD_SIZE = 128;
+constexpr float FLASH_LOG2E = 1.4426950408889634f;
+
+// ----------------------------------------------------------------------------
+// kernels
+
+template <int D>
+struct FlashTile {
+    floatX rows[FLASH_TILE][D + 8];
+};
+
+// Rows row0 .. row0+63 of a (T, row_stride) head view into a tile; rows past T and columns past hs
+// become zeros. One 16-byte cp.async per 8 values (hs and the row starts are multiples of 8 values).
+template <int D>
+__device__ inline void flash_load_tile(FlashTile<D>& tile, const floatX* src, size_t row_stride, int row0, int T,
+                                       int hs) {
+    constexpr int chunks_per_row = D / 8;
+    for (int chunk = threadIdx.x; chunk < FLASH_TILE * chunks_per_row; chunk += FLASH_THREADS) {
+        int r = chunk / chunks_per_row, col = (chunk % chunks_per_row) * 8;
+        if (row0 + r < T && col < hs) {
+            cp_async16(&tile.rows[r][col], src + (size_t)(row0 + r) * row_stride + col);
+        } else {
+            *reinterpret_cast<int4*>(&tile.rows[r][col]) = make_int4(0, 0, 0, 0);
+        }
+    }
+}
+
+// a warp's 16 rows of a tile as mma A fragments, D/16 chunks along k
+template <int D>
+__device__ inline void flash_load_a(uint32_t (*a)[4], const FlashTile<D>& tile, int row0, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) ldmatrix_x4(a[kc], &tile.rows[row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
+}
+
+// c (8 tiles of 16x8) = A (16 x D) · Bᵀ, with B a tile of 64 rows (the product's columns) of D values:
+// the pattern of q·kᵀ
+template <int D>
+__device__ inline void flash_mma_abt(float (*c)[4], const uint32_t (*a)[4], const FlashTile<D>& b, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+#pragma unroll
+        for (int pair = 0; pair < FLASH_TILE / 16; pair++) {
+            uint32_t r[4];
+            ldmatrix_x4(r, &b.rows[pair * 16 + lane % 8 + (lane / 16) * 8][kc * 16 + ((lane / 8) % 2) * 8]);
+            uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mma_bf16_16816(c[2 * pair], a[kc], b0);
+            mma_bf16_16816(c[2 * pair + 1], a[kc], b1);
+        }
+    }
+}
+
+// acc (D/8 tiles of 16x8) += P (16 x 64, accumulator fragments, rounded to bf16) · B, with B a tile of
+// 64 rows (along k) of D values (the product's columns): the pattern of P·v
+template <int D>
+__device__ inline void flash_mma_pb(float (*acc)[4], const float (*p)[4], const FlashTile<D>& b, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < FLASH_TILE / 16; kc++) {
+        uint32_t a[4] = {pack_bf16x2(p[2 * kc][0], p[2 * kc][1]), pack_bf16x2(p[2 * kc][2], p[2 * kc][3]),
+                         pack_bf16x2(p[2 * kc + 1][0], p[2 * kc + 1][1]),
+                         pack_bf16x2(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+#pragma unroll
+        for (int pair = 0; pair < D / 16; pair++) {
+            uint32_t r[4];
+            ldmatrix_x4_trans(r, &b.rows[kc * 16 + lane % 8 + ((lane / 8) % 2) * 8][pair * 16 + (lane / 16) * 8]);
+            uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            mma_bf16_16816(acc[2 * pair], a, b0);
+            mma_bf16_16816(acc[2 * pair + 1], a, b1);
+        }
+    }
+}
+
+// Stores a warp's 16 x D accumulator rows (two per lane: row0 and row0 + 8), times the per-row factor,
+// into rows of a (T, row_stride) view; rows past T and columns past hs are skipped.
+template <int D>
+__device__ inline void flash_store_rows(floatX* dst, size_t row_stride, const float (*acc)[4], int row0,
+                                        const float* factor, int T, int hs, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + 8 * r;
+        if (row >= T) continue;
+        floatX* out = dst + (size_t)row * row_stride;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            int col = nt * 8 + (lane % 4) * 2;
+            if (col >= hs) break;
+            *reinterpret_cast<__nv_bfloat162*>(out + col) =
+                __floats2bfloat162_rn(acc[nt][2 * r] * factor[r], acc[nt][2 * r + 1] * factor[r]);
+        }
+    }
+}
+
+template <int D>
+struct FlashForwardShared {
+    FlashTile<D> q, k[2], v[2];
+};
+
+template <int D>
+__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
+    floatX* out, float* lse, const floatX* qkv, int T, int NH, int hs) {
+    extern __shared__ __align__(16) unsigned char flash_shared[];
+    FlashForwardShared<D>& sh = *reinterpret_cast<FlashForwardShared<D>*>(flash_shared);
+    int C = NH * hs;
+    int q_tile = gridDim.x - 1 - blockIdx.x;  // the longest rows first, so the short blocks fill in at the end
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;  // q of (b, t = 0, h); k at + C, v at + 2C
+    size_t stride = 3 * (size_t)C;
+
+    flash_load_tile(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
+    flash_load_tile(sh.k[0], q_head + C, stride, 0, T, hs);
+    flash_load_tile(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
+    cp_async_commit();
+
+    const float scale_log2 = (1.0f / sqrtf((float)hs)) * FLASH_LOG2E;  // as the backward computes it
+    int query0 = q_tile * FLASH_TILE + warp * 16 + lane / 4;  // the lane's rows: query0 and query0 + 8
+    uint32_t q_frag[D / 16][4];
+    float o[D / 8][4] = {};
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.0f, 0.0f};  // this lane's share; the 4 lanes of a row are added at the end
+
+    for (int j = 0; j <= q_tile; j++) {
+        int stage = j % 2;
+        if (j + 1 <= q_tile) {
+            flash_load_tile(sh.k[1 - stage], q_head + C, stride, (j + 1) * FLASH_TILE, T, hs);
+            flash_load_tile(sh.v[1 - stage], q_head + 2 * C, stride, (j + 1) * FLASH_TILE, T, hs);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();  // all but the group just committed: tile j (and q) have landed
+        __syncthreads();
+        if (j == 0) flash_load_a(q_frag, sh.q, warp * 16, lane);
+
+        float s[FLASH_TILE / 8][4] = {};
+        flash_mma_abt(s, q_frag, sh.k[stage], lane);
+        // scale; on the diagonal tile mask keys after the query (that covers the zero rows past T too)
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = j * FLASH_TILE + nt * 8 + (lane % 4) * 2 + e % 2;
+                float x = s[nt][e] * scale_log2;
+                if (j == q_tile && key > query0 + 8 * (e / 2)) x = -INFINITY;
+                s[nt][e] = x;
+                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            // the 4 lanes holding a row are 4g .. 4g+3
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+            float new_max = fmaxf(row_max[r], tile_max[r]);  // finite: key 0 is in every row's first tile
+            alpha[r] = exp2f(row_max[r] - new_max);           // 0 on the first tile
+            row_max[r] = new_max;
+            row_sum[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[nt][e] - row_max[e / 2]);
+                s[nt][e] = p;
+                row_sum[e / 2] += p;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[nt][e] *= alpha[e / 2];
+        }
+        flash_mma_pb(o, s, sh.v[stage], lane);
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+
+    float inv_sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
+        row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
+        inv_sum[r] = 1.0f / row_sum[r];
+        int query = query0 + 8 * r;
+        // lse in natural-log units: (max + log2(sum)) / log2(e)
+        if (lane % 4 == 0 && query < T) lse[(size_t)blockIdx.y * T + query] = (row_max[r] + log2f(row_sum[r])) / FLASH_LOG2E;
+    }
+    flash_store_rows<D>(out + (size_t)b * T * C + h * hs, C, o, query0, inv_sum, T, hs, lane);
+}
+
+// D[b, h, t] = sum over the head's values of dout * out: one thread per row (b, h, t)
+__global__ void attention_flash_delta_kernel(float* delta, const floatX* dout, const floatX* out, int B, int T, int NH,
+                                             int hs) {
+    int row_index = blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, t)
+    if (row_index >= B * NH * T) return;
+    int t = row_index % T, h = (row_index / T) % NH, b = row_index / (NH * T);
+    size_t offset = ((size_t)b * T + t) * NH * hs + h * hs;
+    float sum = 0.0f;
+    for (int d = 0; d < hs; d += x128::size) {
+        x128 dy = load128(dout + offset + d);
+        x128 o = load128(out + offset + d);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) sum += (float)dy[k] * (float)o[k];
+    }
+    delta[row_index] = sum;
+}
+
+template <int D>
+struct FlashKVShared {
+    FlashTile<D> k, v, q[2], dout[2];
+    float lse[2][FLASH_TILE];
+    float delta[2][FLASH_TILE];
+};
+
+// kernel 1: dk and dv for 64 keys of one head
+template <int D>
+__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_kernel(
+    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
+                                        const float* delta, int T, int NH, int hs) {
+    extern __shared__ __align__(16) unsigned char flash_shared[];
+    FlashKVShared<D>& sh = *reinterpret_cast<FlashKVShared<D>*>(flash_shared);
+    int C = NH * hs;
+    int k_tile = blockIdx.x;  // tile 0 has the most query tiles after it, and starts first
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;
+    const floatX* dout_head = dout + (size_t)b * T * C + h * hs;
+    const float* lse_head = lse + (size_t)blockIdx.y * T;  // rows of (b, h)
+    const float* delta_head = delta + (size_t)blockIdx.y * T;
+    size_t stride = 3 * (size_t)C;
+    int num_q_tiles = (T + FLASH_TILE - 1) / FLASH_TILE;
+
+    // lse and D with plain loads: a head's rows start at any float offset, too unaligned for cp.async
+    auto load_query_tile = [&](int stage, int q_tile) {
+        flash_load_tile(sh.q[stage], q_head, stride, q_tile * FLASH_TILE, T, hs);
+        flash_load_tile(sh.dout[stage], dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
+        int i = threadIdx.x % FLASH_TILE, query = q_tile * FLASH_TILE + i;
+        if (threadIdx.x < FLASH_TILE) {
+            sh.lse[stage][i] = query < T ? lse_head[query] : 0.0f;
+        } else {
+            sh.delta[stage][i] = query < T ? delta_head[query] : 0.0f;
+        }
+    };
+    flash_load_tile(sh.k, q_head + C, stride, k_tile * FLASH_TILE, T, hs);
+    flash_load_tile(sh.v, q_head + 2 * C, stride, k_tile * FLASH_TILE, T, hs);
+    load_query_tile(0, k_tile);
+    cp_async_commit();
+
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float scale_log2 = scale * FLASH_LOG2E;
+    int key0 = k_tile * FLASH_TILE + warp * 16 + lane / 4;  // the lane's keys: key0 and key0 + 8
+    uint32_t k_frag[D / 16][4], v_frag[D / 16][4];
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+
+    for (int q_tile = k_tile; q_tile < num_q_tiles; q_tile++) {
+        int stage = (q_tile - k_tile) % 2;
+        if (q_tile + 1 < num_q_tiles) load_query_tile(1 - stage, q_tile + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (q_tile == k_tile) {
+            flash_load_a(k_frag, sh.k, warp * 16, lane);
+            flash_load_a(v_frag, sh.v, warp * 16, lane);
+        }
+        // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse); 0 for a key after the query, or a query past T
+        float p[FLASH_TILE / 8][4] = {};
+        flash_mma_abt(p, k_frag, sh.q[stage], lane);
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int query_in_tile = nt * 8 + (lane % 4) * 2 + e % 2;
+                int query = q_tile * FLASH_TILE + query_in_tile;
+                int key = key0 + 8 * (e / 2);
+                float x = p[nt][e] * scale_log2 - sh.lse[stage][query_in_tile] * FLASH_LOG2E;
+                p[nt][e] = key > query || query >= T ? 0.0f : exp2f(x);
+            }
+        }
+        flash_mma_pb(dv, p, sh.dout[stage], lane);  // dv += Pᵀ·dout
+        // dPᵀ = v·doutᵀ, then dSᵀ = Pᵀ * (dPᵀ - D) in its place
+        float ds[FLASH_TILE / 8][4] = {};
+        flash_mma_abt(ds, v_frag, sh.dout[stage], lane);
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int query_in_tile = nt * 8 + (lane % 4) * 2 + e % 2;
+                ds[nt][e] = p[nt][e] * (ds[nt][e] - sh.delta[stage][query_in_tile]);
+            }
+        }
+        flash_mma_pb(dk, ds, sh.q[stage], lane);  // dk += dSᵀ·q
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+
+    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
+    floatX* dk_head = dqkv + (size_t)b * T * 3 * C + C + h * hs;
+    flash_store_rows<D>(dk_head, stride, dk, key0, dk_factor, T, hs, lane);
+    flash_store_rows<D>(dk_head + C, stride, dv, key0, dv_factor, T, hs, lane);
+}
+
+template <int D>
+struct FlashQShared {
+    FlashTile<D> q, dout, k[2], v[2];
+};
+
+// kernel 2: dq for 64 queries of one head
+template <int D>
+__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_kernel(
+    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
+                                       const float* delta, int T, int NH, int hs) {
+    extern __shared__ __align__(16) unsigned char flash_shared[];
+    FlashQShared<D>& sh = *reinterpret_cast<FlashQShared<D>*>(flash_shared);
+    int C = NH * hs;
+    int q_tile = gridDim.x - 1 - blockIdx.x;  // longest first
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;
+    const floatX* dout_head = dout + (size_t)b * T * C + h * hs;
+    size_t stride = 3 * (size_t)C;
+
+    flash_load_tile(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
+    flash_load_tile(sh.dout, dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
+    flash_load_tile(sh.k[0], q_head + C, stride, 0, T, hs);
+    flash_load_tile(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
+    cp_async_commit();
+
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float scale_log2 = scale * FLASH_LOG2E;
+    int query0 = q_tile * FLASH_TILE + warp * 16 + lane / 4;  // the lane's rows: query0 and query0 + 8
+    float row_lse_log2[2], row_delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int query = query0 + 8 * r;
+        row_lse_log2[r] = query < T ? lse[(size_t)blockIdx.y * T + query] * FLASH_LOG2E : 0.0f;
+        row_delta[r] = query < T ? delta[(size_t)blockIdx.y * T + query] : 0.0f;
+    }
+    uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
+    float dq[D / 8][4] = {};
+
+    for (int k_tile = 0; k_tile <= q_tile; k_tile++) {
+        int stage = k_tile % 2;
+        if (k_tile + 1 <= q_tile) {
+            flash_load_tile(sh.k[1 - stage], q_head + C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
+            flash_load_tile(sh.v[1 - stage], q_head + 2 * C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (k_tile == 0) {
+            flash_load_a(q_frag, sh.q, warp * 16, lane);
+            flash_load_a(dout_frag, sh.dout, warp * 16, lane);
+        }
+        // P = exp(q·kᵀ scale - lse), 0 for a key after the query
+        float p[FLASH_TILE / 8][4] = {};
+        flash_mma_abt(p, q_frag, sh.k[stage], lane);
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k_tile * FLASH_TILE + nt * 8 + (lane % 4) * 2 + e % 2;
+                float x = p[nt][e] * scale_log2 - row_lse_log2[e / 2];
+                p[nt][e] = key > query0 + 8 * (e / 2) ? 0.0f : exp2f(x);
+            }
+        }
+        // dP = dout·vᵀ, then dS = P * (dP - D) in its place
+        float ds[FLASH_TILE / 8][4] = {};
+        flash_mma_abt(ds, dout_frag, sh.v[stage], lane);
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e / 2]);
+        }
+        flash_mma_pb(dq, ds, sh.k[stage], lane);  // dq += dS·k
+        __syncthreads();
+    }
+
+    const float dq_factor[2] = {scale, scale};
+    flash_store_rows<D>(dqkv + (size_t)b * T * 3 * C + h * hs, stride, dq, query0, dq_factor, T, hs, lane);
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+// Each kernel instance may use more than the default 48 KiB of shared memory (D = 128: 103 KiB for
+// the dk/dv kernel, more than the 99 KiB of an sm_86/sm_89 GPU); the opt-in is per kernel, once.
+template <typename Kernel>
+inline void flash_allow_shared(Kernel kernel, size_t bytes, int hs, bool* done) {
+    if (*done) return;
+    int device = 0, limit = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (bytes > (size_t)limit) {
+        fatal("flash attention at head size %d needs %zu bytes of shared memory per block, this GPU allows %d: "
+              "use -fa 0", hs, bytes, limit);
+    }
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    *done = true;
+}
+
+template <int D>
+inline void attention_flash_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
+                                           cudaStream_t stream) {
+    static bool configured = false;
+    size_t shared = sizeof(FlashForwardShared<D>);
+    flash_allow_shared(attention_flash_forward_kernel<D>, shared, hs, &configured);
+    dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
+    attention_flash_forward_kernel<D><<<grid, FLASH_THREADS, shared, stream>>>(out, lse, qkv, T, NH, hs);
+    cudaCheckLaunch();
+}
+
+template <int D>
+inline void attention_flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                            const float* delta, int B, int T, int NH, int hs, cudaStream_t stream) {
+    static bool kv_configured = false, q_configured = false;
+    size_t kv_shared = sizeof(FlashKVShared<D>), q_shared = sizeof(FlashQShared<D>);
+    flash_allow_shared(attention_flash_backward_dkv_kernel<D>, kv_shared, hs, &kv_configured);
+    flash_allow_shared(attention_flash_backward_dq_kernel<D>, q_shared, hs, &q_configured);
+    dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
+    attention_flash_backward_dkv_kernel<D><<<grid, FLASH_THREADS, kv_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
+                                                                                      NH, hs);
+    cudaCheckLaunch();
+    attention_flash_backward_dq_kernel<D><<<grid, FLASH_THREADS, q_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
+                                                                                    NH, hs);
+    cudaCheckLaunch();
+}
+
+// The launchers for the head size rounded up to 16 (shapes checked by the caller: hs a multiple of 8,
+// at most FLASH_MAX_HEAD_SIZE). lse: (B, NH, T) fp32; delta: (B, NH, T) fp32 scratch.
+inline void attention_flash_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
+                                    cudaStream_t stream) {
+    switch ((hs + 15) / 16) {
+        case 1: attention_flash_forward_launch<16>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 2: attention_flash_forward_launch<32>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 3: attention_flash_forward_launch<48>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 4: attention_flash_forward_launch<64>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 5: attention_flash_forward_launch<80>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 6: attention_flash_forward_launch<96>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 7: attention_flash_forward_launch<112>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 8: attention_flash_forward_launch<128>(out, lse, qkv, B, T, NH, hs, stream); break;
+        default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, hs);
+    }
+}
+
+// dqkv overwritten. out and lse: what attention_flash_forward wrote.
+inline void attention_flash_backward(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
+                                     const floatX* out, const float* lse, int B, int T, int NH, int hs,
+                                     cudaStream_t stream) {
+    attention_flash_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256, 0, stream>>>(delta, dout, out, B, T, NH, hs);
+    cudaCheckLaunch();
+    switch ((hs + 15) / 16) {
+        case 1: attention_flash_backward_launch<16>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 2: attention_flash_backward_launch<32>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 3: attention_flash_backward_launch<48>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 4: attention_flash_backward_launch<64>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 5: attention_flash_backward_launch<80>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 6: attention_flash_backward_launch<96>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 7: attention_flash_backward_launch<112>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 8: attention_flash_backward_launch<128>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, hs);
+    }
+}
+
+#endif  // !ENABLE_FP32
