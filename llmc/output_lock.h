@@ -32,9 +32,9 @@ inline int output_dir_lock(const std::string& dir) {
         ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
         if (n > 0 && holder[n - 1] == '\n') holder[n - 1] = '\0';
         if (err == EWOULDBLOCK) {
-            fatal("output directory '%s' is in use by another run (%s holds %s): two runs must not write the same "
-                  "-o; wait for it to end, stop it, or choose another -o", dir.c_str(), n > 0 ? holder : "a process",
-                  path.c_str());
+            fatal("output directory '%s' is in use by another run: %s is locked (last taken by %s). Two runs must not "
+                  "write the same -o; wait for the other to end, stop it, or choose another -o", dir.c_str(),
+                  path.c_str(), n > 0 ? holder : "an unknown process");
         }
         fatal("output directory '%s': cannot lock %s: %s", dir.c_str(), path.c_str(), strerror(err));
     }
