@@ -274,6 +274,42 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
     EXPECT_EQ(test::read_text(a.dir + "/state_00000012_00000.bin"), test::read_text(b.dir + "/state_00000012_00000.bin"));
 }
 
+// -ni 2: rank 0's gradients of step 2 are made non-finite (an infinite loss weight, as from one bad
+// micro-batch or an fp16 overflow). The step is skipped: the checkpoint after it holds exactly the
+// weights and AdamW state of the one before (master weights included), the metrics say so, and the
+// run goes on. In the FP16 build the loss scale S also halves at that step. A checkpoint holding a
+// NaN is then refused at start.
+TEST(TrainNonFinite, SkippedStepLeavesWeightsAndMomentsUntouched) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    TrainerRun run = run_trainer("gpu_nonfinite", "-e " + dir + "/model.bin -i " + dir +
+                                 "/train.bin -b 2 -t 16 -x 4 -v 0 -s 0 -sh 0 -n 1 -ni 2");
+    EXPECT_NE(run.result.output.find("SKIPPED: non-finite gradient norm (1 so far)"), std::string::npos) << run.result.output;
+    EXPECT_EQ(test::read_text(run.dir + "/model_00000002.bin"), test::read_text(run.dir + "/model_00000003.bin"));
+    EXPECT_NE(test::read_text(run.dir + "/model_00000003.bin"), test::read_text(run.dir + "/model_00000004.bin"));
+    TrainState before, after;
+    state_file_read(run.dir + "/state_00000002_00000.bin", &before);
+    state_file_read(run.dir + "/state_00000003_00000.bin", &after);
+    EXPECT_EQ(before.m, after.m);
+    EXPECT_EQ(before.v, after.v);
+    EXPECT_EQ(before.master, after.master);
+    EXPECT_EQ(after.skipped_total, 1);
+    std::string metrics = test::read_text(run.dir + "/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"grad_norm\": null, \"skipped\": true, \"skipped_steps\": 1"), std::string::npos) << metrics;
+    for (double loss : train_losses(run)) EXPECT_TRUE(std::isfinite(loss));
+
+    std::string bad = run.dir + "/model_nan.bin";
+    ASSERT_EQ(system(("cp '" + run.dir + "/model_00000004.bin' '" + bad + "'").c_str()), 0);
+    FILE* fp = fopenCheck(bad.c_str(), "r+b");
+    fseek(fp, HEADER_BYTES + 8, SEEK_SET);  // parameters 4 and 5 (bf16) or 2 (fp32)
+    uint32_t nan_bits = 0x7FC07FC0u;            // a NaN whether read as two bf16 or one fp32
+    fwriteCheck(&nan_bits, 4, 1, fp);
+    fcloseCheck(fp);
+    test::CommandResult refused = test::run_command(trainer() + " -e " + bad + " -i " + dir + "/train.bin -b 2 -t 16 -x 1 -v 0 -s 0");
+    EXPECT_EQ(refused.exit_code, 1) << refused.output;
+    EXPECT_NE(refused.output.find("model_nan.bin': element"), std::string::npos) << refused.output;
+}
+
 // Checkpoints cross between the trainers: each loads a checkpoint the other wrote and both then see
 // the same first loss (within this build's tolerance). Ours is version 5 (bf16) or 3 (fp32); the
 // CPU trainer's is version 3, the format llm.c also writes.
