@@ -310,6 +310,90 @@ TEST(TrainNonFinite, SkippedStepLeavesWeightsAndMomentsUntouched) {
     EXPECT_NE(refused.output.find("model_nan.bin': element"), std::string::npos) << refused.output;
 }
 
+#if defined(ENABLE_FP16)
+// ----------------------------------------------------------------------------
+// FP16 with dynamic loss scaling (llmc/loss_scaler.h, doc/mixed_precision.md). The oracle tolerances
+// above are bf16's; fp16 keeps 3 more mantissa bits (2^-11 relative rounding against 2^-8), so they
+// bound fp16 with room to spare wherever nothing underflows or overflows, which loss scaling ensures.
+
+std::vector<double> loss_scales(const TrainerRun& run) { return test::jsonl_values(run.dir + "/metrics.jsonl", "loss_scale"); }
+
+// An injected overflow at step 2 skips exactly that step and halves S; S doubles after -lw clean steps.
+TEST(TrainFp16, OverflowSkipsTheStepAndHalvesTheScaleWhichGrowsAfterCleanSteps) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    TrainerRun run = run_trainer("fp16_scale", "-e " + dir + "/model.bin -i " + dir +
+                                 "/train.bin -b 2 -t 16 -x 7 -v 0 -s 0 -sh 0 -n 1 -ni 2 -ls 1024 -lw 2");
+    std::vector<double> scale = loss_scales(run);
+    // steps 0, 1 clean (S grows after step 1), step 2 overflows (S halves), 3, 4 clean (grows), 5, 6 clean
+    std::vector<double> want = {1024, 1024, 2048, 1024, 1024, 2048, 2048};
+    EXPECT_EQ(scale, want);
+    EXPECT_EQ(test::read_text(run.dir + "/model_00000002.bin"), test::read_text(run.dir + "/model_00000003.bin"));
+    std::string metrics = test::read_text(run.dir + "/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"skipped\": true, \"skipped_steps\": 1, \"loss_scale\": 2048"), std::string::npos) << metrics;
+}
+
+// A resumed run restores S and its clean-step counter from the state file: the same scales and bits.
+TEST(TrainFp16, ResumeRestoresTheLossScale) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -x 6 -v 0 -s 0 -sh 0 -n 3 -ls 1024 -lw 2";
+    TrainerRun a = run_trainer("fp16_resume_a", flags), b = run_trainer("fp16_resume_b", flags);
+    for (const char* f : {"/model_00000006.bin", "/state_00000006_00000.bin", "/DONE_00000006"}) remove((b.dir + f).c_str());
+    test::CommandResult resumed = test::run_command(trainer() + " " + flags + " -o " + b.dir + " -y 1");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_EQ(loss_scales(a), loss_scales(b));
+    EXPECT_EQ(test::read_text(a.dir + "/model_00000006.bin"), test::read_text(b.dir + "/model_00000006.bin"));
+    TrainState state;
+    state_file_read(a.dir + "/state_00000003_00000.bin", &state);
+    EXPECT_EQ(state.loss_scale, 2048.0f);  // grown after steps 0-1; steps 2's clean count is saved too
+    EXPECT_EQ(state.clean_steps, 1);
+}
+
+// Without scaling, the fraction of gradient elements that underflow to zero in fp16 (nonzero in the
+// float64 oracle) is large; with S = 2^16 it is near zero, and the gradients match the oracle.
+TEST(TrainFp16, LossScalingPreventsGradientUnderflow) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    TrainArgs args;
+    GPT2 model;
+    gpt2_build(&model, dir + "/model.bin", args);
+    test::DebugState state = test::read_debug_state(dir + "/state.bin", model.config.vocab_size, model.num_parameters);
+    int B = state.B, T = state.T;
+    gpt2_allocate_activations(&model, B, T);
+    double fraction[2];
+    float scales[2] = {1.0f, 65536.0f};
+    for (int k = 0; k < 2; k++) {
+        gpt2_zero_grad(&model);
+        gpt2_forward(&model, state.inputs.data(), state.targets.data(), B, T, scales[k] / (B * T));
+        gpt2_backward(&model, B, T);
+        std::vector<floatX> raw(model.num_parameters);
+        cudaCheck(cudaMemcpy(raw.data(), model.grads_memory, raw.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        size_t nonzero = 0, underflow = 0;
+        std::vector<float> grads(raw.size());
+        for (size_t i = 0; i < raw.size(); i++) {
+            grads[i] = host_from_floatX(raw[i]) / scales[k];
+            if (state.grads[i] == 0.0f) continue;
+            nonzero++;
+            if (grads[i] == 0.0f) underflow++;
+        }
+        fraction[k] = (double)underflow / nonzero;
+        printf("  S = %g: %zu of %zu nonzero gradient elements are 0 in fp16 (%.2f%%)\n", scales[k], underflow, nonzero,
+               100.0 * fraction[k]);
+        if (k == 1) {
+            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                size_t off = model.param_offsets[i], n = model.param_sizes[i];
+                double err = test::max_rel_error(grads.data() + off, state.grads.data() + off, n);
+                EXPECT_LE(err, param_tensor_is_decayed(i) ? TOL_GRAD_MATRIX : TOL_GRAD_VECTOR) << param_tensor_name(i);
+            }
+        }
+    }
+    EXPECT_GT(fraction[0], 0.05) << "without scaling many gradients underflow";
+    EXPECT_LT(fraction[1], 0.001) << "with S = 2^16 almost none do";
+    gpt2_free(&model);
+}
+#endif
+
 // Checkpoints cross between the trainers: each loads a checkpoint the other wrote and both then see
 // the same first loss (within this build's tolerance). Ours is version 5 (bf16) or 3 (fp32); the
 // CPU trainer's is version 3, the format llm.c also writes.
