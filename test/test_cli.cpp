@@ -377,7 +377,8 @@ TEST(BuildConfig, MakefileNoticesConfigurationChanges) {
     std::string r = test::root();
     std::string setup = "cd '" + dir + "' && mkdir -p dev fakebin && cp -r '" + r + "/Makefile' '" + r + "/train_gpt2.cpp' '" +
                         r + "/train_gpt2.cu' '" + r + "/llmc' '" + r + "/scripts' . && cp -r '" + r + "/dev/emu' dev/ && " +
-                        "printf '#!/bin/sh\nexit 0\n' > fakebin/mpicxx && chmod +x fakebin/mpicxx";
+                        "printf '#!/bin/sh\\ncase $1 in --showme:compile) echo -I/x/include;; --showme:link) echo -L/x/lib -lmpi;; esac\\n' "
+                        "> fakebin/mpicxx && chmod +x fakebin/mpicxx";
     ASSERT_EQ(test::run_command(setup).exit_code, 0);
     // make -q: exit 0 when up to date, 1 when the target would be rebuilt
     auto make_q = [&](const std::string& vars, const std::string& target) {
