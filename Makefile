@@ -48,8 +48,9 @@ config_stamp = $(shell mkdir -p $(BUILD)/config && f='$(BUILD)/config/$(1)' && c
 
 TRAIN_CONFIG := $(call config_stamp,train_gpt2,$(TRAIN_CXX) $(CXXFLAGS) $(LDLIBS_CPU))
 
+# PCRE2 (TOKENIZER_LIBS): the sampling prompt (-sp) is tokenized with llmc/bpe.h
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS) $(TRAIN_CONFIG)
-	$(TRAIN_CXX) $(CXXFLAGS) $< $(LDLIBS_CPU) -o $@
+	$(TRAIN_CXX) $(CXXFLAGS) $< $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
 
 # ---------------------------------------------------------------------------
 # tokenizer (see doc/tokenizer.md)
@@ -92,7 +93,7 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCC_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler "-Wall -Wno-unknown-pragmas" -diag-suppress 1675
-NVCC_LDLIBS = -lcublasLt -lcublas -lnccl
+NVCC_LDLIBS = -lcublasLt -lcublas -lnccl $(TOKENIZER_LIBS)
 # Multi-GPU (llmc/nccl.cuh, doc/data_parallel.md): NCCL always; MPI too when Open MPI's mpicxx is
 # found (as for train_gpt2), so `mpirun -np 8 ./train_gpt2cu` works. Without it the processes are
 # started with -pi tcp or -pi file. `make NO_MPI=1` leaves MPI out.

@@ -16,6 +16,7 @@
 
 #include "llmc/bpe.h"
 #include "llmc/bpe_prepro.h"
+#include "llmc/prompt.h"
 #include "llmc/tokenizer_file.h"
 #include "llmc/utils.h"
 
@@ -92,26 +93,6 @@ static Args parse_args(int argc, char** argv, int first) {
     return args;
 }
 
-// Where encoder.json and vocab.bpe are; see the top of this file.
-static std::string find_bpe_dir(const std::string& flag_value) {
-    if (!flag_value.empty()) return flag_value;
-    const char* env = getenv("GPT2_BPE_DIR");
-    if (env != nullptr && env[0] != '\0') return env;
-    std::vector<std::string> candidates = {"dev/data/gpt2-bpe"};
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n > 0) {
-        std::string exe_dir(exe, n);
-        exe_dir = exe_dir.substr(0, exe_dir.rfind('/'));
-        candidates.push_back(exe_dir + "/dev/data/gpt2-bpe");
-    }
-    for (const std::string& dir : candidates) {
-        if (file_exists(dir + "/encoder.json") && file_exists(dir + "/vocab.bpe")) return dir;
-    }
-    fatal("GPT-2's encoder.json and vocab.bpe were not found: pass --bpe-dir DIR, set GPT2_BPE_DIR, or run "
-          "dev/data/tinyshakespeare.sh once (it fetches them into dev/data/gpt2-bpe)");
-}
-
 static std::string read_input(const std::string& path) {
     if (path != "-") return bpe_read_file(path, "input");
     std::string data;
@@ -134,7 +115,7 @@ static int cmd_encode(const Args& args) {
     if (args.positional.size() != 1) fatal("encode takes one FILE (or - for stdin); see tokenizer_gpt2 --help");
     std::string text = read_input(args.positional[0]);
     BpeTokenizer tok;
-    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir));
+    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir, "--bpe-dir"));
     BpeEncoder enc;
     bpe_encoder_init(&enc, &tok);
     std::vector<int> ids;
@@ -164,7 +145,7 @@ static int cmd_decode(const Args& args) {
         }
     } else {
         BpeTokenizer tok;
-        bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir));
+        bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir, "--bpe-dir"));
         table = bpe_tokenizer_file(tok);
         bpe_tokenizer_free(&tok);
     }
@@ -214,7 +195,7 @@ static int cmd_bench(const Args& args) {
     if (text.empty()) fatal("bench: '%s' is empty", args.positional[0].c_str());
     int repeat = args.repeat;
     BpeTokenizer tok;
-    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir));
+    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir, "--bpe-dir"));
     auto seconds_since = [](std::chrono::steady_clock::time_point start) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
@@ -278,7 +259,7 @@ static int cmd_prepro(const Args& args) {
     PreproSplit split = args.split_blank_lines ? PREPRO_BLANK_LINES
                       : !args.jsonl_field.empty() ? PREPRO_JSONL : PREPRO_ONE_DOC_PER_FILE;
     BpeTokenizer tok;
-    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir));
+    bpe_tokenizer_load(&tok, find_bpe_dir(args.bpe_dir, "--bpe-dir"));
     auto t_start = std::chrono::steady_clock::now();  // read, encode, write; not the vocabulary load
     PreproSource source;
     prepro_source_init(&source, args.input, split, args.jsonl_field);

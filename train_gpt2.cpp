@@ -27,6 +27,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/gelu.h"
 #include "llmc/gpt2_init.h"
 #include "llmc/gpt2_config.h"
+#include "llmc/hellaswag.h"
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
 #include "llmc/loss_scaler.h"
@@ -341,22 +342,37 @@ void gpt2_apply_update(GPT2* model, const ProcessGroup& pg, int zero_stage, floa
 // ----------------------------------------------------------------------------
 // The training run
 
-// Generates `count` tokens after end-of-text, each sampled from the model's distribution given the
-// tokens so far (at most the last T of them).
-void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, const TokenizerFile* tok) {
-    std::vector<int> tokens = {eot};
-    printf("--- sample ---\n");
-    for (int i = 0; i < count; i++) {
-        int context = std::min((int)tokens.size(), T);
-        const int* window = tokens.data() + tokens.size() - context;
-        gpt2_forward(model, window, nullptr, 1, context);
-        const float* logits = model->acts.logits + (size_t)(context - 1) * model->config.padded_vocab_size;
-        int next = sample_softmax(logits, model->config.vocab_size, xorshift_uniform(rng));
-        tokens.push_back(next);
-        print_token(tok, next);
-        fflush(stdout);
+// One sample (llmc/train_common.h has the loop and the settings): the logits of the window's last position.
+void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
+    generate_sample(settings, model->config.vocab_size, rng, tok, [&](const int* window, int length) {
+        gpt2_forward(model, window, nullptr, 1, length);
+        return (const float*)model->acts.logits + (size_t)(length - 1) * model->config.padded_vocab_size;
+    });
+}
+
+// HellaSwag accuracy (llmc/hellaswag.h), 4 rows of the longest example's length per forward. The
+// activations grow to hold them if the training batch is smaller; training then uses a part of them.
+HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args, const ProcessGroup& pg,
+                               std::vector<HellaSwagScore>* details = nullptr) {
+    const int R = 4, Tr = set.longest_row;
+    if (Tr > model->config.max_seq_len) {
+        fatal("HellaSwag: an example needs %d tokens, more than the model's maximum %d", Tr, model->config.max_seq_len);
     }
-    printf("\n--------------\n");
+    if (model->acts_memory.empty() || (size_t)R * Tr > (size_t)model->batch_size * model->seq_len ||
+        Tr > model->seq_len) {
+        gpt2_allocate_activations(model, std::max({model->batch_size, args.B, R}), std::max({model->seq_len, args.T, Tr}));
+    }
+    HellaSwagResult local = hellaswag_evaluate(set, args.hellaswag_examples, pg.rank, pg.size, R, Tr,
+        [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
+            gpt2_forward(model, inputs, targets, rows, cols);
+            std::copy(model->acts.losses, model->acts.losses + (size_t)rows * cols, losses);
+        }, details);
+    HellaSwagResult total;
+    total.examples = all_reduce_sum(pg, local.examples);
+    total.correct = all_reduce_sum(pg, local.correct);
+    total.correct_norm = all_reduce_sum(pg, local.correct_norm);
+    total.correct_token = all_reduce_sum(pg, local.correct_token);
+    return total;
 }
 
 // Mean loss over num_batches val batches of every process.
@@ -430,14 +446,20 @@ int main(int argc, char** argv) {
     training_data_init(&data, args, cfg, pg.rank, pg.size, resume_step);
     DataLoader& train_loader = data.train;
     int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
+    gpt2_allocate_activations(&model, B, T);
     LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
 
     TokenizerFile tokenizer;
     int eot;
     bool have_tokenizer = load_sample_tokenizer(args, cfg, &tokenizer, &eot);
+    SampleSettings sample_settings = sample_settings_from_args(args, cfg, eot);
+    HellaSwagSet hellaswag;
+    if (args.hellaswag_every > 0) {
+        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, have_tokenizer ? &tokenizer : nullptr, &hellaswag);
+    }
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
-    uint64_t sampler_rng = 1337;
+    uint64_t sampler_rng = (uint64_t)args.sample_seed;
     LossScaler scaler = loss_scaler_from_args(args, false);  // fp32: skipping only, no scaling
     if (resume_step >= 0) {
         TrainState state = train_state_restore(args.output_dir, resume_step, pg, grad_accum_steps, model.num_parameters,
@@ -449,7 +471,7 @@ int main(int argc, char** argv) {
     Logger logger;
     logger_open(&logger, pg.rank == 0 ? args.output_dir : std::string(), resume_step);
 
-    if (args.overfit_single_batch) dataloader_next_batch(&train_loader);  // the one batch every step reuses
+    if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
@@ -458,11 +480,17 @@ int main(int argc, char** argv) {
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
+        if (is_hellaswag_step(args, step, max_steps)) {
+            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, pg);
+            printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
+                   hs.acc_norm(), hs.acc_token(), hs.examples);
+            logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
+        }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, pg);
         }
         if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
-            generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
+            generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;
 

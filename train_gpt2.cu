@@ -34,6 +34,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/loss_scaler.h"
 #include "llmc/output_lock.h"
 #include "llmc/rand.h"
+#include "llmc/hellaswag.h"
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer_file.h"
@@ -570,28 +571,43 @@ double bf16_peak_flops(const cudaDeviceProp& prop) {
     return 0.0;
 }
 
-// Generates `count` tokens after end-of-text, each sampled from the model's distribution given the
-// tokens so far (at most the last T of them); the sampling itself is the CPU trainer's.
-void generate_sample(GPT2* model, int count, int T, int eot, uint64_t* rng, const TokenizerFile* tok) {
+// One sample (llmc/train_common.h has the loop and the settings, shared with the CPU trainer): the
+// logits of the window's last position, fetched from the device and widened to fp32.
+void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
     int Vp = model->config.padded_vocab_size;
-    std::vector<int> tokens = {eot};
     std::vector<floatX> raw(Vp);
     std::vector<float> logits(Vp);
-    printf("--- sample ---\n");
-    for (int i = 0; i < count; i++) {
-        int context = std::min((int)tokens.size(), T);
-        const int* window = tokens.data() + tokens.size() - context;
-        gpt2_forward(model, window, nullptr, 1, context);
-        cudaCheck(cudaMemcpyAsync(raw.data(), model->acts.logits + (size_t)(context - 1) * Vp, Vp * sizeof(floatX),
+    generate_sample(settings, model->config.vocab_size, rng, tok, [&](const int* window, int length) {
+        gpt2_forward(model, window, nullptr, 1, length);
+        cudaCheck(cudaMemcpyAsync(raw.data(), model->acts.logits + (size_t)(length - 1) * Vp, Vp * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, model->stream));
         cudaCheck(cudaStreamSynchronize(model->stream));
         for (int v = 0; v < Vp; v++) logits[v] = host_from_floatX(raw[v]);
-        int next = sample_softmax(logits.data(), model->config.vocab_size, xorshift_uniform(rng));
-        tokens.push_back(next);
-        print_token(tok, next);
-        fflush(stdout);
+        return (const float*)logits.data();
+    });
+}
+
+// HellaSwag accuracy (llmc/hellaswag.h) in batches of the training shape (B rows of T tokens): the
+// activations are allocated for exactly that, so T must hold the longest context + ending.
+HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args, const DataParallel& dp) {
+    if (set.longest_row > model->seq_len) {
+        fatal("HellaSwag: the longest example needs %d tokens; run with -t %d or more", set.longest_row, set.longest_row);
     }
-    printf("\n--------------\n");
+    HellaSwagResult local = hellaswag_evaluate(set, args.hellaswag_examples, dp.rank, dp.size, model->batch_size,
+        model->seq_len, [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
+            gpt2_forward(model, inputs, targets, rows, cols);
+            size_t n = (size_t)rows * cols;
+            cudaCheck(cudaMemcpyAsync(model->host_losses, model->acts.losses, n * sizeof(float),
+                                      cudaMemcpyDeviceToHost, model->stream));
+            gpt2_sync(model, "the HellaSwag losses");
+            std::copy(model->host_losses, model->host_losses + n, losses);
+        });
+    HellaSwagResult total;
+    total.examples = dp_sum(dp, local.examples, "the HellaSwag count");
+    total.correct = dp_sum(dp, local.correct, "the HellaSwag count");
+    total.correct_norm = dp_sum(dp, local.correct_norm, "the HellaSwag count");
+    total.correct_token = dp_sum(dp, local.correct_token, "the HellaSwag count");
+    return total;
 }
 
 // Mean loss over num_batches val batches of every process.
@@ -720,9 +736,14 @@ int main(int argc, char** argv) {
     TokenizerFile tokenizer;
     int eot;
     bool have_tokenizer = load_sample_tokenizer(args, cfg, &tokenizer, &eot);
+    SampleSettings sample_settings = sample_settings_from_args(args, cfg, eot);
+    HellaSwagSet hellaswag;
+    if (args.hellaswag_every > 0) {
+        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, have_tokenizer ? &tokenizer : nullptr, &hellaswag);
+    }
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
-    uint64_t sampler_rng = 1337;
+    uint64_t sampler_rng = (uint64_t)args.sample_seed;
     LossScaler scaler = loss_scaler_from_args(args, USE_LOSS_SCALING);
     if (resume_step >= 0) {
         load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, &scaler, dp);
@@ -735,7 +756,7 @@ int main(int argc, char** argv) {
     logger_open(&logger, dp.rank == 0 ? args.output_dir : std::string(), resume_step);
 
     double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps;  // per GPU
-    if (args.overfit_single_batch) dataloader_next_batch(&train_loader);  // the one batch every step reuses
+    if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
@@ -744,11 +765,17 @@ int main(int argc, char** argv) {
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
+        if (is_hellaswag_step(args, step, max_steps)) {
+            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, dp);
+            printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
+                   hs.acc_norm(), hs.acc_token(), hs.examples);
+            logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
+        }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, dp);
         }
         if (dp.rank == 0 && is_sample_step(args, step, max_steps)) {
-            generate_sample(&model, args.gen_tokens, T, eot, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
+            generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;
 

@@ -33,7 +33,7 @@ struct TrainArgs {
     int T = 64;
     long total_batch_tokens = -1;  // -1: one micro-batch per step (B*T*processes)
     // optimization
-    int max_steps = -1;            // -1: one epoch of the training data
+    int max_steps = -1;            // -1: one epoch of the training data; 0: no training (evaluate, sample)
     float learning_rate = 3e-4f;
     int warmup_steps = 0;
     float final_lr_frac = 1.0f;
@@ -45,6 +45,14 @@ struct TrainArgs {
     int val_batches = 20;
     int sample_every = 20;
     int gen_tokens = 64;
+    float temperature = 1.0f;  // 0: greedy
+    int top_k = 0;             // 0: the whole vocabulary
+    std::string prompt;        // text a sample continues (after end-of-text); empty: end-of-text alone
+    std::string bpe_dir;       // GPT-2's encoder.json + vocab.bpe, to tokenize the prompt (llmc/prompt.h)
+    int sample_seed = 1337;    // the sampler's random stream
+    std::string hellaswag_path;  // hellaswag_val.bin (llmc/hellaswag.h)
+    int hellaswag_every = 0;     // 0: never
+    int hellaswag_examples = 0;  // 0: all of the file
     std::string output_dir;
     int checkpoint_every = 0;
     int resume = 0;
@@ -93,7 +101,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-b", FlagKind::Int, &a->B, 1, 1 << 20, false, "micro-batch size B"},
         {"-t", FlagKind::Int, &a->T, 1, 1 << 20, false, "sequence length T (at most the model's maxT)"},
         {"-d", FlagKind::Long, &a->total_batch_tokens, -1, 1e15, false, "total batch in tokens, a multiple of B*T (-1: B*T)"},
-        {"-x", FlagKind::Int, &a->max_steps, -1, INT_MAX, false, "max steps (-1: one epoch)"},
+        {"-x", FlagKind::Int, &a->max_steps, -1, INT_MAX, false, "max steps (-1: one epoch; 0: no training, only evaluate and sample)"},
         {"-l", FlagKind::Float, &a->learning_rate, 0, 10, false, "learning rate"},
         {"-u", FlagKind::Int, &a->warmup_steps, 0, INT_MAX, false, "learning rate warmup steps"},
         {"-q", FlagKind::Float, &a->final_lr_frac, 0, 1, false, "final learning rate as a fraction of -l"},
@@ -109,6 +117,14 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
         {"-z", FlagKind::Int, &a->zero_stage, 0, 1, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state"},
+        {"-st", FlagKind::Float, &a->temperature, 0, 100, false, "sampling temperature (0: greedy)"},
+        {"-sk", FlagKind::Int, &a->top_k, 0, INT_MAX, false, "sample from the K most likely tokens only (0: all)"},
+        {"-sp", FlagKind::String, &a->prompt, NAN, NAN, false, "prompt text the samples continue (tokenized with -bp)"},
+        {"-bp", FlagKind::String, &a->bpe_dir, NAN, NAN, false, "dir of GPT-2's encoder.json, vocab.bpe (for -sp; else $GPT2_BPE_DIR, dev/data/gpt2-bpe)"},
+        {"-ss", FlagKind::Int, &a->sample_seed, 0, INT_MAX, false, "seed of the sampler"},
+        {"-hs", FlagKind::String, &a->hellaswag_path, NAN, NAN, false, "HellaSwag eval file (dev/data/hellaswag.py)"},
+        {"-he", FlagKind::Int, &a->hellaswag_every, 0, INT_MAX, false, "HellaSwag accuracy every N steps and at the end (0: never)"},
+        {"-hm", FlagKind::Int, &a->hellaswag_examples, 0, INT_MAX, false, "HellaSwag: the first M examples only (0: all)"},
         {"-tk", FlagKind::String, &a->tokenizer_path, NAN, NAN, false, "gpt2_tokenizer.bin, to print samples as text"},
         {"-ns", FlagKind::Int, &a->max_skipped_steps, 1, INT_MAX, false, "stop after N consecutive steps skipped for a non-finite gradient norm"},
         {"-ni", FlagKind::String, &a->inject_nonfinite, NAN, NAN, false, "testing: steps (e.g. 3,5) whose gradients process 0 makes non-finite"},
@@ -204,7 +220,7 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         }
     }
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
-    if (args->max_steps == 0) fatal("flag -x: max steps must be -1 or positive");
+    if (args->hellaswag_every > 0 && args->hellaswag_path.empty()) fatal("flag -he needs the HellaSwag file (-hs)");
     if (args->checkpoint_every > 0 && args->output_dir.empty()) fatal("flag -n needs an output directory (-o)");
     if (args->resume && args->output_dir.empty()) fatal("flag -y 1 needs the output directory (-o) to resume from");
 }

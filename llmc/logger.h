@@ -1,8 +1,10 @@
 // Run logs in an output directory:
 //   DIR/main.log       llm.c's line format: "s:STEP trl:LOSS lr:LR norm:NORM" and "s:STEP tel:LOSS"
 //   DIR/metrics.jsonl  one JSON object per line: {"step": N, "train_loss": ..., "lr": ..., "grad_norm": ...,
-//                      "skipped": false, "skipped_steps": 0, ["loss_scale": S,] "ms": ..., "tokens_per_s": ...}
-//                      and {"step": N, "val_loss": ...}
+//                      "skipped": false, "skipped_steps": 0, ["loss_scale": S,] "ms": ..., "tokens_per_s": ...},
+//                      {"step": N, "val_loss": ...} and, with -hs,
+//                      {"step": N, "hellaswag_acc": ..., "hellaswag_acc_norm": ..., "hellaswag_acc_token": ...,
+//                      "hellaswag_examples": ...} (llmc/hellaswag.h); main.log gets "s:N eval:ACC_NORM" as llm.c
 // A skipped step (llmc/loss_scaler.h: its gradient norm was not finite) has "skipped": true; "skipped_steps"
 // counts them since the run began; a non-finite loss or norm is written as null (JSON has no inf/NaN).
 // Losses are printed with 9 significant digits (float's full precision). Step N's train loss is the
@@ -97,6 +99,17 @@ inline void logger_log_val(Logger* logger, long step, float val_loss) {
     if (logger->main_log == nullptr) return;
     fprintf(logger->main_log, "s:%ld tel:%.9g\n", step, val_loss);
     fprintf(logger->metrics, "{\"step\": %ld, \"val_loss\": %.9g}\n", step, val_loss);
+    fflush(logger->main_log);
+    fflush(logger->metrics);
+}
+
+inline void logger_log_hellaswag(Logger* logger, long step, double acc, double acc_norm, double acc_token,
+                                 long examples) {
+    if (logger->main_log == nullptr) return;
+    fprintf(logger->main_log, "s:%ld eval:%.6f\n", step, acc_norm);
+    fprintf(logger->metrics,
+            "{\"step\": %ld, \"hellaswag_acc\": %.6f, \"hellaswag_acc_norm\": %.6f, \"hellaswag_acc_token\": %.6f, "
+            "\"hellaswag_examples\": %ld}\n", step, acc, acc_norm, acc_token, examples);
     fflush(logger->main_log);
     fflush(logger->metrics);
 }

@@ -1,11 +1,13 @@
 // Host code of the training loop that the CPU and CUDA trainers share: what goes into a state file
 // and how a resumed run checks and restores it, the description that all processes must agree on,
-// when to evaluate, checkpoint and sample, and how a sampled token is printed.
+// when to evaluate, checkpoint and sample, and how a sample is generated and printed.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "args.h"
 #include "checkpoint.h"
@@ -13,6 +15,9 @@
 #include "gpt2_config.h"
 #include "loss_scaler.h"
 #include "process_group.h"
+#include "prompt.h"
+#include "rand.h"
+#include "sampler.h"
 #include "schedulers.h"
 #include "tokenizer_file.h"
 
@@ -82,7 +87,7 @@ inline void training_data_init(TrainingData* data, const TrainArgs& args, const 
                                int num_processes, int resume_step) {
     data->grad_accum_steps = validate_batch_args(args, cfg, num_processes);
     int B = args.B, T = args.T;
-    dataloader_init(&data->train, args.train_pattern, B, T, rank, num_processes, args.shuffle != 0, cfg.vocab_size);
+    data->tokens_per_step = (long)B * T * data->grad_accum_steps * num_processes;
     if (args.val_every > 0) {
         dataloader_init(&data->val, args.val_pattern, B, T, rank, num_processes, false, cfg.vocab_size);
         int64_t available = dataloader_num_batches(&data->val);
@@ -91,9 +96,15 @@ inline void training_data_init(TrainingData* data, const TrainArgs& args, const 
                   args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
         }
     }
+    if (args.max_steps == 0) {  // -x 0: no training, so no training data is read
+        if (resume_step > 0) fatal("resume: the checkpoint is at step %d, past -x 0", resume_step);
+        data->max_steps = 0;
+        printf("-x 0: no training; the model is evaluated and sampled as it is\n");
+        return;
+    }
+    dataloader_init(&data->train, args.train_pattern, B, T, rank, num_processes, args.shuffle != 0, cfg.vocab_size);
     data->epoch_steps = dataloader_num_batches(&data->train) / data->grad_accum_steps;
     data->max_steps = args.max_steps > 0 ? args.max_steps : (int)data->epoch_steps;
-    data->tokens_per_step = (long)B * T * data->grad_accum_steps * num_processes;
     if (data->max_steps < 1) {
         fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(),
               data->tokens_per_step);
@@ -167,13 +178,14 @@ inline std::string run_description(const TrainArgs& args, const GPT2Config& cfg,
     char text[1024];
     snprintf(text, sizeof(text),
              "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
-             "r=%d w=%d ns=%d ls=%g lw=%d lg=%g lb=%g L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
+             "r=%d w=%d ns=%d ls=%g lw=%d lg=%g lb=%g hs=%s he=%d hm=%d L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
              args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
              args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
              args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
              args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), args.recompute,
              args.master_weights, args.max_skipped_steps, args.loss_scale, args.loss_scale_window,
-             args.loss_scale_growth, args.loss_scale_backoff, cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
+             args.loss_scale_growth, args.loss_scale_backoff, args.hellaswag_path.c_str(), args.hellaswag_every,
+             args.hellaswag_examples, cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
              (unsigned long long)checksum);
     return text;
 }
@@ -186,6 +198,9 @@ inline bool is_val_step(const TrainArgs& args, int step, int max_steps) {
 }
 inline bool is_checkpoint_step(const TrainArgs& args, int step, int start_step, int max_steps) {
     return args.checkpoint_every > 0 && step != start_step && (step % args.checkpoint_every == 0 || step == max_steps);
+}
+inline bool is_hellaswag_step(const TrainArgs& args, int step, int max_steps) {
+    return args.hellaswag_every > 0 && (step % args.hellaswag_every == 0 || step == max_steps);
 }
 inline bool is_sample_step(const TrainArgs& args, int step, int max_steps) {
     return args.sample_every > 0 && ((step > 0 && step % args.sample_every == 0) || step == max_steps);
@@ -210,4 +225,49 @@ inline bool load_sample_tokenizer(const TrainArgs& args, const GPT2Config& cfg, 
         printf("samples print as token ids: no tokenizer file at %s (-tk)\n", args.tokenizer_path.c_str());
     }
     return have;
+}
+
+// What a sample is: `count` tokens after end-of-text and the prompt's tokens (-sp), each drawn with
+// temperature and top-k (llmc/sampler.h) from the model's distribution given the tokens so far (at
+// most the last T of them).
+struct SampleSettings {
+    int count = 0, T = 0, eot = 0, top_k = 0;
+    float temperature = 1.0f;
+    std::vector<int> prompt;
+};
+
+inline SampleSettings sample_settings_from_args(const TrainArgs& args, const GPT2Config& cfg, int eot) {
+    SampleSettings s;
+    s.count = args.gen_tokens;
+    s.T = args.T;
+    s.eot = eot;
+    s.top_k = args.top_k;
+    s.temperature = args.temperature;
+    if (!args.prompt.empty()) {
+        s.prompt = encode_prompt(args.prompt, args.bpe_dir, cfg.vocab_size);
+        printf("sample prompt: %zu tokens\n", s.prompt.size());
+    }
+    return s;
+}
+
+// Prints one sample: the prompt, then the generated tokens as they come. last_logits(window, length)
+// runs the model on tokens window[0..length) and returns the logits (V or more) of the last position;
+// each trainer supplies its own. One coin is drawn per token whatever the settings, so the random
+// stream (saved in checkpoints) advances the same way.
+template <typename LastLogits>
+void generate_sample(const SampleSettings& s, int V, uint64_t* rng, const TokenizerFile* tok, LastLogits last_logits) {
+    std::vector<int> tokens = {s.eot};
+    tokens.insert(tokens.end(), s.prompt.begin(), s.prompt.end());
+    printf("--- sample ---\n");
+    for (int id : s.prompt) print_token(tok, id);
+    for (int i = 0; i < s.count; i++) {
+        int context = std::min((int)tokens.size(), s.T);
+        const float* logits = last_logits(tokens.data() + tokens.size() - context, context);
+        float coin = xorshift_uniform(rng);
+        int next = sample_token(logits, V, s.temperature, s.top_k, coin);
+        tokens.push_back(next);
+        print_token(tok, next);
+        fflush(stdout);
+    }
+    printf("\n--------------\n");
 }

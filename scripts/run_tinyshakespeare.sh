@@ -3,7 +3,8 @@
 #   scripts/run_tinyshakespeare.sh [extra train_gpt2 flags...]
 # On a CPU-only machine this trains the fp32 CPU trainer for a few minutes on 2 cores. With an NVIDIA
 # GPU (nvidia-smi works) and CUDA_TRAINER=1 it uses the CUDA trainer instead.
-# Outputs: log_tinyshakespeare/main.log, metrics.jsonl and the final checkpoint model_*.bin.
+# Outputs: log_tinyshakespeare/main.log, metrics.jsonl, the final checkpoint model_*.bin, and the plot
+# metrics.png when a Python with matplotlib is found (else the command that makes it is printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,3 +47,11 @@ awk '
         for (i = (k > 10 ? k - 9 : 1); i <= k; i++) { s += t[i]; c++ }
         printf "train loss (mean of the last 10 steps): %.3f\n", s / c
     }' "$out/metrics.jsonl"
+
+# the curves: dev/plot_metrics.py, if some Python here has matplotlib (the job itself needs no Python)
+if py=$(scripts/find_matplotlib.sh); then
+    "$py" dev/plot_metrics.py "$out/metrics.jsonl" -o "$out/metrics.png" --labels "d6 from scratch"
+else
+    echo "plot: no Python with matplotlib found (Debian: apt install python3-matplotlib); then run"
+    echo "  python3 dev/plot_metrics.py $out/metrics.jsonl -o $out/metrics.png"
+fi

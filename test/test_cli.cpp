@@ -168,7 +168,10 @@ TEST(CliTrainer, RefusesBadValues) {
         {"-l -1", "flag -l: -1 is outside the allowed range 0 \\.\\. "},
         {"-a -1", "flag -a: -1 is outside the allowed range"},
         {"-d 0", "flag -d: total batch must be -1 or positive"},
-        {"-x 0", "flag -x: max steps must be -1 or positive"},
+        {"-x -2", "flag -x: -2 is outside the allowed range"},
+        {"-st -1", "flag -st: -1 is outside the allowed range 0 \\.\\. 100"},
+        {"-sk -3", "flag -sk: -3 is outside the allowed range"},
+        {"-he 5", "flag -he needs the HellaSwag file \\(-hs\\)"},
         {"-i ''", "flag -i: empty value"},
     });
 }

@@ -16,11 +16,13 @@ else
   EMU_BUILD := build/emu
   EMU_SAN :=
 endif
+# switching EMU_ASAN rebuilds the binaries in the repository root (one stamp per flavour)
+EMU_FLAVOR_STAMP := build/emu-flavor-$(if $(filter 1,$(EMU_ASAN)),asan,plain)
 EMU_OPT ?= -O2
 EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
 # for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
 EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -x c++ -include $(EMU_DIR)/prelude.h
-EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl
+EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
 
@@ -40,7 +42,12 @@ EMU_SRC := $(EMU_BUILD)/src
 
 emu: train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu
 
+$(EMU_FLAVOR_STAMP):
+	@mkdir -p build
+	rm -f build/emu-flavor-* && touch $@
+
 $(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh
+	@mkdir -p $(EMU_BUILD)
 	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
 	touch $@
 
@@ -58,17 +65,18 @@ $(EMU_BUILD)/kernel_table.cpp: $(EMU_DIR)/kernel_table.sh train_gpt2.cu $(wildca
 	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "test/gpu/test_gpt2.cu" "test/gpu/test_gpt2.cu -DENABLE_FP32"
 
 $(EMU_BUILD)/obj/kernel_table.o: $(EMU_BUILD)/kernel_table.cpp $(EMU_CORE_HEADERS)
+	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
 
 EMU_LINK = $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS) $(EMU_BUILD)/obj/kernel_table.o
 
-train_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+train_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/train_gpt2.cu -x none $(EMU_LINK) $(EMU_LDLIBS) -o $@
 
-train_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+train_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -DENABLE_FP32 $(EMU_SRC)/train_gpt2.cu -x none $(EMU_LINK) $(EMU_LDLIBS) -o $@
 
-test_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+test_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DGPT2_TRAINER='"train_gpt2cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu -x none \
 		$(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
 

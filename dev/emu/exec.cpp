@@ -67,12 +67,13 @@ struct KernelInfo {
     std::string readable;  // demangled, or the address
     int registers = -1;    // from the ptxas table; -1: unknown
     int static_shared = 0;
-    int max_dynamic_shared = 48 * 1024;  // cudaFuncAttributeMaxDynamicSharedMemorySize
+    int max_threads = 0;  // __launch_bounds__; 0: none
+    int max_dynamic_shared = -1;  // cudaFuncAttributeMaxDynamicSharedMemorySize; -1: not set
     bool warned_registers = false;
 };
 
 struct Resources {
-    int registers, static_shared;
+    int registers, static_shared, max_threads;
 };
 
 std::recursive_mutex kernels_mutex;  // launch_check names the kernel while holding it
@@ -101,6 +102,7 @@ KernelInfo& kernel_info(const void* kernel) {
         if (r != resource_table().end()) {
             info.registers = r->second.registers;
             info.static_shared = r->second.static_shared;
+            info.max_threads = r->second.max_threads;
         }
     } else {
         char address[64];
@@ -112,13 +114,14 @@ KernelInfo& kernel_info(const void* kernel) {
 
 }  // namespace
 
-void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes) {
+void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes, int max_threads_per_block) {
     std::lock_guard<std::recursive_mutex> lock(kernels_mutex);
-    resource_table()[mangled_name] = Resources{registers, static_shared_bytes};
+    resource_table()[mangled_name] = Resources{registers, static_shared_bytes, max_threads_per_block};
     for (auto& [kernel, info] : kernels()) {
         if (info.mangled == mangled_name) {
             info.registers = registers;
             info.static_shared = static_shared_bytes;
+            info.max_threads = max_threads_per_block;
         }
     }
 }
@@ -153,7 +156,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
     attr->numRegs = info.registers < 0 ? 0 : info.registers;
     attr->ptxVersion = 90;
     attr->binaryVersion = 90;
-    attr->maxDynamicSharedSizeBytes = info.max_dynamic_shared;
+    attr->maxDynamicSharedSizeBytes = info.max_dynamic_shared >= 0 ? info.max_dynamic_shared : 48 * 1024 - info.static_shared;
     return cudaSuccess;
 }
 
@@ -188,11 +191,17 @@ bool launch_check(const void* kernel, const LaunchConfig& c) {
 
     std::unique_lock<std::recursive_mutex> lock(kernels_mutex);
     KernelInfo& info = kernel_info(kernel);
-    if (c.shared_bytes > (size_t)info.max_dynamic_shared)
+    if (info.max_threads > 0 && threads > (unsigned long long)info.max_threads)
+        return refuse(cudaErrorLaunchOutOfResources, "%llu threads per block, above the kernel's __launch_bounds__ of %d",
+                      threads, info.max_threads);
+    // without the attribute, static + dynamic shared memory must fit in the default 48 KiB
+    size_t dynamic_limit = info.max_dynamic_shared >= 0 ? (size_t)info.max_dynamic_shared
+                           : info.static_shared < h.max_shared_per_block ? (size_t)(h.max_shared_per_block - info.static_shared) : 0;
+    if (c.shared_bytes > dynamic_limit)
         return refuse(cudaErrorInvalidConfiguration,
-                      "%zu bytes of dynamic shared memory, above the kernel's limit of %d (raise it with "
-                      "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize), at most %d)",
-                      c.shared_bytes, info.max_dynamic_shared, h.max_shared_per_block_optin);
+                      "%zu bytes of dynamic shared memory (and %d static), above the kernel's limit of %zu dynamic (raise it "
+                      "with cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize), to at most %d minus the static part)",
+                      c.shared_bytes, info.static_shared, dynamic_limit, h.max_shared_per_block_optin);
     if (c.shared_bytes + info.static_shared > (size_t)h.max_shared_per_block_optin)
         return refuse(cudaErrorInvalidConfiguration, "%d static + %zu dynamic bytes of shared memory, above %d",
                       info.static_shared, c.shared_bytes, h.max_shared_per_block_optin);
@@ -241,14 +250,22 @@ size_t fiber_stack_bytes() {
     return EMU_ASAN ? 256 * 1024 : 64 * 1024;  // ASan's redzones make frames several times larger
 }
 
-enum class FiberState : uint8_t { runnable, at_barrier, at_warp, done };
+// A CUDA thread's state in the block being run. A thread gets a fiber when it starts; a fiber whose
+// thread ends goes straight on with the next thread in the sweep if that one has not started, so
+// kernels without synchronization run a whole block on one fiber with no switch per thread.
+enum class ThreadState : uint8_t { not_started, runnable, running, at_barrier, at_warp, done };
 
 struct Fiber {
     bctx::fcontext_t context = nullptr;  // where it resumes
     char* stack_bottom = nullptr;
     size_t stack_bytes = 0;
     void* asan_fake_stack = nullptr;
-    FiberState state = FiberState::done;
+};
+
+struct ThreadSlot {
+    ThreadState state;
+    int fiber;  // -1: none
+    uint3 index;  // threadIdx
 };
 
 // one lane's part in a warp collective
@@ -261,12 +278,14 @@ struct LaneSlot {
 };
 
 struct Worker {
-    std::vector<Fiber> fibers;  // reserved for 1024, so addresses stay put
-    std::vector<LaneSlot> lanes;
-    std::vector<unsigned> warp_arrived;  // per warp: lanes waiting in a collective
+    std::vector<Fiber> fibers;
+    std::vector<int> free_fibers;
+    std::vector<ThreadSlot> threads_of_block;  // [thread]
+    std::vector<LaneSlot> lanes;               // [thread]
+    std::vector<unsigned> warp_arrived;        // [warp]: lanes waiting in a collective
     bctx::fcontext_t scheduler = nullptr;
-    Fiber* current = nullptr;
-    int current_index = 0;
+    int current_thread = -1;  // -1: not inside a kernel
+    int current_fiber = -1;
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_bytes = 0;
     void* scheduler_fake_stack = nullptr;
@@ -275,10 +294,14 @@ struct Worker {
     void* args = nullptr;
     const void* kernel = nullptr;
     int threads = 0;
+    bool reverse = false;
+    int sweep = 0;  // position in the current sweep over the threads
     int runnable = 0, at_barrier = 0, at_warp = 0, live = 0;
-    int barrier_count = 0;  // __syncthreads_count's tally
+    dim3 indexed_block{0, 0, 0};  // the blockDim that threads_of_block[].index was computed for
     // dynamic shared memory, 16-byte aligned
     std::vector<uint4> dynamic_shared;
+
+    int thread_at(int position) const { return reverse ? threads - 1 - position : position; }
 };
 
 thread_local Worker* this_worker = nullptr;
@@ -287,6 +310,7 @@ Worker& worker() {
     if (this_worker == nullptr) {
         this_worker = new Worker;  // lives as long as its host thread; fibers are never torn down
         this_worker->fibers.reserve(1024);
+        this_worker->threads_of_block.resize(1024);
         this_worker->lanes.resize(1024);
         this_worker->warp_arrived.resize(32);
     }
@@ -310,10 +334,10 @@ inline void asan_finish(void* fake_stack_save, const void** bottom_old, size_t* 
 
 // from a fiber back to its block's scheduler; returns when the scheduler resumes this fiber
 void yield_to_scheduler(Worker& w) {
-    Fiber* self = w.current;
-    asan_start(&self->asan_fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
+    int self = w.current_fiber;  // an index: `fibers` may grow while this fiber waits
+    asan_start(&w.fibers[self].asan_fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
     bctx::transfer_t t = bctx::jump_fcontext(w.scheduler, nullptr);
-    asan_finish(self->asan_fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
+    asan_finish(w.fibers[self].asan_fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
     w.scheduler = t.fctx;
 }
 
@@ -322,13 +346,36 @@ void fiber_main(bctx::transfer_t t) {
     asan_finish(nullptr, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
     w.scheduler = t.fctx;
     for (;;) {
-        w.run_thread(w.args);
-        w.current->state = FiberState::done;
-        yield_to_scheduler(w);  // the next resume starts another CUDA thread on this fiber
+        // the scheduler has set current_thread to a thread that has not started
+        for (;;) {
+            w.run_thread(w.args);
+            ThreadSlot& ended = w.threads_of_block[w.current_thread];
+            ended.state = ThreadState::done;
+            ended.fiber = -1;
+            w.live--;
+            int position = w.sweep + 1;
+            if (position >= w.threads) break;
+            int next = w.thread_at(position);
+            ThreadSlot& slot = w.threads_of_block[next];
+            if (slot.state != ThreadState::not_started) break;
+            w.sweep = position;
+            w.runnable--;
+            slot.state = ThreadState::running;
+            slot.fiber = w.current_fiber;
+            w.current_thread = next;
+            threadIdx = slot.index;
+        }
+        w.free_fibers.push_back(w.current_fiber);
+        yield_to_scheduler(w);
     }
 }
 
-void add_fiber(Worker& w) {
+int take_fiber(Worker& w) {
+    if (!w.free_fibers.empty()) {
+        int f = w.free_fibers.back();
+        w.free_fibers.pop_back();
+        return f;
+    }
     size_t bytes = fiber_stack_bytes();
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     // one guard page below the stack: an overflow faults instead of corrupting the next stack
@@ -338,20 +385,28 @@ void add_fiber(Worker& w) {
     Fiber f;
     f.stack_bottom = region + page;
     f.stack_bytes = bytes;
-    f.context = bctx::make_fcontext(f.stack_bottom + bytes, bytes, fiber_main);
+    // stacks are a multiple of 4 KiB apart, so their tops would all fall in the same L1 cache sets;
+    // a different offset per fiber spreads the saved contexts over the sets
+    size_t stagger = (w.fibers.size() % 63) * 64;
+    f.context = bctx::make_fcontext(f.stack_bottom + bytes - stagger, bytes - stagger, fiber_main);
     w.fibers.push_back(f);
+    return (int)w.fibers.size() - 1;
 }
 
-void resume(Worker& w, int index) {
-    Fiber& f = w.fibers[index];
-    const dim3 b = blockDim;
-    threadIdx = uint3{index % b.x, (index / b.x) % b.y, index / (b.x * b.y)};
-    w.current = &f;
-    w.current_index = index;
+// runs thread `i` (starting it on a fiber if it has not started) until it waits or ends
+void resume(Worker& w, int i) {
+    ThreadSlot& slot = w.threads_of_block[i];
+    if (slot.state == ThreadState::not_started) slot.fiber = take_fiber(w);
+    slot.state = ThreadState::running;
+    w.runnable--;
+    w.current_thread = i;
+    w.current_fiber = slot.fiber;
+    threadIdx = slot.index;
+    Fiber& f = w.fibers[slot.fiber];
     asan_start(&w.scheduler_fake_stack, f.stack_bottom, f.stack_bytes);
     bctx::transfer_t t = bctx::jump_fcontext(f.context, &w);
     asan_finish(w.scheduler_fake_stack, nullptr, nullptr);
-    f.context = t.fctx;
+    w.fibers[w.current_fiber].context = t.fctx;
 }
 
 std::string lanes_text(unsigned bits) {
@@ -428,7 +483,7 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
             case WarpOp::sync: lane.result = 0; break;
             default: lane.result = reduced; break;
         }
-        w.fibers[warp * 32 + j].state = FiberState::runnable;
+        w.threads_of_block[warp * 32 + j].state = ThreadState::runnable;
     }
     w.warp_arrived[warp] &= ~mask;
     w.at_warp -= __builtin_popcount(mask);
@@ -449,7 +504,7 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
             if (!(missing & (1u << j))) continue;
             int t = warp * 32 + j;
             if (t >= w.threads) absent += (absent.empty() ? "" : ",") + std::to_string(j);
-            else if (w.fibers[t].state == FiberState::done) exited += (exited.empty() ? "" : ",") + std::to_string(j);
+            else if (w.threads_of_block[t].state == ThreadState::done) exited += (exited.empty() ? "" : ",") + std::to_string(j);
             else at_barrier += (at_barrier.empty() ? "" : ",") + std::to_string(j);
         }
         char line[1024];
@@ -465,45 +520,54 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
 
 void run_block(Worker& w) {
     const int n = w.threads;
-    while ((int)w.fibers.size() < n) add_fiber(w);
-    for (int i = 0; i < n; i++) w.fibers[i].state = FiberState::runnable;
+    const dim3 b = blockDim;
+    if (w.indexed_block.x != b.x || w.indexed_block.y != b.y || w.indexed_block.z != b.z) {
+        for (int i = 0; i < n; i++) w.threads_of_block[i].index = uint3{i % b.x, (i / b.x) % b.y, i / (b.x * b.y)};
+        w.indexed_block = b;
+    }
+    for (int i = 0; i < n; i++) {
+        w.threads_of_block[i].state = ThreadState::not_started;
+        w.threads_of_block[i].fiber = -1;
+    }
     for (int k = 0; k < (n + 31) / 32; k++) w.warp_arrived[k] = 0;
     w.runnable = n;
     w.live = n;
     w.at_barrier = 0;
     w.at_warp = 0;
-    const bool reverse = thread_order.load(std::memory_order_relaxed) == ThreadOrder::reverse;
+    w.reverse = thread_order.load(std::memory_order_relaxed) == ThreadOrder::reverse;
     for (;;) {
-        for (int k = 0; k < n && w.runnable > 0; k++) {
-            int i = reverse ? n - 1 - k : k;
-            if (w.fibers[i].state != FiberState::runnable) continue;
+        for (w.sweep = 0; w.sweep < n && w.runnable > 0; w.sweep++) {
+            int i = w.thread_at(w.sweep);
+            ThreadState state = w.threads_of_block[i].state;
+            if (state != ThreadState::runnable && state != ThreadState::not_started) continue;
             resume(w, i);
-            w.runnable--;
-            switch (w.fibers[i].state) {
-                case FiberState::done: w.live--; break;
-                case FiberState::at_barrier: w.at_barrier++; break;
-                case FiberState::at_warp: {
+            int t = w.current_thread;  // the fiber may have gone on to later threads
+            switch (w.threads_of_block[t].state) {
+                case ThreadState::done: break;
+                case ThreadState::at_barrier: w.at_barrier++; break;
+                case ThreadState::at_warp: {
                     w.at_warp++;
-                    int warp = i / 32;
-                    unsigned mask = w.lanes[i].mask;
-                    w.warp_arrived[warp] |= 1u << (i % 32);
+                    int warp = t / 32;
+                    unsigned mask = w.lanes[t].mask;
+                    w.warp_arrived[warp] |= 1u << (t % 32);
                     if ((w.warp_arrived[warp] & mask) == mask) complete_collective(w, warp, mask);
                     break;
                 }
-                case FiberState::runnable: fail("internal: fiber returned while runnable");
+                default: fail("internal: a fiber came back while its thread is running");
             }
         }
         if (w.runnable > 0) continue;
-        if (w.live == 0) return;
+        if (w.live == 0) break;
         if (w.at_warp == 0 && w.at_barrier == w.live) {
             for (int i = 0; i < n; i++)
-                if (w.fibers[i].state == FiberState::at_barrier) w.fibers[i].state = FiberState::runnable;
+                if (w.threads_of_block[i].state == ThreadState::at_barrier) w.threads_of_block[i].state = ThreadState::runnable;
             w.runnable = w.at_barrier;
             w.at_barrier = 0;
             continue;
         }
         report_deadlock(w);
     }
+    w.current_thread = -1;
 }
 
 }  // namespace
@@ -511,9 +575,9 @@ void run_block(Worker& w) {
 void set_thread_order(ThreadOrder order) { thread_order.store(order); }
 
 uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t value, int arg, int width) {
-    if (this_worker == nullptr || this_worker->current == nullptr) fail("%s called outside a kernel", name);
+    if (this_worker == nullptr || this_worker->current_thread < 0) fail("%s called outside a kernel", name);
     Worker& w = *this_worker;
-    int i = w.current_index;
+    int i = w.current_thread;
     int lane = i % 32;
     if (!(mask & (1u << lane)))
         fail("kernel %s block (%u,%u,%u) thread %d: %s with mask 0x%08x that does not name the calling lane %d",
@@ -527,35 +591,35 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
     slot.arg = arg;
     slot.width = width;
     slot.value = value;
-    w.current->state = FiberState::at_warp;
+    w.threads_of_block[i].state = ThreadState::at_warp;
     yield_to_scheduler(w);
     return w.lanes[i].result;
 }
 
 void syncthreads() {
     Worker* w = this_worker;
-    if (w == nullptr || w->current == nullptr) fail("__syncthreads called outside a kernel");
-    w->current->state = FiberState::at_barrier;
+    if (w == nullptr || w->current_thread < 0) fail("__syncthreads called outside a kernel");
+    w->threads_of_block[w->current_thread].state = ThreadState::at_barrier;
     yield_to_scheduler(*w);
 }
 
 int syncthreads_count(int predicate) {
-    if (this_worker == nullptr || this_worker->current == nullptr) fail("__syncthreads_count called outside a kernel");
+    if (this_worker == nullptr || this_worker->current_thread < 0) fail("__syncthreads_count called outside a kernel");
     Worker& w = *this_worker;
     // each thread leaves its predicate in its own slot; after the barrier every thread counts the
     // slots of the threads that have not exited
-    w.lanes[w.current_index].value = predicate != 0;
+    w.lanes[w.current_thread].value = predicate != 0;
     syncthreads();
     int count = 0;
     for (int i = 0; i < w.threads; i++)
-        if (w.fibers[i].state != FiberState::done) count += (int)w.lanes[i].value;
+        if (w.threads_of_block[i].state != ThreadState::done) count += (int)w.lanes[i].value;
     syncthreads();  // nobody overwrites its slot before all have counted
     return count;
 }
 
 void* dynamic_shared_memory() {
     Worker* w = this_worker;
-    if (w == nullptr || w->current == nullptr) fail("dynamic shared memory used outside a kernel");
+    if (w == nullptr || w->current_thread < 0) fail("dynamic shared memory used outside a kernel");
     return w->dynamic_shared.data();
 }
 
@@ -592,7 +656,6 @@ void run_blocks(Grid& g) {
         if (c.shared_bytes) memset(w.dynamic_shared.data(), 0xFF, c.shared_bytes);
         run_block(w);
     }
-    w.current = nullptr;
 }
 
 int block_threads_setting() {

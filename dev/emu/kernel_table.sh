@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Writes a C++ file that tells the emulator each kernel's registers per thread and static shared
-# memory, as ptxas reports them when the same sources are built for the real sm_90 target, so the
+# Writes a C++ file that tells the emulator each kernel's registers per thread, static shared memory
+# and __launch_bounds__ maximum of threads per block, as ptxas and the PTX show them when the same sources are built for the real sm_90 target, so the
 # emulator can refuse a launch whose registers x threads exceed 65536 as the GPU does.
 # Without nvcc the table is empty and the emulator warns once per kernel that the check was skipped.
 # Usage: dev/emu/kernel_table.sh OUT.cpp NVCC "SOURCE [FLAGS...]"...
@@ -18,18 +18,30 @@ tmp="$out.tmp.$$"
     echo "    KernelTable() {"
 } > "$tmp"
 if command -v "$nvcc" > /dev/null 2>&1; then
+    ptxas="$(dirname "$(command -v "$nvcc")")/ptxas"
+    ptx="$out.ptx.$$"
     for unit in "$@"; do
         # shellcheck disable=SC2086
-        "$nvcc" -cubin -arch=sm_90 -O3 -std=c++17 -Xptxas -v -diag-suppress 1675 $unit -o /dev/null 2>&1 |
-            awk '
+        if ! "$nvcc" -ptx -arch=sm_90 -O3 -std=c++17 -diag-suppress 1675 $unit -o "$ptx"; then
+            echo "kernel_table.sh: nvcc failed on '$unit'; its kernels' registers will not be checked" >&2
+            continue
+        fi
+        # __launch_bounds__ appears in the PTX as .maxntid after the entry's parameters
+        awk '
+            /^\.visible \.entry|^\.entry/ { name = $NF; sub(/\(.*/, "", name) }
+            /^\.maxntid/ && name != "" { n = $2; sub(/,/, "", n); printf "%s %d\n", name, n }' "$ptx" > "$ptx.bounds"
+        "$ptxas" -arch=sm_90 -v "$ptx" -o /dev/null 2>&1 |
+            awk -v bounds="$ptx.bounds" '
+                BEGIN { while ((getline line < bounds) > 0) { split(line, f, " "); maxntid[f[1]] = f[2] } }
                 /Compiling entry function/ { split($0, q, "'\''"); name = q[2] }
                 /Used [0-9]+ registers/ && name != "" {
                     regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
                     smem = 0
                     if (match($0, /[0-9]+ bytes smem/)) { smem = substr($0, RSTART, RLENGTH); sub(/ bytes smem/, "", smem) }
-                    printf "        emu::set_kernel_resources(\"%s\", %d, %d);\n", name, regs, smem
+                    printf "        emu::set_kernel_resources(\"%s\", %d, %d, %d);\n", name, regs, smem, (name in maxntid) ? maxntid[name] : 0
                     name = ""
                 }' >> "$tmp"
+        rm -f "$ptx" "$ptx.bounds"
     done
 else
     echo "kernel_table.sh: $nvcc not found; the emulator will not check registers per block" >&2

@@ -137,6 +137,7 @@ struct Device {
     std::condition_variable work;  // the device thread waits here
     std::condition_variable done;  // host threads wait here for work to complete
     std::vector<CUstream_st*> streams;
+    std::vector<CUevent_st*> events;  // destroyed ones stay until their record has run
     CUstream_st legacy{0, cudaStreamDefault, 0, {}, 0, 0, false};
     unsigned long long issued = 0;
     int waiters = 0;        // host threads blocked until something completes
@@ -182,8 +183,23 @@ struct Device {
             running = false;
             s->completed = s->queue.front().seq;
             s->queue.pop_front();
+            if (!events.empty()) free_destroyed_events();
             if (pick() == nullptr) kicked = false;
             done.notify_all();
+        }
+    }
+
+    // caller holds mutex
+    void free_destroyed_events() {
+        for (size_t i = 0; i < events.size();) {
+            CUevent_st* e = events[i];
+            if (e->destroyed && (!e->stream || e->stream->completed >= e->seq)) {
+                delete e;
+                events[i] = events.back();
+                events.pop_back();
+            } else {
+                i++;
+            }
         }
     }
 
@@ -646,7 +662,10 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     if (!event) return set_error(cudaErrorInvalidValue);
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
     *event = new CUevent_st{flags, nullptr, 0, Clock::time_point{}, false};
+    d.events.push_back(*event);
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
@@ -695,10 +714,13 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     return cudaSuccess;
 }
 
-// The event object stays allocated (a queued record may still write it); only its handle dies.
+// An event whose record has not run yet stays allocated until it has (the record writes its time).
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    emu::Device& d = emu::device();
+    std::lock_guard<std::mutex> lock(d.mutex);
     if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
     event->destroyed = true;
+    d.free_destroyed_events();
     return cudaSuccess;
 }
 

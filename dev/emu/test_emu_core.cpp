@@ -149,6 +149,8 @@ __global__ void store_kernel(int* p, int value) { *p = value; }
 __global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
 __global__ void empty_kernel(int* p) {}
 __global__ void reg_heavy_kernel(int* p) {}
+__global__ void __launch_bounds__(256) bounded_kernel(int* p) {}
+__global__ void static_shared_kernel(int* p) {}
 
 __global__ void bf16_kernel(__nv_bfloat16* out, const float* in, int n) {
     int i = threadIdx.x;
@@ -180,6 +182,12 @@ __global__ void block_sum_kernel(float* out, const float* in) {
     if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
 
+template <typename T>
+__global__ void fill_kernel(T* out, T value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+
 }  // namespace emu_test
 
 using namespace emu_test;
@@ -196,6 +204,19 @@ TEST(EmuExec, IndicesCoverGridAndBlock) {
     std::vector<int> h = download(d, threads * blocks);
     for (int b = 0; b < blocks; b++)
         for (int t = 0; t < threads; t++) ASSERT_EQ(h[b * threads + t], b * 1000 + t);
+    cudaFree(d);
+}
+
+TEST(EmuExec, TemplateKernelsAndLaunchArgumentTypes) {
+    int n = 100;
+    float* d = device_array<float>(n);
+    int shared_bytes = 0;     // an int variable where the launch wants size_t
+    cudaStream_t stream = 0;  // the legacy default stream
+    long blocks = 4;
+    fill_kernel<float><<<blocks, dim3(32), shared_bytes, stream>>>(d, 2.5, n);  // double converts to float
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> h = download(d, n);
+    for (int i = 0; i < n; i++) ASSERT_EQ(h[i], 2.5f);
     cudaFree(d);
 }
 
@@ -426,6 +447,23 @@ TEST(EmuLaunch, DynamicSharedMemoryNeedsTheAttributeAbove48KiB) {
     cudaFree(d);
 }
 
+TEST(EmuLaunch, StaticAndDynamicSharedMemoryShareTheDefault48KiB) {
+    emu::set_kernel_resources("_ZN8emu_test20static_shared_kernelEPi", 32, 16 * 1024);
+    int* d = device_array<int>(1);
+    static_shared_kernel<<<1, 32, 32 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    static_shared_kernel<<<1, 32, 32 * 1024 + 16>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    // opted in: at most 227 KiB in all
+    EXPECT_EQ(cudaFuncSetAttribute(static_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 211 * 1024 + 1),
+              cudaErrorInvalidValue);
+    cudaGetLastError();
+    EXPECT_EQ(cudaFuncSetAttribute(static_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 211 * 1024), cudaSuccess);
+    static_shared_kernel<<<1, 32, 211 * 1024>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    cudaFree(d);
+}
+
 TEST(EmuLaunch, RegistersPerBlockFromThePtxasTable) {
     // 128 registers per thread: 4096 per warp, so at most 16 warps (512 threads) fit in 65536
     emu::set_kernel_resources("_ZN8emu_test16reg_heavy_kernelEPi", 128, 0);
@@ -437,6 +475,16 @@ TEST(EmuLaunch, RegistersPerBlockFromThePtxasTable) {
     cudaFuncAttributes attr;
     ASSERT_EQ(cudaFuncGetAttributes(&attr, reg_heavy_kernel), cudaSuccess);
     EXPECT_EQ(attr.numRegs, 128);
+    cudaFree(d);
+}
+
+TEST(EmuLaunch, LaunchBoundsFromThePtx) {
+    emu::set_kernel_resources("_ZN8emu_test14bounded_kernelEPi", 32, 0, 256);
+    int* d = device_array<int>(1);
+    bounded_kernel<<<1, 256>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    bounded_kernel<<<1, 288>>>(d);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchOutOfResources);
     cudaFree(d);
 }
 

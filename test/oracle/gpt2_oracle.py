@@ -13,6 +13,8 @@ What it writes into --out DIR:
   final.bin   with --steps S: the parameters after S updates (version 3)
 
 Other modes: --check-grads compares autograd with central finite differences (float64);
+--hellaswag FILE.jsonl --init-from MODEL.bin --bpe-dir DIR scores HellaSwag-format examples with the
+model (float64) and writes DIR/hellaswag.json (see score_hellaswag);
 --bench N prints `oracle_ms_per_step <ms>` for N training steps (optionally on CUDA).
 
 Examples (with the interpreter that has torch: .venv/bin/python after scripts/install_deps.sh, or
@@ -98,6 +100,8 @@ def parse_args(argv):
     g = ap.add_argument_group("other modes")
     g.add_argument("--check-grads", action="store_true",
                    help="compare autograd with finite differences (float64; tiny model by default)")
+    g.add_argument("--hellaswag", metavar="JSONL", help="score these HellaSwag examples (needs --init-from, --bpe-dir)")
+    g.add_argument("--bpe-dir", help="GPT-2's encoder.json and vocab.bpe, for --hellaswag (tokenized by tiktoken)")
     g.add_argument("--bench", type=int, metavar="N", help="time N training steps, print ms/step, exit")
     g.add_argument("--bf16", action="store_true", help="bench on cuda: torch.autocast bf16")
     g.add_argument("--compile", action="store_true", help="bench: torch.compile the loss (CPU or cuda)")
@@ -532,6 +536,54 @@ def run_oracle(args):
               f"{os.path.join(args.out, 'run.json')}, {os.path.join(args.out, 'final.bin')}")
 
 
+def score_hellaswag(args):
+    """HellaSwag scoring written from its definition (the lm-evaluation-harness's multiple_choice task,
+    as in the GPT-2/GPT-3 papers): the model reads ctx + " " + ending, tokenized separately with
+    tiktoken's GPT-2 encoding; an ending's log-likelihood is the sum of log p(token | everything before
+    it) over the ending's tokens. Per example:
+      pred        argmax of the log-likelihoods                                  (harness: acc)
+      pred_norm   argmax of log-likelihood / len(ending), len in characters      (harness: acc_norm)
+      pred_token  argmax of log-likelihood / number of ending tokens             (llm.c's "acc_norm")
+    np.argmax's first-maximum rule breaks ties. Writes OUT/hellaswag.json."""
+    if not (args.init_from and args.bpe_dir and args.out):
+        raise UsageError("--hellaswag needs --init-from MODEL.bin, --bpe-dir DIR and --out DIR")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from tokenizer_oracle import gpt2_encoding
+    enc = gpt2_encoding(args.bpe_dir)
+    cfg, params32 = read_model(args.init_from)
+    params = [p.to(torch.float64) for p in params32]
+    results = []
+    with open(args.hellaswag, encoding="utf-8") as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    for item in items:
+        ctx = enc.encode_ordinary(item["ctx"])
+        lls, ntok = [], []
+        for ending in item["endings"]:
+            cont = enc.encode_ordinary(" " + ending)
+            tokens = torch.tensor([ctx + cont], dtype=torch.int64)
+            if tokens.shape[1] - 1 > cfg.maxT:
+                raise UsageError(f"an example needs {tokens.shape[1] - 1} positions, the model has {cfg.maxT}")
+            with torch.no_grad():
+                logits = forward(params, tokens[:, :-1], cfg)[0, :, :cfg.V]
+            logp = torch.log_softmax(logits, dim=-1)
+            positions = range(len(ctx) - 1, len(ctx) + len(cont) - 1)
+            lls.append(sum(logp[t, tokens[0, t + 1]].item() for t in positions))
+            ntok.append(len(cont))
+        lls = np.array(lls)
+        chars = np.array([float(len(e)) for e in item["endings"]])
+        results.append({"label": int(item["label"]), "sum_loss": [-x for x in lls.tolist()],
+                        "pred": int(np.argmax(lls)), "pred_norm": int(np.argmax(lls / chars)),
+                        "pred_token": int(np.argmax(lls / np.array(ntok, dtype=float)))})
+    n = len(results)
+    summary = {key: sum(r[p] == r["label"] for r in results) / n
+               for key, p in (("acc", "pred"), ("acc_norm", "pred_norm"), ("acc_token", "pred_token"))}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "hellaswag.json"), "w") as f:
+        json.dump({"examples": results, **summary}, f)
+    print(f"hellaswag: {n} examples, acc {summary['acc']:.4f} acc_norm {summary['acc_norm']:.4f} "
+          f"acc_token {summary['acc_token']:.4f}")
+
+
 def run_check_grads(args):
     """Fourth-order central differences (float64) on a few entries of each tensor vs autograd:
     f' = (f(x-2h) - 8 f(x-h) + 8 f(x+h) - f(x+2h)) / 12h, truncation error O(h^4).
@@ -679,6 +731,8 @@ def main(argv):
     args.dtype = args.dtype or "float64"
     if args.check_grads:
         return run_check_grads(args)
+    if args.hellaswag:
+        return score_hellaswag(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device")
     return run_oracle(args)

@@ -36,8 +36,9 @@ void set_thread_order(ThreadOrder order);
 enum class StreamOrder { newest_stream_first, issue };
 void set_stream_order(StreamOrder order);
 
-// Registers and static shared memory per thread block of a kernel, as ptxas reports them for the real
-// sm_90 build (the build generates a table that calls this; tests may add synthetic entries).
-void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes);
+// Registers per thread, static shared memory and the __launch_bounds__ maximum of threads per block
+// (0: none) of a kernel, as ptxas and the PTX show them for the real sm_90 build (the build generates
+// a table that calls this; tests may add synthetic entries).
+void set_kernel_resources(const char* mangled_name, int registers, int static_shared_bytes, int max_threads_per_block = 0);
 
 }  // namespace emu

@@ -95,7 +95,8 @@ inline unsigned __reduce_min_sync(unsigned mask, unsigned value) {
 inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
     return (unsigned)emu::warp_collective(emu::WarpOp::reduce_max, "__reduce_max_sync", mask, value, 0, 32);
 }
-inline unsigned __activemask() { return 0xffffffffu; }
+// which lanes are converged here is not modelled (threads run one at a time): refused, not guessed
+inline unsigned __activemask() { emu::fail("__activemask is not supported by the emulator"); }
 
 // ----------------------------------------------------------------------------
 // memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
