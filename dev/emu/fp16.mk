@@ -13,9 +13,9 @@ $(EMU_BUILD)/test_emu_fp16: $(EMU_DIR)/test_emu_fp16.cpp $(EMU_DIR)/include/cuda
 emu-test-fp16: $(EMU_BUILD)/test_emu_fp16
 	$(EMU_BUILD)/test_emu_fp16 $(TEST_ARGS)
 
-train_gpt2fp16cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+train_gpt2fp16cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -DENABLE_FP16 $(EMU_SRC)/train_gpt2.cu -x none $(EMU_LINK) $(EMU_LDLIBS) -o $@
 
-test_gpt2fp16cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+test_gpt2fp16cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DENABLE_FP16 -DGPT2_TRAINER='"train_gpt2fp16cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu -x none \
 		$(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
