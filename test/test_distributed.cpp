@@ -132,7 +132,7 @@ TEST(Distributed, NonFiniteStepSkippedByEveryProcess) {
             ASSERT_GT(sa.size(), (size_t)HEADER_BYTES);
             EXPECT_EQ(sa.substr(HEADER_BYTES), sb.substr(HEADER_BYTES)) << "AdamW state of process " << rank;
         }
-        Run run = read_run(dir, steps);
+        auto run = read_run(dir, steps);  // (inside TEST, "Run" is testing::Test::Run)
         ASSERT_EQ(run.loss.size(), (size_t)steps);
         for (int s = 0; s < steps; s++) EXPECT_TRUE(std::isfinite(run.loss[s])) << "loss at step " << s;
         for (float p : run.params) ASSERT_TRUE(std::isfinite(p));
