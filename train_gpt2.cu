@@ -693,7 +693,7 @@ int main(int argc, char** argv) {
         output_dir_lock(args.output_dir);
     }
     printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d\n", args.recompute,
-           args.master_weights, MODEL_VERSION_NATIVE == MODEL_VERSION_FP32 ? " (fp32 build: not needed)" : "",
+           args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
            args.gelu_fusion);
     cublas_setup();
 
