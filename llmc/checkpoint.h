@@ -168,8 +168,9 @@ struct TrainState {
     int64_t shard_length = 0;
     std::vector<float> m, v;    // (shard_length)
     std::vector<float> master;  // (shard_length) or empty
-    // skipped steps and loss scaling (llmc/loss_scaler.h); a version-1 file has none: scale 0 there
-    float loss_scale = 0.0f;
+    // skipped steps and loss scaling (llmc/loss_scaler.h): S is 1 in a run without scaling; read from a
+    // version-1 file, which has none, it is 0 (the resumed run keeps its initial S)
+    float loss_scale = 1.0f;
     int32_t clean_steps = 0, consecutive_skipped = 0;
     int64_t skipped_total = 0, updates = 0;
 };

@@ -119,6 +119,11 @@ TrainState sample_state(bool with_master) {
     s.num_parameters = 1000;
     s.shard_offset = 750;
     s.shard_length = 250;
+    s.loss_scale = 2048.0f;
+    s.clean_steps = 3;
+    s.consecutive_skipped = 1;
+    s.skipped_total = 9;
+    s.updates = s.step - 9;
     std::mt19937 rng(7);
     s.m.resize(250);
     s.v.resize(250);
@@ -387,6 +392,11 @@ TEST(FilesState, RoundTripWithAndWithoutMaster) {
         EXPECT_EQ(r.num_parameters, 1000);
         EXPECT_EQ(r.shard_offset, 750);
         EXPECT_EQ(r.shard_length, 250);
+        EXPECT_EQ(r.loss_scale, 2048.0f);
+        EXPECT_EQ(r.clean_steps, 3);
+        EXPECT_EQ(r.consecutive_skipped, 1);
+        EXPECT_EQ(r.skipped_total, 9);
+        EXPECT_EQ(r.updates, s.step - 9);
         EXPECT_EQ(r.m, s.m);
         EXPECT_EQ(r.v, s.v);
         EXPECT_EQ(r.master, s.master);
