@@ -238,10 +238,6 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         memcpy(counts, &header[28], sizeof(counts));
         s->skipped_total = counts[0];
         s->updates = counts[1];
-        if (!(s->loss_scale > 0.0f) || !std::isfinite(s->loss_scale) || s->clean_steps < 0 ||
-            s->consecutive_skipped < 0 || s->skipped_total < 0 || s->updates < 0 || s->updates > s->step) {
-            fatal("%s '%s' has an inconsistent loss scale or step counts (corrupt?)", what, path.c_str());
-        }
     } else {  // version 1: every step was an update, no loss scale stored
         s->loss_scale = 0.0f;
         s->clean_steps = s->consecutive_skipped = 0;
@@ -255,6 +251,10 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         s->shard_length > s->num_parameters + s->num_processes ||
         s->shard_offset + s->shard_length > s->num_parameters + s->num_processes) {
         fatal("%s '%s' has an inconsistent header (corrupt?)", what, path.c_str());
+    }
+    if (header[1] >= 2 && (!(s->loss_scale > 0.0f) || !std::isfinite(s->loss_scale) || s->clean_steps < 0 ||
+                           s->consecutive_skipped < 0 || s->skipped_total < 0 || s->updates < 0 || s->updates > s->step)) {
+        fatal("%s '%s' has an inconsistent loss scale or step counts (corrupt?)", what, path.c_str());
     }
     long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * (2 + has_master);
     expect_file_size(fp, path.c_str(), what, expected);
