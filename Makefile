@@ -5,7 +5,7 @@
 #   make tokenizer_gpt2        GPT-2 BPE tokenizer and data preparation tool
 #   make test                  googletest suites + PyTorch oracle (scripts/install_deps.sh makes .venv)
 #   make bench-cpu             step time of train_gpt2 vs PyTorch eager and torch.compile, same machine
-#   make train_gpt2cu test_gpt2cu   CUDA trainer and its test (PRECISION=BF16|FP32)
+#   make train_gpt2cu test_gpt2cu   CUDA trainer and its test (PRECISION=BF16|FP32|FP16)
 #   make cuda-all              compile every CUDA target for sm_80 and sm_90 (CI does this)
 
 CXX ?= g++
@@ -39,8 +39,18 @@ else
   TRAIN_CXX = $(CXX)
 endif
 
+# Build configuration stamps: one file per target under build/config/ whose content is the command
+# that builds it (compiler, MPI or not, flags, precision, NCCL and MPI libraries). The file is
+# rewritten only when that content changes, so a change of configuration (Open MPI installed after a
+# first build, another PRECISION, NO_MPI=1) makes the target out of date and it is rebuilt; an
+# unchanged configuration leaves it alone. Usage: $(call config_stamp,NAME,CONTENT) names the file.
+config_stamp = $(shell mkdir -p $(BUILD)/config && f='$(BUILD)/config/$(1)' && c='$(subst ','',$(2))' && \
+  { [ "$$(cat "$$f" 2>/dev/null)" = "$$c" ] || printf '%s' "$$c" > "$$f"; } && echo "$$f")
+
+TRAIN_CONFIG := $(call config_stamp,train_gpt2,$(TRAIN_CXX) $(CXXFLAGS) $(LDLIBS_CPU))
+
 # PCRE2 (TOKENIZER_LIBS): the sampling prompt (-sp) is tokenized with llmc/bpe.h
-train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
+train_gpt2: train_gpt2.cpp $(LLMC_HEADERS) $(TRAIN_CONFIG)
 	$(TRAIN_CXX) $(CXXFLAGS) $< $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
 
 # ---------------------------------------------------------------------------
@@ -56,7 +66,7 @@ tokenizer_gpt2: tokenizer_gpt2.cpp $(LLMC_HEADERS)
 TEST_SOURCES = $(wildcard test/test_*.cpp)
 GTEST_LIBS = -lgtest -lpthread
 
-$(BUILD)/test_cpu: $(TEST_SOURCES) train_gpt2.cpp $(LLMC_HEADERS) | $(BUILD)
+$(BUILD)/test_cpu: $(TEST_SOURCES) train_gpt2.cpp $(LLMC_HEADERS) $(call config_stamp,test_cpu,$(CXX) $(CXXFLAGS)) | $(BUILD)
 	$(CXX) $(CXXFLAGS) -Itest $(TEST_SOURCES) $(GTEST_LIBS) $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
 
 $(BUILD):
@@ -79,7 +89,7 @@ clean:
 
 # ---------------------------------------------------------------------------
 # CUDA (see doc/cuda.md). The device code is built for Ampere (sm_80) and Hopper (sm_90).
-#   make train_gpt2cu test_gpt2cu       PRECISION=BF16 (default) or PRECISION=FP32
+#   make train_gpt2cu test_gpt2cu       PRECISION=BF16 (default), FP32 or FP16 (dynamic loss scaling)
 #   make train_gpt2fp32cu test_gpt2fp32cu   always fp32 (tight checks against the oracle)
 #   make test-gpu                       the GPU suite, then compute-sanitizer memcheck, racecheck and synccheck
 #   make gpu-prepare                    build and make oracle files here for a GPU machine (test/gpu/prepare_gpu_run.sh)
@@ -109,8 +119,10 @@ ifeq ($(PRECISION),BF16)
 PRECISION_FLAG =
 else ifeq ($(PRECISION),FP32)
 PRECISION_FLAG = -DENABLE_FP32
+else ifeq ($(PRECISION),FP16)
+PRECISION_FLAG = -DENABLE_FP16
 else
-$(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
+$(error PRECISION must be BF16, FP32 or FP16, not '$(PRECISION)')
 endif
 CUDA_HEADERS = $(wildcard llmc/*.cuh) $(LLMC_HEADERS)
 GPU_TEST_SOURCES = test/gpu/test_gpt2.cu test/gpu/test_kernels.cuh test/gpu/test_multi_gpu.cuh test/test_helpers.h train_gpt2.cu
@@ -119,21 +131,19 @@ GPU_TEST_FLAGS = -Xcompiler -fopenmp
 
 .PHONY: test-gpu test-gpu-oracle cuda-all
 
-# a stamp per precision, so that switching PRECISION rebuilds train_gpt2cu and test_gpt2cu
-$(BUILD)/cuda-precision-$(PRECISION): | $(BUILD)
-	rm -f $(BUILD)/cuda-precision-* && touch $@
-
-train_gpt2cu: train_gpt2.cu $(CUDA_HEADERS) $(BUILD)/cuda-precision-$(PRECISION)
+# configuration stamps (see config_stamp): switching PRECISION, MPI or the NCCL/MPI libraries rebuilds
+CUDA_CONFIG = $(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(NVCC_LDLIBS)
+train_gpt2cu: train_gpt2.cu $(CUDA_HEADERS) $(call config_stamp,train_gpt2cu,$(CUDA_CONFIG) $(PRECISION_FLAG))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(PRECISION_FLAG) $< $(NVCC_LDLIBS) -o $@
 
-train_gpt2fp32cu: train_gpt2.cu $(CUDA_HEADERS)
+train_gpt2fp32cu: train_gpt2.cu $(CUDA_HEADERS) $(call config_stamp,train_gpt2fp32cu,$(CUDA_CONFIG))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
 
-test_gpt2cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(BUILD)/cuda-precision-$(PRECISION)
+test_gpt2cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(call config_stamp,test_gpt2cu,$(CUDA_CONFIG) $(PRECISION_FLAG))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(GPU_TEST_FLAGS) $(PRECISION_FLAG) -DGPT2_TRAINER='"train_gpt2cu"' $< \
 		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
 
-test_gpt2fp32cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS)
+test_gpt2fp32cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(call config_stamp,test_gpt2fp32cu,$(CUDA_CONFIG))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(GPU_TEST_FLAGS) -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu"' $< \
 		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
 
@@ -156,4 +166,8 @@ cuda-all:
 	$(MAKE) train_gpt2fp32cu test_gpt2fp32cu
 
 include dev/emu/emu.mk
+# the emulated builds link MPI when mpicxx is there: a change of that rebuilds them too
+EMU_CONFIG := $(call config_stamp,emu,$(EMU_CXX) $(EMU_CU_FLAGS) $(EMU_LDLIBS))
+train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu $(EMU_LIB_OBJECTS): $(EMU_CONFIG)
+include dev/emu/fp16.mk
 include dev/emu/tests.mk

@@ -30,7 +30,9 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/hellaswag.h"
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
+#include "llmc/loss_scaler.h"
 #include "llmc/matmul.h"
+#include "llmc/output_lock.h"
 #include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
@@ -313,11 +315,11 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
     }
 }
 
-// The end of a step, after every micro-step's backward: combine the gradients of all processes, clip
-// them to global norm 1, update, and return the norm before clipping.
+// The end of a step, after every micro-step's backward: combine the gradients of all processes and
+// return their global norm (the same on every process).
 //   -z 0: all-reduce the gradients; every process updates every parameter.
 //   -z 1: reduce-scatter them; each process updates its shard, then the shards are all-gathered.
-double gpt2_step(GPT2* model, const ProcessGroup& pg, int zero_stage, float learning_rate, float weight_decay, int t) {
+double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage) {
     float* grads = model->grads_memory.data();
     if (zero_stage == 0) {
         all_reduce_sum(pg, grads, model->num_parameters);
@@ -326,10 +328,15 @@ double gpt2_step(GPT2* model, const ProcessGroup& pg, int zero_stage, float lear
     }
     double sum_sq = sum_of_squares(grads + model->opt_begin, model->opt_end - model->opt_begin);
     if (zero_stage == 1) sum_sq = all_reduce_sum(pg, sum_sq);
-    double grad_norm = std::sqrt(sum_sq);
-    gpt2_update(model, learning_rate, weight_decay, clip_scale(grad_norm, 1.0), t);
+    return std::sqrt(sum_sq);
+}
+
+// The update of a step whose norm was finite (llmc/loss_scaler.h decides): AdamW with the clipping
+// factor, then with -z 1 every process gathers the others' updated shards.
+void gpt2_apply_update(GPT2* model, const ProcessGroup& pg, int zero_stage, float learning_rate, float weight_decay,
+                       float grad_scale, int t) {
+    gpt2_update(model, learning_rate, weight_decay, grad_scale, t);
     if (zero_stage == 1) all_gather(pg, model->params_memory.data(), model->shard.shard_size);
-    return grad_norm;
 }
 
 // ----------------------------------------------------------------------------
@@ -381,7 +388,7 @@ float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const Pr
 
 // Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
 void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps, const ProcessGroup& pg) {
+                     uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const ProcessGroup& pg) {
     if (pg.rank == 0) {
         model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
     }
@@ -389,6 +396,7 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
                                           model->opt_begin, model->opt_end);
     state.m = model->m_memory;
     state.v = model->v_memory;
+    train_state_set_scaler(&state, scaler);
     state_file_write(checkpoint_state_path(dir, step, pg.rank), state);
     barrier(pg);
     if (pg.rank == 0) checkpoint_mark_done(dir, step);
@@ -404,6 +412,11 @@ int main(int argc, char** argv) {
     // process 0 speaks for the run; the others print only errors (stderr)
     if (pg.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence process %d", pg.rank);
     printf("train_gpt2 (fp32 CPU): %d process(es) x %d OpenMP threads\n", pg.size, omp_get_max_threads());
+    // one run per output directory (llmc/output_lock.h); held until the process ends
+    if (!args.output_dir.empty() && pg.rank == 0) {
+        make_dir_check(args.output_dir);
+        output_dir_lock(args.output_dir);
+    }
 
     // the model: from the newest complete checkpoint when resuming, else from -e
     int resume_step = -1;
@@ -447,11 +460,13 @@ int main(int argc, char** argv) {
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     uint64_t sampler_rng = (uint64_t)args.sample_seed;
+    LossScaler scaler = loss_scaler_from_args(args, false);  // fp32: skipping only, no scaling
     if (resume_step >= 0) {
         TrainState state = train_state_restore(args.output_dir, resume_step, pg, grad_accum_steps, model.num_parameters,
                                                model.opt_begin, model.opt_end, &train_loader, &sampler_rng);
         model.m_memory = state.m;
         model.v_memory = state.v;
+        loss_scaler_restore(&scaler, state);
     }
     Logger logger;
     logger_open(&logger, pg.rank == 0 ? args.output_dir : std::string(), resume_step);
@@ -472,7 +487,7 @@ int main(int argc, char** argv) {
             logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
         }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, pg);
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, pg);
         }
         if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
@@ -488,16 +503,26 @@ int main(int argc, char** argv) {
             const int* targets = train_loader.targets.data();
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
             // every position of every micro-step of every process weighs the same in the step's mean loss
-            gpt2_backward(&model, inputs, targets, B, T, 1.0f / ((float)B * T * grad_accum_steps * pg.size));
+            float dloss = 1.0f / ((float)B * T * grad_accum_steps * pg.size);
+            // -ni (testing): process 0's last micro-step of this step stands for one bad micro-batch
+            if (pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step)) dloss = INFINITY;
+            gpt2_backward(&model, inputs, targets, B, T, dloss);
         }
         float loss = (float)(all_reduce_sum(pg, loss_sum) / ((double)grad_accum_steps * pg.size));
         float lr = lr_at_step(scheduler, step);
-        double grad_norm = gpt2_step(&model, pg, args.zero_stage, lr, args.weight_decay, step + 1);
+        double grad_norm = gpt2_reduce_gradients(&model, pg, args.zero_stage);
+        bool apply = loss_scaler_step(&scaler, grad_norm, step);  // the same answer on every process
+        if (apply) {
+            gpt2_apply_update(&model, pg, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
+                              (int)scaler.updates);
+        }
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step, max_steps, loss, lr,
-               grad_norm, ms, tokens_per_s);
-        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s);
+        char skip_note[96] = "";
+        if (!apply) snprintf(skip_note, sizeof(skip_note), " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step, max_steps, loss, lr,
+               grad_norm, ms, tokens_per_s, skip_note);
+        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total);
     }
     logger_close(&logger);
     process_group_finalize(pg);

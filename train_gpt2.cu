@@ -31,6 +31,8 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/gpt2_config.h"
 #include "llmc/gpt2_init.h"
 #include "llmc/logger.h"
+#include "llmc/loss_scaler.h"
+#include "llmc/output_lock.h"
 #include "llmc/rand.h"
 #include "llmc/hellaswag.h"
 #include "llmc/sampler.h"
@@ -51,8 +53,18 @@ Run `./train_gpt2cu -h` for the flags.
 
 #if defined(ENABLE_FP32)
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
+#elif defined(ENABLE_FP16)
+constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;  // llm.c's format has no fp16 version; fp16 widens exactly
 #else
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_BF16;
+#endif
+
+// Dynamic loss scaling (llmc/loss_scaler.h) in the FP16 build only: bf16 has fp32's exponent range,
+// so its gradients do not underflow, and fp32 needs nothing.
+#if defined(ENABLE_FP16)
+constexpr bool USE_LOSS_SCALING = true;
+#else
+constexpr bool USE_LOSS_SCALING = false;
 #endif
 
 // ----------------------------------------------------------------------------
@@ -630,7 +642,7 @@ float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const Da
 // master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
 // once all are written.
 void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps, const DataParallel& dp) {
+                     uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const DataParallel& dp) {
     if (dp.rank == 0) {
         std::vector<float> params = gpt2_download_parameters(model);
         model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
@@ -646,6 +658,7 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
         state.master.resize(opt_n);
         cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
     }
+    train_state_set_scaler(&state, scaler);
     state_file_write(checkpoint_state_path(dir, step, dp.rank), state);
     dp_barrier(dp, "the other processes' checkpoint files");
     if (dp.rank == 0) checkpoint_mark_done(dir, step);
@@ -659,10 +672,11 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
 // the state file when it has them (ours with -w 1); otherwise they stay as loaded from the model file
 // (a CPU trainer's checkpoint, whose model file is fp32).
 void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
-                int grad_accum_steps, const DataParallel& dp) {
+                int grad_accum_steps, LossScaler* scaler, const DataParallel& dp) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state = train_state_restore(dir, step, dp_process_group(dp), grad_accum_steps, model->num_parameters,
                                            model->opt_begin, model->opt_end, loader, sampler_rng);
+    loss_scaler_restore(scaler, state);
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     if (model->master_memory && !state.master.empty()) {
@@ -689,9 +703,14 @@ int main(int argc, char** argv) {
         printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
                dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
     }
+    // one run per output directory (llmc/output_lock.h); held until the process ends
+    if (!args.output_dir.empty() && dp.rank == 0) {
+        make_dir_check(args.output_dir);
+        output_dir_lock(args.output_dir);
+    }
     printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d, flash attention -fa %d%s\n",
-           args.recompute, args.master_weights, MODEL_VERSION_NATIVE == MODEL_VERSION_FP32 ? " (fp32 build: not needed)" : "",
-           args.gelu_fusion, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (fp32 build: cuBLAS path)");
+           args.recompute, args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
+           args.gelu_fusion, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (this build: cuBLAS path)");
     cublas_setup();
 
     // the model: from the newest complete checkpoint when resuming, else from -e
@@ -741,8 +760,13 @@ int main(int argc, char** argv) {
 
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     uint64_t sampler_rng = (uint64_t)args.sample_seed;
+    LossScaler scaler = loss_scaler_from_args(args, USE_LOSS_SCALING);
     if (resume_step >= 0) {
-        load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, dp);
+        load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, &scaler, dp);
+    }
+    if (scaler.dynamic) {
+        printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", scaler.scale, scaler.growth,
+               scaler.growth_interval, scaler.backoff);
     }
     Logger logger;
     logger_open(&logger, dp.rank == 0 ? args.output_dir : std::string(), resume_step);
@@ -764,7 +788,7 @@ int main(int argc, char** argv) {
             logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
         }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, dp);
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, dp);
         }
         if (dp.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
@@ -775,29 +799,42 @@ int main(int argc, char** argv) {
         auto start = std::chrono::steady_clock::now();
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
-        // every position of every micro-step of every process weighs the same in the step's mean loss
-        float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
+        // every position of every micro-step of every process weighs the same in the step's mean loss;
+        // times S, the loss scale (1 unless FP16): the gradients come out S times too large
+        float dloss = scaler.scale / ((float)B * T * grad_accum_steps * dp.size);
+        float step_scale = scaler.scale;  // the S these gradients carry (the scaler may move it below)
         for (int micro = 0; micro < grad_accum_steps; micro++) {
             if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
             // the last micro-step completes the gradients: reduce each layer's while the backward goes on
-            model.reduce_in_backward = dp.nccl && micro == grad_accum_steps - 1;
-            gpt2_forward(&model, train_loader.inputs.data(), train_loader.targets.data(), B, T, dloss);
+            bool last_micro = micro == grad_accum_steps - 1;
+            model.reduce_in_backward = dp.nccl && last_micro;
+            // -ni (testing): rank 0's last micro-step of this step stands for one bad micro-batch
+            float micro_dloss = dp.rank == 0 && last_micro && is_inject_step(args, step) ? INFINITY : dloss;
+            gpt2_forward(&model, train_loader.inputs.data(), train_loader.targets.data(), B, T, micro_dloss);
             gpt2_backward(&model, B, T);
             loss_sum += gpt2_mean_loss(&model, B, T);
         }
         model.reduce_in_backward = false;
-        double grad_norm = gpt2_grad_norm(&model);
+        double scaled_norm = gpt2_grad_norm(&model);  // global: every process decides the same
         float lr = lr_at_step(scheduler, step);
-        gpt2_update(&model, lr, args.weight_decay, clip_scale(grad_norm, 1.0), step + 1);
+        float grad_scale = loss_scaler_grad_scale(scaler, scaled_norm, 1.0);  // 1/S and the clipping
+        bool apply = loss_scaler_step(&scaler, scaled_norm, step);
+        if (apply) gpt2_update(&model, lr, args.weight_decay, grad_scale, (int)scaler.updates);
         gpt2_sync(&model, "the parameter update");
+        double grad_norm = scaled_norm / step_scale;
         float loss = (float)(dp_sum(dp, loss_sum, "the step's loss") / ((double)grad_accum_steps * dp.size));
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
         char mfu[32] = "n/a";  // a GPU missing from bf16_peak_flops' table
         if (peak_flops > 0) snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak_flops);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s\n", step, max_steps,
-               loss, lr, grad_norm, ms, tokens_per_s, mfu);
-        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s);
+        char note[128] = "";
+        int at = 0;
+        if (scaler.dynamic) at += snprintf(note, sizeof(note), " | scale %g", step_scale);
+        if (!apply) snprintf(note + at, sizeof(note) - at, " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s%s\n", step, max_steps,
+               loss, lr, grad_norm, ms, tokens_per_s, mfu, note);
+        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
+                         scaler.dynamic ? step_scale : 0.0f);
     }
     logger_close(&logger);
     gpt2_free(&model);

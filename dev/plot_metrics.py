@@ -10,7 +10,9 @@ by its directory unless --labels names it. The PNG is 1600 x 1000 pixels (--widt
 
 metrics.jsonl: one JSON object per line, each with an integer "step" and numbers among "train_loss",
 "lr", "grad_norm", "ms", "tokens_per_s", "val_loss", "hellaswag_acc", "hellaswag_acc_norm", ... A
-file that is not that (a line that is not a JSON object, no "step", a value that is not a number, or
+step the trainer skipped (a non-finite gradient norm, llmc/loss_scaler.h) has "skipped": true and null
+for its non-finite values (JSON has no inf or NaN): "skipped" is not plotted and a null point is left
+out. A file that is not that (a line that is not a JSON object, no "step", a value that is not a number, or
 no line at all) is refused with a message naming the file and line, exit status 1.
 Needs matplotlib (Debian: python3-matplotlib); it draws without a display (Agg).
 """
@@ -59,6 +61,12 @@ def read_metrics(path):
                 die(f"{where}: no integer \"step\"")
             for key, value in item.items():
                 if key == "step":
+                    continue
+                if key == "skipped":  # a flag, not a series
+                    if not isinstance(value, bool):
+                        die(f"{where}: \"skipped\" is {value!r}, not true or false")
+                    continue
+                if value is None:  # inf or NaN as the trainer writes it: left out
                     continue
                 if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                     die(f"{where}: \"{key}\" is {value!r}, not a finite number")

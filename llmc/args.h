@@ -63,6 +63,14 @@ struct TrainArgs {
     int master_weights = 1;
     int gelu_fusion = 0;
     int flash_attention = 1;
+    // non-finite steps and loss scaling (llmc/loss_scaler.h); -l? are used by the FP16 build only
+    int max_skipped_steps = 8;         // consecutive skipped (non-finite) steps before the run stops
+    std::string inject_nonfinite;      // testing: "3,5" = steps whose gradients process 0 makes non-finite
+    std::vector<int> inject_steps;     // parsed from inject_nonfinite
+    float loss_scale = 65536.0f;       // initial S
+    int loss_scale_window = 2000;      // clean steps before S grows
+    float loss_scale_growth = 2.0f;
+    float loss_scale_backoff = 0.5f;
     // CUDA trainer only: several GPUs, one process each (llmc/bootstrap.h, llmc/nccl.cuh)
     std::string init_method = "auto";  // auto|mpi|tcp|file
     std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
@@ -119,6 +127,12 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-he", FlagKind::Int, &a->hellaswag_every, 0, INT_MAX, false, "HellaSwag accuracy every N steps and at the end (0: never)"},
         {"-hm", FlagKind::Int, &a->hellaswag_examples, 0, INT_MAX, false, "HellaSwag: the first M examples only (0: all)"},
         {"-tk", FlagKind::String, &a->tokenizer_path, NAN, NAN, false, "gpt2_tokenizer.bin, to print samples as text"},
+        {"-ns", FlagKind::Int, &a->max_skipped_steps, 1, INT_MAX, false, "stop after N consecutive steps skipped for a non-finite gradient norm"},
+        {"-ni", FlagKind::String, &a->inject_nonfinite, NAN, NAN, false, "testing: steps (e.g. 3,5) whose gradients process 0 makes non-finite"},
+        {"-ls", FlagKind::Float, &a->loss_scale, 1, 3.0e38, true, "FP16 build: initial loss scale S"},
+        {"-lw", FlagKind::Int, &a->loss_scale_window, 1, INT_MAX, true, "FP16 build: clean steps before S grows"},
+        {"-lg", FlagKind::Float, &a->loss_scale_growth, 1, 1024, true, "FP16 build: factor S grows by"},
+        {"-lb", FlagKind::Float, &a->loss_scale_backoff, 1e-6, 1, true, "FP16 build: factor S shrinks by on overflow"},
         {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
@@ -195,10 +209,30 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (!parse_lr_schedule(args->schedule.c_str(), &schedule)) {
         fatal("flag -k: unknown schedule '%s' (cosine, linear, constant or wsd)", args->schedule.c_str());
     }
+    args->inject_steps.clear();
+    if (!args->inject_nonfinite.empty()) {
+        std::string text = args->inject_nonfinite;
+        size_t start = 0;
+        while (start <= text.size()) {
+            size_t comma = text.find(',', start);
+            std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            args->inject_steps.push_back((int)parse_number("-ni", item.c_str(), true, 0, INT_MAX));
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+        }
+    }
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
     if (args->hellaswag_every > 0 && args->hellaswag_path.empty()) fatal("flag -he needs the HellaSwag file (-hs)");
     if (args->checkpoint_every > 0 && args->output_dir.empty()) fatal("flag -n needs an output directory (-o)");
     if (args->resume && args->output_dir.empty()) fatal("flag -y 1 needs the output directory (-o) to resume from");
+}
+
+// True when step is one of -ni's steps.
+inline bool is_inject_step(const TrainArgs& args, int step) {
+    for (int s : args.inject_steps) {
+        if (s == step) return true;
+    }
+    return false;
 }
 
 // Checks the batch flags against the model and the number of processes; returns grad accumulation steps.

@@ -100,11 +100,11 @@ __global__ void attention_softmax_backward_kernel(floatX* datt, const floatX* at
 // ----------------------------------------------------------------------------
 // launchers
 
-// Flash attention needs the bf16 tensor cores: the fp32 build always runs the cuBLAS path.
-#if defined(ENABLE_FP32)
-constexpr bool FLASH_ATTENTION_AVAILABLE = false;
-#else
+// Flash attention needs the bf16 tensor cores: the fp32 and fp16 builds always run the cuBLAS path.
+#if defined(LLMC_FLASH_ATTENTION)
 constexpr bool FLASH_ATTENTION_AVAILABLE = true;
+#else
+constexpr bool FLASH_ATTENTION_AVAILABLE = false;
 #endif
 
 // Elements of floatX the forward saves per layer for the backward: flash, the log-sum-exp (B, NH, T)
@@ -127,7 +127,7 @@ inline void check_attention_shape(int C, int NH, bool flash) {
     if (C % NH != 0 || (C / NH) % x128::size != 0) {
         fatal("CUDA attention needs a head size divisible by %d (C %d, NH %d)", x128::size, C, NH);
     }
-    if (flash && !FLASH_ATTENTION_AVAILABLE) fatal("flash attention needs the bf16 build (this one is fp32): use -fa 0");
+    if (flash && !FLASH_ATTENTION_AVAILABLE) fatal("flash attention needs the bf16 build (this one is %s): use -fa 0", PRECISION_NAME);
     if (flash && (C / NH % 8 != 0 || C / NH > 128)) {
         fatal("flash attention takes head sizes that are multiples of 8 up to 128, got %d (C %d, NH %d): use -fa 0",
               C / NH, C, NH);
@@ -153,7 +153,7 @@ inline void attention_forward(floatX* out,       // (B, T, C)
                               int B, int T, int C, int NH, bool flash, cudaStream_t stream) {
     check_attention_shape(C, NH, flash);
     int hs = C / NH;
-#if !defined(ENABLE_FP32)
+#if defined(LLMC_FLASH_ATTENTION)
     if (flash) {
         attention_flash_forward(out, reinterpret_cast<float*>(saved), qkv, B, T, NH, hs, stream);
         return;
@@ -191,7 +191,7 @@ inline void attention_backward(floatX* dqkv,         // (B, T, 3C)
                                int B, int T, int C, int NH, bool flash, cudaStream_t stream) {
     check_attention_shape(C, NH, flash);
     int hs = C / NH;
-#if !defined(ENABLE_FP32)
+#if defined(LLMC_FLASH_ATTENTION)
     if (flash) {
         attention_flash_backward(dqkv, reinterpret_cast<float*>(scratch), dout, qkv, out,
                                  reinterpret_cast<const float*>(saved), B, T, NH, hs, stream);

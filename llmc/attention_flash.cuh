@@ -22,10 +22,12 @@
 // output columns past hs are not stored. The row stride in shared memory is D + 8 bf16 so the 8 rows
 // an ldmatrix reads fall in distinct banks.
 //
-// bf16 only: the fp32 build (-DENABLE_FP32) has no tensor-core path here and runs the cuBLAS path.
+// bf16 only: the fp32 (-DENABLE_FP32) and fp16 (-DENABLE_FP16) builds have no tensor-core path here
+// (the kernels use bf16 mma.sync) and run the cuBLAS path.
 #pragma once
 
-#if !defined(ENABLE_FP32)
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+#define LLMC_FLASH_ATTENTION 1
 
 #include <cmath>
 
@@ -494,4 +496,4 @@ inline void attention_flash_backward(floatX* dqkv, float* delta, const floatX* d
     }
 }
 
-#endif  // !ENABLE_FP32
+#endif  // LLMC_FLASH_ATTENTION

@@ -5,22 +5,28 @@
 // saving rounds to nearest even.
 //
 // State file (ours; llm.c's has another layout): everything beyond the weights that a run needs to
-// continue bit for bit. Header magic 20261121, version 1, then:
+// continue bit for bit. Header magic 20261121, version 2 (version 1, without h[24..31], is read too), then:
 //   h[2] num_processes   h[3] rank    h[4] B    h[5] T    h[6] grad_accum_steps   h[7] has_master (0/1)
 //   h[8..23] eight int64: step, data epoch, data shard index, data sample index, sampler rng state,
 //            number of parameters, first parameter of this rank's optimizer shard, shard length
+//   h[24] loss scale S (fp32 bits; llmc/loss_scaler.h)   h[25] clean steps since S last changed
+//   h[26] consecutive skipped steps   h[27] unused   h[28..31] two int64: skipped steps, AdamW updates applied
 // then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master.
 //
 // A checkpoint for step S in directory DIR is model_S.bin, one state_S_RANK.bin per process and last
 // a DONE_S marker (S as %08d, RANK as %05d). Every file is written to a temporary name and renamed
 // into place, and DONE_S is written only after all of them, so a crash at any point leaves either a
 // complete checkpoint or one without its marker, which resume ignores.
+//
+// Weights and optimizer state are always finite: a file holding inf or NaN is refused when read (a
+// run started from it would only print NaN) and never written (the trainers skip non-finite steps).
 #pragma once
 
 #include <dirent.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -33,7 +39,7 @@ constexpr int32_t MODEL_MAGIC = 20240326;
 constexpr int32_t MODEL_VERSION_FP32 = 3;
 constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t STATE_MAGIC = 20261121;
-constexpr int32_t STATE_VERSION = 1;
+constexpr int32_t STATE_VERSION = 2;
 
 // ----------------------------------------------------------------------------
 // bf16 <-> fp32
@@ -54,6 +60,26 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays Na
 }
 
 // ----------------------------------------------------------------------------
+// finiteness
+
+// Index of the first inf or NaN in x[n], or n if there is none.
+inline size_t first_non_finite(const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(x[i])) return i;
+    }
+    return n;
+}
+
+// Refuses (fatal) a buffer holding inf or NaN; `action` and `what` name it: "reading", "model file 'x'".
+inline void require_finite(const float* x, size_t n, const char* action, const std::string& what) {
+    size_t i = first_non_finite(x, n);
+    if (i < n) {
+        fatal("%s %s: element %zu of %zu is %g; weights and optimizer state must be finite (a run that diverged? "
+              "resume from an earlier checkpoint)", action, what.c_str(), i, n, x[i]);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // model file
 
 inline void model_file_write(const std::string& path, const GPT2Config& cfg, const float* params, int version) {
@@ -67,6 +93,7 @@ inline void model_file_write(const std::string& path, const GPT2Config& cfg, con
     header[6] = cfg.channels;
     header[7] = cfg.padded_vocab_size;
     size_t n = num_parameters(cfg);
+    require_finite(params, n, "writing", "model checkpoint '" + path + "'");
     AtomicFile f = atomic_open(path);
     fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
     if (version == MODEL_VERSION_FP32) {
@@ -122,6 +149,7 @@ inline void model_file_read(const std::string& path, GPT2Config* cfg, std::vecto
         }
     }
     fcloseCheck(fp);
+    require_finite(params->data(), n, "reading", "model checkpoint '" + path + "'");
     if (version) *version = file_version;
 }
 
@@ -140,6 +168,11 @@ struct TrainState {
     int64_t shard_length = 0;
     std::vector<float> m, v;    // (shard_length)
     std::vector<float> master;  // (shard_length) or empty
+    // skipped steps and loss scaling (llmc/loss_scaler.h): S is 1 in a run without scaling; read from a
+    // version-1 file, which has none, it is 0 (the resumed run keeps its initial S)
+    float loss_scale = 1.0f;
+    int32_t clean_steps = 0, consecutive_skipped = 0;
+    int64_t skipped_total = 0, updates = 0;
 };
 
 inline void state_file_write(const std::string& path, const TrainState& s) {
@@ -159,6 +192,14 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     int64_t wide[8] = {s.step, s.data_epoch, s.data_shard, s.data_sample, (int64_t)s.sampler_rng,
                        s.num_parameters, s.shard_offset, s.shard_length};
     memcpy(&header[8], wide, sizeof(wide));
+    memcpy(&header[24], &s.loss_scale, sizeof(float));
+    header[25] = s.clean_steps;
+    header[26] = s.consecutive_skipped;
+    int64_t counts[2] = {s.skipped_total, s.updates};
+    memcpy(&header[28], counts, sizeof(counts));
+    require_finite(s.m.data(), s.m.size(), "writing", "AdamW m of '" + path + "'");
+    require_finite(s.v.data(), s.v.size(), "writing", "AdamW v of '" + path + "'");
+    require_finite(s.master.data(), s.master.size(), "writing", "master weights of '" + path + "'");
     AtomicFile f = atomic_open(path);
     fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
     fwriteCheck(s.m.data(), sizeof(float), s.shard_length, f.fp);
@@ -171,7 +212,8 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     const char* what = "optimizer state file";
     FILE* fp = fopenCheck(path.c_str(), "rb");
     int32_t header[HEADER_INTS];
-    read_file_header(fp, path.c_str(), what, STATE_MAGIC, &STATE_VERSION, 1, header);
+    static const int32_t versions[] = {1, STATE_VERSION};
+    read_file_header(fp, path.c_str(), what, STATE_MAGIC, versions, 2, header);
     s->num_processes = header[2];
     s->rank = header[3];
     s->B = header[4];
@@ -188,6 +230,20 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     s->num_parameters = wide[5];
     s->shard_offset = wide[6];
     s->shard_length = wide[7];
+    if (header[1] >= 2) {
+        memcpy(&s->loss_scale, &header[24], sizeof(float));
+        s->clean_steps = header[25];
+        s->consecutive_skipped = header[26];
+        int64_t counts[2];
+        memcpy(counts, &header[28], sizeof(counts));
+        s->skipped_total = counts[0];
+        s->updates = counts[1];
+    } else {  // version 1: every step was an update, no loss scale stored
+        s->loss_scale = 0.0f;
+        s->clean_steps = s->consecutive_skipped = 0;
+        s->skipped_total = 0;
+        s->updates = wide[0];
+    }
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
         s->grad_accum_steps < 1 || (has_master != 0 && has_master != 1) || s->step < 0 || s->num_parameters < 1 ||
         s->num_parameters > ((int64_t)1 << 40) ||  // bounds the sizes below, so no byte count can overflow
@@ -195,6 +251,10 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         s->shard_length > s->num_parameters + s->num_processes ||
         s->shard_offset + s->shard_length > s->num_parameters + s->num_processes) {
         fatal("%s '%s' has an inconsistent header (corrupt?)", what, path.c_str());
+    }
+    if (header[1] >= 2 && (!(s->loss_scale > 0.0f) || !std::isfinite(s->loss_scale) || s->clean_steps < 0 ||
+                           s->consecutive_skipped < 0 || s->skipped_total < 0 || s->updates < 0 || s->updates > s->step)) {
+        fatal("%s '%s' has an inconsistent loss scale or step counts (corrupt?)", what, path.c_str());
     }
     long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * (2 + has_master);
     expect_file_size(fp, path.c_str(), what, expected);
@@ -208,6 +268,9 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         freadCheck(s->master.data(), sizeof(float), s->shard_length, fp);
     }
     fcloseCheck(fp);
+    require_finite(s->m.data(), s->m.size(), "reading", "AdamW m of " + std::string(what) + " '" + path + "'");
+    require_finite(s->v.data(), s->v.size(), "reading", "AdamW v of " + std::string(what) + " '" + path + "'");
+    require_finite(s->master.data(), s->master.size(), "reading", "master weights of " + std::string(what) + " '" + path + "'");
 }
 
 // ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "utils.h"
@@ -47,6 +48,12 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
 typedef float floatX;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
 constexpr const char* PRECISION_NAME = "fp32";
+#elif defined(ENABLE_FP16)
+// fp16: 10 mantissa bits (finer than bf16's 7) but 5 exponent bits: nothing beyond 65504, and
+// gradients below 2^-24 vanish, hence the trainer's dynamic loss scaling (llmc/loss_scaler.h)
+typedef half floatX;
+constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;
+constexpr const char* PRECISION_NAME = "fp16";
 #else
 typedef __nv_bfloat16 floatX;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
@@ -174,6 +181,32 @@ __device__ inline void stochastic_round(float value, __nv_bfloat16* out, uint32_
 
 __device__ inline void stochastic_round(float value, float* out, uint32_t random_bits) { *out = value; }
 
+// fp16 is not the top half of an fp32, so no bit trick: take the two fp16 neighbours lo <= value < hi
+// and pick hi with probability (value - lo) / (hi - lo). Infinities and NaN round to nearest.
+__device__ inline void stochastic_round(float value, half* out, uint32_t random_bits) {
+    half nearest = __float2half_rn(value);
+    float nearest_value = __half2float(nearest);
+    if (nearest_value == value || !isfinite(value) || !isfinite(nearest_value)) {
+        *out = nearest;
+        return;
+    }
+    // the neighbour on the other side of value: one step of the fp16 bit pattern away from zero or towards it
+    unsigned short bits = __half_as_ushort(nearest);
+    bool away_from_zero = fabsf(value) > fabsf(nearest_value);
+    unsigned short other_bits = away_from_zero ? bits + 1 : (bits & 0x7FFFu) == 0 ? (unsigned short)((bits ^ 0x8000u) + 1) : bits - 1;
+    half other = __ushort_as_half(other_bits);
+    float other_value = __half2float(other);
+    float lo = fminf(nearest_value, other_value), hi = fmaxf(nearest_value, other_value);
+    if (!isfinite(hi) || !isfinite(lo)) {
+        *out = nearest;
+        return;
+    }
+    float p_hi = (value - lo) / (hi - lo);
+    float u = (random_bits >> 8) * (1.0f / 16777216.0f);  // uniform in [0, 1) with 24 bits
+    float chosen = u < p_hi ? hi : lo;
+    *out = chosen == nearest_value ? nearest : other;
+}
+
 // ----------------------------------------------------------------------------
 // host helpers
 
@@ -188,6 +221,8 @@ inline size_t align_up_256(size_t bytes) { return (bytes + 255) & ~(size_t)255; 
 inline floatX host_to_floatX(float value) {
 #if defined(ENABLE_FP32)
     return value;
+#elif defined(ENABLE_FP16)
+    return __float2half_rn(value);
 #else
     return __float2bfloat16_rn(value);
 #endif
@@ -196,6 +231,8 @@ inline floatX host_to_floatX(float value) {
 inline float host_from_floatX(floatX value) {
 #if defined(ENABLE_FP32)
     return value;
+#elif defined(ENABLE_FP16)
+    return __half2float(value);
 #else
     return __bfloat162float(value);
 #endif

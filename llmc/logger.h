@@ -1,15 +1,19 @@
 // Run logs in an output directory:
 //   DIR/main.log       llm.c's line format: "s:STEP trl:LOSS lr:LR norm:NORM" and "s:STEP tel:LOSS"
 //   DIR/metrics.jsonl  one JSON object per line: {"step": N, "train_loss": ..., "lr": ..., "grad_norm": ...,
-//                      "ms": ..., "tokens_per_s": ...}, {"step": N, "val_loss": ...} and, with -hs,
+//                      "skipped": false, "skipped_steps": 0, ["loss_scale": S,] "ms": ..., "tokens_per_s": ...},
+//                      {"step": N, "val_loss": ...} and, with -hs,
 //                      {"step": N, "hellaswag_acc": ..., "hellaswag_acc_norm": ..., "hellaswag_acc_token": ...,
 //                      "hellaswag_examples": ...} (llmc/hellaswag.h); main.log gets "s:N eval:ACC_NORM" as llm.c
+// A skipped step (llmc/loss_scaler.h: its gradient norm was not finite) has "skipped": true; "skipped_steps"
+// counts them since the run began; a non-finite loss or norm is written as null (JSON has no inf/NaN).
 // Losses are printed with 9 significant digits (float's full precision). Step N's train loss is the
 // loss of the forward pass made with the parameters after N updates.
 // On resume from step S, lines for steps >= S (written by the interrupted run after its checkpoint)
 // are dropped first, so the logs read as if the run had never stopped.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -66,13 +70,27 @@ inline void logger_open(Logger* logger, const std::string& dir, long resume_step
     logger->metrics = fopenCheck(metrics_path.c_str(), mode);
 }
 
+// A number for JSON: %.9g, or null for inf and NaN.
+inline std::string json_number(double value) {
+    if (!std::isfinite(value)) return "null";
+    char text[64];
+    snprintf(text, sizeof(text), "%.9g", value);
+    return text;
+}
+
+// skipped: this step's update was skipped; skipped_steps: all skipped so far; loss_scale <= 0: none.
 inline void logger_log_train(Logger* logger, long step, float loss, float lr, float grad_norm, double ms,
-                             double tokens_per_s) {
+                             double tokens_per_s, bool skipped = false, long skipped_steps = 0,
+                             float loss_scale = 0.0f) {
     if (logger->main_log == nullptr) return;
-    fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g\n", step, loss, lr, grad_norm);
+    fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g%s\n", step, loss, lr, grad_norm,
+            skipped ? " skipped:1" : "");
+    std::string scale = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
     fprintf(logger->metrics,
-            "{\"step\": %ld, \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
-            step, loss, lr, grad_norm, ms, tokens_per_s);
+            "{\"step\": %ld, \"train_loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, \"skipped_steps\": %ld%s, "
+            "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+            step, json_number(loss).c_str(), lr, json_number(grad_norm).c_str(), skipped ? "true" : "false",
+            skipped_steps, scale.c_str(), ms, tokens_per_s);
     fflush(logger->main_log);
     fflush(logger->metrics);
 }

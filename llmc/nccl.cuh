@@ -36,6 +36,8 @@
 
 #if defined(ENABLE_FP32)
 constexpr ncclDataType_t NCCL_FLOATX = ncclFloat32;
+#elif defined(ENABLE_FP16)
+constexpr ncclDataType_t NCCL_FLOATX = ncclFloat16;
 #else
 constexpr ncclDataType_t NCCL_FLOATX = ncclBfloat16;
 #endif

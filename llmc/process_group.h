@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,32 @@ struct ProcessGroup {
     int size = 1;
 };
 
+// The number of processes a parallel launcher says it started, from the environment it gives each of
+// them: Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), MPICH/Intel MPI's Hydra and Slurm's PMI (PMI_SIZE),
+// Slurm's srun (SLURM_STEP_NUM_TASKS, set for job steps, not for the batch script itself); 1 if none.
+inline int launcher_process_count() {
+    const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"};
+    int count = 1;
+    for (const char* var : vars) {
+        const char* value = getenv(var);
+        if (value != nullptr && atoi(value) > count) count = atoi(value);
+    }
+    return count;
+}
+
 inline ProcessGroup process_group_init(int* argc, char*** argv) {
     ProcessGroup pg;
-#ifdef USE_MPI
+#ifndef USE_MPI
+    // Built without MPI, each of N launched copies would think it is alone: N full runs writing the
+    // same files. Refuse instead of training N times.
+    int launched = launcher_process_count();
+    if (launched > 1) {
+        fatal("started as one of %d processes by mpirun/srun, but this binary was built without MPI, so each "
+              "process would train alone and all would write the same files. Rebuild with MPI: install Open MPI "
+              "(scripts/install_deps.sh, or apt-get install libopenmpi-dev openmpi-bin) so that mpicxx is on PATH, "
+              "then `make train_gpt2` (the Makefile notices the change and rebuilds); or run one process", launched);
+    }
+#else
     // The trainers call MPI from the main thread only (FUNNELED would do), but the CUDA emulator
     // (dev/emu) runs NCCL over MPI on its device thread while the main thread may call MPI too, so
     // ask for MPI_THREAD_MULTIPLE; the emulation refuses a lower level when it forms a communicator.

@@ -13,6 +13,7 @@
 #include "checkpoint.h"
 #include "dataloader.h"
 #include "gpt2_config.h"
+#include "loss_scaler.h"
 #include "process_group.h"
 #include "prompt.h"
 #include "rand.h"
@@ -39,6 +40,36 @@ inline TrainState train_state_header(int step, const DataLoader& loader, uint64_
     state.shard_offset = (int64_t)opt_begin;
     state.shard_length = (int64_t)(opt_end - opt_begin);
     return state;
+}
+
+// The skip counters and the loss scale go into the state file, so a resumed run skips, counts and
+// scales exactly as the uninterrupted run would.
+inline LossScaler loss_scaler_from_args(const TrainArgs& args, bool dynamic) {
+    LossScaler s;
+    s.dynamic = dynamic;
+    s.scale = dynamic ? args.loss_scale : 1.0f;
+    s.growth_interval = args.loss_scale_window;
+    s.growth = args.loss_scale_growth;
+    s.backoff = args.loss_scale_backoff;
+    s.max_consecutive = args.max_skipped_steps;
+    return s;
+}
+
+inline void train_state_set_scaler(TrainState* state, const LossScaler& s) {
+    state->loss_scale = s.scale;
+    state->clean_steps = s.clean_steps;
+    state->consecutive_skipped = s.consecutive;
+    state->skipped_total = s.skipped_total;
+    state->updates = s.updates;
+}
+
+// A state file without a loss scale (version 1) keeps the run's initial S.
+inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
+    if (state.loss_scale > 0.0f && s->dynamic) s->scale = state.loss_scale;
+    s->clean_steps = state.clean_steps;
+    s->consecutive = state.consecutive_skipped;
+    s->skipped_total = state.skipped_total;
+    s->updates = state.updates;
 }
 
 // The data of one process and the step count it gives: the train loader (shuffled unless -sh 0), the
@@ -147,12 +178,14 @@ inline std::string run_description(const TrainArgs& args, const GPT2Config& cfg,
     char text[1024];
     snprintf(text, sizeof(text),
              "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
-             "r=%d w=%d hs=%s he=%d hm=%d L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
+             "r=%d w=%d ns=%d ls=%g lw=%d lg=%g lb=%g hs=%s he=%d hm=%d L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
              args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
              args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
              args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
              args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), args.recompute,
-             args.master_weights, args.hellaswag_path.c_str(), args.hellaswag_every, args.hellaswag_examples, cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
+             args.master_weights, args.max_skipped_steps, args.loss_scale, args.loss_scale_window,
+             args.loss_scale_growth, args.loss_scale_backoff, args.hellaswag_path.c_str(), args.hellaswag_every,
+             args.hellaswag_examples, cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
              (unsigned long long)checksum);
     return text;
 }

@@ -17,6 +17,9 @@
 #include "../llmc/checkpoint.h"
 #include "../llmc/dataloader.h"
 #include "../llmc/logger.h"
+#include "../llmc/loss_scaler.h"
+#include "../llmc/output_lock.h"
+#include "../llmc/process_group.h"
 #include "../llmc/schedulers.h"
 #include "test_helpers.h"
 
@@ -205,6 +208,200 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
         // more val batches than the val set holds (6 of B=2 x T=8)
         {run.args() + " -m 7", "flag -m: 7 val batches requested but the val data .* holds only 6"},
     });
+}
+
+// ----------------------------------------------------------------------------
+// no silent wrong runs: non-finite steps, non-finite checkpoints, one run per output directory
+
+// Overwrites the float at `index` (counting from the first after the 1 KiB header) of a file.
+void poke_float(const std::string& path, size_t index, float value) {
+    FILE* fp = fopenCheck(path.c_str(), "r+b");
+    ASSERT_EQ(fseek(fp, HEADER_BYTES + (long)(index * sizeof(float)), SEEK_SET), 0);
+    fwriteCheck(&value, sizeof(float), 1, fp);
+    fcloseCheck(fp);
+}
+
+// -ni 2 makes process 0's gradients of step 2 non-finite (an infinite loss weight, as from one bad
+// micro-batch). Step 2 must be skipped: the checkpoint after it (step 3) holds exactly the weights
+// and AdamW moments of the one before (step 2), the logs say so, and training goes on.
+TEST(NonFiniteSteps, SkippedStepLeavesWeightsAndMomentsUntouched) {
+    TinyRun run = make_tiny_run("nonfinite_skip");
+    std::string out = test::scratch_dir("nonfinite_skip_out");
+    test::CommandResult r = run_trainer(run.args() + " -v 0 -x 5 -n 1 -ni 2 -o " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("SKIPPED: non-finite gradient norm (1 so far)"), std::string::npos) << r.output;
+    EXPECT_EQ(test::read_text(out + "/model_00000002.bin"), test::read_text(out + "/model_00000003.bin"));
+    EXPECT_NE(test::read_text(out + "/model_00000003.bin"), test::read_text(out + "/model_00000004.bin"));
+    TrainState before, after;
+    state_file_read(out + "/state_00000002_00000.bin", &before);
+    state_file_read(out + "/state_00000003_00000.bin", &after);
+    EXPECT_EQ(before.m, after.m);
+    EXPECT_EQ(before.v, after.v);
+    EXPECT_EQ(after.skipped_total, 1);
+    EXPECT_EQ(after.updates, 2);  // steps 0 and 1; step 2 was no AdamW update
+    std::vector<std::string> lines = test::metrics_without_timings(out + "/metrics.jsonl");
+    ASSERT_EQ(lines.size(), 5u);
+    EXPECT_NE(lines[1].find("\"skipped\": false, \"skipped_steps\": 0"), std::string::npos) << lines[1];
+    EXPECT_NE(lines[2].find("\"grad_norm\": null, \"skipped\": true, \"skipped_steps\": 1"), std::string::npos) << lines[2];
+    EXPECT_NE(lines[3].find("\"skipped\": false, \"skipped_steps\": 1"), std::string::npos) << lines[3];
+    std::vector<double> losses = test::jsonl_values(out + "/metrics.jsonl", "train_loss");
+    for (double loss : losses) EXPECT_TRUE(std::isfinite(loss) && loss > 0);
+}
+
+// -ns 3 consecutive skipped steps stop the run with a message naming the step; every checkpoint it
+// wrote is finite (the weights never took a non-finite update).
+TEST(NonFiniteSteps, ConsecutiveSkipsStopTheRun) {
+    TinyRun run = make_tiny_run("nonfinite_stop");
+    std::string out = test::scratch_dir("nonfinite_stop_out");
+    test::CommandResult r = run_trainer(run.args() + " -v 0 -x 8 -n 1 -ni 1,2,3,4 -ns 3 -o " + out);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("step 3: the gradient norm was not finite .* in 3 consecutive steps \\(-ns 3\\)")))
+        << r.output;
+    EXPECT_EQ(checkpoint_find_latest(out), 3);
+    for (int step = 1; step <= 3; step++) {
+        std::string data = test::read_text(checkpoint_model_path(out, step));
+        ASSERT_GT(data.size(), (size_t)HEADER_BYTES);
+        const float* w = reinterpret_cast<const float*>(data.data() + HEADER_BYTES);
+        size_t n = (data.size() - HEADER_BYTES) / sizeof(float);
+        EXPECT_EQ(first_non_finite(w, n), n) << "step " << step;
+    }
+    // two skips then a clean step: the count of consecutive skips starts again
+    std::string out2 = test::scratch_dir("nonfinite_stop_out2");
+    test::CommandResult ok = run_trainer(run.args() + " -v 0 -x 6 -ni 1,2,4,5 -ns 3 -o " + out2);
+    EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
+// A model or state file holding inf or NaN is refused when a run starts from it.
+TEST(NonFiniteSteps, CheckpointWithNonFiniteValuesIsRefused) {
+    TinyRun run = make_tiny_run("nonfinite_ckpt");
+    std::string bad = run.dir + "/model_nan.bin";
+    ASSERT_EQ(system(("cp '" + run.model + "' '" + bad + "'").c_str()), 0);
+    poke_float(bad, 5, NAN);
+    test::CommandResult r = run_trainer(run.args() + " -e '" + bad + "'");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("reading model checkpoint '.*model_nan.bin': element 5 of [0-9]+ is -?nan")))
+        << r.output;
+
+    // a checkpoint directory whose AdamW v holds inf: resume refuses it
+    std::string out = test::scratch_dir("nonfinite_ckpt_out");
+    ASSERT_EQ(run_trainer(run.args() + " -v 0 -x 2 -n 1 -o " + out).exit_code, 0);
+    TrainState state;
+    state_file_read(checkpoint_state_path(out, 2, 0), &state);
+    poke_float(checkpoint_state_path(out, 2, 0), state.m.size() + 7, INFINITY);  // v[7]
+    test::CommandResult resumed = run_trainer(run.args() + " -v 0 -x 3 -o " + out + " -y 1");
+    EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
+    EXPECT_TRUE(std::regex_search(resumed.output, std::regex("reading AdamW v of .*state_00000002_00000.bin': element 7 .* is inf")))
+        << resumed.output;
+}
+
+// The decision rule by itself: skip on inf/NaN, count, and (with dynamic scaling) halve S on
+// overflow and double it after W clean steps.
+TEST(NonFiniteSteps, LossScalerRule) {
+    LossScaler s;
+    s.dynamic = true;
+    s.scale = 1024.0f;
+    s.growth_interval = 3;
+    EXPECT_TRUE(loss_scaler_step(&s, 5.0, 0));
+    EXPECT_FALSE(loss_scaler_step(&s, INFINITY, 1));
+    EXPECT_EQ(s.scale, 512.0f);
+    EXPECT_FALSE(loss_scaler_step(&s, NAN, 2));
+    EXPECT_EQ(s.scale, 256.0f);
+    EXPECT_EQ(s.skipped_total, 2);
+    for (int step = 3; step < 6; step++) EXPECT_TRUE(loss_scaler_step(&s, 5.0, step));
+    EXPECT_EQ(s.scale, 512.0f);  // 3 clean steps
+    EXPECT_EQ(s.updates, 4);
+    EXPECT_EQ(s.consecutive, 0);
+    // the factor AdamW applies: 1/S, times the clipping of the unscaled norm (here 5 -> 1)
+    EXPECT_FLOAT_EQ(loss_scaler_grad_scale(s, 5.0 * 512, 1.0), 1.0f / 5 / 512);
+}
+
+// A second run on the same -o refuses while the first holds the lock; once the holder is gone the
+// directory is free again.
+TEST(OutputLock, SecondRunOnSameDirectoryIsRefused) {
+    TinyRun run = make_tiny_run("lock_tiny");
+    std::string out = test::scratch_dir("lock_out");
+    int fd = output_dir_lock(out);  // this test process stands for the first run
+    test::CommandResult second = run_trainer(run.args() + " -o " + out);
+    EXPECT_EQ(second.exit_code, 1) << second.output;
+    EXPECT_TRUE(std::regex_search(second.output, std::regex("output directory '.*lock_out' is in use by another run")))
+        << second.output;
+    EXPECT_FALSE(file_exists(out + "/metrics.jsonl")) << "the refused run wrote into the directory";
+    close(fd);
+    test::CommandResult after = run_trainer(run.args() + " -o " + out);
+    EXPECT_EQ(after.exit_code, 0) << after.output;
+}
+
+// A run killed with SIGKILL leaves no lock behind (flock dies with its process): it resumes.
+TEST(OutputLock, KilledRunResumes) {
+    TinyRun run = make_tiny_run("lock_kill");
+    std::string out = test::scratch_dir("lock_kill_out");
+    std::string script = "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 ./train_gpt2 " + run.args() +
+                         " -v 0 -a 1 -x 1000000 -n 1 -o " + out + " > /dev/null 2>&1 & pid=$!; "
+                         "for i in $(seq 600); do [ -e '" + out + "/DONE_00000003' ] && break; sleep 0.1; done; "
+                         "kill -9 $pid; wait $pid; echo killed; }";
+    test::CommandResult killed = test::run_command(script);
+    ASSERT_NE(killed.output.find("killed"), std::string::npos) << killed.output;
+    int64_t latest = checkpoint_find_latest(out);
+    ASSERT_GE(latest, 3);
+    test::CommandResult resumed = run_trainer(run.args() + " -v 0 -a 1 -x " + std::to_string(latest + 2) + " -o " + out + " -y 1");
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step " + std::to_string(latest)), std::string::npos) << resumed.output;
+}
+
+// A binary built without MPI (this test binary is) started by mpirun or srun as one of several
+// processes stops with a message saying how to rebuild, instead of training alone N times.
+// Sets var=value and starts a process group as train_gpt2's main does, then exits 0.
+void start_with_launcher_env(const char* var, const char* value) {
+    setenv(var, value, 1);
+    int argc = 1;
+    char name[] = "train_gpt2";
+    char* args[] = {name, nullptr};
+    char** argv = args;
+    process_group_init(&argc, &argv);
+    exit(0);
+}
+
+TEST(LaunchCheck, NonMpiBuildRefusesParallelLaunch) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+        SCOPED_TRACE(var);
+        EXPECT_EXIT(start_with_launcher_env(var, "3"), testing::ExitedWithCode(1),
+                    "one of 3 processes by mpirun/srun, but this binary was built without MPI.*make train_gpt2");
+    }
+    // one process under a launcher is fine
+    EXPECT_EXIT(start_with_launcher_env("OMPI_COMM_WORLD_SIZE", "1"), testing::ExitedWithCode(0), "");
+}
+
+// The Makefile rebuilds when its configuration changes: with Open MPI installed after a first build
+// (mpicxx appears on PATH), with NO_MPI=1 again, with another PRECISION; and not otherwise. Checked
+// with `make -q` (is the target up to date?) in a copy of the build files, with a stand-in mpicxx.
+TEST(BuildConfig, MakefileNoticesConfigurationChanges) {
+    std::string dir = test::scratch_dir("build_config");
+    std::string r = test::root();
+    std::string setup = "cd '" + dir + "' && mkdir -p dev fakebin && cp -r '" + r + "/Makefile' '" + r + "/train_gpt2.cpp' '" +
+                        r + "/train_gpt2.cu' '" + r + "/llmc' '" + r + "/scripts' . && cp -r '" + r + "/dev/emu' dev/ && " +
+                        "printf '#!/bin/sh\\ncase $1 in --showme:compile) echo -I/x/include;; --showme:link) echo -L/x/lib -lmpi;; esac\\n' "
+                        "> fakebin/mpicxx && chmod +x fakebin/mpicxx";
+    ASSERT_EQ(test::run_command(setup).exit_code, 0);
+    // make -q: exit 0 when up to date, 1 when the target would be rebuilt
+    auto make_q = [&](const std::string& vars, const std::string& target) {
+        return test::run_command("cd '" + dir + "' && " + vars + " make -q PYTHON=python3 " + target).exit_code;
+    };
+    std::string no_mpi = "NO_MPI=1", with_mpi = "PATH='" + dir + "/fakebin':$PATH";
+    // "build" without MPI: write the stamps, then a binary newer than them
+    ASSERT_EQ(test::run_command("cd '" + dir + "' && make -n NO_MPI=1 PYTHON=python3 train_gpt2 train_gpt2cu > /dev/null && "
+                                "sleep 1 && touch train_gpt2 train_gpt2cu").exit_code, 0);
+    EXPECT_EQ(make_q(no_mpi, "train_gpt2"), 0) << "same configuration: nothing to rebuild";
+    EXPECT_EQ(make_q(with_mpi, "train_gpt2"), 1) << "mpicxx appeared: train_gpt2 must be rebuilt";
+    EXPECT_EQ(make_q(no_mpi, "train_gpt2"), 1) << "back to no MPI: rebuilt again";
+    // every make run rewrites the stamps of all targets whose configuration changed, train_gpt2cu's
+    // too (its NCCL launcher uses MPI): "rebuild" both
+    ASSERT_EQ(test::run_command("cd '" + dir + "' && sleep 1 && touch train_gpt2 train_gpt2cu").exit_code, 0);
+    EXPECT_EQ(make_q(no_mpi, "train_gpt2"), 0);
+    EXPECT_EQ(make_q(no_mpi, "train_gpt2cu"), 0);
+    EXPECT_EQ(make_q(no_mpi + " PRECISION=FP32", "train_gpt2cu"), 1) << "another precision";
+    ASSERT_EQ(test::run_command("cd '" + dir + "' && sleep 1 && touch train_gpt2cu").exit_code, 0);
+    EXPECT_EQ(make_q(with_mpi + " PRECISION=FP32", "train_gpt2cu"), 1) << "MPI (hence NCCL's launcher) for the CUDA trainer";
 }
 
 // ----------------------------------------------------------------------------

@@ -109,6 +109,39 @@ TEST(Distributed, Zero1RanksMatchOneRankWithAccumulation) {
     }
 }
 
+// Process 0 alone gets non-finite gradients at step 2 (-ni 2: one bad micro-batch on one process).
+// The norm is global, so both processes skip that step, with -z 0 and with -z 1 (where each updates
+// only its shard and a process that went on alone would gather NaN into the other's weights): the
+// weights after step 2 are those before it, every later step is finite, and the run finishes.
+TEST(Distributed, NonFiniteStepSkippedByEveryProcess) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    int steps = 4;
+    for (int zero : {0, 1}) {
+        SCOPED_TRACE("-z " + std::to_string(zero));
+        std::string dir = test::scratch_dir("dp_nonfinite_z" + std::to_string(zero));
+        test::CommandResult r = test::run_command(mpirun(2) + train_args(oracle_dir, steps, 64) + " -n 1 -ni 2 -z " +
+                                                  std::to_string(zero) + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_EQ(test::read_text(dir + "/model_00000002.bin"), test::read_text(dir + "/model_00000003.bin"));
+        for (int rank : {0, 1}) {
+            char a[64], b[64];
+            snprintf(a, sizeof(a), "/state_00000002_%05d.bin", rank);
+            snprintf(b, sizeof(b), "/state_00000003_%05d.bin", rank);
+            std::string sa = test::read_text(dir + a), sb = test::read_text(dir + b);
+            ASSERT_GT(sa.size(), (size_t)HEADER_BYTES);
+            EXPECT_EQ(sa.substr(HEADER_BYTES), sb.substr(HEADER_BYTES)) << "AdamW state of process " << rank;
+        }
+        auto run = read_run(dir, steps);  // (inside TEST, "Run" is testing::Test::Run)
+        ASSERT_EQ(run.loss.size(), (size_t)steps);
+        for (int s = 0; s < steps; s++) EXPECT_TRUE(std::isfinite(run.loss[s])) << "loss at step " << s;
+        for (float p : run.params) ASSERT_TRUE(std::isfinite(p));
+        EXPECT_NE(run.params, read_run(dir, 3).params) << "step 3 updated the weights";
+        EXPECT_NE(test::read_text(dir + "/metrics.jsonl").find("\"step\": 2, \"train_loss\""), std::string::npos);
+        EXPECT_NE(test::read_text(dir + "/metrics.jsonl").find("\"skipped\": true, \"skipped_steps\": 1"), std::string::npos);
+    }
+}
+
 TEST(Distributed, Zero0AndZero1Agree) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string oracle_dir = test::oracle("tiny_odd", ODD);

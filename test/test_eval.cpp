@@ -336,7 +336,9 @@ TEST(Plot, TwoRunsToPngOfTheRequestedSizeAndMalformedFilesRefused) {
         for (int step = 0; step <= 40; step++) {
             if (step % 10 == 0) logger_log_val(&logger, step, 10.0f - step * 0.05f * (run + 1));
             if (step % 20 == 0) logger_log_hellaswag(&logger, step, 0.25, 0.26 + step * 0.001, 0.25, 10);
-            if (step < 40) logger_log_train(&logger, step, 10.5f - step * 0.1f, 1e-3f, 2.0f / (step + 1), 50.0, 5000.0 + run);
+            // step 7 was skipped (a non-finite norm, written as null: the plot leaves it out)
+            float norm = step == 7 ? INFINITY : 2.0f / (step + 1);
+            if (step < 40) logger_log_train(&logger, step, 10.5f - step * 0.1f, 1e-3f, norm, 50.0, 5000.0 + run, step == 7, step >= 7);
         }
         logger_close(&logger);
     }
@@ -354,6 +356,7 @@ TEST(Plot, TwoRunsToPngOfTheRequestedSizeAndMalformedFilesRefused) {
              {"{\"step\": 0, \"train_loss\": 1.5}\nnot json\n", "line 2: not JSON"},
              {"{\"train_loss\": 1.5}\n", "line 1: no integer \"step\""},
              {"{\"step\": 3, \"val_loss\": \"high\"}\n", "\"val_loss\" is 'high', not a finite number"},
+             {"{\"step\": 3, \"skipped\": 1}\n", "\"skipped\" is 1, not true or false"},
              {"", "no metrics in it"},
          }) {
         std::ofstream(dir + "/bad.jsonl", std::ios::binary) << bad.content;

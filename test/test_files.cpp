@@ -119,6 +119,11 @@ TrainState sample_state(bool with_master) {
     s.num_parameters = 1000;
     s.shard_offset = 750;
     s.shard_length = 250;
+    s.loss_scale = 2048.0f;
+    s.clean_steps = 3;
+    s.consecutive_skipped = 1;
+    s.skipped_total = 9;
+    s.updates = s.step - 9;
     std::mt19937 rng(7);
     s.m.resize(250);
     s.v.resize(250);
@@ -387,6 +392,11 @@ TEST(FilesState, RoundTripWithAndWithoutMaster) {
         EXPECT_EQ(r.num_parameters, 1000);
         EXPECT_EQ(r.shard_offset, 750);
         EXPECT_EQ(r.shard_length, 250);
+        EXPECT_EQ(r.loss_scale, 2048.0f);
+        EXPECT_EQ(r.clean_steps, 3);
+        EXPECT_EQ(r.consecutive_skipped, 1);
+        EXPECT_EQ(r.skipped_total, 9);
+        EXPECT_EQ(r.updates, s.step - 9);
         EXPECT_EQ(r.m, s.m);
         EXPECT_EQ(r.v, s.v);
         EXPECT_EQ(r.master, s.master);
@@ -401,9 +411,9 @@ TEST(FilesState, RefusesBadFiles) {
     copy_with_header(dir + "/good.bin", dir + "/magic.bin", 0, 20240326);  // a model's magic
     EXPECT_EXIT(read_state(dir + "/magic.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*magic\\.bin' has magic 20240326, expected 20261121");
-    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 2);
+    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 3);
     EXPECT_EXIT(read_state(dir + "/version.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*version\\.bin' has version 2, this program reads version 1");
+                "optimizer state file '.*version\\.bin' has version 3, this program reads version 1 or 2");
     copy_resized(dir + "/good.bin", dir + "/short_header.bin", 512);
     EXPECT_EXIT(read_state(dir + "/short_header.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*short_header\\.bin' is 512 bytes, shorter than its 1024-byte header");

@@ -209,11 +209,18 @@ TEST(HfImport, Bf16RoundsToNearestEvenLikeTheTrainer) {
     run_ok(fixture() + " write " + dir + "/hf --special");
     hf_import(dir + "/hf", dir + "/v3.bin");
     hf_import(dir + "/hf", dir + "/v5.bin", true);
-    GPT2Config cfg;
-    std::vector<float> v3, v5;
-    model_file_read(dir + "/v3.bin", &cfg, &v3);
-    model_file_read(dir + "/v5.bin", &cfg, &v5);
-    ASSERT_EQ(v3.size(), v5.size());
+    // read as stored: model_file_read refuses the planted infinities and NaNs (llmc/checkpoint.h)
+    std::string b3 = file_bytes(dir + "/v3.bin"), b5 = file_bytes(dir + "/v5.bin");
+    ASSERT_GT(b5.size(), (size_t)HEADER_BYTES);
+    size_t n = (b5.size() - HEADER_BYTES) / 2;
+    ASSERT_EQ(b3.size(), HEADER_BYTES + 4 * n);
+    std::vector<float> v3(n), v5(n);
+    memcpy(v3.data(), b3.data() + HEADER_BYTES, 4 * n);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b5.data() + HEADER_BYTES + 2 * i, 2);
+        v5[i] = bf16_to_float(h);
+    }
     size_t mismatches = 0, nans = 0;
     for (size_t i = 0; i < v3.size(); i++) {
         if (bits_of(bf16_to_float(float_to_bf16(v3[i]))) != bits_of(v5[i])) mismatches++;

@@ -46,14 +46,22 @@ inline uint16_t float_to_bf16_bits(float f) {
     return (uint16_t)(u >> 16);
 }
 
+// fp16 (CUDA_R_16F, issue 13): GCC's _Float16 converts with IEEE round-to-nearest-even, as the GPU does
+struct HalfBits {
+    _Float16 value;
+};
+
 inline float load_element(const void* base, cudaDataType type, int64_t index) {
     if (type == CUDA_R_16BF) return bf16_bits_to_float(((const uint16_t*)base)[index]);
+    if (type == CUDA_R_16F) return (float)((const _Float16*)base)[index];
     return ((const float*)base)[index];
 }
 
 inline void store_element(void* base, cudaDataType type, int64_t index, float value) {
     if (type == CUDA_R_16BF) {
         ((uint16_t*)base)[index] = float_to_bf16_bits(value);
+    } else if (type == CUDA_R_16F) {
+        ((_Float16*)base)[index] = (_Float16)value;
     } else {
         ((float*)base)[index] = value;
     }
@@ -81,6 +89,8 @@ template <>
 inline float load_typed<float>(const float* p, int64_t i) { return p[i]; }
 template <>
 inline float load_typed<uint16_t>(const uint16_t* p, int64_t i) { return bf16_bits_to_float(p[i]); }
+template <>
+inline float load_typed<HalfBits>(const HalfBits* p, int64_t i) { return (float)p[i].value; }
 
 // Packs op(A)(i0 .. i0+rows, p0 .. p0+depth) as slivers of MICRO_M rows: packed[s][p][r], zero-padded.
 template <typename T>
@@ -138,6 +148,8 @@ void pack_b(float* packed, const View& b, int64_t p0, int depth, int64_t j0, int
 void pack_a_any(float* packed, const View& a, int64_t i0, int rows, int64_t p0, int depth) {
     if (a.type == CUDA_R_16BF) {
         pack_a<uint16_t>(packed, a, i0, rows, p0, depth);
+    } else if (a.type == CUDA_R_16F) {
+        pack_a<HalfBits>(packed, a, i0, rows, p0, depth);
     } else {
         pack_a<float>(packed, a, i0, rows, p0, depth);
     }
@@ -146,6 +158,8 @@ void pack_a_any(float* packed, const View& a, int64_t i0, int rows, int64_t p0, 
 void pack_b_any(float* packed, const View& b, int64_t p0, int depth, int64_t j0, int cols) {
     if (b.type == CUDA_R_16BF) {
         pack_b<uint16_t>(packed, b, p0, depth, j0, cols);
+    } else if (b.type == CUDA_R_16F) {
+        pack_b<HalfBits>(packed, b, p0, depth, j0, cols);
     } else {
         pack_b<float>(packed, b, p0, depth, j0, cols);
     }
@@ -294,6 +308,7 @@ size_t type_bytes(cudaDataType type) {
     switch (type) {
         case CUDA_R_32F: return 4;
         case CUDA_R_16BF: return 2;
+        case CUDA_R_16F: return 2;
         default: return 0;
     }
 }
@@ -311,6 +326,7 @@ const char* type_name(cudaDataType type) {
 bool supported_types(cudaDataType a, cudaDataType b, cudaDataType c) {
     if (a != b) return false;
     if (a == CUDA_R_16BF) return c == CUDA_R_16BF || c == CUDA_R_32F;
+    if (a == CUDA_R_16F) return c == CUDA_R_16F || c == CUDA_R_32F;
     if (a == CUDA_R_32F) return c == CUDA_R_32F;
     return false;
 }
