@@ -125,6 +125,10 @@ run_suite gpu-suite-bf16 emulated "./test_gpt2cu_emu --gtest_filter='-Kernels.*'
 run_kernels_both_orders fp32 test_gpt2fp32cu_emu
 run_suite gpu-suite-fp32 emulated "./test_gpt2fp32cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
 
+# the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
+run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
+run_suite gpu-suite-fp16 emulated "./test_gpt2fp16cu_emu --gtest_filter='Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*' ${EMU_GPU_TEST_ARGS:-}"
+
 run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
 
 echo

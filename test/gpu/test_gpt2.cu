@@ -207,7 +207,7 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
     EXPECT_LT(loss.back(), loss.front()) << "training did not lower the loss";
     EXPECT_NE(run.result.output.find("tok/s | MFU"), std::string::npos) << "step lines carry tokens/s and MFU";
     EXPECT_NE(run.result.output.find("recompute -r 1 saves"), std::string::npos) << "start-up prints the memory saved";
-#if !defined(ENABLE_FP32)
+#if defined(LLMC_FLASH_ATTENTION)
     EXPECT_NE(run.result.output.find("attention: flash (-fa 1); activations with flash"), std::string::npos)
         << "flash attention is the default, and start-up prints the memory of both paths";
 #endif
