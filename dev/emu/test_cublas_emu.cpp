@@ -197,9 +197,9 @@ TEST(CublasGemmEx, RefusesWhatItCannotDo) {
     Device<float> a(std::vector<float>(16, 1.0f));
     std::vector<float> host(16, 1.0f);
     float alpha = 1.0f, beta = 0.0f;
-    // fp16 is not emulated
-    EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, CUDA_R_16F, 2, a.ptr,
-                           CUDA_R_16F, 2, &beta, a.ptr, CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    // fp64 is not emulated (fp16 is, for the FP16 build)
+    EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, CUDA_R_64F, 2, a.ptr,
+                           CUDA_R_64F, 2, &beta, a.ptr, CUDA_R_64F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               CUBLAS_STATUS_NOT_SUPPORTED);
     // lda smaller than the rows of A
     EXPECT_EQ(cublasGemmEx(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 2, &alpha, a.ptr, CUDA_R_32F, 2, a.ptr,
