@@ -8,7 +8,7 @@
 // - Types: with CUBLAS_COMPUTE_32F (or _PEDANTIC, _FAST_TF32) A = B = bf16 with C bf16 or fp32, or
 //   A = B = C = fp32. Every product accumulates in fp32 in a fixed k order (deterministic, independent
 //   of threads) and rounds once to the output type (bf16: round to nearest even). Anything else
-//   (fp16, fp64, int8, other compute types) returns CUBLAS_STATUS_NOT_SUPPORTED with a printed reason.
+//   (fp64, int8, other compute types; fp16 only as bf16 is, for the FP16 build) returns CUBLAS_STATUS_NOT_SUPPORTED with a printed reason.
 // - TF32: a GPU's tensor cores read fp32 inputs as TF32 when the compute type is
 //   CUBLAS_COMPUTE_32F_FAST_TF32, or CUBLAS_COMPUTE_32F with the handle's math mode
 //   CUBLAS_TF32_TENSOR_OP_MATH (cuBLAS "allows" it). The emulator does what that allows every time:
