@@ -88,6 +88,74 @@ struct BackwardScratch {
     float* dlogits;    // (B, T, Vp)
 };
 
+// One transformer block's parameters (or their gradients): views of its slices, wherever they are
+// stored. Here they point into the stacked (L, ...) tensors; a parallel layout may point them elsewhere.
+template <typename T>
+struct BlockTensorsOf {
+    T* ln1w;      // (C)
+    T* ln1b;      // (C)
+    T* qkvw;      // (3C, C)
+    T* qkvb;      // (3C)
+    T* attprojw;  // (C, C)
+    T* attprojb;  // (C)
+    T* ln2w;      // (C)
+    T* ln2b;      // (C)
+    T* fcw;       // (4C, C)
+    T* fcb;       // (4C)
+    T* fcprojw;   // (C, 4C)
+    T* fcprojb;   // (C)
+};
+using BlockParams = BlockTensorsOf<const float>;
+using BlockGrads = BlockTensorsOf<float>;
+
+// Block l's slices of the stacked parameter (or gradient) tensors.
+template <typename T, typename U>
+BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t C) {
+    return {p.ln1w + l * C,          p.ln1b + l * C,      p.qkvw + l * 3 * C * C, p.qkvb + l * 3 * C,
+            p.attprojw + l * C * C,  p.attprojb + l * C,  p.ln2w + l * C,         p.ln2b + l * C,
+            p.fcw + l * 4 * C * C,   p.fcb + l * 4 * C,   p.fcprojw + l * 4 * C * C, p.fcprojb + l * C};
+}
+
+// One block's activations for a call with B*T positions: views of layer l's slices of ActivationTensors.
+struct BlockActs {
+    const float* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
+    float* ln1;             // (B, T, C)
+    float* ln1_mean;        // (B, T)
+    float* ln1_rstd;        // (B, T)
+    float* qkv;             // (B, T, 3C)
+    float* atty;            // (B, T, C)
+    float* att;             // (B, NH, T, T)
+    float* attproj;         // (B, T, C)
+    float* residual2;       // (B, T, C)
+    float* ln2;             // (B, T, C)
+    float* ln2_mean;        // (B, T)
+    float* ln2_rstd;        // (B, T)
+    float* fch;             // (B, T, 4C)
+    float* fch_gelu;        // (B, T, 4C)
+    float* fcproj;          // (B, T, C)
+    float* residual3;       // (B, T, C)   the block's output
+};
+
+BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH) {
+    size_t BT = (size_t)B * T;
+    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C,
+            a.ln1 + l * BT * C,
+            a.ln1_mean + l * BT,
+            a.ln1_rstd + l * BT,
+            a.qkv + l * BT * 3 * C,
+            a.atty + l * BT * C,
+            a.att + l * B * NH * T * T,
+            a.attproj + l * BT * C,
+            a.residual2 + l * BT * C,
+            a.ln2 + l * BT * C,
+            a.ln2_mean + l * BT,
+            a.ln2_rstd + l * BT,
+            a.fch + l * BT * 4 * C,
+            a.fch_gelu + l * BT * 4 * C,
+            a.fcproj + l * BT * C,
+            a.residual3 + l * BT * C};
+}
+
 struct GPT2 {
     GPT2Config config;
     size_t num_parameters = 0;
@@ -184,6 +252,22 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
            scratch_total * 4.0 / (1 << 20));
 }
 
+// One transformer block, forward: a.residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), where
+// residual2 = a.residual + attproj(attention(qkv(ln1(a.residual)))). Fills every view of `a`.
+void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH) {
+    int BT = B * T;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, BT, C);
+    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
+    attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+    matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, C, C);
+    residual_forward(a.residual2, a.residual, a.attproj, (size_t)BT * C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
+    matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * C);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * C);
+    matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C);
+    residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)BT * C);
+}
+
 // Forward pass over inputs (B, T). With targets, also the per-position losses and their mean, which
 // is returned; without, returns -1 and only the logits are meaningful.
 float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
@@ -205,26 +289,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
 
     encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
     for (int l = 0; l < L; l++) {
-        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        float* ln1 = a.ln1 + l * BT * C;
-        float* qkv = a.qkv + l * BT * 3 * C;
-        float* atty = a.atty + l * BT * C;
-        float* attproj = a.attproj + l * BT * C;
-        float* residual2 = a.residual2 + l * BT * C;
-        float* ln2 = a.ln2 + l * BT * C;
-        float* fch = a.fch + l * BT * 4 * C;
-        float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-        float* fcproj = a.fcproj + l * BT * C;
-        layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C);
-        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C);
-        attention_forward(atty, a.att + (size_t)l * B * NH * T * T, qkv, B, T, C, NH);
-        matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C);
-        residual_forward(residual2, residual, attproj, BT * C);
-        layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + l * C, p.ln2b + l * C, (int)BT, C);
-        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C);
-        gelu_forward(fch_gelu, fch, BT * 4 * C);
-        matmul_forward(fcproj, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, (int)BT, 4 * C, C);
-        residual_forward(a.residual3 + l * BT * C, residual2, fcproj, BT * C);
+        block_forward(block_tensors<const float>(p, l, C), block_acts(a, l, B, T, C, NH), B, T, C, NH);
     }
     const float* final_residual = a.residual3 + (L - 1) * BT * C;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
@@ -239,6 +304,32 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
 
 void gpt2_zero_grad(GPT2* model) {
     std::fill(model->grads_memory.begin(), model->grads_memory.end(), 0.0f);
+}
+
+// One transformer block, backward. On entry s.dresidual is d(loss)/d(block output); on return it is
+// d(loss)/d(block input). Accumulates (+=) into the block's parameter gradients g; uses s as scratch.
+void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& a, const BackwardScratch& s, int B,
+                    int T, int C, int NH) {
+    int BT = B * T;
+    auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
+
+    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    zero(s.dfch_gelu, (size_t)BT * 4 * C);
+    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, s.dresidual, a.fch_gelu, w.fcprojw, BT, 4 * C, C);
+    zero(s.dfch, (size_t)BT * 4 * C);
+    gelu_backward(s.dfch, a.fch, s.dfch_gelu, (size_t)BT * 4 * C);
+    zero(s.dln, (size_t)BT * C);
+    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, w.fcw, BT, C, 4 * C);
+    layernorm_backward(s.dresidual, g.ln2w, g.ln2b, s.dln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
+
+    // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
+    zero(s.datty, (size_t)BT * C);
+    matmul_backward(s.datty, g.attprojw, g.attprojb, s.dresidual, a.atty, w.attprojw, BT, C, C);
+    zero(s.dqkv, (size_t)BT * 3 * C);
+    attention_backward(s.dqkv, s.datty, a.qkv, a.att, B, T, C, NH);
+    zero(s.dln, (size_t)BT * C);
+    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, w.qkvw, BT, C, 3 * C);
+    layernorm_backward(s.dresidual, g.ln1w, g.ln1b, s.dln, a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
 // Backward pass of the last forward (same inputs, targets, B, T). Accumulates (+=) into the parameter
@@ -263,38 +354,8 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 
     // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
     for (int l = L - 1; l >= 0; l--) {
-        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-        const float* ln1 = a.ln1 + l * BT * C;
-        const float* qkv = a.qkv + l * BT * 3 * C;
-        const float* atty = a.atty + l * BT * C;
-        const float* residual2 = a.residual2 + l * BT * C;
-        const float* ln2 = a.ln2 + l * BT * C;
-        const float* fch = a.fch + l * BT * 4 * C;
-        const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-
-        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        zero(s.dfch_gelu, BT * 4 * C);
-        matmul_backward(s.dfch_gelu, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, s.dresidual, fch_gelu,
-                        p.fcprojw + (size_t)l * C * 4 * C, (int)BT, 4 * C, C);
-        zero(s.dfch, BT * 4 * C);
-        gelu_backward(s.dfch, fch, s.dfch_gelu, BT * 4 * C);
-        zero(s.dln, BT * C);
-        matmul_backward(s.dln, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, s.dfch, ln2,
-                        p.fcw + (size_t)l * 4 * C * C, (int)BT, C, 4 * C);
-        layernorm_backward(s.dresidual, g.ln2w + l * C, g.ln2b + l * C, s.dln, residual2, p.ln2w + l * C,
-                           a.ln2_mean + l * BT, a.ln2_rstd + l * BT, (int)BT, C);
-
-        // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        zero(s.datty, BT * C);
-        matmul_backward(s.datty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, s.dresidual, atty,
-                        p.attprojw + (size_t)l * C * C, (int)BT, C, C);
-        zero(s.dqkv, BT * 3 * C);
-        attention_backward(s.dqkv, s.datty, qkv, a.att + (size_t)l * B * NH * T * T, B, T, C, NH);
-        zero(s.dln, BT * C);
-        matmul_backward(s.dln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, s.dqkv, ln1,
-                        p.qkvw + (size_t)l * 3 * C * C, (int)BT, C, 3 * C);
-        layernorm_backward(s.dresidual, g.ln1w + l * C, g.ln1b + l * C, s.dln, residual, p.ln1w + l * C,
-                           a.ln1_mean + l * BT, a.ln1_rstd + l * BT, (int)BT, C);
+        block_backward(block_tensors<float>(g, l, C), block_tensors<const float>(p, l, C), block_acts(a, l, B, T, C, NH),
+                       s, B, T, C, NH);
     }
     encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C);
 }
