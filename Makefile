@@ -66,8 +66,16 @@ tokenizer_gpt2: tokenizer_gpt2.cpp $(LLMC_HEADERS)
 TEST_SOURCES = $(wildcard test/test_*.cpp)
 GTEST_LIBS = -lgtest -lpthread
 
-$(BUILD)/test_cpu: $(TEST_SOURCES) train_gpt2.cpp $(LLMC_HEADERS) $(call config_stamp,test_cpu,$(CXX) $(CXXFLAGS)) | $(BUILD)
-	$(CXX) $(CXXFLAGS) -Itest $(TEST_SOURCES) $(GTEST_LIBS) $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
+# one object per test file, so `make -j2` compiles them side by side (test_model.cpp, which includes
+# train_gpt2.cpp, is the long one); every object depends on every header, which is simple and safe
+TEST_CONFIG := $(call config_stamp,test_cpu,$(CXX) $(CXXFLAGS))
+TEST_OBJECTS = $(patsubst test/%.cpp,$(BUILD)/test_obj/%.o,$(TEST_SOURCES))
+$(BUILD)/test_obj/%.o: test/%.cpp test/test_helpers.h train_gpt2.cpp $(LLMC_HEADERS) $(TEST_CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -Itest -c $< -o $@
+
+$(BUILD)/test_cpu: $(TEST_OBJECTS) | $(BUILD)
+	$(CXX) $(CXXFLAGS) $(TEST_OBJECTS) $(GTEST_LIBS) $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -75,8 +83,9 @@ $(BUILD):
 # The test binaries find the trainers, the tokenizer tool and the oracle through these variables.
 # test/run_tests.sh runs the CPU suite, then the CUDA code's suites under the CPU emulator (dev/emu,
 # dev/emu/tests.mk; built here with -j2), and ends with one line "tests: N passed, N failed, N skipped".
-test: $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2
-	$(MAKE) -j2 --no-print-directory emu-test-binaries
+# Everything is built first, two compilers at a time (the CI machine has 2 cores), then run.
+test:
+	$(MAKE) -j2 --no-print-directory $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2 emu-test-binaries
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
 		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
 
@@ -162,8 +171,7 @@ gpu-prepare:
 	test/gpu/prepare_gpu_run.sh
 
 cuda-all:
-	$(MAKE) PRECISION=BF16 train_gpt2cu test_gpt2cu
-	$(MAKE) train_gpt2fp32cu test_gpt2fp32cu
+	$(MAKE) -j2 PRECISION=BF16 train_gpt2cu test_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
 
 include dev/emu/emu.mk
 # the emulated builds link MPI when mpicxx is there: a change of that rebuilds them too
