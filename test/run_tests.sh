@@ -27,9 +27,10 @@ mpirun_np() {
     echo "env ASAN_OPTIONS=detect_leaks=0 timeout 600 mpirun --allow-run-as-root --oversubscribe --bind-to none -x ASAN_OPTIONS -np $1"
 }
 
-rows=()
-total_passed=0 total_failed=0 total_skipped=0
-any_failed=0
+# Every suite appends "name kind passed failed skipped seconds" to the records file of its lane; the
+# table at the end is read from those files (lanes run in subshells, which cannot share variables).
+records_file="$logs/0-cpu.records"
+rm -f "$logs"/*.records "$logs"/*.out
 
 # Counts of one suite's log: the last "tests: N passed, N failed, N skipped" line, else googletest's
 # summary, else "N passed, N failed" (the NCCL and dev/cuda runners); without any, the exit status.
@@ -75,11 +76,7 @@ run_suite() {
 record() {
     local name=$1 kind=$2 counts=$3 seconds=$4 rc=$5 log=$6 passed failed skipped
     read -r passed failed skipped <<<"$counts"
-    total_passed=$((total_passed + passed))
-    total_failed=$((total_failed + failed))
-    total_skipped=$((total_skipped + skipped))
-    [ "$failed" -eq 0 ] || any_failed=1
-    rows+=("$(printf '%-24s %-9s %7d %7d %8d %8d' "$name" "$kind" "$passed" "$failed" "$skipped" "$seconds")")
+    echo "$name $kind $passed $failed $skipped $seconds" >>"$records_file"
     printf '   %d passed, %d failed, %d skipped, %d s (exit %d, log %s)\n' "$passed" "$failed" "$skipped" "$seconds" "$rc" "$log"
     if [ "$failed" -ne 0 ]; then grep -E '^\[  FAILED  \]|cuda-emu:|FAIL|Error' "$log" | head -n 15 | sed 's/^/   | /'; fi
 }
@@ -113,27 +110,51 @@ start_all=$(date +%s)
 
 run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
 
-run_suite emu-core emulated "$emu_build/test_emu_core"
-run_suite emu-cublas emulated "$emu_build/test_cublas_emu"
-run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"
-run_suite emu-nccl-np3 emulated "$(mpirun_np 3) $emu_build/test_nccl_emu"
-run_suite emu-nccl-nompi emulated "$emu_build/test_nccl_emu --no-mpi"
-run_suite emu-mma emulated "$emu_build/test_mma_emu"
-
-run_kernels_both_orders bf16 test_gpt2cu_emu
-run_suite gpu-suite-bf16 emulated "./test_gpt2cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
-run_kernels_both_orders fp32 test_gpt2fp32cu_emu
-run_suite gpu-suite-fp32 emulated "./test_gpt2fp32cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
-
-# the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
-run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
-run_suite gpu-suite-fp16 emulated "./test_gpt2fp16cu_emu --gtest_filter='Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*' ${EMU_GPU_TEST_ARGS:-}"
-
-run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
+# The emulated suites run one host thread each, so they go in two lanes side by side (about halving
+# their time on two cores): the emulator's own tests and the bf16 build in one, the fp32 and fp16
+# builds and dev/cuda in the other. TEST_LANES=1 runs them one after the other.
+lane_a() {
+    run_suite emu-core emulated "$emu_build/test_emu_core"
+    run_suite emu-cublas emulated "$emu_build/test_cublas_emu"
+    run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"
+    run_suite emu-nccl-np3 emulated "$(mpirun_np 3) $emu_build/test_nccl_emu"
+    run_suite emu-nccl-nompi emulated "$emu_build/test_nccl_emu --no-mpi"
+    run_suite emu-mma emulated "$emu_build/test_mma_emu"
+    run_kernels_both_orders bf16 test_gpt2cu_emu
+    run_suite gpu-suite-bf16 emulated "./test_gpt2cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
+}
+lane_b() {
+    run_kernels_both_orders fp32 test_gpt2fp32cu_emu
+    run_suite gpu-suite-fp32 emulated "./test_gpt2fp32cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
+    # the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
+    run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
+    run_suite gpu-suite-fp16 emulated "./test_gpt2fp16cu_emu --gtest_filter='Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*' ${EMU_GPU_TEST_ARGS:-}"
+    run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
+}
+if [ "${TEST_LANES:-2}" = 1 ]; then
+    records_file="$logs/1-lane-a.records" lane_a
+    records_file="$logs/2-lane-b.records" lane_b
+else
+    echo "== emulated suites in two lanes (their output follows when both are done)"
+    (records_file="$logs/1-lane-a.records" TEST_SCRATCH_TAG=lane-a; export TEST_SCRATCH_TAG; lane_a) >"$logs/1-lane-a.out" 2>&1 &
+    lane_a_pid=$!
+    (records_file="$logs/2-lane-b.records" TEST_SCRATCH_TAG=lane-b; export TEST_SCRATCH_TAG; lane_b) >"$logs/2-lane-b.out" 2>&1 &
+    lane_b_pid=$!
+    wait "$lane_a_pid"
+    wait "$lane_b_pid"
+    cat "$logs/1-lane-a.out" "$logs/2-lane-b.out"
+fi
 
 echo
 printf '%-24s %-9s %7s %7s %8s %8s\n' suite kind passed failed skipped seconds
-for row in "${rows[@]}"; do echo "$row"; done
+total_passed=0 total_failed=0 total_skipped=0 any_failed=0
+while read -r name kind passed failed skipped seconds; do
+    printf '%-24s %-9s %7d %7d %8d %8d\n' "$name" "$kind" "$passed" "$failed" "$skipped" "$seconds"
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    total_skipped=$((total_skipped + skipped))
+    [ "$failed" -eq 0 ] || any_failed=1
+done < <(cat "$logs"/*.records 2>/dev/null)
 echo "(emulated: the CUDA code run on the CPU by dev/emu; proves the logic, not the speed or the GPU memory model)"
 echo "all suites: $(($(date +%s) - start_all)) s; logs in $logs/"
 echo "tests: $total_passed passed, $total_failed failed, $total_skipped skipped"

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -30,9 +31,11 @@ inline std::string python() {
     return p ? p : "python3";
 }
 
-// A fresh scratch directory under build/test_tmp/NAME.
+// A fresh scratch directory under build/test_tmp/NAME, or build/test_tmp/$TEST_SCRATCH_TAG/NAME: test
+// binaries that run side by side (test/run_tests.sh runs suites in two lanes) are given different tags.
 inline std::string scratch_dir(const std::string& name) {
-    std::string dir = root() + "/build/test_tmp/" + name;
+    const char* tag = getenv("TEST_SCRATCH_TAG");
+    std::string dir = root() + "/build/test_tmp/" + (tag && *tag ? std::string(tag) + "/" : std::string()) + name;
     std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "'";
     if (system(cmd.c_str()) != 0) ADD_FAILURE() << "could not create " << dir;
     return dir;
@@ -79,14 +82,17 @@ inline std::string oracle(const std::string& name, const std::string& args) {
     std::string script = root() + "/test/oracle/gpt2_oracle.py";
     std::string stamp = args + "\n" + read_text(script);
     if (file_exists(dir + "/stamp") && read_text(dir + "/stamp") == stamp) return dir;
-    std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "' && " + python() + " '" + script + "' --out '" +
-                      dir + "' " + args;
+    // Made under an exclusive lock (flock(1)), checked again inside it: two test binaries running side by
+    // side that both need NAME make it once, and neither reads it half written. The stamp goes last.
+    std::string stamp_tmp = dir + ".stamp." + std::to_string(getpid());
+    if (system(("mkdir -p '" + root() + "/build/oracle'").c_str()) != 0) ADD_FAILURE() << "could not create build/oracle";
+    std::ofstream(stamp_tmp, std::ios::binary) << stamp;
+    std::string cmd = "flock '" + root() + "/build/oracle/.lock' sh -c \"cmp -s '" + stamp_tmp + "' '" + dir +
+                      "/stamp' || { rm -rf '" + dir + "' && mkdir -p '" + dir + "' && " + python() + " '" + script +
+                      "' --out '" + dir + "' " + args + " && cp '" + stamp_tmp + "' '" + dir + "/stamp'; }\"";
     CommandResult r = run_command(cmd);
-    if (r.exit_code != 0) {
-        ADD_FAILURE() << "oracle failed (" << cmd << "):\n" << r.output;
-        return dir;
-    }
-    std::ofstream(dir + "/stamp", std::ios::binary) << stamp;
+    std::remove(stamp_tmp.c_str());
+    if (r.exit_code != 0) ADD_FAILURE() << "oracle failed (" << cmd << "):\n" << r.output;
     return dir;
 }
 

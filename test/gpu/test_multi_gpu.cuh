@@ -104,10 +104,11 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
     TrainerRun single = run_trainer("mgpu_single", flags);
     std::vector<std::string> lines = test::metrics_without_timings(single.dir + "/metrics.jsonl");
     ASSERT_EQ(lines.size(), 10u);
+    std::string id_dir = test::scratch_dir("mgpu_id");
     std::vector<std::pair<std::string, std::string>> variants = {
         {"tcp -z 0", "-pi tcp -pn 1 -pr 0 -ps " + free_loopback_address() + " -z 0"},
         {"tcp -z 1", "-pi tcp -pn 1 -pr 0 -ps " + free_loopback_address() + " -z 1"},
-        {"file -z 1", "-pi file -pn 1 -pf " + test::scratch_dir("mgpu_id") + "/nccl_id -z 1"},
+        {"file -z 1", "-pi file -pn 1 -pf " + id_dir + "/nccl_id -z 1"},
     };
     for (const auto& v : variants) {
         SCOPED_TRACE(v.first);
@@ -119,7 +120,7 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
                   test::read_text(single.dir + "/state_00000010_00000.bin"));
     }
     // the file of the id is removed once the communicator is formed
-    EXPECT_FALSE(file_exists(test::root() + "/build/test_tmp/mgpu_id/nccl_id"));
+    EXPECT_FALSE(file_exists(id_dir + "/nccl_id"));
 }
 
 #ifdef USE_MPI
