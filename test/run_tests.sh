@@ -11,6 +11,7 @@
 #   EMU_BUILD   the emulator's build folder: build/emu, or build/emu-asan for AddressSanitizer builds
 #   MAKE        for the dev/cuda check modes (make emu-devcuda-check)
 #   TEST_SUITES a space-separated subset of the suite names to run (default: all)
+#   TEST_LANES  1 runs the emulated suites one after the other (default: two lanes side by side)
 set -u
 root="${GPT2_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
