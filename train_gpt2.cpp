@@ -33,6 +33,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/loss_scaler.h"
 #include "llmc/matmul.h"
 #include "llmc/output_lock.h"
+#include "llmc/parallel_layout.h"
 #include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
@@ -498,16 +499,30 @@ int main(int argc, char** argv) {
     printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
            cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
     check_same_config(pg, run_description(args, cfg, model.params_memory.data(), model.num_parameters));
-    gpt2_setup_optimizer(&model, pg, args.zero_stage);
+    // the process layout (llmc/parallel_layout.h); data and gradients go over the data-parallel group
+    ParallelLayout layout = parallel_layout_init(pg, args.tensor_parallel, args.pipeline_parallel, cfg);
+    printf("layout: %s\n", parallel_layout_describe(layout).c_str());
+    if (layout.tp > 1 || layout.pp > 1) {
+        fatal("process layout: -tp %d -pp %d is a valid layout for this model, but this build of train_gpt2 trains "
+              "data parallel only (tensor and pipeline parallelism are not implemented yet; doc/model_parallel.md)",
+              layout.tp, layout.pp);
+    }
+    const ProcessGroup& dp = layout.dp_group;
+    gpt2_setup_optimizer(&model, dp, args.zero_stage);
     printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
            model.opt_end - model.opt_begin, args.zero_stage == 1 ? "ZeRO-1 shard" : "all",
            2.0 * (model.opt_end - model.opt_begin) * sizeof(float) / (1 << 20));
 
     TrainingData data;
-    training_data_init(&data, args, cfg, pg.rank, pg.size, resume_step);
+    training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
     DataLoader& train_loader = data.train;
     int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
     gpt2_allocate_activations(&model, B, T);
+    auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
+    printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, AdamW moments %.2f MiB, activations %.2f "
+           "MiB, backward scratch %.2f MiB\n", mib(model.params_memory.size()), mib(model.grads_memory.size()),
+           mib(model.m_memory.size() + model.v_memory.size()), mib(model.acts_memory.size()),
+           mib(model.scratch_memory.size()));
     LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
 
     TokenizerFile tokenizer;
@@ -523,7 +538,7 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = (uint64_t)args.sample_seed;
     LossScaler scaler = loss_scaler_from_args(args, false);  // fp32: skipping only, no scaling
     if (resume_step >= 0) {
-        TrainState state = train_state_restore(args.output_dir, resume_step, pg, grad_accum_steps, model.num_parameters,
+        TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps, model.num_parameters,
                                                model.opt_begin, model.opt_end, &train_loader, &sampler_rng);
         model.m_memory = state.m;
         model.v_memory = state.v;
@@ -537,18 +552,18 @@ int main(int argc, char** argv) {
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &data.val, args.val_batches, pg);
+            float val_loss = validation_loss(&model, &data.val, args.val_batches, dp);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
         if (is_hellaswag_step(args, step, max_steps)) {
-            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, pg);
+            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, dp);
             printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
                    hs.acc_norm(), hs.acc_token(), hs.examples);
             logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
         }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, pg);
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, dp);
         }
         if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
@@ -564,17 +579,17 @@ int main(int argc, char** argv) {
             const int* targets = train_loader.targets.data();
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
             // every position of every micro-step of every process weighs the same in the step's mean loss
-            float dloss = 1.0f / ((float)B * T * grad_accum_steps * pg.size);
+            float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
             // -ni (testing): process 0's last micro-step of this step stands for one bad micro-batch
             if (pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step)) dloss = INFINITY;
             gpt2_backward(&model, inputs, targets, B, T, dloss);
         }
-        float loss = (float)(all_reduce_sum(pg, loss_sum) / ((double)grad_accum_steps * pg.size));
+        float loss = (float)(all_reduce_sum(dp, loss_sum) / ((double)grad_accum_steps * dp.size));
         float lr = lr_at_step(scheduler, step);
-        double grad_norm = gpt2_reduce_gradients(&model, pg, args.zero_stage);
+        double grad_norm = gpt2_reduce_gradients(&model, dp, args.zero_stage);
         bool apply = loss_scaler_step(&scaler, grad_norm, step);  // the same answer on every process
         if (apply) {
-            gpt2_apply_update(&model, pg, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
+            gpt2_apply_update(&model, dp, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
                               (int)scaler.updates);
         }
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
