@@ -7,6 +7,7 @@
 // reduction order is fixed for a given process count, so runs are reproducible.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -115,6 +116,37 @@ inline double all_reduce_sum(const ProcessGroup& pg, double value) {
     if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, pg.comm));
 #endif
     return value;
+}
+
+inline void all_reduce_sum(const ProcessGroup& pg, double* data, size_t n) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_DOUBLE, MPI_SUM, pg.comm));
+#endif
+}
+
+// In-place element-wise maximum across processes of data[n].
+inline void all_reduce_max(const ProcessGroup& pg, float* data, size_t n) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_MAX, pg.comm));
+#endif
+}
+
+// Process `root`'s data[n] to every process of the group.
+inline void broadcast(const ProcessGroup& pg, float* data, size_t n, int root) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Bcast(data, (int)n, MPI_FLOAT, root, pg.comm));
+#endif
+}
+
+// Every process's mine[n] to process 0, which receives them in rank order in all[size * n].
+inline void gather(const ProcessGroup& pg, const float* mine, size_t n, float* all) {
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        mpiCheck(MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, pg.comm));
+        return;
+    }
+#endif
+    std::copy(mine, mine + n, all);
 }
 
 // data holds size * count elements; afterwards data[rank*count .. (rank+1)*count) is the sum across

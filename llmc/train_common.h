@@ -29,6 +29,7 @@ inline TrainState train_state_header(int step, const DataLoader& loader, uint64_
     TrainState state;
     state.num_processes = pg.size;  // the processes that wrote the checkpoint (one state file each)
     state.rank = pg.rank;
+    state.data_processes = loader.num_processes;
     state.B = loader.B;
     state.T = loader.T;
     state.grad_accum_steps = grad_accum_steps;
@@ -137,10 +138,10 @@ inline LRScheduler lr_scheduler_from_args(const TrainArgs& args, int max_steps) 
 // restores the sampler. The returned state's m, v (and master, when the files have it) are
 // (opt_end - opt_begin) long; the trainer copies them into place.
 //
-// The data position is stored per rank (sample k of the current shard, all ranks alike); the units
-// consumed in the shard are k * P_written, which this run deals out as k' = k * P_written / P_now, so
-// that number must divide (it does at every step boundary when both runs have the same tokens per step
-// and the shard gives every layout the same units; doc/model_parallel.md).
+// The data position is stored per data-parallel rank (sample k of the current shard, all ranks alike);
+// the writing run's P data-parallel processes had consumed k * P units of the shard, which this run's
+// P' deal out as k' = k * P / P' each, so P' must divide it (it does at every step boundary when both
+// runs have the same tokens per step and the shard gives both the same units; doc/model_parallel.md).
 inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
                                       size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
                                       uint64_t* sampler_rng) {
@@ -151,12 +152,12 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     }
     TrainState first;
     state_file_read(first_path, &first);
-    long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.num_processes;
+    long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
     long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
     if (first.B != loader->B || first.T != loader->T || written_tokens != our_tokens) {
         fatal("state file '%s' was written with B=%d T=%d x %d accumulation steps x %d data-parallel processes = %ld "
               "tokens per step; this run has B=%d T=%d x %d x %d = %ld (resume with the same -b, -t and -d)",
-              first_path.c_str(), first.B, first.T, first.grad_accum_steps, first.num_processes, written_tokens,
+              first_path.c_str(), first.B, first.T, first.grad_accum_steps, first.data_processes, written_tokens,
               loader->B, loader->T, grad_accum_steps, loader->num_processes, our_tokens);
     }
     size_t n = opt_end - opt_begin;
@@ -212,11 +213,11 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
               "(corrupt or incomplete checkpoint)", step, dir.c_str(), opt_begin, opt_end);
     }
     if (state.step != step) fatal("state file '%s' is for step %ld", first_path.c_str(), (long)state.step);
-    int64_t units_done = state.data_sample * state.num_processes;
+    int64_t units_done = state.data_sample * state.data_processes;
     if (units_done % loader->num_processes != 0) {
         fatal("checkpoint %d in %s: its data position (%ld samples of B*T tokens into the shard, written by %d "
               "data-parallel processes) cannot be dealt out to %d processes; resume with a process count that "
-              "divides it", step, dir.c_str(), (long)units_done, state.num_processes, loader->num_processes);
+              "divides it", step, dir.c_str(), (long)units_done, state.data_processes, loader->num_processes);
     }
     DataPosition position;
     position.epoch = state.data_epoch;

@@ -6,6 +6,8 @@
 //  - a multi-process run resumed from its checkpoint equals the uninterrupted one, bit for bit, and
 //    resumed with another process count (3, or 1) it continues as the uninterrupted one to fp32 rounding;
 //  - process layouts (-tp/-pp) that cannot split the processes or the model are refused;
+//  - tensor parallelism (tp 2, tp 3, tp 2 x dp 2 with -z 1) follows one process, and its checkpoint
+//    resumes as 1 process, dp 3 and tp 2;
 //  - processes started with different flags are stopped at start-up;
 //  - killing one process ends the run with an error within a bounded time.
 // The shard arithmetic itself (llmc/zero.h) is checked directly.
@@ -198,6 +200,74 @@ TEST(Distributed, ResumeAcrossRanksEqualsUninterrupted) {
     EXPECT_NE(more.output.find("continuing from step 6"), std::string::npos) << more.output;
 }
 
+// Tensor parallelism (llmc/tensor_parallel.h) against one process on the same global batch, to fp32
+// rounding (expect_same_training: the all-reduces order the sums differently): tp 2; tp 3 on a model
+// whose 3 heads it divides (C = 21: 7 columns per rank; Vp 384: 128 vocabulary rows per rank); and
+// tp 2 x dp 2 with ZeRO-1. Each process must also hold only its slices: the printed parameter memory.
+TEST(ModelParallel, TensorParallelMatchesOneProcess) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    struct Case { const char* model; std::string name; int np; std::string flags; };
+    std::vector<Case> cases = {
+        {TINY, "tiny", 2, "-tp 2"},
+        {ODD, "tiny_odd", 3, "-tp 3"},
+        {TINY, "tiny", 4, "-tp 2 -z 1"},
+    };
+    int steps = 4, total = 2 * 16 * 4;  // 4 micro-batches per step: 4 x 1 process, 2 x 2 DP ranks
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name + " np " + std::to_string(c.np) + " " + c.flags);
+        std::string oracle_dir = test::oracle(c.name, c.model);
+        std::string one = test::scratch_dir("tp_one"), many = test::scratch_dir("tp_many");
+        test::CommandResult r1 = test::run_command("OMP_NUM_THREADS=1 " + train_args(oracle_dir, steps, total) + " -o " + one);
+        ASSERT_EQ(r1.exit_code, 0) << r1.output;
+        test::CommandResult rn = test::run_command(mpirun(c.np) + train_args(oracle_dir, steps, total) + " " + c.flags + " -o " + many);
+        ASSERT_EQ(rn.exit_code, 0) << rn.output;
+        int tp = c.flags.find("-tp 3") != std::string::npos ? 3 : 2;
+        EXPECT_NE(rn.output.find("layout: tp " + std::to_string(tp) + " x pp 1 x dp " + std::to_string(c.np / tp)),
+                  std::string::npos) << rn.output;
+        expect_same_training(read_run(one, steps), read_run(many, steps), steps, 1e-3);
+        // parameters per process: the split tensors' share shrinks by tp (wte, qkv, attproj, fc, fcproj
+        // are almost all of the model), so well under 1/tp + 25% of one process's
+        auto param_mib = [](const std::string& out) {
+            size_t at = out.find("memory per process: parameters ");
+            return at == std::string::npos ? -1.0 : atof(out.c_str() + at + strlen("memory per process: parameters "));
+        };
+        EXPECT_GT(param_mib(rn.output), 0.0) << rn.output;
+        EXPECT_LT(param_mib(rn.output), param_mib(r1.output) * (1.0 / tp + 0.25)) << rn.output << r1.output;
+    }
+}
+
+// A checkpoint written by tp 2 x dp 2 (ZeRO-1) resumes as one process, as dp 3 and as tp 2, and each
+// continues as the uninterrupted one-process run would (expect_same_training).
+TEST(ModelParallel, TensorParallelCheckpointResumesInAnyLayout) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny", TINY);
+    // 192 tokens = 6 x 32 = 3 DP ranks x 2 x 32 = 2 DP ranks x 3 x 32; shuffled, so the data order matters
+    std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                      "/train.bin -b 2 -t 16 -d 192 -x 6 -n 3 -l 1e-3 -c 0.1 -sh 1 -v 0 -s 0";
+    std::string ref = test::scratch_dir("tp_ck_ref"), written = test::scratch_dir("tp_ck_written");
+    test::CommandResult r = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -o " + ref);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = test::run_command(mpirun(4) + cmd + " -tp 2 -z 1 -o " + written);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_training(read_run(ref, 6), read_run(written, 6), 6, 1e-3);
+    for (const char* f : {"/model_00000006.bin", "/DONE_00000006"}) ASSERT_EQ(remove((written + f).c_str()), 0) << f;
+    struct Resume { std::string name, launch, flags; };
+    std::vector<Resume> resumes = {
+        {"one", "OMP_NUM_THREADS=1 ", ""},
+        {"dp3", mpirun(3), " -z 1"},
+        {"tp2", mpirun(2), " -tp 2"},
+    };
+    for (const Resume& res : resumes) {
+        SCOPED_TRACE("resumed as " + res.name);
+        std::string dir = test::scratch_dir("tp_ck_" + res.name);
+        ASSERT_EQ(test::run_command("cp -r " + written + "/. " + dir).exit_code, 0);
+        test::CommandResult rr = test::run_command(res.launch + cmd + res.flags + " -o " + dir + " -y 1");
+        ASSERT_EQ(rr.exit_code, 0) << rr.output;
+        EXPECT_NE(rr.output.find("continuing from step 3"), std::string::npos) << rr.output;
+        expect_same_training(read_run(ref, 6), read_run(dir, 6), 6, 1e-3);
+    }
+}
+
 // A layout that cannot split the model or the processes is refused at start-up with the reason.
 TEST(Distributed, BadLayoutsAreRefused) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
@@ -211,6 +281,7 @@ TEST(Distributed, BadLayoutsAreRefused) {
         {3, "-tp 3", "does not divide the model's 4 attention heads"},
         {3, "-pp 3", "more pipeline stages than the model's 2 layers"},
         {1, "-pm zigzag", "unknown pipeline schedule 'zigzag'"},
+        {2, "-tp 2 -s 5", "need the whole logits"},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE("np " + std::to_string(c.np) + " " + c.flags);
