@@ -33,11 +33,13 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/loss_scaler.h"
 #include "llmc/matmul.h"
 #include "llmc/output_lock.h"
+#include "llmc/parallel_layout.h"
 #include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer_file.h"
 #include "llmc/train_common.h"
 #include "llmc/utils.h"
@@ -108,12 +110,14 @@ struct BlockTensorsOf {
 using BlockParams = BlockTensorsOf<const float>;
 using BlockGrads = BlockTensorsOf<float>;
 
-// Block l's slices of the stacked parameter (or gradient) tensors.
+// Block l's slices of the stacked parameter (or gradient) tensors; with tensor parallelism (tp > 1)
+// the split tensors hold C/tp of their rows or columns (llmc/tensor_parallel.h).
 template <typename T, typename U>
-BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t C) {
-    return {p.ln1w + l * C,          p.ln1b + l * C,      p.qkvw + l * 3 * C * C, p.qkvb + l * 3 * C,
-            p.attprojw + l * C * C,  p.attprojb + l * C,  p.ln2w + l * C,         p.ln2b + l * C,
-            p.fcw + l * 4 * C * C,   p.fcb + l * 4 * C,   p.fcprojw + l * 4 * C * C, p.fcprojb + l * C};
+BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t C, size_t tp = 1) {
+    size_t Cl = C / tp;
+    return {p.ln1w + l * C,          p.ln1b + l * C,      p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl,
+            p.attprojw + l * C * Cl, p.attprojb + l * C,  p.ln2w + l * C,          p.ln2b + l * C,
+            p.fcw + l * 4 * Cl * C,  p.fcb + l * 4 * Cl,  p.fcprojw + l * 4 * Cl * C, p.fcprojb + l * C};
 }
 
 // One block's activations for a call with B*T positions: views of layer l's slices of ActivationTensors.
@@ -136,22 +140,23 @@ struct BlockActs {
     float* residual3;       // (B, T, C)   the block's output
 };
 
-BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH) {
-    size_t BT = (size_t)B * T;
+// With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns (NH/tp heads).
+BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH, size_t tp = 1) {
+    size_t BT = (size_t)B * T, Cl = C / tp;
     return {l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C,
             a.ln1 + l * BT * C,
             a.ln1_mean + l * BT,
             a.ln1_rstd + l * BT,
-            a.qkv + l * BT * 3 * C,
-            a.atty + l * BT * C,
-            a.att + l * B * NH * T * T,
+            a.qkv + l * BT * 3 * Cl,
+            a.atty + l * BT * Cl,
+            a.att + l * B * (NH / tp) * T * T,
             a.attproj + l * BT * C,
             a.residual2 + l * BT * C,
             a.ln2 + l * BT * C,
             a.ln2_mean + l * BT,
             a.ln2_rstd + l * BT,
-            a.fch + l * BT * 4 * C,
-            a.fch_gelu + l * BT * 4 * C,
+            a.fch + l * BT * 4 * Cl,
+            a.fch_gelu + l * BT * 4 * Cl,
             a.fcproj + l * BT * C,
             a.residual3 + l * BT * C};
 }
@@ -167,6 +172,12 @@ struct GPT2 {
     ShardLayout shard;
     size_t opt_begin = 0, opt_end = 0;
     std::vector<float> m_memory, v_memory;  // AdamW moments, (opt_end - opt_begin)
+    // tensor parallelism (llmc/tensor_parallel.h): with tp.size > 1 the arrays above hold this rank's
+    // slices, num_parameters and param_sizes/offsets are local, full_num_parameters is the model's N
+    ProcessGroup tp;
+    size_t full_num_parameters = 0;
+    std::vector<float> ce_max;   // (B*T) vocabulary-parallel cross-entropy: each row's max
+    std::vector<double> ce_sum;  // (B*T) and sum of exponentials
     // activations, allocated on the first forward for (batch_size, seq_len)
     int batch_size = 0, seq_len = 0;
     std::vector<float> acts_memory, scratch_memory;
@@ -181,8 +192,20 @@ void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
     model->shard = shard_layout(model->num_parameters, pg.size, pg.rank);
     model->params_memory.resize(model->shard.padded_size, 0.0f);
     model->grads_memory.resize(model->shard.padded_size, 0.0f);
-    point_parameters(&model->params, model->params_memory.data(), model->config);
-    point_parameters(&model->grads, model->grads_memory.data(), model->config);
+    float** param_ptrs[NUM_PARAMETER_TENSORS] = {
+        &model->params.wte, &model->params.wpe, &model->params.ln1w, &model->params.ln1b, &model->params.qkvw,
+        &model->params.qkvb, &model->params.attprojw, &model->params.attprojb, &model->params.ln2w,
+        &model->params.ln2b, &model->params.fcw, &model->params.fcb, &model->params.fcprojw, &model->params.fcprojb,
+        &model->params.lnfw, &model->params.lnfb};
+    float** grad_ptrs[NUM_PARAMETER_TENSORS] = {
+        &model->grads.wte, &model->grads.wpe, &model->grads.ln1w, &model->grads.ln1b, &model->grads.qkvw,
+        &model->grads.qkvb, &model->grads.attprojw, &model->grads.attprojb, &model->grads.ln2w, &model->grads.ln2b,
+        &model->grads.fcw, &model->grads.fcb, &model->grads.fcprojw, &model->grads.fcprojb, &model->grads.lnfw,
+        &model->grads.lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // the offsets are local with tensor parallelism
+        *param_ptrs[i] = model->params_memory.data() + model->param_offsets[i];
+        *grad_ptrs[i] = model->grads_memory.data() + model->param_offsets[i];
+    }
     model->opt_begin = zero_stage == 1 ? model->shard.begin : 0;
     model->opt_end = zero_stage == 1 ? model->shard.end : model->num_parameters;
     model->m_memory.assign(model->opt_end - model->opt_begin, 0.0f);
@@ -195,6 +218,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     param_tensor_sizes(cfg, model->param_sizes);
     param_tensor_offsets(cfg, model->param_offsets);
     model->num_parameters = num_parameters(cfg);
+    model->full_num_parameters = model->num_parameters;
+    model->tp = ProcessGroup();
     model->params_memory.clear();
     model->grads_memory.clear();
     gpt2_setup_optimizer(model, ProcessGroup(), 0);  // one process, until main() knows better
@@ -213,18 +238,38 @@ void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
     gpt2_init_from(model, cfg, params);
 }
 
+// Keeps this rank's slices of the full parameters (llmc/tensor_parallel.h); call before
+// gpt2_setup_optimizer. A group of one keeps everything.
+void gpt2_split_tensor_parallel(GPT2* model, const ProcessGroup& tp) {
+    model->tp = tp;
+    if (tp.size == 1) return;
+    tp_param_sizes(model->config, tp.size, model->param_sizes);
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        model->param_offsets[i] = offset;
+        offset += model->param_sizes[i];
+    }
+    std::vector<float> local(offset);
+    tp_copy_slices(model->config, tp.size, tp.rank, model->params_memory.data(), local.data(), true);
+    model->num_parameters = offset;
+    model->params_memory = local;
+    model->grads_memory.assign(offset, 0.0f);
+}
+
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
-    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
-    size_t BT = (size_t)B * T;
+    // with tensor parallelism, this rank's columns: C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits
+    size_t tp = model->tp.size;
+    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
+    size_t BT = (size_t)B * T, Cl = C / tp;
     float** act_ptrs[] = {&model->acts.encoded, &model->acts.ln1, &model->acts.ln1_mean, &model->acts.ln1_rstd,
                           &model->acts.qkv, &model->acts.atty, &model->acts.att, &model->acts.attproj,
                           &model->acts.residual2, &model->acts.ln2, &model->acts.ln2_mean, &model->acts.ln2_rstd,
                           &model->acts.fch, &model->acts.fch_gelu, &model->acts.fcproj, &model->acts.residual3,
                           &model->acts.lnf, &model->acts.lnf_mean, &model->acts.lnf_rstd, &model->acts.logits,
                           &model->acts.losses};
-    size_t act_sizes[] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * B * NH * T * T,
-                          L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
+    size_t act_sizes[] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * Cl, L * BT * Cl, L * B * NH * T * T,
+                          L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * Cl, L * BT * 4 * Cl,
                           L * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
     size_t total = 0;
     for (size_t s : act_sizes) total += s;
@@ -237,7 +282,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     float** scratch_ptrs[] = {&model->scratch.dresidual, &model->scratch.dln, &model->scratch.datty,
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
                               &model->scratch.dlogits};
-    size_t scratch_sizes[] = {BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, BT * 4 * C, BT * Vp};
+    size_t scratch_sizes[] = {BT * C, BT * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl, BT * Vp};
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
@@ -254,17 +299,20 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
 
 // One transformer block, forward: a.residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), where
 // residual2 = a.residual + attproj(attention(qkv(ln1(a.residual)))). Fills every view of `a`.
-void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH) {
-    int BT = B * T;
+// With a TP group of tp > 1 (llmc/tensor_parallel.h), w and the qkv..fch views are this rank's slices:
+// qkv and fc produce C/tp columns (NH/tp heads), attproj and fcproj are row-parallel, one all-reduce each.
+void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH,
+                   const ProcessGroup& tp = ProcessGroup()) {
+    int BT = B * T, Cl = C / tp.size;
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, BT, C);
-    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
-    attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-    matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, C, C);
+    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * Cl);
+    attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NH / tp.size);
+    row_parallel_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, Cl, C, tp);
     residual_forward(a.residual2, a.residual, a.attproj, (size_t)BT * C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
-    matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * C);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * C);
-    matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C);
+    matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * Cl);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * Cl);
+    row_parallel_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * Cl, C, tp);
     residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)BT * C);
 }
 
@@ -287,16 +335,24 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     const ActivationTensors& a = model->acts;
     size_t BT = (size_t)B * T;
 
-    encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
+    // tensor parallel: this rank holds vocabulary rows [v0, v0 + Vl) of wte and computes those logits
+    const ProcessGroup& tp = model->tp;
+    int Vl = Vp / tp.size, v0 = tp.rank * Vl;
+    tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp);
     for (int l = 0; l < L; l++) {
-        block_forward(block_tensors<const float>(p, l, C), block_acts(a, l, B, T, C, NH), B, T, C, NH);
+        block_forward(block_tensors<const float>(p, l, C, tp.size), block_acts(a, l, B, T, C, NH, tp.size), B, T, C,
+                      NH, tp);
     }
     const float* final_residual = a.residual3 + (L - 1) * BT * C;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
-    matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vp);
+    matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vl);
 
     if (targets == nullptr) return -1.0f;
-    crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, Vp);
+    if (tp.size == 1) {
+        crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, Vp);
+    } else {
+        tp_crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, v0, Vl, tp, &model->ce_max, &model->ce_sum);
+    }
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += a.losses[i];
     return (float)(sum / BT);
@@ -309,26 +365,28 @@ void gpt2_zero_grad(GPT2* model) {
 // One transformer block, backward. On entry s.dresidual is d(loss)/d(block output); on return it is
 // d(loss)/d(block input). Accumulates (+=) into the block's parameter gradients g; uses s as scratch.
 void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& a, const BackwardScratch& s, int B,
-                    int T, int C, int NH) {
-    int BT = B * T;
+                    int T, int C, int NH, const ProcessGroup& tp = ProcessGroup()) {
+    int BT = B * T, Cl = C / tp.size;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
 
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    zero(s.dfch_gelu, (size_t)BT * 4 * C);
-    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, s.dresidual, a.fch_gelu, w.fcprojw, BT, 4 * C, C);
-    zero(s.dfch, (size_t)BT * 4 * C);
-    gelu_backward(s.dfch, a.fch, s.dfch_gelu, (size_t)BT * 4 * C);
+    zero(s.dfch_gelu, (size_t)BT * 4 * Cl);
+    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, s.dresidual, a.fch_gelu, w.fcprojw, BT, 4 * Cl, C);
+    zero(s.dfch, (size_t)BT * 4 * Cl);
+    gelu_backward(s.dfch, a.fch, s.dfch_gelu, (size_t)BT * 4 * Cl);
     zero(s.dln, (size_t)BT * C);
-    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, w.fcw, BT, C, 4 * C);
+    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, w.fcw, BT, C, 4 * Cl);
+    column_parallel_input_grad(s.dln, (size_t)BT * C, tp);  // the conjugate of fcproj's all-reduce
     layernorm_backward(s.dresidual, g.ln2w, g.ln2b, s.dln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
 
     // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-    zero(s.datty, (size_t)BT * C);
-    matmul_backward(s.datty, g.attprojw, g.attprojb, s.dresidual, a.atty, w.attprojw, BT, C, C);
-    zero(s.dqkv, (size_t)BT * 3 * C);
-    attention_backward(s.dqkv, s.datty, a.qkv, a.att, B, T, C, NH);
+    zero(s.datty, (size_t)BT * Cl);
+    matmul_backward(s.datty, g.attprojw, g.attprojb, s.dresidual, a.atty, w.attprojw, BT, Cl, C);
+    zero(s.dqkv, (size_t)BT * 3 * Cl);
+    attention_backward(s.dqkv, s.datty, a.qkv, a.att, B, T, Cl, NH / tp.size);
     zero(s.dln, (size_t)BT * C);
-    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, w.qkvw, BT, C, 3 * C);
+    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, w.qkvw, BT, C, 3 * Cl);
+    column_parallel_input_grad(s.dln, (size_t)BT * C, tp);  // the conjugate of attproj's all-reduce
     layernorm_backward(s.dresidual, g.ln1w, g.ln1b, s.dln, a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
@@ -344,20 +402,27 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     size_t BT = (size_t)B * T;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
 
-    // loss -> logits -> lnf
-    crossentropy_softmax_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, Vp);
+    // loss -> logits -> lnf (tensor parallel: this rank's vocabulary rows, then the sum over ranks)
+    const ProcessGroup& tp = model->tp;
+    int Vl = Vp / tp.size, v0 = tp.rank * Vl;
+    if (tp.size == 1) {
+        crossentropy_softmax_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, Vp);
+    } else {
+        tp_crossentropy_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, v0, Vl, model->ce_max, model->ce_sum);
+    }
     zero(s.dln, BT * C);
-    matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vp);
+    matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl);
+    column_parallel_input_grad(s.dln, BT * C, tp);
     zero(s.dresidual, BT * C);
     const float* final_residual = a.residual3 + (L - 1) * BT * C;
     layernorm_backward(s.dresidual, g.lnfw, g.lnfb, s.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, (int)BT, C);
 
     // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
     for (int l = L - 1; l >= 0; l--) {
-        block_backward(block_tensors<float>(g, l, C), block_tensors<const float>(p, l, C), block_acts(a, l, B, T, C, NH),
-                       s, B, T, C, NH);
+        block_backward(block_tensors<float>(g, l, C, tp.size), block_tensors<const float>(p, l, C, tp.size),
+                       block_acts(a, l, B, T, C, NH, tp.size), s, B, T, C, NH, tp);
     }
-    encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C);
+    tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);
 }
 
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), tensor by
@@ -382,13 +447,30 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
 //   -z 1: reduce-scatter them; each process updates its shard, then the shards are all-gathered.
 double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage) {
     float* grads = model->grads_memory.data();
+    const ProcessGroup& tp = model->tp;
+    if (tp.size > 1) {  // the replicated tensors' gradients: TP rank 0's, so the replicas never drift apart
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (tp_param_is_replicated(i)) broadcast(tp, grads + model->param_offsets[i], model->param_sizes[i], 0);
+        }
+    }
     if (zero_stage == 0) {
         all_reduce_sum(pg, grads, model->num_parameters);
     } else {
         reduce_scatter_sum(pg, grads, model->shard.shard_size);
     }
-    double sum_sq = sum_of_squares(grads + model->opt_begin, model->opt_end - model->opt_begin);
+    double sum_sq = 0.0;
+    if (tp.size == 1) {
+        sum_sq = sum_of_squares(grads + model->opt_begin, model->opt_end - model->opt_begin);
+    } else {  // each split tensor's slice once per rank, each replicated tensor once (TP rank 0's)
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (tp_param_is_replicated(i) && tp.rank != 0) continue;
+            size_t begin = std::max(model->param_offsets[i], model->opt_begin);
+            size_t end = std::min(model->param_offsets[i] + model->param_sizes[i], model->opt_end);
+            if (begin < end) sum_sq += sum_of_squares(grads + begin, end - begin);
+        }
+    }
     if (zero_stage == 1) sum_sq = all_reduce_sum(pg, sum_sq);
+    if (tp.size > 1) sum_sq = all_reduce_sum(tp, sum_sq);
     return std::sqrt(sum_sq);
 }
 
@@ -447,16 +529,60 @@ float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const Pr
     return (float)(all_reduce_sum(pg, sum) / ((double)num_batches * pg.size));
 }
 
-// Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
-void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const ProcessGroup& pg) {
-    if (pg.rank == 0) {
-        model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
+// The full vector (checkpoint order) of a tensor-parallel model's local one (num_parameters long), on
+// TP rank 0; empty elsewhere.
+std::vector<float> tp_gather_full(const GPT2* model, const float* local) {
+    const ProcessGroup& tp = model->tp;
+    size_t n = model->num_parameters;
+    std::vector<float> all(tp.rank == 0 ? tp.size * n : 0), full;
+    gather(tp, local, n, all.data());
+    if (tp.rank == 0) {
+        full.resize(model->full_num_parameters);
+        for (int t = 0; t < tp.size; t++) tp_copy_slices(model->config, tp.size, t, full.data(), all.data() + t * n, false);
     }
-    TrainState state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
-                                          model->opt_begin, model->opt_end);
-    state.m = model->m_memory;
-    state.v = model->v_memory;
+    return full;
+}
+
+// This process's AdamW moment (m_memory or v_memory) for all its local parameters: with -z 1 the
+// data-parallel group's shards are gathered.
+std::vector<float> local_moment(const GPT2* model, const std::vector<float>& moment, const ProcessGroup& dp) {
+    if (model->opt_begin == 0 && model->opt_end == model->num_parameters) return moment;
+    std::vector<float> padded(model->shard.padded_size, 0.0f);
+    std::copy(moment.begin(), moment.end(), padded.begin() + model->opt_begin);
+    all_gather(dp, padded.data(), model->shard.shard_size);
+    padded.resize(model->num_parameters);
+    return padded;
+}
+
+// Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
+// With tensor parallelism the slices are gathered first: process 0 writes the whole model and the whole
+// optimizer state (one segment [0, N)), the others state files with empty segments, so that any layout
+// can resume it (train_state_restore).
+void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
+                     uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const ParallelLayout& lay) {
+    const ProcessGroup& pg = lay.world;
+    TrainState state;
+    if (model->tp.size == 1) {
+        if (pg.rank == 0) {
+            model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
+        }
+        state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
+                                   model->opt_begin, model->opt_end);
+        state.m = model->m_memory;
+        state.v = model->v_memory;
+    } else {
+        size_t N = model->full_num_parameters;
+        std::vector<float> params = tp_gather_full(model, model->params_memory.data());
+        std::vector<float> m = tp_gather_full(model, local_moment(model, model->m_memory, lay.dp_group).data());
+        std::vector<float> v = tp_gather_full(model, local_moment(model, model->v_memory, lay.dp_group).data());
+        bool writer = pg.rank == 0;
+        if (writer) model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_FP32);
+        state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? N : 0);
+        if (writer) {
+            state.m = m;
+            state.v = v;
+        }
+    }
     train_state_set_scaler(&state, scaler);
     state_file_write(checkpoint_state_path(dir, step, pg.rank), state);
     barrier(pg);
@@ -498,16 +624,34 @@ int main(int argc, char** argv) {
     printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
            cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
     check_same_config(pg, run_description(args, cfg, model.params_memory.data(), model.num_parameters));
-    gpt2_setup_optimizer(&model, pg, args.zero_stage);
+    // the process layout (llmc/parallel_layout.h); data and gradients go over the data-parallel group
+    ParallelLayout layout = parallel_layout_init(pg, args.tensor_parallel, args.pipeline_parallel, cfg);
+    printf("layout: %s\n", parallel_layout_describe(layout).c_str());
+    if (layout.pp > 1) {
+        fatal("process layout: -pp %d is a valid layout for this model, but pipeline parallelism is not implemented "
+              "yet (doc/model_parallel.md)", layout.pp);
+    }
+    if (layout.tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
+        fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
+              "by vocabulary; run with -s 0 (and no -he)", layout.tp);
+    }
+    const ProcessGroup& dp = layout.dp_group;
+    gpt2_split_tensor_parallel(&model, layout.tp_group);  // tp > 1: keep this rank's slices
+    gpt2_setup_optimizer(&model, dp, args.zero_stage);
     printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
            model.opt_end - model.opt_begin, args.zero_stage == 1 ? "ZeRO-1 shard" : "all",
            2.0 * (model.opt_end - model.opt_begin) * sizeof(float) / (1 << 20));
 
     TrainingData data;
-    training_data_init(&data, args, cfg, pg.rank, pg.size, resume_step);
+    training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
     DataLoader& train_loader = data.train;
     int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
     gpt2_allocate_activations(&model, B, T);
+    auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
+    printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, AdamW moments %.2f MiB, activations %.2f "
+           "MiB, backward scratch %.2f MiB\n", mib(model.params_memory.size()), mib(model.grads_memory.size()),
+           mib(model.m_memory.size() + model.v_memory.size()), mib(model.acts_memory.size()),
+           mib(model.scratch_memory.size()));
     LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
 
     TokenizerFile tokenizer;
@@ -523,11 +667,26 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = (uint64_t)args.sample_seed;
     LossScaler scaler = loss_scaler_from_args(args, false);  // fp32: skipping only, no scaling
     if (resume_step >= 0) {
-        TrainState state = train_state_restore(args.output_dir, resume_step, pg, grad_accum_steps, model.num_parameters,
-                                               model.opt_begin, model.opt_end, &train_loader, &sampler_rng);
-        model.m_memory = state.m;
-        model.v_memory = state.v;
-        loss_scaler_restore(&scaler, state);
+        if (model.tp.size == 1) {
+            TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps,
+                                                   model.num_parameters, model.opt_begin, model.opt_end, &train_loader,
+                                                   &sampler_rng);
+            model.m_memory = state.m;
+            model.v_memory = state.v;
+            loss_scaler_restore(&scaler, state);
+        } else {  // the whole state, then this rank's slices, then its ZeRO-1 shard of them
+            TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps,
+                                                   model.full_num_parameters, 0, model.full_num_parameters,
+                                                   &train_loader, &sampler_rng);
+            std::vector<float> local(model.num_parameters);
+            for (std::vector<float>* moment : {&state.m, &state.v}) {
+                tp_copy_slices(cfg, model.tp.size, model.tp.rank, moment->data(), local.data(), true);
+                moment->assign(local.begin() + model.opt_begin, local.begin() + model.opt_end);
+            }
+            model.m_memory = state.m;
+            model.v_memory = state.v;
+            loss_scaler_restore(&scaler, state);
+        }
     }
     Logger logger;
     logger_open(&logger, pg.rank == 0 ? args.output_dir : std::string(), resume_step);
@@ -537,18 +696,18 @@ int main(int argc, char** argv) {
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &data.val, args.val_batches, pg);
+            float val_loss = validation_loss(&model, &data.val, args.val_batches, dp);
             printf("step %d: val loss %.6f\n", step, val_loss);
             logger_log_val(&logger, step, val_loss);
         }
         if (is_hellaswag_step(args, step, max_steps)) {
-            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, pg);
+            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, dp);
             printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
                    hs.acc_norm(), hs.acc_token(), hs.examples);
             logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
         }
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, pg);
+            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, layout);
         }
         if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
@@ -564,17 +723,17 @@ int main(int argc, char** argv) {
             const int* targets = train_loader.targets.data();
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
             // every position of every micro-step of every process weighs the same in the step's mean loss
-            float dloss = 1.0f / ((float)B * T * grad_accum_steps * pg.size);
+            float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
             // -ni (testing): process 0's last micro-step of this step stands for one bad micro-batch
             if (pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step)) dloss = INFINITY;
             gpt2_backward(&model, inputs, targets, B, T, dloss);
         }
-        float loss = (float)(all_reduce_sum(pg, loss_sum) / ((double)grad_accum_steps * pg.size));
+        float loss = (float)(all_reduce_sum(dp, loss_sum) / ((double)grad_accum_steps * dp.size));
         float lr = lr_at_step(scheduler, step);
-        double grad_norm = gpt2_reduce_gradients(&model, pg, args.zero_stage);
+        double grad_norm = gpt2_reduce_gradients(&model, dp, args.zero_stage);
         bool apply = loss_scaler_step(&scaler, grad_norm, step);  // the same answer on every process
         if (apply) {
-            gpt2_apply_update(&model, pg, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
+            gpt2_apply_update(&model, dp, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
                               (int)scaler.updates);
         }
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

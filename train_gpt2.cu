@@ -667,8 +667,8 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
 }
 
 // Restores this process's optimizer state, step and data position from checkpoint `step`
-// (train_state_restore checks that the file belongs to this run: same process count, rank, batch and
-// optimizer range; another process count is refused with a message). The master weights come from
+// (train_state_restore assembles this process's optimizer range from the checkpoint's state files,
+// whatever process count wrote them, and checks batch and model). The master weights come from
 // the state file when it has them (ours with -w 1); otherwise they stay as loaded from the model file
 // (a CPU trainer's checkpoint, whose model file is fp32).
 void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,

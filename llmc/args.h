@@ -58,6 +58,10 @@ struct TrainArgs {
     int resume = 0;
     // data parallelism (mpirun -np N)
     int zero_stage = 0;
+    // model parallelism (CPU trainer; llmc/parallel_layout.h): the rest of the processes are data parallel
+    int tensor_parallel = 1;
+    int pipeline_parallel = 1;
+    std::string pipeline_schedule = "1f1b";  // gpipe|1f1b
     // CUDA trainer only
     int recompute = 1;
     int master_weights = 1;
@@ -118,6 +122,9 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
         {"-z", FlagKind::Int, &a->zero_stage, 0, 1, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state"},
+        {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (CPU trainer; divides the processes and the heads)"},
+        {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (CPU trainer; at most the layers)"},
+        {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
         {"-st", FlagKind::Float, &a->temperature, 0, 100, false, "sampling temperature (0: greedy)"},
         {"-sk", FlagKind::Int, &a->top_k, 0, INT_MAX, false, "sample from the K most likely tokens only (0: all)"},
         {"-sp", FlagKind::String, &a->prompt, NAN, NAN, false, "prompt text the samples continue (tokenized with -bp)"},
@@ -220,6 +227,13 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
             if (comma == std::string::npos) break;
             start = comma + 1;
         }
+    }
+    if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
+        fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
+    }
+    if (cuda && (args->tensor_parallel > 1 || args->pipeline_parallel > 1)) {
+        fatal("flags -tp/-pp: the CUDA trainer is data parallel only; tensor and pipeline parallelism are in the CPU "
+              "trainer (train_gpt2)");
     }
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
     if (args->hellaswag_every > 0 && args->hellaswag_path.empty()) fatal("flag -he needs the HellaSwag file (-hs)");

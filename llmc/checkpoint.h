@@ -10,7 +10,8 @@
 //   h[8..23] eight int64: step, data epoch, data shard index, data sample index, sampler rng state,
 //            number of parameters, first parameter of this rank's optimizer shard, shard length
 //   h[24] loss scale S (fp32 bits; llmc/loss_scaler.h)   h[25] clean steps since S last changed
-//   h[26] consecutive skipped steps   h[27] unused   h[28..31] two int64: skipped steps, AdamW updates applied
+//   h[26] consecutive skipped steps   h[27] data-parallel processes (0 in older files: all of them, h[2])
+//   h[28..31] two int64: skipped steps, AdamW updates applied
 // then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master.
 //
 // A checkpoint for step S in directory DIR is model_S.bin, one state_S_RANK.bin per process and last
@@ -173,6 +174,9 @@ struct TrainState {
     float loss_scale = 1.0f;
     int32_t clean_steps = 0, consecutive_skipped = 0;
     int64_t skipped_total = 0, updates = 0;
+    // the data-parallel processes among num_processes (fewer with tensor or pipeline parallelism): the
+    // data position is per data-parallel rank; 0 means num_processes
+    int32_t data_processes = 0;
 };
 
 inline void state_file_write(const std::string& path, const TrainState& s) {
@@ -195,6 +199,7 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     memcpy(&header[24], &s.loss_scale, sizeof(float));
     header[25] = s.clean_steps;
     header[26] = s.consecutive_skipped;
+    header[27] = s.data_processes;
     int64_t counts[2] = {s.skipped_total, s.updates};
     memcpy(&header[28], counts, sizeof(counts));
     require_finite(s.m.data(), s.m.size(), "writing", "AdamW m of '" + path + "'");
@@ -234,6 +239,7 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         memcpy(&s->loss_scale, &header[24], sizeof(float));
         s->clean_steps = header[25];
         s->consecutive_skipped = header[26];
+        s->data_processes = header[27];
         int64_t counts[2];
         memcpy(counts, &header[28], sizeof(counts));
         s->skipped_total = counts[0];
@@ -243,9 +249,11 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         s->clean_steps = s->consecutive_skipped = 0;
         s->skipped_total = 0;
         s->updates = wide[0];
+        s->data_processes = 0;
     }
+    if (s->data_processes == 0) s->data_processes = s->num_processes;
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
-        s->grad_accum_steps < 1 || (has_master != 0 && has_master != 1) || s->step < 0 || s->num_parameters < 1 ||
+        s->grad_accum_steps < 1 || s->data_processes < 1 || s->data_processes > s->num_processes || (has_master != 0 && has_master != 1) || s->step < 0 || s->num_parameters < 1 ||
         s->num_parameters > ((int64_t)1 << 40) ||  // bounds the sizes below, so no byte count can overflow
         s->shard_offset < 0 || s->shard_length < 0 || s->shard_offset > s->num_parameters + s->num_processes ||
         s->shard_length > s->num_parameters + s->num_processes ||

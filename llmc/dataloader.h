@@ -1,10 +1,18 @@
 // Data loader over token shards (../shared/FORMATS.md): files of uint16 token ids found by a glob.
 //
-// A shard holds N tokens; with micro-batch B, sequence length T, P processes and rank r, sample i
-// starts at token i*P*B*T + r*B*T and spans B*T+1 tokens (inputs are the first B*T, targets the
-// last B*T), so a shard has (N - 1) / (P*B*T) samples. Unshuffled, samples and shards go in order.
-// Shuffled, each epoch permutes the shard order and each shard visit permutes its samples, all from
-// one mt19937 seeded with 42 + rank.
+// A shard of N tokens is cut into U = (N - 1) / (B*T) units of B*T tokens: unit u starts at token u*B*T
+// and spans B*T+1 tokens (inputs are the first B*T, targets the last B*T). With P data-parallel
+// processes, rank r's k-th sample of a shard is unit order[k*P + r], where `order` is a permutation of
+// the shard's U units; a shard gives each rank U / P samples (= (N - 1) / (P*B*T)).
+//   Unshuffled, order is the identity: sample k of rank r starts at token k*P*B*T + r*B*T, FORMATS's
+//   layout, and shards go in glob order.
+//   Shuffled, each epoch permutes the shard order and each shard visit permutes its U units, all from
+//   one mt19937 seeded with 42, the same on every rank.
+// Either way the units read at global micro-step k (one per rank) are order[k*P .. k*P + P), so P
+// processes with A accumulation steps read the same B*T-token samples as 1 process with P*A steps:
+// the batch of a step does not depend on the process layout (doc/model_parallel.md). (FORMATS.md seeds
+// the shuffle with 42 + rank and permutes each rank's own samples; this deviation makes the shuffled
+// order layout-independent, so a checkpoint can resume with another process count.)
 //
 // API:
 //   dataloader_init(&loader, pattern, B, T, rank, num_processes, shuffle, vocab_size)
@@ -29,8 +37,8 @@
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 
-// Where the next batch comes from: shard_index-th shard of this epoch's order, sample_index-th sample
-// of that shard's order. Saved in the state file so a resumed run reads the batches it would have.
+// Where the next batch comes from: shard_index-th shard of this epoch's order, this rank's
+// sample_index-th sample of that shard (unit order[sample_index * P + rank]). Saved in the state file so a resumed run reads the batches it would have.
 struct DataPosition {
     int64_t epoch = 0;
     int64_t shard_index = 0;
@@ -49,7 +57,7 @@ struct DataLoader {
     DataPosition position;
     std::mt19937 rng;
     std::vector<int> shard_order;       // permutation of file indices for this epoch
-    std::vector<int64_t> sample_order;  // permutation of the current shard's samples
+    std::vector<int64_t> sample_order;  // permutation of the current shard's B*T-token units
     int loaded_file = -1;               // file index whose tokens are in `tokens`
     std::vector<uint16_t> tokens;       // the current shard
     // output of dataloader_next_batch
@@ -104,9 +112,14 @@ inline void shard_write(const std::string& path, const uint16_t* tokens, int64_t
     atomic_commit(&f);
 }
 
+// Units of B*T tokens in file `file` (each needs one more token for its last target).
+inline int64_t dataloader_units_in_file(const DataLoader* loader, int file) {
+    return (loader->file_tokens[file] - 1) / ((int64_t)loader->B * loader->T);
+}
+
+// Samples of one rank in file `file`: every rank gets the same count, U / P.
 inline int64_t dataloader_samples_in_file(const DataLoader* loader, int file) {
-    int64_t span = (int64_t)loader->num_processes * loader->B * loader->T;
-    return (loader->file_tokens[file] - 1) / span;
+    return dataloader_units_in_file(loader, file) / loader->num_processes;
 }
 
 // Batches in one epoch over all shards, for this rank.
@@ -137,7 +150,7 @@ inline void dataloader_load_file(DataLoader* loader, int file) {
 // Sets up the sample order for the shard at position.shard_index (consumes the rng when shuffling).
 inline void dataloader_begin_shard(DataLoader* loader) {
     int file = loader->shard_order[loader->position.shard_index];
-    int64_t n = dataloader_samples_in_file(loader, file);
+    int64_t n = dataloader_units_in_file(loader, file);
     loader->sample_order.resize(n);
     if (loader->shuffle) {
         random_permutation<int64_t>(loader->sample_order.data(), n, loader->rng);
@@ -157,7 +170,7 @@ inline void dataloader_begin_epoch(DataLoader* loader) {
 }
 
 inline void dataloader_reset(DataLoader* loader) {
-    loader->rng.seed(42 + loader->process_rank);
+    loader->rng.seed(42);  // the same on every rank: the ranks deal out one order (see the top)
     loader->position = DataPosition();
     dataloader_begin_epoch(loader);
     dataloader_begin_shard(loader);
@@ -203,16 +216,15 @@ inline void dataloader_advance_shard(DataLoader* loader) {
 inline void dataloader_next_batch(DataLoader* loader) {
     int file = loader->shard_order[loader->position.shard_index];
     dataloader_load_file(loader, file);
-    int64_t sample = loader->sample_order[loader->position.sample_index];
+    int64_t unit = loader->sample_order[loader->position.sample_index * loader->num_processes + loader->process_rank];
     size_t BT = (size_t)loader->B * loader->T;
-    int64_t start = sample * loader->num_processes * (int64_t)BT + (int64_t)loader->process_rank * BT;
-    const uint16_t* span = loader->tokens.data() + start;  // B*T + 1 tokens, inside the shard by construction
+    const uint16_t* span = loader->tokens.data() + unit * (int64_t)BT;  // B*T + 1 tokens, inside the shard (unit < U)
     for (size_t i = 0; i < BT; i++) {
         loader->inputs[i] = span[i];
         loader->targets[i] = span[i + 1];
     }
     loader->position.sample_index++;
-    if (loader->position.sample_index == (int64_t)loader->sample_order.size()) dataloader_advance_shard(loader);
+    if (loader->position.sample_index == dataloader_samples_in_file(loader, file)) dataloader_advance_shard(loader);
 }
 
 // Puts the loader where `target` says, replaying the shuffles from the seed (cheap: only counts are
@@ -227,10 +239,11 @@ inline void dataloader_seek(DataLoader* loader, const DataPosition& target) {
     while (loader->position.epoch < target.epoch || loader->position.shard_index < target.shard_index) {
         dataloader_advance_shard(loader);
     }
-    if (target.sample_index >= (int64_t)loader->sample_order.size()) {
-        fatal("data position (epoch %ld, shard %ld, sample %ld) is past the end of that shard (%zu samples); "
+    int64_t samples = dataloader_samples_in_file(loader, loader->shard_order[loader->position.shard_index]);
+    if (target.sample_index >= samples) {
+        fatal("data position (epoch %ld, shard %ld, sample %ld) is past the end of that shard (%ld samples); "
               "the data set changed since the checkpoint", (long)target.epoch, (long)target.shard_index,
-              (long)target.sample_index, loader->sample_order.size());
+              (long)target.sample_index, (long)samples);
     }
     loader->position.sample_index = target.sample_index;
 }

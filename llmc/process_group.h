@@ -7,6 +7,7 @@
 // reduction order is fixed for a given process count, so runs are reproducible.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -30,9 +31,15 @@ inline void mpi_check(int rc, const char* file, int line) {
 #define mpiCheck(call) mpi_check((call), __FILE__, __LINE__)
 #endif
 
+// A set of processes and this process's place in it: all of them (the world), or one dimension of a
+// parallel layout (llmc/parallel_layout.h: the processes sharing a tensor-, pipeline- or data-parallel
+// group). Every collective below runs over pg's communicator, never over MPI_COMM_WORLD directly.
 struct ProcessGroup {
     int rank = 0;
     int size = 1;
+#ifdef USE_MPI
+    MPI_Comm comm = MPI_COMM_WORLD;
+#endif
 };
 
 // The number of processes a parallel launcher says it started, from the environment it gives each of
@@ -74,6 +81,23 @@ inline ProcessGroup process_group_init(int* argc, char*** argv) {
     return pg;
 }
 
+// The processes of `parent` with the same color, ordered by key: one sub-group per color (MPI_Comm_split).
+// Every process of parent must call it. Without MPI (one process) the sub-group is that process alone.
+inline ProcessGroup process_group_split(const ProcessGroup& parent, int color, int key) {
+    ProcessGroup sub;
+#ifdef USE_MPI
+    if (parent.size > 1) {
+        mpiCheck(MPI_Comm_split(parent.comm, color, key, &sub.comm));
+        mpiCheck(MPI_Comm_set_errhandler(sub.comm, MPI_ERRORS_RETURN));
+        mpiCheck(MPI_Comm_rank(sub.comm, &sub.rank));
+        mpiCheck(MPI_Comm_size(sub.comm, &sub.size));
+    }
+#else
+    (void)parent, (void)color, (void)key;
+#endif
+    return sub;
+}
+
 inline void process_group_finalize(const ProcessGroup& pg) {
 #ifdef USE_MPI
     mpiCheck(MPI_Finalize());
@@ -83,15 +107,46 @@ inline void process_group_finalize(const ProcessGroup& pg) {
 // In-place sum across processes of data[n].
 inline void all_reduce_sum(const ProcessGroup& pg, float* data, size_t n) {
 #ifdef USE_MPI
-    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_SUM, pg.comm));
 #endif
 }
 
 inline double all_reduce_sum(const ProcessGroup& pg, double value) {
 #ifdef USE_MPI
-    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, pg.comm));
 #endif
     return value;
+}
+
+inline void all_reduce_sum(const ProcessGroup& pg, double* data, size_t n) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_DOUBLE, MPI_SUM, pg.comm));
+#endif
+}
+
+// In-place element-wise maximum across processes of data[n].
+inline void all_reduce_max(const ProcessGroup& pg, float* data, size_t n) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_MAX, pg.comm));
+#endif
+}
+
+// Process `root`'s data[n] to every process of the group.
+inline void broadcast(const ProcessGroup& pg, float* data, size_t n, int root) {
+#ifdef USE_MPI
+    if (pg.size > 1) mpiCheck(MPI_Bcast(data, (int)n, MPI_FLOAT, root, pg.comm));
+#endif
+}
+
+// Every process's mine[n] to process 0, which receives them in rank order in all[size * n].
+inline void gather(const ProcessGroup& pg, const float* mine, size_t n, float* all) {
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        mpiCheck(MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, pg.comm));
+        return;
+    }
+#endif
+    std::copy(mine, mine + n, all);
 }
 
 // data holds size * count elements; afterwards data[rank*count .. (rank+1)*count) is the sum across
@@ -100,7 +155,7 @@ inline void reduce_scatter_sum(const ProcessGroup& pg, float* data, size_t count
 #ifdef USE_MPI
     if (pg.size > 1) {
         std::vector<float> mine(count);
-        mpiCheck(MPI_Reduce_scatter_block(data, mine.data(), (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        mpiCheck(MPI_Reduce_scatter_block(data, mine.data(), (int)count, MPI_FLOAT, MPI_SUM, pg.comm));
         std::copy(mine.begin(), mine.end(), data + (size_t)pg.rank * count);
     }
 #endif
@@ -110,14 +165,14 @@ inline void reduce_scatter_sum(const ProcessGroup& pg, float* data, size_t count
 inline void all_gather(const ProcessGroup& pg, float* data, size_t count) {
 #ifdef USE_MPI
     if (pg.size > 1) {
-        mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, (int)count, MPI_FLOAT, MPI_COMM_WORLD));
+        mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, (int)count, MPI_FLOAT, pg.comm));
     }
 #endif
 }
 
 inline void barrier(const ProcessGroup& pg) {
 #ifdef USE_MPI
-    if (pg.size > 1) mpiCheck(MPI_Barrier(MPI_COMM_WORLD));
+    if (pg.size > 1) mpiCheck(MPI_Barrier(pg.comm));
 #endif
 }
 
@@ -130,14 +185,14 @@ inline void check_same_config(const ProcessGroup& pg, const std::string& descrip
     uint64_t hash = 1469598103934665603ull;  // FNV-1a
     for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
     std::vector<uint64_t> hashes(pg.size);
-    mpiCheck(MPI_Allgather(&hash, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
+    mpiCheck(MPI_Allgather(&hash, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, pg.comm));
     for (int r = 1; r < pg.size; r++) {
         if (hashes[r] != hashes[0]) {
             if (pg.rank == 0 || pg.rank == r) {
                 fprintf(stderr, "Error: process %d runs a different configuration than process 0 (flags, model or "
                         "data differ); this process has: %s\n", r, description.c_str());
             }
-            MPI_Abort(MPI_COMM_WORLD, 1);
+            MPI_Abort(MPI_COMM_WORLD, 1);  // the whole run, not only this group
         }
     }
 #endif

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <algorithm>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,9 @@
 inline TrainState train_state_header(int step, const DataLoader& loader, uint64_t sampler_rng, int grad_accum_steps,
                                      const ProcessGroup& pg, size_t num_parameters, size_t opt_begin, size_t opt_end) {
     TrainState state;
-    state.num_processes = pg.size;
+    state.num_processes = pg.size;  // the processes that wrote the checkpoint (one state file each)
     state.rank = pg.rank;
+    state.data_processes = loader.num_processes;
     state.B = loader.B;
     state.T = loader.T;
     state.grad_accum_steps = grad_accum_steps;
@@ -127,40 +129,100 @@ inline LRScheduler lr_scheduler_from_args(const TrainArgs& args, int max_steps) 
     return scheduler;
 }
 
-// Reads this process's state file of checkpoint `step` and checks that it belongs to this run (same
-// process count and rank, same batch geometry, same optimizer range); then moves the data loader to
-// the saved position and restores the sampler. The trainer copies state.m, .v, .master into place.
+// Restores the optimizer state of parameters [opt_begin, opt_end) from checkpoint `step`, whatever
+// process count and layout wrote it. Each state file holds one segment of the checkpoint-order
+// parameter vector, [shard_offset, shard_offset + shard_length): all of it (-z 0) or a ZeRO-1 shard.
+// The segments this process needs are assembled from as many of the checkpoint's files as cover its
+// range (with -z 0 the first file does). Checks that the files belong to this run (same model, B, T
+// and tokens per step, complete coverage); then moves the data loader to the saved position and
+// restores the sampler. The returned state's m, v (and master, when the files have it) are
+// (opt_end - opt_begin) long; the trainer copies them into place.
+//
+// The data position is stored per data-parallel rank (sample k of the current shard, all ranks alike);
+// the writing run's P data-parallel processes had consumed k * P units of the shard, which this run's
+// P' deal out as k' = k * P / P' each, so P' must divide it (it does at every step boundary when both
+// runs have the same tokens per step and the shard gives both the same units; doc/model_parallel.md).
 inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
                                       size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
                                       uint64_t* sampler_rng) {
-    std::string path = checkpoint_state_path(dir, step, pg.rank);
-    if (!file_exists(path)) {
-        fatal("checkpoint %d in %s has no state file for process %d (%s): it was written by fewer processes; "
-              "resume with the process count it was written with", step, dir.c_str(), pg.rank, path.c_str());
+    (void)pg;  // every process reads what it needs; the data-parallel size is loader->num_processes
+    std::string first_path = checkpoint_state_path(dir, step, 0);
+    if (!file_exists(first_path)) {
+        fatal("checkpoint %d in %s has no state file for process 0 (%s)", step, dir.c_str(), first_path.c_str());
     }
-    TrainState state;
-    state_file_read(path, &state);
-    if (state.num_processes != pg.size || state.rank != pg.rank) {
-        fatal("state file '%s' was written by process %d of %d; this is process %d of %d (resume with the process "
-              "count the checkpoint was written with)", path.c_str(), state.rank, state.num_processes, pg.rank, pg.size);
+    TrainState first;
+    state_file_read(first_path, &first);
+    long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
+    long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
+    if (first.B != loader->B || first.T != loader->T || written_tokens != our_tokens) {
+        fatal("state file '%s' was written with B=%d T=%d x %d accumulation steps x %d data-parallel processes = %ld "
+              "tokens per step; this run has B=%d T=%d x %d x %d = %ld (resume with the same -b, -t and -d)",
+              first_path.c_str(), first.B, first.T, first.grad_accum_steps, first.data_processes, written_tokens,
+              loader->B, loader->T, grad_accum_steps, loader->num_processes, our_tokens);
     }
-    if (state.num_parameters != (int64_t)num_parameters || state.shard_offset != (int64_t)opt_begin ||
-        state.shard_length != (int64_t)(opt_end - opt_begin)) {
-        fatal("state file '%s' holds optimizer state for parameters [%ld, %ld) of %ld; this run updates [%zu, %zu) "
-              "of %zu (another model, or another -z)", path.c_str(), (long)state.shard_offset,
-              (long)(state.shard_offset + state.shard_length), (long)state.num_parameters, opt_begin, opt_end,
-              num_parameters);
+    size_t n = opt_end - opt_begin;
+    TrainState state = first;  // header fields (step, data position, sampler, loss scale) from process 0
+    state.rank = 0;
+    state.shard_offset = (int64_t)opt_begin;
+    state.shard_length = (int64_t)n;
+    state.m.assign(n, 0.0f);
+    state.v.assign(n, 0.0f);
+    state.master.assign(first.master.empty() ? 0 : n, 0.0f);
+    std::vector<std::pair<size_t, size_t>> covered;  // pieces of [opt_begin, opt_end) filled so far
+    auto covered_all = [&]() {
+        std::sort(covered.begin(), covered.end());
+        size_t reach = opt_begin;
+        for (auto& piece : covered) {
+            if (piece.first > reach) return false;
+            reach = std::max(reach, piece.second);
+        }
+        return reach >= opt_end;
+    };
+    for (int rank = 0; rank < state.num_processes && !covered_all(); rank++) {
+        std::string path = checkpoint_state_path(dir, step, rank);
+        if (!file_exists(path)) {
+            fatal("checkpoint %d in %s was written by %d processes but has no state file for process %d (%s)", step,
+                  dir.c_str(), first.num_processes, rank, path.c_str());
+        }
+        TrainState piece;
+        if (rank == 0) {
+            piece = std::move(first);
+        } else {
+            state_file_read(path, &piece);
+        }
+        if (piece.num_processes != state.num_processes || piece.rank != rank || piece.step != state.step ||
+            piece.master.empty() != state.master.empty()) {
+            fatal("state file '%s' does not belong with the other files of checkpoint %d (process %d of %d, step %ld)",
+                  path.c_str(), step, piece.rank, piece.num_processes, (long)piece.step);
+        }
+        if (piece.num_parameters != (int64_t)num_parameters) {
+            fatal("state file '%s' holds optimizer state for %ld parameters; this model has %zu", path.c_str(),
+                  (long)piece.num_parameters, num_parameters);
+        }
+        size_t begin = std::max(opt_begin, (size_t)piece.shard_offset);
+        size_t end = std::min(opt_end, (size_t)(piece.shard_offset + piece.shard_length));
+        if (begin >= end) continue;
+        size_t from = begin - piece.shard_offset, to = begin - opt_begin, count = end - begin;
+        std::copy_n(piece.m.begin() + from, count, state.m.begin() + to);
+        std::copy_n(piece.v.begin() + from, count, state.v.begin() + to);
+        if (!state.master.empty()) std::copy_n(piece.master.begin() + from, count, state.master.begin() + to);
+        covered.push_back({begin, end});
     }
-    if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
-        fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
-              "(resume with the same -b, -t and -d)", path.c_str(), state.B, state.T, state.grad_accum_steps,
-              loader->B, loader->T, grad_accum_steps);
+    if (!covered_all()) {
+        fatal("checkpoint %d in %s: its state files do not cover parameters [%zu, %zu) that this process updates "
+              "(corrupt or incomplete checkpoint)", step, dir.c_str(), opt_begin, opt_end);
     }
-    if (state.step != step) fatal("state file '%s' is for step %ld", path.c_str(), (long)state.step);
+    if (state.step != step) fatal("state file '%s' is for step %ld", first_path.c_str(), (long)state.step);
+    int64_t units_done = state.data_sample * state.data_processes;
+    if (units_done % loader->num_processes != 0) {
+        fatal("checkpoint %d in %s: its data position (%ld samples of B*T tokens into the shard, written by %d "
+              "data-parallel processes) cannot be dealt out to %d processes; resume with a process count that "
+              "divides it", step, dir.c_str(), (long)units_done, state.data_processes, loader->num_processes);
+    }
     DataPosition position;
     position.epoch = state.data_epoch;
     position.shard_index = state.data_shard;
-    position.sample_index = state.data_sample;
+    position.sample_index = units_done / loader->num_processes;
     dataloader_seek(loader, position);
     *sampler_rng = state.sampler_rng;
     return state;
@@ -178,14 +240,16 @@ inline std::string run_description(const TrainArgs& args, const GPT2Config& cfg,
     char text[1024];
     snprintf(text, sizeof(text),
              "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
-             "r=%d w=%d ns=%d ls=%g lw=%d lg=%g lb=%g hs=%s he=%d hm=%d L=%d C=%d NH=%d V=%d maxT=%d params=%016llx",
+             "r=%d w=%d ns=%d ls=%g lw=%d lg=%g lb=%g hs=%s he=%d hm=%d tp=%d pp=%d pm=%s L=%d C=%d NH=%d V=%d maxT=%d "
+             "params=%016llx",
              args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
              args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
              args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
              args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), args.recompute,
              args.master_weights, args.max_skipped_steps, args.loss_scale, args.loss_scale_window,
              args.loss_scale_growth, args.loss_scale_backoff, args.hellaswag_path.c_str(), args.hellaswag_every,
-             args.hellaswag_examples, cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
+             args.hellaswag_examples, args.tensor_parallel, args.pipeline_parallel, args.pipeline_schedule.c_str(),
+             cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
              (unsigned long long)checksum);
     return text;
 }

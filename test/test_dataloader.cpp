@@ -38,29 +38,30 @@ std::string write_shards(const std::string& dir, const std::vector<int64_t>& siz
     return dir + "/" + name + "_*.bin";
 }
 
-// A batch identified by where it was read from.
+// A batch identified by where it was read from: its shard and its B*T-token unit there (unit u starts
+// at token u*B*T; FORMATS's sample i of rank r is unit i*P + r).
 struct Sample {
     int shard;
-    int64_t index;  // sample index inside the shard
+    int64_t index;  // unit index inside the shard
     bool operator<(const Sample& o) const { return shard != o.shard ? shard < o.shard : index < o.index; }
     bool operator==(const Sample& o) const { return shard == o.shard && index == o.index; }
 };
 
-// Identifies the loader's current batch and checks that every token is where FORMATS puts it.
+// Identifies the loader's current batch and checks that it is one whole unit, inputs and targets.
 Sample identify_batch(const DataLoader& loader) {
-    int64_t BT = (int64_t)loader.B * loader.T, span = BT * loader.num_processes;
+    int64_t BT = (int64_t)loader.B * loader.T;
     int first = loader.inputs[0];
     Sample s{first / SHARD_STRIDE, 0};
-    int64_t offset = first % SHARD_STRIDE - loader.process_rank * BT;
-    EXPECT_EQ(offset % span, 0) << "batch starts at offset " << first % SHARD_STRIDE << ", not a sample start";
-    s.index = offset / span;
-    int64_t start = s.shard * SHARD_STRIDE + s.index * span + loader.process_rank * BT;
+    int64_t offset = first % SHARD_STRIDE;
+    EXPECT_EQ(offset % BT, 0) << "batch starts at offset " << offset << ", not a unit start";
+    s.index = offset / BT;
+    int64_t start = s.shard * SHARD_STRIDE + s.index * BT;
     int wrong = 0;
     for (int64_t i = 0; i < BT; i++) {
         wrong += loader.inputs[i] != start + i;
         wrong += loader.targets[i] != start + i + 1;
     }
-    EXPECT_EQ(wrong, 0) << "batch from shard " << s.shard << " sample " << s.index << " is not contiguous";
+    EXPECT_EQ(wrong, 0) << "batch from shard " << s.shard << " unit " << s.index << " is not contiguous";
     return s;
 }
 
@@ -101,7 +102,7 @@ TEST(DataLoaderLayout, UnshuffledFollowsFormats) {
             for (int s = 0; s < 3; s++) {
                 int64_t n = expected_samples(sizes[s], P, B, T);
                 EXPECT_EQ(dataloader_samples_in_file(&loader, s), n);
-                for (int64_t i = 0; i < n; i++) expected.push_back({s, i});
+                for (int64_t i = 0; i < n; i++) expected.push_back({s, i * P + r});  // starts at i*P*B*T + r*B*T
                 total += n;
             }
             EXPECT_EQ(dataloader_num_batches(&loader), total);
@@ -169,25 +170,26 @@ TEST(DataLoaderShuffle, EveryEpochVisitsEverySampleOnce) {
     const std::vector<int64_t> sizes = {300, 170, 250, 97};
     std::string pattern = write_shards(dir, sizes);
     const int B = 2, T = 4, P = 2;
-    std::map<int, std::vector<Sample>> first_epoch;  // rank -> order
+    std::vector<std::vector<Sample>> first_epoch(P);  // rank -> order
+    int64_t per_epoch = 0;
     for (int r = 0; r < P; r++) {
         SCOPED_TRACE("rank " + std::to_string(r));
         DataLoader loader, twin, plain;
         dataloader_init(&loader, pattern, B, T, r, P, true, VOCAB);
         dataloader_init(&twin, pattern, B, T, r, P, true, VOCAB);
         dataloader_init(&plain, pattern, B, T, r, P, false, VOCAB);
-        int64_t per_epoch = dataloader_num_batches(&loader);
-        std::set<Sample> all;
-        for (int s = 0; s < (int)sizes.size(); s++) {
-            for (int64_t i = 0; i < expected_samples(sizes[s], P, B, T); i++) all.insert({s, i});
-        }
-        ASSERT_EQ(per_epoch, (int64_t)all.size());
+        per_epoch = dataloader_num_batches(&loader);
+        int64_t expected_per_epoch = 0;
+        for (int64_t n : sizes) expected_per_epoch += expected_samples(n, P, B, T);
+        ASSERT_EQ(per_epoch, expected_per_epoch);
         std::vector<std::vector<Sample>> epochs;
         for (int e = 0; e < 3; e++) {
             std::vector<Sample> order = read_batches(&loader, per_epoch);
             std::set<Sample> seen(order.begin(), order.end());
             EXPECT_EQ(seen.size(), order.size()) << "epoch " << e << " repeats a sample";
-            EXPECT_EQ(seen, all) << "epoch " << e << " misses a sample";
+            for (const Sample& x : order) {
+                EXPECT_LT((x.index + 1) * B * T, sizes[x.shard]) << "unit " << x.index << " of shard " << x.shard;
+            }
             // a shard's samples are read together: the shard changes exactly (shards - 1) times
             int changes = 0;
             for (size_t k = 1; k < order.size(); k++) changes += order[k].shard != order[k - 1].shard;
@@ -195,8 +197,8 @@ TEST(DataLoaderShuffle, EveryEpochVisitsEverySampleOnce) {
             EXPECT_EQ(loader.position.epoch, e + 1);
             epochs.push_back(order);
         }
-        // 4 shards of 18, 10, 15 and 6 samples: two shuffles (or a shuffle and file order) agree with
-        // probability 1 / (4! 18! 10! 15! 6!)
+        // 4 shards of 37, 21, 31 and 12 units: two shuffles (or a shuffle and file order) agree with
+        // probability far below 1e-30
         EXPECT_NE(epochs[0], epochs[1]);
         EXPECT_NE(epochs[1], epochs[2]);
         EXPECT_NE(epochs[0], read_batches(&plain, per_epoch));
@@ -205,14 +207,20 @@ TEST(DataLoaderShuffle, EveryEpochVisitsEverySampleOnce) {
                   [&] { std::vector<Sample> v; for (auto& e : epochs) v.insert(v.end(), e.begin(), e.end()); return v; }());
         first_epoch[r] = epochs[0];
     }
-    // different ranks shuffle with different seeds (42 + rank): different orders of (shard, sample)
-    EXPECT_NE(first_epoch[0], first_epoch[1]);
+    // the ranks deal out one order: at every micro-step they read different units of the same shard
+    std::set<Sample> together;
+    for (int64_t k = 0; k < per_epoch; k++) {
+        EXPECT_EQ(first_epoch[0][k].shard, first_epoch[1][k].shard) << "micro-step " << k;
+        for (int r = 0; r < P; r++) together.insert(first_epoch[r][k]);
+    }
+    EXPECT_EQ((int64_t)together.size(), P * per_epoch) << "two ranks read the same unit";
 }
 
-TEST(DataLoaderShuffle, OrderIsMt19937SeededWithRank) {
-    // FORMATS: one mt19937 seeded with 42 + rank permutes the shard order, then each shard's samples as
-    // the shard is reached; the permutation is rand.h's Fisher-Yates. Replaying that here pins the order
-    // so runs on other machines and resumed runs read the same batches.
+TEST(DataLoaderShuffle, OrderIsOneMt19937SeededWith42DealtToTheRanks) {
+    // one mt19937 seeded with 42 (on every rank) permutes the shard order, then each shard's (N-1)/(B*T)
+    // units as the shard is reached; the permutation is rand.h's Fisher-Yates; rank r's k-th sample
+    // of the shard is unit order[k*P + r]. Replaying that here pins the order, so runs on other machines,
+    // with other process counts, and resumed runs read the same batches.
     std::string dir = test::scratch_dir("dataloader_seeded");
     const std::vector<int64_t> sizes = {90, 60, 120};
     std::string pattern = write_shards(dir, sizes);
@@ -220,19 +228,45 @@ TEST(DataLoaderShuffle, OrderIsMt19937SeededWithRank) {
     for (int r = 0; r < P; r++) {
         DataLoader loader;
         dataloader_init(&loader, pattern, B, T, r, P, true, VOCAB);
-        std::mt19937 rng(42 + r);
+        std::mt19937 rng(42);
         std::vector<Sample> expected;
         for (int e = 0; e < 2; e++) {
             std::vector<int> shard_order(sizes.size());
             random_permutation<int>(shard_order.data(), (int)sizes.size(), rng);
             for (int s : shard_order) {
-                int64_t n = expected_samples(sizes[s], P, B, T);
-                std::vector<int64_t> samples(n);
-                random_permutation<int64_t>(samples.data(), n, rng);
-                for (int64_t i : samples) expected.push_back({s, i});
+                int64_t units = (sizes[s] - 1) / (B * T);
+                std::vector<int64_t> order(units);
+                random_permutation<int64_t>(order.data(), units, rng);
+                for (int64_t k = 0; k < units / P; k++) expected.push_back({s, order[k * P + r]});
             }
         }
         EXPECT_EQ(read_batches(&loader, (int64_t)expected.size()), expected) << "rank " << r;
+    }
+}
+
+// The batch of a global step does not depend on the process count: P processes with A accumulation
+// steps read, together, the units that one process reads in P*A steps (shuffled and not).
+TEST(DataLoaderShuffle, GlobalBatchIsTheSameForEveryProcessCount) {
+    std::string dir = test::scratch_dir("dataloader_layout_free");
+    std::string pattern = write_shards(dir, {6 * 8 * 5 + 1});  // 40 units of 6 tokens, shared by 1, 2, 4 or 8
+    const int B = 2, T = 3, global_micro = 8;
+    for (bool shuffle : {false, true}) {
+        SCOPED_TRACE(shuffle ? "shuffled" : "unshuffled");
+        std::vector<std::set<Sample>> reference;  // per step, 1 process
+        for (int P : {1, 2, 4, 8}) {
+            int A = global_micro / P;
+            std::vector<DataLoader> loaders(P);
+            for (int r = 0; r < P; r++) dataloader_init(&loaders[r], pattern, B, T, r, P, shuffle, VOCAB);
+            for (int step = 0; step < 5; step++) {
+                std::set<Sample> batch;
+                for (int r = 0; r < P; r++) {
+                    for (Sample x : read_batches(&loaders[r], A)) batch.insert(x);
+                }
+                EXPECT_EQ((int)batch.size(), global_micro);
+                if (P == 1) reference.push_back(batch);
+                else EXPECT_EQ(batch, reference[step]) << "P=" << P << " step " << step;
+            }
+        }
     }
 }
 

@@ -1,0 +1,91 @@
+// The process layout of a 3D-parallel run: tensor (TP), data (DP) and pipeline (PP) parallel.
+//
+// `mpirun -np 8 ./train_gpt2 -tp 2 -pp 2` runs TP 2 x PP 2 and DP 8 / (2 * 2) = 2. Each process has one
+// coordinate per dimension, and the world rank is
+//
+//     rank = tp_rank + tp * (dp_rank + dp * pp_rank)          (Megatron-LM's order)
+//
+// so the TP peers of a process are its neighbours (ranks 0,1 | 2,3 | ...): on a real machine they share a
+// node, where the per-layer all-reduces of tensor parallelism are cheap. The DP peers are tp apart and
+// the pipeline stages tp*dp apart. For np 8, tp 2, pp 2:
+//
+//     rank:     0 1 2 3 4 5 6 7
+//     tp_rank:  0 1 0 1 0 1 0 1
+//     dp_rank:  0 0 1 1 0 0 1 1
+//     pp_rank:  0 0 0 0 1 1 1 1
+//
+// One sub-group (communicator) per dimension: the processes that differ only in that coordinate.
+// Gradients are summed over the DP group, activations over the TP group, and sent along the PP group.
+//
+// A layout is refused, with the reason, when it cannot split the model: the sizes must divide the
+// process count, TP must divide the head count (whole heads per process) and the padded vocabulary (the
+// embedding is split by rows of wte), and there cannot be more stages than layers.
+#pragma once
+
+#include <string>
+
+#include "gpt2_config.h"
+#include "process_group.h"
+#include "utils.h"
+
+struct ParallelLayout {
+    int tp = 1, pp = 1, dp = 1;                 // sizes; tp * pp * dp = world.size
+    int tp_rank = 0, pp_rank = 0, dp_rank = 0;  // this process's coordinates
+    ProcessGroup world;
+    ProcessGroup tp_group, pp_group, dp_group;  // the processes differing only in that coordinate
+};
+
+// The world rank of the process at (tp_rank, dp_rank, pp_rank).
+inline int layout_rank(const ParallelLayout& lay, int tp_rank, int dp_rank, int pp_rank) {
+    return tp_rank + lay.tp * (dp_rank + lay.dp * pp_rank);
+}
+
+// Why the layout cannot run (world_size processes, the model cfg), or "" when it can.
+inline std::string parallel_layout_problem(int world_size, int tp, int pp, const GPT2Config& cfg) {
+    char text[512];
+    if (tp < 1 || pp < 1) {
+        snprintf(text, sizeof(text), "-tp %d -pp %d: sizes must be at least 1", tp, pp);
+    } else if (world_size % (tp * pp) != 0) {
+        snprintf(text, sizeof(text), "-tp %d x -pp %d = %d does not divide the %d process(es); the data-parallel size "
+                 "is processes / (tp * pp), so launch a multiple of %d processes", tp, pp, tp * pp, world_size, tp * pp);
+    } else if (cfg.num_heads % tp != 0) {
+        snprintf(text, sizeof(text), "-tp %d does not divide the model's %d attention heads (each process computes "
+                 "whole heads)", tp, cfg.num_heads);
+    } else if (cfg.padded_vocab_size % tp != 0 || cfg.padded_vocab_size / tp < 1) {
+        snprintf(text, sizeof(text), "-tp %d does not divide the padded vocabulary %d (the embedding and the LM head "
+                 "are split by vocabulary rows)", tp, cfg.padded_vocab_size);
+    } else if (pp > cfg.num_layers) {
+        snprintf(text, sizeof(text), "-pp %d: more pipeline stages than the model's %d layers", pp, cfg.num_layers);
+    } else {
+        return "";
+    }
+    return text;
+}
+
+// Splits the world into the three groups; fatal (with the reason) for a layout that cannot run.
+// Every process must call it with the same arguments.
+inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, int pp, const GPT2Config& cfg) {
+    std::string problem = parallel_layout_problem(world.size, tp, pp, cfg);
+    if (!problem.empty()) fatal("process layout: %s", problem.c_str());
+    ParallelLayout lay;
+    lay.world = world;
+    lay.tp = tp;
+    lay.pp = pp;
+    lay.dp = world.size / (tp * pp);
+    lay.tp_rank = world.rank % tp;
+    lay.dp_rank = (world.rank / tp) % lay.dp;
+    lay.pp_rank = world.rank / (tp * lay.dp);
+    // color: the other two coordinates, flattened; key: the coordinate along the group
+    lay.tp_group = process_group_split(world, lay.dp_rank + lay.dp * lay.pp_rank, lay.tp_rank);
+    lay.dp_group = process_group_split(world, lay.tp_rank + tp * lay.pp_rank, lay.dp_rank);
+    lay.pp_group = process_group_split(world, lay.tp_rank + tp * lay.dp_rank, lay.pp_rank);
+    return lay;
+}
+
+// "tp 2 x pp 2 x dp 2" and this process's coordinates, for the start-up line.
+inline std::string parallel_layout_describe(const ParallelLayout& lay) {
+    char text[160];
+    snprintf(text, sizeof(text), "tp %d x pp %d x dp %d (rank %d: tp_rank %d, pp_rank %d, dp_rank %d)", lay.tp, lay.pp,
+             lay.dp, lay.world.rank, lay.tp_rank, lay.pp_rank, lay.dp_rank);
+    return text;
+}

@@ -1,0 +1,193 @@
+// Tensor parallelism (Megatron-LM style) over the TP group of llmc/parallel_layout.h.
+//
+// Each of the tp processes of a group stores only its slices of the parameters (rank t of tp):
+//   wte (Vp, C)          rows [t·Vp/tp, (t+1)·Vp/tp)      vocabulary-parallel embedding and LM head
+//   qkvw (3C, C), qkvb   rows of q, k and v of heads [t·NH/tp, (t+1)·NH/tp)   column-parallel
+//   fcw (4C, C), fcb     rows [t·4C/tp, (t+1)·4C/tp)                           column-parallel
+//   attprojw (C, C)      columns [t·C/tp, (t+1)·C/tp)                          row-parallel
+//   fcprojw (C, 4C)      columns [t·4C/tp, (t+1)·4C/tp)                        row-parallel
+//   wpe, layernorms, attprojb, fcprojb: whole (replicated)
+// The local vector keeps checkpoint order with these local shapes (tp_param_sizes), so AdamW, ZeRO-1
+// and the gradient collectives of the data-parallel group work on it unchanged.
+//
+// Why one all-reduce per row-parallel matmul: a column-parallel matmul y_t = x W_tᵀ needs the whole
+// input x (replicated) and produces its own columns; attention and GELU act column by column (head by
+// head), so they stay local; the row-parallel matmul that follows computes z = Σ_t y_t P_tᵀ, and each
+// rank holds one term, so one all-reduce of z (B·T·C floats) gives every rank the full output, to which
+// the replicated bias is added. Backward is the conjugate: dy_t = dz P_t is local, and dx = Σ_t dy_t W_t
+// is a sum of one term per rank, so one all-reduce of dx. Layernorm inputs are then the same on every
+// rank, and so are their gradients; the replicated gradients are broadcast from TP rank 0 anyway, so
+// rounding differences between ranks' all-reduce results can never make the replicas drift apart.
+//
+// The cross-entropy over logits split by vocabulary never gathers the logits: each row's max, sum of
+// exponentials and target logit are reduced across the group (B·T numbers each).
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "encoder.h"
+#include "gpt2_config.h"
+#include "matmul.h"
+#include "process_group.h"
+
+// True for the tensors that every TP rank holds whole.
+inline bool tp_param_is_replicated(int i) {
+    return i == P_WPE || i == P_LN1W || i == P_LN1B || i == P_ATTPROJB || i == P_LN2W || i == P_LN2B ||
+           i == P_FCPROJB || i == P_LNFW || i == P_LNFB;
+}
+
+// Elements of each tensor on one TP rank (tp = 1: param_tensor_sizes).
+inline void tp_param_sizes(const GPT2Config& cfg, int tp, size_t sizes[NUM_PARAMETER_TENSORS]) {
+    param_tensor_sizes(cfg, sizes);
+    size_t Vp = cfg.padded_vocab_size, C = cfg.channels, L = cfg.num_layers, Cl = C / tp;
+    sizes[P_WTE] = Vp / tp * C;
+    sizes[P_QKVW] = L * 3 * Cl * C;
+    sizes[P_QKVB] = L * 3 * Cl;
+    sizes[P_ATTPROJW] = L * C * Cl;
+    sizes[P_FCW] = L * 4 * Cl * C;
+    sizes[P_FCB] = L * 4 * Cl;
+    sizes[P_FCPROJW] = L * C * 4 * Cl;
+}
+
+// Copies between the full parameter vector (checkpoint order) and rank t's local one: full -> local
+// when to_local, else local -> full (the slices of rank t only).
+inline void tp_copy_slices(const GPT2Config& cfg, int tp, int t, float* full, float* local, bool to_local) {
+    size_t full_sizes[NUM_PARAMETER_TENSORS], local_sizes[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, full_sizes);
+    tp_param_sizes(cfg, tp, local_sizes);
+    size_t Vp = cfg.padded_vocab_size, C = cfg.channels, L = cfg.num_layers, Cl = C / tp;
+    // one contiguous run of n elements: full[f..f+n) <-> local[l..l+n)
+    auto run = [&](float* f, float* l, size_t n) {
+        if (to_local) memcpy(l, f, n * sizeof(float));
+        else memcpy(f, l, n * sizeof(float));
+    };
+    float* f = full;
+    float* l = local;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (tp_param_is_replicated(i)) {
+            run(f, l, full_sizes[i]);
+        } else if (i == P_WTE) {
+            run(f + t * (Vp / tp) * C, l, (Vp / tp) * C);
+        } else if (i == P_QKVW || i == P_QKVB) {  // per layer, per q/k/v: Cl rows of width w
+            size_t w = i == P_QKVW ? C : 1;
+            for (size_t layer = 0; layer < L; layer++) {
+                for (size_t part = 0; part < 3; part++) {
+                    run(f + (layer * 3 * C + part * C + t * Cl) * w, l + (layer * 3 * Cl + part * Cl) * w, Cl * w);
+                }
+            }
+        } else if (i == P_FCW || i == P_FCB) {  // per layer: 4Cl rows of width w
+            size_t w = i == P_FCW ? C : 1;
+            for (size_t layer = 0; layer < L; layer++) run(f + (layer * 4 * C + t * 4 * Cl) * w, l + layer * 4 * Cl * w, 4 * Cl * w);
+        } else {  // attprojw (L, C, C) and fcprojw (L, C, 4C): every row, a slice of its columns
+            size_t width = i == P_ATTPROJW ? C : 4 * C, lw = width / tp;
+            for (size_t row = 0; row < L * C; row++) run(f + row * width + t * lw, l + row * lw, lw);
+        }
+        f += full_sizes[i];
+        l += local_sizes[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The two halves of a Megatron MLP or attention block
+
+// Row-parallel matmul: out (N, OC) = Σ_t inp_t (N, IC) · weight_tᵀ + bias, one all-reduce. With one
+// rank it is matmul_forward itself.
+inline void row_parallel_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                                 int OC, const ProcessGroup& tp) {
+    if (tp.size == 1) {
+        matmul_forward(out, inp, weight, bias, N, IC, OC);
+        return;
+    }
+    matmul_forward(out, inp, weight, (const float*)nullptr, N, IC, OC);
+    all_reduce_sum(tp, out, (size_t)N * OC);
+    for (size_t n = 0; n < (size_t)N; n++) {
+        for (int o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+    }
+}
+
+// The conjugate of a column-parallel matmul's input: every rank's dinp holds its term of the sum.
+inline void column_parallel_input_grad(float* dinp, size_t n, const ProcessGroup& tp) { all_reduce_sum(tp, dinp, n); }
+
+// ----------------------------------------------------------------------------
+// Vocabulary-parallel embedding and cross-entropy; this rank holds vocabulary rows [v0, v0 + Vl)
+
+// out (B, T, C) = wte[inp] + wpe: the rank holding a token's row contributes it, the others zero.
+inline void tp_encoder_forward(float* out, const int* inp, const float* wte_local, const float* wpe, int B, int T,
+                               int C, int v0, int Vl, const ProcessGroup& tp) {
+    if (tp.size == 1) {
+        encoder_forward(out, inp, wte_local, wpe, B, T, C);
+        return;
+    }
+    size_t BT = (size_t)B * T;
+    for (size_t n = 0; n < BT; n++) {
+        int row = inp[n] - v0;
+        for (int c = 0; c < C; c++) out[n * C + c] = row >= 0 && row < Vl ? wte_local[(size_t)row * C + c] : 0.0f;
+    }
+    all_reduce_sum(tp, out, BT * C);  // one non-zero term per element: exact
+    for (size_t n = 0; n < BT; n++) {
+        const float* wpe_t = wpe + (n % T) * C;
+        for (int c = 0; c < C; c++) out[n * C + c] += wpe_t[c];
+    }
+}
+
+// Accumulates into this rank's rows of dwte and into dwpe (the same on every rank).
+inline void tp_encoder_backward(float* dwte_local, float* dwpe, const float* dout, const int* inp, int B, int T, int C,
+                                int v0, int Vl, const ProcessGroup& tp) {
+    if (tp.size == 1) {
+        encoder_backward(dwte_local, dwpe, dout, inp, B, T, C);
+        return;
+    }
+    for (int c = 0; c < C; c++) {  // the order of encoder_backward: by channel, then position
+        for (size_t n = 0; n < (size_t)B * T; n++) {
+            float d = dout[n * C + c];
+            int row = inp[n] - v0;
+            if (row >= 0 && row < Vl) dwte_local[(size_t)row * C + c] += d;
+            dwpe[(n % T) * C + c] += d;
+        }
+    }
+}
+
+// losses[n] = log Σ_v exp(logit[n,v] - max) + max - logit[n, target], over the V real columns split
+// across ranks. Keeps each row's max and sum (N each) for the backward.
+inline void tp_crossentropy_forward(float* losses, const float* logits, const int* targets, int N, int V, int v0,
+                                    int Vl, const ProcessGroup& tp, std::vector<float>* row_max,
+                                    std::vector<double>* row_sum) {
+    int real = std::max(0, std::min(Vl, V - v0));  // columns of this rank below V
+    row_max->assign(N, -INFINITY);
+    row_sum->assign(N, 0.0);
+    std::vector<float> target_logit(N, 0.0f);
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * Vl;
+        for (int v = 0; v < real; v++) (*row_max)[n] = std::max((*row_max)[n], row[v]);
+        int t = targets[n] - v0;
+        if (t >= 0 && t < Vl) target_logit[n] = row[t];
+    }
+    all_reduce_max(tp, row_max->data(), N);
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * Vl;
+        double sum = 0.0;
+        for (int v = 0; v < real; v++) sum += std::exp(row[v] - (*row_max)[n]);
+        (*row_sum)[n] = sum;
+    }
+    all_reduce_sum(tp, row_sum->data(), N);
+    all_reduce_sum(tp, target_logit.data(), N);  // one non-zero term: exact
+    for (int n = 0; n < N; n++) losses[n] = (float)(std::log((*row_sum)[n]) + (*row_max)[n] - target_logit[n]);
+}
+
+// dlogits (N, Vl) = (softmax - onehot) * dloss on this rank's columns; 0 past V. Overwrites.
+inline void tp_crossentropy_backward(float* dlogits, const float* logits, const int* targets, float dloss, int N, int V,
+                                     int v0, int Vl, const std::vector<float>& row_max,
+                                     const std::vector<double>& row_sum) {
+    int real = std::max(0, std::min(Vl, V - v0));
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * Vl;
+        float* drow = dlogits + (size_t)n * Vl;
+        float scale = (float)(dloss / row_sum[n]);
+        for (int v = 0; v < real; v++) drow[v] = std::exp(row[v] - row_max[n]) * scale;
+        for (int v = real; v < Vl; v++) drow[v] = 0.0f;
+        int t = targets[n] - v0;
+        if (t >= 0 && t < Vl) drow[t] -= dloss;
+    }
+}
