@@ -81,7 +81,11 @@ test: $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
 		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
 
-bench-cpu: train_gpt2
+# the FMA peak (llmc/cpu_peak.h) that bench-cpu divides our FLOP/s by
+$(BUILD)/cpu_peak: dev/cpu_peak.cpp llmc/cpu_peak.h | $(BUILD)
+	$(CXX) $(CXXFLAGS) $< -o $@
+
+bench-cpu: train_gpt2 $(BUILD)/cpu_peak
 	$(PYTHON) dev/bench_cpu.py
 
 # OpenBLAS is linked by this benchmark only; the trainer never depends on it.
