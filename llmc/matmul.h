@@ -192,7 +192,11 @@ static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, i
         if (B.col_stride == 1) {  // rows of B are contiguous: copy NR floats per k
             for (int k = 0; k < kc; k++) {
                 const Real* src = &B.at(k0 + k, j_first);
-                for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = src[j];
+                if (nr == GEMM_NR) {
+                    memcpy(dst + k * GEMM_NR, src, sizeof(Real) * GEMM_NR);  // a fixed size: two vector moves
+                } else {
+                    for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = src[j];
+                }
             }
         } else {  // columns of B are contiguous (B = Wᵀ): read each column along k
 #ifdef GEMM_AVX2
