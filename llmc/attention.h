@@ -5,7 +5,7 @@
 //   dscore[t2] = att[t2] * (datt[t2] - sum_j att[j] datt[j])   (the softmax Jacobian)
 //   dq += sum_t2 dscore[t2] k[t2] / sqrt(hs);  dk[t2] += dscore[t2] q / sqrt(hs);  dv[t2] += att[t2] dout
 //
-// For one (b, h) these are five matrix products of (T, hs) and (T, T) matrices plus row-wise work:
+// For one (b, h) these are six matrix products of (T, hs) and (T, T) matrices plus row-wise work:
 //   forward   S = Q Kᵀ,  att = softmax(S / sqrt(hs)) row by row,  out = att V
 //   backward  dA = dout Vᵀ,  dS = softmax backward row by row,  dQ += dS K,  dK += dSᵀ Q,  dV += attᵀ dout
 // and each product runs on llmc/matmul.h's gemm_accumulate (strided views, no copies). Done as dot
