@@ -5,6 +5,7 @@
 #   make tokenizer_gpt2        GPT-2 BPE tokenizer and data preparation tool
 #   make test                  googletest suites + PyTorch oracle (scripts/install_deps.sh makes .venv)
 #   make bench-cpu             step time of train_gpt2 vs PyTorch eager and torch.compile, same machine
+#   make bench-gemm            llmc/matmul.h's GEMM vs OpenBLAS and the FMA peak (needs libopenblas-dev)
 #   make train_gpt2cu test_gpt2cu   CUDA trainer and its test (PRECISION=BF16|FP32|FP16)
 #   make cuda-all              compile every CUDA target for sm_80 and sm_90 (CI does this)
 
@@ -24,7 +25,7 @@ BUILD = build
 
 LLMC_HEADERS = $(wildcard llmc/*.h)
 
-.PHONY: all test bench-cpu clean cuda-all
+.PHONY: all test bench-cpu bench-gemm clean cuda-all
 
 all: train_gpt2 tokenizer_gpt2
 
@@ -89,8 +90,21 @@ test:
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
 		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
 
-bench-cpu: train_gpt2
+# the FMA peak (llmc/cpu_peak.h) that bench-cpu divides our FLOP/s by
+$(BUILD)/cpu_peak: dev/cpu_peak.cpp llmc/cpu_peak.h | $(BUILD)
+	$(CXX) $(CXXFLAGS) $< -o $@
+
+bench-cpu: train_gpt2 $(BUILD)/cpu_peak
 	$(PYTHON) dev/bench_cpu.py
+
+# OpenBLAS is linked by this benchmark only; the trainer never depends on it.
+$(BUILD)/bench_gemm: dev/bench_gemm.cpp llmc/matmul.h llmc/cpu_peak.h | $(BUILD)
+	@pkg-config --exists openblas || { echo "bench-gemm: OpenBLAS is not installed" \
+		"(scripts/install_deps.sh --bench, or apt-get install libopenblas-dev)" >&2; exit 1; }
+	$(CXX) $(CXXFLAGS) $$(pkg-config --cflags openblas 2>/dev/null) $< $$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -o $@
+
+bench-gemm: $(BUILD)/bench_gemm
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BUILD)/bench_gemm
 
 clean:
 	rm -rf $(BUILD) train_gpt2 tokenizer_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu \

@@ -4,13 +4,24 @@
 // Backward, per row t, with datt[t2] = dout[b,t,h] · v[b,t2,h]:
 //   dscore[t2] = att[t2] * (datt[t2] - sum_j att[j] datt[j])   (the softmax Jacobian)
 //   dq += sum_t2 dscore[t2] k[t2] / sqrt(hs);  dk[t2] += dscore[t2] q / sqrt(hs);  dv[t2] += att[t2] dout
-// A row t writes into the dk, dv of every earlier position, so the backward gives each thread a whole
-// (b, h) pair: no races, and the same summation order on every run.
+//
+// For one (b, h) these are six matrix products of (T, hs) and (T, T) matrices plus row-wise work:
+//   forward   S = Q Kᵀ,  att = softmax(S / sqrt(hs)) row by row,  out = att V
+//   backward  dA = dout Vᵀ,  dS = softmax backward row by row,  dQ += dS K,  dK += dSᵀ Q,  dV += attᵀ dout
+// and each product runs on llmc/matmul.h's gemm_accumulate (strided views, no copies). Done as dot
+// products (one q against each k), the work is chains of dependent additions and reads of every
+// (T, hs) row once per row t: ~10 GFLOP/s; as GEMMs it runs near the FMA peak, even though computing
+// the full (T, T) products does the masked upper triangle too (zeros in att and dS keep it exact).
+// Each thread takes whole (b, h) pairs; the products inside run on that thread (nested OpenMP regions
+// are off), so no two threads write the same element and the result does not depend on the count.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <vector>
+
+#include "matmul.h"
 
 template <typename Real>
 void attention_forward(Real* out,        // (B, T, C)
@@ -18,38 +29,38 @@ void attention_forward(Real* out,        // (B, T, C)
                        const Real* qkv,  // (B, T, 3C)
                        int B, int T, int C, int NH) {
     int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
     Real scale = (Real)(1.0 / std::sqrt((double)hs));
-#pragma omp parallel for collapse(3)
+#pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < NH; h++) {
-                const Real* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                Real* att_row = att + (((size_t)b * NH + h) * T + t) * T;
+        for (int h = 0; h < NH; h++) {
+            const Real* q = qkv + (size_t)b * T * C3 + h * hs;  // (T, hs) with row stride 3C
+            const Real* k = q + C;
+            const Real* v = q + 2 * C;
+            Real* att_bh = att + ((size_t)b * NH + h) * T * T;  // (T, T)
+            // S = Q Kᵀ into att (the full square; the upper triangle is overwritten with zeros below)
+            memset(att_bh, 0, sizeof(Real) * T * T);
+            gemm_accumulate(att_bh, T, MatrixView<Real>{q, C3, 1}, MatrixView<Real>{k, 1, C3}, T, T, hs);
+            for (int t = 0; t < T; t++) {
+                Real* row = att_bh + (size_t)t * T;
                 Real max_score = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    const Real* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-                    Real dot = 0;
-                    for (int i = 0; i < hs; i++) dot += q[i] * k[i];
-                    att_row[t2] = dot * scale;
-                    if (att_row[t2] > max_score) max_score = att_row[t2];
+                    row[t2] *= scale;
+                    if (row[t2] > max_score) max_score = row[t2];
                 }
                 double sum = 0.0;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    att_row[t2] = std::exp(att_row[t2] - max_score);
-                    sum += att_row[t2];
+                    row[t2] = std::exp(row[t2] - max_score);
+                    sum += row[t2];
                 }
                 Real inv_sum = (Real)(1.0 / sum);
-                for (int t2 = 0; t2 <= t; t2++) att_row[t2] *= inv_sum;
-                for (int t2 = t + 1; t2 < T; t2++) att_row[t2] = 0;
-
-                Real* out_bth = out + ((size_t)b * T + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) out_bth[i] = 0;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const Real* v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
-                    Real a = att_row[t2];
-                    for (int i = 0; i < hs; i++) out_bth[i] += a * v[i];
-                }
+                for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv_sum;
+                for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0;
             }
+            // out = att V
+            Real* out_bh = out + (size_t)b * T * C + h * hs;  // (T, hs) with row stride C
+            for (int t = 0; t < T; t++) memset(out_bh + (size_t)t * C, 0, sizeof(Real) * hs);
+            gemm_accumulate(out_bh, C, MatrixView<Real>{att_bh, (size_t)T, 1}, MatrixView<Real>{v, C3, 1}, T, hs, T);
         }
     }
 }
@@ -62,43 +73,39 @@ void attention_backward(Real* dqkv,       // (B, T, 3C)
                         const Real* att,  // (B, NH, T, T)
                         int B, int T, int C, int NH) {
     int hs = C / NH;
+    size_t C3 = 3 * (size_t)C;
     Real scale = (Real)(1.0 / std::sqrt((double)hs));
 #pragma omp parallel
     {
-        std::vector<Real> dscore(T);
+        std::vector<Real> dscore((size_t)T * T);  // (T, T): datt, then dS in place
 #pragma omp for collapse(2)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
+                const Real* q = qkv + (size_t)b * T * C3 + h * hs;  // (T, hs) with row stride 3C
+                const Real* k = q + C;
+                const Real* v = q + 2 * C;
+                Real* dq = dqkv + (size_t)b * T * C3 + h * hs;
+                Real* dk = dq + C;
+                Real* dv = dq + 2 * C;
+                const Real* dout_bh = dout + (size_t)b * T * C + h * hs;  // (T, hs) with row stride C
+                const Real* att_bh = att + ((size_t)b * NH + h) * T * T;
+                Real* ds = dscore.data();
+                // datt = dout Vᵀ, then through the softmax row by row; zero above the diagonal
+                std::fill(dscore.begin(), dscore.end(), Real(0));
+                gemm_accumulate(ds, T, MatrixView<Real>{dout_bh, (size_t)C, 1}, MatrixView<Real>{v, 1, C3}, T, T, hs);
                 for (int t = 0; t < T; t++) {
-                    const Real* att_row = att + (((size_t)b * NH + h) * T + t) * T;
-                    const Real* dout_bth = dout + ((size_t)b * T + t) * C + h * hs;
-                    const Real* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                    Real* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                    // datt[t2] = dout · v[t2], then through the softmax
+                    const Real* att_row = att_bh + (size_t)t * T;
+                    Real* row = ds + (size_t)t * T;
                     double weighted = 0.0;
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        const Real* v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
-                        Real datt = 0;
-                        for (int i = 0; i < hs; i++) datt += dout_bth[i] * v[i];
-                        dscore[t2] = datt;
-                        weighted += (double)att_row[t2] * datt;
-                    }
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        dscore[t2] = att_row[t2] * (dscore[t2] - (Real)weighted) * scale;
-                    }
-                    for (int t2 = 0; t2 <= t; t2++) {
-                        size_t base = ((size_t)b * T + t2) * 3 * C + h * hs;
-                        const Real* k = qkv + base + C;
-                        Real* dk = dqkv + base + C;
-                        Real* dv = dqkv + base + 2 * C;
-                        Real ds = dscore[t2], a = att_row[t2];
-                        for (int i = 0; i < hs; i++) {
-                            dq[i] += ds * k[i];
-                            dk[i] += ds * q[i];
-                            dv[i] += a * dout_bth[i];
-                        }
-                    }
+                    for (int t2 = 0; t2 <= t; t2++) weighted += (double)att_row[t2] * row[t2];
+                    for (int t2 = 0; t2 <= t; t2++) row[t2] = att_row[t2] * (row[t2] - (Real)weighted) * scale;
+                    for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0;
                 }
+                // dQ += dS K,  dK += dSᵀ Q,  dV += attᵀ dout
+                gemm_accumulate(dq, C3, MatrixView<Real>{ds, (size_t)T, 1}, MatrixView<Real>{k, C3, 1}, T, hs, T);
+                gemm_accumulate(dk, C3, MatrixView<Real>{ds, 1, (size_t)T}, MatrixView<Real>{q, C3, 1}, T, hs, T);
+                gemm_accumulate(dv, C3, MatrixView<Real>{att_bh, 1, (size_t)T}, MatrixView<Real>{dout_bh, (size_t)C, 1}, T,
+                                hs, T);
             }
         }
     }

@@ -11,9 +11,21 @@
 //      original strides were;
 //   3. a micro-kernel keeps an MR×NR tile of C in registers and, for each k, adds the outer product
 //      of an MR column of A and an NR row of B: MR·NR multiply-adds per MR+NR loads.
-// With MR=6, NR=16 the tile is 12 AVX2 registers of 8 floats; the compiler vectorizes the plain
-// loops below (check with -fopt-info-vec). Threads split C's columns, each writing its own, so the
-// result does not depend on timing or on the thread count.
+//
+// Reaching the FMA peak (doc/cpu_trainer.md, "How the GEMM reaches peak"): an AVX2 core with two FMA
+// units retires two 8-wide fused multiply-adds per cycle, each with a latency of 4-5 cycles, so it
+// needs at least ~10 independent accumulators in flight and at most ~1 load per FMA. The 6×16 tile
+// is 12 accumulator registers (6 rows × 2 vectors of 8), plus 2 for the row of B and 1 for a
+// broadcast element of A: 15 of the 16 ymm registers; per k it does 12 FMAs for 2 vector loads and 6
+// broadcasts. The fp32 micro-kernel is written with FMA intrinsics: under -std=c++17 the compiler
+// does not fuse `acc += a * b` (it must round the product), which would halve the peak. Other scalar
+// types (the tests' float64) use the plain loop.
+//
+// Threads: each takes a rectangle of C and does all of its work alone (its own packed panels), with
+// no barrier inside the product, so a thread the OS pauses delays only its own part. The split is
+// along whichever of M and N makes the operand every thread must pack in full the smaller one. Every
+// element of C is summed in the same order (k slab by k slab, k ascending) whatever the split, so the
+// result does not depend on the thread count.
 #pragma once
 
 #include <omp.h>
@@ -21,14 +33,24 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <memory>
+#include <type_traits>
 #include <vector>
 
-constexpr int GEMM_MR = 6;     // rows of C per micro-tile
-constexpr int GEMM_NR = 16;    // columns of C per micro-tile
-constexpr int GEMM_KC = 256;   // depth of a packed slab
-constexpr int GEMM_MC = 240;   // rows of A packed at a time (a multiple of MR)
-constexpr int GEMM_NC = 1024;  // columns of B packed at a time (a multiple of NR)
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GEMM_AVX2 1
+#endif
+
+// The blocking parameters, for a core with a 32 KiB L1d, a 512 KiB L2 and a large shared L3 (AMD Zen
+// 3 here; Intel's client cores are alike):
+constexpr int GEMM_MR = 6;     // rows of C per micro-tile: 6×2 accumulators + 3 = 15 of 16 ymm registers
+constexpr int GEMM_NR = 16;    // columns of C per micro-tile: two 8-float vectors
+constexpr int GEMM_KC = 256;   // depth of a slab: a B micro-panel (KC×NR fp32 = 16 KiB) fills half the L1
+                               // and stays there while every A micro-panel of the block streams past it
+constexpr int GEMM_MC = 144;   // rows of A packed at a time (multiple of MR): MC×KC fp32 = 144 KiB, a
+                               // quarter of L2, so the A block stays in L2 while B panels come and go
+constexpr int GEMM_NC = 3072;  // columns of B packed at a time (multiple of NR): KC×NC fp32 = 3 MiB,
+                               // from L3, reused for every MC block of A
 
 // A strided view of a matrix: element (i, j) is data[i * row_stride + j * col_stride].
 template <typename Real>
@@ -39,7 +61,15 @@ struct MatrixView {
     const Real& at(size_t i, size_t j) const { return data[i * row_stride + j * col_stride]; }
 };
 
-// C[mr×nr] += A panel (kc×MR) · B panel (kc×NR); the tile may be cut short at the matrix edge.
+// Adds an MR×NR tile held in `acc` to C; at the matrix edge only its top-left mr×nr part.
+template <typename Real>
+static inline void gemm_store_tile(const Real (&acc)[GEMM_MR][GEMM_NR], Real* c, size_t ldc, int mr, int nr) {
+    for (int i = 0; i < mr; i++) {
+        for (int j = 0; j < nr; j++) c[i * ldc + j] += acc[i][j];
+    }
+}
+
+// C[mr×nr] += A panel (kc×MR) · B panel (kc×NR), the plain loop (any scalar type).
 template <typename Real>
 static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Real* __restrict b, Real* c,
                                      size_t ldc, int mr, int nr) {
@@ -47,77 +77,236 @@ static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Rea
     for (int k = 0; k < kc; k++) {
         const Real* ak = a + k * GEMM_MR;
         const Real* bk = b + k * GEMM_NR;
-#pragma GCC unroll 6
         for (int i = 0; i < GEMM_MR; i++) {
-#pragma omp simd
             for (int j = 0; j < GEMM_NR; j++) acc[i][j] += ak[i] * bk[j];
         }
     }
+    gemm_store_tile(acc, c, ldc, mr, nr);
+}
+
+#ifdef GEMM_AVX2
+// The same for fp32 with AVX2 FMAs. The twelve accumulators are named variables, not an array: GCC
+// keeps an array of vectors in memory and would store every one of them back at each k.
+static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, const float* __restrict b, float* c,
+                                          size_t ldc, int mr, int nr) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;  // row i: ci0, ci1
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    // the C tile is read only after the k loop, and it is usually not in cache (C is MBs): ask for its
+    // lines now so that the ~kc·12/2 cycles of FMAs hide the memory latency instead of waiting on it
+    for (int i = 0; i < mr; i++) {
+        _mm_prefetch((const char*)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char*)(c + i * ldc + GEMM_NR - 1), _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), ai;
+        ai = _mm256_broadcast_ss(a + 0), c00 = _mm256_fmadd_ps(ai, b0, c00), c01 = _mm256_fmadd_ps(ai, b1, c01);
+        ai = _mm256_broadcast_ss(a + 1), c10 = _mm256_fmadd_ps(ai, b0, c10), c11 = _mm256_fmadd_ps(ai, b1, c11);
+        ai = _mm256_broadcast_ss(a + 2), c20 = _mm256_fmadd_ps(ai, b0, c20), c21 = _mm256_fmadd_ps(ai, b1, c21);
+        ai = _mm256_broadcast_ss(a + 3), c30 = _mm256_fmadd_ps(ai, b0, c30), c31 = _mm256_fmadd_ps(ai, b1, c31);
+        ai = _mm256_broadcast_ss(a + 4), c40 = _mm256_fmadd_ps(ai, b0, c40), c41 = _mm256_fmadd_ps(ai, b1, c41);
+        ai = _mm256_broadcast_ss(a + 5), c50 = _mm256_fmadd_ps(ai, b0, c50), c51 = _mm256_fmadd_ps(ai, b1, c51);
+        a += GEMM_MR;
+        b += GEMM_NR;
+    }
+    const __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (mr == GEMM_MR && nr == GEMM_NR) {
         for (int i = 0; i < GEMM_MR; i++) {
-#pragma omp simd
-            for (int j = 0; j < GEMM_NR; j++) c[i * ldc + j] += acc[i][j];
+            float* ci = c + i * ldc;
+            _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
+            _mm256_storeu_ps(ci + 8, _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]));
         }
     } else {
-        for (int i = 0; i < mr; i++) {
-            for (int j = 0; j < nr; j++) c[i * ldc + j] += acc[i][j];
+        alignas(32) float tile[GEMM_MR][GEMM_NR];
+        for (int i = 0; i < GEMM_MR; i++) {
+            _mm256_store_ps(tile[i], acc[i][0]);
+            _mm256_store_ps(tile[i] + 8, acc[i][1]);
+        }
+        gemm_store_tile(tile, c, ldc, mr, nr);
+    }
+}
+#endif
+
+#ifdef GEMM_AVX2
+// Transposes the 8×8 block held in r[0..7] (r[i] = row i) in place: 24 shuffles for 64 floats.
+static inline void gemm_transpose8x8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+// Packing a panel whose source runs along k (B = Wᵀ in the forward, A = a row-major activation) is
+// a transpose; done 8×8 in registers it costs a load and a store per 8 floats instead of per float.
+// One full B panel: dst[k][0..16) = src_j[k] for the 16 columns j, src_j = col0 + j * ld.
+static inline void gemm_pack_b_panel_transposed_avx2(float* dst, const float* col0, size_t ld, int kc) {
+    int k = 0;
+    for (; k + 8 <= kc; k += 8) {
+        for (int half = 0; half < 2; half++) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(col0 + (size_t)(half * 8 + j) * ld + k);
+            gemm_transpose8x8(r);
+            for (int kk = 0; kk < 8; kk++) _mm256_store_ps(dst + (k + kk) * GEMM_NR + half * 8, r[kk]);
+        }
+    }
+    for (; k < kc; k++) {
+        for (int j = 0; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = col0[(size_t)j * ld + k];
+    }
+}
+
+// One full A panel: dst[k][0..6) = row_i[k] for the 6 rows i, row_i = row0 + i * ld. Each k's 6
+// values are written with one 8-wide store whose last 2 lanes spill into the next k's slot (or past
+// the panel: the packing buffer has slack) and are overwritten by the next store.
+static inline void gemm_pack_a_panel_transposed_avx2(float* dst, const float* row0, size_t ld, int kc) {
+    int k = 0;
+    for (; k + 8 <= kc; k += 8) {
+        __m256 r[8];
+        for (int i = 0; i < GEMM_MR; i++) r[i] = _mm256_loadu_ps(row0 + (size_t)i * ld + k);
+        r[6] = r[7] = _mm256_setzero_ps();
+        gemm_transpose8x8(r);
+        for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(dst + (k + kk) * GEMM_MR, r[kk]);
+    }
+    for (; k < kc; k++) {
+        for (int i = 0; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = row0[(size_t)i * ld + k];
+    }
+}
+#endif
+
+// Packs B[k0:k0+kc, j0:j0+nc] as panels of NR columns, [panel][k][NR], zero-padding the last panel.
+template <typename Real>
+static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, int nc) {
+    for (int jp = 0; jp * GEMM_NR < nc; jp++, dst += (size_t)kc * GEMM_NR) {
+        int j_first = j0 + jp * GEMM_NR, nr = std::min(GEMM_NR, nc - jp * GEMM_NR);
+        if (nr < GEMM_NR) std::fill(dst, dst + (size_t)kc * GEMM_NR, Real(0));
+        if (B.col_stride == 1) {  // rows of B are contiguous: copy NR floats per k
+            for (int k = 0; k < kc; k++) {
+                const Real* src = &B.at(k0 + k, j_first);
+                if (nr == GEMM_NR) {
+                    memcpy(dst + k * GEMM_NR, src, sizeof(Real) * GEMM_NR);  // a fixed size: two vector moves
+                } else {
+                    for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = src[j];
+                }
+            }
+        } else {  // columns of B are contiguous (B = Wᵀ): read each column along k
+#ifdef GEMM_AVX2
+            if constexpr (std::is_same<Real, float>::value) {
+                if (nr == GEMM_NR && B.row_stride == 1) {
+                    gemm_pack_b_panel_transposed_avx2(dst, &B.at(k0, j_first), B.col_stride, kc);
+                    continue;
+                }
+            }
+#endif
+            for (int j = 0; j < nr; j++) {
+                const Real* src = &B.at(k0, j_first + j);
+                for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[(size_t)k * B.row_stride];
+            }
+        }
+    }
+}
+
+// Packs A[i0:i0+mc, k0:k0+kc] as panels of MR rows, [panel][k][MR], zero-padding the last panel.
+template <typename Real>
+static void gemm_pack_a(Real* dst, MatrixView<Real> A, int i0, int mc, int k0, int kc) {
+    for (int ip = 0; ip * GEMM_MR < mc; ip++, dst += (size_t)kc * GEMM_MR) {
+        int i_first = i0 + ip * GEMM_MR, mr = std::min(GEMM_MR, mc - ip * GEMM_MR);
+        if (mr < GEMM_MR) std::fill(dst, dst + (size_t)kc * GEMM_MR, Real(0));
+        if (A.row_stride == 1) {  // columns of A are contiguous (A = doutᵀ): MR values per k
+            for (int k = 0; k < kc; k++) {
+                const Real* src = &A.at(i_first, k0 + k);
+                for (int i = 0; i < mr; i++) dst[k * GEMM_MR + i] = src[i];
+            }
+        } else {  // rows of A are contiguous: read each row along k
+#ifdef GEMM_AVX2
+            if constexpr (std::is_same<Real, float>::value) {
+                if (mr == GEMM_MR && A.col_stride == 1) {
+                    gemm_pack_a_panel_transposed_avx2(dst, &A.at(i_first, k0), A.row_stride, kc);
+                    continue;
+                }
+            }
+#endif
+            for (int i = 0; i < mr; i++) {
+                const Real* src = &A.at(i_first + i, k0);
+                for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[(size_t)k * A.col_stride];
+            }
+        }
+    }
+}
+
+// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end].
+// The packing buffers are per thread and kept between calls (allocating and faulting in 3 MiB at each
+// of the ~100 products of a step would cost more than packing into them).
+template <typename Real>
+void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
+                           int j_begin, int j_end, int K) {
+    struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
+    thread_local std::vector<Vec8> packed_a_store, packed_b_store;
+    size_t a_floats = (size_t)GEMM_MC * GEMM_KC, b_floats = (size_t)GEMM_KC * GEMM_NC;
+    // + one Vec8 of slack for gemm_pack_a_panel_transposed_avx2's spilling store
+    if (packed_a_store.size() * 8 < a_floats + 8) packed_a_store.resize(a_floats / 8 + 1);
+    if (packed_b_store.size() * 8 < b_floats) packed_b_store.resize(b_floats / 8);
+    Real* packed_a = packed_a_store.data()->x;  // (MC × KC) as [panel][k][MR]
+    Real* packed_b = packed_b_store.data()->x;  // (KC × NC) as [panel][k][NR]
+    for (int jc = j_begin; jc < j_end; jc += GEMM_NC) {
+        int nc = std::min(GEMM_NC, j_end - jc);
+        for (int pc = 0; pc < K; pc += GEMM_KC) {
+            int kc = std::min(GEMM_KC, K - pc);
+            gemm_pack_b(packed_b, B, pc, kc, jc, nc);
+            for (int ic = i_begin; ic < i_end; ic += GEMM_MC) {
+                int mc = std::min(GEMM_MC, i_end - ic);
+                gemm_pack_a(packed_a, A, ic, mc, pc, kc);
+                // B micro-panel outer (it stays in L1), A micro-panels inner (they stream from L2)
+                for (int jr = 0; jr < nc; jr += GEMM_NR) {
+                    const Real* b_panel = packed_b + (size_t)jr * kc;
+                    for (int ir = 0; ir < mc; ir += GEMM_MR) {
+                        const Real* a_panel = packed_a + (size_t)ir * kc;
+                        Real* c = C + (size_t)(ic + ir) * ldc + jc + jr;
+                        int mr = std::min(GEMM_MR, mc - ir), nr = std::min(GEMM_NR, nc - jr);
+#ifdef GEMM_AVX2
+                        if constexpr (std::is_same<Real, float>::value) {
+                            gemm_micro_kernel_avx2(kc, a_panel, b_panel, c, ldc, mr, nr);
+                            continue;
+                        }
+#endif
+                        gemm_micro_kernel(kc, a_panel, b_panel, c, ldc, mr, nr);
+                    }
+                }
+            }
         }
     }
 }
 
 // C (M×N, row-major, leading dimension ldc) += A (M×K) · B (K×N).
-// Each thread takes a contiguous range of C's columns and does all of its work alone (its own
-// packed panels of B, its own copy of the packed rows of A): no barrier inside the product, so a
-// thread that the OS pauses delays only its own columns instead of stalling every other thread at
-// each packing step. Packing A once per thread costs M·K copies against M·K·N/threads multiply-adds.
 template <typename Real>
 void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K) {
-    int total_panels = (N + GEMM_NR - 1) / GEMM_NR;
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    // Splitting N, every thread packs all of A (M×K) and its share of B; splitting M, all of B (K×N).
+    // Cut the dimension that leaves the smaller operand to be packed by every thread, in whole tiles.
+    bool split_n = N >= M;
+    int tiles = split_n ? (N + GEMM_NR - 1) / GEMM_NR : (M + GEMM_MR - 1) / GEMM_MR;
+    int tile = split_n ? GEMM_NR : GEMM_MR, extent = split_n ? N : M;
     // a product too small to pay for waking threads runs on the calling thread
-    bool parallel = (double)M * N * K > 1e5 && total_panels > 1;
+    bool parallel = (double)M * N * K > 1e5 && tiles > 1;
 #pragma omp parallel if (parallel)
     {
         int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        int j_begin = (int)((long)total_panels * thread / threads) * GEMM_NR;
-        int j_end = std::min(N, (int)((long)total_panels * (thread + 1) / threads) * GEMM_NR);
-        size_t kc_max = std::min(GEMM_KC, K);
-        std::unique_ptr<Real[]> packed_b(new Real[kc_max * GEMM_NC]);  // (KC × NC) as [panel][k][NR]
-        std::unique_ptr<Real[]> packed_a(new Real[kc_max * GEMM_MC]);  // (MC × KC) as [panel][k][MR]
-        for (int jc = j_begin; jc < j_end; jc += GEMM_NC) {
-            int nc = std::min(GEMM_NC, j_end - jc);
-            int n_panels = (nc + GEMM_NR - 1) / GEMM_NR;
-            for (int pc = 0; pc < K; pc += GEMM_KC) {
-                int kc = std::min(GEMM_KC, K - pc);
-                for (int jp = 0; jp < n_panels; jp++) {  // pack B[pc:pc+kc, jc:jc+nc], zero-padded
-                    Real* dst = packed_b.get() + (size_t)jp * kc * GEMM_NR;
-                    int j0 = jc + jp * GEMM_NR;
-                    int nr = std::min(GEMM_NR, j_end - j0);
-                    for (int k = 0; k < kc; k++) {
-                        for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = B.at(pc + k, j0 + j);
-                        for (int j = nr; j < GEMM_NR; j++) dst[k * GEMM_NR + j] = 0;
-                    }
-                }
-                for (int ic = 0; ic < M; ic += GEMM_MC) {
-                    int mc = std::min(GEMM_MC, M - ic);
-                    int m_panels = (mc + GEMM_MR - 1) / GEMM_MR;
-                    for (int ip = 0; ip < m_panels; ip++) {  // pack A[ic:ic+mc, pc:pc+kc], zero-padded
-                        Real* dst = packed_a.get() + (size_t)ip * kc * GEMM_MR;
-                        int i0 = ic + ip * GEMM_MR;
-                        int mr = std::min(GEMM_MR, M - i0);
-                        for (int k = 0; k < kc; k++) {
-                            for (int i = 0; i < mr; i++) dst[k * GEMM_MR + i] = A.at(i0 + i, pc + k);
-                            for (int i = mr; i < GEMM_MR; i++) dst[k * GEMM_MR + i] = 0;
-                        }
-                    }
-                    for (int jp = 0; jp < n_panels; jp++) {
-                        for (int ip = 0; ip < m_panels; ip++) {
-                            int i0 = ic + ip * GEMM_MR, j0 = jc + jp * GEMM_NR;
-                            gemm_micro_kernel(kc, packed_a.get() + (size_t)ip * kc * GEMM_MR,
-                                              packed_b.get() + (size_t)jp * kc * GEMM_NR, C + (size_t)i0 * ldc + j0,
-                                              ldc, std::min(GEMM_MR, M - i0), std::min(GEMM_NR, j_end - j0));
-                        }
-                    }
-                }
+        int begin = std::min(extent, (int)((long)tiles * thread / threads) * tile);
+        int end = std::min(extent, (int)((long)tiles * (thread + 1) / threads) * tile);
+        if (begin < end) {
+            if (split_n) {
+                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K);
+            } else {
+                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K);
             }
         }
     }
@@ -156,12 +345,18 @@ void matmul_backward(Real* dinp,          // (N, C)
     // dweight (OC×C) += doutᵀ (OC×N) · inp (N×C)
     gemm_accumulate(dweight, C, MatrixView<Real>{dout, 1, (size_t)OC}, MatrixView<Real>{inp, (size_t)C, 1}, OC, C, N);
     if (dbias) {
-        // sum over rows, each thread owning a range of columns (no atomics, fixed order)
-#pragma omp parallel for
-        for (int o = 0; o < OC; o++) {
-            Real sum = 0;
-            for (int n = 0; n < N; n++) sum += dout[(size_t)n * OC + o];
-            dbias[o] += sum;
+        // sum over rows, each thread owning a range of columns (no atomics, fixed order); rows outer so
+        // the loads are contiguous and the inner loop vectorizes across columns
+#pragma omp parallel
+        {
+            int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+            int o_begin = (int)((long)OC * thread / threads), o_end = (int)((long)OC * (thread + 1) / threads);
+            std::vector<Real> sum(std::max(0, o_end - o_begin), Real(0));
+            for (int n = 0; n < N; n++) {
+                const Real* row = dout + (size_t)n * OC + o_begin;
+                for (int o = 0; o < o_end - o_begin; o++) sum[o] += row[o];
+            }
+            for (int o = o_begin; o < o_end; o++) dbias[o] += sum[o - o_begin];
         }
     }
 }

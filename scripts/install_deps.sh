@@ -13,23 +13,27 @@
 # tiktoken (the tokenizer's reference), safetensors, transformers, matplotlib. Training needs none of
 # it: `--no-python` skips it (the main job uses that).
 #
-# Usage: scripts/install_deps.sh [--check] [--no-python]
+# Usage: scripts/install_deps.sh [--check] [--no-python] [--bench]
 #   --check      only report what is missing (exit 1 if anything is)
 #   --no-python  the C++ side only
+#   --bench      also libopenblas-dev, the peer of `make bench-gemm` (nothing else links it)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 check=0
 python_side=1
+bench=0
 for arg in "$@"; do
     case "$arg" in
         --check) check=1 ;;
         --no-python) python_side=0 ;;
-        *) echo "install_deps: unknown option '$arg' (use --check, --no-python)" >&2; exit 2 ;;
+        --bench) bench=1 ;;
+        *) echo "install_deps: unknown option '$arg' (use --check, --no-python, --bench)" >&2; exit 2 ;;
     esac
 done
 
 packages=(g++ make pkg-config libpcre2-dev libgtest-dev openmpi-bin libopenmpi-dev libboost-context-dev)
 if [ $python_side -eq 1 ]; then packages+=(python3); fi
+if [ $bench -eq 1 ]; then packages+=(libopenblas-dev); fi
 missing=()
 for p in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -280,6 +280,49 @@ TEST(OpsMatmul, BlockedGemmMatchesNaiveAcrossBlocks) {
     }
 }
 
+// The fp32 fast paths of gemm_accumulate (AVX2 micro-kernel, 8×8-transpose packing) against a plain
+// float64 triple loop, on shapes chosen to hit every edge: M, N and K each below, at and just past a
+// multiple of the tile (MR = 6, NR = 16), the transposes' 8 and the blocks (KC = 256, MC = 144), for
+// both thread splits (N >= M splits columns, M > N rows), and with 1 and 2 threads, which must give
+// bit-identical results (each C element is summed in the same order whatever the split).
+TEST(OpsMatmul, Fp32FastPathsMatchNaiveOnEdgeShapes) {
+    std::mt19937 rng(16);
+    const int shapes[][3] = {// M, N, K
+                             {1, 1, 1},   {5, 15, 7},    {6, 16, 8},    {7, 17, 9},     {12, 33, 257},
+                             {145, 40, 300}, {40, 145, 513}, {150, 3, 20}, {3, 150, 20}, {13, 16 * 3 + 1, 8 * 5 + 3}};
+    int threads_before = omp_get_max_threads();
+    for (const auto& shape : shapes) {
+        int M = shape[0], N = shape[1], K = shape[2];
+        std::vector<float> a = to_float(random_vec((size_t)M * K, rng)), b = to_float(random_vec((size_t)K * N, rng));
+        std::vector<float> c0 = to_float(random_vec((size_t)M * N, rng));
+        for (int layout = 0; layout < 3; layout++) {
+            // 0: A, B row-major (dinp); 1: B transposed (forward: B = Wᵀ); 2: A transposed (dW: A = doutᵀ)
+            MatrixView<float> A = layout == 2 ? MatrixView<float>{a.data(), 1, (size_t)M} : MatrixView<float>{a.data(), (size_t)K, 1};
+            MatrixView<float> Bv = layout == 1 ? MatrixView<float>{b.data(), 1, (size_t)K} : MatrixView<float>{b.data(), (size_t)N, 1};
+            std::vector<float> results[2];
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                results[threads - 1] = c0;
+                gemm_accumulate(results[threads - 1].data(), N, A, Bv, M, N, K);
+            }
+            double worst = 0;
+            for (int i = 0; i < M; i++) {
+                for (int j = 0; j < N; j++) {
+                    double s = c0[(size_t)i * N + j];
+                    for (int k = 0; k < K; k++) s += (double)A.at(i, k) * Bv.at(k, j);
+                    worst = std::max(worst, std::fabs(s - results[0][(size_t)i * N + j]));
+                }
+            }
+            // |terms| <= 1, K <= 513: fp32 rounding of the K partial sums stays below K * 6e-8 ~ 3e-5, while
+            // a wrongly packed or dropped element changes a sum by ~0.3 on average
+            EXPECT_LE(worst, 4e-5) << "M=" << M << " N=" << N << " K=" << K << " layout " << layout;
+            EXPECT_EQ(results[0], results[1]) << "1 and 2 threads differ: M=" << M << " N=" << N << " K=" << K
+                                              << " layout " << layout;
+        }
+    }
+    omp_set_num_threads(threads_before);
+}
+
 // AdamW's first step moves each parameter by lr * (sign(g) + wd * p) up to eps (bias correction makes
 // m_hat = g and v_hat = g^2); the clipping scale must not change that direction-only step.
 TEST(OpsAdamW, FirstStepIsSignDescentPlusDecay) {
