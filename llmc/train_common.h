@@ -127,9 +127,48 @@ inline LRScheduler lr_scheduler_from_args(const TrainArgs& args, int max_steps) 
     return scheduler;
 }
 
+// The optimizer state for parameters [begin, end) when the checkpoint was written with another ZeRO
+// stage (-z 0 keeps every parameter's moments in each file, -z 1/2/3 a shard in each): taken from
+// whichever of its num_processes state files hold them. Replaces state->m, v, master and its range.
+inline void train_state_assemble_range(const std::string& dir, int step, int num_processes, size_t num_parameters,
+                                       size_t begin, size_t end, TrainState* state) {
+    size_t length = end - begin, covered = 0;
+    std::vector<float> m(length), v(length), master;
+    for (int r = 0; r < num_processes && covered < length; r++) {
+        std::string path = checkpoint_state_path(dir, step, r);
+        TrainState other;
+        if (!file_exists(path)) fatal("checkpoint %d in %s has no state file for process %d (%s)", step, dir.c_str(), r, path.c_str());
+        state_file_read(path, &other);
+        if (other.num_parameters != (int64_t)num_parameters || other.step != step || other.num_processes != num_processes) {
+            fatal("state file '%s' does not belong with the others of checkpoint %d", path.c_str(), step);
+        }
+        if (r == 0 && !other.master.empty()) master.resize(length);
+        size_t lo = std::max(begin, (size_t)other.shard_offset);
+        size_t hi = std::min(end, (size_t)(other.shard_offset + other.shard_length));
+        if (lo >= hi) continue;
+        size_t from = lo - (size_t)other.shard_offset;
+        std::copy(other.m.begin() + from, other.m.begin() + from + (hi - lo), m.begin() + (lo - begin));
+        std::copy(other.v.begin() + from, other.v.begin() + from + (hi - lo), v.begin() + (lo - begin));
+        if (!master.empty() && !other.master.empty()) {
+            std::copy(other.master.begin() + from, other.master.begin() + from + (hi - lo), master.begin() + (lo - begin));
+        }
+        // the files hold either disjoint shards (-z 1/2/3) or all parameters each (-z 0)
+        covered = other.shard_length == (int64_t)num_parameters ? length : covered + (hi - lo);
+    }
+    if (covered != length) {
+        fatal("checkpoint %d in %s: its state files do not cover parameters [%zu, %zu)", step, dir.c_str(), begin, end);
+    }
+    state->m.swap(m);
+    state->v.swap(v);
+    state->master.swap(master);
+    state->shard_offset = (int64_t)begin;
+    state->shard_length = (int64_t)length;
+}
+
 // Reads this process's state file of checkpoint `step` and checks that it belongs to this run (same
-// process count and rank, same batch geometry, same optimizer range); then moves the data loader to
-// the saved position and restores the sampler. The trainer copies state.m, .v, .master into place.
+// process count and rank, same batch geometry); then moves the data loader to
+// the saved position and restores the sampler. The trainer copies state.m, .v, .master into place. A
+// checkpoint of another ZeRO stage (same process count) gives its moments for this run's range.
 inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
                                       size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
                                       uint64_t* sampler_rng) {
@@ -144,12 +183,12 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
         fatal("state file '%s' was written by process %d of %d; this is process %d of %d (resume with the process "
               "count the checkpoint was written with)", path.c_str(), state.rank, state.num_processes, pg.rank, pg.size);
     }
-    if (state.num_parameters != (int64_t)num_parameters || state.shard_offset != (int64_t)opt_begin ||
-        state.shard_length != (int64_t)(opt_end - opt_begin)) {
-        fatal("state file '%s' holds optimizer state for parameters [%ld, %ld) of %ld; this run updates [%zu, %zu) "
-              "of %zu (another model, or another -z)", path.c_str(), (long)state.shard_offset,
-              (long)(state.shard_offset + state.shard_length), (long)state.num_parameters, opt_begin, opt_end,
-              num_parameters);
+    if (state.num_parameters != (int64_t)num_parameters) {
+        fatal("state file '%s' holds optimizer state for %ld parameters; this model has %zu (another model)",
+              path.c_str(), (long)state.num_parameters, num_parameters);
+    }
+    if (state.shard_offset != (int64_t)opt_begin || state.shard_length != (int64_t)(opt_end - opt_begin)) {
+        train_state_assemble_range(dir, step, state.num_processes, num_parameters, opt_begin, opt_end, &state);
     }
     if (state.B != loader->B || state.T != loader->T || state.grad_accum_steps != grad_accum_steps) {
         fatal("state file '%s' was written with B=%d T=%d and %d accumulation steps; this run has B=%d T=%d and %d "
