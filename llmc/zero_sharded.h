@@ -172,9 +172,23 @@ inline const float* zero_gather_block(ZeroSharding* zs, int layer, int next, con
 
 // Unit u's gradient in grads (the unit's size, this process's micro-batch) is final: sum it across
 // processes and add this shard's part into the accumulator shard_grads (S elements, like shard_params).
+// The collective goes in pieces of at most a block's size: MPI libraries allocate temporaries the size
+// of a reduce-scatter's message, and unit 0 (wte) is several blocks large.
 inline void zero_reduce_scatter_unit(ZeroSharding* zs, int u, const float* grads, float* shard_grads) {
     const ZeroUnit& unit = zs->units[u];
-    reduce_scatter_v_sum(zs->pg, grads, zs->shard_part.data(), unit.counts);
+    const int P = zs->pg.size, me = zs->pg.rank;
+    size_t piece = std::max(zs->block_grads.size(), (size_t)1);
+    std::vector<int> counts(P);
+    for (size_t lo = 0; lo < unit.size; lo += piece) {
+        size_t hi = std::min(unit.size, lo + piece);
+        for (int r = 0; r < P; r++) {  // the part of [lo, hi) inside process r's segment of the unit
+            size_t seg_lo = std::max(lo, (size_t)unit.displs[r]);
+            size_t seg_hi = std::min(hi, (size_t)unit.displs[r] + unit.counts[r]);
+            counts[r] = seg_hi > seg_lo ? (int)(seg_hi - seg_lo) : 0;
+        }
+        size_t into = lo > (size_t)unit.displs[me] ? lo - unit.displs[me] : 0;
+        reduce_scatter_v_sum(zs->pg, grads + lo, zs->shard_part.data() + std::min(into, (size_t)unit.counts[me]), counts);
+    }
     size_t read = 0;
     for (const ZeroSlice& piece : unit.mine) {
         float* dst = shard_grads + (piece.flat - zs->shard.begin);
