@@ -91,11 +91,19 @@ inline void process_group_finalize(const ProcessGroup& pg) {
 #endif
 }
 
+// Collectives on parameters and gradients go in pieces of at most COLLECTIVE_PIECE elements per
+// process: MPI libraries allocate temporaries the size of a message, which would otherwise add up to
+// another copy of the model in each process's memory (the ZeRO stages are about that memory).
+constexpr size_t COLLECTIVE_PIECE = (size_t)1 << 20;
+
 // In-place sum across processes of data[n].
 inline void all_reduce_sum(const ProcessGroup& pg, float* data, size_t n) {
     comm_count(pg, n, n / pg.size, 2 * sizeof(float));
 #ifdef USE_MPI
-    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    for (size_t off = 0; pg.size > 1 && off < n; off += COLLECTIVE_PIECE) {
+        int c = (int)std::min(COLLECTIVE_PIECE, n - off);
+        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    }
 #endif
 }
 
@@ -111,10 +119,15 @@ inline double all_reduce_sum(const ProcessGroup& pg, double value) {
 inline void reduce_scatter_sum(const ProcessGroup& pg, float* data, size_t count) {
     comm_count(pg, count * pg.size, count, sizeof(float));
 #ifdef USE_MPI
-    if (pg.size > 1) {
-        std::vector<float> mine(count);
-        mpiCheck(MPI_Reduce_scatter_block(data, mine.data(), (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
-        std::copy(mine.begin(), mine.end(), data + (size_t)pg.rank * count);
+    if (pg.size > 1) {  // piece by piece: the piece of every block packed together, reduce-scattered
+        size_t piece = std::min(COLLECTIVE_PIECE, count);
+        std::vector<float> send(piece * pg.size), mine(piece);
+        for (size_t off = 0; off < count; off += piece) {
+            size_t c = std::min(piece, count - off);
+            for (int r = 0; r < pg.size; r++) std::copy(data + r * count + off, data + r * count + off + c, send.data() + r * c);
+            mpiCheck(MPI_Reduce_scatter_block(send.data(), mine.data(), (int)c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+            std::copy(mine.begin(), mine.begin() + c, data + (size_t)pg.rank * count + off);
+        }
     }
 #endif
 }
@@ -123,8 +136,15 @@ inline void reduce_scatter_sum(const ProcessGroup& pg, float* data, size_t count
 inline void all_gather(const ProcessGroup& pg, float* data, size_t count) {
     comm_count(pg, count * pg.size, count, sizeof(float));
 #ifdef USE_MPI
-    if (pg.size > 1) {
-        mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, (int)count, MPI_FLOAT, MPI_COMM_WORLD));
+    if (pg.size > 1) {  // piece by piece, each process's piece gathered into one buffer and spread out
+        size_t piece = std::min(COLLECTIVE_PIECE, count);
+        std::vector<float> all(piece * pg.size);
+        for (size_t off = 0; off < count; off += piece) {
+            size_t c = std::min(piece, count - off);
+            mpiCheck(MPI_Allgather(data + (size_t)pg.rank * count + off, (int)c, MPI_FLOAT, all.data(), (int)c, MPI_FLOAT,
+                                   MPI_COMM_WORLD));
+            for (int r = 0; r < pg.size; r++) std::copy(all.data() + r * c, all.data() + (r + 1) * c, data + r * count + off);
+        }
     }
 #endif
 }

@@ -62,7 +62,7 @@ struct ZeroSharding {
     int block_params_unit[2] = {-1, -1};
     GatherRequest gathers[2];
     // stages 2 and 3: one unit's gradient at a time (unit 0's lives through the whole backward), and
-    // the part of a unit's summed gradient that lands in this shard
+    // the part of a reduce-scatter piece that lands in this shard
     std::vector<float> outer_grads, block_grads, shard_part;
 };
 
@@ -93,7 +93,6 @@ inline void zero_sharding_init(ZeroSharding* zs, const GPT2Config& cfg, const Pr
     zs->pg = pg;
     zs->shard = shard;
     zs->units = zero_units(cfg);
-    size_t largest_part = 0;
     for (ZeroUnit& u : zs->units) {
         u.counts.assign(pg.size, 0);
         u.displs.assign(pg.size, 0);
@@ -107,12 +106,11 @@ inline void zero_sharding_init(ZeroSharding* zs, const GPT2Config& cfg, const Pr
             }
         }
         for (int r = 1; r < pg.size; r++) u.displs[r] = u.displs[r - 1] + u.counts[r - 1];
-        largest_part = std::max(largest_part, (size_t)u.counts[pg.rank]);
     }
     size_t block_size = zs->units.size() > 1 ? zs->units[1].size : 0;
     zs->outer_grads.assign(zs->units[ZERO_OUTER_UNIT].size, 0.0f);
     zs->block_grads.assign(block_size, 0.0f);
-    zs->shard_part.assign(largest_part, 0.0f);
+    zs->shard_part.assign(block_size, 0.0f);  // a reduce-scatter piece (zero_reduce_scatter_unit)
     if (stage == 3) {
         zs->outer_params.assign(zs->units[ZERO_OUTER_UNIT].size, 0.0f);
         zs->block_params[0].assign(block_size, 0.0f);
@@ -177,7 +175,8 @@ inline const float* zero_gather_block(ZeroSharding* zs, int layer, int next, con
 inline void zero_reduce_scatter_unit(ZeroSharding* zs, int u, const float* grads, float* shard_grads) {
     const ZeroUnit& unit = zs->units[u];
     const int P = zs->pg.size, me = zs->pg.rank;
-    size_t piece = std::max(zs->block_grads.size(), (size_t)1);
+    const size_t my_lo = unit.displs[me], my_hi = my_lo + unit.counts[me];  // my segment of the unit
+    size_t piece = std::max(zs->shard_part.size(), (size_t)1);
     std::vector<int> counts(P);
     for (size_t lo = 0; lo < unit.size; lo += piece) {
         size_t hi = std::min(unit.size, lo + piece);
@@ -186,14 +185,14 @@ inline void zero_reduce_scatter_unit(ZeroSharding* zs, int u, const float* grads
             size_t seg_hi = std::min(hi, (size_t)unit.displs[r] + unit.counts[r]);
             counts[r] = seg_hi > seg_lo ? (int)(seg_hi - seg_lo) : 0;
         }
-        size_t into = lo > (size_t)unit.displs[me] ? lo - unit.displs[me] : 0;
-        reduce_scatter_v_sum(zs->pg, grads + lo, zs->shard_part.data() + std::min(into, (size_t)unit.counts[me]), counts);
-    }
-    size_t read = 0;
-    for (const ZeroSlice& piece : unit.mine) {
-        float* dst = shard_grads + (piece.flat - zs->shard.begin);
-        for (size_t i = 0; i < piece.length; i++) dst[i] += zs->shard_part[read + i];
-        read += piece.length;
+        reduce_scatter_v_sum(zs->pg, grads + lo, zs->shard_part.data(), counts);
+        // unit elements [a, b) arrived; each lies in one of my pieces, at its flat index
+        size_t a = std::max(lo, my_lo), b = std::min(hi, my_hi);
+        for (const ZeroSlice& p : unit.mine) {
+            size_t from = std::max(a, p.unit_offset), to = std::min(b, p.unit_offset + p.length);
+            float* dst = shard_grads + (p.flat - zs->shard.begin) + (from - p.unit_offset);
+            for (size_t i = from; i < to; i++) dst[i - from] += zs->shard_part[i - a];
+        }
     }
 }
 
