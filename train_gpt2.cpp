@@ -226,8 +226,9 @@ void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
     }
     model->opt_begin = zero_stage >= 1 ? sh.begin : 0;
     model->opt_end = zero_stage >= 1 ? sh.end : model->num_parameters;
-    model->m_memory.assign(model->opt_end - model->opt_begin, 0.0f);
-    model->v_memory.assign(model->opt_end - model->opt_begin, 0.0f);
+    // new vectors, not assign(): a shrunk vector would keep (and the process keep resident) its old size
+    std::vector<float>(model->opt_end - model->opt_begin, 0.0f).swap(model->m_memory);
+    std::vector<float>(model->opt_end - model->opt_begin, 0.0f).swap(model->v_memory);
     ZeroMemory& mem = model->memory;
     mem.params = model->params_memory.size() * sizeof(float);
     mem.grads = model->grads_memory.size() * sizeof(float);
