@@ -44,6 +44,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/train_common.h"
 #include "llmc/utils.h"
 #include "llmc/zero.h"
+#include "llmc/zero_sharded.h"
 
 // ----------------------------------------------------------------------------
 // Parameters: 16 tensors in checkpoint order, pointers into one flat array.
@@ -120,6 +121,24 @@ BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t
             p.fcw + l * 4 * Cl * C,  p.fcb + l * 4 * Cl,  p.fcprojw + l * 4 * Cl * C, p.fcprojb + l * C};
 }
 
+// The same views into a ZeRO-2/3 unit buffer (llmc/zero_sharded.h), where the 12 slices lie one after another.
+template <typename T>
+BlockTensorsOf<T> block_tensors_in_unit(T* buf, const ZeroUnit& u) {
+    auto at = [&](int k) { return buf + u.slices[k].unit_offset; };
+    return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
+// Unit 0 (wte, wpe, lnfw, lnfb) as parameter tensors; the per-block tensors are left null.
+template <typename T>
+ParameterTensorsOf<T> outer_tensors_in_unit(T* buf, const ZeroUnit& u) {
+    ParameterTensorsOf<T> p = {};
+    p.wte = buf + u.slices[0].unit_offset;
+    p.wpe = buf + u.slices[1].unit_offset;
+    p.lnfw = buf + u.slices[2].unit_offset;
+    p.lnfb = buf + u.slices[3].unit_offset;
+    return p;
+}
+
 // One block's activations for a call with B*T positions: views of layer l's slices of ActivationTensors.
 struct BlockActs {
     const float* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
@@ -166,11 +185,14 @@ struct GPT2 {
     size_t num_parameters = 0;
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     size_t param_offsets[NUM_PARAMETER_TENSORS];
-    std::vector<float> params_memory, grads_memory;  // (N), padded to the shard layout's size
-    ParameterTensors params, grads;
-    // AdamW updates parameters [opt_begin, opt_end): all of them, or this process's ZeRO-1 shard
+    std::vector<float> params_memory, grads_memory;  // (N), padded to the shard layout's size; or the shard (S)
+    ParameterTensors params, grads;                  // views of the full arrays (null where sharded)
+    size_t params_base = 0, grads_base = 0;          // flat index of element 0: 0, or the shard's begin
+    // AdamW updates parameters [opt_begin, opt_end): all of them, or this process's ZeRO-1/2/3 shard
     ShardLayout shard;
     size_t opt_begin = 0, opt_end = 0;
+    ZeroSharding zero;  // -z 2, -z 3: the units and their buffers (llmc/zero_sharded.h)
+    ZeroMemory memory;  // bytes of model state allocated on this process
     std::vector<float> m_memory, v_memory;  // AdamW moments, (opt_end - opt_begin)
     // tensor parallelism (llmc/tensor_parallel.h): with tp.size > 1 the arrays above hold this rank's
     // slices, num_parameters and param_sizes/offsets are local, full_num_parameters is the model's N
@@ -185,31 +207,55 @@ struct GPT2 {
     BackwardScratch scratch;
 };
 
+// Points each tensor of p at memory + offsets[i]: the model's own offsets, which are local (smaller
+// tensors) with tensor parallelism.
+void point_tensors(ParameterTensors* p, float* memory, const size_t* offsets) {
+    float** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
+                                           &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,
+                                           &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
+}
+
 // Sizes the flat parameter and gradient arrays (zero-filled where new, padded for the collectives)
 // and the AdamW moments for the parameters this process updates: all of them (-z 0) or its shard
-// (-z 1, see llmc/zero.h).
+// (-z 1, see llmc/zero.h). -z 2 keeps only the shard of the gradients, -z 3 of the parameters too
+// (llmc/zero_sharded.h); a sharded array is replaced, so the full one's memory goes back.
 void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
-    model->shard = shard_layout(model->num_parameters, pg.size, pg.rank);
-    model->params_memory.resize(model->shard.padded_size, 0.0f);
-    model->grads_memory.resize(model->shard.padded_size, 0.0f);
-    float** param_ptrs[NUM_PARAMETER_TENSORS] = {
-        &model->params.wte, &model->params.wpe, &model->params.ln1w, &model->params.ln1b, &model->params.qkvw,
-        &model->params.qkvb, &model->params.attprojw, &model->params.attprojb, &model->params.ln2w,
-        &model->params.ln2b, &model->params.fcw, &model->params.fcb, &model->params.fcprojw, &model->params.fcprojb,
-        &model->params.lnfw, &model->params.lnfb};
-    float** grad_ptrs[NUM_PARAMETER_TENSORS] = {
-        &model->grads.wte, &model->grads.wpe, &model->grads.ln1w, &model->grads.ln1b, &model->grads.qkvw,
-        &model->grads.qkvb, &model->grads.attprojw, &model->grads.attprojb, &model->grads.ln2w, &model->grads.ln2b,
-        &model->grads.fcw, &model->grads.fcb, &model->grads.fcprojw, &model->grads.fcprojb, &model->grads.lnfw,
-        &model->grads.lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // the offsets are local with tensor parallelism
-        *param_ptrs[i] = model->params_memory.data() + model->param_offsets[i];
-        *grad_ptrs[i] = model->grads_memory.data() + model->param_offsets[i];
+    const ShardLayout& sh = model->shard = shard_layout(model->num_parameters, pg.size, pg.rank);
+    if (zero_stage == 3) {
+        std::vector<float> mine(sh.shard_size, 0.0f);
+        std::copy(model->params_memory.begin() + sh.begin, model->params_memory.begin() + sh.end, mine.begin());
+        model->params_memory.swap(mine);
+        model->params = {};
+        model->params_base = sh.begin;
+    } else {
+        model->params_memory.resize(sh.padded_size, 0.0f);
+        point_tensors(&model->params, model->params_memory.data(), model->param_offsets);
+        model->params_base = 0;
     }
-    model->opt_begin = zero_stage == 1 ? model->shard.begin : 0;
-    model->opt_end = zero_stage == 1 ? model->shard.end : model->num_parameters;
-    model->m_memory.assign(model->opt_end - model->opt_begin, 0.0f);
-    model->v_memory.assign(model->opt_end - model->opt_begin, 0.0f);
+    if (zero_stage >= 2) {
+        std::vector<float>(sh.shard_size, 0.0f).swap(model->grads_memory);
+        model->grads = {};
+        model->grads_base = sh.begin;
+        zero_sharding_init(&model->zero, model->config, pg, sh, zero_stage);
+    } else {
+        model->grads_memory.resize(sh.padded_size, 0.0f);
+        point_tensors(&model->grads, model->grads_memory.data(), model->param_offsets);
+        model->grads_base = 0;
+        model->zero = ZeroSharding();
+    }
+    model->opt_begin = zero_stage >= 1 ? sh.begin : 0;
+    model->opt_end = zero_stage >= 1 ? sh.end : model->num_parameters;
+    // new vectors, not assign(): a shrunk vector would keep (and the process keep resident) its old size
+    std::vector<float>(model->opt_end - model->opt_begin, 0.0f).swap(model->m_memory);
+    std::vector<float>(model->opt_end - model->opt_begin, 0.0f).swap(model->v_memory);
+    ZeroMemory& mem = model->memory;
+    mem.params = model->params_memory.size() * sizeof(float);
+    mem.grads = model->grads_memory.size() * sizeof(float);
+    mem.optimizer = (model->m_memory.size() + model->v_memory.size()) * sizeof(float);
+    const ZeroSharding& zs = model->zero;
+    mem.gather_params = (zs.outer_params.size() + zs.block_params[0].size() + zs.block_params[1].size()) * sizeof(float);
+    mem.gather_grads = (zs.outer_grads.size() + zs.block_grads.size() + zs.shard_part.size()) * sizeof(float);
 }
 
 void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
@@ -331,17 +377,26 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
             fatal("gpt2_forward: token id at position %d is outside 0..%d", i, V - 1);
         }
     }
-    const ParameterTensors& p = model->params;
+    ParameterTensors p = model->params;
     const ActivationTensors& a = model->acts;
     size_t BT = (size_t)B * T;
+    // -z 3: unit 0 and then each block are gathered just before they are used (llmc/zero_sharded.h)
+    ZeroSharding* zs = model->zero.stage == 3 ? &model->zero : nullptr;
+    const float* shard_params = model->params_memory.data();
+    if (zs) {
+        p = outer_tensors_in_unit((float*)zero_gather_outer(zs, shard_params), zs->units[ZERO_OUTER_UNIT]);
+        zero_blocks_begin(zs);
+    }
 
     // tensor parallel: this rank holds vocabulary rows [v0, v0 + Vl) of wte and computes those logits
     const ProcessGroup& tp = model->tp;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp);
     for (int l = 0; l < L; l++) {
-        block_forward(block_tensors<const float>(p, l, C, tp.size), block_acts(a, l, B, T, C, NH, tp.size), B, T, C,
-                      NH, tp);
+        BlockParams w = zs ? block_tensors_in_unit(zero_gather_block(zs, l, l + 1 < L ? l + 1 : -1, shard_params),
+                                                   zs->units[zero_block_unit(l)])
+                           : block_tensors<const float>(p, l, C, tp.size);
+        block_forward(w, block_acts(a, l, B, T, C, NH, tp.size), B, T, C, NH, tp);
     }
     const float* final_residual = a.residual3 + (L - 1) * BT * C;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
@@ -395,12 +450,25 @@ void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& 
 void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-    const ParameterTensors& p = model->params;
-    const ParameterTensors& g = model->grads;
+    ParameterTensors p = model->params;
+    ParameterTensors g = model->grads;
     const ActivationTensors& a = model->acts;
     const BackwardScratch& s = model->scratch;
     size_t BT = (size_t)B * T;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
+    // -z 2/3: each unit's gradient goes into a unit buffer and is reduce-scattered into this process's
+    // shard once it is final; -z 3 gathers each block's parameters again (unit 0's are still gathered)
+    ZeroSharding* zs = model->zero.stage >= 2 ? &model->zero : nullptr;
+    const float* shard_params = model->params_memory.data();
+    float* shard_grads = model->grads_memory.data();
+    if (zs) {
+        zero(zs->outer_grads.data(), zs->outer_grads.size());
+        g = outer_tensors_in_unit(zs->outer_grads.data(), zs->units[ZERO_OUTER_UNIT]);
+        if (zs->stage == 3) {
+            p = outer_tensors_in_unit((float*)zs->outer_params.data(), zs->units[ZERO_OUTER_UNIT]);
+            zero_blocks_begin(zs);
+        }
+    }
 
     // loss -> logits -> lnf (tensor parallel: this rank's vocabulary rows, then the sum over ranks)
     const ProcessGroup& tp = model->tp;
@@ -419,10 +487,17 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 
     // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
     for (int l = L - 1; l >= 0; l--) {
-        block_backward(block_tensors<float>(g, l, C, tp.size), block_tensors<const float>(p, l, C, tp.size),
-                       block_acts(a, l, B, T, C, NH, tp.size), s, B, T, C, NH, tp);
+        const ZeroUnit* unit = zs ? &zs->units[zero_block_unit(l)] : nullptr;
+        BlockParams w = zs && zs->stage == 3
+                            ? block_tensors_in_unit(zero_gather_block(zs, l, l - 1, shard_params), *unit)
+                            : block_tensors<const float>(p, l, C, tp.size);
+        BlockGrads gl = zs ? block_tensors_in_unit(zs->block_grads.data(), *unit) : block_tensors<float>(g, l, C, tp.size);
+        if (zs) zero(zs->block_grads.data(), zs->block_grads.size());
+        block_backward(gl, w, block_acts(a, l, B, T, C, NH, tp.size), s, B, T, C, NH, tp);
+        if (zs) zero_reduce_scatter_unit(zs, zero_block_unit(l), zs->block_grads.data(), shard_grads);
     }
     tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);
+    if (zs) zero_reduce_scatter_unit(zs, ZERO_OUTER_UNIT, zs->outer_grads.data(), shard_grads);
 }
 
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), tensor by
@@ -435,7 +510,8 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
         if (begin >= end) continue;
         float wd = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
         size_t m_index = begin - model->opt_begin;
-        adamw_update(model->params_memory.data() + begin, model->grads_memory.data() + begin,
+        adamw_update(model->params_memory.data() + (begin - model->params_base),
+                     model->grads_memory.data() + (begin - model->grads_base),
                      model->m_memory.data() + m_index, model->v_memory.data() + m_index, end - begin, hyper,
                      learning_rate, wd, grad_scale, t);
     }
@@ -445,6 +521,7 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
 // return their global norm (the same on every process).
 //   -z 0: all-reduce the gradients; every process updates every parameter.
 //   -z 1: reduce-scatter them; each process updates its shard, then the shards are all-gathered.
+//   -z 2, 3: nothing left to combine: each unit was reduce-scattered during the backward.
 double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage) {
     float* grads = model->grads_memory.data();
     const ProcessGroup& tp = model->tp;
@@ -455,12 +532,12 @@ double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage
     }
     if (zero_stage == 0) {
         all_reduce_sum(pg, grads, model->num_parameters);
-    } else {
+    } else if (zero_stage == 1) {
         reduce_scatter_sum(pg, grads, model->shard.shard_size);
     }
     double sum_sq = 0.0;
     if (tp.size == 1) {
-        sum_sq = sum_of_squares(grads + model->opt_begin, model->opt_end - model->opt_begin);
+        sum_sq = sum_of_squares(grads + (model->opt_begin - model->grads_base), model->opt_end - model->opt_begin);
     } else {  // each split tensor's slice once per rank, each replicated tensor once (TP rank 0's)
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             if (tp_param_is_replicated(i) && tp.rank != 0) continue;
@@ -469,17 +546,29 @@ double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage
             if (begin < end) sum_sq += sum_of_squares(grads + begin, end - begin);
         }
     }
-    if (zero_stage == 1) sum_sq = all_reduce_sum(pg, sum_sq);
+    if (zero_stage >= 1) sum_sq = all_reduce_sum(pg, sum_sq);
     if (tp.size > 1) sum_sq = all_reduce_sum(tp, sum_sq);
     return std::sqrt(sum_sq);
 }
 
 // The update of a step whose norm was finite (llmc/loss_scaler.h decides): AdamW with the clipping
-// factor, then with -z 1 every process gathers the others' updated shards.
+// factor, then with -z 1 and -z 2 every process gathers the others' updated shards (-z 3 keeps its
+// shard only: the next forward gathers what it needs).
 void gpt2_apply_update(GPT2* model, const ProcessGroup& pg, int zero_stage, float learning_rate, float weight_decay,
                        float grad_scale, int t) {
     gpt2_update(model, learning_rate, weight_decay, grad_scale, t);
-    if (zero_stage == 1) all_gather(pg, model->params_memory.data(), model->shard.shard_size);
+    if (zero_stage == 1 || zero_stage == 2) all_gather(pg, model->params_memory.data(), model->shard.shard_size);
+}
+
+// The full parameters (N) on process 0, for a model file or a sample: with -z 3 the shards are gathered
+// there for the moment (empty elsewhere); otherwise every process has them already.
+std::vector<float> gpt2_full_parameters(const GPT2* model, const ProcessGroup& pg) {
+    const std::vector<float>& mine = model->params_memory;
+    if (model->zero.stage != 3) return std::vector<float>(mine.begin(), mine.begin() + model->num_parameters);
+    std::vector<float> full(pg.rank == 0 ? model->shard.padded_size : 0);
+    gather_to_rank0(pg, mine.data(), model->shard.shard_size, full.data());
+    full.resize(pg.rank == 0 ? model->num_parameters : 0);
+    return full;
 }
 
 // ----------------------------------------------------------------------------
@@ -563,7 +652,10 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
     const ProcessGroup& pg = lay.world;
     TrainState state;
     if (model->tp.size == 1) {
-        if (pg.rank == 0) {
+        if (model->zero.stage == 3) {  // the shards gathered for the moment
+            std::vector<float> full = gpt2_full_parameters(model, lay.dp_group);
+            if (pg.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, full.data(), MODEL_VERSION_FP32);
+        } else if (pg.rank == 0) {
             model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
         }
         state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
@@ -635,12 +727,24 @@ int main(int argc, char** argv) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
               "by vocabulary; run with -s 0 (and no -he)", layout.tp);
     }
+    // ZeRO-2/3 (llmc/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
+    // pipeline parallelism split the same parameters another way
+    if (args.zero_stage >= 2 && (layout.tp > 1 || layout.pp > 1)) {
+        fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
+              args.zero_stage);
+    }
+    if (args.zero_stage == 3 && args.hellaswag_every > 0) {
+        fatal("flag -he: HellaSwag with -z 3 is not supported (each process evaluates its own examples, a number "
+              "of forwards the others do not match); use -z 0, 1 or 2");
+    }
     const ProcessGroup& dp = layout.dp_group;
     gpt2_split_tensor_parallel(&model, layout.tp_group);  // tp > 1: keep this rank's slices
     gpt2_setup_optimizer(&model, dp, args.zero_stage);
+    const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
     printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
-           model.opt_end - model.opt_begin, args.zero_stage == 1 ? "ZeRO-1 shard" : "all",
+           model.opt_end - model.opt_begin, zero_names[args.zero_stage],
            2.0 * (model.opt_end - model.opt_begin) * sizeof(float) / (1 << 20));
+    zero_memory_print(args.zero_stage, model.num_parameters, dp.size, model.memory);
 
     TrainingData data;
     training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
@@ -652,6 +756,8 @@ int main(int argc, char** argv) {
            "MiB, backward scratch %.2f MiB\n", mib(model.params_memory.size()), mib(model.grads_memory.size()),
            mib(model.m_memory.size() + model.v_memory.size()), mib(model.acts_memory.size()),
            mib(model.scratch_memory.size()));
+    // the peak resident memory reported at the end is that of training, not of loading the full model
+    bool peak_from_here = peak_resident_reset();
     LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
 
     TokenizerFile tokenizer;
@@ -709,12 +815,22 @@ int main(int argc, char** argv) {
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, layout);
         }
-        if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
+        if (is_sample_step(args, step, max_steps) && args.zero_stage == 3) {
+            // process 0 samples alone, from a full copy of the parameters gathered for the moment
+            std::vector<float> full = gpt2_full_parameters(&model, dp);
+            if (pg.rank == 0) {
+                GPT2 whole;
+                gpt2_init_from(&whole, cfg, full);
+                gpt2_allocate_activations(&whole, 1, args.T);
+                generate_sample(&whole, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
+            }
+        } else if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
         }
         if (last) break;
 
         auto start = std::chrono::steady_clock::now();
+        uint64_t comm_before = comm_bytes_moved;
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
@@ -742,8 +858,11 @@ int main(int argc, char** argv) {
         if (!apply) snprintf(skip_note, sizeof(skip_note), " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
         printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step, max_steps, loss, lr,
                grad_norm, ms, tokens_per_s, skip_note);
-        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total);
+        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
+                         0.0f, (long long)(comm_bytes_moved - comm_before));
     }
+    printf("peak resident memory of process 0: %.1f MiB (getrusage, %s)\n", peak_resident_bytes() / 1048576.0,
+           peak_from_here ? "since training began" : "since start-up");
     logger_close(&logger);
     process_group_finalize(pg);
     return 0;

@@ -81,16 +81,18 @@ inline std::string json_number(double value) {
 // skipped: this step's update was skipped; skipped_steps: all skipped so far; loss_scale <= 0: none.
 inline void logger_log_train(Logger* logger, long step, float loss, float lr, float grad_norm, double ms,
                              double tokens_per_s, bool skipped = false, long skipped_steps = 0,
-                             float loss_scale = 0.0f) {
+                             float loss_scale = 0.0f, long long comm_bytes = -1) {
     if (logger->main_log == nullptr) return;
     fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g%s\n", step, loss, lr, grad_norm,
             skipped ? " skipped:1" : "");
-    std::string scale = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
+    std::string extra = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
+    // bytes this process sent and received in the step's collectives (llmc/process_group.h)
+    if (comm_bytes >= 0) extra += ", \"comm_bytes\": " + std::to_string(comm_bytes);
     fprintf(logger->metrics,
             "{\"step\": %ld, \"train_loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, \"skipped_steps\": %ld%s, "
             "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
             step, json_number(loss).c_str(), lr, json_number(grad_norm).c_str(), skipped ? "true" : "false",
-            skipped_steps, scale.c_str(), ms, tokens_per_s);
+            skipped_steps, extra.c_str(), ms, tokens_per_s);
     fflush(logger->main_log);
     fflush(logger->metrics);
 }

@@ -42,6 +42,16 @@ struct ProcessGroup {
 #endif
 };
 
+// Bytes this process has sent plus received in the collectives on parameters and gradients (the few
+// bytes of scalar sums left out), counted as a ring algorithm moves them: in a gather or a
+// reduce-scatter every process sends and receives every block but its own; an all-reduce is a
+// reduce-scatter followed by an all-gather. The trainer logs the growth per step (metrics.jsonl).
+inline uint64_t comm_bytes_moved = 0;
+
+inline void comm_count(const ProcessGroup& pg, size_t total_elements, size_t my_elements, size_t element_bytes) {
+    if (pg.size > 1) comm_bytes_moved += 2 * (uint64_t)(total_elements - my_elements) * element_bytes;
+}
+
 // The number of processes a parallel launcher says it started, from the environment it gives each of
 // them: Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), MPICH/Intel MPI's Hydra and Slurm's PMI (PMI_SIZE),
 // Slurm's srun (SLURM_STEP_NUM_TASKS, set for job steps, not for the batch script itself); 1 if none.
@@ -104,10 +114,19 @@ inline void process_group_finalize(const ProcessGroup& pg) {
 #endif
 }
 
+// Collectives on parameters and gradients go in pieces of at most COLLECTIVE_PIECE elements per
+// process: MPI libraries allocate temporaries the size of a message, which would otherwise add up to
+// another copy of the model in each process's memory (the ZeRO stages are about that memory).
+constexpr size_t COLLECTIVE_PIECE = (size_t)1 << 20;
+
 // In-place sum across processes of data[n].
 inline void all_reduce_sum(const ProcessGroup& pg, float* data, size_t n) {
+    comm_count(pg, n, n / pg.size, 2 * sizeof(float));
 #ifdef USE_MPI
-    if (pg.size > 1) mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data, (int)n, MPI_FLOAT, MPI_SUM, pg.comm));
+    for (size_t off = 0; pg.size > 1 && off < n; off += COLLECTIVE_PIECE) {
+        int c = (int)std::min(COLLECTIVE_PIECE, n - off);
+        mpiCheck(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, MPI_SUM, pg.comm));
+    }
 #endif
 }
 
@@ -152,20 +171,34 @@ inline void gather(const ProcessGroup& pg, const float* mine, size_t n, float* a
 // data holds size * count elements; afterwards data[rank*count .. (rank+1)*count) is the sum across
 // processes of that block (the other blocks are left as they were).
 inline void reduce_scatter_sum(const ProcessGroup& pg, float* data, size_t count) {
+    comm_count(pg, count * pg.size, count, sizeof(float));
 #ifdef USE_MPI
-    if (pg.size > 1) {
-        std::vector<float> mine(count);
-        mpiCheck(MPI_Reduce_scatter_block(data, mine.data(), (int)count, MPI_FLOAT, MPI_SUM, pg.comm));
-        std::copy(mine.begin(), mine.end(), data + (size_t)pg.rank * count);
+    if (pg.size > 1) {  // piece by piece: the piece of every block packed together, reduce-scattered
+        size_t piece = std::min(COLLECTIVE_PIECE, count);
+        std::vector<float> send(piece * pg.size), mine(piece);
+        for (size_t off = 0; off < count; off += piece) {
+            size_t c = std::min(piece, count - off);
+            for (int r = 0; r < pg.size; r++) std::copy(data + r * count + off, data + r * count + off + c, send.data() + r * c);
+            mpiCheck(MPI_Reduce_scatter_block(send.data(), mine.data(), (int)c, MPI_FLOAT, MPI_SUM, pg.comm));
+            std::copy(mine.begin(), mine.begin() + c, data + (size_t)pg.rank * count + off);
+        }
     }
 #endif
 }
 
 // data holds size * count elements; gathers every process's block rank*count .. into all of them.
 inline void all_gather(const ProcessGroup& pg, float* data, size_t count) {
+    comm_count(pg, count * pg.size, count, sizeof(float));
 #ifdef USE_MPI
-    if (pg.size > 1) {
-        mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, (int)count, MPI_FLOAT, pg.comm));
+    if (pg.size > 1) {  // piece by piece, each process's piece gathered into one buffer and spread out
+        size_t piece = std::min(COLLECTIVE_PIECE, count);
+        std::vector<float> all(piece * pg.size);
+        for (size_t off = 0; off < count; off += piece) {
+            size_t c = std::min(piece, count - off);
+            mpiCheck(MPI_Allgather(data + (size_t)pg.rank * count + off, (int)c, MPI_FLOAT, all.data(), (int)c, MPI_FLOAT,
+                                   pg.comm));
+            for (int r = 0; r < pg.size; r++) std::copy(all.data() + r * c, all.data() + (r + 1) * c, data + r * count + off);
+        }
     }
 #endif
 }
@@ -196,4 +229,67 @@ inline void check_same_config(const ProcessGroup& pg, const std::string& descrip
         }
     }
 #endif
+}
+
+// ----------------------------------------------------------------------------
+// Collectives with a different count per process (ZeRO-2/3, llmc/zero_sharded.h). counts[r] elements
+// belong to process r and sit at displs[r] in the full buffer, in rank order.
+
+// full holds sum(counts); process r's own part is already at displs[r]. Afterwards every part is
+// everywhere. The non-blocking form returns a request to wait on (all_gather_wait) so the caller can
+// compute meanwhile; MPI may make most of the progress only inside the wait.
+struct GatherRequest {
+#ifdef USE_MPI
+    MPI_Request request = MPI_REQUEST_NULL;
+#endif
+    bool pending = false;
+};
+
+inline void all_gather_v_start(const ProcessGroup& pg, float* full, const std::vector<int>& counts,
+                               const std::vector<int>& displs, GatherRequest* req) {
+    size_t total = 0;
+    for (int c : counts) total += (size_t)c;
+    comm_count(pg, total, (size_t)counts[pg.rank], sizeof(float));
+    req->pending = true;
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        mpiCheck(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full, counts.data(), displs.data(), MPI_FLOAT,
+                                 pg.comm, &req->request));
+    }
+#endif
+}
+
+inline void all_gather_v_wait(GatherRequest* req) {
+#ifdef USE_MPI
+    if (req->request != MPI_REQUEST_NULL) mpiCheck(MPI_Wait(&req->request, MPI_STATUS_IGNORE));
+#endif
+    req->pending = false;
+}
+
+// full holds sum(counts) elements on every process; mine receives counts[rank] elements: the sum across
+// processes of this process's part.
+inline void reduce_scatter_v_sum(const ProcessGroup& pg, const float* full, float* mine, const std::vector<int>& counts) {
+    size_t total = 0;
+    for (int c : counts) total += (size_t)c;
+    comm_count(pg, total, (size_t)counts[pg.rank], sizeof(float));
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        mpiCheck(MPI_Reduce_scatter(full, mine, counts.data(), MPI_FLOAT, MPI_SUM, pg.comm));
+        return;
+    }
+#endif
+    std::copy(full, full + counts[0], mine);
+}
+
+// Process 0 receives every process's count elements in rank order into full (size * count; ignored
+// elsewhere): the sharded parameters assembled for a model file.
+inline void gather_to_rank0(const ProcessGroup& pg, const float* mine, size_t count, float* full) {
+    if (pg.size > 1) comm_bytes_moved += (uint64_t)(pg.rank == 0 ? count * (pg.size - 1) : count) * sizeof(float);
+#ifdef USE_MPI
+    if (pg.size > 1) {
+        mpiCheck(MPI_Gather(mine, (int)count, MPI_FLOAT, full, (int)count, MPI_FLOAT, 0, pg.comm));
+        return;
+    }
+#endif
+    std::copy(mine, mine + count, full);
 }

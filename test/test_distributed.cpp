@@ -2,7 +2,9 @@
 //  - N processes with ZeRO-1 follow 1 process with N-fold gradient accumulation on the same global
 //    batch (sample layout of ../shared/FORMATS.md): same losses, norms and final weights to fp32
 //    rounding, over several steps, also with a parameter count that does not divide by N;
-//  - -z 0 and -z 1 agree;
+//  - -z 0 and -z 1 agree; -z 2 and -z 3 agree with -z 0 (with accumulation), print the ZeRO paper's
+//    memory formulas and the bytes they allocate, and log the bytes they communicate; a checkpoint
+//    resumes across ZeRO stages;
 //  - a multi-process run resumed from its checkpoint equals the uninterrupted one, bit for bit, and
 //    resumed with another process count (3, or 1) it continues as the uninterrupted one to fp32 rounding;
 //  - process layouts (-tp/-pp) that cannot split the processes or the model are refused;
@@ -13,6 +15,7 @@
 // The shard arithmetic itself (llmc/zero.h) is checked directly.
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "../llmc/zero.h"
@@ -158,6 +161,92 @@ TEST(Distributed, Zero0AndZero1Agree) {
     // ZeRO-1 keeps half the moments per process: 14343 parameters -> shards of 7172
     EXPECT_NE(r1.output.find("AdamW over 7172 parameters"), std::string::npos) << r1.output;
     EXPECT_NE(r0.output.find("AdamW over 14343 parameters"), std::string::npos) << r0.output;
+}
+
+// The number after `label` on the line of the start-up memory table that starts with it, and the
+// number after "(formula " on that line.
+void memory_line(const std::string& output, const std::string& label, double* allocated, double* formula) {
+    size_t at = output.find("\n  " + label);
+    ASSERT_NE(at, std::string::npos) << label << "\n" << output;
+    std::string line = output.substr(at + 3, output.find('\n', at + 3) - at - 3);
+    *allocated = atof(line.c_str() + label.size());
+    size_t f = line.find("(formula ");
+    ASSERT_NE(f, std::string::npos) << line;
+    *formula = atof(line.c_str() + f + 9);
+}
+
+// -z 2 and -z 3 against -z 0 on the same global batch (2 and 3 processes, 2 accumulation steps, the
+// ODD model: 14343 parameters, a padded shard with 2 processes). Same tolerances as above.
+// The start-up table: each term is the ZeRO formula (computed here from Ψ and N) plus at most the
+// padding of the shards: fewer than N elements (4 bytes each, 8 for the two moments).
+// Communication (metrics.jsonl, ring model of llmc/process_group.h): -z 0 all-reduces Ψ once per step,
+// 16Ψ(N-1)/N bytes; -z 2 reduce-scatters Ψ every micro-step and all-gathers Ψ once,
+// (8*accum + 8)Ψ(N-1)/N; -z 3 gathers the parameters twice per micro-step (the backward skips unit 0)
+// and never after the update, so it moves more than -z 2. 1% covers the per-unit rounding of N.
+TEST(Distributed, Zero2And3MatchZero0WithAccumulation) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    const double psi = 14343;
+    const int steps = 3, accum = 2;
+    for (int np : {2, 3}) {
+        std::map<int, ::Run> runs;  // (inside TEST, "Run" is testing::Test::Run)
+        std::map<int, std::vector<double>> comm;
+        for (int zero : {0, 2, 3}) {
+            SCOPED_TRACE(std::to_string(np) + " processes, -z " + std::to_string(zero));
+            std::string dir = test::scratch_dir("dp_z" + std::to_string(zero) + "_np" + std::to_string(np));
+            test::CommandResult r = test::run_command(mpirun(np) + train_args(oracle_dir, steps, 2 * 16 * np * accum) +
+                                                      " -z " + std::to_string(zero) + " -o " + dir);
+            ASSERT_EQ(r.exit_code, 0) << r.output;
+            runs[zero] = read_run(dir, steps);
+            comm[zero] = test::jsonl_values(dir + "/metrics.jsonl", "comm_bytes");
+            ASSERT_EQ(comm[zero].size(), (size_t)steps);
+            EXPECT_NE(r.output.find("peak resident memory of process 0"), std::string::npos) << r.output;
+            double fp = zero == 3 ? 4 * psi / np : 4 * psi, fg = zero >= 2 ? 4 * psi / np : 4 * psi;
+            double fo = zero >= 1 ? 8 * psi / np : 8 * psi;
+            struct { const char* label; double formula, bytes_per_element; } terms[] = {
+                {"parameters", fp, 4}, {"gradients", fg, 4}, {"optimizer state", fo, 8}};
+            for (auto& t : terms) {
+                double allocated = 0, printed_formula = 0;
+                memory_line(r.output, t.label, &allocated, &printed_formula);
+                EXPECT_NEAR(printed_formula, t.formula, 0.5) << t.label;
+                EXPECT_GE(allocated, t.formula) << t.label;
+                EXPECT_LT(allocated, t.formula + t.bytes_per_element * np) << t.label;
+            }
+        }
+        SCOPED_TRACE(std::to_string(np) + " processes");
+        expect_same_training(runs[0], runs[2], steps, 1e-3);
+        expect_same_training(runs[0], runs[3], steps, 1e-3);
+        double ring = psi * (np - 1) / np;
+        for (int s = 0; s < steps; s++) {
+            EXPECT_NEAR(comm[0][s], 16 * ring, 0.01 * 16 * ring) << "step " << s;
+            EXPECT_NEAR(comm[2][s], (8 * accum + 8) * ring, 0.01 * (8 * accum + 8) * ring) << "step " << s;
+            EXPECT_GT(comm[3][s], comm[2][s]) << "step " << s;
+        }
+    }
+}
+
+// A checkpoint written with -z 3 resumes as -z 0 and the other way round (3 processes, so the state
+// files hold shards in one run and all moments in the other): the resumed run continues as the
+// uninterrupted -z 0 run, to the tolerance of the comparisons above.
+TEST(Distributed, ResumeAcrossZeroStages) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    std::string cmd = train_args(oracle_dir, 4, 192) + " -n 2";
+    std::string whole = test::scratch_dir("dp_stage_whole");
+    ASSERT_EQ(test::run_command(mpirun(3) + cmd + " -z 0 -o " + whole).exit_code, 0);
+    for (auto [first, then] : {std::pair<int, int>{3, 0}, std::pair<int, int>{0, 3}}) {
+        SCOPED_TRACE("-z " + std::to_string(first) + " then -z " + std::to_string(then));
+        std::string dir = test::scratch_dir("dp_stage_" + std::to_string(first) + std::to_string(then));
+        ASSERT_EQ(test::run_command(mpirun(3) + cmd + " -z " + std::to_string(first) + " -o " + dir).exit_code, 0);
+        for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin", "/state_00000004_00001.bin",
+                              "/state_00000004_00002.bin", "/DONE_00000004"}) {
+            ASSERT_EQ(remove((dir + f).c_str()), 0) << f;
+        }
+        test::CommandResult resumed = test::run_command(mpirun(3) + cmd + " -z " + std::to_string(then) + " -o " + dir + " -y 1");
+        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+        EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+        expect_same_training(read_run(whole, 4), read_run(dir, 4), 4, 1e-3);
+    }
 }
 
 // A checkpoint is layout-independent (llmc/train_common.h assembles each process's optimizer range from
