@@ -463,7 +463,13 @@ TEST(CliParse, RangeEdgesAndRepeats) {
     TrainArgs cuda = parse({"-r", "2", "-w", "0"}, true);
     EXPECT_EQ(cuda.recompute, 2);
     EXPECT_EQ(cuda.master_weights, 0);
-    EXPECT_EXIT(parse({"-r", "1"}), testing::ExitedWithCode(1), "unknown flag '-r'");
+    EXPECT_EXIT(parse({"-w", "1"}), testing::ExitedWithCode(1), "unknown flag '-w'");
+    // recomputation and the MFU peak are both trainers' flags
+    TrainArgs cpu = parse({"-r", "3", "-pk", "226.5"});
+    EXPECT_EQ(cpu.recompute, 3);
+    EXPECT_EQ(cpu.peak_gflops, 226.5f);
+    EXPECT_EXIT(parse({"-r", "4"}), testing::ExitedWithCode(1), "flag -r: 4 is outside the allowed range");
+    EXPECT_EXIT(parse({"-pk", "-1"}), testing::ExitedWithCode(1), "flag -pk: -1 is outside the allowed range");
 }
 
 TEST(CliParse, BatchArgsAgainstModel) {
