@@ -21,6 +21,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/args.h"
 #include "llmc/attention.h"
 #include "llmc/checkpoint.h"
+#include "llmc/cpu_peak.h"
 #include "llmc/crossentropy.h"
 #include "llmc/dataloader.h"
 #include "llmc/encoder.h"
@@ -34,6 +35,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/matmul.h"
 #include "llmc/output_lock.h"
 #include "llmc/parallel_layout.h"
+#include "llmc/phase_timer.h"
 #include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
@@ -54,30 +56,52 @@ using ParameterTensors = ParameterTensorsOf<float>;  // llmc/gpt2_config.h
 // ----------------------------------------------------------------------------
 // Activations of the forward pass, kept for the backward pass. Per-layer tensors are stacked over L;
 // within a call they are laid out for that call's (B, T), so any B*T up to the allocated size works.
+// Recomputation (-r) keeps fewer of them: a tensor it does not keep has one block's worth of storage,
+// which every layer's forward overwrites and the backward refills, just before that block's backward,
+// by running the same functions on the same inputs again (so the same bits):
+//   -r 1: fch_gelu, from fch;  -r 2: also ln1 and ln2, from the block input and residual2;
+//   -r 3: everything but residual3 (each block's output, the next block's input): the whole block's
+//         forward runs again, about one more forward pass of compute.
 
 struct ActivationTensors {
     float* encoded;    // (B, T, C)
-    float* ln1;        // (L, B, T, C)
-    float* ln1_mean;   // (L, B, T)
+    float* ln1;        // (L, B, T, C), (B, T, C) with -r 2
+    float* ln1_mean;   // (L, B, T), (B, T) with -r 3 (as are all the ones below but residual3)
     float* ln1_rstd;   // (L, B, T)
     float* qkv;        // (L, B, T, 3C)
     float* atty;       // (L, B, T, C)
     float* att;        // (L, B, NH, T, T)
     float* attproj;    // (L, B, T, C)
     float* residual2;  // (L, B, T, C)
-    float* ln2;        // (L, B, T, C)
+    float* ln2;        // (L, B, T, C), (B, T, C) with -r 2
     float* ln2_mean;   // (L, B, T)
     float* ln2_rstd;   // (L, B, T)
     float* fch;        // (L, B, T, 4C)
-    float* fch_gelu;   // (L, B, T, 4C)
+    float* fch_gelu;   // (L, B, T, 4C), (B, T, 4C) with -r 1
     float* fcproj;     // (L, B, T, C)
-    float* residual3;  // (L, B, T, C)
+    float* residual3;  // (L, B, T, C) at every level
     float* lnf;        // (B, T, C)
     float* lnf_mean;   // (B, T)
     float* lnf_rstd;   // (B, T)
     float* logits;     // (B, T, Vp)
     float* losses;     // (B, T)
+    int recompute;     // the -r level this layout was made for
 };
+
+// How many layers' worth of each block activation -r keeps: L, or 1 for the ones it recomputes.
+struct RecomputeLayers {
+    size_t block;      // every block activation but residual3 (-r 3 keeps 1)
+    size_t layernorm;  // ln1, ln2 (-r 2 keeps 1)
+    size_t gelu;       // fch_gelu (-r 1 keeps 1)
+};
+
+RecomputeLayers recompute_layers(size_t L, int recompute) {
+    RecomputeLayers k;
+    k.block = recompute >= 3 ? 1 : L;
+    k.layernorm = recompute >= 2 ? 1 : k.block;
+    k.gelu = recompute >= 1 ? 1 : k.block;
+    return k;
+}
 
 // Gradients of activations are needed only one layer at a time, so the backward pass reuses these
 // buffers for every layer instead of keeping a gradient for each activation.
@@ -160,23 +184,25 @@ struct BlockActs {
 };
 
 // With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns (NH/tp heads).
+// A tensor that recomputation keeps for one layer only is the same storage for every l.
 BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH, size_t tp = 1) {
     size_t BT = (size_t)B * T, Cl = C / tp;
+    size_t lb = a.recompute >= 3 ? 0 : l, lln = a.recompute >= 2 ? 0 : lb, lg = a.recompute >= 1 ? 0 : lb;
     return {l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C,
-            a.ln1 + l * BT * C,
-            a.ln1_mean + l * BT,
-            a.ln1_rstd + l * BT,
-            a.qkv + l * BT * 3 * Cl,
-            a.atty + l * BT * Cl,
-            a.att + l * B * (NH / tp) * T * T,
-            a.attproj + l * BT * C,
-            a.residual2 + l * BT * C,
-            a.ln2 + l * BT * C,
-            a.ln2_mean + l * BT,
-            a.ln2_rstd + l * BT,
-            a.fch + l * BT * 4 * Cl,
-            a.fch_gelu + l * BT * 4 * Cl,
-            a.fcproj + l * BT * C,
+            a.ln1 + lln * BT * C,
+            a.ln1_mean + lb * BT,
+            a.ln1_rstd + lb * BT,
+            a.qkv + lb * BT * 3 * Cl,
+            a.atty + lb * BT * Cl,
+            a.att + lb * B * (NH / tp) * T * T,
+            a.attproj + lb * BT * C,
+            a.residual2 + lb * BT * C,
+            a.ln2 + lln * BT * C,
+            a.ln2_mean + lb * BT,
+            a.ln2_rstd + lb * BT,
+            a.fch + lb * BT * 4 * Cl,
+            a.fch_gelu + lg * BT * 4 * Cl,
+            a.fcproj + lb * BT * C,
             a.residual3 + l * BT * C};
 }
 
@@ -202,6 +228,7 @@ struct GPT2 {
     std::vector<double> ce_sum;  // (B*T) and sum of exponentials
     // activations, allocated on the first forward for (batch_size, seq_len)
     int batch_size = 0, seq_len = 0;
+    int recompute = 0;  // -r: what the activations keep (ActivationTensors)
     std::vector<float> acts_memory, scratch_memory;
     ActivationTensors acts;
     BackwardScratch scratch;
@@ -302,29 +329,40 @@ void gpt2_split_tensor_parallel(GPT2* model, const ProcessGroup& tp) {
     model->grads_memory.assign(offset, 0.0f);
 }
 
-void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    const GPT2Config& cfg = model->config;
-    // with tensor parallelism, this rank's columns: C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits
-    size_t tp = model->tp.size;
+// Floats of the activations for (B, T) at a recompute level; with acts, also points its tensors into
+// `memory` (which holds that many floats). With tensor parallelism (tp > 1), this rank's columns:
+// C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits.
+size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Config& cfg, int B, int T, int recompute,
+                          size_t tp = 1) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
-    float** act_ptrs[] = {&model->acts.encoded, &model->acts.ln1, &model->acts.ln1_mean, &model->acts.ln1_rstd,
-                          &model->acts.qkv, &model->acts.atty, &model->acts.att, &model->acts.attproj,
-                          &model->acts.residual2, &model->acts.ln2, &model->acts.ln2_mean, &model->acts.ln2_rstd,
-                          &model->acts.fch, &model->acts.fch_gelu, &model->acts.fcproj, &model->acts.residual3,
-                          &model->acts.lnf, &model->acts.lnf_mean, &model->acts.lnf_rstd, &model->acts.logits,
-                          &model->acts.losses};
-    size_t act_sizes[] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * Cl, L * BT * Cl, L * B * NH * T * T,
-                          L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * Cl, L * BT * 4 * Cl,
-                          L * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
+    RecomputeLayers k = recompute_layers(L, recompute);
+    ActivationTensors unused;
+    ActivationTensors* a = acts ? acts : &unused;
+    a->recompute = recompute;
+    float** act_ptrs[] = {&a->encoded, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
+                          &a->attproj, &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
+                          &a->fcproj, &a->residual3, &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->losses};
+    size_t act_sizes[] = {BT * C, k.layernorm * BT * C, k.block * BT, k.block * BT, k.block * BT * 3 * Cl,
+                          k.block * BT * Cl, k.block * B * NH * T * T, k.block * BT * C, k.block * BT * C,
+                          k.layernorm * BT * C, k.block * BT, k.block * BT, k.block * BT * 4 * Cl, k.gelu * BT * 4 * Cl,
+                          k.block * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
     size_t total = 0;
-    for (size_t s : act_sizes) total += s;
-    model->acts_memory.assign(total, 0.0f);
-    float* p = model->acts_memory.data();
     for (size_t i = 0; i < sizeof(act_sizes) / sizeof(act_sizes[0]); i++) {
-        *act_ptrs[i] = p;
-        p += act_sizes[i];
+        *act_ptrs[i] = memory ? memory + total : nullptr;
+        total += act_sizes[i];
     }
+    return total;
+}
+
+void gpt2_allocate_activations(GPT2* model, int B, int T) {
+    const GPT2Config& cfg = model->config;
+    size_t tp = model->tp.size;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
+    size_t C = cfg.channels, Vp = cfg.padded_vocab_size / tp, Cl = C / tp;
+    size_t BT = (size_t)B * T;
+    size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp);
+    model->acts_memory.assign(total, 0.0f);
+    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp);
     float** scratch_ptrs[] = {&model->scratch.dresidual, &model->scratch.dln, &model->scratch.datty,
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
                               &model->scratch.dlogits};
@@ -332,15 +370,17 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
-    p = model->scratch_memory.data();
+    float* p = model->scratch_memory.data();
     for (size_t i = 0; i < sizeof(scratch_sizes) / sizeof(scratch_sizes[0]); i++) {
         *scratch_ptrs[i] = p;
         p += scratch_sizes[i];
     }
     model->batch_size = B;
     model->seq_len = T;
-    printf("activations: %.1f MiB for B=%d T=%d, backward scratch %.1f MiB\n", total * 4.0 / (1 << 20), B, T,
-           scratch_total * 4.0 / (1 << 20));
+    printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d (-r 0/1/2/3:", total * 4.0 / (1 << 20), B, T,
+           model->recompute);
+    for (int r = 0; r <= 3; r++) printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp) * 4.0 / (1 << 20));
+    printf(" MiB), backward scratch %.1f MiB\n", scratch_total * 4.0 / (1 << 20));
 }
 
 // One transformer block, forward: a.residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), where
@@ -445,6 +485,23 @@ void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& 
     layernorm_backward(s.dresidual, g.ln1w, g.ln1b, s.dln, a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
+// Refills what -r did not keep of one block's activations, with the forward's own functions on the
+// same inputs: the same bits as the forward produced. -r 3 reruns the whole block (residual3 comes
+// out as stored); -r 2 the layernorms (their mean and rstd come out as stored); -r 1 the GELU.
+void block_recompute(const BlockParams& w, const BlockActs& a, int recompute, int B, int T, int C, int NH,
+                     const ProcessGroup& tp = ProcessGroup()) {
+    int BT = B * T, Cl = C / tp.size;
+    if (recompute >= 3) {
+        block_forward(w, a, B, T, C, NH, tp);
+        return;
+    }
+    if (recompute >= 2) {
+        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, BT, C);
+        layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
+    }
+    if (recompute >= 1) gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * Cl);
+}
+
 // Backward pass of the last forward (same inputs, targets, B, T). Accumulates (+=) into the parameter
 // gradients; dloss is the weight of each position's loss in the objective, 1/(B*T*grad_accum_steps).
 void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
@@ -492,8 +549,10 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                             ? block_tensors_in_unit(zero_gather_block(zs, l, l - 1, shard_params), *unit)
                             : block_tensors<const float>(p, l, C, tp.size);
         BlockGrads gl = zs ? block_tensors_in_unit(zs->block_grads.data(), *unit) : block_tensors<float>(g, l, C, tp.size);
+        BlockActs ba = block_acts(a, l, B, T, C, NH, tp.size);
+        block_recompute(w, ba, model->recompute, B, T, C, NH, tp);
         if (zs) zero(zs->block_grads.data(), zs->block_grads.size());
-        block_backward(gl, w, block_acts(a, l, B, T, C, NH, tp.size), s, B, T, C, NH, tp);
+        block_backward(gl, w, ba, s, B, T, C, NH, tp);
         if (zs) zero_reduce_scatter_unit(zs, zero_block_unit(l), zs->block_grads.data(), shard_grads);
     }
     tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);
@@ -750,12 +809,19 @@ int main(int argc, char** argv) {
     training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
     DataLoader& train_loader = data.train;
     int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
+    model.recompute = args.recompute;
     gpt2_allocate_activations(&model, B, T);
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, AdamW moments %.2f MiB, activations %.2f "
            "MiB, backward scratch %.2f MiB\n", mib(model.params_memory.size()), mib(model.grads_memory.size()),
            mib(model.m_memory.size() + model.v_memory.size()), mib(model.acts_memory.size()),
            mib(model.scratch_memory.size()));
+    // MFU's denominator: this process's threads' FMA peak (llmc/cpu_peak.h), or -pk
+    double peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();
+    printf("peak: %.1f GFLOP/s fp32 (%s)\n", peak_flops / 1e9,
+           args.peak_gflops > 0 ? "-pk" : "measured FMA loop, llmc/cpu_peak.h; -pk to set");
+    // per process: its share of the model's FLOPs (tensor parallelism splits them)
+    double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps / layout.tp;
     // the peak resident memory reported at the end is that of training, not of loading the full model
     bool peak_from_here = peak_resident_reset();
     LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
@@ -799,6 +865,7 @@ int main(int argc, char** argv) {
 
     if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
+    PhaseTimer timer;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
@@ -812,8 +879,11 @@ int main(int argc, char** argv) {
                    hs.acc_norm(), hs.acc_token(), hs.examples);
             logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
         }
+        phase_reset(&timer);
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
+            phase_begin(&timer, PHASE_CHECKPOINT);
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, layout);
+            phase_end(&timer);
         }
         if (is_sample_step(args, step, max_steps) && args.zero_stage == 3) {
             // process 0 samples alone, from a full copy of the parameters gathered for the moment
@@ -834,32 +904,44 @@ int main(int argc, char** argv) {
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
+            phase_begin(&timer, PHASE_DATA);
             if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
+            phase_end(&timer);
             const int* inputs = train_loader.inputs.data();
             const int* targets = train_loader.targets.data();
+            phase_begin(&timer, PHASE_FORWARD);
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
+            phase_end(&timer);
             // every position of every micro-step of every process weighs the same in the step's mean loss
             float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
             // -ni (testing): process 0's last micro-step of this step stands for one bad micro-batch
             if (pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step)) dloss = INFINITY;
+            phase_begin(&timer, PHASE_BACKWARD);
             gpt2_backward(&model, inputs, targets, B, T, dloss);
+            phase_end(&timer);
         }
+        phase_begin(&timer, PHASE_COMM);
         float loss = (float)(all_reduce_sum(dp, loss_sum) / ((double)grad_accum_steps * dp.size));
         float lr = lr_at_step(scheduler, step);
         double grad_norm = gpt2_reduce_gradients(&model, dp, args.zero_stage);
+        phase_end(&timer);
         bool apply = loss_scaler_step(&scaler, grad_norm, step);  // the same answer on every process
+        phase_begin(&timer, PHASE_OPTIMIZER);
         if (apply) {
             gpt2_apply_update(&model, dp, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
                               (int)scaler.updates);
         }
+        phase_end(&timer);
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
         char skip_note[96] = "";
         if (!apply) snprintf(skip_note, sizeof(skip_note), " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step, max_steps, loss, lr,
-               grad_norm, ms, tokens_per_s, skip_note);
+        StepThroughput throughput = step_throughput(flops_per_step, ms, peak_flops);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step, max_steps, loss, lr,
+               grad_norm, ms, tokens_per_s, step_breakdown_text(timer.times, throughput, peak_flops).c_str(), skip_note);
         logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
-                         0.0f, (long long)(comm_bytes_moved - comm_before));
+                         0.0f, (long long)(comm_bytes_moved - comm_before),
+                         step_breakdown_json(timer.times, throughput, peak_flops));
     }
     printf("peak resident memory of process 0: %.1f MiB (getrusage, %s)\n", peak_resident_bytes() / 1048576.0,
            peak_from_here ? "since training began" : "since start-up");

@@ -50,6 +50,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/nccl.cuh"
+#include "llmc/phase_events.cuh"
 
 #if defined(ENABLE_FP32)
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
@@ -76,14 +77,16 @@ using ParameterTensors = ParameterTensorsOf<floatX>;  // llmc/gpt2_config.h
 // Activations: everything the forward keeps for the backward, the backward's per-layer gradient
 // buffers and all scratch, carved out of one device allocation (each piece 256-byte aligned).
 // With recomputation some per-layer tensors shrink to one layer's worth that the backward refills:
-//   -r 1: fch_gelu is recomputed from fch;  -r 2: also ln1 and ln2 from the residual stream.
+//   -r 1: fch_gelu is recomputed from fch;  -r 2: also ln1 and ln2 from the residual stream;
+//   -r 3: every block tensor but residual3 (the next block's input): the backward reruns the block's
+//         forward from its input first (about one more forward pass of compute).
 
 struct ActivationTensors {
     floatX* encoded;     // (B, T, C)
     floatX* ln1;         // (L, B, T, C), or (B, T, C) with -r 2
     float* ln1_mean;     // (L, B, T)
     float* ln1_rstd;     // (L, B, T)
-    floatX* qkv;         // (L, B, T, 3C)
+    floatX* qkv;         // (L, B, T, 3C); with -r 3 this and the others below but residual3: 1 layer
     floatX* atty;        // (L, B, T, C)
     floatX* att;         // (L, attention_saved_elements): flash's lse (B, NH, T) fp32, or (B, NH, T, T)
     floatX* residual2;   // (L, B, T, C)
@@ -120,7 +123,7 @@ struct ActivationTensors {
 // that recomputation keeps for one layer only.
 struct LayerStrides {
     size_t ln;        // ln1, ln2
-    size_t qkv, atty, att, residual;  // residual: residual2, residual3
+    size_t qkv, atty, att, residual2, residual3;
     size_t fch, fch_gelu;
 };
 
@@ -129,12 +132,14 @@ inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeo
 LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
     size_t C = cfg.channels, BT = (size_t)B * T;
     LayerStrides s;
+    bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
     s.ln = recompute >= 2 ? 0 : aligned_elements(BT * C);
-    s.qkv = aligned_elements(BT * 3 * C);
-    s.atty = aligned_elements(BT * C);
-    s.att = aligned_elements(attention_saved_elements(B, T, cfg.num_heads, flash));
-    s.residual = aligned_elements(BT * C);
-    s.fch = aligned_elements(BT * 4 * C);
+    s.qkv = block ? 0 : aligned_elements(BT * 3 * C);
+    s.atty = block ? 0 : aligned_elements(BT * C);
+    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads, flash));
+    s.residual2 = block ? 0 : aligned_elements(BT * C);
+    s.residual3 = aligned_elements(BT * C);
+    s.fch = block ? 0 : aligned_elements(BT * 4 * C);
     s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * C);
     return s;
 }
@@ -146,7 +151,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
     size_t BT = (size_t)B * T;
     LayerStrides all = layer_strides(cfg, B, T, 0, flash);  // a kept tensor holds L of these
-    size_t L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
+    size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
     size_t offset = 0;
@@ -159,16 +164,16 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&a->ln1, L_ln * all.ln);
     take(&a->ln1_mean, L * BT);
     take(&a->ln1_rstd, L * BT);
-    take(&a->qkv, L * all.qkv);
-    take(&a->atty, L * all.atty);
-    take(&a->att, L * all.att);
-    take(&a->residual2, L * all.residual);
+    take(&a->qkv, L_block * all.qkv);
+    take(&a->atty, L_block * all.atty);
+    take(&a->att, L_block * all.att);
+    take(&a->residual2, L_block * all.residual2);
     take(&a->ln2, L_ln * all.ln);
     take(&a->ln2_mean, L * BT);
     take(&a->ln2_rstd, L * BT);
-    take(&a->fch, L * all.fch);
+    take(&a->fch, L_block * all.fch);
     take(&a->fch_gelu, L_gelu * all.fch_gelu);
-    take(&a->residual3, L * all.residual);
+    take(&a->residual3, L * all.residual3);
     take(&a->lnf, BT * C);
     take(&a->lnf_mean, BT);
     take(&a->lnf_rstd, BT);
@@ -334,8 +339,10 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
     cudaCheck(cudaMallocHost(&model->host_norm_sq, sizeof(float)));
     size_t none = activation_bytes(model->config, B, T, 0, flash);
-    printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB)\n", bytes / 1048576.0, B, T,
-           model->recompute, (none - bytes) / 1048576.0);
+    printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB; -r 0/1/2/3:", bytes / 1048576.0, B,
+           T, model->recompute, (none - bytes) / 1048576.0);
+    for (int r = 0; r <= 3; r++) printf(" %.1f", activation_bytes(model->config, B, T, r, flash) / 1048576.0);
+    printf(" MiB)\n");
     if (FLASH_ATTENTION_AVAILABLE) {
         size_t with_flash = activation_bytes(model->config, B, T, model->recompute, true);
         size_t with_cublas = activation_bytes(model->config, B, T, model->recompute, false);
@@ -378,15 +385,15 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, (int)BT, C, stream);
     for (int l = 0; l < L; l++) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual;
+        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3;
         floatX* ln1 = a.ln1 + l * ls.ln;
         floatX* qkv = a.qkv + l * ls.qkv;
         floatX* atty = a.atty + l * ls.atty;
-        floatX* residual2 = a.residual2 + l * ls.residual;
+        floatX* residual2 = a.residual2 + l * ls.residual2;
         floatX* ln2 = a.ln2 + l * ls.ln;
         floatX* fch = a.fch + l * ls.fch;
         floatX* fch_gelu = a.fch_gelu + l * ls.fch_gelu;
-        floatX* residual3 = a.residual3 + l * ls.residual;
+        floatX* residual3 = a.residual3 + l * ls.residual3;
 
         matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C, stream);
         attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, model->flash_attention, stream);
@@ -447,29 +454,51 @@ void gpt2_backward(GPT2* model, int B, int T) {
     // logits -> lnf -> the residual stream
     matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
-    const floatX* final_residual = a.residual3 + (L - 1) * ls.residual;
+    const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
                        (int)BT, C, stream);
 
     for (int l = L - 1; l >= 0; l--) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual;
+        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3;
         floatX* ln1 = a.ln1 + l * ls.ln;
-        const floatX* qkv = a.qkv + l * ls.qkv;
-        const floatX* atty = a.atty + l * ls.atty;
-        const floatX* residual2 = a.residual2 + l * ls.residual;
+        floatX* qkv = a.qkv + l * ls.qkv;
+        floatX* atty = a.atty + l * ls.atty;
+        floatX* residual2 = a.residual2 + l * ls.residual2;
         floatX* ln2 = a.ln2 + l * ls.ln;
-        const floatX* fch = a.fch + l * ls.fch;
+        floatX* fch = a.fch + l * ls.fch;
         floatX* fch_gelu = a.fch_gelu + l * ls.fch_gelu;
         float* ln1_mean = a.ln1_mean + l * BT, *ln1_rstd = a.ln1_rstd + l * BT;
         float* ln2_mean = a.ln2_mean + l * BT, *ln2_rstd = a.ln2_rstd + l * BT;
 
         // recompute what the forward did not keep (same kernels, same inputs: the same bits); ln2 first,
         // since with -ge 1 the GELU output is recomputed from it
-        if (model->recompute >= 2) {
+        if (model->recompute >= 3) {
+            // the whole block again, from its input, as the forward ran it (whose ln1 came out of the
+            // previous block's fused residual + layernorm: the same bits, as -r 2 relies on too)
+            layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C, stream);
+            matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C,
+                           stream);
+            attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, model->flash_attention,
+                              stream);
+            matmul_forward(a.proj, nullptr, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C,
+                           stream);
+            fused_residual_layernorm_forward(residual2, ln2, ln2_mean, ln2_rstd, residual, a.proj, p.ln2w + l * C,
+                                             p.ln2b + l * C, (int)BT, C, stream);
+            if (model->gelu_fusion) {
+                matmul_forward(fch_gelu, fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C,
+                               4 * C, stream);
+            } else {
+                matmul_forward(fch, nullptr, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C,
+                               stream);
+                gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
+            }
+        } else if (model->recompute >= 2) {
             layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C, stream);
             layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
         }
-        if (model->recompute >= 1 && model->gelu_fusion) {
+        if (model->recompute >= 3) {
+            // done above
+        } else if (model->recompute >= 1 && model->gelu_fusion) {
             // The forward's GELU came out of cuBLASLt's epilogue, applied to the fp32 accumulator before
             // rounding; gelu_forward on the stored bf16 fch can differ by one bf16 ulp. So the fc matmul
             // is run again, the same call on the same inputs and equally aligned pointers (layer_strides):
@@ -694,7 +723,7 @@ int main(int argc, char** argv) {
     if (dp.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence rank %d", dp.rank);
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, dp.device));
-    double peak_flops = bf16_peak_flops(prop);
+    double peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : bf16_peak_flops(prop);
     printf("train_gpt2cu (%s, CUDA) on %s (sm_%d%d, %d SMs, %.1f GiB)\n", PRECISION_NAME, prop.name, prop.major,
            prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
     if (dp.nccl) {
@@ -774,6 +803,12 @@ int main(int argc, char** argv) {
     double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps;  // per GPU
     if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
+    // the step breakdown (llmc/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both
+    PhaseTimer timer;
+    timer.on_begin = nvtx_phase_begin;
+    timer.on_end = nvtx_phase_end;
+    GpuPhases gpu_phases;
+    gpu_phases_create(&gpu_phases);
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
@@ -787,8 +822,11 @@ int main(int argc, char** argv) {
                    hs.acc_norm(), hs.acc_token(), hs.examples);
             logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
         }
+        phase_reset(&timer);
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
+            phase_begin(&timer, PHASE_CHECKPOINT);
             save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, dp);
+            phase_end(&timer);
         }
         if (dp.rank == 0 && is_sample_step(args, step, max_steps)) {
             generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
@@ -804,38 +842,52 @@ int main(int argc, char** argv) {
         float dloss = scaler.scale / ((float)B * T * grad_accum_steps * dp.size);
         float step_scale = scaler.scale;  // the S these gradients carry (the scaler may move it below)
         for (int micro = 0; micro < grad_accum_steps; micro++) {
+            phase_begin(&timer, PHASE_DATA);
             if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
+            phase_end(&timer);
             // the last micro-step completes the gradients: reduce each layer's while the backward goes on
             bool last_micro = micro == grad_accum_steps - 1;
             model.reduce_in_backward = dp.nccl && last_micro;
             // -ni (testing): rank 0's last micro-step of this step stands for one bad micro-batch
             float micro_dloss = dp.rank == 0 && last_micro && is_inject_step(args, step) ? INFINITY : dloss;
+            gpu_phase_begin(&gpu_phases, PHASE_FORWARD, model.stream);
             gpt2_forward(&model, train_loader.inputs.data(), train_loader.targets.data(), B, T, micro_dloss);
+            gpu_phase_end(&gpu_phases, PHASE_FORWARD, model.stream);
+            gpu_phase_begin(&gpu_phases, PHASE_BACKWARD, model.stream);
             gpt2_backward(&model, B, T);
-            loss_sum += gpt2_mean_loss(&model, B, T);
+            gpu_phase_end(&gpu_phases, PHASE_BACKWARD, model.stream);
+            loss_sum += gpt2_mean_loss(&model, B, T);  // waits for the stream: the events are done
+            gpu_phases_collect(&gpu_phases, &timer.times);
         }
         model.reduce_in_backward = false;
+        // comm: the global gradient norm (with several GPUs the gradients were reduced during the
+        // backward, overlapped with it, and the backward's time includes the wait for the last bucket)
+        phase_begin(&timer, PHASE_COMM);
         double scaled_norm = gpt2_grad_norm(&model);  // global: every process decides the same
+        phase_end(&timer);
         float lr = lr_at_step(scheduler, step);
         float grad_scale = loss_scaler_grad_scale(scaler, scaled_norm, 1.0);  // 1/S and the clipping
         bool apply = loss_scaler_step(&scaler, scaled_norm, step);
+        phase_begin(&timer, PHASE_OPTIMIZER);
         if (apply) gpt2_update(&model, lr, args.weight_decay, grad_scale, (int)scaler.updates);
         gpt2_sync(&model, "the parameter update");
+        phase_end(&timer);
         double grad_norm = scaled_norm / step_scale;
         float loss = (float)(dp_sum(dp, loss_sum, "the step's loss") / ((double)grad_accum_steps * dp.size));
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
-        char mfu[32] = "n/a";  // a GPU missing from bf16_peak_flops' table
-        if (peak_flops > 0) snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak_flops);
+        StepThroughput throughput = step_throughput(flops_per_step, ms, peak_flops);  // MFU n/a: GPU not in the table
         char note[128] = "";
         int at = 0;
         if (scaler.dynamic) at += snprintf(note, sizeof(note), " | scale %g", step_scale);
         if (!apply) snprintf(note + at, sizeof(note) - at, " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %s%s\n", step, max_steps,
-               loss, lr, grad_norm, ms, tokens_per_s, mfu, note);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step, max_steps,
+               loss, lr, grad_norm, ms, tokens_per_s, step_breakdown_text(timer.times, throughput, peak_flops).c_str(),
+               note);
         logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
-                         scaler.dynamic ? step_scale : 0.0f);
+                         scaler.dynamic ? step_scale : 0.0f, -1, step_breakdown_json(timer.times, throughput, peak_flops));
     }
+    gpu_phases_destroy(&gpu_phases);
     logger_close(&logger);
     gpt2_free(&model);
     cublas_teardown();

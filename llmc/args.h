@@ -62,8 +62,9 @@ struct TrainArgs {
     int tensor_parallel = 1;
     int pipeline_parallel = 1;
     std::string pipeline_schedule = "1f1b";  // gpipe|1f1b
+    int recompute = 1;  // activation recomputation level, both trainers (-r)
+    float peak_gflops = 0;  // MFU's denominator (-pk); 0: CPU measures it, CUDA uses its table
     // CUDA trainer only
-    int recompute = 1;
     int master_weights = 1;
     int gelu_fusion = 0;
     int flash_attention = 1;
@@ -140,7 +141,8 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-lw", FlagKind::Int, &a->loss_scale_window, 1, INT_MAX, true, "FP16 build: clean steps before S grows"},
         {"-lg", FlagKind::Float, &a->loss_scale_growth, 1, 1024, true, "FP16 build: factor S grows by"},
         {"-lb", FlagKind::Float, &a->loss_scale_backoff, 1e-6, 1, true, "FP16 build: factor S shrinks by on overflow"},
-        {"-r", FlagKind::Int, &a->recompute, 0, 2, true, "recompute: 0 none, 1 GELU, 2 GELU and layernorms"},
+        {"-r", FlagKind::Int, &a->recompute, 0, 3, false, "recompute: 0 none, 1 GELU, 2 GELU and layernorms, 3 whole blocks (keep block inputs)"},
+        {"-pk", FlagKind::Float, &a->peak_gflops, 0, 1e9, false, "peak GFLOP/s for MFU (0: CPU measures its FMA peak, CUDA its table)"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},

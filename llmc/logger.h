@@ -1,7 +1,8 @@
 // Run logs in an output directory:
 //   DIR/main.log       llm.c's line format: "s:STEP trl:LOSS lr:LR norm:NORM" and "s:STEP tel:LOSS"
 //   DIR/metrics.jsonl  one JSON object per line: {"step": N, "train_loss": ..., "lr": ..., "grad_norm": ...,
-//                      "skipped": false, "skipped_steps": 0, ["loss_scale": S,] "ms": ..., "tokens_per_s": ...},
+//                      "skipped": false, "skipped_steps": 0, ["loss_scale": S,] "ms": ..., "tokens_per_s": ...,
+//                      "ms_data": ..., "ms_forward": ..., ..., "flops_per_s": ..., "mfu": ...} (llmc/phase_timer.h),
 //                      {"step": N, "val_loss": ...} and, with -hs,
 //                      {"step": N, "hellaswag_acc": ..., "hellaswag_acc_norm": ..., "hellaswag_acc_token": ...,
 //                      "hellaswag_examples": ...} (llmc/hellaswag.h); main.log gets "s:N eval:ACC_NORM" as llm.c
@@ -78,21 +79,23 @@ inline std::string json_number(double value) {
     return text;
 }
 
-// skipped: this step's update was skipped; skipped_steps: all skipped so far; loss_scale <= 0: none.
+// skipped: this step's update was skipped; skipped_steps: all skipped so far; loss_scale <= 0: none;
+// extra: more fields (", \"key\": value ...", e.g. the time breakdown of llmc/phase_timer.h).
 inline void logger_log_train(Logger* logger, long step, float loss, float lr, float grad_norm, double ms,
                              double tokens_per_s, bool skipped = false, long skipped_steps = 0,
-                             float loss_scale = 0.0f, long long comm_bytes = -1) {
+                             float loss_scale = 0.0f, long long comm_bytes = -1,
+                             const std::string& extra = std::string()) {
     if (logger->main_log == nullptr) return;
     fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g%s\n", step, loss, lr, grad_norm,
             skipped ? " skipped:1" : "");
-    std::string extra = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
+    std::string fields = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
     // bytes this process sent and received in the step's collectives (llmc/process_group.h)
-    if (comm_bytes >= 0) extra += ", \"comm_bytes\": " + std::to_string(comm_bytes);
+    if (comm_bytes >= 0) fields += ", \"comm_bytes\": " + std::to_string(comm_bytes);
     fprintf(logger->metrics,
             "{\"step\": %ld, \"train_loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, \"skipped_steps\": %ld%s, "
-            "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+            "\"ms\": %.3f, \"tokens_per_s\": %.1f%s}\n",
             step, json_number(loss).c_str(), lr, json_number(grad_norm).c_str(), skipped ? "true" : "false",
-            skipped_steps, extra.c_str(), ms, tokens_per_s);
+            skipped_steps, fields.c_str(), ms, tokens_per_s, extra.c_str());
     fflush(logger->main_log);
     fflush(logger->metrics);
 }

@@ -142,8 +142,9 @@ TEST(CliTrainer, HelpListsEveryFlag) {
         // each flag starts its own line of the usage, followed by a space (so "-s" is not found in "-sh")
         EXPECT_NE(r.output.find(std::string("\n  ") + flag + " "), std::string::npos) << "-h does not list " << flag;
     }
-    // the CUDA-only flags are not offered by the CPU trainer
-    EXPECT_EQ(r.output.find("\n  -r "), std::string::npos);
+    // recomputation and the MFU peak are both trainers' flags; the CUDA-only ones are not offered here
+    EXPECT_NE(r.output.find("\n  -r "), std::string::npos);
+    EXPECT_NE(r.output.find("\n  -pk "), std::string::npos);
     EXPECT_EQ(r.output.find("\n  -w "), std::string::npos);
     EXPECT_EQ(run_trainer("--help").exit_code, 0);
 }
@@ -463,12 +464,18 @@ TEST(CliParse, RangeEdgesAndRepeats) {
     TrainArgs cuda = parse({"-r", "2", "-w", "0"}, true);
     EXPECT_EQ(cuda.recompute, 2);
     EXPECT_EQ(cuda.master_weights, 0);
-    EXPECT_EXIT(parse({"-r", "1"}), testing::ExitedWithCode(1), "unknown flag '-r'");
     // ZeRO-2/3 exist in the CPU trainer only; the CUDA trainer names the stages it has
     EXPECT_EQ(parse({"-z", "3"}).zero_stage, 3);
     EXPECT_EQ(parse({"-z", "1"}, true).zero_stage, 1);
     EXPECT_EXIT(parse({"-z", "2"}, true), testing::ExitedWithCode(1), "the CUDA trainer has ZeRO stages 0 and 1 only");
     EXPECT_EXIT(parse({"-z", "4"}), testing::ExitedWithCode(1), "flag -z: 4 is outside the allowed range 0 \\.\\. 3");
+    EXPECT_EXIT(parse({"-w", "1"}), testing::ExitedWithCode(1), "unknown flag '-w'");
+    // recomputation and the MFU peak are both trainers' flags
+    TrainArgs cpu = parse({"-r", "3", "-pk", "226.5"});
+    EXPECT_EQ(cpu.recompute, 3);
+    EXPECT_EQ(cpu.peak_gflops, 226.5f);
+    EXPECT_EXIT(parse({"-r", "4"}), testing::ExitedWithCode(1), "flag -r: 4 is outside the allowed range");
+    EXPECT_EXIT(parse({"-pk", "-1"}), testing::ExitedWithCode(1), "flag -pk: -1 is outside the allowed range");
 }
 
 TEST(CliParse, BatchArgsAgainstModel) {

@@ -220,6 +220,116 @@ TEST(TrainDeterminism, SameSeedSameRunOtherSeedOtherInit) {
     EXPECT_NE(test::read_text(d1 + "/model_00000002.bin"), test::read_text(d3 + "/model_00000002.bin"));
 }
 
+// Recomputation (-r) changes what is stored, never a value: the recomputed tensors come from the same
+// functions on the same inputs. So every level gives the same bits as -r 0: metrics (timings aside),
+// final weights and optimizer state, over a run with accumulation, warmup and weight decay.
+TEST(Recompute, EveryLevelTrainsBitIdenticalToNone) {
+    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
+    std::string common = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                         "/train.bin -sh 0 -v 0 -s 0 -b 2 -t 16 -d 64 -x 4 -l 1e-3 -u 1 -c 0.1 -n 4";
+    std::string dirs[4];
+    for (int r = 0; r <= 3; r++) {
+        dirs[r] = test::scratch_dir("recompute_r" + std::to_string(r));
+        test::CommandResult run = test::run_command(common + " -r " + std::to_string(r) + " -o " + dirs[r]);
+        ASSERT_EQ(run.exit_code, 0) << run.output;
+        // start-up names the level and the memory of every level
+        EXPECT_NE(run.output.find("at recompute -r " + std::to_string(r) + " (-r 0/1/2/3:"), std::string::npos)
+            << run.output;
+    }
+    std::vector<std::string> want = test::metrics_without_timings(dirs[0] + "/metrics.jsonl");
+    ASSERT_EQ(want.size(), 4u);
+    for (int r = 1; r <= 3; r++) {
+        SCOPED_TRACE("-r " + std::to_string(r));
+        EXPECT_EQ(test::metrics_without_timings(dirs[r] + "/metrics.jsonl"), want);
+        for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin"}) {
+            EXPECT_EQ(test::read_text(dirs[r] + f), test::read_text(dirs[0] + f)) << f;
+        }
+    }
+}
+
+// In process: each level keeps less (-r 3 about one block plus the L block inputs), and one forward
+// and backward at -r 3 gives the same loss and gradients, bit for bit, as at -r 0. A smaller batch
+// than allocated is used, so the per-layer views are laid out for the call's B*T, not the allocation's.
+TEST(Recompute, FullRecomputeGradientsAndMemory) {
+    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
+    GPT2 none, full;
+    gpt2_load_checkpoint(&none, oracle_dir + "/model.bin");
+    gpt2_load_checkpoint(&full, oracle_dir + "/model.bin");
+    const GPT2Config& cfg = none.config;
+    int B = 2, T = 16;
+    size_t floats[4];
+    for (int r = 0; r <= 3; r++) floats[r] = layout_activations(nullptr, nullptr, cfg, B, T, r);
+    EXPECT_GT(floats[0], floats[1]);
+    EXPECT_GT(floats[1], floats[2]);
+    EXPECT_GT(floats[2], floats[3]);
+    // -r 3 drops L - 1 layers of every block tensor but residual3: 17C + 4 floats per position, plus
+    // B*NH*T*T for the attention weights
+    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, BT = (size_t)B * T;
+    EXPECT_EQ(floats[0] - floats[3], (L - 1) * (BT * (17 * C + 4) + B * NH * T * T));
+
+    full.recompute = 3;
+    gpt2_allocate_activations(&none, B, T);
+    gpt2_allocate_activations(&full, B, T);
+    std::vector<int> inputs(BT), targets(BT);
+    for (size_t i = 0; i < BT; i++) inputs[i] = (int)(i * 37 % cfg.vocab_size), targets[i] = (int)(i * 11 % cfg.vocab_size);
+    int b = 1;  // one row of the two allocated
+    float loss_none = gpt2_forward(&none, inputs.data(), targets.data(), b, T);
+    float loss_full = gpt2_forward(&full, inputs.data(), targets.data(), b, T);
+    EXPECT_EQ(loss_none, loss_full);
+    gpt2_zero_grad(&none);
+    gpt2_zero_grad(&full);
+    gpt2_backward(&none, inputs.data(), targets.data(), b, T, 1.0f / (b * T));
+    gpt2_backward(&full, inputs.data(), targets.data(), b, T, 1.0f / (b * T));
+    EXPECT_TRUE(none.grads_memory == full.grads_memory) << "-r 3 gradients differ from -r 0";
+    double sum_sq = sum_of_squares(full.grads_memory.data(), full.num_parameters);
+    EXPECT_GT(sum_sq, 0.0) << "the gradients are all zero: the comparison would prove nothing";
+}
+
+// The step line and metrics.jsonl carry the time of each phase, FLOP/s and MFU. With a given peak
+// (-pk), MFU must be FLOP/s / peak (both are printed with 9 significant digits: 1e-6 relative
+// allows for that rounding); the phases inside the step (all but the checkpoint, written before it)
+// cannot add up to more than the step's time (1% for the rounding to 3 decimals and the clock reads
+// between phases); FLOP/s must be the model's FLOPs per step (flops_per_token x tokens) / the step time.
+TEST(StepBreakdown, PhasesFlopsAndMfu) {
+    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
+    std::string dir = test::scratch_dir("breakdown");
+    std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                      "/train.bin -sh 0 -v 0 -s 0 -b 2 -t 16 -d 64 -x 3 -n 1 -pk 50 -o " + dir;
+    test::CommandResult run = test::run_command(cmd);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("peak: 50.0 GFLOP/s fp32 (-pk)"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(" tok/s | MFU "), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(" GFLOP/s | data "), std::string::npos) << run.output;
+    std::string path = dir + "/metrics.jsonl";
+    std::vector<double> ms = test::jsonl_values(path, "ms"), flops = test::jsonl_values(path, "flops_per_s"),
+                        mfu = test::jsonl_values(path, "mfu"), checkpoint = test::jsonl_values(path, "ms_checkpoint");
+    ASSERT_EQ(ms.size(), 3u);
+    ASSERT_EQ(flops.size(), 3u);
+    ASSERT_EQ(mfu.size(), 3u);
+    ASSERT_EQ(checkpoint.size(), 3u);
+    GPT2Config cfg;
+    std::vector<float> unused;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &unused);
+    double flops_per_step = flops_per_token(cfg, 16) * 64;
+    for (size_t s = 0; s < ms.size(); s++) {
+        double inside = 0;
+        for (const char* phase : {"ms_data", "ms_forward", "ms_backward", "ms_comm", "ms_optimizer"}) {
+            double t = test::jsonl_values(path, phase)[s];
+            EXPECT_GE(t, 0.0) << phase;
+            inside += t;
+        }
+        EXPECT_GT(test::jsonl_values(path, "ms_forward")[s], 0.0);
+        EXPECT_GT(test::jsonl_values(path, "ms_backward")[s], 0.0);
+        EXPECT_LE(inside, ms[s] * 1.01 + 0.01) << "step " << s;
+        EXPECT_NEAR(flops[s], flops_per_step / (ms[s] / 1000.0), 1e-3 * flops[s]) << "step " << s;
+        EXPECT_NEAR(mfu[s], flops[s] / 50e9, 1e-6 * mfu[s]) << "step " << s;
+    }
+    // -n 1: checkpoints before steps 1 and 2 are timed on those steps' lines; step 0 has none
+    EXPECT_EQ(checkpoint[0], 0.0);
+    EXPECT_GT(checkpoint[1], 0.0);
+    EXPECT_GT(checkpoint[2], 0.0);
+}
+
 // The random initialization has the statistics the model description asks for.
 TEST(ModelInit, Gpt2InitializationStatistics) {
     GPT2Config cfg;

@@ -149,7 +149,7 @@ TEST(ModelOracle, TinyForwardBackward) {
 
 TEST(ModelOracle, TinyForwardBackwardEachRecomputeLevel) {
     REQUIRE_ORACLE("tiny", tiny_args());
-    for (int r : {0, 2}) {
+    for (int r : {0, 2, 3}) {
         SCOPED_TRACE(r);
         check_against_oracle_state(tiny_oracle(), r);
     }
@@ -207,6 +207,26 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
     EXPECT_LT(loss.back(), loss.front()) << "training did not lower the loss";
     EXPECT_NE(run.result.output.find("tok/s | MFU"), std::string::npos) << "step lines carry tokens/s and MFU";
     EXPECT_NE(run.result.output.find("recompute -r 1 saves"), std::string::npos) << "start-up prints the memory saved";
+    EXPECT_NE(run.result.output.find("; -r 0/1/2/3: "), std::string::npos) << "and the memory of every level";
+    // the step breakdown (llmc/phase_timer.h): GPU phases timed by events, host ones by the clock; the
+    // phases inside the step cannot add up to more than its time (1% for rounding and the clock reads
+    // between phases), and the forward and backward take some time
+    EXPECT_NE(run.result.output.find(" GFLOP/s | data "), std::string::npos) << "step lines carry the breakdown";
+    std::string metrics = run.dir + "/metrics.jsonl";
+    std::vector<double> ms = test::jsonl_values(metrics, "ms");
+    ASSERT_EQ(ms.size(), loss.size());
+    for (size_t s = 0; s < ms.size(); s++) {
+        double inside = 0;
+        for (const char* phase : {"ms_data", "ms_forward", "ms_backward", "ms_comm", "ms_optimizer"}) {
+            std::vector<double> t = test::jsonl_values(metrics, phase);
+            ASSERT_EQ(t.size(), ms.size()) << phase;
+            EXPECT_GE(t[s], 0.0) << phase;
+            inside += t[s];
+        }
+        EXPECT_GT(test::jsonl_values(metrics, "ms_forward")[s], 0.0);
+        EXPECT_GT(test::jsonl_values(metrics, "ms_backward")[s], 0.0);
+        EXPECT_LE(inside, ms[s] * 1.01 + 0.01) << "step " << s;
+    }
 #if defined(LLMC_FLASH_ATTENTION)
     EXPECT_NE(run.result.output.find("attention: flash (-fa 1); activations with flash"), std::string::npos)
         << "flash attention is the default, and start-up prints the memory of both paths";
@@ -234,9 +254,9 @@ TEST(TrainOptions, FlashAndCublasAttentionAgree) {
     }
 }
 
-// Recomputation changes only what is stored, never a value: -r 0, 1 and 2 give the same bits, with
-// the GELU from our kernel (-ge 0) and from cuBLASLt's epilogue (-ge 1: the recompute re-runs the fused
-// fc matmul), metrics and checkpoints alike. Without master weights (-w 0) or with the GELU fused
+// Recomputation changes only what is stored, never a value: -r 0, 1, 2 and 3 (the whole block rerun
+// from its input) give the same bits, with the GELU from our kernel (-ge 0) and from cuBLASLt's
+// epilogue (-ge 1: the recompute re-runs the fused fc matmul), metrics and checkpoints alike. Without master weights (-w 0) or with the GELU fused
 // (-ge 1 against -ge 0) the arithmetic differs, so those runs must only stay within the oracle
 // tolerance of the default one.
 TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
@@ -250,9 +270,10 @@ TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
         TrainerRun r1 = run_trainer(name + "_r1", flags + " " + gelu + " -r 1");
         TrainerRun r0 = run_trainer(name + "_r0", flags + " " + gelu + " -r 0");
         TrainerRun r2 = run_trainer(name + "_r2", flags + " " + gelu + " -r 2");
+        TrainerRun r3 = run_trainer(name + "_r3", flags + " " + gelu + " -r 3");
         std::vector<std::string> want = test::metrics_without_timings(r1.dir + "/metrics.jsonl");
         EXPECT_FALSE(want.empty());
-        for (const TrainerRun* other : {&r0, &r2}) {
+        for (const TrainerRun* other : {&r0, &r2, &r3}) {
             EXPECT_EQ(test::metrics_without_timings(other->dir + "/metrics.jsonl"), want) << other->dir;
             for (const char* f : {"/model_00000010.bin", "/state_00000010_00000.bin"}) {
                 EXPECT_EQ(test::read_text(other->dir + f), test::read_text(r1.dir + f)) << other->dir << f;
