@@ -226,23 +226,29 @@ TEST(Distributed, Zero2And3MatchZero0WithAccumulation) {
 }
 
 // A checkpoint written with -z 3 resumes as -z 0 and the other way round (3 processes, so the state
-// files hold shards in one run and all moments in the other): the resumed run continues as the
-// uninterrupted -z 0 run, to the tolerance of the comparisons above.
-TEST(Distributed, ResumeAcrossZeroStages) {
+// files hold shards in one run and all moments in the other), and a 2-process -z 3 checkpoint resumes
+// as 3 processes with -z 2 (other shards, assembled from the files that cover them; the data order does
+// not depend on the process count): each resumed run continues as the uninterrupted -z 0 run, to the
+// tolerance of the comparisons above.
+TEST(Distributed, ResumeAcrossZeroStagesAndProcessCounts) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string oracle_dir = test::oracle("tiny_odd", ODD);
     std::string cmd = train_args(oracle_dir, 4, 192) + " -n 2";
     std::string whole = test::scratch_dir("dp_stage_whole");
     ASSERT_EQ(test::run_command(mpirun(3) + cmd + " -z 0 -o " + whole).exit_code, 0);
-    for (auto [first, then] : {std::pair<int, int>{3, 0}, std::pair<int, int>{0, 3}}) {
-        SCOPED_TRACE("-z " + std::to_string(first) + " then -z " + std::to_string(then));
-        std::string dir = test::scratch_dir("dp_stage_" + std::to_string(first) + std::to_string(then));
-        ASSERT_EQ(test::run_command(mpirun(3) + cmd + " -z " + std::to_string(first) + " -o " + dir).exit_code, 0);
-        for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin", "/state_00000004_00001.bin",
-                              "/state_00000004_00002.bin", "/DONE_00000004"}) {
-            ASSERT_EQ(remove((dir + f).c_str()), 0) << f;
-        }
-        test::CommandResult resumed = test::run_command(mpirun(3) + cmd + " -z " + std::to_string(then) + " -o " + dir + " -y 1");
+    struct Case { int np, zero, then_np, then_zero; };
+    for (Case c : {Case{3, 3, 3, 0}, Case{3, 0, 3, 3}, Case{2, 3, 3, 2}}) {
+        std::string name = std::to_string(c.np) + "_" + std::to_string(c.zero) + "_" + std::to_string(c.then_np) + "_" +
+                           std::to_string(c.then_zero);
+        SCOPED_TRACE(std::to_string(c.np) + " processes -z " + std::to_string(c.zero) + ", then " +
+                     std::to_string(c.then_np) + " processes -z " + std::to_string(c.then_zero));
+        std::string dir = test::scratch_dir("dp_stage_" + name);
+        ASSERT_EQ(test::run_command(mpirun(c.np) + cmd + " -z " + std::to_string(c.zero) + " -o " + dir).exit_code, 0);
+        std::vector<std::string> last = {"/model_00000004.bin", "/DONE_00000004"};
+        for (int r = 0; r < c.np; r++) last.push_back("/state_00000004_0000" + std::to_string(r) + ".bin");
+        for (const std::string& f : last) ASSERT_EQ(remove((dir + f).c_str()), 0) << f;
+        test::CommandResult resumed = test::run_command(mpirun(c.then_np) + cmd + " -z " + std::to_string(c.then_zero) +
+                                                        " -o " + dir + " -y 1");
         ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
         EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
         expect_same_training(read_run(whole, 4), read_run(dir, 4), 4, 1e-3);
