@@ -886,10 +886,15 @@ int main(int argc, char** argv) {
             auto pipe_start = std::chrono::steady_clock::now();
             loss_sum = pipeline_step(&model, &pipe, schedule, inputs, targets, m, B, T, dloss);
             double pipe_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pipe_start).count();
-            // the measured bubble: each stage's time waiting in receives / its time in the schedule
-            std::vector<float> idle(pp, 0.0f);
-            idle[stage] = (float)(pipe.wait_seconds / pipe_s);
-            all_reduce_sum(layout.pp_group, idle.data(), pp);
+            // the measured bubble: the share of the pipeline's span (the slowest stage's time in the schedule)
+            // that each stage was not computing, i.e. waiting in receives or done early
+            std::vector<float> busy(pp, 0.0f), span(pp, 0.0f), idle(pp);
+            busy[stage] = (float)(pipe_s - pipe.wait_seconds);
+            span[stage] = (float)pipe_s;
+            all_reduce_sum(layout.pp_group, busy.data(), pp);
+            all_reduce_max(layout.pp_group, span.data(), pp);
+            float longest = *std::max_element(span.begin(), span.end());
+            for (int s = 0; s < pp; s++) idle[s] = 1.0f - busy[s] / longest;
             bubble_note = " | bubble";
             for (float x : idle) bubble_note += " " + std::to_string(x).substr(0, 5);
             bubble_note += " (formula " + std::to_string(pp_bubble_formula(pp, m)).substr(0, 5) + ")";
