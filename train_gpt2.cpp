@@ -312,6 +312,9 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     size_t act_sizes[] = {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * Cl, L * BT * Cl, L * B * NH * T * T,
                           L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * Cl, L * BT * 4 * Cl,
                           L * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
+    if (!model->last_stage()) {  // a pipeline stage before the last has no lnf, logits or losses
+        for (int i = 16; i <= 20; i++) act_sizes[i] = 0;
+    }
     size_t total = 0;
     for (size_t s : act_sizes) total += s;
     model->acts_memory.assign(total * slots, 0.0f);
@@ -329,6 +332,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
                               &model->scratch.dlogits};
     size_t scratch_sizes[] = {BT * C, BT * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl, BT * Vp};
+    if (!model->last_stage()) scratch_sizes[6] = 0;  // dlogits
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
