@@ -623,9 +623,9 @@ float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const Pr
 // One training step's forwards and backwards on this pipeline stage (llmc/pipeline.h), in the order of
 // the schedule, over the m micro-batches inputs and targets (m, B, T). Returns the sum of the
 // micro-batches' mean losses (0 on a stage before the last); comm->wait_seconds grows by the time spent
-// waiting for the neighbours.
+// waiting for the neighbours. The last micro-batch's backward uses last_dloss (-ni, testing: INFINITY).
 double pipeline_step(GPT2* model, PipelineComm* comm, const std::string& schedule, const std::vector<int>& inputs,
-                     const std::vector<int>& targets, int m, int B, int T, float dloss) {
+                     const std::vector<int>& targets, int m, int B, int T, float dloss, float last_dloss) {
     const ProcessGroup& pp = model->pp;
     size_t BT = (size_t)B * T, BTC = BT * model->config.channels, L = model->config.num_layers;
     double loss_sum = 0.0;
@@ -639,7 +639,7 @@ double pipeline_step(GPT2* model, PipelineComm* comm, const std::string& schedul
             if (!model->last_stage()) pp_send(comm, model->acts.residual3 + (L - 1) * BTC, BTC, pp.rank + 1, PP_TAG_ACTIVATION);
         } else {
             if (!model->last_stage()) pp_recv(comm, model->scratch.dresidual, BTC, pp.rank + 1, PP_TAG_GRADIENT);
-            gpt2_backward(model, in, tg, B, T, dloss);
+            gpt2_backward(model, in, tg, B, T, op.micro == m - 1 ? last_dloss : dloss);
             if (!model->first_stage()) pp_send(comm, model->scratch.dresidual, BTC, pp.rank - 1, PP_TAG_GRADIENT);
         }
     }
@@ -888,7 +888,9 @@ int main(int argc, char** argv) {
             }
             pipe.wait_seconds = 0.0;
             auto pipe_start = std::chrono::steady_clock::now();
-            loss_sum = pipeline_step(&model, &pipe, schedule, inputs, targets, m, B, T, dloss);
+            // -ni (testing): the last stage of the first pipeline stands for one bad micro-batch
+            bool inject = stage == pp - 1 && layout.tp_rank == 0 && layout.dp_rank == 0 && is_inject_step(args, step);
+            loss_sum = pipeline_step(&model, &pipe, schedule, inputs, targets, m, B, T, dloss, inject ? INFINITY : dloss);
             double pipe_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pipe_start).count();
             // the measured bubble: the share of the pipeline's span (the slowest stage's time in the schedule)
             // that each stage was not computing, i.e. waiting in receives or done early
