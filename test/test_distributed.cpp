@@ -366,8 +366,22 @@ TEST(ModelParallel, PipelineParallelMatchesOneProcess) {
     EXPECT_NEAR(activations["-pp 3 -pm 1f1b"] / activations["-pp 3 -pm gpipe"], 3.0 / 4.0, 0.02);
 }
 
-// A checkpoint written by tp 2 x pp 2 resumes as one process and as dp 3 (ZeRO-1), and each continues
-// as the uninterrupted one-process run would (expect_same_training).
+// -ni 2 with pp 2: the last stage alone gets a non-finite loss gradient; its infinity reaches stage 0
+// through the sent gradients and the norm is summed over the stages, so both skip step 2: the weights
+// after it are those before it, and step 3 updates them again.
+TEST(ModelParallel, PipelineNonFiniteStepSkippedByEveryStage) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_five", FIVE);
+    std::string dir = test::scratch_dir("pp_nonfinite");
+    test::CommandResult r = test::run_command(mpirun(2) + train_args(oracle_dir, 4, 128) + " -n 1 -ni 2 -pp 2 -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("SKIPPED"), std::string::npos) << r.output;
+    EXPECT_EQ(test::read_text(dir + "/model_00000002.bin"), test::read_text(dir + "/model_00000003.bin"));
+    EXPECT_NE(test::read_text(dir + "/model_00000003.bin"), test::read_text(dir + "/model_00000004.bin"));
+}
+
+// A checkpoint written by tp 2 x pp 2 resumes as one process, as dp 3 (ZeRO-1) and as pp 3 (GPipe), and
+// each continues as the uninterrupted one-process run would (expect_same_training).
 TEST(ModelParallel, PipelineCheckpointResumesInAnyLayout) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string oracle_dir = test::oracle("tiny_five", FIVE);
@@ -384,6 +398,7 @@ TEST(ModelParallel, PipelineCheckpointResumesInAnyLayout) {
     std::vector<Resume> resumes = {
         {"one", "OMP_NUM_THREADS=1 ", ""},
         {"dp3", mpirun(3), " -z 1"},
+        {"pp3", mpirun(3), " -pp 3 -pm gpipe"},
     };
     for (const Resume& res : resumes) {
         SCOPED_TRACE("resumed as " + res.name);
