@@ -36,6 +36,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/output_lock.h"
 #include "llmc/parallel_layout.h"
 #include "llmc/phase_timer.h"
+#include "llmc/pipeline.h"
 #include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
@@ -226,9 +227,21 @@ struct GPT2 {
     size_t full_num_parameters = 0;
     std::vector<float> ce_max;   // (B*T) vocabulary-parallel cross-entropy: each row's max
     std::vector<double> ce_sum;  // (B*T) and sum of exponentials
-    // activations, allocated on the first forward for (batch_size, seq_len)
+    // pipeline parallelism (llmc/pipeline.h): with pp.size > 1, config is this stage's (num_layers =
+    // its layers [layer_begin, layer_begin + config.num_layers)) and model_config the whole model's
+    ProcessGroup pp;
+    int layer_begin = 0;
+    GPT2Config model_config;
+    bool first_stage() const { return pp.rank == 0; }
+    bool last_stage() const { return pp.rank == pp.size - 1; }
+    // activations, allocated on the first forward for (batch_size, seq_len); a pipeline stage keeps
+    // act_slots sets of them (one per micro-batch in flight) and computes in slot act_slot
     int batch_size = 0, seq_len = 0;
     int recompute = 0;  // -r: what the activations keep (ActivationTensors)
+    int act_slots = 1, act_slot = 0;
+    size_t acts_per_slot = 0;
+    std::vector<std::vector<float>> slot_ce_max;    // the other slots' ce_max and ce_sum
+    std::vector<std::vector<double>> slot_ce_sum;
     std::vector<float> acts_memory, scratch_memory;
     ActivationTensors acts;
     BackwardScratch scratch;
@@ -288,6 +301,9 @@ void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
 void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     validate_config(cfg, "model");
     model->config = cfg;
+    model->model_config = cfg;
+    model->pp = ProcessGroup();
+    model->layer_begin = 0;
     param_tensor_sizes(cfg, model->param_sizes);
     param_tensor_offsets(cfg, model->param_offsets);
     model->num_parameters = num_parameters(cfg);
@@ -311,6 +327,27 @@ void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
     gpt2_init_from(model, cfg, params);
 }
 
+// Keeps this stage's layers and the shared tensors (llmc/pipeline.h); call before
+// gpt2_split_tensor_parallel. A group of one keeps everything.
+void gpt2_split_pipeline(GPT2* model, const ProcessGroup& pp) {
+    model->pp = pp;
+    if (pp.size == 1) return;
+    int l0, l1;
+    pp_stage_layers(model->model_config.num_layers, pp.size, pp.rank, &l0, &l1);
+    GPT2Config stage = model->model_config;
+    stage.num_layers = l1 - l0;
+    std::vector<float> local(num_parameters(stage));
+    pp_copy_stage(model->model_config, l0, l1, model->params_memory.data(), local.data(), true);
+    model->config = stage;
+    model->layer_begin = l0;
+    param_tensor_sizes(stage, model->param_sizes);
+    param_tensor_offsets(stage, model->param_offsets);
+    model->num_parameters = local.size();
+    model->full_num_parameters = local.size();
+    model->params_memory = local;
+    model->grads_memory.assign(local.size(), 0.0f);
+}
+
 // Keeps this rank's slices of the full parameters (llmc/tensor_parallel.h); call before
 // gpt2_setup_optimizer. A group of one keeps everything.
 void gpt2_split_tensor_parallel(GPT2* model, const ProcessGroup& tp) {
@@ -331,9 +368,10 @@ void gpt2_split_tensor_parallel(GPT2* model, const ProcessGroup& tp) {
 
 // Floats of the activations for (B, T) at a recompute level; with acts, also points its tensors into
 // `memory` (which holds that many floats). With tensor parallelism (tp > 1), this rank's columns:
-// C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits.
+// C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits; a pipeline stage before the last has no lnf,
+// logits or losses.
 size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Config& cfg, int B, int T, int recompute,
-                          size_t tp = 1) {
+                          size_t tp = 1, bool last_stage = true) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
     RecomputeLayers k = recompute_layers(L, recompute);
@@ -347,6 +385,9 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
                           k.block * BT * Cl, k.block * B * NH * T * T, k.block * BT * C, k.block * BT * C,
                           k.layernorm * BT * C, k.block * BT, k.block * BT, k.block * BT * 4 * Cl, k.gelu * BT * 4 * Cl,
                           k.block * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
+    if (!last_stage) {
+        for (int i = 16; i <= 20; i++) act_sizes[i] = 0;
+    }
     size_t total = 0;
     for (size_t i = 0; i < sizeof(act_sizes) / sizeof(act_sizes[0]); i++) {
         *act_ptrs[i] = memory ? memory + total : nullptr;
@@ -355,18 +396,30 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
     return total;
 }
 
-void gpt2_allocate_activations(GPT2* model, int B, int T) {
+// Points model->acts at activation slot `slot` (pipeline: the micro-batch's own set), keeping each
+// slot's cross-entropy statistics with it.
+void gpt2_use_activation_slot(GPT2* model, int slot);
+
+// The activations for (B, T), `slots` sets of them (a pipeline stage keeps one per micro-batch in
+// flight, llmc/pipeline.h), and the backward scratch.
+void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     const GPT2Config& cfg = model->config;
     size_t tp = model->tp.size;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
     size_t C = cfg.channels, Vp = cfg.padded_vocab_size / tp, Cl = C / tp;
     size_t BT = (size_t)B * T;
-    size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp);
-    model->acts_memory.assign(total, 0.0f);
-    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp);
+    size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp, model->last_stage());
+    model->acts_memory.assign(total * slots, 0.0f);
+    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp, model->last_stage());
+    model->acts_per_slot = total;
+    model->act_slots = slots;
+    model->act_slot = 0;
+    model->slot_ce_max.assign(slots, {});
+    model->slot_ce_sum.assign(slots, {});
     float** scratch_ptrs[] = {&model->scratch.dresidual, &model->scratch.dln, &model->scratch.datty,
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
                               &model->scratch.dlogits};
     size_t scratch_sizes[] = {BT * C, BT * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl, BT * Vp};
+    if (!model->last_stage()) scratch_sizes[6] = 0;  // dlogits
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
@@ -377,10 +430,23 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     }
     model->batch_size = B;
     model->seq_len = T;
-    printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d (-r 0/1/2/3:", total * 4.0 / (1 << 20), B, T,
-           model->recompute);
-    for (int r = 0; r <= 3; r++) printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp) * 4.0 / (1 << 20));
+    printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d, %d set(s) (one set at -r 0/1/2/3:",
+           total * slots * 4.0 / (1 << 20), B, T, model->recompute, slots);
+    for (int r = 0; r <= 3; r++) {
+        printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp, model->last_stage()) * 4.0 / (1 << 20));
+    }
     printf(" MiB), backward scratch %.1f MiB\n", scratch_total * 4.0 / (1 << 20));
+}
+
+void gpt2_use_activation_slot(GPT2* model, int slot) {
+    if (slot == model->act_slot) return;
+    model->ce_max.swap(model->slot_ce_max[model->act_slot]);
+    model->ce_sum.swap(model->slot_ce_sum[model->act_slot]);
+    model->ce_max.swap(model->slot_ce_max[slot]);
+    model->ce_sum.swap(model->slot_ce_sum[slot]);
+    layout_activations(&model->acts, model->acts_memory.data() + (size_t)slot * model->acts_per_slot, model->config,
+                       model->batch_size, model->seq_len, model->recompute, model->tp.size, model->last_stage());
+    model->act_slot = slot;
 }
 
 // One transformer block, forward: a.residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), where
@@ -403,7 +469,9 @@ void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C
 }
 
 // Forward pass over inputs (B, T). With targets, also the per-position losses and their mean, which
-// is returned; without, returns -1 and only the logits are meaningful.
+// is returned; without, returns -1 and only the logits are meaningful. A pipeline stage runs its own
+// layers: after the first, acts.encoded holds the previous stage's output; before the last, it stops
+// after its blocks (returns 0) and the output is the last block's residual3.
 float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
@@ -431,13 +499,14 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     // tensor parallel: this rank holds vocabulary rows [v0, v0 + Vl) of wte and computes those logits
     const ProcessGroup& tp = model->tp;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
-    tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp);
+    if (model->first_stage()) tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp);
     for (int l = 0; l < L; l++) {
         BlockParams w = zs ? block_tensors_in_unit(zero_gather_block(zs, l, l + 1 < L ? l + 1 : -1, shard_params),
                                                    zs->units[zero_block_unit(l)])
                            : block_tensors<const float>(p, l, C, tp.size);
         block_forward(w, block_acts(a, l, B, T, C, NH, tp.size), B, T, C, NH, tp);
     }
+    if (!model->last_stage()) return 0.0f;
     const float* final_residual = a.residual3 + (L - 1) * BT * C;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
     matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vl);
@@ -509,6 +578,8 @@ void block_recompute(const BlockParams& w, const BlockActs& a, int recompute, in
 
 // Backward pass of the last forward (same inputs, targets, B, T). Accumulates (+=) into the parameter
 // gradients; dloss is the weight of each position's loss in the objective, 1/(B*T*grad_accum_steps).
+// A pipeline stage before the last starts from scratch.dresidual = d(loss)/d(its output), received from
+// the next stage; one after the first leaves d(loss)/d(its input) there for the previous stage.
 void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
@@ -535,17 +606,19 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     // loss -> logits -> lnf (tensor parallel: this rank's vocabulary rows, then the sum over ranks)
     const ProcessGroup& tp = model->tp;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
-    if (tp.size == 1) {
-        crossentropy_softmax_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, Vp);
-    } else {
-        tp_crossentropy_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, v0, Vl, model->ce_max, model->ce_sum);
+    if (model->last_stage()) {  // else the next stage sent d(loss)/d(output) into s.dresidual
+        if (tp.size == 1) {
+            crossentropy_softmax_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, Vp);
+        } else {
+            tp_crossentropy_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, v0, Vl, model->ce_max, model->ce_sum);
+        }
+        zero(s.dln, BT * C);
+        matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl);
+        column_parallel_input_grad(s.dln, BT * C, tp);
+        zero(s.dresidual, BT * C);
+        const float* final_residual = a.residual3 + (L - 1) * BT * C;
+        layernorm_backward(s.dresidual, g.lnfw, g.lnfb, s.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, (int)BT, C);
     }
-    zero(s.dln, BT * C);
-    matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl);
-    column_parallel_input_grad(s.dln, BT * C, tp);
-    zero(s.dresidual, BT * C);
-    const float* final_residual = a.residual3 + (L - 1) * BT * C;
-    layernorm_backward(s.dresidual, g.lnfw, g.lnfb, s.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, (int)BT, C);
 
     // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
     for (int l = L - 1; l >= 0; l--) {
@@ -560,7 +633,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         block_backward(gl, w, ba, s, B, T, C, NH, tp);
         if (zs) zero_reduce_scatter_unit(zs, zero_block_unit(l), zs->block_grads.data(), shard_grads);
     }
-    tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);
+    if (model->first_stage()) tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);
     if (zs) zero_reduce_scatter_unit(zs, ZERO_OUTER_UNIT, zs->outer_grads.data(), shard_grads);
 }
 
@@ -594,17 +667,25 @@ double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage
             if (tp_param_is_replicated(i)) broadcast(tp, grads + model->param_offsets[i], model->param_sizes[i], 0);
         }
     }
+    const ProcessGroup& pp = model->pp;
+    if (pp.size > 1) {  // the shared tensors (llmc/pipeline.h): wte's tied sum, and zeros added to the rest
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (pp_param_is_shared(i)) all_reduce_sum(pp, grads + model->param_offsets[i], model->param_sizes[i]);
+        }
+    }
     if (zero_stage == 0) {
         all_reduce_sum(pg, grads, model->num_parameters);
     } else if (zero_stage == 1) {
         reduce_scatter_sum(pg, grads, model->shard.shard_size);
     }
     double sum_sq = 0.0;
-    if (tp.size == 1) {
+    if (tp.size == 1 && pp.size == 1) {
         sum_sq = sum_of_squares(grads + (model->opt_begin - model->grads_base), model->opt_end - model->opt_begin);
-    } else {  // each split tensor's slice once per rank, each replicated tensor once (TP rank 0's)
+    } else {  // each split tensor's slice once per rank, each replicated tensor once (TP rank 0's), each
+              // tensor shared by the stages once (stage 0's)
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             if (tp_param_is_replicated(i) && tp.rank != 0) continue;
+            if (pp_param_is_shared(i) && pp.rank != 0) continue;
             size_t begin = std::max(model->param_offsets[i], model->opt_begin);
             size_t end = std::min(model->param_offsets[i] + model->param_sizes[i], model->opt_end);
             if (begin < end) sum_sq += sum_of_squares(grads + begin, end - begin);
@@ -612,6 +693,7 @@ double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage
     }
     if (zero_stage >= 1) sum_sq = all_reduce_sum(pg, sum_sq);
     if (tp.size > 1) sum_sq = all_reduce_sum(tp, sum_sq);
+    if (pp.size > 1) sum_sq = all_reduce_sum(pp, sum_sq);
     return std::sqrt(sum_sq);
 }
 
@@ -671,15 +753,54 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
     return total;
 }
 
-// Mean loss over num_batches val batches of every process.
+// Mean loss over num_batches val batches of every process. A pipeline passes each batch through its
+// stages (forward only); the last stage's losses are summed over the PP group.
 float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const ProcessGroup& pg) {
     dataloader_reset(loader);
     double sum = 0.0;
+    PipelineComm comm;
+    comm.pp = model->pp;
+    gpt2_use_activation_slot(model, 0);
+    size_t BTC = (size_t)loader->B * loader->T * model->config.channels;
     for (int i = 0; i < num_batches; i++) {
         dataloader_next_batch(loader);
+        if (!model->first_stage()) pp_recv(&comm, model->acts.encoded, BTC, model->pp.rank - 1, PP_TAG_ACTIVATION);
         sum += gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
+        if (!model->last_stage()) {
+            pp_send(&comm, model->acts.residual3 + (model->config.num_layers - 1) * BTC, BTC, model->pp.rank + 1,
+                    PP_TAG_ACTIVATION);
+        }
     }
+    pp_finish_sends(&comm);
+    sum = all_reduce_sum(model->pp, sum);
     return (float)(all_reduce_sum(pg, sum) / ((double)num_batches * pg.size));
+}
+
+// One training step's forwards and backwards on this pipeline stage (llmc/pipeline.h), in the order of
+// the schedule, over the m micro-batches inputs and targets (m, B, T). Returns the sum of the
+// micro-batches' mean losses (0 on a stage before the last); comm->wait_seconds grows by the time spent
+// waiting for the neighbours. The last micro-batch's backward uses last_dloss (-ni, testing: INFINITY).
+double pipeline_step(GPT2* model, PipelineComm* comm, const std::string& schedule, const std::vector<int>& inputs,
+                     const std::vector<int>& targets, int m, int B, int T, float dloss, float last_dloss) {
+    const ProcessGroup& pp = model->pp;
+    size_t BT = (size_t)B * T, BTC = BT * model->config.channels, L = model->config.num_layers;
+    double loss_sum = 0.0;
+    for (const PipelineOp& op : pp_schedule(schedule, pp.size, pp.rank, m)) {
+        gpt2_use_activation_slot(model, op.micro % model->act_slots);
+        const int* in = inputs.data() + op.micro * BT;
+        const int* tg = targets.data() + op.micro * BT;
+        if (op.forward) {
+            if (!model->first_stage()) pp_recv(comm, model->acts.encoded, BTC, pp.rank - 1, PP_TAG_ACTIVATION);
+            loss_sum += gpt2_forward(model, in, tg, B, T);
+            if (!model->last_stage()) pp_send(comm, model->acts.residual3 + (L - 1) * BTC, BTC, pp.rank + 1, PP_TAG_ACTIVATION);
+        } else {
+            if (!model->last_stage()) pp_recv(comm, model->scratch.dresidual, BTC, pp.rank + 1, PP_TAG_GRADIENT);
+            gpt2_backward(model, in, tg, B, T, op.micro == m - 1 ? last_dloss : dloss);
+            if (!model->first_stage()) pp_send(comm, model->scratch.dresidual, BTC, pp.rank - 1, PP_TAG_GRADIENT);
+        }
+    }
+    pp_finish_sends(comm);
+    return loss_sum;
 }
 
 // The full vector (checkpoint order) of a tensor-parallel model's local one (num_parameters long), on
@@ -696,6 +817,23 @@ std::vector<float> tp_gather_full(const GPT2* model, const float* local) {
     return full;
 }
 
+// The whole model's vector (checkpoint order) from the stages' vectors (stage_vector: this stage's,
+// unsplit by tensor parallelism), on PP rank 0; empty elsewhere. Every stage of the PP group calls it.
+std::vector<float> pp_gather_full(const GPT2* model, const std::vector<float>& stage_vector) {
+    if (model->pp.size == 1) return stage_vector;
+    std::vector<std::vector<float>> stages = pp_gather_vectors(model->pp, stage_vector);
+    std::vector<float> full;
+    if (model->pp.rank != 0) return full;
+    const GPT2Config& cfg = model->model_config;
+    full.resize(num_parameters(cfg));
+    for (int s = model->pp.size - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors stays
+        int l0, l1;
+        pp_stage_layers(cfg.num_layers, model->pp.size, s, &l0, &l1);
+        pp_copy_stage(cfg, l0, l1, full.data(), stages[s].data(), false);
+    }
+    return full;
+}
+
 // This process's AdamW moment (m_memory or v_memory) for all its local parameters: with -z 1 the
 // data-parallel group's shards are gathered.
 std::vector<float> local_moment(const GPT2* model, const std::vector<float>& moment, const ProcessGroup& dp) {
@@ -708,14 +846,14 @@ std::vector<float> local_moment(const GPT2* model, const std::vector<float>& mom
 }
 
 // Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
-// With tensor parallelism the slices are gathered first: process 0 writes the whole model and the whole
-// optimizer state (one segment [0, N)), the others state files with empty segments, so that any layout
-// can resume it (train_state_restore).
+// With tensor or pipeline parallelism the slices, then the stages, are gathered first: process 0 writes the
+// whole model and the whole optimizer state (one segment [0, N)), the others state files with empty
+// segments, so that any layout can resume it (train_state_restore).
 void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
                      uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const ParallelLayout& lay) {
     const ProcessGroup& pg = lay.world;
     TrainState state;
-    if (model->tp.size == 1) {
+    if (model->tp.size == 1 && model->pp.size == 1) {
         if (model->zero.stage == 3) {  // the shards gathered for the moment
             std::vector<float> full = gpt2_full_parameters(model, lay.dp_group);
             if (pg.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, full.data(), MODEL_VERSION_FP32);
@@ -727,12 +865,17 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
         state.m = model->m_memory;
         state.v = model->v_memory;
     } else {
-        size_t N = model->full_num_parameters;
+        size_t N = num_parameters(model->model_config);
         std::vector<float> params = tp_gather_full(model, model->params_memory.data());
         std::vector<float> m = tp_gather_full(model, local_moment(model, model->m_memory, lay.dp_group).data());
         std::vector<float> v = tp_gather_full(model, local_moment(model, model->v_memory, lay.dp_group).data());
+        if (lay.tp_rank == 0 && lay.dp_rank == 0) {  // one pipeline holds the whole model
+            params = pp_gather_full(model, params);
+            m = pp_gather_full(model, m);
+            v = pp_gather_full(model, v);
+        }
         bool writer = pg.rank == 0;
-        if (writer) model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_FP32);
+        if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_FP32);
         state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? N : 0);
         if (writer) {
             state.m = m;
@@ -783,10 +926,6 @@ int main(int argc, char** argv) {
     // the process layout (llmc/parallel_layout.h); data and gradients go over the data-parallel group
     ParallelLayout layout = parallel_layout_init(pg, args.tensor_parallel, args.pipeline_parallel, cfg);
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
-    if (layout.pp > 1) {
-        fatal("process layout: -pp %d is a valid layout for this model, but pipeline parallelism is not implemented "
-              "yet (doc/model_parallel.md)", layout.pp);
-    }
     if (layout.tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
               "by vocabulary; run with -s 0 (and no -he)", layout.tp);
@@ -801,7 +940,12 @@ int main(int argc, char** argv) {
         fatal("flag -he: HellaSwag with -z 3 is not supported (each process evaluates its own examples, a number "
               "of forwards the others do not match); use -z 0, 1 or 2");
     }
+    if (layout.pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
+        fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
+              "has logits); run with -s 0 (and no -he)", layout.pp);
+    }
     const ProcessGroup& dp = layout.dp_group;
+    gpt2_split_pipeline(&model, layout.pp_group);  // pp > 1: keep this stage's layers
     gpt2_split_tensor_parallel(&model, layout.tp_group);  // tp > 1: keep this rank's slices
     gpt2_setup_optimizer(&model, dp, args.zero_stage);
     const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
@@ -815,7 +959,20 @@ int main(int argc, char** argv) {
     DataLoader& train_loader = data.train;
     int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
     model.recompute = args.recompute;
-    gpt2_allocate_activations(&model, B, T);
+    // a pipeline stage keeps the activations of the micro-batches in flight (llmc/pipeline.h)
+    const std::string& schedule = args.pipeline_schedule;
+    int pp = layout.pp, stage = layout.pp_rank, m = grad_accum_steps;
+    gpt2_allocate_activations(&model, B, T, pp > 1 ? pp_activation_slots(schedule, pp, stage, m) : 1);
+    if (pp > 1) {
+        printf("pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d micro-batches\n", pp,
+               stage, model.layer_begin, model.layer_begin + cfg.num_layers, model.model_config.num_layers,
+               schedule.c_str(), m);
+        double slot_mib = model.acts_per_slot * sizeof(float) / 1048576.0;
+        printf("pipeline: activations on stage %d: GPipe keeps %d micro-batches (%.2f MiB), 1F1B %d (%.2f MiB)\n",
+               stage, pp_activation_slots("gpipe", pp, stage, m), pp_activation_slots("gpipe", pp, stage, m) * slot_mib,
+               pp_activation_slots("1f1b", pp, stage, m), pp_activation_slots("1f1b", pp, stage, m) * slot_mib);
+        printf("pipeline: bubble formula (p-1)/(m+p-1) = %d/%d = %.3f\n", pp - 1, m + pp - 1, pp_bubble_formula(pp, m));
+    }
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, AdamW moments %.2f MiB, activations %.2f "
            "MiB, backward scratch %.2f MiB\n", mib(model.params_memory.size()), mib(model.grads_memory.size()),
@@ -844,20 +1001,22 @@ int main(int argc, char** argv) {
     uint64_t sampler_rng = (uint64_t)args.sample_seed;
     LossScaler scaler = loss_scaler_from_args(args, false);  // fp32: skipping only, no scaling
     if (resume_step >= 0) {
-        if (model.tp.size == 1) {
+        if (model.tp.size == 1 && model.pp.size == 1) {
             TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps,
                                                    model.num_parameters, model.opt_begin, model.opt_end, &train_loader,
                                                    &sampler_rng);
             model.m_memory = state.m;
             model.v_memory = state.v;
             loss_scaler_restore(&scaler, state);
-        } else {  // the whole state, then this rank's slices, then its ZeRO-1 shard of them
-            TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps,
-                                                   model.full_num_parameters, 0, model.full_num_parameters,
+        } else {  // the whole state, then this stage's layers, this rank's slices, its ZeRO-1 shard of them
+            size_t N = num_parameters(model.model_config);
+            TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps, N, 0, N,
                                                    &train_loader, &sampler_rng);
-            std::vector<float> local(model.num_parameters);
+            std::vector<float> stage_part(model.full_num_parameters), local(model.num_parameters);
+            int l0 = model.layer_begin, l1 = l0 + cfg.num_layers;
             for (std::vector<float>* moment : {&state.m, &state.v}) {
-                tp_copy_slices(cfg, model.tp.size, model.tp.rank, moment->data(), local.data(), true);
+                pp_copy_stage(model.model_config, l0, l1, moment->data(), stage_part.data(), true);
+                tp_copy_slices(cfg, model.tp.size, model.tp.rank, stage_part.data(), local.data(), true);
                 moment->assign(local.begin() + model.opt_begin, local.begin() + model.opt_end);
             }
             model.m_memory = state.m;
@@ -871,6 +1030,8 @@ int main(int argc, char** argv) {
     if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
     int start_step = resume_step >= 0 ? resume_step : 0;
     PhaseTimer timer;
+    PipelineComm pipe;
+    pipe.pp = layout.pp_group;
     for (int step = start_step; step <= max_steps; step++) {
         bool last = step == max_steps;
         if (is_val_step(args, step, max_steps)) {
@@ -908,7 +1069,43 @@ int main(int argc, char** argv) {
         uint64_t comm_before = comm_bytes_moved;
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
-        for (int micro = 0; micro < grad_accum_steps; micro++) {
+        // every position of every micro-step of every process weighs the same in the step's mean loss
+        float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
+        std::string bubble_note;
+        if (pp > 1) {  // the step's micro-batches, then the schedule (llmc/pipeline.h)
+            phase_begin(&timer, PHASE_DATA);
+            size_t BT = (size_t)B * T;
+            std::vector<int> inputs(m * BT), targets(m * BT);
+            for (int micro = 0; micro < m; micro++) {
+                if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
+                std::copy(train_loader.inputs.begin(), train_loader.inputs.begin() + BT, inputs.begin() + micro * BT);
+                std::copy(train_loader.targets.begin(), train_loader.targets.begin() + BT, targets.begin() + micro * BT);
+            }
+            phase_end(&timer);
+            // forwards and backwards interleave in the schedule: the breakdown counts all of it as forward
+            phase_begin(&timer, PHASE_FORWARD);
+            pipe.wait_seconds = 0.0;
+            auto pipe_start = std::chrono::steady_clock::now();
+            // -ni (testing): the last stage of the first pipeline stands for one bad micro-batch
+            bool inject = stage == pp - 1 && layout.tp_rank == 0 && layout.dp_rank == 0 && is_inject_step(args, step);
+            loss_sum = pipeline_step(&model, &pipe, schedule, inputs, targets, m, B, T, dloss, inject ? INFINITY : dloss);
+            double pipe_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pipe_start).count();
+            phase_end(&timer);
+            // the measured bubble: the share of the pipeline's span (the slowest stage's time in the schedule)
+            // that each stage was not computing, i.e. waiting in receives or done early
+            std::vector<float> busy(pp, 0.0f), span(pp, 0.0f), idle(pp);
+            busy[stage] = (float)(pipe_s - pipe.wait_seconds);
+            span[stage] = (float)pipe_s;
+            all_reduce_sum(layout.pp_group, busy.data(), pp);
+            all_reduce_max(layout.pp_group, span.data(), pp);
+            float longest = *std::max_element(span.begin(), span.end());
+            for (int s = 0; s < pp; s++) idle[s] = 1.0f - busy[s] / longest;
+            bubble_note = " | bubble";
+            for (float x : idle) bubble_note += " " + std::to_string(x).substr(0, 5);
+            bubble_note += " (formula " + std::to_string(pp_bubble_formula(pp, m)).substr(0, 5) + ")";
+            loss_sum = all_reduce_sum(layout.pp_group, loss_sum);  // the last stage's
+        }
+        for (int micro = 0; pp == 1 && micro < grad_accum_steps; micro++) {
             phase_begin(&timer, PHASE_DATA);
             if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
             phase_end(&timer);
@@ -917,12 +1114,10 @@ int main(int argc, char** argv) {
             phase_begin(&timer, PHASE_FORWARD);
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
             phase_end(&timer);
-            // every position of every micro-step of every process weighs the same in the step's mean loss
-            float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
             // -ni (testing): process 0's last micro-step of this step stands for one bad micro-batch
-            if (pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step)) dloss = INFINITY;
+            float micro_dloss = pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step) ? INFINITY : dloss;
             phase_begin(&timer, PHASE_BACKWARD);
-            gpt2_backward(&model, inputs, targets, B, T, dloss);
+            gpt2_backward(&model, inputs, targets, B, T, micro_dloss);
             phase_end(&timer);
         }
         phase_begin(&timer, PHASE_COMM);
@@ -942,8 +1137,9 @@ int main(int argc, char** argv) {
         char skip_note[96] = "";
         if (!apply) snprintf(skip_note, sizeof(skip_note), " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
         StepThroughput throughput = step_throughput(flops_per_step, ms, peak_flops);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step, max_steps, loss, lr,
-               grad_norm, ms, tokens_per_s, step_breakdown_text(timer.times, throughput, peak_flops).c_str(), skip_note);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s\n", step, max_steps, loss, lr,
+               grad_norm, ms, tokens_per_s, step_breakdown_text(timer.times, throughput, peak_flops).c_str(), skip_note,
+               bubble_note.c_str());
         logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
                          0.0f, (long long)(comm_bytes_moved - comm_before),
                          step_breakdown_json(timer.times, throughput, peak_flops));

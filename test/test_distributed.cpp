@@ -10,20 +10,27 @@
 //  - process layouts (-tp/-pp) that cannot split the processes or the model are refused;
 //  - tensor parallelism (tp 2, tp 3, tp 2 x dp 2 with -z 1) follows one process, and its checkpoint
 //    resumes as 1 process, dp 3 and tp 2;
+//  - pipeline parallelism (pp 2 and pp 3 on 5 layers, both schedules, pp 2 x dp 2 with -z 1, tp 2 x pp 2)
+//    follows one process, and a tp 2 x pp 2 checkpoint resumes as 1 process and as dp 3; the schedules
+//    themselves (llmc/pipeline.h) are checked directly;
 //  - processes started with different flags are stopped at start-up;
 //  - killing one process ends the run with an error within a bounded time.
 // The shard arithmetic itself (llmc/zero.h) is checked directly.
 #include <chrono>
+#include <map>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "../llmc/pipeline.h"
 #include "../llmc/zero.h"
 #include "test_helpers.h"
 
 namespace {
 
 const char* TINY = "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 4096";
+// L=5: pipelines of 2 and 3 stages split it unevenly (3+2, 2+2+1)
+const char* FIVE = "--layers 5 --channels 32 --heads 4 --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 4096";
 // L=1, C=21: 14343 parameters, odd, so 2 processes need a padded shard
 const char* ODD = "--layers 1 --channels 21 --heads 3 --max-seq-len 32 --vocab 300 --seed 3 -b 2 -t 16 --data-tokens 4096";
 
@@ -363,6 +370,142 @@ TEST(ModelParallel, TensorParallelCheckpointResumesInAnyLayout) {
     }
 }
 
+// The stages cover every layer once, as evenly as possible; each schedule runs every micro-batch's
+// forward then its backward once per stage, in order, and never needs more activation slots than
+// pp_activation_slots says (micro-batch i uses slot i % slots: the slot must be free when its forward starts).
+TEST(Pipeline, StagesAndSchedules) {
+    for (int L : {1, 4, 5, 12}) {
+        for (int p = 1; p <= L; p++) {
+            int next = 0;
+            for (int s = 0; s < p; s++) {
+                int l0, l1;
+                pp_stage_layers(L, p, s, &l0, &l1);
+                EXPECT_EQ(l0, next);
+                EXPECT_TRUE(l1 - l0 == L / p || l1 - l0 == L / p + 1) << L << " " << p << " " << s;
+                next = l1;
+            }
+            EXPECT_EQ(next, L);
+        }
+    }
+    for (std::string kind : {"gpipe", "1f1b"}) {
+        for (int p : {1, 2, 3, 4}) {
+            for (int m : {1, 2, 3, 4, 8}) {
+                for (int s = 0; s < p; s++) {
+                    SCOPED_TRACE(kind + " p " + std::to_string(p) + " s " + std::to_string(s) + " m " + std::to_string(m));
+                    int slots = pp_activation_slots(kind, p, s, m);
+                    std::vector<int> slot_owner(slots, -1);
+                    int next_f = 0, next_b = 0, alive = 0, most_alive = 0;
+                    for (const PipelineOp& op : pp_schedule(kind, p, s, m)) {
+                        if (op.forward) {
+                            ASSERT_EQ(op.micro, next_f++);
+                            ASSERT_EQ(slot_owner[op.micro % slots], -1) << "slot still in use";
+                            slot_owner[op.micro % slots] = op.micro;
+                            most_alive = std::max(most_alive, ++alive);
+                        } else {
+                            ASSERT_EQ(op.micro, next_b++);
+                            ASSERT_LT(op.micro, next_f) << "backward before forward";
+                            ASSERT_EQ(slot_owner[op.micro % slots], op.micro);
+                            slot_owner[op.micro % slots] = -1;
+                            alive--;
+                        }
+                    }
+                    EXPECT_EQ(next_f, m);
+                    EXPECT_EQ(next_b, m);
+                    EXPECT_EQ(most_alive, kind == "gpipe" ? m : std::min(m, p - s));
+                }
+            }
+        }
+    }
+}
+
+// Pipeline parallelism (llmc/pipeline.h) against one process on the same global batch, to fp32
+// rounding (expect_same_training: the tied wte gradient is summed across stages at the end of the step
+// instead of accumulated in place). 5 layers split 3+2 and 2+2+1; both schedules; with dp and tp.
+// Also: each stage stores less than the whole model; 1F1B keeps fewer activations than GPipe; the
+// step line shows the measured bubble and the formula (p-1)/(m+p-1).
+TEST(ModelParallel, PipelineParallelMatchesOneProcess) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    struct Case { int np; std::string flags, formula; };
+    int steps = 3, total = 2 * 16 * 4;  // m = 4 micro-batches per step (2 with dp 2)
+    std::vector<Case> cases = {
+        {2, "-pp 2 -pm 1f1b", "(formula 0.200)"},  // 1/5
+        {3, "-pp 3 -pm 1f1b", "(formula 0.333)"},  // 2/6
+        {3, "-pp 3 -pm gpipe", "(formula 0.333)"},
+        {4, "-pp 2 -z 1", "(formula 0.333)"},  // dp 2: m = 2, 1/3
+        {4, "-tp 2 -pp 2 -pm gpipe", "(formula 0.200)"},
+    };
+    std::string oracle_dir = test::oracle("tiny_five", FIVE);
+    std::string one = test::scratch_dir("pp_one");
+    test::CommandResult r1 = test::run_command("OMP_NUM_THREADS=1 " + train_args(oracle_dir, steps, total) + " -o " + one);
+    ASSERT_EQ(r1.exit_code, 0) << r1.output;
+    auto mib_after = [](const std::string& out, const std::string& label) {
+        size_t at = out.find(label);
+        return at == std::string::npos ? -1.0 : atof(out.c_str() + at + label.size());
+    };
+    std::map<std::string, double> activations;
+    for (const Case& c : cases) {
+        SCOPED_TRACE("np " + std::to_string(c.np) + " " + c.flags);
+        std::string many = test::scratch_dir("pp_many");
+        test::CommandResult rn = test::run_command(mpirun(c.np) + train_args(oracle_dir, steps, total) + " " + c.flags + " -o " + many);
+        ASSERT_EQ(rn.exit_code, 0) << rn.output;
+        expect_same_training(read_run(one, steps), read_run(many, steps), steps, 1e-3);
+        EXPECT_NE(rn.output.find("| bubble "), std::string::npos) << rn.output;
+        EXPECT_NE(rn.output.find(c.formula), std::string::npos) << rn.output;
+        // stage 0 (process 0 prints) holds 3 or 2 of the 5 layers, plus wte and wpe
+        double params = mib_after(rn.output, "memory per process: parameters ");
+        EXPECT_GT(params, 0.0) << rn.output;
+        EXPECT_LT(params, 0.8 * mib_after(r1.output, "memory per process: parameters ")) << rn.output;
+        activations[c.flags] = mib_after(rn.output, "MiB, activations ");
+    }
+    // pp 3, m 4, stage 0: 1F1B keeps p-s = 3 micro-batches' activations, GPipe all 4
+    EXPECT_NEAR(activations["-pp 3 -pm 1f1b"] / activations["-pp 3 -pm gpipe"], 3.0 / 4.0, 0.02);
+}
+
+// -ni 2 with pp 2: the last stage alone gets a non-finite loss gradient; its infinity reaches stage 0
+// through the sent gradients and the norm is summed over the stages, so both skip step 2: the weights
+// after it are those before it, and step 3 updates them again.
+TEST(ModelParallel, PipelineNonFiniteStepSkippedByEveryStage) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_five", FIVE);
+    std::string dir = test::scratch_dir("pp_nonfinite");
+    test::CommandResult r = test::run_command(mpirun(2) + train_args(oracle_dir, 4, 128) + " -n 1 -ni 2 -pp 2 -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("SKIPPED"), std::string::npos) << r.output;
+    EXPECT_EQ(test::read_text(dir + "/model_00000002.bin"), test::read_text(dir + "/model_00000003.bin"));
+    EXPECT_NE(test::read_text(dir + "/model_00000003.bin"), test::read_text(dir + "/model_00000004.bin"));
+}
+
+// A checkpoint written by tp 2 x pp 2 resumes as one process, as dp 3 (ZeRO-1) and as pp 3 (GPipe), and
+// each continues as the uninterrupted one-process run would (expect_same_training).
+TEST(ModelParallel, PipelineCheckpointResumesInAnyLayout) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_five", FIVE);
+    std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                      "/train.bin -b 2 -t 16 -d 192 -x 6 -n 3 -l 1e-3 -c 0.1 -sh 1 -v 0 -s 0";
+    std::string ref = test::scratch_dir("pp_ck_ref"), written = test::scratch_dir("pp_ck_written");
+    test::CommandResult r = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -o " + ref);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = test::run_command(mpirun(4) + cmd + " -tp 2 -pp 2 -o " + written);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_training(read_run(ref, 6), read_run(written, 6), 6, 1e-3);
+    for (const char* f : {"/model_00000006.bin", "/DONE_00000006"}) ASSERT_EQ(remove((written + f).c_str()), 0) << f;
+    struct Resume { std::string name, launch, flags; };
+    std::vector<Resume> resumes = {
+        {"one", "OMP_NUM_THREADS=1 ", ""},
+        {"dp3", mpirun(3), " -z 1"},
+        {"pp3", mpirun(3), " -pp 3 -pm gpipe"},
+    };
+    for (const Resume& res : resumes) {
+        SCOPED_TRACE("resumed as " + res.name);
+        std::string dir = test::scratch_dir("pp_ck_" + res.name);
+        ASSERT_EQ(test::run_command("cp -r " + written + "/. " + dir).exit_code, 0);
+        test::CommandResult rr = test::run_command(res.launch + cmd + res.flags + " -o " + dir + " -y 1");
+        ASSERT_EQ(rr.exit_code, 0) << rr.output;
+        EXPECT_NE(rr.output.find("continuing from step 3"), std::string::npos) << rr.output;
+        expect_same_training(read_run(ref, 6), read_run(dir, 6), 6, 1e-3);
+    }
+}
+
 // A layout that cannot split the model or the processes is refused at start-up with the reason.
 TEST(Distributed, BadLayoutsAreRefused) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
@@ -377,6 +520,7 @@ TEST(Distributed, BadLayoutsAreRefused) {
         {3, "-pp 3", "more pipeline stages than the model's 2 layers"},
         {1, "-pm zigzag", "unknown pipeline schedule 'zigzag'"},
         {2, "-tp 2 -s 5", "need the whole logits"},
+        {2, "-pp 2 -s 5", "not implemented through a pipeline"},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE("np " + std::to_string(c.np) + " " + c.flags);

@@ -1,0 +1,177 @@
+// Pipeline parallelism over the PP group of llmc/parallel_layout.h: the layers are cut into stages.
+//
+// Stage s of p holds layers [l0, l1), as even as possible (the first L % p stages get one more). Each
+// stage's parameters are a model of its own in checkpoint order with num_layers = l1 - l0 (so tensor
+// parallelism, ZeRO-1 and AdamW work on it unchanged). The first stage uses wte and wpe (the
+// embedding), the last lnf and wte again (the tied LM head). The gradients of these shared tensors
+// (wte, wpe, lnfw, lnfb) are summed over the PP group before the update: for wte that is the tied sum
+// of the embedding's and the head's gradients, for the others it adds zeros; every stage then applies
+// the same update, so the copies never differ. (A middle stage of p >= 3 keeps such a copy it never
+// uses: simpler than a layout with absent tensors, and for p = 2 there is no middle stage.)
+//
+// The gradient-accumulation micro-batches flow through the stages: stage s receives the (B, T, C)
+// residual stream from s-1, runs its blocks and sends its output to s+1; in the backward it receives
+// d(loss)/d(output) from s+1 and sends d(loss)/d(input) to s-1. The order of forwards (F) and
+// backwards (B) on each stage is the schedule; for p = 3 stages and m = 4 micro-batches:
+//
+//   GPipe (all forwards, then all backwards; m activations alive per stage)
+//     s0, s1, s2: F0 F1 F2 F3 B0 B1 B2 B3
+//   1F1B (p-1-s forwards of warm-up, then one forward one backward, then the cool-down backwards;
+//         at most p-s micro-batches alive on stage s)
+//     s0: F0 F1 F2 B0 F3 B1 B2 B3
+//     s1: F0 F1 B0 F2 B1 F3 B2 B3
+//     s2: F0 B0 F1 B1 F2 B2 F3 B3
+// doc/model_parallel.md draws them as timelines. Each stage idles
+// p-1 slots of forward+backward out of m+p-1: the bubble fraction (p-1)/(m+p-1), the same for both
+// schedules; 1F1B only lowers the activation memory.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpt2_config.h"
+#include "process_group.h"
+#include "utils.h"
+
+// Layers [*l0, *l1) of stage s of p for L layers.
+inline void pp_stage_layers(int L, int p, int s, int* l0, int* l1) {
+    int base = L / p, extra = L % p;
+    *l0 = s * base + std::min(s, extra);
+    *l1 = *l0 + base + (s < extra ? 1 : 0);
+}
+
+// The tensors every stage keeps a copy of (their gradients are summed over the PP group).
+inline bool pp_param_is_shared(int i) { return i == P_WTE || i == P_WPE || i == P_LNFW || i == P_LNFB; }
+
+// Copies between the full parameter vector (checkpoint order, cfg) and the stage vector of layers
+// [l0, l1) (checkpoint order, cfg with num_layers = l1 - l0): full -> stage when to_stage, else back.
+// Per-layer tensors are stacked (L, ...), so a stage's layers are one contiguous run of each.
+inline void pp_copy_stage(const GPT2Config& cfg, int l0, int l1, float* full, float* stage, bool to_stage) {
+    GPT2Config stage_cfg = cfg;
+    stage_cfg.num_layers = l1 - l0;
+    size_t full_sizes[NUM_PARAMETER_TENSORS], stage_sizes[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, full_sizes);
+    param_tensor_sizes(stage_cfg, stage_sizes);
+    float* f = full;
+    float* s = stage;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t skip = pp_param_is_shared(i) ? 0 : full_sizes[i] / cfg.num_layers * l0;
+        if (to_stage) memcpy(s, f + skip, stage_sizes[i] * sizeof(float));
+        else memcpy(f + skip, s, stage_sizes[i] * sizeof(float));
+        f += full_sizes[i];
+        s += stage_sizes[i];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Schedules
+
+struct PipelineOp {
+    bool forward;
+    int micro;  // which micro-batch
+};
+
+// The order of forwards and backwards on stage s of p for m micro-batches: "gpipe" or "1f1b".
+inline std::vector<PipelineOp> pp_schedule(const std::string& kind, int p, int s, int m) {
+    std::vector<PipelineOp> ops;
+    if (kind == "gpipe") {
+        for (int i = 0; i < m; i++) ops.push_back({true, i});
+        for (int i = 0; i < m; i++) ops.push_back({false, i});
+        return ops;
+    }
+    int warmup = std::min(p - 1 - s, m), next_f = 0, next_b = 0;
+    for (; next_f < warmup; next_f++) ops.push_back({true, next_f});
+    while (next_f < m) {  // steady state: one forward, one backward
+        ops.push_back({true, next_f++});
+        ops.push_back({false, next_b++});
+    }
+    while (next_b < m) ops.push_back({false, next_b++});  // cool-down
+    return ops;
+}
+
+// Micro-batches whose activations are alive at once on stage s: all m for GPipe, p-s for 1F1B.
+// Micro-batch i uses activation slot i % slots (1F1B: micro i's forward comes after micro i-(p-s)'s backward).
+inline int pp_activation_slots(const std::string& kind, int p, int s, int m) {
+    return kind == "gpipe" ? m : std::min(m, p - s);
+}
+
+inline double pp_bubble_formula(int p, int m) { return (double)(p - 1) / (m + p - 1); }
+
+// ----------------------------------------------------------------------------
+// Point-to-point transfers along the PP group. Sends are nonblocking from a copy (so no schedule can
+// deadlock on two stages sending to each other); receives block, and the time they wait is the idle
+// time of the stage: its share of the step is the measured bubble.
+
+struct PipelineComm {
+    ProcessGroup pp;
+    double wait_seconds = 0.0;  // time spent blocked in receives since the last reset
+#ifdef USE_MPI
+    std::vector<std::vector<float>> send_buffers;
+    std::vector<MPI_Request> requests;
+#endif
+};
+
+enum { PP_TAG_ACTIVATION = 1, PP_TAG_GRADIENT = 2 };
+
+inline void pp_send(PipelineComm* c, const float* data, size_t n, int to_stage, int tag) {
+#ifdef USE_MPI
+    c->send_buffers.emplace_back(data, data + n);
+    c->requests.emplace_back();
+    mpiCheck(MPI_Isend(c->send_buffers.back().data(), (int)n, MPI_FLOAT, to_stage, tag, c->pp.comm, &c->requests.back()));
+#else
+    (void)c, (void)data, (void)n, (void)to_stage, (void)tag;
+    fatal("pipeline parallelism needs MPI");
+#endif
+}
+
+inline void pp_recv(PipelineComm* c, float* data, size_t n, int from_stage, int tag) {
+#ifdef USE_MPI
+    auto start = std::chrono::steady_clock::now();
+    mpiCheck(MPI_Recv(data, (int)n, MPI_FLOAT, from_stage, tag, c->pp.comm, MPI_STATUS_IGNORE));
+    c->wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+#else
+    (void)c, (void)data, (void)n, (void)from_stage, (void)tag;
+    fatal("pipeline parallelism needs MPI");
+#endif
+}
+
+// Waits for this stage's sends to complete and frees their copies (end of a step's schedule).
+inline void pp_finish_sends(PipelineComm* c) {
+#ifdef USE_MPI
+    if (!c->requests.empty()) {
+        mpiCheck(MPI_Waitall((int)c->requests.size(), c->requests.data(), MPI_STATUSES_IGNORE));
+    }
+    c->requests.clear();
+    c->send_buffers.clear();
+#else
+    (void)c;
+#endif
+}
+
+// Whole vectors of different lengths from every stage to stage 0 (checkpoints): returns them there,
+// in stage order; elsewhere an empty list.
+inline std::vector<std::vector<float>> pp_gather_vectors(const ProcessGroup& pp, const std::vector<float>& mine) {
+    std::vector<std::vector<float>> all;
+#ifdef USE_MPI
+    if (pp.rank != 0) {
+        unsigned long long n = mine.size();
+        mpiCheck(MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, 0, pp.comm));
+        mpiCheck(MPI_Send(mine.data(), (int)n, MPI_FLOAT, 0, 0, pp.comm));
+        return all;
+    }
+    all.push_back(mine);
+    for (int s = 1; s < pp.size; s++) {
+        unsigned long long n = 0;
+        mpiCheck(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, s, 0, pp.comm, MPI_STATUS_IGNORE));
+        all.emplace_back(n);
+        mpiCheck(MPI_Recv(all.back().data(), (int)n, MPI_FLOAT, s, 0, pp.comm, MPI_STATUS_IGNORE));
+    }
+#else
+    all.push_back(mine);
+    (void)pp;
+#endif
+    return all;
+}
