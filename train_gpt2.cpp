@@ -430,12 +430,12 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     }
     model->batch_size = B;
     model->seq_len = T;
-    printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d, %d set(s) (one set at -r 0/1/2/3:",
-           total * slots * 4.0 / (1 << 20), B, T, model->recompute, slots);
+    printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d (-r 0/1/2/3:", total * slots * 4.0 / (1 << 20), B,
+           T, model->recompute);
     for (int r = 0; r <= 3; r++) {
         printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp, model->last_stage()) * 4.0 / (1 << 20));
     }
-    printf(" MiB), backward scratch %.1f MiB\n", scratch_total * 4.0 / (1 << 20));
+    printf(" MiB a set), %d set(s), backward scratch %.1f MiB\n", slots, scratch_total * 4.0 / (1 << 20));
 }
 
 void gpt2_use_activation_slot(GPT2* model, int slot) {
