@@ -44,7 +44,8 @@ def write_shard(path, num_tokens, vocab=50257, seed=0):
 
 def ours_ms_per_step(model, B, T, steps, shard, env):
     cmd = [os.path.join(ROOT, "train_gpt2"), "-e", model, "-i", shard, "-b", str(B), "-t", str(T),
-           "-x", str(steps + WARMUP), "-v", "0", "-s", "0", "-sh", "0"]
+           "-x", str(steps + WARMUP), "-v", "0", "-s", "0", "-sh", "0",
+           "-r", "0"]  # keep every activation, as PyTorch's autograd does (no recomputation)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"train_gpt2 failed:\n{out.stdout}\n{out.stderr}")
