@@ -247,15 +247,6 @@ struct GPT2 {
     BackwardScratch scratch;
 };
 
-// Points each tensor of p at memory + offsets[i]: the model's own offsets, which are local (smaller
-// tensors) with tensor parallelism.
-void point_tensors(ParameterTensors* p, float* memory, const size_t* offsets) {
-    float** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
-                                           &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,
-                                           &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
-}
-
 // Sizes the flat parameter and gradient arrays (zero-filled where new, padded for the collectives)
 // and the AdamW moments for the parameters this process updates: all of them (-z 0) or its shard
 // (-z 1, see llmc/zero.h). -z 2 keeps only the shard of the gradients, -z 3 of the parameters too
@@ -270,7 +261,7 @@ void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
         model->params_base = sh.begin;
     } else {
         model->params_memory.resize(sh.padded_size, 0.0f);
-        point_tensors(&model->params, model->params_memory.data(), model->param_offsets);
+        point_parameters_at(&model->params, model->params_memory.data(), model->param_offsets);  // local offsets with -tp
         model->params_base = 0;
     }
     if (zero_stage >= 2) {
@@ -280,7 +271,7 @@ void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
         zero_sharding_init(&model->zero, model->config, pg, sh, zero_stage);
     } else {
         model->grads_memory.resize(sh.padded_size, 0.0f);
-        point_tensors(&model->grads, model->grads_memory.data(), model->param_offsets);
+        point_parameters_at(&model->grads, model->grads_memory.data(), model->param_offsets);
         model->grads_base = 0;
         model->zero = ZeroSharding();
     }

@@ -106,16 +106,23 @@ struct ParameterTensorsOf {
     T* lnfb;      // (C)
 };
 
+// Points each tensor at memory + offsets[i]: any layout of the 16 tensors, e.g. a tensor-parallel
+// rank's smaller slices (train_gpt2.cpp).
+template <typename T>
+void point_parameters_at(ParameterTensorsOf<T>* p, T* memory, const size_t* offsets) {
+    T** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
+                                       &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,
+                                       &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
+}
+
 // Points each tensor at its offset in `memory` (N elements in checkpoint order). Every tensor starts
 // at a multiple of C elements, so with C % 8 == 0 each is 16-byte aligned for 2-byte types.
 template <typename T>
 void point_parameters(ParameterTensorsOf<T>* p, T* memory, const GPT2Config& cfg) {
-    T** ptrs[NUM_PARAMETER_TENSORS] = {&p->wte,      &p->wpe,      &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb,
-                                       &p->attprojw, &p->attprojb, &p->ln2w, &p->ln2b, &p->fcw,  &p->fcb,
-                                       &p->fcprojw,  &p->fcprojb,  &p->lnfw, &p->lnfb};
     size_t offsets[NUM_PARAMETER_TENSORS];
     param_tensor_offsets(cfg, offsets);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = memory + offsets[i];
+    point_parameters_at(p, memory, offsets);
 }
 
 // Forward FLOPs per token for the training FLOP estimate: 6N for the matmuls of forward+backward plus

@@ -338,36 +338,40 @@ TEST(ModelParallel, TensorParallelMatchesOneProcess) {
     }
 }
 
-// A checkpoint written by tp 2 x dp 2 (ZeRO-1) resumes as one process, as dp 3 and as tp 2, and each
-// continues as the uninterrupted one-process run would (expect_same_training).
-TEST(ModelParallel, TensorParallelCheckpointResumesInAnyLayout) {
-    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    std::string oracle_dir = test::oracle("tiny", TINY);
-    // 192 tokens = 6 x 32 = 3 DP ranks x 2 x 32 = 2 DP ranks x 3 x 32; shuffled, so the data order matters
+// A layout's checkpoint resumes in other layouts: with the model of `oracle_dir`, 6 steps of 192 tokens
+// (6 x 32 = 3 DP ranks x 2 x 32 = 2 DP ranks x 3 x 32; shuffled, so the data order matters) are trained
+// by one process (the reference) and by 4 processes with `written_flags`, checkpointing at step 3 and 6.
+// The step-6 checkpoint is removed, and each of `resumes` (a name, the launch, the flags) continues from
+// step 3: every run continues as the uninterrupted one-process run would (expect_same_training).
+struct Resume { std::string name, launch, flags; };
+void expect_checkpoint_resumes_in_any_layout(const std::string& oracle_dir, const std::string& name,
+                                             const std::string& written_flags, const std::vector<Resume>& resumes) {
     std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
                       "/train.bin -b 2 -t 16 -d 192 -x 6 -n 3 -l 1e-3 -c 0.1 -sh 1 -v 0 -s 0";
-    std::string ref = test::scratch_dir("tp_ck_ref"), written = test::scratch_dir("tp_ck_written");
+    std::string ref = test::scratch_dir(name + "_ref"), written = test::scratch_dir(name + "_written");
     test::CommandResult r = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -o " + ref);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = test::run_command(mpirun(4) + cmd + " -tp 2 -z 1 -o " + written);
+    r = test::run_command(mpirun(4) + cmd + written_flags + " -o " + written);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     expect_same_training(read_run(ref, 6), read_run(written, 6), 6, 1e-3);
     for (const char* f : {"/model_00000006.bin", "/DONE_00000006"}) ASSERT_EQ(remove((written + f).c_str()), 0) << f;
-    struct Resume { std::string name, launch, flags; };
-    std::vector<Resume> resumes = {
-        {"one", "OMP_NUM_THREADS=1 ", ""},
-        {"dp3", mpirun(3), " -z 1"},
-        {"tp2", mpirun(2), " -tp 2"},
-    };
     for (const Resume& res : resumes) {
         SCOPED_TRACE("resumed as " + res.name);
-        std::string dir = test::scratch_dir("tp_ck_" + res.name);
+        std::string dir = test::scratch_dir(name + "_" + res.name);
         ASSERT_EQ(test::run_command("cp -r " + written + "/. " + dir).exit_code, 0);
         test::CommandResult rr = test::run_command(res.launch + cmd + res.flags + " -o " + dir + " -y 1");
         ASSERT_EQ(rr.exit_code, 0) << rr.output;
         EXPECT_NE(rr.output.find("continuing from step 3"), std::string::npos) << rr.output;
         expect_same_training(read_run(ref, 6), read_run(dir, 6), 6, 1e-3);
     }
+}
+
+// A checkpoint written by tp 2 x dp 2 (ZeRO-1) resumes as one process, as dp 3 and as tp 2.
+TEST(ModelParallel, TensorParallelCheckpointResumesInAnyLayout) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    expect_checkpoint_resumes_in_any_layout(test::oracle("tiny", TINY), "tp_ck", " -tp 2 -z 1",
+                                            {{"one", "OMP_NUM_THREADS=1 ", ""}, {"dp3", mpirun(3), " -z 1"},
+                                             {"tp2", mpirun(2), " -tp 2"}});
 }
 
 // The stages cover every layer once, as evenly as possible; each schedule runs every micro-batch's
@@ -475,35 +479,12 @@ TEST(ModelParallel, PipelineNonFiniteStepSkippedByEveryStage) {
     EXPECT_NE(test::read_text(dir + "/model_00000003.bin"), test::read_text(dir + "/model_00000004.bin"));
 }
 
-// A checkpoint written by tp 2 x pp 2 resumes as one process, as dp 3 (ZeRO-1) and as pp 3 (GPipe), and
-// each continues as the uninterrupted one-process run would (expect_same_training).
+// A checkpoint written by tp 2 x pp 2 resumes as one process, as dp 3 (ZeRO-1) and as pp 3 (GPipe).
 TEST(ModelParallel, PipelineCheckpointResumesInAnyLayout) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    std::string oracle_dir = test::oracle("tiny_five", FIVE);
-    std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
-                      "/train.bin -b 2 -t 16 -d 192 -x 6 -n 3 -l 1e-3 -c 0.1 -sh 1 -v 0 -s 0";
-    std::string ref = test::scratch_dir("pp_ck_ref"), written = test::scratch_dir("pp_ck_written");
-    test::CommandResult r = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -o " + ref);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = test::run_command(mpirun(4) + cmd + " -tp 2 -pp 2 -o " + written);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    expect_same_training(read_run(ref, 6), read_run(written, 6), 6, 1e-3);
-    for (const char* f : {"/model_00000006.bin", "/DONE_00000006"}) ASSERT_EQ(remove((written + f).c_str()), 0) << f;
-    struct Resume { std::string name, launch, flags; };
-    std::vector<Resume> resumes = {
-        {"one", "OMP_NUM_THREADS=1 ", ""},
-        {"dp3", mpirun(3), " -z 1"},
-        {"pp3", mpirun(3), " -pp 3 -pm gpipe"},
-    };
-    for (const Resume& res : resumes) {
-        SCOPED_TRACE("resumed as " + res.name);
-        std::string dir = test::scratch_dir("pp_ck_" + res.name);
-        ASSERT_EQ(test::run_command("cp -r " + written + "/. " + dir).exit_code, 0);
-        test::CommandResult rr = test::run_command(res.launch + cmd + res.flags + " -o " + dir + " -y 1");
-        ASSERT_EQ(rr.exit_code, 0) << rr.output;
-        EXPECT_NE(rr.output.find("continuing from step 3"), std::string::npos) << rr.output;
-        expect_same_training(read_run(ref, 6), read_run(dir, 6), 6, 1e-3);
-    }
+    expect_checkpoint_resumes_in_any_layout(test::oracle("tiny_five", FIVE), "pp_ck", " -tp 2 -pp 2",
+                                            {{"one", "OMP_NUM_THREADS=1 ", ""}, {"dp3", mpirun(3), " -z 1"},
+                                             {"pp3", mpirun(3), " -pp 3 -pm gpipe"}});
 }
 
 // A layout that cannot split the model or the processes is refused at start-up with the reason.
