@@ -226,7 +226,11 @@ struct GPT2 {
     ProcessGroup tp;
     size_t full_num_parameters = 0;
     std::vector<float> ce_max;   // (B*T) vocabulary-parallel cross-entropy: each row's max
-    std::vector<double> ce_sum;  // (B*T) and sum of exponentials
+    std::vector<double> ce_sum;  // (B*T) and sum of exponentials (also the fused cross-entropy's sums)
+    // the last forward left each row's exponentials in scratch.dlogits and their sums in ce_sum
+    // (llmc/crossentropy.h), so the backward only scales them (without tensor parallelism, with one set
+    // of activations: a pipeline's later forwards would overwrite the scratch before the backward)
+    bool ce_exps_kept = false;
     // pipeline parallelism (llmc/pipeline.h): with pp.size > 1, config is this stage's (num_layers =
     // its layers [layer_begin, layer_begin + config.num_layers)) and model_config the whole model's
     ProcessGroup pp;
@@ -243,6 +247,8 @@ struct GPT2 {
     std::vector<std::vector<float>> slot_ce_max;    // the other slots' ce_max and ce_sum
     std::vector<std::vector<double>> slot_ce_sum;
     std::vector<float> acts_memory, scratch_memory;
+    // gpt2_zero_grad left the weight and bias gradients stale: the next backward sets them
+    bool grads_unset = false;
     ActivationTensors acts;
     BackwardScratch scratch;
 };
@@ -476,6 +482,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
             fatal("gpt2_forward: token id at position %d is outside 0..%d", i, V - 1);
         }
     }
+    model->ce_exps_kept = false;
     ParameterTensors p = model->params;
     const ActivationTensors& a = model->acts;
     size_t BT = (size_t)B * T;
@@ -503,7 +510,12 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vl);
 
     if (targets == nullptr) return -1.0f;
-    if (tp.size == 1) {
+    if (tp.size == 1 && model->act_slots == 1) {  // the backward's dlogits scratch is free until then
+        model->ce_sum.resize(BT);
+        crossentropy_forward_keep_exps(a.losses, model->scratch.dlogits, model->ce_sum.data(), a.logits, targets,
+                                       (int)BT, V, Vp);
+        model->ce_exps_kept = true;
+    } else if (tp.size == 1) {
         crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, Vp);
     } else {
         tp_crossentropy_forward(a.losses, a.logits, targets, (int)BT, V, v0, Vl, tp, &model->ce_max, &model->ce_sum);
@@ -513,39 +525,52 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     return (float)(sum / BT);
 }
 
-// Clears the gradients before a step's first micro-step: half a gigabyte at d12, so every thread takes
-// its part (one thread alone cannot use the memory bandwidth of the socket).
+// Clears the gradients before a step's first micro-step. Half a gigabyte at d12 would be written here
+// and read back by the backward's first += into it, so where it can, the next backward *sets* instead:
+// each weight and bias gradient's first contribution is a matrix product (the LM head's for wte), which
+// then stores where it would add (llmc/matmul.h, the same bits). Only the tensors that are just added
+// into (wpe, the layernorms') are cleared. That needs every such tensor's first contribution to come from
+// this process's own backward: not with ZeRO-2/3 (unit buffers) or a pipeline (a stage never touches the
+// other stages' tensors), which clear everything as before.
 void gpt2_zero_grad(GPT2* model) {
+    if (model->zero.stage < 2 && model->pp.size == 1) {
+        const int added_into[] = {P_WPE, P_LN1W, P_LN1B, P_LN2W, P_LN2B, P_LNFW, P_LNFB};
+        for (int i : added_into) {
+            memset(model->grads_memory.data() + model->param_offsets[i], 0, model->param_sizes[i] * sizeof(float));
+        }
+        model->grads_unset = true;
+        return;
+    }
     float* g = model->grads_memory.data();
     long n = (long)model->grads_memory.size();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)  // every thread takes its part of the memory bandwidth
     for (long i = 0; i < n; i++) g[i] = 0.0f;
 }
 
 // One transformer block, backward. On entry s.dresidual is d(loss)/d(block output); on return it is
 // d(loss)/d(block input). Accumulates (+=) into the block's parameter gradients g; uses s as scratch.
+// With set_grads, the four weights' and biases' gradients are set (=) rather than accumulated
+// (gpt2_zero_grad); the layernorms' are always accumulated. The matrix products set the scratch
+// gradients they produce, so those need no clearing either.
 void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& a, const BackwardScratch& s, int B,
-                    int T, int C, int NH, const ProcessGroup& tp = ProcessGroup()) {
+                    int T, int C, int NH, const ProcessGroup& tp = ProcessGroup(), bool set_grads = false) {
     int BT = B * T, Cl = C / tp.size;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
+    const bool set = true;  // set_dinp: the scratch gradient starts with this product
 
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    zero(s.dfch_gelu, (size_t)BT * 4 * Cl);
-    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, s.dresidual, a.fch_gelu, w.fcprojw, BT, 4 * Cl, C);
+    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, s.dresidual, a.fch_gelu, w.fcprojw, BT, 4 * Cl, C, set, set_grads);
     zero(s.dfch, (size_t)BT * 4 * Cl);
     gelu_backward(s.dfch, a.fch, s.dfch_gelu, (size_t)BT * 4 * Cl);
-    zero(s.dln, (size_t)BT * C);
-    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, w.fcw, BT, C, 4 * Cl);
+    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, w.fcw, BT, C, 4 * Cl, set, set_grads);
     column_parallel_input_grad(s.dln, (size_t)BT * C, tp);  // the conjugate of fcproj's all-reduce
     layernorm_backward(s.dresidual, g.ln2w, g.ln2b, s.dln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
 
     // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-    zero(s.datty, (size_t)BT * Cl);
-    matmul_backward(s.datty, g.attprojw, g.attprojb, s.dresidual, a.atty, w.attprojw, BT, Cl, C);
+    matmul_backward(s.datty, g.attprojw, g.attprojb, s.dresidual, a.atty, w.attprojw, BT, Cl, C, set, set_grads);
     zero(s.dqkv, (size_t)BT * 3 * Cl);
     attention_backward(s.dqkv, s.datty, a.qkv, a.att, B, T, Cl, NH / tp.size);
-    zero(s.dln, (size_t)BT * C);
-    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, w.qkvw, BT, C, 3 * Cl);
+    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, w.qkvw, BT, C, 3 * Cl, set, set_grads);
     column_parallel_input_grad(s.dln, (size_t)BT * C, tp);  // the conjugate of attproj's all-reduce
     layernorm_backward(s.dresidual, g.ln1w, g.ln1b, s.dln, a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
 }
@@ -585,6 +610,8 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     ZeroSharding* zs = model->zero.stage >= 2 ? &model->zero : nullptr;
     const float* shard_params = model->params_memory.data();
     float* shard_grads = model->grads_memory.data();
+    bool set_grads = model->grads_unset && !zs;  // the first backward after gpt2_zero_grad sets, later ones add
+    model->grads_unset = false;
     if (zs) {
         zero(zs->outer_grads.data(), zs->outer_grads.size());
         g = outer_tensors_in_unit(zs->outer_grads.data(), zs->units[ZERO_OUTER_UNIT]);
@@ -598,13 +625,16 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     const ProcessGroup& tp = model->tp;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     if (model->last_stage()) {  // else the next stage sent d(loss)/d(output) into s.dresidual
-        if (tp.size == 1) {
+        if (model->ce_exps_kept) {
+            crossentropy_backward_from_exps(s.dlogits, model->ce_sum.data(), targets, dloss, (int)BT, V, Vp);
+            model->ce_exps_kept = false;  // scaled in place: a second backward must recompute them
+        } else if (tp.size == 1) {
             crossentropy_softmax_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, Vp);
         } else {
             tp_crossentropy_backward(s.dlogits, a.logits, targets, dloss, (int)BT, V, v0, Vl, model->ce_max, model->ce_sum);
         }
-        zero(s.dln, BT * C);
-        matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl);
+        // the LM head's is wte's first contribution (the encoder's comes last)
+        matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl, true, set_grads);
         column_parallel_input_grad(s.dln, BT * C, tp);
         zero(s.dresidual, BT * C);
         const float* final_residual = a.residual3 + (L - 1) * BT * C;
@@ -621,7 +651,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         BlockActs ba = block_acts(a, l, B, T, C, NH, tp.size);
         block_recompute(w, ba, model->recompute, B, T, C, NH, tp);
         if (zs) zero(zs->block_grads.data(), zs->block_grads.size());
-        block_backward(gl, w, ba, s, B, T, C, NH, tp);
+        block_backward(gl, w, ba, s, B, T, C, NH, tp, set_grads);
         if (zs) zero_reduce_scatter_unit(zs, zero_block_unit(l), zs->block_grads.data(), shard_grads);
     }
     if (model->first_stage()) tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);

@@ -4,17 +4,21 @@
 // ports does 2 x 8 x 2 = 32 FLOPs per cycle. Instead of trusting a clock frequency (turbo, shared
 // cloud cores), we run that instruction mix and time it: every OpenMP thread keeps 12 independent
 // vector accumulators (enough to cover FMA's 4-5 cycle latency on two ports) busy with a = a * b + c
-// for a fixed number of rounds, and the FLOPs done by all threads are divided by the wall time of the
-// slowest. Nothing is read from memory, so this is the arithmetic ceiling a matmul can approach, never
-// pass. The best of a few repetitions is taken (the first wakes the cores up).
+// for a fixed number of rounds, and its FLOPs are divided by its own CPU time (see below why not wall
+// time); the threads' rates add up. Nothing is read from memory, so this is the arithmetic ceiling a
+// matmul can approach, never pass. The best of a few repetitions is taken (the first wakes the cores up).
 //
 //   double peak = cpu_fma_peak_flops();   // FLOP/s with omp_get_max_threads() threads, ~0.1 s
 #pragma once
 
 #include <omp.h>
 
-#include <chrono>
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #ifdef __FMA__
 #include <immintrin.h>
@@ -54,20 +58,42 @@ inline float cpu_peak_fma_rounds(int64_t rounds, float seed) {
 }
 
 // Peak fp32 FLOP/s of `threads` threads (default: OpenMP's), best of `repeats` timings.
-inline double cpu_fma_peak_flops(int threads = 0, int repeats = 5, int64_t rounds = 2000000) {
+// Each thread times its own loop in CPU time (CLOCK_THREAD_CPUTIME_ID) and the rates are added: a
+// moment when the OS runs two of the threads on one core (another process, or the kernel freeing the
+// memory the trainer just gave back, holds the other) then costs nothing, where wall time would read
+// half the peak. Two threads that truly share a core's FMA units (SMT siblings) still run at half
+// speed each in CPU time, so that case reads right. More threads than the CPUs this process may run
+// on cannot add FLOPs: they are counted as that many.
+inline double cpu_fma_peak_flops(int threads = 0, int repeats = 8, int64_t rounds = 2000000) {
     if (threads <= 0) threads = omp_get_max_threads();
-    const double flops = (double)threads * (double)rounds * 12 * 8 * 2;
-    double best = 0.0;
+    int counted = threads;
+#ifdef __linux__
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) > 0) {
+        counted = std::min(threads, CPU_COUNT(&allowed));
+    }
+#endif
+    const double flops_per_thread = (double)rounds * 12 * 8 * 2;
+    std::vector<double> best(threads, 0.0);  // each thread's best rate
     volatile float sink = 0.0f;
     for (int rep = 0; rep < repeats; rep++) {
-        auto start = std::chrono::steady_clock::now();
         float total = 0.0f;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
-        total += cpu_peak_fma_rounds(rounds, 1e-3f * (float)(omp_get_thread_num() + 1));
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        {
+            timespec t0, t1;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+            total += cpu_peak_fma_rounds(rounds, 1e-3f * (float)(omp_get_thread_num() + 1));
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+            double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+            int t = omp_get_thread_num();
+            if (s > 0 && flops_per_thread / s > best[t]) best[t] = flops_per_thread / s;
+        }
         sink = sink + total;
-        if (flops / s > best) best = flops / s;
     }
     (void)sink;
-    return best;
+    // the `counted` slowest threads' rates: with more threads than CPUs the extra ones add nothing
+    std::sort(best.begin(), best.end());
+    double sum = 0.0;
+    for (int t = 0; t < counted; t++) sum += best[t];
+    return sum;
 }

@@ -1,7 +1,12 @@
 // Softmax cross-entropy over the first V of Vp logits (the padded columns V..Vp-1 take no part).
 //   loss[n] = logsumexp(logits[n, :V]) - logits[n, target[n]]
 //   dlogits[n, v] = (softmax(logits[n, :V])[v] - [v == target[n]]) * dloss,  v < V;  0 for v >= V
-// The probabilities are never stored: the backward recomputes them from the logits, one row at a time.
+// Two ways to get dlogits, the same bits either way:
+//   - crossentropy_softmax_backward recomputes the exponentials from the logits, one row at a time;
+//   - the training step's forward calls crossentropy_forward_keep_exps, which writes each row's
+//     exponentials exp(logit - max) into the dlogits buffer and their sum into row_sums as it computes
+//     the loss, and the backward only scales them (crossentropy_backward_from_exps). At d12 that
+//     saves one exponential per logit (50257 per position) and two passes over the logits.
 #pragma once
 
 #include <cmath>
@@ -20,6 +25,48 @@ void crossentropy_forward(Real* losses,       // (N)
         double sum = 0.0;  // exponentials in Real precision, their sum in double
         for (int v = 0; v < V; v++) sum += std::exp(row[v] - maxval);
         losses[n] = (Real)(std::log(sum) + maxval - row[targets[n]]);
+    }
+}
+
+// The same losses (bit for bit), and also exps[n, v] = exp(logits[n, v] - max of row n) for v < V and
+// row_sums[n] = their sum in double, for crossentropy_backward_from_exps.
+template <typename Real>
+void crossentropy_forward_keep_exps(Real* losses,       // (N)
+                                    Real* exps,         // (N, Vp), columns V..Vp-1 left as they are
+                                    double* row_sums,   // (N)
+                                    const Real* logits, // (N, Vp)
+                                    const int* targets, // (N)
+                                    int N, int V, int Vp) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const Real* row = logits + (size_t)n * Vp;
+        Real* erow = exps + (size_t)n * Vp;
+        Real maxval = row[0];
+        for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) {
+            erow[v] = std::exp(row[v] - maxval);
+            sum += erow[v];
+        }
+        row_sums[n] = sum;
+        losses[n] = (Real)(std::log(sum) + maxval - row[targets[n]]);
+    }
+}
+
+// crossentropy_softmax_backward's result from what crossentropy_forward_keep_exps left: dlogits holds
+// the exponentials on entry and the gradient on return (the same bits as the recomputing version).
+template <typename Real>
+void crossentropy_backward_from_exps(Real* dlogits,          // (N, Vp)
+                                     const double* row_sums, // (N)
+                                     const int* targets,     // (N)
+                                     Real dloss, int N, int V, int Vp) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        Real* drow = dlogits + (size_t)n * Vp;
+        Real scale = (Real)(dloss / row_sums[n]);
+        for (int v = 0; v < V; v++) drow[v] *= scale;
+        drow[targets[n]] -= dloss;
+        for (int v = V; v < Vp; v++) drow[v] = 0;
     }
 }
 

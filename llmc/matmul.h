@@ -10,7 +10,11 @@
 //      A into panels MR rows tall, so the inner loop reads memory strictly in order whatever the
 //      original strides were;
 //   3. a micro-kernel keeps an MR×NR tile of C in registers and, for each k, adds the outer product
-//      of an MR column of A and an NR row of B: MR·NR multiply-adds per MR+NR loads.
+//      of an MR column of A and an NR row of B: MR·NR multiply-adds per MR+NR loads;
+//   4. while one block of B is multiplied, ask for the next block's lines a few per micro-tile, so
+//      that packing it finds them in cache instead of waiting on main memory (GemmPrefetcher).
+// An `overwrite` product (C = A·B) stores its first k slab instead of adding it: a gradient's first
+// contribution needs no cleared buffer.
 //
 // Reaching the FMA peak (doc/cpu_trainer.md, "How the GEMM reaches peak"): an AVX2 core with two FMA
 // units retires two 8-wide fused multiply-adds per cycle, each with a latency of 4-5 cycles, so it
@@ -61,18 +65,20 @@ struct MatrixView {
     const Real& at(size_t i, size_t j) const { return data[i * row_stride + j * col_stride]; }
 };
 
-// Adds an MR×NR tile held in `acc` to C; at the matrix edge only its top-left mr×nr part.
+// Adds an MR×NR tile held in `acc` to C (or stores it there, `overwrite`); at the matrix edge only its
+// top-left mr×nr part.
 template <typename Real>
-static inline void gemm_store_tile(const Real (&acc)[GEMM_MR][GEMM_NR], Real* c, size_t ldc, int mr, int nr) {
+static inline void gemm_store_tile(const Real (&acc)[GEMM_MR][GEMM_NR], Real* c, size_t ldc, int mr, int nr,
+                                   bool overwrite) {
     for (int i = 0; i < mr; i++) {
-        for (int j = 0; j < nr; j++) c[i * ldc + j] += acc[i][j];
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = overwrite ? acc[i][j] : c[i * ldc + j] + acc[i][j];
     }
 }
 
 // C[mr×nr] += A panel (kc×MR) · B panel (kc×NR), the plain loop (any scalar type).
 template <typename Real>
 static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Real* __restrict b, Real* c,
-                                     size_t ldc, int mr, int nr) {
+                                     size_t ldc, int mr, int nr, bool overwrite) {
     Real acc[GEMM_MR][GEMM_NR] = {};
     for (int k = 0; k < kc; k++) {
         const Real* ak = a + k * GEMM_MR;
@@ -81,19 +87,19 @@ static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Rea
             for (int j = 0; j < GEMM_NR; j++) acc[i][j] += ak[i] * bk[j];
         }
     }
-    gemm_store_tile(acc, c, ldc, mr, nr);
+    gemm_store_tile(acc, c, ldc, mr, nr, overwrite);
 }
 
 #ifdef GEMM_AVX2
 // The same for fp32 with AVX2 FMAs. The twelve accumulators are named variables, not an array: GCC
 // keeps an array of vectors in memory and would store every one of them back at each k.
 static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, const float* __restrict b, float* c,
-                                          size_t ldc, int mr, int nr) {
+                                          size_t ldc, int mr, int nr, bool overwrite) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;  // row i: ci0, ci1
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     // the C tile is read only after the k loop, and it is usually not in cache (C is MBs): ask for its
     // lines now so that the ~kc·12/2 cycles of FMAs hide the memory latency instead of waiting on it
-    for (int i = 0; i < mr; i++) {
+    for (int i = 0; i < mr && !overwrite; i++) {
         _mm_prefetch((const char*)(c + i * ldc), _MM_HINT_T0);
         _mm_prefetch((const char*)(c + i * ldc + GEMM_NR - 1), _MM_HINT_T0);
     }
@@ -110,7 +116,12 @@ static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, con
         b += GEMM_NR;
     }
     const __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    if (mr == GEMM_MR && nr == GEMM_NR) {
+    if (mr == GEMM_MR && nr == GEMM_NR && overwrite) {
+        for (int i = 0; i < GEMM_MR; i++) {
+            _mm256_storeu_ps(c + i * ldc, acc[i][0]);
+            _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
+        }
+    } else if (mr == GEMM_MR && nr == GEMM_NR) {
         for (int i = 0; i < GEMM_MR; i++) {
             float* ci = c + i * ldc;
             _mm256_storeu_ps(ci, _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]));
@@ -122,7 +133,7 @@ static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, con
             _mm256_store_ps(tile[i], acc[i][0]);
             _mm256_store_ps(tile[i] + 8, acc[i][1]);
         }
-        gemm_store_tile(tile, c, ldc, mr, nr);
+        gemm_store_tile(tile, c, ldc, mr, nr, overwrite);
     }
 }
 #endif
@@ -186,31 +197,42 @@ static inline void gemm_pack_a_panel_transposed_avx2(float* dst, const float* ro
 // Packs B[k0:k0+kc, j0:j0+nc] as panels of NR columns, [panel][k][NR], zero-padding the last panel.
 template <typename Real>
 static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, int nc) {
+    if (B.col_stride == 1) {  // rows of B are contiguous: copy NR floats per k into each panel
+        // 8 rows at a time across all panels, so memory is read in 8 long sequential runs that the
+        // hardware prefetcher follows, and written 8·NR floats (512 bytes) at a time; panel by panel
+        // would read one cache line from each of kc rows far apart, and wait on every one
+        int full = nc / GEMM_NR, rest = nc - full * GEMM_NR;
+        const size_t panel = (size_t)kc * GEMM_NR;
+        for (int kb = 0; kb < kc; kb += 8) {
+            int kn = std::min(8, kc - kb);
+            for (int jp = 0; jp < full; jp++) {
+                Real* d = dst + jp * panel + (size_t)kb * GEMM_NR;
+                for (int k = 0; k < kn; k++) {
+                    memcpy(d + k * GEMM_NR, &B.at(k0 + kb + k, j0 + jp * GEMM_NR), sizeof(Real) * GEMM_NR);
+                }
+            }
+            for (int k = kb; rest && k < kb + kn; k++) {  // the last panel, zero-padded
+                const Real* src = &B.at(k0 + k, j0 + full * GEMM_NR);
+                for (int j = 0; j < GEMM_NR; j++) dst[full * panel + (size_t)k * GEMM_NR + j] = j < rest ? src[j] : Real(0);
+            }
+        }
+        return;
+    }
     for (int jp = 0; jp * GEMM_NR < nc; jp++, dst += (size_t)kc * GEMM_NR) {
         int j_first = j0 + jp * GEMM_NR, nr = std::min(GEMM_NR, nc - jp * GEMM_NR);
         if (nr < GEMM_NR) std::fill(dst, dst + (size_t)kc * GEMM_NR, Real(0));
-        if (B.col_stride == 1) {  // rows of B are contiguous: copy NR floats per k
-            for (int k = 0; k < kc; k++) {
-                const Real* src = &B.at(k0 + k, j_first);
-                if (nr == GEMM_NR) {
-                    memcpy(dst + k * GEMM_NR, src, sizeof(Real) * GEMM_NR);  // a fixed size: two vector moves
-                } else {
-                    for (int j = 0; j < nr; j++) dst[k * GEMM_NR + j] = src[j];
-                }
-            }
-        } else {  // columns of B are contiguous (B = Wᵀ): read each column along k
+        // columns of B are contiguous (B = Wᵀ): read each column along k
 #ifdef GEMM_AVX2
-            if constexpr (std::is_same<Real, float>::value) {
-                if (nr == GEMM_NR && B.row_stride == 1) {
-                    gemm_pack_b_panel_transposed_avx2(dst, &B.at(k0, j_first), B.col_stride, kc);
-                    continue;
-                }
+        if constexpr (std::is_same<Real, float>::value) {
+            if (nr == GEMM_NR && B.row_stride == 1) {
+                gemm_pack_b_panel_transposed_avx2(dst, &B.at(k0, j_first), B.col_stride, kc);
+                continue;
             }
+        }
 #endif
-            for (int j = 0; j < nr; j++) {
-                const Real* src = &B.at(k0, j_first + j);
-                for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[(size_t)k * B.row_stride];
-            }
+        for (int j = 0; j < nr; j++) {
+            const Real* src = &B.at(k0, j_first + j);
+            for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[(size_t)k * B.row_stride];
         }
     }
 }
@@ -218,37 +240,90 @@ static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, i
 // Packs A[i0:i0+mc, k0:k0+kc] as panels of MR rows, [panel][k][MR], zero-padding the last panel.
 template <typename Real>
 static void gemm_pack_a(Real* dst, MatrixView<Real> A, int i0, int mc, int k0, int kc) {
+    if (A.row_stride == 1) {  // columns of A are contiguous (A = doutᵀ): MR values per k into each panel,
+                              // column by column (k outer) for the same reason as in gemm_pack_b
+        int full = mc / GEMM_MR, rest = mc - full * GEMM_MR;
+        const size_t panel = (size_t)kc * GEMM_MR;
+        for (int kb = 0; kb < kc; kb += 8) {
+            int kn = std::min(8, kc - kb);
+            for (int ip = 0; ip < full; ip++) {
+                Real* d = dst + ip * panel + (size_t)kb * GEMM_MR;
+                for (int k = 0; k < kn; k++) {
+                    memcpy(d + k * GEMM_MR, &A.at(i0 + ip * GEMM_MR, k0 + kb + k), sizeof(Real) * GEMM_MR);
+                }
+            }
+            for (int k = kb; rest && k < kb + kn; k++) {
+                const Real* src = &A.at(i0 + full * GEMM_MR, k0 + k);
+                for (int i = 0; i < GEMM_MR; i++) dst[full * panel + (size_t)k * GEMM_MR + i] = i < rest ? src[i] : Real(0);
+            }
+        }
+        return;
+    }
     for (int ip = 0; ip * GEMM_MR < mc; ip++, dst += (size_t)kc * GEMM_MR) {
         int i_first = i0 + ip * GEMM_MR, mr = std::min(GEMM_MR, mc - ip * GEMM_MR);
         if (mr < GEMM_MR) std::fill(dst, dst + (size_t)kc * GEMM_MR, Real(0));
-        if (A.row_stride == 1) {  // columns of A are contiguous (A = doutᵀ): MR values per k
-            for (int k = 0; k < kc; k++) {
-                const Real* src = &A.at(i_first, k0 + k);
-                for (int i = 0; i < mr; i++) dst[k * GEMM_MR + i] = src[i];
-            }
-        } else {  // rows of A are contiguous: read each row along k
+        // rows of A are contiguous: read each row along k
 #ifdef GEMM_AVX2
-            if constexpr (std::is_same<Real, float>::value) {
-                if (mr == GEMM_MR && A.col_stride == 1) {
-                    gemm_pack_a_panel_transposed_avx2(dst, &A.at(i_first, k0), A.row_stride, kc);
-                    continue;
-                }
+        if constexpr (std::is_same<Real, float>::value) {
+            if (mr == GEMM_MR && A.col_stride == 1) {
+                gemm_pack_a_panel_transposed_avx2(dst, &A.at(i_first, k0), A.row_stride, kc);
+                continue;
             }
+        }
 #endif
-            for (int i = 0; i < mr; i++) {
-                const Real* src = &A.at(i_first + i, k0);
-                for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[(size_t)k * A.col_stride];
-            }
+        for (int i = 0; i < mr; i++) {
+            const Real* src = &A.at(i_first + i, k0);
+            for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[(size_t)k * A.col_stride];
         }
     }
 }
+
+// Packing reads B from main memory (the weights were last touched a whole forward or backward ago),
+// and a core waiting on those reads does no arithmetic. So while one block of B is being multiplied,
+// the next block's source lines are requested a few at a time (one `issue` per micro-tile), and the
+// next gemm_pack_b finds them in cache. The block is a set of runs of contiguous floats: kc rows of
+// nc floats (B row-major) or nc columns of kc floats (B = Wᵀ).
+template <typename Real>
+struct GemmPrefetcher {
+    const char* base = nullptr;  // the first run
+    size_t run_stride = 0;       // bytes from one run to the next
+    size_t run_bytes = 0;
+    int runs = 0, run = 0;
+    size_t offset = 0;           // the next line of the current run
+
+    void start(MatrixView<Real> B, int k0, int kc, int j0, int nc) {
+        base = (const char*)&B.at(k0, j0);
+        bool by_rows = B.col_stride == 1;
+        run_stride = sizeof(Real) * (by_rows ? B.row_stride : B.col_stride);
+        run_bytes = sizeof(Real) * (by_rows ? nc : kc);
+        runs = by_rows ? kc : nc;
+        run = 0;
+        offset = 0;
+        if ((by_rows ? B.col_stride : B.row_stride) != 1) runs = 0;  // neither layout: no runs to follow
+    }
+    // cache lines the block spans, for spreading them over `calls` issues
+    size_t lines() const { return (size_t)runs * (run_bytes / 64 + 2); }
+    void issue(size_t n) {
+        for (; n > 0 && run < runs; n--) {
+            const char* line = base + run * run_stride;
+            if (offset < run_bytes) {
+                __builtin_prefetch(line + offset, 0, 2);
+                offset += 64;
+            } else {  // the run's last byte: its line when the run does not start on a line boundary
+                __builtin_prefetch(line + run_bytes - 1, 0, 2);
+                run++;
+                offset = 0;
+            }
+        }
+    }
+};
 
 // One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end].
 // The packing buffers are per thread and kept between calls (allocating and faulting in 3 MiB at each
 // of the ~100 products of a step would cost more than packing into them).
 template <typename Real>
 void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
-                           int j_begin, int j_end, int K) {
+                           int j_begin, int j_end, int K, bool overwrite) {
     struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
     thread_local std::vector<Vec8> packed_a_store, packed_b_store;
     size_t a_floats = (size_t)GEMM_MC * GEMM_KC, b_floats = (size_t)GEMM_KC * GEMM_NC;
@@ -262,6 +337,14 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
         for (int pc = 0; pc < K; pc += GEMM_KC) {
             int kc = std::min(GEMM_KC, K - pc);
             gemm_pack_b(packed_b, B, pc, kc, jc, nc);
+            GemmPrefetcher<Real> next;  // the next block of B: the next k slab, or the next NC columns
+            if (pc + kc < K) {
+                next.start(B, pc + kc, std::min(GEMM_KC, K - pc - kc), jc, nc);
+            } else if (jc + nc < j_end) {
+                next.start(B, 0, std::min(GEMM_KC, K), jc + nc, std::min(GEMM_NC, j_end - jc - nc));
+            }
+            size_t calls = (size_t)((i_end - i_begin + GEMM_MR - 1) / GEMM_MR) * ((nc + GEMM_NR - 1) / GEMM_NR);
+            size_t per_call = (next.lines() + calls - 1) / calls;
             for (int ic = i_begin; ic < i_end; ic += GEMM_MC) {
                 int mc = std::min(GEMM_MC, i_end - ic);
                 gemm_pack_a(packed_a, A, ic, mc, pc, kc);
@@ -272,13 +355,14 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
                         const Real* a_panel = packed_a + (size_t)ir * kc;
                         Real* c = C + (size_t)(ic + ir) * ldc + jc + jr;
                         int mr = std::min(GEMM_MR, mc - ir), nr = std::min(GEMM_NR, nc - jr);
+                        next.issue(per_call);
 #ifdef GEMM_AVX2
                         if constexpr (std::is_same<Real, float>::value) {
-                            gemm_micro_kernel_avx2(kc, a_panel, b_panel, c, ldc, mr, nr);
+                            gemm_micro_kernel_avx2(kc, a_panel, b_panel, c, ldc, mr, nr, overwrite && pc == 0);
                             continue;
                         }
 #endif
-                        gemm_micro_kernel(kc, a_panel, b_panel, c, ldc, mr, nr);
+                        gemm_micro_kernel(kc, a_panel, b_panel, c, ldc, mr, nr, overwrite && pc == 0);
                     }
                 }
             }
@@ -287,9 +371,17 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
 }
 
 // C (M×N, row-major, leading dimension ldc) += A (M×K) · B (K×N).
+// With `overwrite`, C = A · B instead: the first k slab stores its sums where it would add them, so C
+// need not be cleared first (the same bits as clearing it and adding: 0 + x = x, and a sum that starts
+// from +0 is never -0).
 template <typename Real>
-void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
+void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K,
+                     bool overwrite = false) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        for (int i = 0; i < M && overwrite; i++) std::fill(C + (size_t)i * ldc, C + (size_t)i * ldc + N, Real(0));
+        return;
+    }
     // Splitting N, every thread packs all of A (M×K) and its share of B; splitting M, all of B (K×N).
     // Cut the dimension that leaves the smaller operand to be packed by every thread, in whole tiles.
     bool split_n = N >= M;
@@ -304,9 +396,9 @@ void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B
         int end = std::min(extent, (int)((long)tiles * (thread + 1) / threads) * tile);
         if (begin < end) {
             if (split_n) {
-                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K);
+                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite);
             } else {
-                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K);
+                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K, overwrite);
             }
         }
     }
@@ -331,7 +423,9 @@ void matmul_forward(Real* out,           // (N, OC) with N = B*T rows
     gemm_accumulate(out, OC, MatrixView<Real>{inp, (size_t)C, 1}, MatrixView<Real>{weight, 1, (size_t)C}, N, OC, C);
 }
 
-// Accumulates (+=) into dinp, dweight and dbias (dbias may be nullptr).
+// Accumulates (+=) into dinp, dweight and dbias (dbias may be nullptr); with set_dinp, dinp = instead of
+// +=, and with set_dweight, dweight and dbias = instead of += (a gradient's first contribution needs no
+// cleared buffer: gemm_accumulate's `overwrite`, the same bits).
 template <typename Real>
 void matmul_backward(Real* dinp,          // (N, C)
                      Real* dweight,       // (OC, C)
@@ -339,11 +433,13 @@ void matmul_backward(Real* dinp,          // (N, C)
                      const Real* dout,    // (N, OC)
                      const Real* inp,     // (N, C)
                      const Real* weight,  // (OC, C)
-                     int N, int C, int OC) {
+                     int N, int C, int OC, bool set_dinp = false, bool set_dweight = false) {
     // dinp (N×C) += dout (N×OC) · weight (OC×C)
-    gemm_accumulate(dinp, C, MatrixView<Real>{dout, (size_t)OC, 1}, MatrixView<Real>{weight, (size_t)C, 1}, N, C, OC);
+    gemm_accumulate(dinp, C, MatrixView<Real>{dout, (size_t)OC, 1}, MatrixView<Real>{weight, (size_t)C, 1}, N, C, OC,
+                    set_dinp);
     // dweight (OC×C) += doutᵀ (OC×N) · inp (N×C)
-    gemm_accumulate(dweight, C, MatrixView<Real>{dout, 1, (size_t)OC}, MatrixView<Real>{inp, (size_t)C, 1}, OC, C, N);
+    gemm_accumulate(dweight, C, MatrixView<Real>{dout, 1, (size_t)OC}, MatrixView<Real>{inp, (size_t)C, 1}, OC, C, N,
+                    set_dweight);
     if (dbias) {
         // sum over rows, each thread owning a range of columns (no atomics, fixed order); rows outer so
         // the loads are contiguous and the inner loop vectorizes across columns
@@ -356,7 +452,7 @@ void matmul_backward(Real* dinp,          // (N, C)
                 const Real* row = dout + (size_t)n * OC + o_begin;
                 for (int o = 0; o < o_end - o_begin; o++) sum[o] += row[o];
             }
-            for (int o = o_begin; o < o_end; o++) dbias[o] += sum[o - o_begin];
+            for (int o = o_begin; o < o_end; o++) dbias[o] = set_dweight ? sum[o - o_begin] : dbias[o] + sum[o - o_begin];
         }
     }
 }

@@ -285,6 +285,35 @@ TEST(Recompute, FullRecomputeGradientsAndMemory) {
     EXPECT_GT(sum_sq, 0.0) << "the gradients are all zero: the comparison would prove nothing";
 }
 
+// gpt2_zero_grad clears only the gradients the backward adds into; the first backward after it sets the
+// weights' and biases' (llmc/matmul.h's overwrite). Against gradients cleared in full and accumulated
+// into: the same bits after the first micro-step and after a second one, although every gradient
+// started as NaN (so an element the first backward failed to set would show).
+TEST(ModelGradients, FirstBackwardSetsWhatZeroGradLeftStale) {
+    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
+    GPT2 set, added;
+    gpt2_load_checkpoint(&set, oracle_dir + "/model.bin");
+    gpt2_load_checkpoint(&added, oracle_dir + "/model.bin");
+    const GPT2Config& cfg = set.config;
+    int B = 2, T = 16;
+    size_t BT = (size_t)B * T;
+    std::vector<int> inputs(BT), targets(BT);
+    for (size_t i = 0; i < BT; i++) inputs[i] = (int)(i * 37 % cfg.vocab_size), targets[i] = (int)(i * 11 % cfg.vocab_size);
+    std::fill(set.grads_memory.begin(), set.grads_memory.end(), NAN);
+    gpt2_zero_grad(&set);
+    std::fill(added.grads_memory.begin(), added.grads_memory.end(), 0.0f);  // the old way: clear all, then +=
+    for (int micro = 0; micro < 2; micro++) {
+        SCOPED_TRACE("micro-step " + std::to_string(micro));
+        for (GPT2* m : {&set, &added}) {
+            gpt2_forward(m, inputs.data(), targets.data(), B, T);
+            gpt2_backward(m, inputs.data(), targets.data(), B, T, 1.0f / (2 * BT));
+        }
+        EXPECT_EQ(0, memcmp(set.grads_memory.data(), added.grads_memory.data(), set.num_parameters * sizeof(float)));
+        std::reverse(inputs.begin(), inputs.end());  // a different second micro-batch
+    }
+    EXPECT_GT(sum_of_squares(added.grads_memory.data(), added.num_parameters), 0.0);
+}
+
 // The step line and metrics.jsonl carry the time of each phase, FLOP/s and MFU. With a given peak
 // (-pk), MFU must be FLOP/s / peak (both are printed with 9 significant digits: 1e-6 relative
 // allows for that rounding); the phases inside the step (all but the checkpoint, written before it)

@@ -5,12 +5,14 @@
 // The objective for an op y = f(x) is J = sum(y * w) with random w, so dJ/dy = w is the dout we pass.
 #include <omp.h>
 
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "../llmc/adamw.h"
 #include "../llmc/attention.h"
+#include "../llmc/cpu_peak.h"
 #include "../llmc/crossentropy.h"
 #include "../llmc/encoder.h"
 #include "../llmc/gelu.h"
@@ -207,6 +209,32 @@ TEST(OpsGradient, CrossEntropyOverFirstVLogits) {
     EXPECT_NEAR(losses[0], std::log(sum) - logits[targets[0]], 1e-12);
 }
 
+// The training step's fused path (exponentials kept by the forward, scaled by the backward) must give
+// the same bits as the recomputing backward, and the same losses as the plain forward: the step's
+// numerics may not depend on which path ran. fp32 at GPT-2's vocabulary width, a poisoned buffer.
+TEST(OpsCrossEntropy, KeptExponentialsGiveTheRecomputedGradientBitForBit) {
+    std::mt19937 rng(16);
+    int N = 5, V = 50257, Vp = 50304;
+    std::vector<float> logits(N * (size_t)Vp);
+    std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+    for (float& x : logits) x = u(rng);
+    std::vector<int> targets = {0, 50256, 17, 17, 31337};
+    float dloss = 1.0f / 3.0f;
+    std::vector<float> losses(N), losses_fused(N, -1.0f);
+    std::vector<float> dlogits(N * (size_t)Vp, 99.0f), fused(N * (size_t)Vp, 99.0f);
+    std::vector<double> sums(N, -1.0);
+    crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
+    crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+    crossentropy_forward_keep_exps(losses_fused.data(), fused.data(), sums.data(), logits.data(), targets.data(), N, V, Vp);
+    crossentropy_backward_from_exps(fused.data(), sums.data(), targets.data(), dloss, N, V, Vp);
+    EXPECT_EQ(0, memcmp(losses.data(), losses_fused.data(), N * sizeof(float)));
+    EXPECT_EQ(0, memcmp(dlogits.data(), fused.data(), dlogits.size() * sizeof(float)));
+    for (int n = 0; n < N; n++) {
+        EXPECT_EQ(fused[(size_t)n * Vp + V], 0.0f) << "padded column of row " << n;
+        EXPECT_LT(fused[(size_t)n * Vp + targets[n]], 0.0f) << "target column of row " << n;
+    }
+}
+
 TEST(OpsGradient, ResidualAddsIntoBothBranches) {
     Vec da = {1, 2}, db = {3, 4}, dout = {0.5, -0.5};
     residual_backward(da.data(), db.data(), dout.data(), 2);
@@ -318,6 +346,12 @@ TEST(OpsMatmul, Fp32FastPathsMatchNaiveOnEdgeShapes) {
             EXPECT_LE(worst, 4e-5) << "M=" << M << " N=" << N << " K=" << K << " layout " << layout;
             EXPECT_EQ(results[0], results[1]) << "1 and 2 threads differ: M=" << M << " N=" << N << " K=" << K
                                               << " layout " << layout;
+            // overwrite (C = A·B) on a NaN-poisoned C: the same bits as accumulating onto zeros
+            std::vector<float> zeros_then_add((size_t)M * N, 0.0f), set((size_t)M * N, NAN);
+            gemm_accumulate(zeros_then_add.data(), N, A, Bv, M, N, K);
+            gemm_accumulate(set.data(), N, A, Bv, M, N, K, true);
+            EXPECT_EQ(0, memcmp(set.data(), zeros_then_add.data(), set.size() * sizeof(float)))
+                << "overwrite differs from zeros + accumulate: M=" << M << " N=" << N << " K=" << K << " layout " << layout;
         }
     }
     omp_set_num_threads(threads_before);
@@ -352,3 +386,17 @@ TEST(OpsAdamW, SumOfSquaresIsExactAndIndependentOfThreads) {
 }
 
 }  // namespace
+
+// The MFU denominator (llmc/cpu_peak.h) adds per-thread rates measured in CPU time, which would count
+// twice a core shared by two threads if nothing capped it: with twice as many threads as CPUs it must
+// still read about what one thread per CPU reads. 25% allows for the run-to-run spread of a shared
+// machine; counting every thread would read about 2x.
+TEST(CpuPeak, MoreThreadsThanCpusAddNothing) {
+    cpu_set_t allowed;
+    ASSERT_EQ(0, sched_getaffinity(0, sizeof(allowed), &allowed));
+    int cpus = CPU_COUNT(&allowed);
+    double one = cpu_fma_peak_flops(1), over = cpu_fma_peak_flops(2 * cpus);
+    EXPECT_GT(one, 1e9) << "an FMA loop below 1 GFLOP/s: the measurement is broken";
+    EXPECT_LE(over, 1.25 * cpus * one) << cpus << " CPUs, " << 2 * cpus << " threads";
+    EXPECT_GE(over, 0.75 * one);
+}
