@@ -28,6 +28,30 @@ void crossentropy_forward(Real* losses,       // (N)
     }
 }
 
+// One row: exps[v] = exp(row[v] - max) for v < V, in Real precision; returns their sum, in double.
+template <typename Real>
+inline double crossentropy_row_exps(Real* exps, const Real* row, int V, Real* maxval_out) {
+    Real maxval = row[0];
+    for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) {
+        exps[v] = std::exp(row[v] - maxval);
+        sum += exps[v];
+    }
+    *maxval_out = maxval;
+    return sum;
+}
+
+// One row's gradient from its exponentials (in place) and their sum: softmax · dloss, minus dloss at
+// the target, 0 in the padded columns.
+template <typename Real>
+inline void crossentropy_row_grad(Real* drow, double sum, int target, Real dloss, int V, int Vp) {
+    Real scale = (Real)(dloss / sum);
+    for (int v = 0; v < V; v++) drow[v] *= scale;
+    drow[target] -= dloss;
+    for (int v = V; v < Vp; v++) drow[v] = 0;
+}
+
 // The same losses (bit for bit), and also exps[n, v] = exp(logits[n, v] - max of row n) for v < V and
 // row_sums[n] = their sum in double, for crossentropy_backward_from_exps.
 template <typename Real>
@@ -40,14 +64,8 @@ void crossentropy_forward_keep_exps(Real* losses,       // (N)
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const Real* row = logits + (size_t)n * Vp;
-        Real* erow = exps + (size_t)n * Vp;
-        Real maxval = row[0];
-        for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
-        double sum = 0.0;
-        for (int v = 0; v < V; v++) {
-            erow[v] = std::exp(row[v] - maxval);
-            sum += erow[v];
-        }
+        Real maxval;
+        double sum = crossentropy_row_exps(exps + (size_t)n * Vp, row, V, &maxval);
         row_sums[n] = sum;
         losses[n] = (Real)(std::log(sum) + maxval - row[targets[n]]);
     }
@@ -62,11 +80,7 @@ void crossentropy_backward_from_exps(Real* dlogits,          // (N, Vp)
                                      Real dloss, int N, int V, int Vp) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        Real* drow = dlogits + (size_t)n * Vp;
-        Real scale = (Real)(dloss / row_sums[n]);
-        for (int v = 0; v < V; v++) drow[v] *= scale;
-        drow[targets[n]] -= dloss;
-        for (int v = V; v < Vp; v++) drow[v] = 0;
+        crossentropy_row_grad(dlogits + (size_t)n * Vp, row_sums[n], targets[n], dloss, V, Vp);
     }
 }
 
@@ -78,19 +92,9 @@ void crossentropy_softmax_backward(Real* dlogits,      // (N, Vp)
                                    Real dloss, int N, int V, int Vp) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const Real* row = logits + (size_t)n * Vp;
         Real* drow = dlogits + (size_t)n * Vp;
-        Real maxval = row[0];
-        for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
-        // each exponential once: store it, sum it (in double), then scale the row
-        double sum = 0.0;
-        for (int v = 0; v < V; v++) {
-            drow[v] = std::exp(row[v] - maxval);
-            sum += drow[v];
-        }
-        Real scale = (Real)(dloss / sum);
-        for (int v = 0; v < V; v++) drow[v] *= scale;
-        drow[targets[n]] -= dloss;
-        for (int v = V; v < Vp; v++) drow[v] = 0;
+        Real maxval;
+        double sum = crossentropy_row_exps(drow, logits + (size_t)n * Vp, V, &maxval);  // store, then scale
+        crossentropy_row_grad(drow, sum, targets[n], dloss, V, Vp);
     }
 }

@@ -194,28 +194,33 @@ static inline void gemm_pack_a_panel_transposed_avx2(float* dst, const float* ro
 }
 #endif
 
+// Packing where the source is already contiguous across the panels: for each k, `width` floats at
+// src + k * k_stride, cut into panels of W (NR for B, MR for A), [panel][k][W], the last one
+// zero-padded. 8 k at a time across all panels, so memory is read in 8 long sequential runs that the
+// hardware prefetcher follows, and written 8·W floats at a time; panel by panel would read one cache
+// line from each of kc rows far apart, and wait on every one.
+template <int W, typename Real>
+static void gemm_pack_runs(Real* dst, const Real* src, size_t k_stride, int width, int kc) {
+    int full = width / W, rest = width - full * W;
+    const size_t panel = (size_t)kc * W;
+    for (int kb = 0; kb < kc; kb += 8) {
+        int kn = std::min(8, kc - kb);
+        for (int p = 0; p < full; p++) {
+            Real* d = dst + p * panel + (size_t)kb * W;
+            for (int k = 0; k < kn; k++) memcpy(d + k * W, src + (size_t)(kb + k) * k_stride + p * W, sizeof(Real) * W);
+        }
+        for (int k = kb; rest && k < kb + kn; k++) {
+            const Real* s = src + (size_t)k * k_stride + full * W;
+            for (int j = 0; j < W; j++) dst[full * panel + (size_t)k * W + j] = j < rest ? s[j] : Real(0);
+        }
+    }
+}
+
 // Packs B[k0:k0+kc, j0:j0+nc] as panels of NR columns, [panel][k][NR], zero-padding the last panel.
 template <typename Real>
 static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, int nc) {
-    if (B.col_stride == 1) {  // rows of B are contiguous: copy NR floats per k into each panel
-        // 8 rows at a time across all panels, so memory is read in 8 long sequential runs that the
-        // hardware prefetcher follows, and written 8·NR floats (512 bytes) at a time; panel by panel
-        // would read one cache line from each of kc rows far apart, and wait on every one
-        int full = nc / GEMM_NR, rest = nc - full * GEMM_NR;
-        const size_t panel = (size_t)kc * GEMM_NR;
-        for (int kb = 0; kb < kc; kb += 8) {
-            int kn = std::min(8, kc - kb);
-            for (int jp = 0; jp < full; jp++) {
-                Real* d = dst + jp * panel + (size_t)kb * GEMM_NR;
-                for (int k = 0; k < kn; k++) {
-                    memcpy(d + k * GEMM_NR, &B.at(k0 + kb + k, j0 + jp * GEMM_NR), sizeof(Real) * GEMM_NR);
-                }
-            }
-            for (int k = kb; rest && k < kb + kn; k++) {  // the last panel, zero-padded
-                const Real* src = &B.at(k0 + k, j0 + full * GEMM_NR);
-                for (int j = 0; j < GEMM_NR; j++) dst[full * panel + (size_t)k * GEMM_NR + j] = j < rest ? src[j] : Real(0);
-            }
-        }
+    if (B.col_stride == 1) {  // rows of B are contiguous: NR floats per k into each panel
+        gemm_pack_runs<GEMM_NR>(dst, &B.at(k0, j0), B.row_stride, nc, kc);
         return;
     }
     for (int jp = 0; jp * GEMM_NR < nc; jp++, dst += (size_t)kc * GEMM_NR) {
@@ -240,23 +245,8 @@ static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, i
 // Packs A[i0:i0+mc, k0:k0+kc] as panels of MR rows, [panel][k][MR], zero-padding the last panel.
 template <typename Real>
 static void gemm_pack_a(Real* dst, MatrixView<Real> A, int i0, int mc, int k0, int kc) {
-    if (A.row_stride == 1) {  // columns of A are contiguous (A = doutᵀ): MR values per k into each panel,
-                              // column by column (k outer) for the same reason as in gemm_pack_b
-        int full = mc / GEMM_MR, rest = mc - full * GEMM_MR;
-        const size_t panel = (size_t)kc * GEMM_MR;
-        for (int kb = 0; kb < kc; kb += 8) {
-            int kn = std::min(8, kc - kb);
-            for (int ip = 0; ip < full; ip++) {
-                Real* d = dst + ip * panel + (size_t)kb * GEMM_MR;
-                for (int k = 0; k < kn; k++) {
-                    memcpy(d + k * GEMM_MR, &A.at(i0 + ip * GEMM_MR, k0 + kb + k), sizeof(Real) * GEMM_MR);
-                }
-            }
-            for (int k = kb; rest && k < kb + kn; k++) {
-                const Real* src = &A.at(i0 + full * GEMM_MR, k0 + k);
-                for (int i = 0; i < GEMM_MR; i++) dst[full * panel + (size_t)k * GEMM_MR + i] = i < rest ? src[i] : Real(0);
-            }
-        }
+    if (A.row_stride == 1) {  // columns of A are contiguous (A = doutᵀ): MR values per k into each panel
+        gemm_pack_runs<GEMM_MR>(dst, &A.at(i0, k0), A.col_stride, mc, kc);
         return;
     }
     for (int ip = 0; ip * GEMM_MR < mc; ip++, dst += (size_t)kc * GEMM_MR) {
