@@ -289,7 +289,7 @@ struct GemmPrefetcher {
         runs = by_rows ? kc : nc;
         run = 0;
         offset = 0;
-        if ((by_rows ? B.col_stride : B.row_stride) != 1) runs = 0;  // neither layout: no runs to follow
+        if (!by_rows && B.row_stride != 1) runs = 0;  // neither rows nor columns contiguous: nothing to follow
     }
     // cache lines the block spans, for spreading them over `calls` issues
     size_t lines() const { return (size_t)runs * (run_bytes / 64 + 2); }

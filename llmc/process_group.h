@@ -281,15 +281,9 @@ inline void reduce_scatter_v_sum(const ProcessGroup& pg, const float* full, floa
     std::copy(full, full + counts[0], mine);
 }
 
-// Process 0 receives every process's count elements in rank order into full (size * count; ignored
-// elsewhere): the sharded parameters assembled for a model file.
+// gather(), counted in comm_bytes_moved: process 0 receives every process's count elements in rank
+// order into full (size * count; ignored elsewhere), the sharded parameters assembled for a model file.
 inline void gather_to_rank0(const ProcessGroup& pg, const float* mine, size_t count, float* full) {
     if (pg.size > 1) comm_bytes_moved += (uint64_t)(pg.rank == 0 ? count * (pg.size - 1) : count) * sizeof(float);
-#ifdef USE_MPI
-    if (pg.size > 1) {
-        mpiCheck(MPI_Gather(mine, (int)count, MPI_FLOAT, full, (int)count, MPI_FLOAT, 0, pg.comm));
-        return;
-    }
-#endif
-    std::copy(mine, mine + count, full);
+    gather(pg, mine, count, full);
 }
