@@ -10,15 +10,18 @@
 //   backward  dA = dout Vᵀ,  dS = softmax backward row by row,  dQ += dS K,  dK += dSᵀ Q,  dV += attᵀ dout
 // and each product runs on llmc/matmul.h's gemm_accumulate (strided views, no copies). Done as dot
 // products (one q against each k), the work is chains of dependent additions and reads of every
-// (T, hs) row once per row t: ~10 GFLOP/s; as GEMMs it runs near the FMA peak, even though computing
-// the full (T, T) products does the masked upper triangle too (zeros in att and dS keep it exact).
+// (T, hs) row once per row t: ~10 GFLOP/s; as GEMMs it runs near the FMA peak. Causality halves the
+// work, and each product says which triangle it needs (GemmTriangle): S and dA only on and below the
+// diagonal (lower_c), att V and dS K stop each row's sum at the diagonal (lower_a: att and dS are zero
+// above it), attᵀ dout and dSᵀ Q start it there (upper_a). Skipped terms are zeros, so the bits are
+// those of the full square products; the tiles the diagonal crosses are computed whole, and the rows'
+// entries above the diagonal are then overwritten with zeros.
 // Each thread takes whole (b, h) pairs; the products inside run on that thread (nested OpenMP regions
 // are off), so no two threads write the same element and the result does not depend on the count.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
-#include <cstring>
 #include <vector>
 
 #include "matmul.h"
@@ -38,9 +41,10 @@ void attention_forward(Real* out,        // (B, T, C)
             const Real* k = q + C;
             const Real* v = q + 2 * C;
             Real* att_bh = att + ((size_t)b * NH + h) * T * T;  // (T, T)
-            // S = Q Kᵀ into att (the full square; the upper triangle is overwritten with zeros below)
-            memset(att_bh, 0, sizeof(Real) * T * T);
-            gemm_accumulate(att_bh, T, MatrixView<Real>{q, C3, 1}, MatrixView<Real>{k, 1, C3}, T, T, hs);
+            // S = Q Kᵀ into att, its lower triangle (with the rest of the tiles the diagonal crosses; all
+            // above the diagonal is overwritten with zeros below)
+            gemm_accumulate(att_bh, T, MatrixView<Real>{q, C3, 1}, MatrixView<Real>{k, 1, C3}, T, T, hs, true,
+                            GemmTriangle::lower_c);
             for (int t = 0; t < T; t++) {
                 Real* row = att_bh + (size_t)t * T;
                 Real max_score = -INFINITY;
@@ -59,8 +63,8 @@ void attention_forward(Real* out,        // (B, T, C)
             }
             // out = att V
             Real* out_bh = out + (size_t)b * T * C + h * hs;  // (T, hs) with row stride C
-            for (int t = 0; t < T; t++) memset(out_bh + (size_t)t * C, 0, sizeof(Real) * hs);
-            gemm_accumulate(out_bh, C, MatrixView<Real>{att_bh, (size_t)T, 1}, MatrixView<Real>{v, C3, 1}, T, hs, T);
+            gemm_accumulate(out_bh, C, MatrixView<Real>{att_bh, (size_t)T, 1}, MatrixView<Real>{v, C3, 1}, T, hs, T, true,
+                            GemmTriangle::lower_a);
         }
     }
 }
@@ -91,8 +95,8 @@ void attention_backward(Real* dqkv,       // (B, T, 3C)
                 const Real* att_bh = att + ((size_t)b * NH + h) * T * T;
                 Real* ds = dscore.data();
                 // datt = dout Vᵀ, then through the softmax row by row; zero above the diagonal
-                std::fill(dscore.begin(), dscore.end(), Real(0));
-                gemm_accumulate(ds, T, MatrixView<Real>{dout_bh, (size_t)C, 1}, MatrixView<Real>{v, 1, C3}, T, T, hs);
+                gemm_accumulate(ds, T, MatrixView<Real>{dout_bh, (size_t)C, 1}, MatrixView<Real>{v, 1, C3}, T, T, hs, true,
+                                GemmTriangle::lower_c);
                 for (int t = 0; t < T; t++) {
                     const Real* att_row = att_bh + (size_t)t * T;
                     Real* row = ds + (size_t)t * T;
@@ -102,10 +106,12 @@ void attention_backward(Real* dqkv,       // (B, T, 3C)
                     for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0;
                 }
                 // dQ += dS K,  dK += dSᵀ Q,  dV += attᵀ dout
-                gemm_accumulate(dq, C3, MatrixView<Real>{ds, (size_t)T, 1}, MatrixView<Real>{k, C3, 1}, T, hs, T);
-                gemm_accumulate(dk, C3, MatrixView<Real>{ds, 1, (size_t)T}, MatrixView<Real>{q, C3, 1}, T, hs, T);
+                gemm_accumulate(dq, C3, MatrixView<Real>{ds, (size_t)T, 1}, MatrixView<Real>{k, C3, 1}, T, hs, T, false,
+                                GemmTriangle::lower_a);
+                gemm_accumulate(dk, C3, MatrixView<Real>{ds, 1, (size_t)T}, MatrixView<Real>{q, C3, 1}, T, hs, T, false,
+                                GemmTriangle::upper_a);
                 gemm_accumulate(dv, C3, MatrixView<Real>{att_bh, 1, (size_t)T}, MatrixView<Real>{dout_bh, (size_t)C, 1}, T,
-                                hs, T);
+                                hs, T, false, GemmTriangle::upper_a);
             }
         }
     }

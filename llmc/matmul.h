@@ -65,20 +65,34 @@ struct MatrixView {
     const Real& at(size_t i, size_t j) const { return data[i * row_stride + j * col_stride]; }
 };
 
-// Adds an MR×NR tile held in `acc` to C (or stores it there, `overwrite`); at the matrix edge only its
-// top-left mr×nr part.
+// Causal attention multiplies triangular matrices; a triangle names the zeros a product may skip,
+// micro-tile by micro-tile (indices are those of the views passed in):
+//   lower_c  only C[i][j] with j <= i is wanted: tiles wholly above the diagonal are not computed
+//            (left as they were); the rest of a tile the diagonal crosses is computed like any other
+//   lower_a  A[i][k] = 0 for k > i: a tile of rows i0..i1-1 sums k < i1 only
+//   upper_a  A[i][k] = 0 for k < i: a tile of rows i0..i1-1 sums k >= i0 only
+// Dropping those terms gives the same bits: a tile's sums start from +0, a zero term adds ±0, and
+// x + ±0 = x for every x that is not -0, which a sum starting from +0 never is (round to nearest).
+// With `overwrite`, a tile whose k range is empty is still stored (as zeros); lower_c's skipped tiles
+// are not written at all.
+enum class GemmTriangle { none, lower_c, lower_a, upper_a };
+
+// Adds an MR×NR tile held in `acc` to C (or stores it there, `overwrite`, plus the tile's columns of
+// `bias` when there is one); at the matrix edge only its top-left mr×nr part.
 template <typename Real>
 static inline void gemm_store_tile(const Real (&acc)[GEMM_MR][GEMM_NR], Real* c, size_t ldc, int mr, int nr,
-                                   bool overwrite) {
+                                   bool overwrite, const Real* bias) {
     for (int i = 0; i < mr; i++) {
-        for (int j = 0; j < nr; j++) c[i * ldc + j] = overwrite ? acc[i][j] : c[i * ldc + j] + acc[i][j];
+        for (int j = 0; j < nr; j++) {
+            c[i * ldc + j] = !overwrite ? c[i * ldc + j] + acc[i][j] : bias ? acc[i][j] + bias[j] : acc[i][j];
+        }
     }
 }
 
 // C[mr×nr] += A panel (kc×MR) · B panel (kc×NR), the plain loop (any scalar type).
 template <typename Real>
 static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Real* __restrict b, Real* c,
-                                     size_t ldc, int mr, int nr, bool overwrite) {
+                                     size_t ldc, int mr, int nr, bool overwrite, const Real* bias) {
     Real acc[GEMM_MR][GEMM_NR] = {};
     for (int k = 0; k < kc; k++) {
         const Real* ak = a + k * GEMM_MR;
@@ -87,14 +101,14 @@ static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Rea
             for (int j = 0; j < GEMM_NR; j++) acc[i][j] += ak[i] * bk[j];
         }
     }
-    gemm_store_tile(acc, c, ldc, mr, nr, overwrite);
+    gemm_store_tile(acc, c, ldc, mr, nr, overwrite, bias);
 }
 
 #ifdef GEMM_AVX2
 // The same for fp32 with AVX2 FMAs. The twelve accumulators are named variables, not an array: GCC
 // keeps an array of vectors in memory and would store every one of them back at each k.
 static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, const float* __restrict b, float* c,
-                                          size_t ldc, int mr, int nr, bool overwrite) {
+                                          size_t ldc, int mr, int nr, bool overwrite, const float* bias) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;  // row i: ci0, ci1
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     // the C tile is read only after the k loop, and it is usually not in cache (C is MBs): ask for its
@@ -117,9 +131,10 @@ static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, con
     }
     const __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (mr == GEMM_MR && nr == GEMM_NR && overwrite) {
+        __m256 bias0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps(), bias1 = bias ? _mm256_loadu_ps(bias + 8) : bias0;
         for (int i = 0; i < GEMM_MR; i++) {
-            _mm256_storeu_ps(c + i * ldc, acc[i][0]);
-            _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
+            _mm256_storeu_ps(c + i * ldc, bias ? _mm256_add_ps(acc[i][0], bias0) : acc[i][0]);
+            _mm256_storeu_ps(c + i * ldc + 8, bias ? _mm256_add_ps(acc[i][1], bias1) : acc[i][1]);
         }
     } else if (mr == GEMM_MR && nr == GEMM_NR) {
         for (int i = 0; i < GEMM_MR; i++) {
@@ -133,7 +148,7 @@ static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, con
             _mm256_store_ps(tile[i], acc[i][0]);
             _mm256_store_ps(tile[i] + 8, acc[i][1]);
         }
-        gemm_store_tile(tile, c, ldc, mr, nr, overwrite);
+        gemm_store_tile(tile, c, ldc, mr, nr, overwrite, bias);
     }
 }
 #endif
@@ -313,7 +328,7 @@ struct GemmPrefetcher {
 // of the ~100 products of a step would cost more than packing into them).
 template <typename Real>
 void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
-                           int j_begin, int j_end, int K, bool overwrite) {
+                           int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
     struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
     thread_local std::vector<Vec8> packed_a_store, packed_b_store;
     size_t a_floats = (size_t)GEMM_MC * GEMM_KC, b_floats = (size_t)GEMM_KC * GEMM_NC;
@@ -342,17 +357,27 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
                 for (int jr = 0; jr < nc; jr += GEMM_NR) {
                     const Real* b_panel = packed_b + (size_t)jr * kc;
                     for (int ir = 0; ir < mc; ir += GEMM_MR) {
-                        const Real* a_panel = packed_a + (size_t)ir * kc;
                         Real* c = C + (size_t)(ic + ir) * ldc + jc + jr;
                         int mr = std::min(GEMM_MR, mc - ir), nr = std::min(GEMM_NR, nc - jr);
                         next.issue(per_call);
+                        // this tile's k range within the slab: all of it, unless a triangle says less
+                        int i0 = ic + ir, k_begin = pc, k_end = pc + kc;
+                        if (triangle == GemmTriangle::lower_c && jc + jr >= i0 + mr) continue;
+                        if (triangle == GemmTriangle::lower_a) k_end = std::min(k_end, i0 + mr);
+                        if (triangle == GemmTriangle::upper_a) k_begin = std::max(k_begin, i0);
+                        bool store = overwrite && pc == 0;
+                        if (k_begin >= k_end && !store) continue;
+                        int k_count = std::max(0, k_end - k_begin);
+                        const Real* a_panel = packed_a + (size_t)ir * kc + (size_t)(k_begin - pc) * GEMM_MR;
+                        const Real* b_tile = b_panel + (size_t)(k_begin - pc) * GEMM_NR;
+                        const Real* bias_tile = bias ? bias + jc + jr : nullptr;
 #ifdef GEMM_AVX2
                         if constexpr (std::is_same<Real, float>::value) {
-                            gemm_micro_kernel_avx2(kc, a_panel, b_panel, c, ldc, mr, nr, overwrite && pc == 0);
+                            gemm_micro_kernel_avx2(k_count, a_panel, b_tile, c, ldc, mr, nr, store, bias_tile);
                             continue;
                         }
 #endif
-                        gemm_micro_kernel(kc, a_panel, b_panel, c, ldc, mr, nr, overwrite && pc == 0);
+                        gemm_micro_kernel(k_count, a_panel, b_tile, c, ldc, mr, nr, store, bias_tile);
                     }
                 }
             }
@@ -363,13 +388,16 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
 // C (M×N, row-major, leading dimension ldc) += A (M×K) · B (K×N).
 // With `overwrite`, C = A · B instead: the first k slab stores its sums where it would add them, so C
 // need not be cleared first (the same bits as clearing it and adding: 0 + x = x, and a sum that starts
-// from +0 is never -0).
+// from +0 is never -0). With `overwrite` and a `bias` (N), C = bias + A · B, each row starting from bias
+// (the same bits as filling C's rows with bias and adding).
 template <typename Real>
 void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K,
-                     bool overwrite = false) {
+                     bool overwrite = false, GemmTriangle triangle = GemmTriangle::none, const Real* bias = nullptr) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
-        for (int i = 0; i < M && overwrite; i++) std::fill(C + (size_t)i * ldc, C + (size_t)i * ldc + N, Real(0));
+        for (int i = 0; i < M && overwrite; i++) {
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = bias ? bias[j] : Real(0);
+        }
         return;
     }
     // Splitting N, every thread packs all of A (M×K) and its share of B; splitting M, all of B (K×N).
@@ -386,9 +414,9 @@ void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B
         int end = std::min(extent, (int)((long)tiles * (thread + 1) / threads) * tile);
         if (begin < end) {
             if (split_n) {
-                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite);
+                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite, triangle, bias);
             } else {
-                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K, overwrite);
+                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K, overwrite, triangle, bias);
             }
         }
     }
@@ -401,16 +429,8 @@ void matmul_forward(Real* out,           // (N, OC) with N = B*T rows
                     const Real* weight,  // (OC, C)
                     const Real* bias,    // (OC) or nullptr
                     int N, int C, int OC) {
-#pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        Real* row = out + (size_t)n * OC;
-        if (bias) {
-            for (int o = 0; o < OC; o++) row[o] = bias[o];
-        } else {
-            for (int o = 0; o < OC; o++) row[o] = 0;
-        }
-    }
-    gemm_accumulate(out, OC, MatrixView<Real>{inp, (size_t)C, 1}, MatrixView<Real>{weight, 1, (size_t)C}, N, OC, C);
+    gemm_accumulate(out, OC, MatrixView<Real>{inp, (size_t)C, 1}, MatrixView<Real>{weight, 1, (size_t)C}, N, OC, C, true,
+                    GemmTriangle::none, bias);
 }
 
 // Accumulates (+=) into dinp, dweight and dbias (dbias may be nullptr); with set_dinp, dinp = instead of

@@ -352,6 +352,73 @@ TEST(OpsMatmul, Fp32FastPathsMatchNaiveOnEdgeShapes) {
             gemm_accumulate(set.data(), N, A, Bv, M, N, K, true);
             EXPECT_EQ(0, memcmp(set.data(), zeros_then_add.data(), set.size() * sizeof(float)))
                 << "overwrite differs from zeros + accumulate: M=" << M << " N=" << N << " K=" << K << " layout " << layout;
+            // and with a bias: the same bits as filling each row with the bias and accumulating
+            std::vector<float> bias = to_float(random_vec((size_t)N, rng)), bias_then_add((size_t)M * N);
+            for (int i = 0; i < M; i++) std::copy(bias.begin(), bias.end(), bias_then_add.begin() + (size_t)i * N);
+            gemm_accumulate(bias_then_add.data(), N, A, Bv, M, N, K);
+            std::fill(set.begin(), set.end(), NAN);
+            gemm_accumulate(set.data(), N, A, Bv, M, N, K, true, GemmTriangle::none, bias.data());
+            EXPECT_EQ(0, memcmp(set.data(), bias_then_add.data(), set.size() * sizeof(float)))
+                << "overwrite with bias differs from bias + accumulate: M=" << M << " N=" << N << " K=" << K
+                << " layout " << layout;
+        }
+    }
+    omp_set_num_threads(threads_before);
+}
+
+// The triangles causal attention passes (GemmTriangle) skip only terms that are zero, so the wanted
+// entries have the same bits as the full product's; a skipped tile is left as it was. T > KC = 256 puts
+// the diagonal across k slabs.
+TEST(OpsMatmul, TrianglesSkipOnlyZerosBitForBit) {
+    std::mt19937 rng(17);
+    const int shapes[][2] = {{7, 5}, {64, 64}, {100, 33}, {257, 17}, {300, 64}};  // T (= M = K), N
+    int threads_before = omp_get_max_threads();
+    for (const auto& shape : shapes) {
+        int T = shape[0], N = shape[1];
+        for (GemmTriangle triangle : {GemmTriangle::lower_c, GemmTriangle::lower_a, GemmTriangle::upper_a}) {
+            int n = triangle == GemmTriangle::lower_c ? T : N;  // lower_c: C is square
+            std::vector<float> a = to_float(random_vec((size_t)T * T, rng)), b = to_float(random_vec((size_t)T * n, rng));
+            std::vector<float> c0 = to_float(random_vec((size_t)T * n, rng));
+            for (int i = 0; i < T; i++) {  // A's zeros where the triangle says they are
+                for (int k = 0; k < T; k++) {
+                    bool zero = (triangle == GemmTriangle::lower_a && k > i) || (triangle == GemmTriangle::upper_a && k < i);
+                    if (zero) a[(size_t)i * T + k] = 0.0f;
+                }
+            }
+            for (int layout = 0; layout < 3; layout++) {  // as in Fp32FastPathsMatchNaiveOnEdgeShapes
+                std::vector<float> at(a.size());  // A stored transposed, for layout 2
+                for (int i = 0; i < T; i++)
+                    for (int k = 0; k < T; k++) at[(size_t)k * T + i] = a[(size_t)i * T + k];
+                std::vector<float> bt(b.size());  // B stored transposed, for layout 1
+                for (int k = 0; k < T; k++)
+                    for (int j = 0; j < n; j++) bt[(size_t)j * T + k] = b[(size_t)k * n + j];
+                MatrixView<float> A = layout == 2 ? MatrixView<float>{at.data(), 1, (size_t)T} : MatrixView<float>{a.data(), (size_t)T, 1};
+                MatrixView<float> Bv = layout == 1 ? MatrixView<float>{bt.data(), 1, (size_t)T} : MatrixView<float>{b.data(), (size_t)n, 1};
+                std::vector<float> full = c0;
+                gemm_accumulate(full.data(), n, A, Bv, T, n, T);
+                for (int threads = 1; threads <= 2; threads++) {
+                    omp_set_num_threads(threads);
+                    std::vector<float> part = c0;
+                    gemm_accumulate(part.data(), n, A, Bv, T, n, T, false, triangle);
+                    int differ = 0, untouched_above = 0;
+                    for (int i = 0; i < T; i++) {
+                        for (int j = 0; j < n; j++) {
+                            size_t e = (size_t)i * n + j;
+                            if (triangle != GemmTriangle::lower_c || j <= i) {
+                                differ += memcmp(&part[e], &full[e], sizeof(float)) != 0;
+                            } else {
+                                untouched_above += part[e] == c0[e];
+                            }
+                        }
+                    }
+                    EXPECT_EQ(differ, 0) << "T=" << T << " N=" << n << " triangle " << (int)triangle << " layout "
+                                         << layout << " threads " << threads;
+                    // lower_c skips the tiles wholly above the diagonal: with T > 16 there are some
+                    if (triangle == GemmTriangle::lower_c && T > 16) {
+                        EXPECT_GT(untouched_above, 0) << "T=" << T << " layout " << layout;
+                    }
+                }
+            }
         }
     }
     omp_set_num_threads(threads_before);
