@@ -323,63 +323,140 @@ struct GemmPrefetcher {
     }
 };
 
-// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end].
-// The packing buffers are per thread and kept between calls (allocating and faulting in 3 MiB at each
-// of the ~100 products of a step would cost more than packing into them).
+// One product of a block: C[ic:ic+mc, jc:jc+nc] += packed A (mc × kc) · packed B (kc × nc), the k
+// slab starting at pc, tile by tile. Each micro-tile also issues its share of `next`'s prefetches.
+template <typename Real>
+static void gemm_macro_kernel(Real* C, size_t ldc, const Real* packed_a, const Real* packed_b, int ic, int mc, int jc,
+                              int nc, int pc, int kc, bool overwrite, GemmTriangle triangle, const Real* bias,
+                              GemmPrefetcher<Real>& next, size_t per_call) {
+    // B micro-panel outer (it stays in L1), A micro-panels inner (they stream from L2)
+    for (int jr = 0; jr < nc; jr += GEMM_NR) {
+        const Real* b_panel = packed_b + (size_t)jr * kc;
+        for (int ir = 0; ir < mc; ir += GEMM_MR) {
+            Real* c = C + (size_t)(ic + ir) * ldc + jc + jr;
+            int mr = std::min(GEMM_MR, mc - ir), nr = std::min(GEMM_NR, nc - jr);
+            next.issue(per_call);
+            // this tile's k range within the slab: all of it, unless a triangle says less
+            int i0 = ic + ir, k_begin = pc, k_end = pc + kc;
+            if (triangle == GemmTriangle::lower_c && jc + jr >= i0 + mr) continue;
+            if (triangle == GemmTriangle::lower_a) k_end = std::min(k_end, i0 + mr);
+            if (triangle == GemmTriangle::upper_a) k_begin = std::max(k_begin, i0);
+            bool store = overwrite && pc == 0;
+            if (k_begin >= k_end && !store) continue;
+            int k_count = std::max(0, k_end - k_begin);
+            const Real* a_panel = packed_a + (size_t)ir * kc + (size_t)(k_begin - pc) * GEMM_MR;
+            const Real* b_tile = b_panel + (size_t)(k_begin - pc) * GEMM_NR;
+            const Real* bias_tile = bias ? bias + jc + jr : nullptr;
+#ifdef GEMM_AVX2
+            if constexpr (std::is_same<Real, float>::value) {
+                gemm_micro_kernel_avx2(k_count, a_panel, b_tile, c, ldc, mr, nr, store, bias_tile);
+                continue;
+            }
+#endif
+            gemm_micro_kernel(k_count, a_panel, b_tile, c, ldc, mr, nr, store, bias_tile);
+        }
+    }
+}
+
+// The packing buffers, per thread and kept between calls (allocating and faulting in 3 MiB at each of
+// the ~100 products of a step would cost more than packing into them).
+template <typename Real>
+struct GemmBuffers {
+    struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
+    std::vector<Vec8> a_store, b_store;
+    Real* a() {  // (MC × KC) as [panel][k][MR], + one Vec8 of slack for the transposing pack's spilling store
+        if (a_store.size() * 8 < (size_t)GEMM_MC * GEMM_KC + 8) a_store.resize((size_t)GEMM_MC * GEMM_KC / 8 + 1);
+        return a_store.data()->x;
+    }
+    Real* b() {  // (KC × NC) as [panel][k][NR]
+        if (b_store.size() * 8 < (size_t)GEMM_KC * GEMM_NC) b_store.resize((size_t)GEMM_KC * GEMM_NC / 8);
+        return b_store.data()->x;
+    }
+    static GemmBuffers& mine() {
+        thread_local GemmBuffers buffers;
+        return buffers;
+    }
+};
+
+// Starts `next` on the block of B that follows (pc, jc) in a sweep of columns up to j_end (the next k
+// slab, or the first slab of the next NC columns), or on share `share` of `shares` of its panels.
+template <typename Real>
+static void gemm_prefetch_next(GemmPrefetcher<Real>& next, MatrixView<Real> B, int K, int pc, int kc, int jc, int nc,
+                               int j_end, int share = 0, int shares = 1) {
+    int k0, j0, width;
+    if (pc + kc < K) {
+        k0 = pc + kc, j0 = jc, width = nc;
+    } else if (jc + nc < j_end) {
+        k0 = 0, j0 = jc + nc, width = std::min(GEMM_NC, j_end - jc - nc);
+    } else {
+        return;
+    }
+    int panels = (width + GEMM_NR - 1) / GEMM_NR;
+    int p0 = panels * share / shares, p1 = panels * (share + 1) / shares;
+    int first = p0 * GEMM_NR, count = std::min(width, p1 * GEMM_NR) - first;
+    if (count > 0) next.start(B, k0, std::min(GEMM_KC, K - k0), j0 + first, count);
+}
+
+// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end],
+// packing its own blocks of A and B.
 template <typename Real>
 void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
                            int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
-    struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
-    thread_local std::vector<Vec8> packed_a_store, packed_b_store;
-    size_t a_floats = (size_t)GEMM_MC * GEMM_KC, b_floats = (size_t)GEMM_KC * GEMM_NC;
-    // + one Vec8 of slack for gemm_pack_a_panel_transposed_avx2's spilling store
-    if (packed_a_store.size() * 8 < a_floats + 8) packed_a_store.resize(a_floats / 8 + 1);
-    if (packed_b_store.size() * 8 < b_floats) packed_b_store.resize(b_floats / 8);
-    Real* packed_a = packed_a_store.data()->x;  // (MC × KC) as [panel][k][MR]
-    Real* packed_b = packed_b_store.data()->x;  // (KC × NC) as [panel][k][NR]
+    Real* packed_a = GemmBuffers<Real>::mine().a();
+    Real* packed_b = GemmBuffers<Real>::mine().b();
     for (int jc = j_begin; jc < j_end; jc += GEMM_NC) {
         int nc = std::min(GEMM_NC, j_end - jc);
         for (int pc = 0; pc < K; pc += GEMM_KC) {
             int kc = std::min(GEMM_KC, K - pc);
             gemm_pack_b(packed_b, B, pc, kc, jc, nc);
-            GemmPrefetcher<Real> next;  // the next block of B: the next k slab, or the next NC columns
-            if (pc + kc < K) {
-                next.start(B, pc + kc, std::min(GEMM_KC, K - pc - kc), jc, nc);
-            } else if (jc + nc < j_end) {
-                next.start(B, 0, std::min(GEMM_KC, K), jc + nc, std::min(GEMM_NC, j_end - jc - nc));
-            }
+            GemmPrefetcher<Real> next;
+            gemm_prefetch_next(next, B, K, pc, kc, jc, nc, j_end);
             size_t calls = (size_t)((i_end - i_begin + GEMM_MR - 1) / GEMM_MR) * ((nc + GEMM_NR - 1) / GEMM_NR);
             size_t per_call = (next.lines() + calls - 1) / calls;
             for (int ic = i_begin; ic < i_end; ic += GEMM_MC) {
                 int mc = std::min(GEMM_MC, i_end - ic);
                 gemm_pack_a(packed_a, A, ic, mc, pc, kc);
-                // B micro-panel outer (it stays in L1), A micro-panels inner (they stream from L2)
-                for (int jr = 0; jr < nc; jr += GEMM_NR) {
-                    const Real* b_panel = packed_b + (size_t)jr * kc;
-                    for (int ir = 0; ir < mc; ir += GEMM_MR) {
-                        Real* c = C + (size_t)(ic + ir) * ldc + jc + jr;
-                        int mr = std::min(GEMM_MR, mc - ir), nr = std::min(GEMM_NR, nc - jr);
-                        next.issue(per_call);
-                        // this tile's k range within the slab: all of it, unless a triangle says less
-                        int i0 = ic + ir, k_begin = pc, k_end = pc + kc;
-                        if (triangle == GemmTriangle::lower_c && jc + jr >= i0 + mr) continue;
-                        if (triangle == GemmTriangle::lower_a) k_end = std::min(k_end, i0 + mr);
-                        if (triangle == GemmTriangle::upper_a) k_begin = std::max(k_begin, i0);
-                        bool store = overwrite && pc == 0;
-                        if (k_begin >= k_end && !store) continue;
-                        int k_count = std::max(0, k_end - k_begin);
-                        const Real* a_panel = packed_a + (size_t)ir * kc + (size_t)(k_begin - pc) * GEMM_MR;
-                        const Real* b_tile = b_panel + (size_t)(k_begin - pc) * GEMM_NR;
-                        const Real* bias_tile = bias ? bias + jc + jr : nullptr;
-#ifdef GEMM_AVX2
-                        if constexpr (std::is_same<Real, float>::value) {
-                            gemm_micro_kernel_avx2(k_count, a_panel, b_tile, c, ldc, mr, nr, store, bias_tile);
-                            continue;
-                        }
-#endif
-                        gemm_micro_kernel(k_count, a_panel, b_tile, c, ldc, mr, nr, store, bias_tile);
-                    }
-                }
+                gemm_macro_kernel(C, ldc, packed_a, packed_b, ic, mc, jc, nc, pc, kc, overwrite, triangle, bias, next,
+                                  per_call);
+            }
+        }
+    }
+}
+
+// The whole product by a team of threads that share each packed block of B (every thread packs a
+// part of it) and take blocks of MC rows of A one at a time until none is left: for tall products
+// (M > N), whose B every thread would otherwise pack in full. Taking rows as they come, a thread the
+// OS slows down does fewer of them instead of holding the others at the end. Two barriers per block
+// of B: it is complete before anyone multiplies, and not repacked while anyone still does.
+template <typename Real>
+void gemm_accumulate_rows_shared_b(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K,
+                                   bool overwrite, GemmTriangle triangle, const Real* bias) {
+    Real* packed_b = GemmBuffers<Real>::mine().b();  // the calling thread's, shared by the team
+    int row_blocks = (M + GEMM_MC - 1) / GEMM_MC;
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        Real* packed_a = GemmBuffers<Real>::mine().a();
+        for (int jc = 0; jc < N; jc += GEMM_NC) {
+            int nc = std::min(GEMM_NC, N - jc);
+            for (int pc = 0; pc < K; pc += GEMM_KC) {
+                int kc = std::min(GEMM_KC, K - pc);
+                int panels = (nc + GEMM_NR - 1) / GEMM_NR;  // this thread's panels of the block
+                int p0 = panels * thread / threads, p1 = panels * (thread + 1) / threads;
+                int first = p0 * GEMM_NR, count = std::min(nc, p1 * GEMM_NR) - first;
+                if (count > 0) gemm_pack_b(packed_b + (size_t)first * kc, B, pc, kc, jc + first, count);
+                GemmPrefetcher<Real> next;  // this thread's panels of the next block
+                gemm_prefetch_next(next, B, K, pc, kc, jc, nc, N, thread, threads);
+                size_t calls = (size_t)((M + GEMM_MR - 1) / GEMM_MR) * panels / threads + 1;
+                size_t per_call = (next.lines() + calls - 1) / calls;
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+                for (int block = 0; block < row_blocks; block++) {
+                    int ic = block * GEMM_MC, mc = std::min(GEMM_MC, M - ic);
+                    gemm_pack_a(packed_a, A, ic, mc, pc, kc);
+                    gemm_macro_kernel(C, ldc, packed_a, packed_b, ic, mc, jc, nc, pc, kc, overwrite, triangle, bias,
+                                      next, per_call);
+                }  // (the loop's implicit barrier)
             }
         }
     }
@@ -400,25 +477,20 @@ void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B
         }
         return;
     }
-    // Splitting N, every thread packs all of A (M×K) and its share of B; splitting M, all of B (K×N).
-    // Cut the dimension that leaves the smaller operand to be packed by every thread, in whole tiles.
-    bool split_n = N >= M;
-    int tiles = split_n ? (N + GEMM_NR - 1) / GEMM_NR : (M + GEMM_MR - 1) / GEMM_MR;
-    int tile = split_n ? GEMM_NR : GEMM_MR, extent = split_n ? N : M;
     // a product too small to pay for waking threads runs on the calling thread
-    bool parallel = (double)M * N * K > 1e5 && tiles > 1;
-#pragma omp parallel if (parallel)
+    bool parallel = (double)M * N * K > 1e5 && omp_get_max_threads() > 1 && !omp_in_parallel();
+    if (parallel && M > N) {  // tall: B is the smaller operand, packed once by the team
+        gemm_accumulate_rows_shared_b(C, ldc, A, B, M, N, K, overwrite, triangle, bias);
+        return;
+    }
+    // wide: each thread takes whole 16-column tiles of C and packs all of A and its share of B
+    int tiles = (N + GEMM_NR - 1) / GEMM_NR;
+#pragma omp parallel if (parallel && tiles > 1)
     {
         int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        int begin = std::min(extent, (int)((long)tiles * thread / threads) * tile);
-        int end = std::min(extent, (int)((long)tiles * (thread + 1) / threads) * tile);
-        if (begin < end) {
-            if (split_n) {
-                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite, triangle, bias);
-            } else {
-                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K, overwrite, triangle, bias);
-            }
-        }
+        int begin = std::min(N, (int)((long)tiles * thread / threads) * GEMM_NR);
+        int end = std::min(N, (int)((long)tiles * (thread + 1) / threads) * GEMM_NR);
+        if (begin < end) gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite, triangle, bias);
     }
 }
 
