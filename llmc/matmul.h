@@ -29,7 +29,8 @@
 // no barrier inside the product, so a thread the OS pauses delays only its own part. The split is
 // along whichever of M and N makes the operand every thread must pack in full the smaller one. Every
 // element of C is summed in the same order (k slab by k slab, k ascending) whatever the split, so the
-// result does not depend on the thread count.
+// result does not depend on the thread count. Causal attention's products skip their zero triangles
+// (GemmTriangle).
 #pragma once
 
 #include <omp.h>
@@ -106,8 +107,10 @@ static inline void gemm_micro_kernel(int kc, const Real* __restrict a, const Rea
 
 #ifdef GEMM_AVX2
 // The same for fp32 with AVX2 FMAs. The twelve accumulators are named variables, not an array: GCC
-// keeps an array of vectors in memory and would store every one of them back at each k.
-static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, const float* __restrict b, float* c,
+// keeps an array of vectors in memory and would store every one of them back at each k. Always
+// inlined: called once per tile (~400 cycles of FMAs), a call costs a few percent, and GCC stops
+// inlining it on its own once the loop around it grows.
+__attribute__((always_inline)) static inline void gemm_micro_kernel_avx2(int kc, const float* __restrict a, const float* __restrict b, float* c,
                                           size_t ldc, int mr, int nr, bool overwrite, const float* bias) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;  // row i: ci0, ci1
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -378,25 +381,6 @@ struct GemmBuffers {
     }
 };
 
-// Starts `next` on the block of B that follows (pc, jc) in a sweep of columns up to j_end (the next k
-// slab, or the first slab of the next NC columns), or on share `share` of `shares` of its panels.
-template <typename Real>
-static void gemm_prefetch_next(GemmPrefetcher<Real>& next, MatrixView<Real> B, int K, int pc, int kc, int jc, int nc,
-                               int j_end, int share = 0, int shares = 1) {
-    int k0, j0, width;
-    if (pc + kc < K) {
-        k0 = pc + kc, j0 = jc, width = nc;
-    } else if (jc + nc < j_end) {
-        k0 = 0, j0 = jc + nc, width = std::min(GEMM_NC, j_end - jc - nc);
-    } else {
-        return;
-    }
-    int panels = (width + GEMM_NR - 1) / GEMM_NR;
-    int p0 = panels * share / shares, p1 = panels * (share + 1) / shares;
-    int first = p0 * GEMM_NR, count = std::min(width, p1 * GEMM_NR) - first;
-    if (count > 0) next.start(B, k0, std::min(GEMM_KC, K - k0), j0 + first, count);
-}
-
 // One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end],
 // packing its own blocks of A and B.
 template <typename Real>
@@ -409,8 +393,12 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
         for (int pc = 0; pc < K; pc += GEMM_KC) {
             int kc = std::min(GEMM_KC, K - pc);
             gemm_pack_b(packed_b, B, pc, kc, jc, nc);
-            GemmPrefetcher<Real> next;
-            gemm_prefetch_next(next, B, K, pc, kc, jc, nc, j_end);
+            GemmPrefetcher<Real> next;  // the next block of B: the next k slab, or the next NC columns
+            if (pc + kc < K) {
+                next.start(B, pc + kc, std::min(GEMM_KC, K - pc - kc), jc, nc);
+            } else if (jc + nc < j_end) {
+                next.start(B, 0, std::min(GEMM_KC, K), jc + nc, std::min(GEMM_NC, j_end - jc - nc));
+            }
             size_t calls = (size_t)((i_end - i_begin + GEMM_MR - 1) / GEMM_MR) * ((nc + GEMM_NR - 1) / GEMM_NR);
             size_t per_call = (next.lines() + calls - 1) / calls;
             for (int ic = i_begin; ic < i_end; ic += GEMM_MC) {
@@ -418,45 +406,6 @@ void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<R
                 gemm_pack_a(packed_a, A, ic, mc, pc, kc);
                 gemm_macro_kernel(C, ldc, packed_a, packed_b, ic, mc, jc, nc, pc, kc, overwrite, triangle, bias, next,
                                   per_call);
-            }
-        }
-    }
-}
-
-// The whole product by a team of threads that share each packed block of B (every thread packs a
-// part of it) and take blocks of MC rows of A one at a time until none is left: for tall products
-// (M > N), whose B every thread would otherwise pack in full. Taking rows as they come, a thread the
-// OS slows down does fewer of them instead of holding the others at the end. Two barriers per block
-// of B: it is complete before anyone multiplies, and not repacked while anyone still does.
-template <typename Real>
-void gemm_accumulate_rows_shared_b(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int M, int N, int K,
-                                   bool overwrite, GemmTriangle triangle, const Real* bias) {
-    Real* packed_b = GemmBuffers<Real>::mine().b();  // the calling thread's, shared by the team
-    int row_blocks = (M + GEMM_MC - 1) / GEMM_MC;
-#pragma omp parallel
-    {
-        int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        Real* packed_a = GemmBuffers<Real>::mine().a();
-        for (int jc = 0; jc < N; jc += GEMM_NC) {
-            int nc = std::min(GEMM_NC, N - jc);
-            for (int pc = 0; pc < K; pc += GEMM_KC) {
-                int kc = std::min(GEMM_KC, K - pc);
-                int panels = (nc + GEMM_NR - 1) / GEMM_NR;  // this thread's panels of the block
-                int p0 = panels * thread / threads, p1 = panels * (thread + 1) / threads;
-                int first = p0 * GEMM_NR, count = std::min(nc, p1 * GEMM_NR) - first;
-                if (count > 0) gemm_pack_b(packed_b + (size_t)first * kc, B, pc, kc, jc + first, count);
-                GemmPrefetcher<Real> next;  // this thread's panels of the next block
-                gemm_prefetch_next(next, B, K, pc, kc, jc, nc, N, thread, threads);
-                size_t calls = (size_t)((M + GEMM_MR - 1) / GEMM_MR) * panels / threads + 1;
-                size_t per_call = (next.lines() + calls - 1) / calls;
-#pragma omp barrier
-#pragma omp for schedule(dynamic, 1)
-                for (int block = 0; block < row_blocks; block++) {
-                    int ic = block * GEMM_MC, mc = std::min(GEMM_MC, M - ic);
-                    gemm_pack_a(packed_a, A, ic, mc, pc, kc);
-                    gemm_macro_kernel(C, ldc, packed_a, packed_b, ic, mc, jc, nc, pc, kc, overwrite, triangle, bias,
-                                      next, per_call);
-                }  // (the loop's implicit barrier)
             }
         }
     }
@@ -477,20 +426,28 @@ void gemm_accumulate(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B
         }
         return;
     }
+    // Splitting N, every thread packs all of A (M×K) and its share of B; splitting M, all of B (K×N).
+    // Cut the dimension that leaves the smaller operand to be packed by every thread, in whole tiles.
+    // (Sharing the packed B of a tall product, with rows handed out as threads come free, was tried:
+    // the barrier each k slab then needs, with blocks of 144 rows to even out, lost more than the
+    // packing saved.)
+    bool split_n = N >= M;
+    int tiles = split_n ? (N + GEMM_NR - 1) / GEMM_NR : (M + GEMM_MR - 1) / GEMM_MR;
+    int tile = split_n ? GEMM_NR : GEMM_MR, extent = split_n ? N : M;
     // a product too small to pay for waking threads runs on the calling thread
-    bool parallel = (double)M * N * K > 1e5 && omp_get_max_threads() > 1 && !omp_in_parallel();
-    if (parallel && M > N) {  // tall: B is the smaller operand, packed once by the team
-        gemm_accumulate_rows_shared_b(C, ldc, A, B, M, N, K, overwrite, triangle, bias);
-        return;
-    }
-    // wide: each thread takes whole 16-column tiles of C and packs all of A and its share of B
-    int tiles = (N + GEMM_NR - 1) / GEMM_NR;
-#pragma omp parallel if (parallel && tiles > 1)
+    bool parallel = (double)M * N * K > 1e5 && tiles > 1;
+#pragma omp parallel if (parallel)
     {
         int threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        int begin = std::min(N, (int)((long)tiles * thread / threads) * GEMM_NR);
-        int end = std::min(N, (int)((long)tiles * (thread + 1) / threads) * GEMM_NR);
-        if (begin < end) gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite, triangle, bias);
+        int begin = std::min(extent, (int)((long)tiles * thread / threads) * tile);
+        int end = std::min(extent, (int)((long)tiles * (thread + 1) / threads) * tile);
+        if (begin < end) {
+            if (split_n) {
+                gemm_accumulate_block(C, ldc, A, B, 0, M, begin, end, K, overwrite, triangle, bias);
+            } else {
+                gemm_accumulate_block(C, ldc, A, B, begin, end, 0, N, K, overwrite, triangle, bias);
+            }
+        }
     }
 }
 
