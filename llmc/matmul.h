@@ -234,56 +234,45 @@ static void gemm_pack_runs(Real* dst, const Real* src, size_t k_stride, int widt
     }
 }
 
-// Packs B[k0:k0+kc, j0:j0+nc] as panels of NR columns, [panel][k][NR], zero-padding the last panel.
-template <typename Real>
-static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, int nc) {
-    if (B.col_stride == 1) {  // rows of B are contiguous: NR floats per k into each panel
-        gemm_pack_runs<GEMM_NR>(dst, &B.at(k0, j0), B.row_stride, nc, kc);
+// Packs B[k0:k0+kc, j0:j0+nc] as panels of W columns, [panel][k][W], zero-padding the last panel.
+// W = NR packs B; W = MR packs A, as the columns of Aᵀ (gemm_pack_a).
+template <int W, typename Real>
+static void gemm_pack_panels(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, int nc) {
+    if (B.col_stride == 1) {  // rows of B are contiguous: W floats per k into each panel
+        gemm_pack_runs<W>(dst, &B.at(k0, j0), B.row_stride, nc, kc);
         return;
     }
-    for (int jp = 0; jp * GEMM_NR < nc; jp++, dst += (size_t)kc * GEMM_NR) {
-        int j_first = j0 + jp * GEMM_NR, nr = std::min(GEMM_NR, nc - jp * GEMM_NR);
-        if (nr < GEMM_NR) std::fill(dst, dst + (size_t)kc * GEMM_NR, Real(0));
-        // columns of B are contiguous (B = Wᵀ): read each column along k
+    for (int jp = 0; jp * W < nc; jp++, dst += (size_t)kc * W) {
+        int j_first = j0 + jp * W, width = std::min(W, nc - jp * W);
+        if (width < W) std::fill(dst, dst + (size_t)kc * W, Real(0));
+        // columns of B are contiguous (B = Wᵀ, or A row-major): read each column along k
 #ifdef GEMM_AVX2
         if constexpr (std::is_same<Real, float>::value) {
-            if (nr == GEMM_NR && B.row_stride == 1) {
-                gemm_pack_b_panel_transposed_avx2(dst, &B.at(k0, j_first), B.col_stride, kc);
+            if (width == W && B.row_stride == 1) {
+                if constexpr (W == GEMM_NR) gemm_pack_b_panel_transposed_avx2(dst, &B.at(k0, j_first), B.col_stride, kc);
+                if constexpr (W == GEMM_MR) gemm_pack_a_panel_transposed_avx2(dst, &B.at(k0, j_first), B.col_stride, kc);
                 continue;
             }
         }
 #endif
-        for (int j = 0; j < nr; j++) {
+        for (int j = 0; j < width; j++) {
             const Real* src = &B.at(k0, j_first + j);
-            for (int k = 0; k < kc; k++) dst[k * GEMM_NR + j] = src[(size_t)k * B.row_stride];
+            for (int k = 0; k < kc; k++) dst[k * W + j] = src[(size_t)k * B.row_stride];
         }
     }
 }
 
-// Packs A[i0:i0+mc, k0:k0+kc] as panels of MR rows, [panel][k][MR], zero-padding the last panel.
+// Packs B[k0:k0+kc, j0:j0+nc] as panels of NR columns, [panel][k][NR], zero-padding the last panel.
+template <typename Real>
+static void gemm_pack_b(Real* dst, MatrixView<Real> B, int k0, int kc, int j0, int nc) {
+    gemm_pack_panels<GEMM_NR>(dst, B, k0, kc, j0, nc);
+}
+
+// Packs A[i0:i0+mc, k0:k0+kc] as panels of MR rows, [panel][k][MR], zero-padding the last panel: the
+// same as packing the columns i0.. of Aᵀ (whose rows are A's columns).
 template <typename Real>
 static void gemm_pack_a(Real* dst, MatrixView<Real> A, int i0, int mc, int k0, int kc) {
-    if (A.row_stride == 1) {  // columns of A are contiguous (A = doutᵀ): MR values per k into each panel
-        gemm_pack_runs<GEMM_MR>(dst, &A.at(i0, k0), A.col_stride, mc, kc);
-        return;
-    }
-    for (int ip = 0; ip * GEMM_MR < mc; ip++, dst += (size_t)kc * GEMM_MR) {
-        int i_first = i0 + ip * GEMM_MR, mr = std::min(GEMM_MR, mc - ip * GEMM_MR);
-        if (mr < GEMM_MR) std::fill(dst, dst + (size_t)kc * GEMM_MR, Real(0));
-        // rows of A are contiguous: read each row along k
-#ifdef GEMM_AVX2
-        if constexpr (std::is_same<Real, float>::value) {
-            if (mr == GEMM_MR && A.col_stride == 1) {
-                gemm_pack_a_panel_transposed_avx2(dst, &A.at(i_first, k0), A.row_stride, kc);
-                continue;
-            }
-        }
-#endif
-        for (int i = 0; i < mr; i++) {
-            const Real* src = &A.at(i_first + i, k0);
-            for (int k = 0; k < kc; k++) dst[k * GEMM_MR + i] = src[(size_t)k * A.col_stride];
-        }
-    }
+    gemm_pack_panels<GEMM_MR>(dst, MatrixView<Real>{A.data, A.col_stride, A.row_stride}, k0, kc, i0, mc);
 }
 
 // Packing reads B from main memory (the weights were last touched a whole forward or backward ago),
@@ -361,33 +350,20 @@ static void gemm_macro_kernel(Real* C, size_t ldc, const Real* packed_a, const R
     }
 }
 
-// The packing buffers, per thread and kept between calls (allocating and faulting in 3 MiB at each of
-// the ~100 products of a step would cost more than packing into them).
-template <typename Real>
-struct GemmBuffers {
-    struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
-    std::vector<Vec8> a_store, b_store;
-    Real* a() {  // (MC × KC) as [panel][k][MR], + one Vec8 of slack for the transposing pack's spilling store
-        if (a_store.size() * 8 < (size_t)GEMM_MC * GEMM_KC + 8) a_store.resize((size_t)GEMM_MC * GEMM_KC / 8 + 1);
-        return a_store.data()->x;
-    }
-    Real* b() {  // (KC × NC) as [panel][k][NR]
-        if (b_store.size() * 8 < (size_t)GEMM_KC * GEMM_NC) b_store.resize((size_t)GEMM_KC * GEMM_NC / 8);
-        return b_store.data()->x;
-    }
-    static GemmBuffers& mine() {
-        thread_local GemmBuffers buffers;
-        return buffers;
-    }
-};
-
-// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end],
-// packing its own blocks of A and B.
+// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end].
+// The packing buffers are per thread and kept between calls (allocating and faulting in 3 MiB at each
+// of the ~100 products of a step would cost more than packing into them).
 template <typename Real>
 void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
                            int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
-    Real* packed_a = GemmBuffers<Real>::mine().a();
-    Real* packed_b = GemmBuffers<Real>::mine().b();
+    struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
+    thread_local std::vector<Vec8> packed_a_store, packed_b_store;
+    size_t a_floats = (size_t)GEMM_MC * GEMM_KC, b_floats = (size_t)GEMM_KC * GEMM_NC;
+    // + one Vec8 of slack for gemm_pack_a_panel_transposed_avx2's spilling store
+    if (packed_a_store.size() * 8 < a_floats + 8) packed_a_store.resize(a_floats / 8 + 1);
+    if (packed_b_store.size() * 8 < b_floats) packed_b_store.resize(b_floats / 8);
+    Real* packed_a = packed_a_store.data()->x;  // (MC × KC) as [panel][k][MR]
+    Real* packed_b = packed_b_store.data()->x;  // (KC × NC) as [panel][k][NR]
     for (int jc = j_begin; jc < j_end; jc += GEMM_NC) {
         int nc = std::min(GEMM_NC, j_end - jc);
         for (int pc = 0; pc < K; pc += GEMM_KC) {
