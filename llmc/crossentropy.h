@@ -12,6 +12,22 @@
 #include <cmath>
 #include <cstddef>
 
+// One row: exps[v] = exp(row[v] - max) for v < V, in Real precision (none kept when exps is null);
+// returns their sum, in double.
+template <typename Real>
+inline double crossentropy_row_exps(Real* exps, const Real* row, int V, Real* maxval_out) {
+    Real maxval = row[0];
+    for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) {
+        Real e = std::exp(row[v] - maxval);
+        if (exps) exps[v] = e;
+        sum += e;
+    }
+    *maxval_out = maxval;
+    return sum;
+}
+
 template <typename Real>
 void crossentropy_forward(Real* losses,       // (N)
                           const Real* logits, // (N, Vp)
@@ -20,26 +36,10 @@ void crossentropy_forward(Real* losses,       // (N)
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const Real* row = logits + (size_t)n * Vp;
-        Real maxval = row[0];
-        for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
-        double sum = 0.0;  // exponentials in Real precision, their sum in double
-        for (int v = 0; v < V; v++) sum += std::exp(row[v] - maxval);
+        Real maxval;
+        double sum = crossentropy_row_exps((Real*)nullptr, row, V, &maxval);
         losses[n] = (Real)(std::log(sum) + maxval - row[targets[n]]);
     }
-}
-
-// One row: exps[v] = exp(row[v] - max) for v < V, in Real precision; returns their sum, in double.
-template <typename Real>
-inline double crossentropy_row_exps(Real* exps, const Real* row, int V, Real* maxval_out) {
-    Real maxval = row[0];
-    for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) {
-        exps[v] = std::exp(row[v] - maxval);
-        sum += exps[v];
-    }
-    *maxval_out = maxval;
-    return sum;
 }
 
 // One row's gradient from its exponentials (in place) and their sum: softmax · dloss, minus dloss at
