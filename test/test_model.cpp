@@ -247,14 +247,26 @@ TEST(Recompute, EveryLevelTrainsBitIdenticalToNone) {
     }
 }
 
+// Two copies of the tiny oracle model, for comparing two ways of running one step.
+static void load_tiny_twice(GPT2* a, GPT2* b) {
+    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
+    gpt2_load_checkpoint(a, oracle_dir + "/model.bin");
+    gpt2_load_checkpoint(b, oracle_dir + "/model.bin");
+}
+
+// A fixed batch of n input and target ids spread over the vocabulary.
+static void synthetic_batch(const GPT2Config& cfg, size_t n, std::vector<int>* inputs, std::vector<int>* targets) {
+    inputs->resize(n);
+    targets->resize(n);
+    for (size_t i = 0; i < n; i++) (*inputs)[i] = (int)(i * 37 % cfg.vocab_size), (*targets)[i] = (int)(i * 11 % cfg.vocab_size);
+}
+
 // In process: each level keeps less (-r 3 about one block plus the L block inputs), and one forward
 // and backward at -r 3 gives the same loss and gradients, bit for bit, as at -r 0. A smaller batch
 // than allocated is used, so the per-layer views are laid out for the call's B*T, not the allocation's.
 TEST(Recompute, FullRecomputeGradientsAndMemory) {
-    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
     GPT2 none, full;
-    gpt2_load_checkpoint(&none, oracle_dir + "/model.bin");
-    gpt2_load_checkpoint(&full, oracle_dir + "/model.bin");
+    load_tiny_twice(&none, &full);
     const GPT2Config& cfg = none.config;
     int B = 2, T = 16;
     size_t floats[4];
@@ -270,8 +282,8 @@ TEST(Recompute, FullRecomputeGradientsAndMemory) {
     full.recompute = 3;
     gpt2_allocate_activations(&none, B, T);
     gpt2_allocate_activations(&full, B, T);
-    std::vector<int> inputs(BT), targets(BT);
-    for (size_t i = 0; i < BT; i++) inputs[i] = (int)(i * 37 % cfg.vocab_size), targets[i] = (int)(i * 11 % cfg.vocab_size);
+    std::vector<int> inputs, targets;
+    synthetic_batch(cfg, BT, &inputs, &targets);
     int b = 1;  // one row of the two allocated
     float loss_none = gpt2_forward(&none, inputs.data(), targets.data(), b, T);
     float loss_full = gpt2_forward(&full, inputs.data(), targets.data(), b, T);
@@ -290,15 +302,13 @@ TEST(Recompute, FullRecomputeGradientsAndMemory) {
 // into: the same bits after the first micro-step and after a second one, although every gradient
 // started as NaN (so an element the first backward failed to set would show).
 TEST(ModelGradients, FirstBackwardSetsWhatZeroGradLeftStale) {
-    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
     GPT2 set, added;
-    gpt2_load_checkpoint(&set, oracle_dir + "/model.bin");
-    gpt2_load_checkpoint(&added, oracle_dir + "/model.bin");
+    load_tiny_twice(&set, &added);
     const GPT2Config& cfg = set.config;
     int B = 2, T = 16;
     size_t BT = (size_t)B * T;
-    std::vector<int> inputs(BT), targets(BT);
-    for (size_t i = 0; i < BT; i++) inputs[i] = (int)(i * 37 % cfg.vocab_size), targets[i] = (int)(i * 11 % cfg.vocab_size);
+    std::vector<int> inputs, targets;
+    synthetic_batch(cfg, BT, &inputs, &targets);
     std::fill(set.grads_memory.begin(), set.grads_memory.end(), NAN);
     gpt2_zero_grad(&set);
     std::fill(added.grads_memory.begin(), added.grads_memory.end(), 0.0f);  // the old way: clear all, then +=
