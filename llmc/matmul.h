@@ -13,6 +13,9 @@
 //      of an MR column of A and an NR row of B: MR·NR multiply-adds per MR+NR loads;
 //   4. while one block of B is multiplied, ask for the next block's lines a few per micro-tile, so
 //      that packing it finds them in cache instead of waiting on main memory (GemmPrefetcher).
+// When A has few rows (B·T = 256: the forward and dinp products of a small batch), B's panels are
+// packed a few at a time instead, each group just before its tiles and prefetched one group ahead
+// (gemm_accumulate_panels): a whole block prefetched ahead would not fit in L2 beside the A in use.
 // An `overwrite` product (C = A·B) stores its first k slab instead of adding it: a gradient's first
 // contribution needs no cleared buffer.
 //
@@ -276,10 +279,11 @@ static void gemm_pack_a(Real* dst, MatrixView<Real> A, int i0, int mc, int k0, i
 }
 
 // Packing reads B from main memory (the weights were last touched a whole forward or backward ago),
-// and a core waiting on those reads does no arithmetic. So while one block of B is being multiplied,
-// the next block's source lines are requested a few at a time (one `issue` per micro-tile), and the
-// next gemm_pack_b finds them in cache. The block is a set of runs of contiguous floats: kc rows of
-// nc floats (B row-major) or nc columns of kc floats (B = Wᵀ).
+// and a core waiting on those reads does no arithmetic: packing from cache costs ~0.2 ns a float here,
+// from memory ~0.55. So while one block of B is being multiplied, the next block's source lines are
+// requested a few at a time (`issue`, once per micro-tile), and packing it finds them in cache. A
+// block is a set of runs of contiguous floats: kc rows of nc floats (B row-major) or nc columns of kc
+// floats (B = Wᵀ).
 template <typename Real>
 struct GemmPrefetcher {
     const char* base = nullptr;  // the first run
@@ -287,8 +291,10 @@ struct GemmPrefetcher {
     size_t run_bytes = 0;
     int runs = 0, run = 0;
     size_t offset = 0;           // the next line of the current run
+    size_t per_call = 0;         // lines per issue()
 
-    void start(MatrixView<Real> B, int k0, int kc, int j0, int nc) {
+    // B[k0:k0+kc, j0:j0+nc], spread over `calls` issues
+    void start(MatrixView<Real> B, int k0, int kc, int j0, int nc, size_t calls) {
         base = (const char*)&B.at(k0, j0);
         bool by_rows = B.col_stride == 1;
         run_stride = sizeof(Real) * (by_rows ? B.row_stride : B.col_stride);
@@ -297,11 +303,11 @@ struct GemmPrefetcher {
         run = 0;
         offset = 0;
         if (!by_rows && B.row_stride != 1) runs = 0;  // neither rows nor columns contiguous: nothing to follow
+        size_t lines = (size_t)runs * (run_bytes / 64 + 2);  // cache lines the block spans, at most
+        per_call = (lines + calls - 1) / std::max<size_t>(calls, 1);
     }
-    // cache lines the block spans, for spreading them over `calls` issues
-    size_t lines() const { return (size_t)runs * (run_bytes / 64 + 2); }
-    void issue(size_t n) {
-        for (; n > 0 && run < runs; n--) {
+    void issue() {
+        for (size_t n = per_call; n > 0 && run < runs; n--) {
             const char* line = base + run * run_stride;
             if (offset < run_bytes) {
                 __builtin_prefetch(line + offset, 0, 2);
@@ -320,14 +326,14 @@ struct GemmPrefetcher {
 template <typename Real>
 static void gemm_macro_kernel(Real* C, size_t ldc, const Real* packed_a, const Real* packed_b, int ic, int mc, int jc,
                               int nc, int pc, int kc, bool overwrite, GemmTriangle triangle, const Real* bias,
-                              GemmPrefetcher<Real>& next, size_t per_call) {
+                              GemmPrefetcher<Real>& next) {
     // B micro-panel outer (it stays in L1), A micro-panels inner (they stream from L2)
     for (int jr = 0; jr < nc; jr += GEMM_NR) {
         const Real* b_panel = packed_b + (size_t)jr * kc;
         for (int ir = 0; ir < mc; ir += GEMM_MR) {
             Real* c = C + (size_t)(ic + ir) * ldc + jc + jr;
             int mr = std::min(GEMM_MR, mc - ir), nr = std::min(GEMM_NR, nc - jr);
-            next.issue(per_call);
+            next.issue();
             // this tile's k range within the slab: all of it, unless a triangle says less
             int i0 = ic + ir, k_begin = pc, k_end = pc + kc;
             if (triangle == GemmTriangle::lower_c && jc + jr >= i0 + mr) continue;
@@ -350,40 +356,104 @@ static void gemm_macro_kernel(Real* C, size_t ldc, const Real* packed_a, const R
     }
 }
 
-// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end].
-// The packing buffers are per thread and kept between calls (allocating and faulting in 3 MiB at each
-// of the ~100 products of a step would cost more than packing into them).
+// The packing buffers, per thread and kept between calls (allocating and faulting in MiBs at each of
+// the ~100 products of a step would cost more than packing into them).
 template <typename Real>
-void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
-                           int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
+struct GemmBuffers {
     struct alignas(32) Vec8 { Real x[8]; };  // 32-byte aligned storage for the AVX2 loads
-    thread_local std::vector<Vec8> packed_a_store, packed_b_store;
-    size_t a_floats = (size_t)GEMM_MC * GEMM_KC, b_floats = (size_t)GEMM_KC * GEMM_NC;
+    std::vector<Vec8> a, b;
     // + one Vec8 of slack for gemm_pack_a_panel_transposed_avx2's spilling store
-    if (packed_a_store.size() * 8 < a_floats + 8) packed_a_store.resize(a_floats / 8 + 1);
-    if (packed_b_store.size() * 8 < b_floats) packed_b_store.resize(b_floats / 8);
-    Real* packed_a = packed_a_store.data()->x;  // (MC × KC) as [panel][k][MR]
-    Real* packed_b = packed_b_store.data()->x;  // (KC × NC) as [panel][k][NR]
+    Real* packed_a(size_t floats) { return grow(a, floats + 8); }
+    Real* packed_b(size_t floats) { return grow(b, floats); }
+    static Real* grow(std::vector<Vec8>& v, size_t floats) {
+        if (v.size() * 8 < floats) v.resize((floats + 7) / 8);
+        return v.data()->x;
+    }
+};
+
+template <typename Real>
+GemmBuffers<Real>& gemm_thread_buffers() {
+    thread_local GemmBuffers<Real> buffers;
+    return buffers;
+}
+
+// A thread's share when it has few rows of A (at most GEMM_MC_PANELS; at B·T = 256, every forward and
+// dinp product): each k slab of A, all rows, is packed once and stays in L2, and B is packed a narrow
+// group of panels at a time, just before the group's micro-tiles. While a group is multiplied, the
+// next group's source is prefetched: tens of KiB, which fit in L2 beside the slab of A, where the next
+// KC×NC block of gemm_accumulate_blocks does not (prefetched into L2, it would evict the A in use; not
+// prefetched, packing it waits on main memory). Each C element still sums its k slabs in order, so
+// the bits are those of gemm_accumulate_blocks.
+constexpr int GEMM_MC_PANELS = 2 * GEMM_MC;  // 288 rows × KC fp32 = 288 KiB of packed A
+template <typename Real>
+void gemm_accumulate_panels(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
+                            int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
+    // Group width, measured (d12, B·T = 256, alternating steps): B = Wᵀ is packed from 16 rows of W, each
+    // read along k, and one panel at a time does best; row-major B is read as kc short runs, one per
+    // row of W (a TLB entry each), and 8 panels (512 bytes a run) do best.
+    const int group = B.col_stride == 1 ? 8 * GEMM_NR : GEMM_NR;
+    GemmBuffers<Real>& buffers = gemm_thread_buffers<Real>();
+    int mc = i_end - i_begin;
+    Real* packed_a = buffers.packed_a((size_t)GEMM_MC_PANELS * GEMM_KC);  // (mc × KC) as [panel][k][MR]
+    Real* packed_b = buffers.packed_b((size_t)GEMM_KC * 8 * GEMM_NR);     // (KC × group) as [panel][k][NR]
+    size_t tiles_per_group = (size_t)(mc + GEMM_MR - 1) / GEMM_MR * (group / GEMM_NR);
+    for (int pc = 0; pc < K; pc += GEMM_KC) {
+        int kc = std::min(GEMM_KC, K - pc), next_kc = std::min(GEMM_KC, K - pc - kc);
+        gemm_pack_a(packed_a, A, i_begin, mc, pc, kc);
+        for (int jr = j_begin; jr < j_end; jr += group) {
+            int nr = std::min(group, j_end - jr);
+            gemm_pack_b(packed_b, B, pc, kc, jr, nr);
+            GemmPrefetcher<Real> next;  // the next group: this slab's next, or the next slab's first
+            if (jr + nr < j_end) {
+                next.start(B, pc, kc, jr + nr, std::min(group, j_end - jr - nr), tiles_per_group);
+            } else if (next_kc > 0) {
+                next.start(B, pc + kc, next_kc, j_begin, std::min(group, j_end - j_begin), tiles_per_group);
+            }
+            gemm_macro_kernel(C, ldc, packed_a, packed_b, i_begin, mc, jr, nr, pc, kc, overwrite, triangle, bias, next);
+        }
+    }
+}
+
+// A thread's share in general, the classic way: B packed a KC×NC block at a time (it stays in L3, its
+// panels come to L1 one by one), A an MC×KC block at a time (it stays in L2), and over a block of B the
+// next block of B's source is prefetched. (Prefetching the next block of A as well was measured: the
+// dW products got ~4% slower, its lines evicting the packed A in use from L2.)
+template <typename Real>
+void gemm_accumulate_blocks(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
+                            int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
+    GemmBuffers<Real>& buffers = gemm_thread_buffers<Real>();
+    Real* packed_a = buffers.packed_a((size_t)GEMM_MC * GEMM_KC);  // (MC × KC) as [panel][k][MR]
+    Real* packed_b = buffers.packed_b((size_t)GEMM_KC * GEMM_NC);  // (KC × NC) as [panel][k][NR]
     for (int jc = j_begin; jc < j_end; jc += GEMM_NC) {
         int nc = std::min(GEMM_NC, j_end - jc);
+        size_t panels = (nc + GEMM_NR - 1) / GEMM_NR;
         for (int pc = 0; pc < K; pc += GEMM_KC) {
-            int kc = std::min(GEMM_KC, K - pc);
+            int kc = std::min(GEMM_KC, K - pc), next_kc = std::min(GEMM_KC, K - pc - kc);
             gemm_pack_b(packed_b, B, pc, kc, jc, nc);
             GemmPrefetcher<Real> next;  // the next block of B: the next k slab, or the next NC columns
-            if (pc + kc < K) {
-                next.start(B, pc + kc, std::min(GEMM_KC, K - pc - kc), jc, nc);
+            size_t tiles = (size_t)((i_end - i_begin + GEMM_MR - 1) / GEMM_MR) * panels;
+            if (next_kc > 0) {
+                next.start(B, pc + kc, next_kc, jc, nc, tiles);
             } else if (jc + nc < j_end) {
-                next.start(B, 0, std::min(GEMM_KC, K), jc + nc, std::min(GEMM_NC, j_end - jc - nc));
+                next.start(B, 0, std::min(GEMM_KC, K), jc + nc, std::min(GEMM_NC, j_end - jc - nc), tiles);
             }
-            size_t calls = (size_t)((i_end - i_begin + GEMM_MR - 1) / GEMM_MR) * ((nc + GEMM_NR - 1) / GEMM_NR);
-            size_t per_call = (next.lines() + calls - 1) / calls;
             for (int ic = i_begin; ic < i_end; ic += GEMM_MC) {
                 int mc = std::min(GEMM_MC, i_end - ic);
                 gemm_pack_a(packed_a, A, ic, mc, pc, kc);
-                gemm_macro_kernel(C, ldc, packed_a, packed_b, ic, mc, jc, nc, pc, kc, overwrite, triangle, bias, next,
-                                  per_call);
+                gemm_macro_kernel(C, ldc, packed_a, packed_b, ic, mc, jc, nc, pc, kc, overwrite, triangle, bias, next);
             }
         }
+    }
+}
+
+// One thread's share: C[i_begin:i_end, j_begin:j_end] += A[i_begin:i_end, :] · B[:, j_begin:j_end].
+template <typename Real>
+void gemm_accumulate_block(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<Real> B, int i_begin, int i_end,
+                           int j_begin, int j_end, int K, bool overwrite, GemmTriangle triangle, const Real* bias) {
+    if (i_end - i_begin <= GEMM_MC_PANELS) {
+        gemm_accumulate_panels(C, ldc, A, B, i_begin, i_end, j_begin, j_end, K, overwrite, triangle, bias);
+    } else {
+        gemm_accumulate_blocks(C, ldc, A, B, i_begin, i_end, j_begin, j_end, K, overwrite, triangle, bias);
     }
 }
 

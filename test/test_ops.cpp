@@ -311,13 +311,16 @@ TEST(OpsMatmul, BlockedGemmMatchesNaiveAcrossBlocks) {
 // The fp32 fast paths of gemm_accumulate (AVX2 micro-kernel, 8×8-transpose packing) against a plain
 // float64 triple loop, on shapes chosen to hit every edge: M, N and K each below, at and just past a
 // multiple of the tile (MR = 6, NR = 16), the transposes' 8 and the blocks (KC = 256, MC = 144), for
-// both thread splits (N >= M splits columns, M > N rows), and with 1 and 2 threads, which must give
-// bit-identical results (each C element is summed in the same order whatever the split).
+// both thread splits (N >= M splits columns, M > N rows), through both ways of packing (a thread with
+// at most GEMM_MC_PANELS = 288 rows packs B in narrow groups, one with more in KC×NC blocks), and with
+// 1 and 2 threads, which must give bit-identical results (each C element is summed in the same order
+// whatever the split).
 TEST(OpsMatmul, Fp32FastPathsMatchNaiveOnEdgeShapes) {
     std::mt19937 rng(16);
     const int shapes[][3] = {// M, N, K
                              {1, 1, 1},   {5, 15, 7},    {6, 16, 8},    {7, 17, 9},     {12, 33, 257},
-                             {145, 40, 300}, {40, 145, 513}, {150, 3, 20}, {3, 150, 20}, {13, 16 * 3 + 1, 8 * 5 + 3}};
+                             {145, 40, 300}, {40, 145, 513}, {150, 3, 20}, {3, 150, 20}, {13, 16 * 3 + 1, 8 * 5 + 3},
+                             {300, 320, 40}, {700, 40, 20}, {289, 290, 9}};
     int threads_before = omp_get_max_threads();
     for (const auto& shape : shapes) {
         int M = shape[0], N = shape[1], K = shape[2];
@@ -362,6 +365,29 @@ TEST(OpsMatmul, Fp32FastPathsMatchNaiveOnEdgeShapes) {
                 << "overwrite with bias differs from bias + accumulate: M=" << M << " N=" << N << " K=" << K
                 << " layout " << layout;
         }
+    }
+    omp_set_num_threads(threads_before);
+}
+
+// The two ways of packing (gemm_accumulate_panels for a thread with at most GEMM_MC_PANELS rows,
+// gemm_accumulate_blocks beyond) sum every element in the same order: the first rows of a product
+// computed alone, on the panel path, have the bits of the same rows computed within the whole
+// product on the block path (one thread, so the whole product's 300 rows are one share).
+TEST(OpsMatmul, PanelAndBlockPathsAgreeBitForBit) {
+    std::mt19937 rng(18);
+    int M = GEMM_MC_PANELS + 12, few = 100, N = 300, K = 600;
+    std::vector<float> a = to_float(random_vec((size_t)M * K, rng)), b = to_float(random_vec((size_t)K * N, rng));
+    std::vector<float> c0 = to_float(random_vec((size_t)M * N, rng));
+    int threads_before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (int layout = 0; layout < 3; layout++) {  // as in Fp32FastPathsMatchNaiveOnEdgeShapes
+        MatrixView<float> A = layout == 2 ? MatrixView<float>{a.data(), 1, (size_t)M} : MatrixView<float>{a.data(), (size_t)K, 1};
+        MatrixView<float> Bv = layout == 1 ? MatrixView<float>{b.data(), 1, (size_t)K} : MatrixView<float>{b.data(), (size_t)N, 1};
+        std::vector<float> whole = c0, first = c0;
+        gemm_accumulate(whole.data(), N, A, Bv, M, N, K);
+        gemm_accumulate(first.data(), N, A, Bv, few, N, K);  // rows 0..few-1 only: A's view is the same
+        EXPECT_EQ(0, memcmp(whole.data(), first.data(), (size_t)few * N * sizeof(float))) << "layout " << layout;
+        EXPECT_NE(0, memcmp(whole.data(), c0.data(), (size_t)few * N * sizeof(float)));  // it did compute
     }
     omp_set_num_threads(threads_before);
 }
