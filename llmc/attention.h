@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "expf.h"
 #include "matmul.h"
 
 template <typename Real>
@@ -52,11 +53,7 @@ void attention_forward(Real* out,        // (B, T, C)
                     row[t2] *= scale;
                     if (row[t2] > max_score) max_score = row[t2];
                 }
-                double sum = 0.0;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    row[t2] = std::exp(row[t2] - max_score);
-                    sum += row[t2];
-                }
+                double sum = exp_and_sum(row, row, max_score, t + 1);
                 Real inv_sum = (Real)(1.0 / sum);
                 for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv_sum;
                 for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0;

@@ -12,20 +12,16 @@
 #include <cmath>
 #include <cstddef>
 
+#include "expf.h"
+
 // One row: exps[v] = exp(row[v] - max) for v < V, in Real precision (none kept when exps is null);
 // returns their sum, in double.
 template <typename Real>
 inline double crossentropy_row_exps(Real* exps, const Real* row, int V, Real* maxval_out) {
     Real maxval = row[0];
     for (int v = 1; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) {
-        Real e = std::exp(row[v] - maxval);
-        if (exps) exps[v] = e;
-        sum += e;
-    }
     *maxval_out = maxval;
-    return sum;
+    return exp_and_sum(exps, row, maxval, V);
 }
 
 template <typename Real>
