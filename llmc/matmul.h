@@ -304,7 +304,8 @@ struct GemmPrefetcher {
         offset = 0;
         if (!by_rows && B.row_stride != 1) runs = 0;  // neither rows nor columns contiguous: nothing to follow
         size_t lines = (size_t)runs * (run_bytes / 64 + 2);  // cache lines the block spans, at most
-        per_call = (lines + calls - 1) / std::max<size_t>(calls, 1);
+        calls = std::max<size_t>(calls, 1);
+        per_call = (lines + calls - 1) / calls;
     }
     void issue() {
         for (size_t n = per_call; n > 0 && run < runs; n--) {
@@ -391,11 +392,12 @@ void gemm_accumulate_panels(Real* C, size_t ldc, MatrixView<Real> A, MatrixView<
     // Group width, measured (d12, B·T = 256, alternating steps): B = Wᵀ is packed from 16 rows of W, each
     // read along k, and one panel at a time does best; row-major B is read as kc short runs, one per
     // row of W (a TLB entry each), and 8 panels (512 bytes a run) do best.
-    const int group = B.col_stride == 1 ? 8 * GEMM_NR : GEMM_NR;
+    constexpr int widest_group = 8 * GEMM_NR;
+    const int group = B.col_stride == 1 ? widest_group : GEMM_NR;
     GemmBuffers<Real>& buffers = gemm_thread_buffers<Real>();
     int mc = i_end - i_begin;
     Real* packed_a = buffers.packed_a((size_t)GEMM_MC_PANELS * GEMM_KC);  // (mc × KC) as [panel][k][MR]
-    Real* packed_b = buffers.packed_b((size_t)GEMM_KC * 8 * GEMM_NR);     // (KC × group) as [panel][k][NR]
+    Real* packed_b = buffers.packed_b((size_t)GEMM_KC * widest_group);    // (KC × group) as [panel][k][NR]
     size_t tiles_per_group = (size_t)(mc + GEMM_MR - 1) / GEMM_MR * (group / GEMM_NR);
     for (int pc = 0; pc < K; pc += GEMM_KC) {
         int kc = std::min(GEMM_KC, K - pc), next_kc = std::min(GEMM_KC, K - pc - kc);
