@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -290,7 +291,7 @@ struct GemmPrefetcher {
     size_t run_stride = 0;       // bytes from one run to the next
     size_t run_bytes = 0;
     int runs = 0, run = 0;
-    size_t offset = 0;           // the next line of the current run
+    size_t offset = 0;           // bytes of the current run's lines already requested
     size_t per_call = 0;         // lines per issue()
 
     // B[k0:k0+kc, j0:j0+nc], spread over `calls` issues
@@ -307,18 +308,23 @@ struct GemmPrefetcher {
         calls = std::max<size_t>(calls, 1);
         per_call = (lines + calls - 1) / calls;
     }
+    // The next per_call lines: each run from the line holding its first byte to the line holding its
+    // last. (Called once per micro-tile, so its loop is kept to a prefetch, an add and a compare.)
     void issue() {
-        for (size_t n = per_call; n > 0 && run < runs; n--) {
-            const char* line = base + run * run_stride;
-            if (offset < run_bytes) {
-                __builtin_prefetch(line + offset, 0, 2);
-                offset += 64;
-            } else {  // the run's last byte: its line when the run does not start on a line boundary
-                __builtin_prefetch(line + run_bytes - 1, 0, 2);
-                run++;
-                offset = 0;
-            }
+        size_t n = per_call, off = offset;
+        int r = run;
+        while (n > 0 && r < runs) {
+            const char* first = base + (size_t)r * run_stride;
+            const char* line = (const char*)((uintptr_t)first & ~(uintptr_t)63);
+            size_t span = (((uintptr_t)first + run_bytes - 1) & ~(uintptr_t)63) - (uintptr_t)line + 64;
+            size_t stop = std::min(span, off + 64 * n);
+            for (size_t o = off; o < stop; o += 64) __builtin_prefetch(line + o, 0, 2);
+            n -= (stop - off) / 64;
+            off = stop;
+            if (off == span) r++, off = 0;
         }
+        run = r;
+        offset = off;
     }
 };
 

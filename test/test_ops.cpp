@@ -5,8 +5,10 @@
 // The objective for an op y = f(x) is J = sum(y * w) with random w, so dJ/dy = w is the dout we pass.
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -234,6 +236,43 @@ TEST(OpsCrossEntropy, KeptExponentialsGiveTheRecomputedGradientBitForBit) {
         EXPECT_EQ(fused[(size_t)n * Vp + V], 0.0f) << "padded column of row " << n;
         EXPECT_LT(fused[(size_t)n * Vp + targets[n]], 0.0f) << "target column of row " << n;
     }
+}
+
+// row_max's eight lanes must find the scalar loop's maximum (`v > m ? v : m` from element 0): NaN
+// skipped past element 0 and kept at element 0, infinities, and every width around the vector's 8. A
+// tie between -0 and +0 may pick either zero (the loss and the exponentials do not see the sign), so
+// values are compared with ==, and NaN by being NaN.
+TEST(OpsCrossEntropy, RowMaxIsTheScalarLoopsMaximum) {
+    std::mt19937 rng(61);
+    std::uniform_real_distribution<float> u(-30.0f, 30.0f);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    int checked = 0;
+    for (int V : {1, 2, 7, 8, 9, 15, 16, 17, 31, 64, 100, 50257}) {
+        for (int poison = 0; poison < 7; poison++) {
+            std::vector<float> row(V);
+            for (float& x : row) x = u(rng);
+            int at = (int)(rng() % V);
+            if (poison == 1) row[at] = nan;             // NaN somewhere (maybe element 0)
+            if (poison == 2) row[0] = nan;              // NaN first: the scalar loop's result is NaN
+            if (poison == 3) row[at] = inf;
+            if (poison == 4) row[at] = -inf;
+            if (poison == 5) row[at] = 1e30f, row[V - 1] = 1e30f;  // the largest value twice
+            if (poison == 6) {                          // all negative but zeros of both signs
+                for (float& x : row) x = -std::fabs(x) - 1.0f;
+                row[at] = -0.0f, row[(at + 5) % V] = 0.0f;
+            }
+            float expected = row[0];
+            for (int v = 1; v < V; v++) expected = row[v] > expected ? row[v] : expected;
+            float got = row_max(row.data(), V);
+            if (std::isnan(expected)) {
+                EXPECT_TRUE(std::isnan(got)) << "V " << V << " case " << poison;
+            } else {
+                EXPECT_EQ(got, expected) << "V " << V << " case " << poison;
+            }
+            checked++;
+        }
+    }
+    EXPECT_EQ(checked, 12 * 7);
 }
 
 // exp_and_sum (llmc/expf.h) gives each exponential the bits of the C library's expf and the sum of
@@ -524,7 +563,35 @@ TEST(OpsAdamW, SumOfSquaresIsExactAndIndependentOfThreads) {
     EXPECT_EQ(got, single);  // bit-identical: block sums are combined in index order
 }
 
+// The fp32 path runs its eight lanes two AVX2 registers at a time; the definition is one double per
+// lane: lane j adds x[i]² for i = j mod 8 in index order, within blocks of 2^14 elements summed in
+// order, a block's lanes summed in lane order and then its tail. The same bits, on values over 60
+// binades (any change of order would show in the last bits) and a length that leaves every tail.
+TEST(OpsAdamW, SumOfSquaresHasTheBitsOfItsDefinition) {
+    std::mt19937 rng(10);
+    std::uniform_real_distribution<double> mantissa(-1.0, 1.0), exponent(-30.0, 30.0);
+    size_t n = 3 * 16384 + 8 * 37 + 5;
+    std::vector<float> x(n);
+    for (float& f : x) f = (float)(mantissa(rng) * std::exp2(exponent(rng)));
+    double expected = 0.0;
+    for (size_t b = 0; b < n; b += 16384) {
+        size_t end = std::min(n, b + 16384), i = b;
+        double lane[8] = {};
+        for (; i + 8 <= end; i += 8) {
+            for (int j = 0; j < 8; j++) lane[j] += (double)x[i + j] * (double)x[i + j];
+        }
+        double s = 0.0;
+        for (double l : lane) s += l;
+        for (; i < end; i++) s += (double)x[i] * (double)x[i];
+        expected += s;
+    }
+    double got = sum_of_squares(x.data(), n);
+    EXPECT_EQ(0, memcmp(&got, &expected, sizeof(double))) << got << " vs " << expected;
+}
+
 }  // namespace
+
+// The MFU denominator}  // namespace
 
 // The MFU denominator (llmc/cpu_peak.h) adds per-thread rates measured in CPU time, which would count
 // twice a core shared by two threads if nothing capped it: with twice as many threads as CPUs it must
