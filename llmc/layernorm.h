@@ -5,8 +5,12 @@
 // Statistics are accumulated in double so the fp32 trainer's error does not grow with C.
 #pragma once
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 constexpr double LAYERNORM_EPS = 1e-5;
 
@@ -34,8 +38,8 @@ void layernorm_forward(Real* out,           // (N, C) with N = B*T
     }
 }
 
-// Accumulates (+=) into dinp, dweight and dbias. dweight/dbias are sums over all N rows: we give each
-// thread a slice of channels so the sums need no atomics and come out the same every run.
+// Accumulates (+=) into dinp, dweight and dbias. dweight/dbias are sums over all N rows: each thread
+// takes a slice of channels, so the sums need no atomics and come out the same for any thread count.
 template <typename Real>
 void layernorm_backward(Real* dinp,          // (N, C)
                         Real* dweight,       // (C)
@@ -66,15 +70,26 @@ void layernorm_backward(Real* dinp,          // (N, C)
             dx[c] += (Real)(s * (g - mean_g - xhat * mean_gx));
         }
     }
-#pragma omp parallel for
-    for (int c = 0; c < C; c++) {
-        double dw = 0.0, db = 0.0;
+    // each thread sums a slice of channels over all rows, rows outer so that the loads are contiguous
+    // and the channels' sums (each still adding its rows in order) fill the vector lanes
+#pragma omp parallel
+    {
+        int threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        int c_begin = (int)((long)C * thread / threads), c_end = (int)((long)C * (thread + 1) / threads);
+        std::vector<double> dw(std::max(0, c_end - c_begin), 0.0), db(dw.size(), 0.0);
         for (int n = 0; n < N; n++) {
-            double xhat = ((double)inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-            dw += dout[(size_t)n * C + c] * xhat;
-            db += dout[(size_t)n * C + c];
+            const Real* x = inp + (size_t)n * C + c_begin;
+            const Real* dy = dout + (size_t)n * C + c_begin;
+            double m = mean[n], s = rstd[n];
+            for (int c = 0; c < c_end - c_begin; c++) {
+                double xhat = ((double)x[c] - m) * s;
+                dw[c] += dy[c] * xhat;
+                db[c] += dy[c];
+            }
         }
-        dweight[c] += (Real)dw;
-        dbias[c] += (Real)db;
+        for (int c = c_begin; c < c_end; c++) {
+            dweight[c] += (Real)dw[c - c_begin];
+            dbias[c] += (Real)db[c - c_begin];
+        }
     }
 }
