@@ -24,14 +24,12 @@ inline Real row_max(const Real* row, int V) {
     Real maxval = row[0];
     int v = 1;
 #if defined(__AVX2__) && defined(__FMA__)
-    if constexpr (std::is_same<Real, float>::value) {
-        if (V >= 9) {
-            __m256 lanes = _mm256_set1_ps(row[0]);
-            for (; v + 8 <= V; v += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(row + v), lanes);  // NaN in the first: the second
-            alignas(32) float lane[8];
-            _mm256_store_ps(lane, lanes);
-            for (int j = 0; j < 8; j++) maxval = lane[j] > maxval ? lane[j] : maxval;
-        }
+    if constexpr (std::is_same<Real, float>::value) {  // (a row shorter than 9 leaves every lane row[0])
+        __m256 lanes = _mm256_set1_ps(row[0]);
+        for (; v + 8 <= V; v += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(row + v), lanes);  // NaN in the first: the second
+        alignas(32) float lane[8];
+        _mm256_store_ps(lane, lanes);
+        for (int j = 0; j < 8; j++) maxval = lane[j] > maxval ? lane[j] : maxval;
     }
 #endif
     for (; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
