@@ -5,7 +5,7 @@
 #   make tokenizer_gpt2        GPT-2 BPE tokenizer and data preparation tool
 #   make test                  googletest suites + PyTorch oracle (scripts/install_deps.sh makes .venv)
 #   make bench-cpu             step time of train_gpt2 vs PyTorch eager and torch.compile, same machine
-#   make bench-gemm            llmc/matmul.h's GEMM vs OpenBLAS and the FMA peak (needs libopenblas-dev)
+#   make bench-gemm            llmc/gemm.h's GEMM vs OpenBLAS and the FMA peak (needs libopenblas-dev)
 #   make train_gpt2cu test_gpt2cu   CUDA trainer and its test (PRECISION=BF16|FP32|FP16)
 #   make cuda-all              compile every CUDA target for sm_80 and sm_90 (CI does this)
 
@@ -86,9 +86,15 @@ $(BUILD):
 # dev/emu/tests.mk; built here with -j2), and ends with one line "tests: N passed, N failed, N skipped".
 # Everything is built first, two compilers at a time (the CI machine has 2 cores), then run.
 test:
-	$(MAKE) -j2 --no-print-directory $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2 emu-test-binaries
+	$(MAKE) -j2 --no-print-directory $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2 $(if $(MPICXX),$(BUILD)/comm_check) emu-test-binaries
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
 		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
+
+# llmc/comm.h's checks on its MPI backend (test/comm_check.cpp; test/run_tests.sh runs it under mpirun)
+COMM_CHECK_CONFIG := $(call config_stamp,comm_check,$(TRAIN_CXX) $(CXXFLAGS))
+$(BUILD)/comm_check: test/comm_check.cpp $(LLMC_HEADERS) $(COMM_CHECK_CONFIG) | $(BUILD)
+	@if [ -z "$(MPICXX)" ]; then echo "comm_check: needs MPI (mpicxx; scripts/install_deps.sh)" >&2; exit 1; fi
+	$(TRAIN_CXX) $(CXXFLAGS) $< -o $@
 
 # the FMA peak (llmc/cpu_peak.h) that bench-cpu divides our FLOP/s by
 $(BUILD)/cpu_peak: dev/cpu_peak.cpp llmc/cpu_peak.h | $(BUILD)
@@ -98,7 +104,7 @@ bench-cpu: train_gpt2 $(BUILD)/cpu_peak
 	$(PYTHON) dev/bench_cpu.py
 
 # OpenBLAS is linked by this benchmark only; the trainer never depends on it.
-$(BUILD)/bench_gemm: dev/bench_gemm.cpp llmc/matmul.h llmc/cpu_peak.h | $(BUILD)
+$(BUILD)/bench_gemm: dev/bench_gemm.cpp llmc/gemm.h llmc/cpu_peak.h | $(BUILD)
 	@pkg-config --exists openblas || { echo "bench-gemm: OpenBLAS is not installed" \
 		"(scripts/install_deps.sh --bench, or apt-get install libopenblas-dev)" >&2; exit 1; }
 	$(CXX) $(CXXFLAGS) $$(pkg-config --cflags openblas 2>/dev/null) $< $$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -o $@

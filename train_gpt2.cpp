@@ -21,13 +21,14 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/args.h"
 #include "llmc/attention.h"
 #include "llmc/checkpoint.h"
+#include "llmc/comm_mpi.h"
 #include "llmc/cpu_peak.h"
 #include "llmc/crossentropy.h"
 #include "llmc/dataloader.h"
 #include "llmc/encoder.h"
 #include "llmc/gelu.h"
-#include "llmc/gpt2_init.h"
 #include "llmc/gpt2_config.h"
+#include "llmc/gpt2_init.h"
 #include "llmc/hellaswag.h"
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
@@ -37,9 +38,9 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/parallel_layout.h"
 #include "llmc/phase_timer.h"
 #include "llmc/pipeline.h"
-#include "llmc/process_group.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
+#include "llmc/run_loop.h"
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
 #include "llmc/tensor_parallel.h"
@@ -116,35 +117,8 @@ struct BackwardScratch {
     float* dlogits;    // (B, T, Vp)
 };
 
-// One transformer block's parameters (or their gradients): views of its slices, wherever they are
-// stored. Here they point into the stacked (L, ...) tensors; a parallel layout may point them elsewhere.
-template <typename T>
-struct BlockTensorsOf {
-    T* ln1w;      // (C)
-    T* ln1b;      // (C)
-    T* qkvw;      // (3C, C)
-    T* qkvb;      // (3C)
-    T* attprojw;  // (C, C)
-    T* attprojb;  // (C)
-    T* ln2w;      // (C)
-    T* ln2b;      // (C)
-    T* fcw;       // (4C, C)
-    T* fcb;       // (4C)
-    T* fcprojw;   // (C, 4C)
-    T* fcprojb;   // (C)
-};
-using BlockParams = BlockTensorsOf<const float>;
+using BlockParams = BlockTensorsOf<const float>;  // llmc/gpt2_config.h
 using BlockGrads = BlockTensorsOf<float>;
-
-// Block l's slices of the stacked parameter (or gradient) tensors; with tensor parallelism (tp > 1)
-// the split tensors hold C/tp of their rows or columns (llmc/tensor_parallel.h).
-template <typename T, typename U>
-BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t C, size_t tp = 1) {
-    size_t Cl = C / tp;
-    return {p.ln1w + l * C,          p.ln1b + l * C,      p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl,
-            p.attprojw + l * C * Cl, p.attprojb + l * C,  p.ln2w + l * C,          p.ln2b + l * C,
-            p.fcw + l * 4 * Cl * C,  p.fcb + l * 4 * Cl,  p.fcprojw + l * 4 * Cl * C, p.fcprojb + l * C};
-}
 
 // The same views into a ZeRO-2/3 unit buffer (llmc/zero_sharded.h), where the 12 slices lie one after another.
 template <typename T>
@@ -221,9 +195,10 @@ struct GPT2 {
     ZeroSharding zero;  // -z 2, -z 3: the units and their buffers (llmc/zero_sharded.h)
     ZeroMemory memory;  // bytes of model state allocated on this process
     std::vector<float> m_memory, v_memory;  // AdamW moments, (opt_end - opt_begin)
-    // tensor parallelism (llmc/tensor_parallel.h): with tp.size > 1 the arrays above hold this rank's
-    // slices, num_parameters and param_sizes/offsets are local, full_num_parameters is the model's N
-    ProcessGroup tp;
+    // this process's place in the run (llmc/parallel_layout.h): its groups, ZeRO stage, layers.
+    // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, num_parameters and
+    // param_sizes/offsets are local; full_num_parameters is its pipeline stage's N before that split
+    ParallelLayout layout;
     size_t full_num_parameters = 0;
     std::vector<float> ce_max;   // (B*T) vocabulary-parallel cross-entropy: each row's max
     std::vector<double> ce_sum;  // (B*T) and sum of exponentials (also the fused cross-entropy's sums)
@@ -231,13 +206,11 @@ struct GPT2 {
     // (llmc/crossentropy.h), so the backward only scales them (without tensor parallelism, with one set
     // of activations: a pipeline's later forwards would overwrite the scratch before the backward)
     bool ce_exps_kept = false;
-    // pipeline parallelism (llmc/pipeline.h): with pp.size > 1, config is this stage's (num_layers =
-    // its layers [layer_begin, layer_begin + config.num_layers)) and model_config the whole model's
-    ProcessGroup pp;
-    int layer_begin = 0;
+    // pipeline parallelism (llmc/pipeline.h): with pp > 1, config is this stage's (num_layers = its
+    // layers [layout.layer_begin, layout.layer_end)) and model_config the whole model's
     GPT2Config model_config;
-    bool first_stage() const { return pp.rank == 0; }
-    bool last_stage() const { return pp.rank == pp.size - 1; }
+    bool first_stage() const { return layout.pp_rank == 0; }
+    bool last_stage() const { return layout.pp_rank == layout.pp - 1; }
     // activations, allocated on the first forward for (batch_size, seq_len); a pipeline stage keeps
     // act_slots sets of them (one per micro-batch in flight) and computes in slot act_slot
     int batch_size = 0, seq_len = 0;
@@ -257,7 +230,9 @@ struct GPT2 {
 // and the AdamW moments for the parameters this process updates: all of them (-z 0) or its shard
 // (-z 1, see llmc/zero.h). -z 2 keeps only the shard of the gradients, -z 3 of the parameters too
 // (llmc/zero_sharded.h); a sharded array is replaced, so the full one's memory goes back.
-void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
+void gpt2_setup_optimizer(GPT2* model) {
+    const ProcessGroup& pg = model->layout.dp_group;
+    int zero_stage = model->layout.zero_stage;
     const ShardLayout& sh = model->shard = shard_layout(model->num_parameters, pg.size, pg.rank);
     if (zero_stage == 3) {
         std::vector<float> mine(sh.shard_size, 0.0f);
@@ -274,7 +249,7 @@ void gpt2_setup_optimizer(GPT2* model, const ProcessGroup& pg, int zero_stage) {
         std::vector<float>(sh.shard_size, 0.0f).swap(model->grads_memory);
         model->grads = {};
         model->grads_base = sh.begin;
-        zero_sharding_init(&model->zero, model->config, pg, sh, zero_stage);
+        zero_sharding_init(&model->zero, model->config, pg, sh, zero_stage == 3);
     } else {
         model->grads_memory.resize(sh.padded_size, 0.0f);
         point_parameters_at(&model->grads, model->grads_memory.data(), model->param_offsets);
@@ -299,16 +274,14 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     validate_config(cfg, "model");
     model->config = cfg;
     model->model_config = cfg;
-    model->pp = ProcessGroup();
-    model->layer_begin = 0;
+    model->layout = single_process_layout(cfg);
     param_tensor_sizes(cfg, model->param_sizes);
     param_tensor_offsets(cfg, model->param_offsets);
     model->num_parameters = num_parameters(cfg);
     model->full_num_parameters = model->num_parameters;
-    model->tp = ProcessGroup();
     model->params_memory.clear();
     model->grads_memory.clear();
-    gpt2_setup_optimizer(model, ProcessGroup(), 0);  // one process, until main() knows better
+    gpt2_setup_optimizer(model);  // one process, until gpt2_distribute knows better
 }
 
 // Builds the model from fp32 parameters (N, checkpoint order).
@@ -325,18 +298,15 @@ void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
 }
 
 // Keeps this stage's layers and the shared tensors (llmc/pipeline.h); call before
-// gpt2_split_tensor_parallel. A group of one keeps everything.
-void gpt2_split_pipeline(GPT2* model, const ProcessGroup& pp) {
-    model->pp = pp;
-    if (pp.size == 1) return;
-    int l0, l1;
-    pp_stage_layers(model->model_config.num_layers, pp.size, pp.rank, &l0, &l1);
+// gpt2_split_tensor_parallel. A pipeline of one stage keeps everything.
+void gpt2_split_pipeline(GPT2* model) {
+    if (model->layout.pp == 1) return;
+    int l0 = model->layout.layer_begin, l1 = model->layout.layer_end;
     GPT2Config stage = model->model_config;
     stage.num_layers = l1 - l0;
     std::vector<float> local(num_parameters(stage));
     pp_copy_stage(model->model_config, l0, l1, model->params_memory.data(), local.data(), true);
     model->config = stage;
-    model->layer_begin = l0;
     param_tensor_sizes(stage, model->param_sizes);
     param_tensor_offsets(stage, model->param_offsets);
     model->num_parameters = local.size();
@@ -347,8 +317,8 @@ void gpt2_split_pipeline(GPT2* model, const ProcessGroup& pp) {
 
 // Keeps this rank's slices of the full parameters (llmc/tensor_parallel.h); call before
 // gpt2_setup_optimizer. A group of one keeps everything.
-void gpt2_split_tensor_parallel(GPT2* model, const ProcessGroup& tp) {
-    model->tp = tp;
+void gpt2_split_tensor_parallel(GPT2* model) {
+    const ProcessGroup& tp = model->layout.tp_group;
     if (tp.size == 1) return;
     tp_param_sizes(model->config, tp.size, model->param_sizes);
     size_t offset = 0;
@@ -401,7 +371,7 @@ void gpt2_use_activation_slot(GPT2* model, int slot);
 // flight, llmc/pipeline.h), and the backward scratch.
 void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     const GPT2Config& cfg = model->config;
-    size_t tp = model->tp.size;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
+    size_t tp = model->layout.tp;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
     size_t C = cfg.channels, Vp = cfg.padded_vocab_size / tp, Cl = C / tp;
     size_t BT = (size_t)B * T;
     size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp, model->last_stage());
@@ -442,7 +412,7 @@ void gpt2_use_activation_slot(GPT2* model, int slot) {
     model->ce_max.swap(model->slot_ce_max[slot]);
     model->ce_sum.swap(model->slot_ce_sum[slot]);
     layout_activations(&model->acts, model->acts_memory.data() + (size_t)slot * model->acts_per_slot, model->config,
-                       model->batch_size, model->seq_len, model->recompute, model->tp.size, model->last_stage());
+                       model->batch_size, model->seq_len, model->recompute, model->layout.tp, model->last_stage());
     model->act_slot = slot;
 }
 
@@ -487,7 +457,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     const ActivationTensors& a = model->acts;
     size_t BT = (size_t)B * T;
     // -z 3: unit 0 and then each block are gathered just before they are used (llmc/zero_sharded.h)
-    ZeroSharding* zs = model->zero.stage == 3 ? &model->zero : nullptr;
+    ZeroSharding* zs = model->layout.zero_stage == 3 ? &model->zero : nullptr;
     const float* shard_params = model->params_memory.data();
     if (zs) {
         p = outer_tensors_in_unit((float*)zero_gather_outer(zs, shard_params), zs->units[ZERO_OUTER_UNIT]);
@@ -495,7 +465,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     }
 
     // tensor parallel: this rank holds vocabulary rows [v0, v0 + Vl) of wte and computes those logits
-    const ProcessGroup& tp = model->tp;
+    const ProcessGroup& tp = model->layout.tp_group;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     if (model->first_stage()) tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp);
     for (int l = 0; l < L; l++) {
@@ -533,7 +503,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
 // this process's own backward: not with ZeRO-2/3 (unit buffers) or a pipeline (a stage never touches the
 // other stages' tensors), which clear everything as before.
 void gpt2_zero_grad(GPT2* model) {
-    if (model->zero.stage < 2 && model->pp.size == 1) {
+    if (model->layout.zero_stage < 2 && model->layout.pp == 1) {
         const int added_into[] = {P_WPE, P_LN1W, P_LN1B, P_LN2W, P_LN2B, P_LNFW, P_LNFB};
         for (int i : added_into) {
             memset(model->grads_memory.data() + model->param_offsets[i], 0, model->param_sizes[i] * sizeof(float));
@@ -607,7 +577,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
     // -z 2/3: each unit's gradient goes into a unit buffer and is reduce-scattered into this process's
     // shard once it is final; -z 3 gathers each block's parameters again (unit 0's are still gathered)
-    ZeroSharding* zs = model->zero.stage >= 2 ? &model->zero : nullptr;
+    ZeroSharding* zs = model->layout.zero_stage >= 2 ? &model->zero : nullptr;
     const float* shard_params = model->params_memory.data();
     float* shard_grads = model->grads_memory.data();
     bool set_grads = model->grads_unset && !zs;  // the first backward after gpt2_zero_grad sets, later ones add
@@ -615,14 +585,14 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     if (zs) {
         zero(zs->outer_grads.data(), zs->outer_grads.size());
         g = outer_tensors_in_unit(zs->outer_grads.data(), zs->units[ZERO_OUTER_UNIT]);
-        if (zs->stage == 3) {
+        if (model->layout.zero_stage == 3) {
             p = outer_tensors_in_unit((float*)zs->outer_params.data(), zs->units[ZERO_OUTER_UNIT]);
             zero_blocks_begin(zs);
         }
     }
 
     // loss -> logits -> lnf (tensor parallel: this rank's vocabulary rows, then the sum over ranks)
-    const ProcessGroup& tp = model->tp;
+    const ProcessGroup& tp = model->layout.tp_group;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     if (model->last_stage()) {  // else the next stage sent d(loss)/d(output) into s.dresidual
         if (model->ce_exps_kept) {
@@ -644,7 +614,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
     for (int l = L - 1; l >= 0; l--) {
         const ZeroUnit* unit = zs ? &zs->units[zero_block_unit(l)] : nullptr;
-        BlockParams w = zs && zs->stage == 3
+        BlockParams w = zs && model->layout.zero_stage == 3
                             ? block_tensors_in_unit(zero_gather_block(zs, l, l - 1, shard_params), *unit)
                             : block_tensors<const float>(p, l, C, tp.size);
         BlockGrads gl = zs ? block_tensors_in_unit(zs->block_grads.data(), *unit) : block_tensors<float>(g, l, C, tp.size);
@@ -680,15 +650,17 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
 //   -z 0: all-reduce the gradients; every process updates every parameter.
 //   -z 1: reduce-scatter them; each process updates its shard, then the shards are all-gathered.
 //   -z 2, 3: nothing left to combine: each unit was reduce-scattered during the backward.
-double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage) {
+double gpt2_reduce_gradients(GPT2* model) {
+    const ProcessGroup& pg = model->layout.dp_group;
+    int zero_stage = model->layout.zero_stage;
     float* grads = model->grads_memory.data();
-    const ProcessGroup& tp = model->tp;
+    const ProcessGroup& tp = model->layout.tp_group;
     if (tp.size > 1) {  // the replicated tensors' gradients: TP rank 0's, so the replicas never drift apart
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             if (tp_param_is_replicated(i)) broadcast(tp, grads + model->param_offsets[i], model->param_sizes[i], 0);
         }
     }
-    const ProcessGroup& pp = model->pp;
+    const ProcessGroup& pp = model->layout.pp_group;
     if (pp.size > 1) {  // the shared tensors (llmc/pipeline.h): wte's tied sum, and zeros added to the rest
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             if (pp_param_is_shared(i)) all_reduce_sum(pp, grads + model->param_offsets[i], model->param_sizes[i]);
@@ -721,17 +693,18 @@ double gpt2_reduce_gradients(GPT2* model, const ProcessGroup& pg, int zero_stage
 // The update of a step whose norm was finite (llmc/loss_scaler.h decides): AdamW with the clipping
 // factor, then with -z 1 and -z 2 every process gathers the others' updated shards (-z 3 keeps its
 // shard only: the next forward gathers what it needs).
-void gpt2_apply_update(GPT2* model, const ProcessGroup& pg, int zero_stage, float learning_rate, float weight_decay,
-                       float grad_scale, int t) {
+void gpt2_apply_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
     gpt2_update(model, learning_rate, weight_decay, grad_scale, t);
-    if (zero_stage == 1 || zero_stage == 2) all_gather(pg, model->params_memory.data(), model->shard.shard_size);
+    int zero_stage = model->layout.zero_stage;
+    if (zero_stage == 1 || zero_stage == 2) all_gather(model->layout.dp_group, model->params_memory.data(), model->shard.shard_size);
 }
 
 // The full parameters (N) on process 0, for a model file or a sample: with -z 3 the shards are gathered
 // there for the moment (empty elsewhere); otherwise every process has them already.
-std::vector<float> gpt2_full_parameters(const GPT2* model, const ProcessGroup& pg) {
+std::vector<float> gpt2_full_parameters(const GPT2* model) {
+    const ProcessGroup& pg = model->layout.dp_group;
     const std::vector<float>& mine = model->params_memory;
-    if (model->zero.stage != 3) return std::vector<float>(mine.begin(), mine.begin() + model->num_parameters);
+    if (model->layout.zero_stage != 3) return std::vector<float>(mine.begin(), mine.begin() + model->num_parameters);
     std::vector<float> full(pg.rank == 0 ? model->shard.padded_size : 0);
     gather_to_rank0(pg, mine.data(), model->shard.shard_size, full.data());
     full.resize(pg.rank == 0 ? model->num_parameters : 0);
@@ -739,7 +712,7 @@ std::vector<float> gpt2_full_parameters(const GPT2* model, const ProcessGroup& p
 }
 
 // ----------------------------------------------------------------------------
-// The training run
+// The training run: the model's side of llmc/run_loop.h
 
 // One sample (llmc/train_common.h has the loop and the settings): the logits of the window's last position.
 void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
@@ -747,6 +720,23 @@ void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng,
         gpt2_forward(model, window, nullptr, 1, length);
         return (const float*)model->acts.logits + (size_t)(length - 1) * model->config.padded_vocab_size;
     });
+}
+
+// A sample from process 0. With -z 3 every process gathers the shards for it, and process 0 samples
+// from a full copy of the parameters made for the moment.
+void gpt2_sample(GPT2* model, TrainRun* run) {
+    const ParallelLayout& lay = model->layout;
+    if (lay.zero_stage == 3) {
+        std::vector<float> full = gpt2_full_parameters(model);
+        if (lay.world.rank == 0) {
+            GPT2 whole;
+            gpt2_init_from(&whole, model->config, full);
+            gpt2_allocate_activations(&whole, 1, run->args.T);
+            generate_sample(&whole, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
+        }
+    } else if (lay.world.rank == 0) {
+        generate_sample(model, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
+    }
 }
 
 // HellaSwag accuracy (llmc/hellaswag.h), 4 rows of the longest example's length per forward. The
@@ -761,73 +751,65 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
         Tr > model->seq_len) {
         gpt2_allocate_activations(model, std::max({model->batch_size, args.B, R}), std::max({model->seq_len, args.T, Tr}));
     }
-    HellaSwagResult local = hellaswag_evaluate(set, args.hellaswag_examples, pg.rank, pg.size, R, Tr,
+    return hellaswag_evaluate_all(set, args.hellaswag_examples, pg.rank, pg.size, R, Tr,
         [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
             gpt2_forward(model, inputs, targets, rows, cols);
             std::copy(model->acts.losses, model->acts.losses + (size_t)rows * cols, losses);
-        }, details);
-    HellaSwagResult total;
-    total.examples = all_reduce_sum(pg, local.examples);
-    total.correct = all_reduce_sum(pg, local.correct);
-    total.correct_norm = all_reduce_sum(pg, local.correct_norm);
-    total.correct_token = all_reduce_sum(pg, local.correct_token);
-    return total;
+        }, [&](double x) { return all_reduce_sum(pg, x); }, details);
 }
 
-// Mean loss over num_batches val batches of every process. A pipeline passes each batch through its
-// stages (forward only); the last stage's losses are summed over the PP group.
-float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const ProcessGroup& pg) {
-    dataloader_reset(loader);
-    double sum = 0.0;
-    PipelineComm comm;
-    comm.pp = model->pp;
-    gpt2_use_activation_slot(model, 0);
-    size_t BTC = (size_t)loader->B * loader->T * model->config.channels;
-    for (int i = 0; i < num_batches; i++) {
-        dataloader_next_batch(loader);
-        if (!model->first_stage()) pp_recv(&comm, model->acts.encoded, BTC, model->pp.rank - 1, PP_TAG_ACTIVATION);
-        sum += gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
-        if (!model->last_stage()) {
-            pp_send(&comm, model->acts.residual3 + (model->config.num_layers - 1) * BTC, BTC, model->pp.rank + 1,
-                    PP_TAG_ACTIVATION);
-        }
-    }
-    pp_finish_sends(&comm);
-    sum = all_reduce_sum(model->pp, sum);
-    return (float)(all_reduce_sum(pg, sum) / ((double)num_batches * pg.size));
-}
-
-// One training step's forwards and backwards on this pipeline stage (llmc/pipeline.h), in the order of
-// the schedule, over the m micro-batches inputs and targets (m, B, T). Returns the sum of the
-// micro-batches' mean losses (0 on a stage before the last); comm->wait_seconds grows by the time spent
-// waiting for the neighbours. The last micro-batch's backward uses last_dloss (-ni, testing: INFINITY).
-double pipeline_step(GPT2* model, PipelineComm* comm, const std::string& schedule, const std::vector<int>& inputs,
-                     const std::vector<int>& targets, int m, int B, int T, float dloss, float last_dloss) {
-    const ProcessGroup& pp = model->pp;
+// The model's side of a pipeline schedule (llmc/pipeline.h) over micro-batches of (B, T) tokens, micro-batch
+// i at inputs + i * B * T (and targets likewise): each micro-batch's forward and backward in its own
+// activation slot, with dloss, or INFINITY for bad_micro (-ni, testing).
+PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss,
+                                       int bad_micro) {
     size_t BT = (size_t)B * T, BTC = BT * model->config.channels, L = model->config.num_layers;
-    double loss_sum = 0.0;
-    for (const PipelineOp& op : pp_schedule(schedule, pp.size, pp.rank, m)) {
-        gpt2_use_activation_slot(model, op.micro % model->act_slots);
-        const int* in = inputs.data() + op.micro * BT;
-        const int* tg = targets.data() + op.micro * BT;
-        if (op.forward) {
-            if (!model->first_stage()) pp_recv(comm, model->acts.encoded, BTC, pp.rank - 1, PP_TAG_ACTIVATION);
-            loss_sum += gpt2_forward(model, in, tg, B, T);
-            if (!model->last_stage()) pp_send(comm, model->acts.residual3 + (L - 1) * BTC, BTC, pp.rank + 1, PP_TAG_ACTIVATION);
-        } else {
-            if (!model->last_stage()) pp_recv(comm, model->scratch.dresidual, BTC, pp.rank + 1, PP_TAG_GRADIENT);
-            gpt2_backward(model, in, tg, B, T, op.micro == m - 1 ? last_dloss : dloss);
-            if (!model->first_stage()) pp_send(comm, model->scratch.dresidual, BTC, pp.rank - 1, PP_TAG_GRADIENT);
-        }
+    PipelineStageHooks h;
+    h.boundary_floats = BTC;
+    h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
+    h.forward = [=](int micro) { return (double)gpt2_forward(model, inputs + micro * BT, targets + micro * BT, B, T); };
+    h.backward = [=](int micro) {
+        gpt2_backward(model, inputs + micro * BT, targets + micro * BT, B, T, micro == bad_micro ? INFINITY : dloss);
+    };
+    h.activation_in = [=] { return model->acts.encoded; };
+    h.activation_out = [=] { return model->acts.residual3 + (L - 1) * BTC; };
+    h.gradient_in = h.gradient_out = [=] { return model->scratch.dresidual; };
+    return h;
+}
+
+// A step's forwards and backwards (llmc/run_loop.h's forward_backward): micro-batch after micro-batch,
+// or through the pipeline's schedule, whose forwards and backwards interleave (the breakdown counts all
+// of it as forward; *note gets the measured bubble).
+double gpt2_forward_backward(GPT2* model, PipelineComm* pipe, const std::string& schedule, const StepBatches& b,
+                             float dloss, int bad_micro, PhaseTimer* timer, std::string* note) {
+    if (model->layout.pp > 1) {
+        phase_begin(timer, PHASE_FORWARD);
+        PipelineStepResult r = pipeline_run(
+            pipe, schedule, b.count, gpt2_pipeline_hooks(model, b.inputs.data(), b.targets.data(), b.B, b.T, dloss, bad_micro));
+        phase_end(timer);
+        *note = r.note;
+        return r.loss_sum;
     }
-    pp_finish_sends(comm);
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < b.count; micro++) {
+        phase_begin(timer, PHASE_FORWARD);
+        loss_sum += gpt2_forward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T);
+        phase_end(timer);
+        phase_begin(timer, PHASE_BACKWARD);
+        gpt2_backward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T, micro == bad_micro ? INFINITY : dloss);
+        phase_end(timer);
+    }
     return loss_sum;
 }
 
-// The full vector (checkpoint order) of a tensor-parallel model's local one (num_parameters long), on
-// TP rank 0; empty elsewhere.
+// The mean loss of one evaluation batch; a pipeline passes it through its stages (0 before the last).
+double gpt2_eval_loss(GPT2* model, PipelineComm* pipe, const int* inputs, const int* targets, int B, int T) {
+    if (model->layout.pp > 1) return pipeline_forward_only(pipe, gpt2_pipeline_hooks(model, inputs, targets, B, T, 0.0f, -1));
+    return gpt2_forward(model, inputs, targets, B, T);
+}
+
 std::vector<float> tp_gather_full(const GPT2* model, const float* local) {
-    const ProcessGroup& tp = model->tp;
+    const ProcessGroup& tp = model->layout.tp_group;
     size_t n = model->num_parameters;
     std::vector<float> all(tp.rank == 0 ? tp.size * n : 0), full;
     gather(tp, local, n, all.data());
@@ -841,15 +823,16 @@ std::vector<float> tp_gather_full(const GPT2* model, const float* local) {
 // The whole model's vector (checkpoint order) from the stages' vectors (stage_vector: this stage's,
 // unsplit by tensor parallelism), on PP rank 0; empty elsewhere. Every stage of the PP group calls it.
 std::vector<float> pp_gather_full(const GPT2* model, const std::vector<float>& stage_vector) {
-    if (model->pp.size == 1) return stage_vector;
-    std::vector<std::vector<float>> stages = pp_gather_vectors(model->pp, stage_vector);
+    const ProcessGroup& pp = model->layout.pp_group;
+    if (pp.size == 1) return stage_vector;
+    std::vector<std::vector<float>> stages = pp_gather_vectors(pp, stage_vector);
     std::vector<float> full;
-    if (model->pp.rank != 0) return full;
+    if (pp.rank != 0) return full;
     const GPT2Config& cfg = model->model_config;
     full.resize(num_parameters(cfg));
-    for (int s = model->pp.size - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors stays
+    for (int s = pp.size - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors stays
         int l0, l1;
-        pp_stage_layers(cfg.num_layers, model->pp.size, s, &l0, &l1);
+        pp_stage_layers(cfg.num_layers, pp.size, s, &l0, &l1);
         pp_copy_stage(cfg, l0, l1, full.data(), stages[s].data(), false);
     }
     return full;
@@ -870,13 +853,17 @@ std::vector<float> local_moment(const GPT2* model, const std::vector<float>& mom
 // With tensor or pipeline parallelism the slices, then the stages, are gathered first: process 0 writes the
 // whole model and the whole optimizer state (one segment [0, N)), the others state files with empty
 // segments, so that any layout can resume it (train_state_restore).
-void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const ParallelLayout& lay) {
+void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
+    const ParallelLayout& lay = model->layout;
     const ProcessGroup& pg = lay.world;
+    const std::string& dir = run.args.output_dir;
+    const DataLoader& loader = run.data.train;
+    uint64_t sampler_rng = run.sampler_rng;
+    int grad_accum_steps = run.data.grad_accum_steps;
     TrainState state;
-    if (model->tp.size == 1 && model->pp.size == 1) {
-        if (model->zero.stage == 3) {  // the shards gathered for the moment
-            std::vector<float> full = gpt2_full_parameters(model, lay.dp_group);
+    if (model->layout.tp == 1 && model->layout.pp == 1) {
+        if (model->layout.zero_stage == 3) {  // the shards gathered for the moment
+            std::vector<float> full = gpt2_full_parameters(model);
             if (pg.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, full.data(), MODEL_VERSION_FP32);
         } else if (pg.rank == 0) {
             model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
@@ -903,50 +890,40 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
             state.v = v;
         }
     }
-    train_state_set_scaler(&state, scaler);
-    state_file_write(checkpoint_state_path(dir, step, pg.rank), state);
-    barrier(pg);
-    if (pg.rank == 0) checkpoint_mark_done(dir, step);
-    barrier(pg);
-    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
+    checkpoint_finish(dir, step, pg.rank, &state, run.scaler, [&](const char*) { barrier(pg); });
 }
 
-#ifndef TESTING
-int main(int argc, char** argv) {
-    ProcessGroup pg = process_group_init(&argc, &argv);
-    TrainArgs args;
-    parse_args(argc, argv, &args, false);
-    // process 0 speaks for the run; the others print only errors (stderr)
-    if (pg.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence process %d", pg.rank);
-    printf("train_gpt2 (fp32 CPU): %d process(es) x %d OpenMP threads\n", pg.size, omp_get_max_threads());
-    // one run per output directory (llmc/output_lock.h); held until the process ends
-    if (!args.output_dir.empty() && pg.rank == 0) {
-        make_dir_check(args.output_dir);
-        output_dir_lock(args.output_dir);
-    }
 
-    // the model: from the newest complete checkpoint when resuming, else from -e
-    int resume_step = -1;
-    if (args.resume) {
-        resume_step = (int)checkpoint_find_latest(args.output_dir);
-        if (resume_step < 0) printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
-    }
-    GPT2 model;
-    if (resume_step >= 0) {
-        printf("resume: continuing from step %d in %s\n", resume_step, args.output_dir.c_str());
-        gpt2_load_checkpoint(&model, checkpoint_model_path(args.output_dir, resume_step));
+// Resumes the optimizer state, data position, sampler and loss scaler from checkpoint run->resume_step,
+// whatever layout wrote it (llmc/train_common.h: train_state_restore). Without tensor or pipeline
+// parallelism this process's range of the flat vector is read directly; otherwise the whole state,
+// then this stage's layers, this rank's slices and its ZeRO-1 shard of them.
+void gpt2_resume(GPT2* model, TrainRun* run) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    const std::string& dir = run->args.output_dir;
+    int step = run->resume_step, accum = run->data.grad_accum_steps;
+    TrainState state;
+    if (model->layout.tp == 1 && model->layout.pp == 1) {
+        state = train_state_restore(dir, step, dp, accum, model->num_parameters, model->opt_begin, model->opt_end,
+                                    &run->data.train, &run->sampler_rng);
     } else {
-        GPT2Config cfg;
-        std::vector<float> params = gpt2_parameters_from_flag(args.model, (unsigned)args.seed, &cfg);
-        gpt2_init_from(&model, cfg, params);
+        size_t N = num_parameters(model->model_config);
+        state = train_state_restore(dir, step, dp, accum, N, 0, N, &run->data.train, &run->sampler_rng);
+        std::vector<float> stage_part(model->full_num_parameters), local(model->num_parameters);
+        int l0 = model->layout.layer_begin, l1 = model->layout.layer_end;
+        for (std::vector<float>* moment : {&state.m, &state.v}) {
+            pp_copy_stage(model->model_config, l0, l1, moment->data(), stage_part.data(), true);
+            tp_copy_slices(model->config, model->layout.tp, model->layout.tp_rank, stage_part.data(), local.data(), true);
+            moment->assign(local.begin() + model->opt_begin, local.begin() + model->opt_end);
+        }
     }
-    const GPT2Config& cfg = model.config;
-    printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
-           cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
-    check_same_config(pg, run_description(args, cfg, model.params_memory.data(), model.num_parameters));
-    // the process layout (llmc/parallel_layout.h); data and gradients go over the data-parallel group
-    ParallelLayout layout = parallel_layout_init(pg, args.tensor_parallel, args.pipeline_parallel, cfg);
-    printf("layout: %s\n", parallel_layout_describe(layout).c_str());
+    model->m_memory = state.m;
+    model->v_memory = state.v;
+    loss_scaler_restore(&run->scaler, state);
+}
+
+// Flags this trainer cannot combine with the layout: fatal, with the reason.
+void check_layout_flags(const ParallelLayout& layout, const TrainArgs& args) {
     if (layout.tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
               "by vocabulary; run with -s 0 (and no -he)", layout.tp);
@@ -965,30 +942,36 @@ int main(int argc, char** argv) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
               "has logits); run with -s 0 (and no -he)", layout.pp);
     }
+}
+
+// This process's part of the model for the layout: its pipeline stage's layers, its tensor-parallel
+// slices of them, and its ZeRO shard of what the optimizer updates.
+void gpt2_distribute(GPT2* model, const ParallelLayout& layout) {
     const ProcessGroup& dp = layout.dp_group;
-    gpt2_split_pipeline(&model, layout.pp_group);  // pp > 1: keep this stage's layers
-    gpt2_split_tensor_parallel(&model, layout.tp_group);  // tp > 1: keep this rank's slices
-    gpt2_setup_optimizer(&model, dp, args.zero_stage);
+    int zero_stage = layout.zero_stage;
+    model->layout = layout;
+    gpt2_split_pipeline(model);         // pp > 1: keep this stage's layers
+    gpt2_split_tensor_parallel(model);  // tp > 1: keep this rank's slices
+    gpt2_setup_optimizer(model);
     const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
     printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
-           model.opt_end - model.opt_begin, zero_names[args.zero_stage],
-           2.0 * (model.opt_end - model.opt_begin) * sizeof(float) / (1 << 20));
-    zero_memory_print(args.zero_stage, model.num_parameters, dp.size, model.memory);
+           model->opt_end - model->opt_begin, zero_names[zero_stage],
+           2.0 * (model->opt_end - model->opt_begin) * sizeof(float) / (1 << 20));
+    zero_memory_print(zero_stage, model->num_parameters, dp.size, model->memory);
+}
 
-    TrainingData data;
-    training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
-    DataLoader& train_loader = data.train;
-    int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
-    model.recompute = args.recompute;
-    // a pipeline stage keeps the activations of the micro-batches in flight (llmc/pipeline.h)
+// The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
+// in flight (llmc/pipeline.h), with the stage's report; then this process's memory.
+void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, const ParallelLayout& layout, int m) {
     const std::string& schedule = args.pipeline_schedule;
-    int pp = layout.pp, stage = layout.pp_rank, m = grad_accum_steps;
-    gpt2_allocate_activations(&model, B, T, pp > 1 ? pp_activation_slots(schedule, pp, stage, m) : 1);
+    int pp = layout.pp, stage = layout.pp_rank;
+    model->recompute = args.recompute;
+    gpt2_allocate_activations(model, args.B, args.T, pp > 1 ? pp_activation_slots(schedule, pp, stage, m) : 1);
     if (pp > 1) {
         printf("pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d micro-batches\n", pp,
-               stage, model.layer_begin, model.layer_begin + cfg.num_layers, model.model_config.num_layers,
+               stage, model->layout.layer_begin, model->layout.layer_end, model->model_config.num_layers,
                schedule.c_str(), m);
-        double slot_mib = model.acts_per_slot * sizeof(float) / 1048576.0;
+        double slot_mib = model->acts_per_slot * sizeof(float) / 1048576.0;
         printf("pipeline: activations on stage %d: GPipe keeps %d micro-batches (%.2f MiB), 1F1B %d (%.2f MiB)\n",
                stage, pp_activation_slots("gpipe", pp, stage, m), pp_activation_slots("gpipe", pp, stage, m) * slot_mib,
                pp_activation_slots("1f1b", pp, stage, m), pp_activation_slots("1f1b", pp, stage, m) * slot_mib);
@@ -996,179 +979,87 @@ int main(int argc, char** argv) {
     }
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, AdamW moments %.2f MiB, activations %.2f "
-           "MiB, backward scratch %.2f MiB\n", mib(model.params_memory.size()), mib(model.grads_memory.size()),
-           mib(model.m_memory.size() + model.v_memory.size()), mib(model.acts_memory.size()),
-           mib(model.scratch_memory.size()));
-    // MFU's denominator: this process's threads' FMA peak (llmc/cpu_peak.h), or -pk
-    double peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();
-    printf("peak: %.1f GFLOP/s fp32 (%s)\n", peak_flops / 1e9,
+           "MiB, backward scratch %.2f MiB\n", mib(model->params_memory.size()), mib(model->grads_memory.size()),
+           mib(model->m_memory.size() + model->v_memory.size()), mib(model->acts_memory.size()),
+           mib(model->scratch_memory.size()));
+}
+
+// The run loop's hooks (llmc/run_loop.h) for this model, layout and ZeRO stage. pipe and note live as
+// long as the hooks: the pipeline's transfers and the last step's measured bubble.
+RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, std::string* note) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    const ProcessGroup& pp = model->layout.pp_group;
+    std::string schedule = args.pipeline_schedule;
+    RunHooks h;
+    h.zero_grad = [=] { gpt2_zero_grad(model); };
+    h.forward_backward = [=](const StepBatches& b, float dloss, int bad_micro, PhaseTimer* timer) {
+        return gpt2_forward_backward(model, pipe, schedule, b, dloss, bad_micro, timer, note);
+    };
+    h.reduce_gradients = [=] { return gpt2_reduce_gradients(model); };
+    h.update = [=](bool apply, float lr, float wd, float grad_scale, int t) {
+        if (apply) gpt2_apply_update(model, lr, wd, grad_scale, t);
+    };
+    h.sum_over_replicas = [&dp, &pp](double x, const char*) { return all_reduce_sum(dp, all_reduce_sum(pp, x)); };
+    h.eval_loss = [=](const int* in, const int* tg, int B, int T) { return gpt2_eval_loss(model, pipe, in, tg, B, T); };
+    h.hellaswag = [=, &dp, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args, dp); };
+    h.save_checkpoint = [=](const TrainRun& run, int step) { save_checkpoint(model, run, step); };
+    h.sample = [=](TrainRun* run) { gpt2_sample(model, run); };
+    h.step_note = [=] { return *note; };
+    h.comm_bytes = [] { return (long long)comm_bytes_moved; };
+    return h;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    ProcessGroup world = process_group_init(&argc, &argv);
+    TrainArgs args;
+    parse_args(argc, argv, &args, false);
+    // process 0 speaks for the run; the others print only errors (stderr)
+    if (world.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence process %d", world.rank);
+    printf("train_gpt2 (fp32 CPU): %d process(es) x %d OpenMP threads\n", world.size, omp_get_max_threads());
+    output_dir_lock_for_run(args, world.rank);
+
+    // the model: from the newest complete checkpoint when resuming (-y 1), else from -e
+    int resume_step = resume_step_from_args(args);
+    GPT2 model;
+    GPT2Config cfg;
+    std::vector<float> params = gpt2_parameters_from_flag(
+        resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model, (unsigned)args.seed, &cfg);
+    gpt2_init_from(&model, cfg, params);
+    print_model_summary(cfg, model.num_parameters);
+    check_same_config(world, run_description(args, cfg, params.data(), model.num_parameters));
+    std::vector<float>().swap(params);
+
+    // the process layout (llmc/parallel_layout.h) and this process's part of the model
+    ParallelLayout layout =
+        parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
+    printf("layout: %s\n", parallel_layout_describe(layout).c_str());
+    check_layout_flags(layout, args);
+    gpt2_distribute(&model, layout);
+
+    // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run_loop.h)
+    TrainRun run;
+    train_run_init(&run, args, cfg, world.rank, layout.dp_rank, layout.dp, resume_step, false);
+    gpt2_allocate_for_run(&model, args, layout, run.data.grad_accum_steps);
+    // MFU's denominator: this process's threads' FMA peak (llmc/cpu_peak.h), or -pk; the numerator its
+    // share of the model's FLOPs (its stage's layers, 1/tp of them)
+    run.peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();
+    printf("peak: %.1f GFLOP/s fp32 (%s)\n", run.peak_flops / 1e9,
            args.peak_gflops > 0 ? "-pk" : "measured FMA loop, llmc/cpu_peak.h; -pk to set");
-    // per process: its share of the model's FLOPs (tensor parallelism splits them)
-    double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps / layout.tp;
+    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * run.data.grad_accum_steps / layout.tp;
+    // -ni (testing): the last stage of the first pipeline stands for one bad micro-batch
+    run.injects_bad_micro = layout.tp_rank == 0 && layout.dp_rank == 0 && layout.pp_rank == layout.pp - 1;
     // the peak resident memory reported at the end is that of training, not of loading the full model
     bool peak_from_here = peak_resident_reset();
-    LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
+    if (resume_step >= 0) gpt2_resume(&model, &run);
 
-    TokenizerFile tokenizer;
-    int eot;
-    bool have_tokenizer = load_sample_tokenizer(args, cfg, &tokenizer, &eot);
-    SampleSettings sample_settings = sample_settings_from_args(args, cfg, eot);
-    HellaSwagSet hellaswag;
-    if (args.hellaswag_every > 0) {
-        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, have_tokenizer ? &tokenizer : nullptr, &hellaswag);
-    }
-
-    if (!args.output_dir.empty()) make_dir_check(args.output_dir);
-    uint64_t sampler_rng = (uint64_t)args.sample_seed;
-    LossScaler scaler = loss_scaler_from_args(args, false);  // fp32: skipping only, no scaling
-    if (resume_step >= 0) {
-        if (model.tp.size == 1 && model.pp.size == 1) {
-            TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps,
-                                                   model.num_parameters, model.opt_begin, model.opt_end, &train_loader,
-                                                   &sampler_rng);
-            model.m_memory = state.m;
-            model.v_memory = state.v;
-            loss_scaler_restore(&scaler, state);
-        } else {  // the whole state, then this stage's layers, this rank's slices, its ZeRO-1 shard of them
-            size_t N = num_parameters(model.model_config);
-            TrainState state = train_state_restore(args.output_dir, resume_step, dp, grad_accum_steps, N, 0, N,
-                                                   &train_loader, &sampler_rng);
-            std::vector<float> stage_part(model.full_num_parameters), local(model.num_parameters);
-            int l0 = model.layer_begin, l1 = l0 + cfg.num_layers;
-            for (std::vector<float>* moment : {&state.m, &state.v}) {
-                pp_copy_stage(model.model_config, l0, l1, moment->data(), stage_part.data(), true);
-                tp_copy_slices(cfg, model.tp.size, model.tp.rank, stage_part.data(), local.data(), true);
-                moment->assign(local.begin() + model.opt_begin, local.begin() + model.opt_end);
-            }
-            model.m_memory = state.m;
-            model.v_memory = state.v;
-            loss_scaler_restore(&scaler, state);
-        }
-    }
-    Logger logger;
-    logger_open(&logger, pg.rank == 0 ? args.output_dir : std::string(), resume_step);
-
-    if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
-    int start_step = resume_step >= 0 ? resume_step : 0;
-    PhaseTimer timer;
     PipelineComm pipe;
     pipe.pp = layout.pp_group;
-    for (int step = start_step; step <= max_steps; step++) {
-        bool last = step == max_steps;
-        if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &data.val, args.val_batches, dp);
-            printf("step %d: val loss %.6f\n", step, val_loss);
-            logger_log_val(&logger, step, val_loss);
-        }
-        if (is_hellaswag_step(args, step, max_steps)) {
-            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, dp);
-            printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
-                   hs.acc_norm(), hs.acc_token(), hs.examples);
-            logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
-        }
-        phase_reset(&timer);
-        if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            phase_begin(&timer, PHASE_CHECKPOINT);
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, layout);
-            phase_end(&timer);
-        }
-        if (is_sample_step(args, step, max_steps) && args.zero_stage == 3) {
-            // process 0 samples alone, from a full copy of the parameters gathered for the moment
-            std::vector<float> full = gpt2_full_parameters(&model, dp);
-            if (pg.rank == 0) {
-                GPT2 whole;
-                gpt2_init_from(&whole, cfg, full);
-                gpt2_allocate_activations(&whole, 1, args.T);
-                generate_sample(&whole, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
-            }
-        } else if (pg.rank == 0 && is_sample_step(args, step, max_steps)) {
-            generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
-        }
-        if (last) break;
-
-        auto start = std::chrono::steady_clock::now();
-        uint64_t comm_before = comm_bytes_moved;
-        gpt2_zero_grad(&model);
-        double loss_sum = 0.0;
-        // every position of every micro-step of every process weighs the same in the step's mean loss
-        float dloss = 1.0f / ((float)B * T * grad_accum_steps * dp.size);
-        std::string bubble_note;
-        if (pp > 1) {  // the step's micro-batches, then the schedule (llmc/pipeline.h)
-            phase_begin(&timer, PHASE_DATA);
-            size_t BT = (size_t)B * T;
-            std::vector<int> inputs(m * BT), targets(m * BT);
-            for (int micro = 0; micro < m; micro++) {
-                if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
-                std::copy(train_loader.inputs.begin(), train_loader.inputs.begin() + BT, inputs.begin() + micro * BT);
-                std::copy(train_loader.targets.begin(), train_loader.targets.begin() + BT, targets.begin() + micro * BT);
-            }
-            phase_end(&timer);
-            // forwards and backwards interleave in the schedule: the breakdown counts all of it as forward
-            phase_begin(&timer, PHASE_FORWARD);
-            pipe.wait_seconds = 0.0;
-            auto pipe_start = std::chrono::steady_clock::now();
-            // -ni (testing): the last stage of the first pipeline stands for one bad micro-batch
-            bool inject = stage == pp - 1 && layout.tp_rank == 0 && layout.dp_rank == 0 && is_inject_step(args, step);
-            loss_sum = pipeline_step(&model, &pipe, schedule, inputs, targets, m, B, T, dloss, inject ? INFINITY : dloss);
-            double pipe_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pipe_start).count();
-            phase_end(&timer);
-            // the measured bubble: the share of the pipeline's span (the slowest stage's time in the schedule)
-            // that each stage was not computing, i.e. waiting in receives or done early
-            std::vector<float> busy(pp, 0.0f), span(pp, 0.0f), idle(pp);
-            busy[stage] = (float)(pipe_s - pipe.wait_seconds);
-            span[stage] = (float)pipe_s;
-            all_reduce_sum(layout.pp_group, busy.data(), pp);
-            all_reduce_max(layout.pp_group, span.data(), pp);
-            float longest = *std::max_element(span.begin(), span.end());
-            for (int s = 0; s < pp; s++) idle[s] = 1.0f - busy[s] / longest;
-            bubble_note = " | bubble";
-            for (float x : idle) bubble_note += " " + std::to_string(x).substr(0, 5);
-            bubble_note += " (formula " + std::to_string(pp_bubble_formula(pp, m)).substr(0, 5) + ")";
-            loss_sum = all_reduce_sum(layout.pp_group, loss_sum);  // the last stage's
-        }
-        for (int micro = 0; pp == 1 && micro < grad_accum_steps; micro++) {
-            phase_begin(&timer, PHASE_DATA);
-            if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
-            phase_end(&timer);
-            const int* inputs = train_loader.inputs.data();
-            const int* targets = train_loader.targets.data();
-            phase_begin(&timer, PHASE_FORWARD);
-            loss_sum += gpt2_forward(&model, inputs, targets, B, T);
-            phase_end(&timer);
-            // -ni (testing): process 0's last micro-step of this step stands for one bad micro-batch
-            float micro_dloss = pg.rank == 0 && micro == grad_accum_steps - 1 && is_inject_step(args, step) ? INFINITY : dloss;
-            phase_begin(&timer, PHASE_BACKWARD);
-            gpt2_backward(&model, inputs, targets, B, T, micro_dloss);
-            phase_end(&timer);
-        }
-        phase_begin(&timer, PHASE_COMM);
-        float loss = (float)(all_reduce_sum(dp, loss_sum) / ((double)grad_accum_steps * dp.size));
-        float lr = lr_at_step(scheduler, step);
-        double grad_norm = gpt2_reduce_gradients(&model, dp, args.zero_stage);
-        phase_end(&timer);
-        bool apply = loss_scaler_step(&scaler, grad_norm, step);  // the same answer on every process
-        phase_begin(&timer, PHASE_OPTIMIZER);
-        if (apply) {
-            gpt2_apply_update(&model, dp, args.zero_stage, lr, args.weight_decay, clip_scale(grad_norm, 1.0),
-                              (int)scaler.updates);
-        }
-        phase_end(&timer);
-        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
-        char skip_note[96] = "";
-        if (!apply) snprintf(skip_note, sizeof(skip_note), " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
-        StepThroughput throughput = step_throughput(flops_per_step, ms, peak_flops);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s%s\n", step, max_steps, loss, lr,
-               grad_norm, ms, tokens_per_s, step_breakdown_text(timer.times, throughput, peak_flops).c_str(), skip_note,
-               bubble_note.c_str());
-        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
-                         0.0f, (long long)(comm_bytes_moved - comm_before),
-                         step_breakdown_json(timer.times, throughput, peak_flops));
-    }
+    std::string note;
+    train_run_loop(&run, gpt2_run_hooks(&model, args, &pipe, &note));
     printf("peak resident memory of process 0: %.1f MiB (getrusage, %s)\n", peak_resident_bytes() / 1048576.0,
            peak_from_here ? "since training began" : "since start-up");
-    logger_close(&logger);
-    process_group_finalize(pg);
+    process_group_finalize(world);
     return 0;
 }
 #endif

@@ -30,18 +30,20 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/dataloader.h"
 #include "llmc/gpt2_config.h"
 #include "llmc/gpt2_init.h"
+#include "llmc/hellaswag.h"
 #include "llmc/logger.h"
 #include "llmc/loss_scaler.h"
 #include "llmc/output_lock.h"
+#include "llmc/parallel_layout.h"
 #include "llmc/rand.h"
-#include "llmc/hellaswag.h"
+#include "llmc/run_loop.h"
 #include "llmc/sampler.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer_file.h"
 #include "llmc/train_common.h"
 #include "llmc/utils.h"
 
-#include "llmc/cuda_common.cuh"
+#include "llmc/cuda_common.cuh"  // first: floatX and the checks the kernels use
 #include "llmc/adamw.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/classifier.cuh"
@@ -72,6 +74,8 @@ constexpr bool USE_LOSS_SCALING = false;
 // Parameters: 16 tensors in checkpoint order, pointers into one device allocation.
 
 using ParameterTensors = ParameterTensorsOf<floatX>;  // llmc/gpt2_config.h
+using BlockParams = BlockTensorsOf<const floatX>;     // one block's slices of them
+using BlockGrads = BlockTensorsOf<floatX>;
 
 // ----------------------------------------------------------------------------
 // Activations: everything the forward keeps for the backward, the backward's per-layer gradient
@@ -127,6 +131,25 @@ struct LayerStrides {
     size_t fch, fch_gelu;
 };
 
+// One block's activations for a pass over (B, T): views of layer l's slices (a tensor that
+// recomputation keeps for one layer only is the same storage for every l).
+struct BlockActs {
+    const floatX* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
+    floatX* ln1;             // (B, T, C)
+    float* ln1_mean;         // (B, T)
+    float* ln1_rstd;         // (B, T)
+    floatX* qkv;             // (B, T, 3C)
+    floatX* atty;            // (B, T, C)
+    floatX* att;             // attention_saved_elements
+    floatX* residual2;       // (B, T, C)
+    floatX* ln2;             // (B, T, C)
+    float* ln2_mean;         // (B, T)
+    float* ln2_rstd;         // (B, T)
+    floatX* fch;             // (B, T, 4C)
+    floatX* fch_gelu;        // (B, T, 4C)
+    floatX* residual3;       // (B, T, C)   the block's output
+};
+
 inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
 
 LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
@@ -142,6 +165,23 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
     s.fch = block ? 0 : aligned_elements(BT * 4 * C);
     s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * C);
     return s;
+}
+
+BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t l, size_t BT) {
+    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3,
+            a.ln1 + l * ls.ln,
+            a.ln1_mean + l * BT,
+            a.ln1_rstd + l * BT,
+            a.qkv + l * ls.qkv,
+            a.atty + l * ls.atty,
+            a.att + l * ls.att,
+            a.residual2 + l * ls.residual2,
+            a.ln2 + l * ls.ln,
+            a.ln2_mean + l * BT,
+            a.ln2_rstd + l * BT,
+            a.fch + l * ls.fch,
+            a.fch_gelu + l * ls.fch_gelu,
+            a.residual3 + l * ls.residual3};
 }
 
 // Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
@@ -204,9 +244,11 @@ struct GPT2 {
     float* opt_memory = nullptr;      // one allocation: AdamW m, v, and the master weights if kept
     float *m_memory = nullptr, *v_memory = nullptr, *master_memory = nullptr;
     ParameterTensors params, grads;
-    // data parallelism (llmc/nccl.cuh, llmc/grad_buckets.h); dp is null in the tests' single models
+    // data parallelism (llmc/parallel_layout.h: its groups over llmc/comm.h's NCCL backend, and the ZeRO
+    // stage, 1 only with an NCCL communicator; llmc/grad_buckets.h); dp (the NCCL start-up and its
+    // watchdog) is null and the layout a single process in the tests' single models
     DataParallel* dp = nullptr;
-    int zero_stage = 0;               // 1 only with an NCCL communicator
+    ParallelLayout layout;
     ShardLayout shard;                // params and grads are padded to shard.padded_size
     size_t opt_begin = 0, opt_end = 0;  // the parameters this process's AdamW updates; m, v, master hold these
     std::vector<std::vector<GradSlice>> grad_buckets;
@@ -283,13 +325,18 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     size_t n = model->num_parameters;
     bool distributed = dp != nullptr && dp->nccl;
     model->dp = dp;
-    model->zero_stage = distributed ? args.zero_stage : 0;
+    cudaCheck(cudaStreamCreate(&model->stream));
+    // the collectives of llmc/comm.h run over the processes of the run (a group of one without NCCL),
+    // ordered after this stream's work
+    ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
+    model->layout = parallel_layout_init(world, 1, 1, distributed ? args.zero_stage : 0, cfg);
+    int zero_stage = model->layout.zero_stage;
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
-    model->shard = aligned_shard_layout(n, distributed ? dp->size : 1, distributed ? dp->rank : 0, 8);
-    model->opt_begin = model->zero_stage == 1 ? model->shard.begin : 0;
-    model->opt_end = model->zero_stage == 1 ? model->shard.end : n;
-    if (distributed) model->grad_buckets = gradient_buckets(cfg, model->zero_stage, model->shard.shard_size);
+    model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
+    model->opt_begin = zero_stage == 1 ? model->shard.begin : 0;
+    model->opt_end = zero_stage == 1 ? model->shard.end : n;
+    if (distributed) model->grad_buckets = gradient_buckets(cfg, zero_stage, model->shard.shard_size);
     size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
     cudaCheck(cudaMalloc(&model->params_memory, padded * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, padded * sizeof(floatX)));
@@ -303,12 +350,11 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     model->master_memory = model->use_master_weights ? model->opt_memory + 2 * opt_n : nullptr;
     point_parameters(&model->params, model->params_memory, cfg);
     point_parameters(&model->grads, model->grads_memory, cfg);
-    cudaCheck(cudaStreamCreate(&model->stream));
     printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB\n", n, PRECISION_NAME, n * sizeof(floatX) / 1048576.0,
            n * sizeof(floatX) / 1048576.0);
     double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
     printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
-           "unsharded)\n", opt_n, model->zero_stage == 1 ? "ZeRO-1 shard" : "all",
+           "unsharded)\n", opt_n, model->layout.zero_stage == 1 ? "ZeRO-1 shard" : "all",
            model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
 }
 
@@ -357,12 +403,33 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
 // ----------------------------------------------------------------------------
 // forward, backward, update
 
+// One block's forward from its ln1 (already computed) to its fch_gelu, everything but the fcproj matmul
+// and the residual add that end it: qkv, attention, attproj, residual2 = residual + attproj fused with
+// ln2, fc and GELU (fused into the fc matmul with -ge 1). The forward runs it for every block, and -r 3's
+// recomputation again in the backward, with the same kernels on the same inputs: the same bits.
+void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, int B, int T) {
+    const ActivationTensors& a = model->acts;
+    int C = model->config.channels, NH = model->config.num_heads, BT = B * T;
+    cudaStream_t stream = model->stream;
+    matmul_forward(b.qkv, nullptr, b.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
+    attention_forward(b.atty, b.att, b.qkv, a.attn_scratch, B, T, C, NH, model->flash_attention, stream);
+    matmul_forward(a.proj, nullptr, b.atty, w.attprojw, w.attprojb, BT, C, C, stream);
+    fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, a.proj, w.ln2w, w.ln2b, BT,
+                                     C, stream);
+    if (model->gelu_fusion) {
+        matmul_forward(b.fch_gelu, b.fch, b.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream);
+    } else {
+        matmul_forward(b.fch, nullptr, b.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream);
+        gelu_forward(b.fch_gelu, b.fch, (size_t)BT * 4 * C, stream);
+    }
+}
+
 // Forward pass over inputs (B, T) (host arrays). With targets, also the per-position losses (fetch their
 // mean with gpt2_mean_loss); with dloss > 0 the classifier also leaves d(loss)/d(logits) in
 // acts.logits, scaled by dloss, ready for gpt2_backward. Nothing here waits for the GPU.
 void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss = 0.0f) {
     const GPT2Config& cfg = model->config;
-    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
     if ((size_t)B * T > (size_t)model->batch_size * model->seq_len || T > model->seq_len) {
         fatal("gpt2_forward: B=%d T=%d exceeds the allocated B=%d T=%d", B, T, model->batch_size, model->seq_len);
     }
@@ -385,35 +452,17 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, (int)BT, C, stream);
     for (int l = 0; l < L; l++) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3;
-        floatX* ln1 = a.ln1 + l * ls.ln;
-        floatX* qkv = a.qkv + l * ls.qkv;
-        floatX* atty = a.atty + l * ls.atty;
-        floatX* residual2 = a.residual2 + l * ls.residual2;
-        floatX* ln2 = a.ln2 + l * ls.ln;
-        floatX* fch = a.fch + l * ls.fch;
-        floatX* fch_gelu = a.fch_gelu + l * ls.fch_gelu;
-        floatX* residual3 = a.residual3 + l * ls.residual3;
-
-        matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C, stream);
-        attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, model->flash_attention, stream);
-        matmul_forward(a.proj, nullptr, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C, stream);
-        fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual, a.proj,
-                                         p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
-        if (model->gelu_fusion) {
-            matmul_forward(fch_gelu, fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C, stream);
+        BlockParams w = block_tensors<const floatX>(p, l, C);
+        BlockActs b = block_acts(a, ls, l, BT);
+        block_forward_to_fc(model, w, b, B, T);
+        matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, w.fcprojb, (int)BT, 4 * C, C, stream);
+        if (l + 1 < L) {  // residual3 = residual2 + proj, fused with the next block's ln1
+            BlockParams next = block_tensors<const floatX>(p, l + 1, C);
+            BlockActs nb = block_acts(a, ls, l + 1, BT);
+            fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, a.proj,
+                                             next.ln1w, next.ln1b, (int)BT, C, stream);
         } else {
-            matmul_forward(fch, nullptr, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C, stream);
-            gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
-        }
-        matmul_forward(a.proj, nullptr, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, (int)BT, 4 * C,
-                       C, stream);
-        if (l + 1 < L) {
-            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * ls.ln, a.ln1_mean + (l + 1) * BT,
-                                             a.ln1_rstd + (l + 1) * BT, residual2, a.proj, p.ln1w + (l + 1) * C,
-                                             p.ln1b + (l + 1) * C, (int)BT, C, stream);
-        } else {
-            fused_residual_layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, a.proj, p.lnfw,
+            fused_residual_layernorm_forward(b.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, b.residual2, a.proj, p.lnfw,
                                              p.lnfb, (int)BT, C, stream);
         }
     }
@@ -459,42 +508,19 @@ void gpt2_backward(GPT2* model, int B, int T) {
                        (int)BT, C, stream);
 
     for (int l = L - 1; l >= 0; l--) {
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3;
-        floatX* ln1 = a.ln1 + l * ls.ln;
-        floatX* qkv = a.qkv + l * ls.qkv;
-        floatX* atty = a.atty + l * ls.atty;
-        floatX* residual2 = a.residual2 + l * ls.residual2;
-        floatX* ln2 = a.ln2 + l * ls.ln;
-        floatX* fch = a.fch + l * ls.fch;
-        floatX* fch_gelu = a.fch_gelu + l * ls.fch_gelu;
-        float* ln1_mean = a.ln1_mean + l * BT, *ln1_rstd = a.ln1_rstd + l * BT;
-        float* ln2_mean = a.ln2_mean + l * BT, *ln2_rstd = a.ln2_rstd + l * BT;
+        BlockParams w = block_tensors<const floatX>(p, l, C);
+        BlockGrads gl = block_tensors<floatX>(g, l, C);
+        BlockActs b = block_acts(a, ls, l, BT);
 
-        // recompute what the forward did not keep (same kernels, same inputs: the same bits); ln2 first,
-        // since with -ge 1 the GELU output is recomputed from it
+        // recompute what the forward did not keep (same kernels, same inputs: the same bits)
         if (model->recompute >= 3) {
             // the whole block again, from its input, as the forward ran it (whose ln1 came out of the
             // previous block's fused residual + layernorm: the same bits, as -r 2 relies on too)
-            layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C, stream);
-            matmul_forward(qkv, nullptr, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, (int)BT, C, 3 * C,
-                           stream);
-            attention_forward(atty, a.att + l * ls.att, qkv, a.attn_scratch, B, T, C, NH, model->flash_attention,
-                              stream);
-            matmul_forward(a.proj, nullptr, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, (int)BT, C, C,
-                           stream);
-            fused_residual_layernorm_forward(residual2, ln2, ln2_mean, ln2_rstd, residual, a.proj, p.ln2w + l * C,
-                                             p.ln2b + l * C, (int)BT, C, stream);
-            if (model->gelu_fusion) {
-                matmul_forward(fch_gelu, fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C,
-                               4 * C, stream);
-            } else {
-                matmul_forward(fch, nullptr, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C,
-                               stream);
-                gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
-            }
-        } else if (model->recompute >= 2) {
-            layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, (int)BT, C, stream);
-            layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, (int)BT, C, stream);
+            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)BT, C, stream);
+            block_forward_to_fc(model, w, b, B, T);
+        } else if (model->recompute >= 2) {  // ln2 before the GELU: with -ge 1 that is recomputed from it
+            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)BT, C, stream);
+            layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, w.ln2w, w.ln2b, (int)BT, C, stream);
         }
         if (model->recompute >= 3) {
             // done above
@@ -505,41 +531,40 @@ void gpt2_backward(GPT2* model, int B, int T) {
             // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
             // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
             // matmul per layer, a third more forward matmul flops, about 11% of a step's.
-            matmul_forward(fch_gelu, a.dfch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, (int)BT, C, 4 * C,
-                           stream);
+            matmul_forward(b.fch_gelu, a.dfch, b.ln2, w.fcw, w.fcb, (int)BT, C, 4 * C, stream);
         } else if (model->recompute >= 1) {
-            gelu_forward(fch_gelu, fch, BT * 4 * C, stream);
+            gelu_forward(b.fch_gelu, b.fch, BT * 4 * C, stream);
         }
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         if (model->gelu_fusion) {  // dfch straight from the matmul's DGELU epilogue
-            matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, reduce, a.dresidual, fch_gelu,
-                            p.fcprojw + (size_t)l * C * 4 * C, fch, (int)BT, 4 * C, C, stream);
+            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, a.dresidual, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
+                            4 * C, C, stream);
         } else {
-            matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, reduce, a.dresidual, fch_gelu,
-                            p.fcprojw + (size_t)l * C * 4 * C, nullptr, (int)BT, 4 * C, C, stream);
-            gelu_backward(a.dfch, fch, a.dfch, BT * 4 * C, stream);
+            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, a.dresidual, b.fch_gelu, w.fcprojw, nullptr,
+                            (int)BT, 4 * C, C, stream);
+            gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * C, stream);
         }
-        matmul_backward(a.dln, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, reduce, a.dfch, ln2,
-                        p.fcw + (size_t)l * 4 * C * C, nullptr, (int)BT, C, 4 * C, stream);
-        layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, reduce, a.dln, residual2, p.ln2w + l * C,
-                           ln2_mean, ln2_rstd, (int)BT, C, stream);
+        matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, b.ln2, w.fcw, nullptr, (int)BT, C, 4 * C, stream);
+        layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, a.dln, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
+                           (int)BT, C, stream);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        matmul_backward(a.datty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, reduce, a.dresidual, atty,
-                        p.attprojw + (size_t)l * C * C, nullptr, (int)BT, C, C, stream);
-        attention_backward(a.dqkv, a.datty, qkv, atty, a.att + l * ls.att, a.attn_scratch, B, T, C, NH,
-                           model->flash_attention, stream);
-        matmul_backward(a.dln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, reduce, a.dqkv, ln1,
-                        p.qkvw + (size_t)l * 3 * C * C, nullptr, (int)BT, C, 3 * C, stream);
-        layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, reduce, a.dln, residual, p.ln1w + l * C,
-                           ln1_mean, ln1_rstd, (int)BT, C, stream);
-        if (model->reduce_in_backward) dp_reduce_bucket(*model->dp, model->grads_memory, model->grad_buckets[l], stream);
+        matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, a.dresidual, b.atty, w.attprojw, nullptr, (int)BT, C,
+                        C, stream);
+        attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, C, NH, model->flash_attention,
+                           stream);
+        matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, b.ln1, w.qkvw, nullptr, (int)BT, C, 3 * C, stream);
+        layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, a.dln, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
+                           (int)BT, C, stream);
+        if (model->reduce_in_backward) {
+            reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[l]);
+        }
     }
     encoder_backward(g.wte, g.wpe, a.dresidual, model->buckets, B, T, C, stream);
     if (model->reduce_in_backward) {
-        dp_reduce_bucket(*model->dp, model->grads_memory, model->grad_buckets[L], stream);
-        dp_join(*model->dp, stream);
+        reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[L]);
+        comm_join(model->layout.dp_group);
     }
 }
 
@@ -549,12 +574,15 @@ void gpt2_backward(GPT2* model, int B, int T) {
 double gpt2_grad_norm(GPT2* model) {
     const floatX* grads = model->grads_memory;
     size_t n = model->num_parameters;
-    if (model->zero_stage == 1) {
+    if (model->layout.zero_stage == 1) {
         grads += (size_t)model->shard.rank * model->shard.shard_size;
         n = model->shard.shard_size;
     }
     sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, n, model->stream);
-    if (model->zero_stage == 1) dp_all_reduce_floats(*model->dp, model->acts.grad_norm_sq, 1, model->stream);
+    if (model->layout.zero_stage == 1) {
+        all_reduce_sum(model->layout.dp_group, model->acts.grad_norm_sq, 1);
+        comm_join(model->layout.dp_group);
+    }
     cudaCheck(cudaMemcpyAsync(model->host_norm_sq, model->acts.grad_norm_sq, sizeof(float), cudaMemcpyDeviceToHost,
                               model->stream));
     gpt2_sync(model, "the gradient norm");
@@ -587,7 +615,10 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
                      model->grads_memory + begin, model->m_memory + opt_index, model->v_memory + opt_index, end - begin,
                      s, model->stream);
     }
-    if (model->zero_stage == 1) dp_all_gather(*model->dp, model->params_memory, model->shard.shard_size, model->stream);
+    if (model->layout.zero_stage == 1) {
+        all_gather(model->layout.dp_group, model->params_memory, model->shard.shard_size, COMM_FLOATX);
+        comm_join(model->layout.dp_group);
+    }
 }
 
 void gpt2_free(GPT2* model) {
@@ -634,51 +665,35 @@ void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng,
 
 // HellaSwag accuracy (llmc/hellaswag.h) in batches of the training shape (B rows of T tokens): the
 // activations are allocated for exactly that, so T must hold the longest context + ending.
-HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args, const DataParallel& dp) {
+HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args) {
+    const ProcessGroup& dp = model->layout.dp_group;
     if (set.longest_row > model->seq_len) {
         fatal("HellaSwag: the longest example needs %d tokens; run with -t %d or more", set.longest_row, set.longest_row);
     }
-    HellaSwagResult local = hellaswag_evaluate(set, args.hellaswag_examples, dp.rank, dp.size, model->batch_size,
-        model->seq_len, [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
+    return hellaswag_evaluate_all(set, args.hellaswag_examples, dp.rank, dp.size, model->batch_size, model->seq_len,
+        [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
             gpt2_forward(model, inputs, targets, rows, cols);
             size_t n = (size_t)rows * cols;
             cudaCheck(cudaMemcpyAsync(model->host_losses, model->acts.losses, n * sizeof(float),
                                       cudaMemcpyDeviceToHost, model->stream));
             gpt2_sync(model, "the HellaSwag losses");
             std::copy(model->host_losses, model->host_losses + n, losses);
-        });
-    HellaSwagResult total;
-    total.examples = dp_sum(dp, local.examples, "the HellaSwag count");
-    total.correct = dp_sum(dp, local.correct, "the HellaSwag count");
-    total.correct_norm = dp_sum(dp, local.correct_norm, "the HellaSwag count");
-    total.correct_token = dp_sum(dp, local.correct_token, "the HellaSwag count");
-    return total;
-}
-
-// Mean loss over num_batches val batches of every process.
-float validation_loss(GPT2* model, DataLoader* loader, int num_batches, const DataParallel& dp) {
-    dataloader_reset(loader);
-    double sum = 0.0;
-    for (int i = 0; i < num_batches; i++) {
-        dataloader_next_batch(loader);
-        gpt2_forward(model, loader->inputs.data(), loader->targets.data(), loader->B, loader->T);
-        sum += gpt2_mean_loss(model, loader->B, loader->T);
-    }
-    return (float)(dp_sum(dp, sum, "the val loss") / ((double)num_batches * dp.size));
+        }, [&](double x) { return all_reduce_sum(model->layout.dp_group, x, "the HellaSwag count"); });
 }
 
 // Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
 // master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
 // once all are written.
-void save_checkpoint(const GPT2* model, const std::string& dir, int step, const DataLoader& loader,
-                     uint64_t sampler_rng, int grad_accum_steps, const LossScaler& scaler, const DataParallel& dp) {
+void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    const std::string& dir = run.args.output_dir;
     if (dp.rank == 0) {
         std::vector<float> params = gpt2_download_parameters(model);
         model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
     }
     size_t opt_n = model->opt_end - model->opt_begin;
-    TrainState state = train_state_header(step, loader, sampler_rng, grad_accum_steps, dp_process_group(dp),
-                                          model->num_parameters, model->opt_begin, model->opt_end);
+    TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps,
+                                          dp, model->num_parameters, model->opt_begin, model->opt_end);
     state.m.resize(opt_n);
     state.v.resize(opt_n);
     cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -687,25 +702,20 @@ void save_checkpoint(const GPT2* model, const std::string& dir, int step, const 
         state.master.resize(opt_n);
         cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    train_state_set_scaler(&state, scaler);
-    state_file_write(checkpoint_state_path(dir, step, dp.rank), state);
-    dp_barrier(dp, "the other processes' checkpoint files");
-    if (dp.rank == 0) checkpoint_mark_done(dir, step);
-    dp_barrier(dp, "rank 0's checkpoint marker");
-    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
+    checkpoint_finish(dir, step, dp.rank, &state, run.scaler, [&](const char* what) { barrier(dp, what); });
 }
 
-// Restores this process's optimizer state, step and data position from checkpoint `step`
+// Restores this process's optimizer state, step and data position from checkpoint run->resume_step
 // (train_state_restore assembles this process's optimizer range from the checkpoint's state files,
 // whatever process count wrote them, and checks batch and model). The master weights come from
 // the state file when it has them (ours with -w 1); otherwise they stay as loaded from the model file
 // (a CPU trainer's checkpoint, whose model file is fp32).
-void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loader, uint64_t* sampler_rng,
-                int grad_accum_steps, LossScaler* scaler, const DataParallel& dp) {
+void gpt2_resume(GPT2* model, TrainRun* run) {
     size_t opt_n = model->opt_end - model->opt_begin;
-    TrainState state = train_state_restore(dir, step, dp_process_group(dp), grad_accum_steps, model->num_parameters,
-                                           model->opt_begin, model->opt_end, loader, sampler_rng);
-    loss_scaler_restore(scaler, state);
+    TrainState state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
+                                           run->data.grad_accum_steps, model->num_parameters, model->opt_begin,
+                                           model->opt_end, &run->data.train, &run->sampler_rng);
+    loss_scaler_restore(&run->scaler, state);
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     if (model->master_memory && !state.master.empty()) {
@@ -713,14 +723,59 @@ void load_state(GPT2* model, const std::string& dir, int step, DataLoader* loade
     }
 }
 
-#ifndef TESTING
-int main(int argc, char** argv) {
-    TrainArgs args;
-    parse_args(argc, argv, &args, true);
-    // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes
-    DataParallel dp = dp_init(args, &argc, &argv);
-    // rank 0 speaks for the run; the others print only errors (stderr)
-    if (dp.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence rank %d", dp.rank);
+// A step's forwards and backwards (llmc/run_loop.h's forward_backward), timed on the GPU by events.
+// The last micro-batch completes the gradients: with several GPUs each layer's are reduced while the
+// backward goes on (and the backward's time includes the wait for the last bucket).
+double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int bad_micro, GpuPhases* phases,
+                             PhaseTimer* timer) {
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < b.count; micro++) {
+        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1;
+        gpu_phase_begin(phases, PHASE_FORWARD, model->stream);
+        gpt2_forward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T, micro == bad_micro ? INFINITY : dloss);
+        gpu_phase_end(phases, PHASE_FORWARD, model->stream);
+        gpu_phase_begin(phases, PHASE_BACKWARD, model->stream);
+        gpt2_backward(model, b.B, b.T);
+        gpu_phase_end(phases, PHASE_BACKWARD, model->stream);
+        loss_sum += gpt2_mean_loss(model, b.B, b.T);  // waits for the stream: the events are done
+        gpu_phases_collect(phases, &timer->times);
+    }
+    model->reduce_in_backward = false;
+    return loss_sum;
+}
+
+// The run loop's hooks (llmc/run_loop.h) for this model on this process.
+RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    RunHooks h;
+    h.zero_grad = [=] {
+        gpt2_sync(model, "the previous step");
+        gpt2_zero_grad(model);
+    };
+    h.forward_backward = [=](const StepBatches& b, float dloss, int bad_micro, PhaseTimer* timer) {
+        return gpt2_forward_backward(model, b, dloss, bad_micro, phases, timer);
+    };
+    // the global gradient norm (with several GPUs the gradients were reduced during the backward)
+    h.reduce_gradients = [=] { return gpt2_grad_norm(model); };
+    h.update = [=](bool apply, float lr, float wd, float grad_scale, int t) {
+        if (apply) gpt2_update(model, lr, wd, grad_scale, t);
+        gpt2_sync(model, "the parameter update");
+    };
+    h.sum_over_replicas = [&dp](double x, const char* what) { return all_reduce_sum(dp, x, what); };
+    h.eval_loss = [=](const int* inputs, const int* targets, int B, int T) {
+        gpt2_forward(model, inputs, targets, B, T);
+        return (double)gpt2_mean_loss(model, B, T);
+    };
+    h.hellaswag = [=, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args); };
+    h.save_checkpoint = [=](const TrainRun& run, int step) { save_checkpoint(model, run, step); };
+    h.sample = [=, &dp](TrainRun* run) {
+        if (dp.rank == 0) generate_sample(model, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
+    };
+    return h;
+}
+
+// The GPU's line at start-up; returns its peak FLOP/s for MFU (-pk, or the table's; 0 if unknown).
+double describe_device(const DataParallel& dp, const TrainArgs& args) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, dp.device));
     double peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : bf16_peak_flops(prop);
@@ -732,163 +787,61 @@ int main(int argc, char** argv) {
         printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
                dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
     }
-    // one run per output directory (llmc/output_lock.h); held until the process ends
-    if (!args.output_dir.empty() && dp.rank == 0) {
-        make_dir_check(args.output_dir);
-        output_dir_lock(args.output_dir);
-    }
     printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d, flash attention -fa %d%s\n",
            args.recompute, args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
            args.gelu_fusion, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (this build: cuBLAS path)");
+    return peak_flops;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    TrainArgs args;
+    parse_args(argc, argv, &args, true);
+    // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes
+    DataParallel dp = dp_init(launch_settings(args), &argc, &argv);
+    // rank 0 speaks for the run; the others print only errors (stderr)
+    if (dp.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence rank %d", dp.rank);
+    double peak_flops = describe_device(dp, args);
+    output_dir_lock_for_run(args, dp.rank);
     cublas_setup();
 
-    // the model: from the newest complete checkpoint when resuming, else from -e
-    int resume_step = -1;
-    if (args.resume) {
-        resume_step = (int)checkpoint_find_latest(args.output_dir);
-        if (resume_step < 0) printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
-    }
+    // the model: from the newest complete checkpoint when resuming (-y 1), else from -e
+    int resume_step = resume_step_from_args(args);
     GPT2 model;
-    std::vector<float> initial;
-    if (resume_step >= 0) {
-        printf("resume: continuing from step %d in %s\n", resume_step, args.output_dir.c_str());
-        initial = gpt2_build(&model, checkpoint_model_path(args.output_dir, resume_step), args, &dp);
-    } else {
-        initial = gpt2_build(&model, args.model, args, &dp);
-    }
+    std::vector<float> initial =
+        gpt2_build(&model, resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model, args, &dp);
     const GPT2Config& cfg = model.config;
-    printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
-           cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, model.num_parameters);
+    print_model_summary(cfg, model.num_parameters);
     // what all processes must agree on: the shared description, plus what only this trainer has
     char extra[256];
     snprintf(extra, sizeof(extra), " cuda: %s ge=%d fa=%d processes=%d pg=%d pt=%g resume_step=%d", PRECISION_NAME,
              args.gelu_fusion, args.flash_attention, dp.size, args.gpus_per_node, args.comm_timeout, resume_step);
-    dp_check_same_config(dp, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
+    check_same_config(model.layout.dp_group, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
     std::vector<float>().swap(initial);
 
-    TrainingData data;
-    training_data_init(&data, args, cfg, dp.rank, dp.size, resume_step);
-    DataLoader& train_loader = data.train;
-    int B = args.B, T = args.T, grad_accum_steps = data.grad_accum_steps, max_steps = data.max_steps;
-    gpt2_allocate_activations(&model, B, T);
+    // the run: data of this process, schedules, evaluation, sampling (llmc/run_loop.h)
+    TrainRun run;
+    train_run_init(&run, args, cfg, dp.rank, dp.rank, dp.size, resume_step, USE_LOSS_SCALING);
+    gpt2_allocate_activations(&model, args.B, args.T);
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
            total_bytes / 1073741824.0);
-
-    LRScheduler scheduler = lr_scheduler_from_args(args, max_steps);
-
-    TokenizerFile tokenizer;
-    int eot;
-    bool have_tokenizer = load_sample_tokenizer(args, cfg, &tokenizer, &eot);
-    SampleSettings sample_settings = sample_settings_from_args(args, cfg, eot);
-    HellaSwagSet hellaswag;
-    if (args.hellaswag_every > 0) {
-        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, have_tokenizer ? &tokenizer : nullptr, &hellaswag);
+    if (resume_step >= 0) gpt2_resume(&model, &run);
+    if (run.scaler.dynamic) {
+        printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", run.scaler.scale, run.scaler.growth,
+               run.scaler.growth_interval, run.scaler.backoff);
     }
-
-    if (!args.output_dir.empty()) make_dir_check(args.output_dir);
-    uint64_t sampler_rng = (uint64_t)args.sample_seed;
-    LossScaler scaler = loss_scaler_from_args(args, USE_LOSS_SCALING);
-    if (resume_step >= 0) {
-        load_state(&model, args.output_dir, resume_step, &train_loader, &sampler_rng, grad_accum_steps, &scaler, dp);
-    }
-    if (scaler.dynamic) {
-        printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", scaler.scale, scaler.growth,
-               scaler.growth_interval, scaler.backoff);
-    }
-    Logger logger;
-    logger_open(&logger, dp.rank == 0 ? args.output_dir : std::string(), resume_step);
-
-    double flops_per_step = flops_per_token(cfg, T) * B * T * grad_accum_steps;  // per GPU
-    if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&train_loader);  // the one batch every step reuses
-    int start_step = resume_step >= 0 ? resume_step : 0;
+    run.peak_flops = peak_flops;
+    run.flops_per_step = flops_per_token(cfg, args.T) * args.B * args.T * run.data.grad_accum_steps;  // per GPU
+    run.injects_bad_micro = dp.rank == 0;  // -ni (testing): rank 0's last micro-batch stands for a bad one
     // the step breakdown (llmc/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both
-    PhaseTimer timer;
-    timer.on_begin = nvtx_phase_begin;
-    timer.on_end = nvtx_phase_end;
+    run.timer.on_begin = nvtx_phase_begin;
+    run.timer.on_end = nvtx_phase_end;
     GpuPhases gpu_phases;
     gpu_phases_create(&gpu_phases);
-    for (int step = start_step; step <= max_steps; step++) {
-        bool last = step == max_steps;
-        if (is_val_step(args, step, max_steps)) {
-            float val_loss = validation_loss(&model, &data.val, args.val_batches, dp);
-            printf("step %d: val loss %.6f\n", step, val_loss);
-            logger_log_val(&logger, step, val_loss);
-        }
-        if (is_hellaswag_step(args, step, max_steps)) {
-            HellaSwagResult hs = hellaswag_eval(&model, hellaswag, args, dp);
-            printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
-                   hs.acc_norm(), hs.acc_token(), hs.examples);
-            logger_log_hellaswag(&logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
-        }
-        phase_reset(&timer);
-        if (is_checkpoint_step(args, step, start_step, max_steps)) {
-            phase_begin(&timer, PHASE_CHECKPOINT);
-            save_checkpoint(&model, args.output_dir, step, train_loader, sampler_rng, grad_accum_steps, scaler, dp);
-            phase_end(&timer);
-        }
-        if (dp.rank == 0 && is_sample_step(args, step, max_steps)) {
-            generate_sample(&model, sample_settings, &sampler_rng, have_tokenizer ? &tokenizer : nullptr);
-        }
-        if (last) break;
-
-        gpt2_sync(&model, "the previous step");
-        auto start = std::chrono::steady_clock::now();
-        gpt2_zero_grad(&model);
-        double loss_sum = 0.0;
-        // every position of every micro-step of every process weighs the same in the step's mean loss;
-        // times S, the loss scale (1 unless FP16): the gradients come out S times too large
-        float dloss = scaler.scale / ((float)B * T * grad_accum_steps * dp.size);
-        float step_scale = scaler.scale;  // the S these gradients carry (the scaler may move it below)
-        for (int micro = 0; micro < grad_accum_steps; micro++) {
-            phase_begin(&timer, PHASE_DATA);
-            if (!args.overfit_single_batch) dataloader_next_batch(&train_loader);
-            phase_end(&timer);
-            // the last micro-step completes the gradients: reduce each layer's while the backward goes on
-            bool last_micro = micro == grad_accum_steps - 1;
-            model.reduce_in_backward = dp.nccl && last_micro;
-            // -ni (testing): rank 0's last micro-step of this step stands for one bad micro-batch
-            float micro_dloss = dp.rank == 0 && last_micro && is_inject_step(args, step) ? INFINITY : dloss;
-            gpu_phase_begin(&gpu_phases, PHASE_FORWARD, model.stream);
-            gpt2_forward(&model, train_loader.inputs.data(), train_loader.targets.data(), B, T, micro_dloss);
-            gpu_phase_end(&gpu_phases, PHASE_FORWARD, model.stream);
-            gpu_phase_begin(&gpu_phases, PHASE_BACKWARD, model.stream);
-            gpt2_backward(&model, B, T);
-            gpu_phase_end(&gpu_phases, PHASE_BACKWARD, model.stream);
-            loss_sum += gpt2_mean_loss(&model, B, T);  // waits for the stream: the events are done
-            gpu_phases_collect(&gpu_phases, &timer.times);
-        }
-        model.reduce_in_backward = false;
-        // comm: the global gradient norm (with several GPUs the gradients were reduced during the
-        // backward, overlapped with it, and the backward's time includes the wait for the last bucket)
-        phase_begin(&timer, PHASE_COMM);
-        double scaled_norm = gpt2_grad_norm(&model);  // global: every process decides the same
-        phase_end(&timer);
-        float lr = lr_at_step(scheduler, step);
-        float grad_scale = loss_scaler_grad_scale(scaler, scaled_norm, 1.0);  // 1/S and the clipping
-        bool apply = loss_scaler_step(&scaler, scaled_norm, step);
-        phase_begin(&timer, PHASE_OPTIMIZER);
-        if (apply) gpt2_update(&model, lr, args.weight_decay, grad_scale, (int)scaler.updates);
-        gpt2_sync(&model, "the parameter update");
-        phase_end(&timer);
-        double grad_norm = scaled_norm / step_scale;
-        float loss = (float)(dp_sum(dp, loss_sum, "the step's loss") / ((double)grad_accum_steps * dp.size));
-        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        double tokens_per_s = (double)data.tokens_per_step / (ms / 1000.0);
-        StepThroughput throughput = step_throughput(flops_per_step, ms, peak_flops);  // MFU n/a: GPU not in the table
-        char note[128] = "";
-        int at = 0;
-        if (scaler.dynamic) at += snprintf(note, sizeof(note), " | scale %g", step_scale);
-        if (!apply) snprintf(note + at, sizeof(note) - at, " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler.skipped_total);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step, max_steps,
-               loss, lr, grad_norm, ms, tokens_per_s, step_breakdown_text(timer.times, throughput, peak_flops).c_str(),
-               note);
-        logger_log_train(&logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply, (long)scaler.skipped_total,
-                         scaler.dynamic ? step_scale : 0.0f, -1, step_breakdown_json(timer.times, throughput, peak_flops));
-    }
+    train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases));
     gpu_phases_destroy(&gpu_phases);
-    logger_close(&logger);
     gpt2_free(&model);
     cublas_teardown();
     dp_finalize(&dp);

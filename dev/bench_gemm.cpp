@@ -1,4 +1,4 @@
-// Benchmark (not a test): llmc/matmul.h's gemm_accumulate against OpenBLAS's cblas_sgemm on the
+// Benchmark (not a test): llmc/gemm.h's gemm_accumulate against OpenBLAS's cblas_sgemm on the
 // matrix products of a GPT-2 d12 step, and both against the machine's measured FMA peak.
 //
 //   make bench-gemm                      (needs libopenblas-dev: scripts/install_deps.sh --bench)
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "../llmc/cpu_peak.h"
-#include "../llmc/matmul.h"
+#include "../llmc/gemm.h"
 
 extern "C" void openblas_set_num_threads(int);
 

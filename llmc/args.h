@@ -17,6 +17,7 @@
 
 #include "gpt2_config.h"
 #include "schedulers.h"
+#include "bootstrap.h"
 #include "utils.h"
 
 struct TrainArgs {
@@ -268,4 +269,17 @@ inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int
               args.T, num_processes, tokens_per_micro_step);
     }
     return (int)(total / tokens_per_micro_step);
+}
+
+// The multi-GPU start-up's part of the flags (llmc/bootstrap.h takes only these).
+inline LaunchSettings launch_settings(const TrainArgs& a) {
+    LaunchSettings s;
+    s.init_method = a.init_method;
+    s.server_address = a.server_address;
+    s.bootstrap_file = a.bootstrap_file;
+    s.num_processes = a.num_processes;
+    s.process_rank = a.process_rank;
+    s.gpus_per_node = a.gpus_per_node;
+    s.timeout_s = a.comm_timeout;
+    return s;
 }

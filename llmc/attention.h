@@ -8,7 +8,7 @@
 // For one (b, h) these are six matrix products of (T, hs) and (T, T) matrices plus row-wise work:
 //   forward   S = Q Kᵀ,  att = softmax(S / sqrt(hs)) row by row,  out = att V
 //   backward  dA = dout Vᵀ,  dS = softmax backward row by row,  dQ += dS K,  dK += dSᵀ Q,  dV += attᵀ dout
-// and each product runs on llmc/matmul.h's gemm_accumulate (strided views, no copies). Done as dot
+// and each product runs on llmc/gemm.h's gemm_accumulate (strided views, no copies). Done as dot
 // products (one q against each k), the work is chains of dependent additions and reads of every
 // (T, hs) row once per row t: ~10 GFLOP/s; as GEMMs it runs near the FMA peak. Causality halves the
 // work, and each product says which triangle it needs (GemmTriangle): S and dA only on and below the
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "expf.h"
-#include "matmul.h"
+#include "gemm.h"
 
 template <typename Real>
 void attention_forward(Real* out,        // (B, T, C)

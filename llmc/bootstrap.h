@@ -51,7 +51,6 @@
 #include <thread>
 #include <vector>
 
-#include "args.h"
 #include "utils.h"
 
 constexpr uint32_t BOOTSTRAP_TCP_MAGIC = 20261201;
@@ -541,6 +540,17 @@ inline bool launched_by_mpi(int* size_out = nullptr) {
 
 enum class LaunchMethod { Single, Mpi, Tcp, File };
 
+// What a process needs to know to find the others: the -p* flags (llmc/run/args.h's launch_settings).
+struct LaunchSettings {
+    std::string init_method = "auto";  // auto|mpi|tcp|file
+    std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
+    std::string bootstrap_file;        // a path on a file system all nodes share (file)
+    int num_processes = 1;
+    int process_rank = 0;
+    int gpus_per_node = 0;             // 0: every GPU this process sees
+    double timeout_s = 300.0;          // seconds any process waits for the others
+};
+
 inline const char* launch_method_name(LaunchMethod m) {
     switch (m) {
         case LaunchMethod::Single: return "single process";
@@ -554,7 +564,7 @@ inline const char* launch_method_name(LaunchMethod m) {
 // The method -pi names, with "auto" resolved: MPI when an MPI launcher started this process, else one
 // process without NCCL. Checks that the flags the method needs are there and agree. `with_mpi`: this
 // build has MPI.
-inline bool choose_launch_method(const TrainArgs& args, bool with_mpi, LaunchMethod* method, std::string* error) {
+inline bool choose_launch_method(const LaunchSettings& args, bool with_mpi, LaunchMethod* method, std::string* error) {
     const std::string& pi = args.init_method;
     int mpi_size = 0;
     if (pi == "auto") {

@@ -125,6 +125,33 @@ void point_parameters(ParameterTensorsOf<T>* p, T* memory, const GPT2Config& cfg
     point_parameters_at(p, memory, offsets);
 }
 
+// One transformer block's parameters (or their gradients): views of its slices, wherever they are
+// stored. Here they point into the stacked (L, ...) tensors; a parallel layout may point them elsewhere.
+template <typename T>
+struct BlockTensorsOf {
+    T* ln1w;      // (C)
+    T* ln1b;      // (C)
+    T* qkvw;      // (3C, C)
+    T* qkvb;      // (3C)
+    T* attprojw;  // (C, C)
+    T* attprojb;  // (C)
+    T* ln2w;      // (C)
+    T* ln2b;      // (C)
+    T* fcw;       // (4C, C)
+    T* fcb;       // (4C)
+    T* fcprojw;   // (C, 4C)
+    T* fcprojb;   // (C)
+};
+// Block l's slices of the stacked parameter (or gradient) tensors; with tensor parallelism (tp > 1)
+// the split tensors hold C/tp of their rows or columns (llmc/tensor_parallel.h).
+template <typename T, typename U>
+BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t C, size_t tp = 1) {
+    size_t Cl = C / tp;
+    return {p.ln1w + l * C,          p.ln1b + l * C,      p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl,
+            p.attprojw + l * C * Cl, p.attprojb + l * C,  p.ln2w + l * C,          p.ln2b + l * C,
+            p.fcw + l * 4 * Cl * C,  p.fcb + l * 4 * Cl,  p.fcprojw + l * 4 * Cl * C, p.fcprojb + l * C};
+}
+
 // Forward FLOPs per token for the training FLOP estimate: 6N for the matmuls of forward+backward plus
 // 6·L·C·T for attention's scores and weighted sum (the usual estimate, e.g. the PaLM paper appendix).
 inline double flops_per_token(const GPT2Config& cfg, int T) {

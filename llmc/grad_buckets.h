@@ -1,6 +1,6 @@
 // Which parts of the gradient the GPU trainer reduces across processes, and when: the plan that lets
 // the reduction run during the backward pass. Host arithmetic only, tested on the CPU
-// (test/test_bootstrap.cpp); llmc/nccl.cuh turns each bucket into NCCL calls.
+// (test/test_bootstrap.cpp); reduce_gradient_bucket turns a bucket into collectives (llmc/comm.h).
 //
 // The backward pass goes through the layers last to first. When layer l's backward is done, layer
 // l's slice of each of the 12 per-layer tensors (ln1w .. fcprojb, each stacked over L in the flat
@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "comm.h"
 #include "gpt2_config.h"
 #include "zero.h"
 
@@ -74,4 +75,20 @@ inline std::vector<std::vector<GradSlice>> gradient_buckets(const GPT2Config& cf
     }
     for (int i : {P_WTE, P_WPE, P_LNFW, P_LNFB}) add_slice(&buckets[L], offsets[i], sizes[i], zero_stage, shard_size);
     return buckets;
+}
+
+// Queues one bucket's reductions as one group of collectives: an all-reduce per slice (-z 0), or a
+// reduce to the slice's owner (-z 1). grads is the flat gradient array, elements of `type`, in the
+// group's memory (the GPU's, under NCCL, where the calls are queued behind the backward's work so far).
+inline void reduce_gradient_bucket(const ProcessGroup& g, void* grads, CommType type, const std::vector<GradSlice>& bucket) {
+    comm_group_start(g);
+    for (const GradSlice& s : bucket) {
+        char* slice = (char*)grads + s.offset * comm_type_bytes(type);
+        if (s.owner < 0) {
+            all_reduce(g, slice, s.count, type, COMM_SUM);
+        } else {
+            reduce_sum(g, slice, s.count, type, s.owner);
+        }
+    }
+    comm_group_end(g);
 }

@@ -217,6 +217,21 @@ HellaSwagResult hellaswag_evaluate(const HellaSwagSet& set, int max_examples, in
     return result;
 }
 
+// hellaswag_evaluate on every process, then the counts summed over them with sum(double) (a collective
+// each process calls in the same order): the result for the whole set.
+template <typename RowLosses, typename Sum>
+HellaSwagResult hellaswag_evaluate_all(const HellaSwagSet& set, int max_examples, int rank, int num_processes, int R,
+                                       int Tr, RowLosses row_losses, Sum sum,
+                                       std::vector<HellaSwagScore>* details = nullptr) {
+    HellaSwagResult local = hellaswag_evaluate(set, max_examples, rank, num_processes, R, Tr, row_losses, details);
+    HellaSwagResult total;
+    total.examples = sum(local.examples);
+    total.correct = sum(local.correct);
+    total.correct_norm = sum(local.correct_norm);
+    total.correct_token = sum(local.correct_token);
+    return total;
+}
+
 // Loads the file for a run (-hs): the token bytes are needed for acc_norm's character counts.
 inline void hellaswag_load_for_run(const std::string& path, int vocab_size, const TokenizerFile* tok, HellaSwagSet* set) {
     if (tok == nullptr) {

@@ -89,7 +89,7 @@ inline void logger_log_train(Logger* logger, long step, float loss, float lr, fl
     fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g%s\n", step, loss, lr, grad_norm,
             skipped ? " skipped:1" : "");
     std::string fields = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
-    // bytes this process sent and received in the step's collectives (llmc/process_group.h)
+    // bytes this process sent and received in the step's collectives (llmc/comm.h)
     if (comm_bytes >= 0) fields += ", \"comm_bytes\": " + std::to_string(comm_bytes);
     fprintf(logger->metrics,
             "{\"step\": %ld, \"train_loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, \"skipped_steps\": %ld%s, "

@@ -14,29 +14,16 @@
 // [lane/4][2(lane%4), 2(lane%4)+1], which is exactly the A/B fragment layout above. With .trans each
 // lane receives [2(lane%4), 2(lane%4)+1][lane/4] instead: a matrix stored k-major serves as B.
 //
-// Under the CPU emulator (CUDA_EMULATION, dev/emu) the same wrappers have emulated bodies, from the PTX
-// ISA's definitions: dev/emu/mma_emu.h, tested one warp at a time by dev/emu/test_mma_emu.cpp.
+// Under the CPU emulator (CUDA_EMULATION, dev/emu) these five wrappers are not defined here: the
+// emulator supplies functions of the same names with emulated bodies from the PTX ISA's definitions
+// (dev/emu/mma_emu.h, tested one warp at a time by dev/emu/test_mma_emu.cpp).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_bf16.h>
 
-#if defined(CUDA_EMULATION)
-
-#include "mma_emu.h"
-
-inline void cp_async16(void* shared, const void* global) { emu_mma::cp_async16(shared, global); }
-inline void cp_async_commit() { emu_mma::cp_async_commit(); }
-template <int pending>
-inline void cp_async_wait() {
-    emu_mma::cp_async_wait(pending);
-}
-inline void ldmatrix_x4(uint32_t* r, const void* shared) { emu_mma::ldmatrix_x4(r, shared, false); }
-inline void ldmatrix_x4_trans(uint32_t* r, const void* shared) { emu_mma::ldmatrix_x4(r, shared, true); }
-inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) { emu_mma::mma_bf16_16816(d, a, b); }
-
-#else
+#if !defined(CUDA_EMULATION)
 
 __device__ inline uint32_t shared_address(const void* pointer) {
     return (uint32_t)__cvta_generic_to_shared(pointer);
@@ -76,7 +63,7 @@ __device__ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-#endif  // CUDA_EMULATION
+#endif  // !CUDA_EMULATION
 
 // two floats -> one register of two bf16, `lo` in the lower half
 __device__ inline uint32_t pack_bf16x2(float lo, float hi) {

@@ -1,15 +1,20 @@
-// Data parallelism across GPUs with NCCL: one process per GPU, on one node or many.
+// The NCCL backend of llmc/comm.h, and the start-up of a multi-GPU run: one process per GPU, on one
+// node or many.
 //
 // Start-up (dp_init): the process learns its rank, the process count and its GPU, from MPI under
 // mpirun or from flags (-pn -pr -pg) otherwise; rank 0 makes the NCCL id and the others receive it
 // by MPI broadcast, over TCP or through a shared file (llmc/bootstrap.h); then all form one NCCL
-// communicator. Every rank checks that all of them run the same configuration (dp_check_same_config).
+// communicator. Every rank checks that all of them run the same configuration (check_same_config,
+// llmc/comm.h).
 //
-// During a step (train_gpt2.cu): the gradients of each layer go to a second, high-priority stream as
-// soon as the backward has finished that layer (llmc/grad_buckets.h says which slices, and to whom),
-// so communication overlaps the backward of the layers below. -z 0 all-reduces them; -z 1 reduces
-// each piece to the rank whose shard holds it, that rank updates its shard of the fp32 master weights
-// and AdamW moments, and the bf16 parameters are all-gathered.
+// The backend (nccl_group): a collective on device buffers is queued on the communication stream, a
+// second, high-priority stream, behind the work queued so far on the compute stream, and returns at
+// once; comm_join makes the compute stream wait for the collectives so far. So during a step
+// (train_gpt2.cu) the gradients of each layer are reduced as soon as the backward has finished that
+// layer (llmc/grad_buckets.h says which slices, and to whom), overlapping the backward of the layers
+// below. -z 0 all-reduces them; -z 1 reduces each piece to the rank whose shard holds it, that rank
+// updates its shard of the fp32 master weights and AdamW moments, and the bf16 parameters are
+// all-gathered.
 //
 // Faults. A collective waits for every rank; if one has died or hangs, the others would wait forever.
 // So the communicator is non-blocking (NCCL returns ncclInProgress instead of waiting inside a call)
@@ -30,16 +35,17 @@
 #include <vector>
 
 #include "bootstrap.h"
+#include "comm_mpi.h"
 #include "cuda_common.cuh"
 #include "grad_buckets.h"
-#include "process_group.h"
 
+// floatX (llmc/cuda_common.cuh) as llmc/comm.h names it
 #if defined(ENABLE_FP32)
-constexpr ncclDataType_t NCCL_FLOATX = ncclFloat32;
+constexpr CommType COMM_FLOATX = COMM_FLOAT32;
 #elif defined(ENABLE_FP16)
-constexpr ncclDataType_t NCCL_FLOATX = ncclFloat16;
+constexpr CommType COMM_FLOATX = COMM_FLOAT16;
 #else
-constexpr ncclDataType_t NCCL_FLOATX = ncclBfloat16;
+constexpr CommType COMM_FLOATX = COMM_BFLOAT16;
 #endif
 
 constexpr unsigned DP_ABORT_GRACE_S = 20;
@@ -56,14 +62,9 @@ struct DataParallel {
     uint64_t* device_scratch = nullptr;  // (size + 1) words for small collectives
     uint64_t* host_scratch = nullptr;    // pinned mirror: its copies never block the host
     std::string id_file;                 // rank 0, -pi file: the id's file, until the communicator is formed
+    cudaStream_t compute = nullptr;      // the stream the collectives are ordered after (the model's)
+    int group_depth = 0;                 // inside comm_group_start/end: NCCL calls are only recorded
 };
-
-inline ProcessGroup dp_process_group(const DataParallel& dp) {
-    ProcessGroup pg;
-    pg.rank = dp.rank;
-    pg.size = dp.size;
-    return pg;
-}
 
 // ----------------------------------------------------------------------------
 // errors and the watchdog
@@ -157,9 +158,9 @@ inline void mpi_local_rank(int world_rank, int* local_rank, int* local_size) {
 
 // Rank, process count and GPU; then the NCCL communicator (all methods but Single). Selects the GPU
 // (cudaSetDevice) in every case.
-inline DataParallel dp_init(const TrainArgs& args, int* argc, char*** argv) {
+inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv) {
     DataParallel dp;
-    dp.timeout_s = args.comm_timeout;
+    dp.timeout_s = args.timeout_s;
     std::string error;
 #ifdef USE_MPI
     const bool with_mpi = true;
@@ -254,7 +255,7 @@ inline void dp_finalize(DataParallel* dp) {
         dp->nccl = false;
     }
 #ifdef USE_MPI
-    if (dp->method == LaunchMethod::Mpi) process_group_finalize(dp_process_group(*dp));
+    if (dp->method == LaunchMethod::Mpi) process_group_finalize(ProcessGroup());
 #endif
 }
 
@@ -273,43 +274,107 @@ inline void dp_join(const DataParallel& dp, cudaStream_t compute) {
 }
 
 // ----------------------------------------------------------------------------
-// collectives
+// The backend: llmc/comm.h's calls on device buffers
 
-// Queues the reduction of one gradient bucket (llmc/grad_buckets.h) behind the compute stream's work
-// so far: an all-reduce per slice (-z 0) or a reduce to the slice's owner (-z 1), as one NCCL group.
-inline void dp_reduce_bucket(const DataParallel& dp, floatX* grads, const std::vector<GradSlice>& bucket,
-                             cudaStream_t compute) {
-    dp_after_compute(dp, compute);
-    ncclQueued(dp, ncclGroupStart());
-    for (const GradSlice& s : bucket) {
-        floatX* g = grads + s.offset;
-        if (s.owner < 0) {
-            ncclQueued(dp, ncclAllReduce(g, g, s.count, NCCL_FLOATX, ncclSum, dp.comm, dp.stream));
-        } else {
-            ncclQueued(dp, ncclReduce(g, g, s.count, NCCL_FLOATX, ncclSum, s.owner, dp.comm, dp.stream));
-        }
+inline DataParallel& nccl_state(const ProcessGroup& g) { return *static_cast<DataParallel*>(g.state); }
+
+inline ncclDataType_t nccl_type(CommType t) {
+    switch (t) {
+        case COMM_FLOAT64: return ncclFloat64;
+        case COMM_BFLOAT16: return ncclBfloat16;
+        case COMM_FLOAT16: return ncclFloat16;
+        case COMM_UINT64: return ncclUint64;
+        default: return ncclFloat32;
     }
+}
+
+// An NCCL call: inside a group it is only recorded (checked for errors); outside, it is settled.
+#define ncclIssue(dp, call) ((dp).group_depth > 0 ? ncclQueued(dp, call) : ncclSettle(dp, call))
+
+// Outside a group, each collective starts after the compute stream's work so far; a group starts once.
+inline DataParallel& nccl_begin(const ProcessGroup& g) {
+    DataParallel& dp = nccl_state(g);
+    if (dp.group_depth == 0) dp_after_compute(dp, dp.compute);
+    return dp;
+}
+
+inline void nccl_all_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op) {
+    DataParallel& dp = nccl_begin(g);
+    ncclIssue(dp, ncclAllReduce(data, data, n, nccl_type(type), op == COMM_SUM ? ncclSum : ncclMax, dp.comm, dp.stream));
+}
+
+inline void nccl_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+    DataParallel& dp = nccl_begin(g);
+    ncclIssue(dp, ncclReduce(data, data, n, nccl_type(type), ncclSum, root, dp.comm, dp.stream));
+}
+
+inline void nccl_reduce_scatter(const ProcessGroup& g, void* data, size_t count, CommType type) {
+    DataParallel& dp = nccl_begin(g);
+    char* block = (char*)data + (size_t)dp.rank * count * comm_type_bytes(type);  // in place: NCCL's rule
+    ncclIssue(dp, ncclReduceScatter(data, block, count, nccl_type(type), ncclSum, dp.comm, dp.stream));
+}
+
+inline void nccl_all_gather(const ProcessGroup& g, void* data, size_t count, CommType type) {
+    DataParallel& dp = nccl_begin(g);
+    char* block = (char*)data + (size_t)dp.rank * count * comm_type_bytes(type);
+    ncclIssue(dp, ncclAllGather(block, data, count, nccl_type(type), dp.comm, dp.stream));
+}
+
+inline void nccl_broadcast(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+    DataParallel& dp = nccl_begin(g);
+    ncclIssue(dp, ncclBroadcast(data, data, n, nccl_type(type), root, dp.comm, dp.stream));
+}
+
+// every part broadcast by its owner, as one group; stream-ordered, so the wait is a join
+inline void nccl_all_gather_v_start(const ProcessGroup& g, void* full, const int* counts, const int* displs,
+                                    CommType type, CommRequest* req) {
+    DataParallel& dp = nccl_begin(g);
+    dp.group_depth++;
+    ncclQueued(dp, ncclGroupStart());
+    for (int r = 0; r < dp.size; r++) {
+        char* part = (char*)full + (size_t)displs[r] * comm_type_bytes(type);
+        ncclQueued(dp, ncclBroadcast(part, part, counts[r], nccl_type(type), r, dp.comm, dp.stream));
+    }
+    dp.group_depth--;
+    ncclSettle(dp, ncclGroupEnd());
+    DataParallel* state = &dp;
+    memcpy(req->handle, &state, sizeof(state));
+}
+
+inline void nccl_wait(CommRequest* req) {
+    DataParallel* dp;
+    memcpy(&dp, req->handle, sizeof(dp));
+    dp_join(*dp, dp->compute);
+}
+
+// every part reduced to its owner, as one group (a root's recvbuff alone is written)
+inline void nccl_reduce_scatter_v(const ProcessGroup& g, const void* full, void* mine, const int* counts, CommType type) {
+    DataParallel& dp = nccl_begin(g);
+    dp.group_depth++;
+    ncclQueued(dp, ncclGroupStart());
+    size_t offset = 0;
+    for (int r = 0; r < dp.size; r++) {
+        const char* part = (const char*)full + offset * comm_type_bytes(type);
+        void* out = r == dp.rank ? mine : (void*)part;
+        ncclQueued(dp, ncclReduce(part, out, counts[r], nccl_type(type), ncclSum, r, dp.comm, dp.stream));
+        offset += counts[r];
+    }
+    dp.group_depth--;
     ncclSettle(dp, ncclGroupEnd());
 }
 
-// In-place sum over ranks of a device float array, ordered after and before the compute stream.
-inline void dp_all_reduce_floats(const DataParallel& dp, float* data, size_t count, cudaStream_t compute) {
-    dp_after_compute(dp, compute);
-    ncclSettle(dp, ncclAllReduce(data, data, count, ncclFloat32, ncclSum, dp.comm, dp.stream));
-    dp_join(dp, compute);
+[[noreturn]] inline void nccl_not_yet(const char* what) {
+    fatal("the NCCL backend (llmc/nccl.cuh) has no %s yet: the CUDA trainer runs data parallelism only", what);
 }
+inline void nccl_gather(const ProcessGroup&, const void*, size_t, void*, CommType) { nccl_not_yet("gather"); }
+inline void nccl_send(const ProcessGroup&, const void*, size_t, CommType, int, int) { nccl_not_yet("send"); }
+inline void nccl_recv(const ProcessGroup&, void*, size_t, CommType, int, int) { nccl_not_yet("receive"); }
+inline void nccl_finish_sends(const ProcessGroup&) {}
+inline ProcessGroup nccl_split(const ProcessGroup&, int, int) { nccl_not_yet("sub-groups (ncclCommSplit)"); }
 
-// ZeRO-1: every rank holds shard_size elements at data + rank * shard_size; afterwards all ranks hold
-// all size * shard_size of them.
-inline void dp_all_gather(const DataParallel& dp, floatX* data, size_t shard_size, cudaStream_t compute) {
-    dp_after_compute(dp, compute);
-    ncclSettle(dp, ncclAllGather(data + (size_t)dp.rank * shard_size, data, shard_size, NCCL_FLOATX, dp.comm, dp.stream));
-    dp_join(dp, compute);
-}
-
-// Sum over ranks of a host value (losses); waits for it.
-inline double dp_sum(const DataParallel& dp, double value, const char* what) {
-    if (!dp.nccl) return value;
+// A host value's sum: staged through pinned memory, waited for by the watchdog.
+inline double nccl_sum_host(const ProcessGroup& g, double value, const char* what) {
+    DataParallel& dp = nccl_state(g);
     memcpy(dp.host_scratch, &value, sizeof(double));
     cudaCheck(cudaMemcpyAsync(dp.device_scratch, dp.host_scratch, sizeof(double), cudaMemcpyHostToDevice, dp.stream));
     ncclSettle(dp, ncclAllReduce(dp.device_scratch, dp.device_scratch, 1, ncclFloat64, ncclSum, dp.comm, dp.stream));
@@ -319,31 +384,57 @@ inline double dp_sum(const DataParallel& dp, double value, const char* what) {
     return value;
 }
 
-inline void dp_barrier(const DataParallel& dp, const char* what) { dp_sum(dp, 0.0, what); }
-
-// Every rank must run the same configuration: one started with other flags, another model or other
-// data would silently train something else. The ranks all-gather a hash of their description (flags,
-// model shape, a checksum of the initial weights); every rank sees the same table, so all stop
-// together, rank 0 naming the ranks that differ and each of those printing what it runs.
-inline void dp_check_same_config(const DataParallel& dp, const std::string& description) {
-    if (!dp.nccl || dp.size == 1) return;
-    uint64_t hash = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
-    dp.host_scratch[dp.rank] = hash;
+inline void nccl_all_gather_host_u64(const ProcessGroup& g, uint64_t value, uint64_t* all, const char* what) {
+    DataParallel& dp = nccl_state(g);
+    dp.host_scratch[dp.rank] = value;
     cudaCheck(cudaMemcpyAsync(dp.device_scratch + dp.rank, dp.host_scratch + dp.rank, sizeof(uint64_t),
                               cudaMemcpyHostToDevice, dp.stream));
     ncclSettle(dp, ncclAllGather(dp.device_scratch + dp.rank, dp.device_scratch, 1, ncclUint64, dp.comm, dp.stream));
     cudaCheck(cudaMemcpyAsync(dp.host_scratch, dp.device_scratch, dp.size * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                               dp.stream));
-    dp_wait(dp, dp.stream, "the configuration check at start-up");
-    std::string differing;
-    for (int r = 1; r < dp.size; r++) {
-        if (dp.host_scratch[r] != dp.host_scratch[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    dp_wait(dp, dp.stream, what);
+    memcpy(all, dp.host_scratch, dp.size * sizeof(uint64_t));
+}
+
+inline void nccl_barrier(const ProcessGroup& g, const char* what) { nccl_sum_host(g, 0.0, what); }
+
+inline void nccl_group_start(const ProcessGroup& g) {
+    DataParallel& dp = nccl_begin(g);
+    dp.group_depth++;
+    ncclQueued(dp, ncclGroupStart());
+}
+
+inline void nccl_group_end(const ProcessGroup& g) {
+    DataParallel& dp = nccl_state(g);
+    dp.group_depth--;
+    ncclSettle(dp, ncclGroupEnd());
+}
+
+inline void nccl_join(const ProcessGroup& g) { dp_join(nccl_state(g), nccl_state(g).compute); }
+
+[[noreturn]] inline void nccl_abort(const ProcessGroup& g, const std::string& message) {
+    dp_abort(nccl_state(g), "%s", message.c_str());
+}
+
+inline const CommBackend* nccl_backend() {
+    static const CommBackend backend = {
+        "NCCL",        nccl_all_reduce, nccl_reduce,    nccl_reduce_scatter, nccl_all_gather, nccl_all_gather_v_start,
+        nccl_wait,     nccl_reduce_scatter_v, nccl_broadcast, nccl_gather, nccl_send, nccl_recv, nccl_finish_sends,
+        nccl_sum_host, nccl_all_gather_host_u64, nccl_barrier, nccl_group_start, nccl_group_end, nccl_join, nccl_abort,
+        nccl_split};
+    return &backend;
+}
+
+// The run's processes as a group of llmc/comm.h (a group of one without a communicator), its
+// collectives ordered after `compute`. dp must outlive the group.
+inline ProcessGroup nccl_group(DataParallel* dp, cudaStream_t compute) {
+    ProcessGroup g;
+    g.rank = dp->rank;
+    g.size = dp->size;
+    dp->compute = compute;
+    if (dp->nccl) {
+        g.backend = nccl_backend();
+        g.state = dp;
     }
-    if (differing.empty()) return;
-    if (dp.rank == 0 || dp.host_scratch[dp.rank] != dp.host_scratch[0]) {
-        dp_abort(dp, "rank(s) %s run a different configuration than rank 0 (flags, model or data differ); this rank "
-                 "has: %s", differing.c_str(), description.c_str());
-    }
-    dp_abort(dp, "rank(s) %s run a different configuration than rank 0; stopping", differing.c_str());
+    return g;
 }

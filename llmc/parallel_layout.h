@@ -20,12 +20,18 @@
 // A layout is refused, with the reason, when it cannot split the model: the sizes must divide the
 // process count, TP must divide the head count (whole heads per process) and the padded vocabulary (the
 // embedding is split by rows of wte), and there cannot be more stages than layers.
+//
+// The layout is the one owner of "where am I": built once from the flags (-tp, -pp, -z) at start-up,
+// it holds the groups, the ZeRO stage of the data-parallel group and the layers of this process's
+// pipeline stage; the trainers and the schemes (llmc/zero*.h, tensor_parallel.h, pipeline.h) ask it
+// and never derive these again.
 #pragma once
 
 #include <string>
 
+#include "comm.h"
 #include "gpt2_config.h"
-#include "process_group.h"
+#include "pipeline.h"
 #include "utils.h"
 
 struct ParallelLayout {
@@ -33,7 +39,16 @@ struct ParallelLayout {
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;  // this process's coordinates
     ProcessGroup world;
     ProcessGroup tp_group, pp_group, dp_group;  // the processes differing only in that coordinate
+    int zero_stage = 0;                         // -z: what the data-parallel group shards (llmc/zero.h)
+    int layer_begin = 0, layer_end = 0;         // this pipeline stage's layers [layer_begin, layer_end)
 };
+
+// One process holding the whole model (and the default of a model built before the layout is known).
+inline ParallelLayout single_process_layout(const GPT2Config& cfg) {
+    ParallelLayout lay;
+    lay.layer_end = cfg.num_layers;
+    return lay;
+}
 
 // The world rank of the process at (tp_rank, dp_rank, pp_rank).
 inline int layout_rank(const ParallelLayout& lay, int tp_rank, int dp_rank, int pp_rank) {
@@ -64,7 +79,8 @@ inline std::string parallel_layout_problem(int world_size, int tp, int pp, const
 
 // Splits the world into the three groups; fatal (with the reason) for a layout that cannot run.
 // Every process must call it with the same arguments.
-inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, int pp, const GPT2Config& cfg) {
+inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, int pp, int zero_stage,
+                                           const GPT2Config& cfg) {
     std::string problem = parallel_layout_problem(world.size, tp, pp, cfg);
     if (!problem.empty()) fatal("process layout: %s", problem.c_str());
     ParallelLayout lay;
@@ -75,10 +91,17 @@ inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, in
     lay.tp_rank = world.rank % tp;
     lay.dp_rank = (world.rank / tp) % lay.dp;
     lay.pp_rank = world.rank / (tp * lay.dp);
-    // color: the other two coordinates, flattened; key: the coordinate along the group
-    lay.tp_group = process_group_split(world, lay.dp_rank + lay.dp * lay.pp_rank, lay.tp_rank);
-    lay.dp_group = process_group_split(world, lay.tp_rank + tp * lay.pp_rank, lay.dp_rank);
-    lay.pp_group = process_group_split(world, lay.tp_rank + tp * lay.dp_rank, lay.pp_rank);
+    // color: the other two coordinates, flattened; key: the coordinate along the group. A dimension
+    // of size 1 is this process alone, one as large as the world is the world: neither needs a split
+    // (so data parallelism alone runs over any backend, NCCL's included)
+    auto group = [&](int size, int color, int key) {
+        return size == 1 ? ProcessGroup() : size == world.size ? world : process_group_split(world, color, key);
+    };
+    lay.tp_group = group(tp, lay.dp_rank + lay.dp * lay.pp_rank, lay.tp_rank);
+    lay.dp_group = group(lay.dp, lay.tp_rank + tp * lay.pp_rank, lay.dp_rank);
+    lay.pp_group = group(pp, lay.tp_rank + tp * lay.dp_rank, lay.pp_rank);
+    lay.zero_stage = zero_stage;
+    pp_stage_layers(cfg.num_layers, pp, lay.pp_rank, &lay.layer_begin, &lay.layer_end);
     return lay;
 }
 

@@ -29,11 +29,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "comm.h"
 #include "gpt2_config.h"
-#include "process_group.h"
 #include "utils.h"
 
 // Layers [*l0, *l1) of stage s of p for L layers.
@@ -101,77 +102,122 @@ inline int pp_activation_slots(const std::string& kind, int p, int s, int m) {
 inline double pp_bubble_formula(int p, int m) { return (double)(p - 1) / (m + p - 1); }
 
 // ----------------------------------------------------------------------------
-// Point-to-point transfers along the PP group. Sends are nonblocking from a copy (so no schedule can
-// deadlock on two stages sending to each other); receives block, and the time they wait is the idle
-// time of the stage: its share of the step is the measured bubble.
+// Point-to-point transfers along the PP group (llmc/comm.h's comm_send and comm_recv). Sends return at once
+// (from a copy, so no schedule can deadlock on two stages sending to each other); receives block, and
+// the time they wait is the idle time of the stage: its share of the step is the measured bubble.
 
 struct PipelineComm {
     ProcessGroup pp;
     double wait_seconds = 0.0;  // time spent blocked in receives since the last reset
-#ifdef USE_MPI
-    std::vector<std::vector<float>> send_buffers;
-    std::vector<MPI_Request> requests;
-#endif
 };
 
 enum { PP_TAG_ACTIVATION = 1, PP_TAG_GRADIENT = 2 };
 
 inline void pp_send(PipelineComm* c, const float* data, size_t n, int to_stage, int tag) {
-#ifdef USE_MPI
-    c->send_buffers.emplace_back(data, data + n);
-    c->requests.emplace_back();
-    mpiCheck(MPI_Isend(c->send_buffers.back().data(), (int)n, MPI_FLOAT, to_stage, tag, c->pp.comm, &c->requests.back()));
-#else
-    (void)c, (void)data, (void)n, (void)to_stage, (void)tag;
-    fatal("pipeline parallelism needs MPI");
-#endif
+    comm_send(c->pp, data, n, to_stage, tag);
 }
 
 inline void pp_recv(PipelineComm* c, float* data, size_t n, int from_stage, int tag) {
-#ifdef USE_MPI
     auto start = std::chrono::steady_clock::now();
-    mpiCheck(MPI_Recv(data, (int)n, MPI_FLOAT, from_stage, tag, c->pp.comm, MPI_STATUS_IGNORE));
+    comm_recv(c->pp, data, n, from_stage, tag);
     c->wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-#else
-    (void)c, (void)data, (void)n, (void)from_stage, (void)tag;
-    fatal("pipeline parallelism needs MPI");
-#endif
 }
 
-// Waits for this stage's sends to complete and frees their copies (end of a step's schedule).
-inline void pp_finish_sends(PipelineComm* c) {
-#ifdef USE_MPI
-    if (!c->requests.empty()) {
-        mpiCheck(MPI_Waitall((int)c->requests.size(), c->requests.data(), MPI_STATUSES_IGNORE));
+// Waits for this stage's sends to complete (end of a step's schedule).
+inline void pp_finish_sends(PipelineComm* c) { comm_finish_sends(c->pp); }
+
+// ----------------------------------------------------------------------------
+// Running a schedule, model-free: the stage's model is reached through these hooks; the runner keeps
+// the order of the schedule, moves the boundary tensors and measures the bubble.
+
+struct PipelineStageHooks {
+    size_t boundary_floats = 0;  // what crosses between stages per micro-batch: the (B, T, C) residual stream
+    std::function<void(int micro)> select;     // makes micro-batch `micro`'s activations the current ones
+    std::function<double(int micro)> forward;  // its forward; returns its mean loss on the last stage, else 0
+    std::function<void(int micro)> backward;   // its backward
+    // buffers of the current micro-batch: the forward's input (received from the previous stage) and
+    // output (sent to the next); the backward's d(loss)/d(output) (received from the next stage) and
+    // d(loss)/d(input) (sent to the previous)
+    std::function<float*()> activation_in, activation_out, gradient_in, gradient_out;
+};
+
+struct PipelineStepResult {
+    double loss_sum = 0.0;     // the sum of the micro-batches' mean losses (0 on a stage before the last)
+    std::vector<float> idle;   // per stage: the share of the pipeline's span it was not computing
+    std::string note;          // " | bubble 0.333 0.334 (formula 0.333)" for the step line
+};
+
+// One step's forwards and backwards of m micro-batches on this stage, in the order of `schedule`.
+// Every stage of the PP group calls it. The measured bubble: a stage's time blocked in receives (or
+// done early) as a share of the span of the slowest stage.
+inline PipelineStepResult pipeline_run(PipelineComm* comm, const std::string& schedule, int m,
+                                       const PipelineStageHooks& h) {
+    const ProcessGroup& pp = comm->pp;
+    bool first = pp.rank == 0, last = pp.rank == pp.size - 1;
+    size_t n = h.boundary_floats;
+    PipelineStepResult result;
+    comm->wait_seconds = 0.0;
+    auto start = std::chrono::steady_clock::now();
+    for (const PipelineOp& op : pp_schedule(schedule, pp.size, pp.rank, m)) {
+        h.select(op.micro);
+        if (op.forward) {
+            if (!first) pp_recv(comm, h.activation_in(), n, pp.rank - 1, PP_TAG_ACTIVATION);
+            result.loss_sum += h.forward(op.micro);
+            if (!last) pp_send(comm, h.activation_out(), n, pp.rank + 1, PP_TAG_ACTIVATION);
+        } else {
+            if (!last) pp_recv(comm, h.gradient_in(), n, pp.rank + 1, PP_TAG_GRADIENT);
+            h.backward(op.micro);
+            if (!first) pp_send(comm, h.gradient_out(), n, pp.rank - 1, PP_TAG_GRADIENT);
+        }
     }
-    c->requests.clear();
-    c->send_buffers.clear();
-#else
-    (void)c;
-#endif
+    pp_finish_sends(comm);
+    double span_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    int p = pp.size;
+    std::vector<float> busy(p, 0.0f), span(p, 0.0f);
+    busy[pp.rank] = (float)(span_s - comm->wait_seconds);
+    span[pp.rank] = (float)span_s;
+    all_reduce_sum(pp, busy.data(), p);
+    all_reduce_max(pp, span.data(), p);
+    float longest = *std::max_element(span.begin(), span.end());
+    result.idle.resize(p);
+    result.note = " | bubble";
+    for (int s = 0; s < p; s++) {
+        result.idle[s] = 1.0f - busy[s] / longest;
+        result.note += " " + std::to_string(result.idle[s]).substr(0, 5);
+    }
+    result.note += " (formula " + std::to_string(pp_bubble_formula(p, m)).substr(0, 5) + ")";
+    return result;
+}
+
+// One micro-batch's forward through the stages, no backward (evaluation). Returns its mean loss on the
+// last stage, else 0.
+inline double pipeline_forward_only(PipelineComm* comm, const PipelineStageHooks& h) {
+    const ProcessGroup& pp = comm->pp;
+    h.select(0);
+    if (pp.rank > 0) pp_recv(comm, h.activation_in(), h.boundary_floats, pp.rank - 1, PP_TAG_ACTIVATION);
+    double loss = h.forward(0);
+    if (pp.rank < pp.size - 1) pp_send(comm, h.activation_out(), h.boundary_floats, pp.rank + 1, PP_TAG_ACTIVATION);
+    pp_finish_sends(comm);
+    return loss;
 }
 
 // Whole vectors of different lengths from every stage to stage 0 (checkpoints): returns them there,
 // in stage order; elsewhere an empty list.
 inline std::vector<std::vector<float>> pp_gather_vectors(const ProcessGroup& pp, const std::vector<float>& mine) {
     std::vector<std::vector<float>> all;
-#ifdef USE_MPI
     if (pp.rank != 0) {
-        unsigned long long n = mine.size();
-        mpiCheck(MPI_Send(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, 0, pp.comm));
-        mpiCheck(MPI_Send(mine.data(), (int)n, MPI_FLOAT, 0, 0, pp.comm));
+        uint64_t n = mine.size();
+        comm_send(pp, &n, 1, 0, 0);
+        comm_send(pp, mine.data(), n, 0, 0);
+        comm_finish_sends(pp);
         return all;
     }
     all.push_back(mine);
     for (int s = 1; s < pp.size; s++) {
-        unsigned long long n = 0;
-        mpiCheck(MPI_Recv(&n, 1, MPI_UNSIGNED_LONG_LONG, s, 0, pp.comm, MPI_STATUS_IGNORE));
+        uint64_t n = 0;
+        comm_recv(pp, &n, 1, s, 0);
         all.emplace_back(n);
-        mpiCheck(MPI_Recv(all.back().data(), (int)n, MPI_FLOAT, s, 0, pp.comm, MPI_STATUS_IGNORE));
+        comm_recv(pp, all.back().data(), n, s, 0);
     }
-#else
-    all.push_back(mine);
-    (void)pp;
-#endif
     return all;
 }

@@ -27,10 +27,10 @@
 #include <cstring>
 #include <vector>
 
+#include "comm.h"
 #include "encoder.h"
 #include "gpt2_config.h"
 #include "matmul.h"
-#include "process_group.h"
 
 // True for the tensors that every TP rank holds whole.
 inline bool tp_param_is_replicated(int i) {

@@ -12,10 +12,11 @@
 
 #include "args.h"
 #include "checkpoint.h"
+#include "comm.h"
 #include "dataloader.h"
 #include "gpt2_config.h"
 #include "loss_scaler.h"
-#include "process_group.h"
+#include "output_lock.h"
 #include "prompt.h"
 #include "rand.h"
 #include "sampler.h"
@@ -72,6 +73,46 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
     s->consecutive = state.consecutive_skipped;
     s->skipped_total = state.skipped_total;
     s->updates = state.updates;
+}
+
+// One run per output directory (llmc/output_lock.h): process 0 makes -o and locks it until it ends.
+inline void output_dir_lock_for_run(const TrainArgs& args, int rank) {
+    if (!args.output_dir.empty() && rank == 0) {
+        make_dir_check(args.output_dir);
+        output_dir_lock(args.output_dir);
+    }
+}
+
+// -y 1: the newest complete checkpoint in -o, whose model file the run starts from; -1 (from -e) when
+// not resuming or when there is none.
+inline int resume_step_from_args(const TrainArgs& args) {
+    if (!args.resume) return -1;
+    int step = (int)checkpoint_find_latest(args.output_dir);
+    if (step < 0) {
+        printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
+    } else {
+        printf("resume: continuing from step %d in %s\n", step, args.output_dir.c_str());
+    }
+    return step;
+}
+
+inline void print_model_summary(const GPT2Config& cfg, size_t num_parameters) {
+    printf("model: L=%d C=%d NH=%d maxT=%d V=%d (padded %d), %zu parameters\n", cfg.num_layers, cfg.channels,
+           cfg.num_heads, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size, num_parameters);
+}
+
+// The end of every checkpoint: this process's state file (with the loss scaler's counters), then, once
+// every process has written its files, the DONE marker that makes the checkpoint complete.
+// barrier(what) waits for every process of the run.
+template <typename Barrier>
+void checkpoint_finish(const std::string& dir, int step, int rank, TrainState* state, const LossScaler& scaler,
+                       Barrier barrier) {
+    train_state_set_scaler(state, scaler);
+    state_file_write(checkpoint_state_path(dir, step, rank), *state);
+    barrier("the other processes' checkpoint files");
+    if (rank == 0) checkpoint_mark_done(dir, step);
+    barrier("rank 0's checkpoint marker");
+    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
 // The data of one process and the step count it gives: the train loader (shuffled unless -sh 0), the

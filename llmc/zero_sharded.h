@@ -30,8 +30,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "comm.h"
 #include "gpt2_config.h"
-#include "process_group.h"
 #include "utils.h"
 #include "zero.h"
 
@@ -53,7 +53,6 @@ constexpr int ZERO_OUTER_UNIT = 0;
 inline int zero_block_unit(int layer) { return 1 + layer; }
 
 struct ZeroSharding {
-    int stage = 0;  // 2 or 3; 0 when unused
     ProcessGroup pg;
     ShardLayout shard;
     std::vector<ZeroUnit> units;  // (1 + L)
@@ -86,10 +85,10 @@ inline std::vector<ZeroUnit> zero_units(const GPT2Config& cfg) {
     return units;
 }
 
-// Splits each unit by shard and allocates the buffers of the stage.
+// Splits each unit by shard and allocates the buffers of stage 2, or of stage 3 (shard_params: the
+// parameters are sharded too, and gathered into buffers of their own).
 inline void zero_sharding_init(ZeroSharding* zs, const GPT2Config& cfg, const ProcessGroup& pg,
-                               const ShardLayout& shard, int stage) {
-    zs->stage = stage;
+                               const ShardLayout& shard, bool shard_params) {
     zs->pg = pg;
     zs->shard = shard;
     zs->units = zero_units(cfg);
@@ -111,7 +110,7 @@ inline void zero_sharding_init(ZeroSharding* zs, const GPT2Config& cfg, const Pr
     zs->outer_grads.assign(zs->units[ZERO_OUTER_UNIT].size, 0.0f);
     zs->block_grads.assign(block_size, 0.0f);
     zs->shard_part.assign(block_size, 0.0f);  // a reduce-scatter piece (zero_reduce_scatter_unit)
-    if (stage == 3) {
+    if (shard_params) {
         zs->outer_params.assign(zs->units[ZERO_OUTER_UNIT].size, 0.0f);
         zs->block_params[0].assign(block_size, 0.0f);
         zs->block_params[1].assign(block_size, 0.0f);

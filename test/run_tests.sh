@@ -110,6 +110,10 @@ run_kernels_both_orders() {
 start_all=$(date +%s)
 
 run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
+# llmc/comm.h's calls checked against their definitions on the MPI backend (needs mpirun)
+if command -v mpirun >/dev/null && [ -x build/comm_check ]; then
+    run_suite comm-mpi-np3 cpu "$(mpirun_np 3) build/comm_check"
+fi
 
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
 # their time on two cores): the emulator's own tests and the bf16 build in one, the fp32 and fp16
@@ -120,6 +124,7 @@ lane_a() {
     run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"
     run_suite emu-nccl-np3 emulated "$(mpirun_np 3) $emu_build/test_nccl_emu"
     run_suite emu-nccl-nompi emulated "$emu_build/test_nccl_emu --no-mpi"
+    run_suite comm-nccl-np3 emulated "EMU_DEVICE_COUNT=3 $(mpirun_np 3) -x EMU_DEVICE_COUNT $emu_build/comm_check_nccl"
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
     run_kernels_both_orders bf16 test_gpt2cu_emu
     run_suite gpu-suite-bf16 emulated "./test_gpt2cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"

@@ -376,7 +376,7 @@ TEST(BootstrapLaunch, MethodFromFlagsAndEnvironment) {
     ScopedEnv ompi("OMPI_COMM_WORLD_SIZE", nullptr), pmi("PMI_SIZE", nullptr), pmix("PMIX_RANK", nullptr);
     LaunchMethod m;
     std::string error;
-    TrainArgs args;
+    LaunchSettings args;
     EXPECT_TRUE(choose_launch_method(args, true, &m, &error)) << error;
     EXPECT_EQ(m, LaunchMethod::Single) << "auto, no MPI launcher: one GPU, no NCCL";
     {

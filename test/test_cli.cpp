@@ -19,7 +19,7 @@
 #include "../llmc/logger.h"
 #include "../llmc/loss_scaler.h"
 #include "../llmc/output_lock.h"
-#include "../llmc/process_group.h"
+#include "../llmc/comm_mpi.h"
 #include "../llmc/schedulers.h"
 #include "test_helpers.h"
 

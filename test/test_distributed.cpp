@@ -186,7 +186,7 @@ void memory_line(const std::string& output, const std::string& label, double* al
 // ODD model: 14343 parameters, a padded shard with 2 processes). Same tolerances as above.
 // The start-up table: each term is the ZeRO formula (computed here from Ψ and N) plus at most the
 // padding of the shards: fewer than N elements (4 bytes each, 8 for the two moments).
-// Communication (metrics.jsonl, ring model of llmc/process_group.h): -z 0 all-reduces Ψ once per step,
+// Communication (metrics.jsonl, ring model of llmc/comm.h): -z 0 all-reduces Ψ once per step,
 // 16Ψ(N-1)/N bytes; -z 2 reduce-scatters Ψ every micro-step and all-gathers Ψ once,
 // (8*accum + 8)Ψ(N-1)/N; -z 3 gathers the parameters twice per micro-step (the backward skips unit 0)
 // and never after the update, so it moves more than -z 2. 1% covers the per-unit rounding of N.

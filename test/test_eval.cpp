@@ -31,7 +31,7 @@
 #include "../llmc/layernorm.h"
 #include "../llmc/logger.h"
 #include "../llmc/matmul.h"
-#include "../llmc/process_group.h"
+#include "../llmc/comm_mpi.h"
 #include "../llmc/prompt.h"
 #include "../llmc/rand.h"
 #include "../llmc/residual.h"

@@ -17,7 +17,7 @@
 DEVCUDA_PROGRAMS := $(sort $(basename $(notdir $(wildcard dev/cuda/*.cu))))
 DEVCUDA_BUILD := $(EMU_BUILD)/devcuda
 DEVCUDA_BINS := $(addprefix $(DEVCUDA_BUILD)/,$(DEVCUDA_PROGRAMS))
-# llmc/mma.cuh includes dev/emu/mma_emu.h under CUDA_EMULATION
+# prelude.h brings dev/emu/mma_emu.h: the wrappers llmc/mma.cuh leaves to the emulator
 DEVCUDA_FLAGS = $(EMU_CU_FLAGS) -I$(EMU_DIR) -fopenmp -Wno-unknown-pragmas
 DEVCUDA_LINK = $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS) -lgomp $(EMU_LDLIBS)
 

@@ -21,7 +21,8 @@ EMU_FLAVOR_STAMP := build/emu-flavor-$(if $(filter 1,$(EMU_ASAN)),asan,plain)
 EMU_OPT ?= -O2
 EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
 # for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
-# -I$(EMU_DIR): llmc/mma.cuh includes mma_emu.h (the emulated mma.sync, ldmatrix, cp.async)
+# -I$(EMU_DIR): sources that include the emulator's own headers; prelude.h brings mma_emu.h (the emulated
+# mma.sync, ldmatrix, cp.async behind llmc/mma.cuh's wrappers)
 EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -I$(EMU_DIR) -x c++ -include $(EMU_DIR)/prelude.h
 EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there

@@ -1,5 +1,6 @@
-// The tensor-core primitives of llmc/mma.cuh, emulated (llmc/mma.cuh includes this file when
-// CUDA_EMULATION is defined; dev/emu/emu.mk and devcuda.mk put dev/emu on the include path). Semantics from the
+// The tensor-core primitives of llmc/mma.cuh, emulated: the wrappers at the end of this file take the
+// place of mma.cuh's inline PTX (which mma.cuh leaves out under CUDA_EMULATION). prelude.h includes
+// this file, so every emulated source has them and nothing in llmc/ names the emulator. Semantics from the
 // PTX ISA: "Warp-level matrix load instruction: ldmatrix", "Matrix Fragments for mma.m16n8k16 with
 // floating point type" and "Data movement: cp.async". Tests: dev/emu/test_mma_emu.cpp.
 //
@@ -223,3 +224,14 @@ inline void cp_async_wait(int pending) {
 }
 
 }  // namespace emu_mma
+
+// llmc/mma.cuh's wrappers (the names its kernels call), with the emulated bodies above.
+inline void cp_async16(void* shared, const void* global) { emu_mma::cp_async16(shared, global); }
+inline void cp_async_commit() { emu_mma::cp_async_commit(); }
+template <int pending>
+inline void cp_async_wait() {
+    emu_mma::cp_async_wait(pending);
+}
+inline void ldmatrix_x4(uint32_t* r, const void* shared) { emu_mma::ldmatrix_x4(r, shared, false); }
+inline void ldmatrix_x4_trans(uint32_t* r, const void* shared) { emu_mma::ldmatrix_x4(r, shared, true); }
+inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) { emu_mma::mma_bf16_16816(d, a, b); }

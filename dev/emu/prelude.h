@@ -25,3 +25,6 @@
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+
+// the tensor-core primitives that llmc/mma.cuh declares only for the GPU (ldmatrix, mma.sync, cp.async)
+#include "mma_emu.h"

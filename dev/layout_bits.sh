@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Before/after check for changes that must keep every bit: builds train_gpt2 at a base commit (in a
+# temporary git worktree) and at the working tree, runs both over a set of CPU process layouts on the
+# same tiny model and data, and compares, byte for byte, each run's per-step losses and gradient norms
+# (metrics.jsonl, timings left out) and every file of its final checkpoint (model, state files).
+#
+#   dev/layout_bits.sh [BASE_REF]          default BASE_REF: HEAD (compare uncommitted changes)
+#   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
+#
+# Needs mpirun (scripts/install_deps.sh) and the PyTorch oracle (test/oracle/gpt2_oracle.py, for the
+# model and data files). Prints one line per layout and exits non-zero if any differ. Both binaries are
+# built with the same compiler and flags on this machine, so any difference is the code's.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+base_ref="${1:-HEAD}"
+work="$(mktemp -d /tmp/layout_bits.XXXXXX)"
+python="$("$root/scripts/find_python.sh")"
+trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+echo "layout_bits: base $(git -C "$root" rev-parse --short "$base_ref") vs the working tree; scratch in $work"
+git -C "$root" worktree add --detach "$work/base" "$base_ref" >/dev/null 2>&1
+make -C "$work/base" -s train_gpt2 >/dev/null
+make -C "$root" -s train_gpt2 >/dev/null
+cp "$work/base/train_gpt2" "$work/train_gpt2.base"
+cp "$root/train_gpt2" "$work/train_gpt2.new"
+
+# L=5, C=32: pipelines of 2 and 4 stages split it unevenly; 300 tokens of vocabulary, 4 heads.
+"$python" "$root/test/oracle/gpt2_oracle.py" --out "$work/data" --layers 5 --channels 32 --heads 4 \
+    --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 8192 >/dev/null
+
+mpi="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+# name | processes | flags (each layout trains 6 steps of 256 tokens, a checkpoint at 3 and 6; with
+# -v the val loss of 2 batches of the train shard, with -s a sample of 8 tokens, printed as ids)
+layouts=(
+    "single|1|"
+    "single_r3|1|-r 3"
+    "single_eval|1|-v 3 -m 2 -s 3 -g 8"
+    "dp2_z0|2|-z 0"
+    "dp2_z1|2|-z 1"
+    "dp2_z2|2|-z 2"
+    "dp2_z3|2|-z 3"
+    "dp2_z3_eval|2|-z 3 -v 3 -m 2 -s 3 -g 8"
+    "dp4_z1|4|-z 1"
+    "tp2|2|-tp 2"
+    "tp2_dp2_z1|4|-tp 2 -z 1"
+    "pp2_gpipe|2|-pp 2 -pm gpipe"
+    "pp2_1f1b|2|-pp 2 -pm 1f1b"
+    "pp2_eval|2|-pp 2 -v 3 -m 2"
+    "pp4_1f1b|4|-pp 4 -pm 1f1b"
+    "tp2_pp2|4|-tp 2 -pp 2"
+    "pp2_dp2_z1|4|-pp 2 -z 1"
+    "resume_dp2|2|-z 1 RESUME"
+)
+
+run_layout() {  # binary name np flags dir
+    local bin=$1 np=$2 flags=$3 dir=$4 resume=0
+    if [[ "$flags" == *RESUME* ]]; then resume=1; flags="${flags/RESUME/}"; fi
+    local cmd="$work/$bin -e $work/data/model.bin -i $work/data/train.bin -b 2 -t 16 -d 256 -l 1e-3 -c 0.1 -u 1 \
+        -q 0.5 -v 0 -s 0 -n 3 -x 6 -j $work/data/train.bin -o $dir $flags"
+    local launch="env OMP_NUM_THREADS=1"
+    [ "$np" -gt 1 ] && launch="env OMP_NUM_THREADS=1 $mpi -np $np"
+    [ "$np" -eq 1 ] && launch="env OMP_NUM_THREADS=2"
+    if [ $resume -eq 1 ]; then  # the whole run, then step 6's checkpoint removed and resumed from step 3's
+        $launch $cmd >"$dir.log1" 2>&1
+        rm -f "$dir"/*00000006*
+        $launch $cmd -y 1 >"$dir.log" 2>&1
+    else
+        $launch $cmd >"$dir.log" 2>&1
+    fi
+}
+
+# the per-step numbers of a run, without its timings
+step_numbers() {
+    "$python" - "$1/metrics.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print({k: r[k] for k in sorted(r) if k in ("step", "train_loss", "grad_norm", "lr", "val_loss", "skipped")})
+EOF
+}
+
+# the samples a run printed
+samples() { sed -n '/^--- sample ---$/,/^--------------$/p' "$1"; }
+
+selected="${LAYOUTS:-}"
+failed=0
+for entry in "${layouts[@]}"; do
+    IFS='|' read -r name np flags <<<"$entry"
+    if [ -n "$selected" ] && [[ " $selected " != *" $name "* ]]; then continue; fi
+    for side in base new; do
+        run_layout "train_gpt2.$side" "$np" "$flags" "$work/$side.$name" || {
+            echo "layout_bits: $name: the $side binary failed (log: $work/$side.$name.log)"; tail -5 "$work/$side.$name.log"
+            failed=1; continue 2; }
+    done
+    verdict="same bits"
+    if ! diff <(step_numbers "$work/base.$name") <(step_numbers "$work/new.$name") >/dev/null; then
+        verdict="DIFFERENT per-step numbers"
+    elif ! diff <(samples "$work/base.$name.log") <(samples "$work/new.$name.log") >/dev/null; then
+        verdict="DIFFERENT samples"
+    fi
+    for f in "$work/base.$name"/model_00000006.bin "$work/base.$name"/state_00000006_*.bin; do
+        [ -e "$f" ] || { verdict="no final checkpoint"; break; }
+        cmp -s "$f" "$work/new.$name/$(basename "$f")" || { verdict="DIFFERENT $(basename "$f")"; break; }
+    done
+    [ "$verdict" = "same bits" ] || failed=1
+    printf 'layout_bits: %-12s %d process(es) %-24s %s (%d steps)\n' "$name" "$np" "${flags:--}" "$verdict" \
+        "$(grep -c train_loss "$work/new.$name/metrics.jsonl")"
+done
+if [ $failed -ne 0 ]; then
+    echo "layout_bits: FAILED (scratch kept in $work)"
+    trap - EXIT
+    exit 1
+fi
+echo "layout_bits: every layout gives the same bits"

@@ -1,0 +1,299 @@
+// One communicator interface for all the parallel code: the ZeRO stages, tensor and pipeline
+// parallelism, the process layout and the run loop call these functions and nothing below them.
+//
+// A ProcessGroup is a set of processes (all of them, or one dimension of a layout: llmc/parallel_layout.h)
+// together with the backend that moves data between them:
+//   MPI   on host buffers (llmc/comm_mpi.h; the CPU trainer). Every call returns when its work is done.
+//   NCCL  on device buffers (llmc/nccl.cuh; the CUDA trainer). A collective is queued on the group's
+//         communication stream behind the work queued so far on the caller's compute stream, and
+//         returns at once; comm_join makes the compute stream wait for the collectives queued so far.
+//         The calls on host values (a double's sum, a barrier, the configuration check) wait for their
+//         result, through a watchdog that gives up after -pt seconds.
+// A group of one process (no backend) makes every collective the identity, so single-process code
+// calls the same functions. Every process of a group must make the same calls in the same order.
+//
+// The element type travels with each call (CommType), so one interface serves fp32 host buffers and
+// bf16 device ones. Sums of floats are computed in the element type, in an order that is fixed for a
+// given group size: runs are reproducible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "utils.h"
+
+enum CommType { COMM_FLOAT32, COMM_FLOAT64, COMM_BFLOAT16, COMM_FLOAT16, COMM_UINT64 };
+enum CommOp { COMM_SUM, COMM_MAX };
+
+inline size_t comm_type_bytes(CommType t) {
+    switch (t) {
+        case COMM_FLOAT64: case COMM_UINT64: return 8;
+        case COMM_BFLOAT16: case COMM_FLOAT16: return 2;
+        default: return 4;
+    }
+}
+
+struct ProcessGroup;
+
+// An operation a backend has started and the caller waits for later (all_gather_v_start).
+struct CommBackend;
+struct CommRequest {
+    bool pending = false;
+    const CommBackend* backend = nullptr;      // who waits for it (null: nothing to wait for)
+    alignas(8) unsigned char handle[16] = {};  // the backend's handle (an MPI_Request)
+};
+
+// What a backend provides. Buffers are the backend's kind of memory (host for MPI, device for NCCL);
+// `count` is elements, in place unless a call names two buffers.
+struct CommBackend {
+    const char* name;
+    // data (n) = the element-wise op over every process's data
+    void (*all_reduce)(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op);
+    // data (n) on process root = the sum over every process's data (others' data unspecified after)
+    void (*reduce)(const ProcessGroup& g, void* data, size_t n, CommType type, int root);
+    // data holds size blocks of count; afterwards block rank is the sum of every process's block rank
+    // (the other blocks are unspecified)
+    void (*reduce_scatter)(const ProcessGroup& g, void* data, size_t count, CommType type);
+    // data holds size blocks of count, block rank filled by each process; afterwards all are everywhere
+    void (*all_gather)(const ProcessGroup& g, void* data, size_t count, CommType type);
+    // process r's counts[r] elements at displs[r] of full, to every process; started, then waited for
+    void (*all_gather_v_start)(const ProcessGroup& g, void* full, const int* counts, const int* displs,
+                               CommType type, CommRequest* request);
+    void (*wait)(CommRequest* request);
+    // mine (counts[rank]) = the sum over processes of their full's part rank (parts in rank order)
+    void (*reduce_scatter_v)(const ProcessGroup& g, const void* full, void* mine, const int* counts, CommType type);
+    // data (n) of process root, to every process
+    void (*broadcast)(const ProcessGroup& g, void* data, size_t n, CommType type, int root);
+    // every process's mine (n) to process 0's all (size * n), in rank order
+    void (*gather)(const ProcessGroup& g, const void* mine, size_t n, void* all, CommType type);
+    // point to point: send returns at once (the data is copied or queued), finish_sends waits for this
+    // process's sends so far; recv returns when the data is there
+    void (*send)(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int tag);
+    void (*recv)(const ProcessGroup& g, void* data, size_t n, CommType type, int peer, int tag);
+    void (*finish_sends)(const ProcessGroup& g);
+    // host values: the sum of a double, every process's 64-bit value (all: size of them); both wait
+    double (*sum_host)(const ProcessGroup& g, double value, const char* what);
+    void (*all_gather_host_u64)(const ProcessGroup& g, uint64_t value, uint64_t* all, const char* what);
+    void (*barrier)(const ProcessGroup& g, const char* what);
+    // several collectives issued as one (NCCL's group calls); MPI's run one by one
+    void (*group_start)(const ProcessGroup& g);
+    void (*group_end)(const ProcessGroup& g);
+    // the caller's compute stream waits for the collectives queued so far (NCCL; MPI: nothing to do)
+    void (*join)(const ProcessGroup& g);
+    // ends the whole run with a message, without waiting for the other processes
+    void (*abort)(const ProcessGroup& g, const std::string& message);  // does not return
+    // the processes of g with the same color, ordered by key (one sub-group per color); collective
+    ProcessGroup (*split)(const ProcessGroup& g, int color, int key);
+};
+
+// A set of processes and this process's place in it, and how to reach the others.
+struct ProcessGroup {
+    int rank = 0;
+    int size = 1;
+    const CommBackend* backend = nullptr;  // null: this process alone
+    void* state = nullptr;                 // the backend's (its MPI communicator, its NCCL communicator)
+};
+
+inline bool comm_active(const ProcessGroup& g) { return g.size > 1 && g.backend != nullptr; }
+
+// Bytes this process has sent plus received in the collectives on parameters and gradients (the few
+// bytes of scalar sums left out), counted as a ring algorithm moves them: in a gather or a
+// reduce-scatter every process sends and receives every block but its own; an all-reduce is a
+// reduce-scatter followed by an all-gather. The trainers log the growth per step (metrics.jsonl).
+inline uint64_t comm_bytes_moved = 0;
+
+inline void comm_count(const ProcessGroup& g, size_t total_elements, size_t my_elements, size_t element_bytes) {
+    if (g.size > 1) comm_bytes_moved += 2 * (uint64_t)(total_elements - my_elements) * element_bytes;
+}
+
+template <typename T> constexpr CommType comm_type_of();
+template <> constexpr CommType comm_type_of<float>() { return COMM_FLOAT32; }
+template <> constexpr CommType comm_type_of<double>() { return COMM_FLOAT64; }
+template <> constexpr CommType comm_type_of<uint64_t>() { return COMM_UINT64; }
+
+// ----------------------------------------------------------------------------
+// The calls the parallel code makes. T is float or double on the host, or (under NCCL) the device's
+// element type, whose CommType the caller passes in the typed forms.
+
+// An all-reduce moves twice a reduce-scatter's bytes (a reduce-scatter, then an all-gather); sums of
+// doubles (statistics such as the vocabulary-parallel loss's) are not parameters or gradients and go
+// uncounted, as do maxima.
+inline void all_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op) {
+    if (op == COMM_SUM && type != COMM_FLOAT64) comm_count(g, n, n / g.size, 2 * comm_type_bytes(type));
+    if (comm_active(g)) g.backend->all_reduce(g, data, n, type, op);
+}
+
+// In-place sum across processes of data[n].
+template <typename T>
+void all_reduce_sum(const ProcessGroup& g, T* data, size_t n) {
+    all_reduce(g, data, n, comm_type_of<T>(), COMM_SUM);
+}
+
+// In-place element-wise maximum across processes of data[n].
+inline void all_reduce_max(const ProcessGroup& g, float* data, size_t n) { all_reduce(g, data, n, COMM_FLOAT32, COMM_MAX); }
+
+// The sum across processes of a host value (a loss, a count); waits for it. `what` names it if a
+// process waits too long for the others.
+inline double all_reduce_sum(const ProcessGroup& g, double value, const char* what = "a sum over processes") {
+    return comm_active(g) ? g.backend->sum_host(g, value, what) : value;
+}
+
+// data[n] on process root = the sum over processes (the gradients' owner under ZeRO-1).
+inline void reduce_sum(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+    comm_count(g, n, n / g.size, comm_type_bytes(type));
+    if (comm_active(g)) g.backend->reduce(g, data, n, type, root);
+}
+
+// data holds size * count elements; afterwards data[rank*count .. (rank+1)*count) is the sum across
+// processes of that block (the other blocks are left as they were on the host, unspecified on a device).
+inline void reduce_scatter_sum(const ProcessGroup& g, void* data, size_t count, CommType type) {
+    comm_count(g, count * g.size, count, comm_type_bytes(type));
+    if (comm_active(g)) g.backend->reduce_scatter(g, data, count, type);
+}
+inline void reduce_scatter_sum(const ProcessGroup& g, float* data, size_t count) {
+    reduce_scatter_sum(g, data, count, COMM_FLOAT32);
+}
+
+// data holds size * count elements; gathers every process's block rank*count .. into all of them.
+inline void all_gather(const ProcessGroup& g, void* data, size_t count, CommType type) {
+    comm_count(g, count * g.size, count, comm_type_bytes(type));
+    if (comm_active(g)) g.backend->all_gather(g, data, count, type);
+}
+inline void all_gather(const ProcessGroup& g, float* data, size_t count) { all_gather(g, data, count, COMM_FLOAT32); }
+
+// Process `root`'s data[n] to every process of the group.
+inline void broadcast(const ProcessGroup& g, float* data, size_t n, int root) {
+    if (comm_active(g)) g.backend->broadcast(g, data, n, COMM_FLOAT32, root);
+}
+
+// Every process's mine[n] to process 0, which receives them in rank order in all[size * n].
+inline void gather(const ProcessGroup& g, const float* mine, size_t n, float* all) {
+    if (comm_active(g)) {
+        g.backend->gather(g, mine, n, all, COMM_FLOAT32);
+    } else {
+        std::copy(mine, mine + n, all);
+    }
+}
+
+// gather(), counted in comm_bytes_moved: process 0 receives every process's count elements in rank
+// order into full (size * count; ignored elsewhere), the sharded parameters assembled for a model file.
+inline void gather_to_rank0(const ProcessGroup& g, const float* mine, size_t count, float* full) {
+    if (g.size > 1) comm_bytes_moved += (uint64_t)(g.rank == 0 ? count * (g.size - 1) : count) * sizeof(float);
+    gather(g, mine, count, full);
+}
+
+inline void barrier(const ProcessGroup& g, const char* what = "the other processes") {
+    if (comm_active(g)) g.backend->barrier(g, what);
+}
+
+// ----------------------------------------------------------------------------
+// Collectives with a different count per process (ZeRO-2/3, llmc/zero_sharded.h). counts[r] elements
+// belong to process r and sit at displs[r] in the full buffer, in rank order.
+
+// full holds sum(counts); process r's own part is already at displs[r]. Afterwards every part is
+// everywhere. Started here and finished by all_gather_v_wait, so the caller can compute meanwhile (MPI
+// may make most of the progress only inside the wait).
+using GatherRequest = CommRequest;
+
+inline void all_gather_v_start(const ProcessGroup& g, float* full, const std::vector<int>& counts,
+                               const std::vector<int>& displs, GatherRequest* req) {
+    size_t total = 0;
+    for (int c : counts) total += (size_t)c;
+    comm_count(g, total, (size_t)counts[g.rank], sizeof(float));
+    req->pending = true;
+    req->backend = nullptr;
+    if (comm_active(g)) {
+        req->backend = g.backend;
+        g.backend->all_gather_v_start(g, full, counts.data(), displs.data(), COMM_FLOAT32, req);
+    }
+}
+
+inline void all_gather_v_wait(GatherRequest* req) {
+    if (req->backend != nullptr) req->backend->wait(req);
+    req->pending = false;
+    req->backend = nullptr;
+}
+
+// full holds sum(counts) elements on every process; mine receives counts[rank] elements: the sum across
+// processes of this process's part.
+inline void reduce_scatter_v_sum(const ProcessGroup& g, const float* full, float* mine, const std::vector<int>& counts) {
+    size_t total = 0;
+    for (int c : counts) total += (size_t)c;
+    comm_count(g, total, (size_t)counts[g.rank], sizeof(float));
+    if (comm_active(g)) {
+        g.backend->reduce_scatter_v(g, full, mine, counts.data(), COMM_FLOAT32);
+    } else {
+        std::copy(full, full + counts[0], mine);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Point to point (pipeline stages), issue order between two processes is delivery order per tag.
+
+template <typename T>
+void comm_send(const ProcessGroup& g, const T* data, size_t n, int peer, int tag) {
+    if (g.backend == nullptr) fatal("send to process %d: this process is alone (pipeline parallelism needs MPI)", peer);
+    g.backend->send(g, data, n, comm_type_of<T>(), peer, tag);
+}
+template <typename T>
+void comm_recv(const ProcessGroup& g, T* data, size_t n, int peer, int tag) {
+    if (g.backend == nullptr) fatal("receive from process %d: this process is alone (pipeline parallelism needs MPI)", peer);
+    g.backend->recv(g, data, n, comm_type_of<T>(), peer, tag);
+}
+inline void comm_finish_sends(const ProcessGroup& g) {
+    if (g.backend != nullptr) g.backend->finish_sends(g);
+}
+
+// ----------------------------------------------------------------------------
+// Grouping, stream order, the end of a run
+
+inline void comm_group_start(const ProcessGroup& g) {
+    if (comm_active(g)) g.backend->group_start(g);
+}
+inline void comm_group_end(const ProcessGroup& g) {
+    if (comm_active(g)) g.backend->group_end(g);
+}
+inline void comm_join(const ProcessGroup& g) {
+    if (comm_active(g)) g.backend->join(g);
+}
+
+// The processes of `parent` with the same color, ordered by key: one sub-group per color. Every process
+// of parent must call it. A group of one splits into itself.
+inline ProcessGroup process_group_split(const ProcessGroup& parent, int color, int key) {
+    if (!comm_active(parent)) return ProcessGroup();
+    return parent.backend->split(parent, color, key);
+}
+
+// Ends the run on every process: this one prints the message and aborts the backend (MPI_Abort,
+// ncclCommAbort), which takes the others down with it.
+[[noreturn]] inline void comm_abort(const ProcessGroup& g, const std::string& message) {
+    if (g.backend != nullptr) g.backend->abort(g, message);
+    fatal("%s", message.c_str());
+}
+
+// Every process must run the same configuration: one started with other flags, another model or other
+// data would silently train something else. Each process hashes its description (flags, model shape, a
+// checksum of the initial weights) and the group all-gathers the hashes; every process sees the same
+// table, so all stop together, process 0 naming the ones that differ and each of those printing what
+// it runs.
+inline void check_same_config(const ProcessGroup& g, const std::string& description) {
+    if (!comm_active(g)) return;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
+    std::vector<uint64_t> hashes(g.size);
+    g.backend->all_gather_host_u64(g, hash, hashes.data(), "the configuration check at start-up");
+    std::string differing;
+    for (int r = 1; r < g.size; r++) {
+        if (hashes[r] != hashes[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (differing.empty()) return;
+    if (g.rank == 0 || hashes[g.rank] != hashes[0]) {
+        comm_abort(g, "process(es) " + differing + " run a different configuration than process 0 (flags, model or "
+                   "data differ); this process has: " + description);
+    }
+    comm_abort(g, "process(es) " + differing + " run a different configuration than process 0; stopping");
+}

@@ -1,0 +1,244 @@
+// The training run, once for both trainers: what happens at each step and in which order, given a
+// small set of hooks through which a trainer runs its model. The trainer owns the model (its memory,
+// forward, backward, update, where its parameters live); this file owns everything around it:
+//
+//   for step = start .. max_steps:
+//       val loss (-v), HellaSwag (-he)            hooks.eval_loss over -m val batches; hooks.hellaswag
+//       checkpoint (-n)                           hooks.save_checkpoint
+//       sample (-s)                               hooks.sample
+//       (the last step only evaluates, checkpoints and samples)
+//       zero_grad; read the step's micro-batches  hooks.zero_grad; the train loader
+//       forward and backward of every micro-batch hooks.forward_backward (a pipeline runs its schedule)
+//       combine the gradients: global norm       hooks.reduce_gradients
+//       skip a non-finite step, or update        llmc/loss_scaler.h; hooks.update
+//       the step line and metrics.jsonl          timings by phase (llmc/phase_timer.h), MFU
+//
+// At step N the parameters have had N updates. Every process runs the loop; the hooks that involve
+// other processes (sums, checkpoints, a sample under ZeRO-3) are collective and every process reaches
+// them at the same point of the same step. Only process 0 prints and logs (the others' stdout is
+// silenced by the trainer).
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "hellaswag.h"
+#include "logger.h"
+#include "phase_timer.h"
+#include "train_common.h"
+
+// The micro-batches of one step, read by the loop before any forward: count of them, each B rows of T
+// tokens, inputs and targets (count, B, T).
+struct StepBatches {
+    int count = 0, B = 0, T = 0;
+    std::vector<int> inputs, targets;
+    const int* inputs_of(int micro) const { return inputs.data() + (size_t)micro * B * T; }
+    const int* targets_of(int micro) const { return targets.data() + (size_t)micro * B * T; }
+};
+
+struct TrainRun;
+
+// What the loop asks of a trainer. Unset optional hooks are skipped.
+struct RunHooks {
+    // Clears (or marks stale) the gradients before a step's first micro-batch.
+    std::function<void()> zero_grad;
+    // The forwards and backwards of one step over its micro-batches. dloss is each position's weight
+    // in the step's mean loss (times the loss scale S); micro-batch bad_micro (-ni, testing; -1 for
+    // none) uses INFINITY instead. Times its forward and backward phases in timer. Returns the sum of
+    // the micro-batches' mean losses on this process (0 where it computes no loss: a pipeline stage
+    // before the last).
+    std::function<double(const StepBatches& batches, float dloss, int bad_micro, PhaseTimer* timer)> forward_backward;
+    // Combines the gradients of all processes; returns their global norm as computed (times S), the
+    // same on every process.
+    std::function<double()> reduce_gradients;
+    // The end of a step's optimizer phase: with apply, AdamW with learning rate lr, weight decay wd,
+    // gradients multiplied by grad_scale (1/S and the clipping) and t the update's number from 1 (and
+    // whatever must follow it, e.g. gathering ZeRO shards); without, the step is skipped.
+    std::function<void(bool apply, float lr, float wd, float grad_scale, int t)> update;
+    // A per-process number summed over the model's data-parallel replicas: over the pipeline stages
+    // (where only the last has a loss) and the data-parallel processes. Collective; `what` names it in
+    // the error of a process that waits too long.
+    std::function<double(double value, const char* what)> sum_over_replicas;
+    // The mean loss of a forward pass over one batch (B, T) of inputs and targets on this process (0 on a
+    // pipeline stage before the last).
+    std::function<double(const int* inputs, const int* targets, int B, int T)> eval_loss;
+    // HellaSwag's counts over every process (llmc/hellaswag.h: hellaswag_evaluate_all). Collective.
+    std::function<HellaSwagResult(const HellaSwagSet& set)> hellaswag;
+    // Writes checkpoint `step` (llmc/checkpoint.h; the run's loader, sampler and scaler go into the
+    // state files). Collective.
+    std::function<void(const TrainRun& run, int step)> save_checkpoint;
+    // Prints a sample (train_common.h's generate_sample) with the run's settings. Called on every
+    // process: the trainer decides which process prints (collective under ZeRO-3).
+    std::function<void(TrainRun* run)> sample;
+    // Optional: text appended to the step line (a pipeline's measured bubble).
+    std::function<std::string()> step_note;
+    // Optional: bytes this process has communicated so far (metrics.jsonl's comm_bytes; unset: -1).
+    std::function<long long()> comm_bytes;
+};
+
+// The run's state outside the model: data, schedule, sampling, evaluation, skipping and scaling, logs.
+struct TrainRun {
+    TrainArgs args;
+    TrainingData data;
+    LRScheduler scheduler;
+    TokenizerFile tokenizer;
+    bool have_tokenizer = false;
+    SampleSettings sample_settings;
+    HellaSwagSet hellaswag;
+    LossScaler scaler;
+    uint64_t sampler_rng = 0;
+    Logger logger;
+    int world_rank = 0, dp_size = 1;
+    int resume_step = -1;  // the checkpoint this run resumed from, or -1
+    bool injects_bad_micro = false;  // -ni: this process's last micro-batch of an inject step is made bad
+    double flops_per_step = 0.0;     // this process's model FLOPs per step (MFU's numerator)
+    double peak_flops = 0.0;         // MFU's denominator (0: unknown)
+    PhaseTimer timer;
+};
+
+// Everything but the model, before the trainer allocates activations and restores a checkpoint into
+// run->data.train, run->sampler_rng and run->scaler: the data of this data-parallel rank (dp_rank of
+// dp_size), the learning-rate schedule, the sampling settings and tokenizer, the HellaSwag set, the
+// output directory, the loss scaler (dynamic: FP16's loss scaling; otherwise skipping only).
+inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Config& cfg, int world_rank, int dp_rank,
+                           int dp_size, int resume_step, bool dynamic_loss_scale) {
+    run->args = args;
+    run->world_rank = world_rank;
+    run->dp_size = dp_size;
+    run->resume_step = resume_step;
+    training_data_init(&run->data, args, cfg, dp_rank, dp_size, resume_step);
+    run->scheduler = lr_scheduler_from_args(args, run->data.max_steps);
+    int eot;
+    run->have_tokenizer = load_sample_tokenizer(args, cfg, &run->tokenizer, &eot);
+    run->sample_settings = sample_settings_from_args(args, cfg, eot);
+    if (args.hellaswag_every > 0) {
+        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, run->have_tokenizer ? &run->tokenizer : nullptr,
+                               &run->hellaswag);
+    }
+    if (!args.output_dir.empty()) make_dir_check(args.output_dir);
+    run->sampler_rng = (uint64_t)args.sample_seed;
+    run->scaler = loss_scaler_from_args(args, dynamic_loss_scale);
+}
+
+// The tokenizer samples print with (null: token ids).
+inline const TokenizerFile* run_tokenizer(const TrainRun& run) { return run.have_tokenizer ? &run.tokenizer : nullptr; }
+
+// Mean loss over -m val batches of every data-parallel process.
+inline float run_validation_loss(TrainRun* run, const RunHooks& hooks) {
+    DataLoader* val = &run->data.val;
+    dataloader_reset(val);
+    double sum = 0.0;
+    for (int i = 0; i < run->args.val_batches; i++) {
+        dataloader_next_batch(val);
+        sum += hooks.eval_loss(val->inputs.data(), val->targets.data(), val->B, val->T);
+    }
+    return (float)(hooks.sum_over_replicas(sum, "the val loss") / ((double)run->args.val_batches * run->dp_size));
+}
+
+// The step's micro-batches from the train loader (with -a, the one batch read before the loop).
+inline void read_step_batches(TrainRun* run, StepBatches* batches) {
+    DataLoader& loader = run->data.train;
+    int m = run->data.grad_accum_steps;
+    size_t BT = (size_t)loader.B * loader.T;
+    batches->count = m;
+    batches->B = loader.B;
+    batches->T = loader.T;
+    batches->inputs.resize(m * BT);
+    batches->targets.resize(m * BT);
+    for (int micro = 0; micro < m; micro++) {
+        if (!run->args.overfit_single_batch) dataloader_next_batch(&loader);
+        std::copy(loader.inputs.begin(), loader.inputs.begin() + BT, batches->inputs.begin() + micro * BT);
+        std::copy(loader.targets.begin(), loader.targets.begin() + BT, batches->targets.begin() + micro * BT);
+    }
+}
+
+// One training step (after the step's evaluation, checkpoint and sample): prints and logs its line.
+inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepBatches* batches) {
+    const TrainArgs& args = run->args;
+    PhaseTimer* timer = &run->timer;
+    LossScaler* scaler = &run->scaler;
+    int m = run->data.grad_accum_steps, max_steps = run->data.max_steps;
+    auto start = std::chrono::steady_clock::now();
+    long long comm_before = hooks.comm_bytes ? hooks.comm_bytes() : -1;
+    hooks.zero_grad();
+    phase_begin(timer, PHASE_DATA);
+    read_step_batches(run, batches);
+    phase_end(timer);
+    // every position of every micro-batch of every process weighs the same in the step's mean loss;
+    // times S, the loss scale (1 unless FP16): the gradients come out S times too large
+    float dloss = scaler->scale / ((float)batches->B * batches->T * m * run->dp_size);
+    float step_scale = scaler->scale;  // the S these gradients carry (the scaler may move it below)
+    int bad_micro = run->injects_bad_micro && is_inject_step(args, step) ? m - 1 : -1;
+    double loss_sum = hooks.forward_backward(*batches, dloss, bad_micro, timer);
+    phase_begin(timer, PHASE_COMM);
+    float loss = (float)(hooks.sum_over_replicas(loss_sum, "the step's loss") / ((double)m * run->dp_size));
+    double scaled_norm = hooks.reduce_gradients();  // global: every process decides the same
+    phase_end(timer);
+    float lr = lr_at_step(run->scheduler, step);
+    float grad_scale = loss_scaler_grad_scale(*scaler, scaled_norm, 1.0);  // 1/S and the clipping
+    bool apply = loss_scaler_step(scaler, scaled_norm, step);
+    phase_begin(timer, PHASE_OPTIMIZER);
+    hooks.update(apply, lr, args.weight_decay, grad_scale, (int)scaler->updates);
+    phase_end(timer);
+    double grad_norm = scaled_norm / step_scale;
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    double tokens_per_s = (double)run->data.tokens_per_step / (ms / 1000.0);
+    StepThroughput throughput = step_throughput(run->flops_per_step, ms, run->peak_flops);
+    std::string note;
+    char text[128];
+    if (scaler->dynamic) {
+        snprintf(text, sizeof(text), " | scale %g", step_scale);
+        note += text;
+    }
+    if (!apply) {
+        snprintf(text, sizeof(text), " | SKIPPED: non-finite gradient norm (%ld so far)", (long)scaler->skipped_total);
+        note += text;
+    }
+    if (hooks.step_note) note += hooks.step_note();
+    printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step, max_steps, loss, lr,
+           grad_norm, ms, tokens_per_s, step_breakdown_text(timer->times, throughput, run->peak_flops).c_str(),
+           note.c_str());
+    long long comm = hooks.comm_bytes ? hooks.comm_bytes() - comm_before : -1;
+    logger_log_train(&run->logger, step, loss, lr, (float)grad_norm, ms, tokens_per_s, !apply,
+                     (long)scaler->skipped_total, scaler->dynamic ? step_scale : 0.0f, comm,
+                     step_breakdown_json(timer->times, throughput, run->peak_flops));
+}
+
+// The loop: from the resumed step (or 0) to -x, each step's evaluation, checkpoint and sample, then its
+// training (the last step only evaluates, checkpoints and samples). Opens and closes metrics.jsonl.
+inline void train_run_loop(TrainRun* run, const RunHooks& hooks) {
+    const TrainArgs& args = run->args;
+    int max_steps = run->data.max_steps;
+    logger_open(&run->logger, run->world_rank == 0 ? args.output_dir : std::string(), run->resume_step);
+    if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&run->data.train);  // the one batch every step reuses
+    int start_step = run->resume_step >= 0 ? run->resume_step : 0;
+    StepBatches batches;
+    for (int step = start_step; step <= max_steps; step++) {
+        if (is_val_step(args, step, max_steps)) {
+            float val_loss = run_validation_loss(run, hooks);
+            printf("step %d: val loss %.6f\n", step, val_loss);
+            logger_log_val(&run->logger, step, val_loss);
+        }
+        if (is_hellaswag_step(args, step, max_steps)) {
+            HellaSwagResult hs = hooks.hellaswag(run->hellaswag);
+            printf("step %d: HellaSwag acc %.4f acc_norm %.4f acc_token %.4f (%.0f examples)\n", step, hs.acc(),
+                   hs.acc_norm(), hs.acc_token(), hs.examples);
+            logger_log_hellaswag(&run->logger, step, hs.acc(), hs.acc_norm(), hs.acc_token(), (long)hs.examples);
+        }
+        phase_reset(&run->timer);
+        if (is_checkpoint_step(args, step, start_step, max_steps)) {
+            phase_begin(&run->timer, PHASE_CHECKPOINT);
+            hooks.save_checkpoint(*run, step);
+            phase_end(&run->timer);
+        }
+        if (is_sample_step(args, step, max_steps)) hooks.sample(run);
+        if (step == max_steps) break;
+        run_train_step(run, hooks, step, &batches);
+    }
+    logger_close(&run->logger);
+}
