@@ -23,7 +23,7 @@ LDLIBS_CPU = -lm
 PYTHON ?= $(shell scripts/find_python.sh)
 BUILD = build
 
-LLMC_HEADERS = $(wildcard llmc/*.h)
+LLMC_HEADERS = $(wildcard llmc/*.h llmc/*/*.h)
 
 .PHONY: all test bench-cpu bench-gemm clean cuda-all
 
@@ -50,7 +50,7 @@ config_stamp = $(shell mkdir -p $(BUILD)/config && f='$(BUILD)/config/$(1)' && c
 
 TRAIN_CONFIG := $(call config_stamp,train_gpt2,$(TRAIN_CXX) $(CXXFLAGS) $(LDLIBS_CPU))
 
-# PCRE2 (TOKENIZER_LIBS): the sampling prompt (-sp) is tokenized with llmc/bpe.h
+# PCRE2 (TOKENIZER_LIBS): the sampling prompt (-sp) is tokenized with llmc/tokenizer/bpe.h
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS) $(TRAIN_CONFIG)
 	$(TRAIN_CXX) $(CXXFLAGS) $< $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
 
@@ -90,7 +90,7 @@ test:
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
 		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
 
-# llmc/comm.h's checks on its MPI backend (test/comm_check.cpp; test/run_tests.sh runs it under mpirun)
+# llmc/parallel/comm.h's checks on its MPI backend (test/comm_check.cpp; test/run_tests.sh runs it under mpirun)
 COMM_CHECK_CONFIG := $(call config_stamp,comm_check,$(TRAIN_CXX) $(CXXFLAGS))
 $(BUILD)/comm_check: test/comm_check.cpp $(LLMC_HEADERS) $(COMM_CHECK_CONFIG) | $(BUILD)
 	@if [ -z "$(MPICXX)" ]; then echo "comm_check: needs MPI (mpicxx; scripts/install_deps.sh)" >&2; exit 1; fi
@@ -129,7 +129,7 @@ NVCC ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCC_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler "-Wall -Wno-unknown-pragmas" -diag-suppress 1675
 NVCC_LDLIBS = -lcublasLt -lcublas -lnccl $(TOKENIZER_LIBS)
-# Multi-GPU (llmc/nccl.cuh, doc/data_parallel.md): NCCL always; MPI too when Open MPI's mpicxx is
+# Multi-GPU (llmc/parallel/comm_nccl.cuh, doc/data_parallel.md): NCCL always; MPI too when Open MPI's mpicxx is
 # found (as for train_gpt2), so `mpirun -np 8 ./train_gpt2cu` works. Without it the processes are
 # started with -pi tcp or -pi file. `make NO_MPI=1` leaves MPI out.
 # Only the flags nvcc takes as they are (-I -D -L -l), and -Wl,... turned into -Xlinker ...
@@ -153,7 +153,7 @@ PRECISION_FLAG = -DENABLE_FP16
 else
 $(error PRECISION must be BF16, FP32 or FP16, not '$(PRECISION)')
 endif
-CUDA_HEADERS = $(wildcard llmc/*.cuh) $(LLMC_HEADERS)
+CUDA_HEADERS = $(wildcard llmc/*.cuh llmc/*/*.cuh) $(LLMC_HEADERS)
 GPU_TEST_SOURCES = test/gpu/test_gpt2.cu test/gpu/test_kernels.cuh test/gpu/test_multi_gpu.cuh test/test_helpers.h train_gpt2.cu
 # the tests build in the CPU reference ops (OpenMP) to check each kernel against
 GPU_TEST_FLAGS = -Xcompiler -fopenmp

@@ -1,5 +1,5 @@
 // tokenizer_gpt2: GPT-2's BPE tokenizer on the command line, and the data preparation that turns text
-// into the token shards the trainers read. The library is llmc/bpe.h; doc/tokenizer.md has the story.
+// into the token shards the trainers read. The library is llmc/tokenizer/bpe.h; doc/tokenizer.md has the story.
 //
 //   tokenizer_gpt2 encode FILE|-          token ids of FILE (- = stdin), separated by spaces
 //   tokenizer_gpt2 decode                 ids from stdin -> bytes on stdout
@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/bpe.h"
-#include "llmc/bpe_prepro.h"
-#include "llmc/prompt.h"
-#include "llmc/tokenizer_file.h"
+#include "llmc/tokenizer/bpe.h"
+#include "llmc/tokenizer/bpe_prepro.h"
+#include "llmc/tokenizer/prompt.h"
+#include "llmc/tokenizer/tokenizer_file.h"
 #include "llmc/utils.h"
 
 // Prints the usage to stdout for --help (exit 0), to stderr after a mistake (exit 1).

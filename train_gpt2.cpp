@@ -18,37 +18,38 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include <vector>
 
 #include "llmc/adamw.h"
-#include "llmc/args.h"
 #include "llmc/attention.h"
-#include "llmc/checkpoint.h"
-#include "llmc/comm_mpi.h"
 #include "llmc/cpu_peak.h"
 #include "llmc/crossentropy.h"
-#include "llmc/dataloader.h"
 #include "llmc/encoder.h"
 #include "llmc/gelu.h"
 #include "llmc/gpt2_config.h"
 #include "llmc/gpt2_init.h"
-#include "llmc/hellaswag.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/output_lock.h"
 #include "llmc/layernorm.h"
-#include "llmc/logger.h"
-#include "llmc/loss_scaler.h"
 #include "llmc/matmul.h"
-#include "llmc/output_lock.h"
-#include "llmc/parallel_layout.h"
-#include "llmc/phase_timer.h"
-#include "llmc/pipeline.h"
+#include "llmc/parallel/comm_mpi.h"
+#include "llmc/parallel/layout.h"
+#include "llmc/parallel/model_state.h"
+#include "llmc/parallel/pipeline.h"
+#include "llmc/parallel/tensor_parallel.h"
+#include "llmc/parallel/zero.h"
+#include "llmc/parallel/zero_sharded.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
-#include "llmc/run_loop.h"
-#include "llmc/sampler.h"
-#include "llmc/schedulers.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/tokenizer_file.h"
-#include "llmc/train_common.h"
+#include "llmc/run/args.h"
+#include "llmc/run/hellaswag.h"
+#include "llmc/run/logger.h"
+#include "llmc/run/loss_scaler.h"
+#include "llmc/run/phase_timer.h"
+#include "llmc/run/run_loop.h"
+#include "llmc/run/sampler.h"
+#include "llmc/run/schedulers.h"
+#include "llmc/run/train_common.h"
+#include "llmc/tokenizer/tokenizer_file.h"
 #include "llmc/utils.h"
-#include "llmc/zero.h"
-#include "llmc/zero_sharded.h"
 
 // ----------------------------------------------------------------------------
 // Parameters: 16 tensors in checkpoint order, pointers into one flat array.
@@ -120,7 +121,7 @@ struct BackwardScratch {
 using BlockParams = BlockTensorsOf<const float>;  // llmc/gpt2_config.h
 using BlockGrads = BlockTensorsOf<float>;
 
-// The same views into a ZeRO-2/3 unit buffer (llmc/zero_sharded.h), where the 12 slices lie one after another.
+// The same views into a ZeRO-2/3 unit buffer (llmc/parallel/zero_sharded.h), where the 12 slices lie one after another.
 template <typename T>
 BlockTensorsOf<T> block_tensors_in_unit(T* buf, const ZeroUnit& u) {
     auto at = [&](int k) { return buf + u.slices[k].unit_offset; };
@@ -192,21 +193,20 @@ struct GPT2 {
     // AdamW updates parameters [opt_begin, opt_end): all of them, or this process's ZeRO-1/2/3 shard
     ShardLayout shard;
     size_t opt_begin = 0, opt_end = 0;
-    ZeroSharding zero;  // -z 2, -z 3: the units and their buffers (llmc/zero_sharded.h)
+    ZeroSharding zero;  // -z 2, -z 3: the units and their buffers (llmc/parallel/zero_sharded.h)
     ZeroMemory memory;  // bytes of model state allocated on this process
     std::vector<float> m_memory, v_memory;  // AdamW moments, (opt_end - opt_begin)
-    // this process's place in the run (llmc/parallel_layout.h): its groups, ZeRO stage, layers.
-    // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, num_parameters and
-    // param_sizes/offsets are local; full_num_parameters is its pipeline stage's N before that split
+    // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
+    // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, and num_parameters
+    // and param_sizes/offsets are local (llmc/parallel/model_state.h moves state to and from the whole)
     ParallelLayout layout;
-    size_t full_num_parameters = 0;
     std::vector<float> ce_max;   // (B*T) vocabulary-parallel cross-entropy: each row's max
     std::vector<double> ce_sum;  // (B*T) and sum of exponentials (also the fused cross-entropy's sums)
     // the last forward left each row's exponentials in scratch.dlogits and their sums in ce_sum
     // (llmc/crossentropy.h), so the backward only scales them (without tensor parallelism, with one set
     // of activations: a pipeline's later forwards would overwrite the scratch before the backward)
     bool ce_exps_kept = false;
-    // pipeline parallelism (llmc/pipeline.h): with pp > 1, config is this stage's (num_layers = its
+    // pipeline parallelism (llmc/parallel/pipeline.h): with pp > 1, config is this stage's (num_layers = its
     // layers [layout.layer_begin, layout.layer_end)) and model_config the whole model's
     GPT2Config model_config;
     bool first_stage() const { return layout.pp_rank == 0; }
@@ -228,8 +228,8 @@ struct GPT2 {
 
 // Sizes the flat parameter and gradient arrays (zero-filled where new, padded for the collectives)
 // and the AdamW moments for the parameters this process updates: all of them (-z 0) or its shard
-// (-z 1, see llmc/zero.h). -z 2 keeps only the shard of the gradients, -z 3 of the parameters too
-// (llmc/zero_sharded.h); a sharded array is replaced, so the full one's memory goes back.
+// (-z 1, see llmc/parallel/zero.h). -z 2 keeps only the shard of the gradients, -z 3 of the parameters too
+// (llmc/parallel/zero_sharded.h); a sharded array is replaced, so the full one's memory goes back.
 void gpt2_setup_optimizer(GPT2* model) {
     const ProcessGroup& pg = model->layout.dp_group;
     int zero_stage = model->layout.zero_stage;
@@ -278,7 +278,6 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg) {
     param_tensor_sizes(cfg, model->param_sizes);
     param_tensor_offsets(cfg, model->param_offsets);
     model->num_parameters = num_parameters(cfg);
-    model->full_num_parameters = model->num_parameters;
     model->params_memory.clear();
     model->grads_memory.clear();
     gpt2_setup_optimizer(model);  // one process, until gpt2_distribute knows better
@@ -297,7 +296,7 @@ void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
     gpt2_init_from(model, cfg, params);
 }
 
-// Keeps this stage's layers and the shared tensors (llmc/pipeline.h); call before
+// Keeps this stage's layers and the shared tensors (llmc/parallel/pipeline.h); call before
 // gpt2_split_tensor_parallel. A pipeline of one stage keeps everything.
 void gpt2_split_pipeline(GPT2* model) {
     if (model->layout.pp == 1) return;
@@ -310,12 +309,11 @@ void gpt2_split_pipeline(GPT2* model) {
     param_tensor_sizes(stage, model->param_sizes);
     param_tensor_offsets(stage, model->param_offsets);
     model->num_parameters = local.size();
-    model->full_num_parameters = local.size();
     model->params_memory = local;
     model->grads_memory.assign(local.size(), 0.0f);
 }
 
-// Keeps this rank's slices of the full parameters (llmc/tensor_parallel.h); call before
+// Keeps this rank's slices of the full parameters (llmc/parallel/tensor_parallel.h); call before
 // gpt2_setup_optimizer. A group of one keeps everything.
 void gpt2_split_tensor_parallel(GPT2* model) {
     const ProcessGroup& tp = model->layout.tp_group;
@@ -368,7 +366,7 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
 void gpt2_use_activation_slot(GPT2* model, int slot);
 
 // The activations for (B, T), `slots` sets of them (a pipeline stage keeps one per micro-batch in
-// flight, llmc/pipeline.h), and the backward scratch.
+// flight, llmc/parallel/pipeline.h), and the backward scratch.
 void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     const GPT2Config& cfg = model->config;
     size_t tp = model->layout.tp;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
@@ -418,7 +416,7 @@ void gpt2_use_activation_slot(GPT2* model, int slot) {
 
 // One transformer block, forward: a.residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), where
 // residual2 = a.residual + attproj(attention(qkv(ln1(a.residual)))). Fills every view of `a`.
-// With a TP group of tp > 1 (llmc/tensor_parallel.h), w and the qkv..fch views are this rank's slices:
+// With a TP group of tp > 1 (llmc/parallel/tensor_parallel.h), w and the qkv..fch views are this rank's slices:
 // qkv and fc produce C/tp columns (NH/tp heads), attproj and fcproj are row-parallel, one all-reduce each.
 void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH,
                    const ProcessGroup& tp = ProcessGroup()) {
@@ -456,7 +454,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     ParameterTensors p = model->params;
     const ActivationTensors& a = model->acts;
     size_t BT = (size_t)B * T;
-    // -z 3: unit 0 and then each block are gathered just before they are used (llmc/zero_sharded.h)
+    // -z 3: unit 0 and then each block are gathered just before they are used (llmc/parallel/zero_sharded.h)
     ZeroSharding* zs = model->layout.zero_stage == 3 ? &model->zero : nullptr;
     const float* shard_params = model->params_memory.data();
     if (zs) {
@@ -661,7 +659,7 @@ double gpt2_reduce_gradients(GPT2* model) {
         }
     }
     const ProcessGroup& pp = model->layout.pp_group;
-    if (pp.size > 1) {  // the shared tensors (llmc/pipeline.h): wte's tied sum, and zeros added to the rest
+    if (pp.size > 1) {  // the shared tensors (llmc/parallel/pipeline.h): wte's tied sum, and zeros added to the rest
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             if (pp_param_is_shared(i)) all_reduce_sum(pp, grads + model->param_offsets[i], model->param_sizes[i]);
         }
@@ -690,7 +688,7 @@ double gpt2_reduce_gradients(GPT2* model) {
     return std::sqrt(sum_sq);
 }
 
-// The update of a step whose norm was finite (llmc/loss_scaler.h decides): AdamW with the clipping
+// The update of a step whose norm was finite (llmc/run/loss_scaler.h decides): AdamW with the clipping
 // factor, then with -z 1 and -z 2 every process gathers the others' updated shards (-z 3 keeps its
 // shard only: the next forward gathers what it needs).
 void gpt2_apply_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
@@ -712,9 +710,9 @@ std::vector<float> gpt2_full_parameters(const GPT2* model) {
 }
 
 // ----------------------------------------------------------------------------
-// The training run: the model's side of llmc/run_loop.h
+// The training run: the model's side of llmc/run/run_loop.h
 
-// One sample (llmc/train_common.h has the loop and the settings): the logits of the window's last position.
+// One sample (llmc/run/train_common.h has the loop and the settings): the logits of the window's last position.
 void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
     generate_sample(settings, model->config.vocab_size, rng, tok, [&](const int* window, int length) {
         gpt2_forward(model, window, nullptr, 1, length);
@@ -739,7 +737,7 @@ void gpt2_sample(GPT2* model, TrainRun* run) {
     }
 }
 
-// HellaSwag accuracy (llmc/hellaswag.h), 4 rows of the longest example's length per forward. The
+// HellaSwag accuracy (llmc/run/hellaswag.h), 4 rows of the longest example's length per forward. The
 // activations grow to hold them if the training batch is smaller; training then uses a part of them.
 HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args, const ProcessGroup& pg,
                                std::vector<HellaSwagScore>* details = nullptr) {
@@ -758,7 +756,7 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
         }, [&](double x) { return all_reduce_sum(pg, x); }, details);
 }
 
-// The model's side of a pipeline schedule (llmc/pipeline.h) over micro-batches of (B, T) tokens, micro-batch
+// The model's side of a pipeline schedule (llmc/parallel/pipeline.h) over micro-batches of (B, T) tokens, micro-batch
 // i at inputs + i * B * T (and targets likewise): each micro-batch's forward and backward in its own
 // activation slot, with dloss, or INFINITY for bad_micro (-ni, testing).
 PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss,
@@ -777,7 +775,7 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
     return h;
 }
 
-// A step's forwards and backwards (llmc/run_loop.h's forward_backward): micro-batch after micro-batch,
+// A step's forwards and backwards (llmc/run/run_loop.h's forward_backward): micro-batch after micro-batch,
 // or through the pipeline's schedule, whose forwards and backwards interleave (the breakdown counts all
 // of it as forward; *note gets the measured bubble).
 double gpt2_forward_backward(GPT2* model, PipelineComm* pipe, const std::string& schedule, const StepBatches& b,
@@ -808,47 +806,6 @@ double gpt2_eval_loss(GPT2* model, PipelineComm* pipe, const int* inputs, const 
     return gpt2_forward(model, inputs, targets, B, T);
 }
 
-std::vector<float> tp_gather_full(const GPT2* model, const float* local) {
-    const ProcessGroup& tp = model->layout.tp_group;
-    size_t n = model->num_parameters;
-    std::vector<float> all(tp.rank == 0 ? tp.size * n : 0), full;
-    gather(tp, local, n, all.data());
-    if (tp.rank == 0) {
-        full.resize(model->full_num_parameters);
-        for (int t = 0; t < tp.size; t++) tp_copy_slices(model->config, tp.size, t, full.data(), all.data() + t * n, false);
-    }
-    return full;
-}
-
-// The whole model's vector (checkpoint order) from the stages' vectors (stage_vector: this stage's,
-// unsplit by tensor parallelism), on PP rank 0; empty elsewhere. Every stage of the PP group calls it.
-std::vector<float> pp_gather_full(const GPT2* model, const std::vector<float>& stage_vector) {
-    const ProcessGroup& pp = model->layout.pp_group;
-    if (pp.size == 1) return stage_vector;
-    std::vector<std::vector<float>> stages = pp_gather_vectors(pp, stage_vector);
-    std::vector<float> full;
-    if (pp.rank != 0) return full;
-    const GPT2Config& cfg = model->model_config;
-    full.resize(num_parameters(cfg));
-    for (int s = pp.size - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors stays
-        int l0, l1;
-        pp_stage_layers(cfg.num_layers, pp.size, s, &l0, &l1);
-        pp_copy_stage(cfg, l0, l1, full.data(), stages[s].data(), false);
-    }
-    return full;
-}
-
-// This process's AdamW moment (m_memory or v_memory) for all its local parameters: with -z 1 the
-// data-parallel group's shards are gathered.
-std::vector<float> local_moment(const GPT2* model, const std::vector<float>& moment, const ProcessGroup& dp) {
-    if (model->opt_begin == 0 && model->opt_end == model->num_parameters) return moment;
-    std::vector<float> padded(model->shard.padded_size, 0.0f);
-    std::copy(moment.begin(), moment.end(), padded.begin() + model->opt_begin);
-    all_gather(dp, padded.data(), model->shard.shard_size);
-    padded.resize(model->num_parameters);
-    return padded;
-}
-
 // Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
 // With tensor or pipeline parallelism the slices, then the stages, are gathered first: process 0 writes the
 // whole model and the whole optimizer state (one segment [0, N)), the others state files with empty
@@ -872,16 +829,15 @@ void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
                                    model->opt_begin, model->opt_end);
         state.m = model->m_memory;
         state.v = model->v_memory;
-    } else {
-        size_t N = num_parameters(model->model_config);
-        std::vector<float> params = tp_gather_full(model, model->params_memory.data());
-        std::vector<float> m = tp_gather_full(model, local_moment(model, model->m_memory, lay.dp_group).data());
-        std::vector<float> v = tp_gather_full(model, local_moment(model, model->v_memory, lay.dp_group).data());
-        if (lay.tp_rank == 0 && lay.dp_rank == 0) {  // one pipeline holds the whole model
-            params = pp_gather_full(model, params);
-            m = pp_gather_full(model, m);
-            v = pp_gather_full(model, v);
-        }
+    } else {  // the whole model and optimizer state, put together on process 0 (llmc/parallel/model_state.h)
+        size_t N = num_parameters(model->model_config), n = model->num_parameters;
+        auto whole = [&](const std::vector<float>& mine, size_t begin, size_t end) {
+            std::vector<float> local = zero_gather_local(lay.dp_group, model->shard, mine, begin, end, n);
+            return layout_gather_full(lay, model->model_config, local.data(), n);
+        };
+        std::vector<float> params = whole(model->params_memory, 0, n);
+        std::vector<float> m = whole(model->m_memory, model->opt_begin, model->opt_end);
+        std::vector<float> v = whole(model->v_memory, model->opt_begin, model->opt_end);
         bool writer = pg.rank == 0;
         if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_FP32);
         state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? N : 0);
@@ -895,7 +851,7 @@ void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
 
 
 // Resumes the optimizer state, data position, sampler and loss scaler from checkpoint run->resume_step,
-// whatever layout wrote it (llmc/train_common.h: train_state_restore). Without tensor or pipeline
+// whatever layout wrote it (llmc/run/train_common.h: train_state_restore). Without tensor or pipeline
 // parallelism this process's range of the flat vector is read directly; otherwise the whole state,
 // then this stage's layers, this rank's slices and its ZeRO-1 shard of them.
 void gpt2_resume(GPT2* model, TrainRun* run) {
@@ -909,12 +865,8 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     } else {
         size_t N = num_parameters(model->model_config);
         state = train_state_restore(dir, step, dp, accum, N, 0, N, &run->data.train, &run->sampler_rng);
-        std::vector<float> stage_part(model->full_num_parameters), local(model->num_parameters);
-        int l0 = model->layout.layer_begin, l1 = model->layout.layer_end;
         for (std::vector<float>* moment : {&state.m, &state.v}) {
-            pp_copy_stage(model->model_config, l0, l1, moment->data(), stage_part.data(), true);
-            tp_copy_slices(model->config, model->layout.tp, model->layout.tp_rank, stage_part.data(), local.data(), true);
-            moment->assign(local.begin() + model->opt_begin, local.begin() + model->opt_end);
+            *moment = layout_local_part(model->layout, model->model_config, *moment, model->opt_begin, model->opt_end);
         }
     }
     model->m_memory = state.m;
@@ -928,7 +880,7 @@ void check_layout_flags(const ParallelLayout& layout, const TrainArgs& args) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
               "by vocabulary; run with -s 0 (and no -he)", layout.tp);
     }
-    // ZeRO-2/3 (llmc/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
+    // ZeRO-2/3 (llmc/parallel/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
     // pipeline parallelism split the same parameters another way
     if (args.zero_stage >= 2 && (layout.tp > 1 || layout.pp > 1)) {
         fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
@@ -961,7 +913,7 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout) {
 }
 
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
-// in flight (llmc/pipeline.h), with the stage's report; then this process's memory.
+// in flight (llmc/parallel/pipeline.h), with the stage's report; then this process's memory.
 void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, const ParallelLayout& layout, int m) {
     const std::string& schedule = args.pipeline_schedule;
     int pp = layout.pp, stage = layout.pp_rank;
@@ -984,7 +936,7 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, const ParallelLay
            mib(model->scratch_memory.size()));
 }
 
-// The run loop's hooks (llmc/run_loop.h) for this model, layout and ZeRO stage. pipe and note live as
+// The run loop's hooks (llmc/run/run_loop.h) for this model, layout and ZeRO stage. pipe and note live as
 // long as the hooks: the pipeline's transfers and the last step's measured bubble.
 RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, std::string* note) {
     const ProcessGroup& dp = model->layout.dp_group;
@@ -1030,14 +982,14 @@ int main(int argc, char** argv) {
     check_same_config(world, run_description(args, cfg, params.data(), model.num_parameters));
     std::vector<float>().swap(params);
 
-    // the process layout (llmc/parallel_layout.h) and this process's part of the model
+    // the process layout (llmc/parallel/layout.h) and this process's part of the model
     ParallelLayout layout =
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     check_layout_flags(layout, args);
     gpt2_distribute(&model, layout);
 
-    // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run_loop.h)
+    // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
     train_run_init(&run, args, cfg, world.rank, layout.dp_rank, layout.dp, resume_step, false);
     gpt2_allocate_for_run(&model, args, layout, run.data.grad_accum_steps);

@@ -3,7 +3,7 @@ GPT-2 training on NVIDIA GPUs in BF16 mixed precision (or fp32 with PRECISION=FP
 flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
 One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1):
-llmc/nccl.cuh and doc/data_parallel.md.
+llmc/parallel/comm_nccl.cuh and doc/data_parallel.md.
 
     tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
                                ln2 -> fc -> gelu -> fcproj -> +residual ] -> lnf -> logits (x wteᵀ) -> loss
@@ -25,22 +25,22 @@ Run `./train_gpt2cu -h` for the flags.
 #include <vector>
 
 #include "llmc/adamw.h"  // AdamWHyper and clip_scale(), shared with the CPU trainer
-#include "llmc/args.h"
-#include "llmc/checkpoint.h"
-#include "llmc/dataloader.h"
 #include "llmc/gpt2_config.h"
 #include "llmc/gpt2_init.h"
-#include "llmc/hellaswag.h"
-#include "llmc/logger.h"
-#include "llmc/loss_scaler.h"
-#include "llmc/output_lock.h"
-#include "llmc/parallel_layout.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/output_lock.h"
+#include "llmc/parallel/layout.h"
 #include "llmc/rand.h"
-#include "llmc/run_loop.h"
-#include "llmc/sampler.h"
-#include "llmc/schedulers.h"
-#include "llmc/tokenizer_file.h"
-#include "llmc/train_common.h"
+#include "llmc/run/args.h"
+#include "llmc/run/hellaswag.h"
+#include "llmc/run/logger.h"
+#include "llmc/run/loss_scaler.h"
+#include "llmc/run/run_loop.h"
+#include "llmc/run/sampler.h"
+#include "llmc/run/schedulers.h"
+#include "llmc/run/train_common.h"
+#include "llmc/tokenizer/tokenizer_file.h"
 #include "llmc/utils.h"
 
 #include "llmc/cuda_common.cuh"  // first: floatX and the checks the kernels use
@@ -51,8 +51,8 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/gelu.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
-#include "llmc/nccl.cuh"
-#include "llmc/phase_events.cuh"
+#include "llmc/parallel/comm_nccl.cuh"
+#include "llmc/run/phase_events.cuh"
 
 #if defined(ENABLE_FP32)
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
@@ -62,7 +62,7 @@ constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;  // llm.c's format has 
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_BF16;
 #endif
 
-// Dynamic loss scaling (llmc/loss_scaler.h) in the FP16 build only: bf16 has fp32's exponent range,
+// Dynamic loss scaling (llmc/run/loss_scaler.h) in the FP16 build only: bf16 has fp32's exponent range,
 // so its gradients do not underflow, and fp32 needs nothing.
 #if defined(ENABLE_FP16)
 constexpr bool USE_LOSS_SCALING = true;
@@ -244,8 +244,8 @@ struct GPT2 {
     float* opt_memory = nullptr;      // one allocation: AdamW m, v, and the master weights if kept
     float *m_memory = nullptr, *v_memory = nullptr, *master_memory = nullptr;
     ParameterTensors params, grads;
-    // data parallelism (llmc/parallel_layout.h: its groups over llmc/comm.h's NCCL backend, and the ZeRO
-    // stage, 1 only with an NCCL communicator; llmc/grad_buckets.h); dp (the NCCL start-up and its
+    // data parallelism (llmc/parallel/layout.h: its groups over llmc/parallel/comm.h's NCCL backend, and the ZeRO
+    // stage, 1 only with an NCCL communicator; llmc/parallel/grad_buckets.h); dp (the NCCL start-up and its
     // watchdog) is null and the layout a single process in the tests' single models
     DataParallel* dp = nullptr;
     ParallelLayout layout;
@@ -301,7 +301,7 @@ std::vector<float> gpt2_download_parameters(const GPT2* model) {
 }
 
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
-// arrays are padded to whole shards (llmc/grad_buckets.h) and, with -z 1, AdamW's moments and master
+// arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1, AdamW's moments and master
 // weights cover this process's shard only.
 void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataParallel* dp = nullptr) {
     validate_config(cfg, "model");
@@ -326,7 +326,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     bool distributed = dp != nullptr && dp->nccl;
     model->dp = dp;
     cudaCheck(cudaStreamCreate(&model->stream));
-    // the collectives of llmc/comm.h run over the processes of the run (a group of one without NCCL),
+    // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
     // ordered after this stream's work
     ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
     model->layout = parallel_layout_init(world, 1, 1, distributed ? args.zero_stage : 0, cfg);
@@ -487,7 +487,7 @@ void gpt2_zero_grad(GPT2* model) {
 
 // Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
 // holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
-// gradients are handed to the communication stream as soon as that layer is done (llmc/grad_buckets.h),
+// gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
 // and the compute stream's later work waits for all of those reductions.
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
@@ -647,7 +647,7 @@ double bf16_peak_flops(const cudaDeviceProp& prop) {
     return 0.0;
 }
 
-// One sample (llmc/train_common.h has the loop and the settings, shared with the CPU trainer): the
+// One sample (llmc/run/train_common.h has the loop and the settings, shared with the CPU trainer): the
 // logits of the window's last position, fetched from the device and widened to fp32.
 void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
     int Vp = model->config.padded_vocab_size;
@@ -663,7 +663,7 @@ void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng,
     });
 }
 
-// HellaSwag accuracy (llmc/hellaswag.h) in batches of the training shape (B rows of T tokens): the
+// HellaSwag accuracy (llmc/run/hellaswag.h) in batches of the training shape (B rows of T tokens): the
 // activations are allocated for exactly that, so T must hold the longest context + ending.
 HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args) {
     const ProcessGroup& dp = model->layout.dp_group;
@@ -723,7 +723,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     }
 }
 
-// A step's forwards and backwards (llmc/run_loop.h's forward_backward), timed on the GPU by events.
+// A step's forwards and backwards (llmc/run/run_loop.h's forward_backward), timed on the GPU by events.
 // The last micro-batch completes the gradients: with several GPUs each layer's are reduced while the
 // backward goes on (and the backward's time includes the wait for the last bucket).
 double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int bad_micro, GpuPhases* phases,
@@ -744,7 +744,7 @@ double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int
     return loss_sum;
 }
 
-// The run loop's hooks (llmc/run_loop.h) for this model on this process.
+// The run loop's hooks (llmc/run/run_loop.h) for this model on this process.
 RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
     const ProcessGroup& dp = model->layout.dp_group;
     RunHooks h;
@@ -819,7 +819,7 @@ int main(int argc, char** argv) {
     check_same_config(model.layout.dp_group, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
     std::vector<float>().swap(initial);
 
-    // the run: data of this process, schedules, evaluation, sampling (llmc/run_loop.h)
+    // the run: data of this process, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
     train_run_init(&run, args, cfg, dp.rank, dp.rank, dp.size, resume_step, USE_LOSS_SCALING);
     gpt2_allocate_activations(&model, args.B, args.T);
@@ -835,7 +835,7 @@ int main(int argc, char** argv) {
     run.peak_flops = peak_flops;
     run.flops_per_step = flops_per_token(cfg, args.T) * args.B * args.T * run.data.grad_accum_steps;  // per GPU
     run.injects_bad_micro = dp.rank == 0;  // -ni (testing): rank 0's last micro-batch stands for a bad one
-    // the step breakdown (llmc/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both
+    // the step breakdown (llmc/run/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both
     run.timer.on_begin = nvtx_phase_begin;
     run.timer.on_end = nvtx_phase_end;
     GpuPhases gpu_phases;

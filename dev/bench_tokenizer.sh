@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Encoding throughput of our GPT-2 tokenizer (llmc/bpe.h, through `tokenizer_gpt2 bench`) next to
+# Encoding throughput of our GPT-2 tokenizer (llmc/tokenizer/bpe.h, through `tokenizer_gpt2 bench`) next to
 # OpenAI's tiktoken (its Rust core, from Python), measured in the same run, on the same machine and the
 # same text (tinyshakespeare by default), and printed as one table:
 #   - ours: 1 thread with an empty cache, then warm (best of REPEAT), on the whole text; prepro's batch

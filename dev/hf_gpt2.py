@@ -21,7 +21,7 @@ The four facts a GPT-2 converter has to get right:
 
 Import accepts key names with or without the `transformer.` prefix (the hub's gpt2 file has none,
 save_pretrained writes it), and F32, F16 and BF16 tensors, converted to fp32 exactly; --bf16 then
-rounds fp32 to bf16 to nearest even, NaN kept NaN (llmc/checkpoint.h does the same). Export writes
+rounds fp32 to bf16 to nearest even, NaN kept NaN (llmc/io/checkpoint.h does the same). Export writes
 every tensor as F32 (a version-5 file is upcast exactly), with the `transformer.` prefix and no
 lm_head.weight, as GPT2LMHeadModel.save_pretrained does.
 
@@ -137,7 +137,7 @@ def bf16_to_f32(bits):
 
 
 def f32_to_bf16(x):
-    """Round to nearest, ties to even; NaN stays NaN (quiet bit set), as llmc/checkpoint.h."""
+    """Round to nearest, ties to even; NaN stays NaN (quiet bit set), as llmc/io/checkpoint.h."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16   # no overflow: NaN excluded below
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)

@@ -103,8 +103,9 @@ for entry in "${layouts[@]}"; do
         cmp -s "$f" "$work/new.$name/$(basename "$f")" || { verdict="DIFFERENT $(basename "$f")"; break; }
     done
     [ "$verdict" = "same bits" ] || failed=1
-    printf 'layout_bits: %-12s %d process(es) %-24s %s (%d steps)\n' "$name" "$np" "${flags:--}" "$verdict" \
-        "$(grep -c train_loss "$work/new.$name/metrics.jsonl")"
+    printf 'layout_bits: %-12s %d process(es) %-24s %s (%d steps, %d sample lines, %d checkpoint files)\n' \
+        "$name" "$np" "${flags:--}" "$verdict" "$(grep -c train_loss "$work/new.$name/metrics.jsonl")" \
+        "$(samples "$work/new.$name.log" | wc -l)" "$(ls "$work/new.$name"/*_00000006*.bin | wc -l)"
 done
 if [ $failed -ne 0 ]; then
     echo "layout_bits: FAILED (scratch kept in $work)"

@@ -10,7 +10,7 @@ by its directory unless --labels names it. The PNG is 1600 x 1000 pixels (--widt
 
 metrics.jsonl: one JSON object per line, each with an integer "step" and numbers among "train_loss",
 "lr", "grad_norm", "ms", "tokens_per_s", "val_loss", "hellaswag_acc", "hellaswag_acc_norm", ... A
-step the trainer skipped (a non-finite gradient norm, llmc/loss_scaler.h) has "skipped": true and null
+step the trainer skipped (a non-finite gradient norm, llmc/run/loss_scaler.h) has "skipped": true and null
 for its non-finite values (JSON has no inf or NaN): "skipped" is not plotted and a null point is left
 out. A file that is not that (a line that is not a JSON object, no "step", a value that is not a number, or
 no line at all) is refused with a message naming the file and line, exit status 1.

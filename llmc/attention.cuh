@@ -18,8 +18,8 @@
 
 #include <cmath>
 
-#include "cuda_common.cuh"
 #include "attention_flash.cuh"
+#include "cuda_common.cuh"
 
 // ----------------------------------------------------------------------------
 // kernels

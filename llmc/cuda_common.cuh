@@ -50,7 +50,7 @@ constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
 constexpr const char* PRECISION_NAME = "fp32";
 #elif defined(ENABLE_FP16)
 // fp16: 10 mantissa bits (finer than bf16's 7) but 5 exponent bits: nothing beyond 65504, and
-// gradients below 2^-24 vanish, hence the trainer's dynamic loss scaling (llmc/loss_scaler.h)
+// gradients below 2^-24 vanish, hence the trainer's dynamic loss scaling (llmc/run/loss_scaler.h)
 typedef half floatX;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;
 constexpr const char* PRECISION_NAME = "fp16";

@@ -143,7 +143,7 @@ struct BlockTensorsOf {
     T* fcprojb;   // (C)
 };
 // Block l's slices of the stacked parameter (or gradient) tensors; with tensor parallelism (tp > 1)
-// the split tensors hold C/tp of their rows or columns (llmc/tensor_parallel.h).
+// the split tensors hold C/tp of their rows or columns (llmc/parallel/tensor_parallel.h).
 template <typename T, typename U>
 BlockTensorsOf<T> block_tensors(const ParameterTensorsOf<U>& p, size_t l, size_t C, size_t tp = 1) {
     size_t Cl = C / tp;

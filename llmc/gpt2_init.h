@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "checkpoint.h"
 #include "gpt2_config.h"
+#include "io/checkpoint.h"
 #include "rand.h"
 
 inline std::vector<float> gpt2_random_parameters(const GPT2Config& cfg, unsigned seed) {

@@ -1,4 +1,4 @@
-// Checks the calls of llmc/comm.h against their definitions, on each backend, with one program:
+// Checks the calls of llmc/parallel/comm.h against their definitions, on each backend, with one program:
 //   MPI on host buffers     build/comm_check (mpicxx), as the CPU trainer uses it
 //   NCCL on device buffers  build/emu/comm_check_nccl (compiled as CUDA for the emulator, dev/emu/nccl.mk),
 //                           the collectives queued on a stream behind a compute stream, as train_gpt2.cu
@@ -16,12 +16,12 @@
 
 #ifdef COMM_CHECK_NCCL
 #include "../llmc/cuda_common.cuh"
-#include "../llmc/nccl.cuh"
+#include "../llmc/parallel/comm_nccl.cuh"
 #else
-#include "../llmc/comm_mpi.h"
+#include "../llmc/parallel/comm_mpi.h"
 #endif
-#include "../llmc/grad_buckets.h"
-#include "../llmc/pipeline.h"
+#include "../llmc/parallel/grad_buckets.h"
+#include "../llmc/parallel/pipeline.h"
 
 #ifndef USE_MPI
 #error "comm_check runs under mpirun: build it with mpicxx -DUSE_MPI (make build/comm_check)"
@@ -186,7 +186,7 @@ void check_v_collectives() {
     }
 }
 
-// A group of collectives issued at once (the gradient buckets of llmc/grad_buckets.h): slices
+// A group of collectives issued at once (the gradient buckets of llmc/parallel/grad_buckets.h): slices
 // all-reduced (owner -1) and reduced to their owner.
 void check_gradient_bucket() {
     const ProcessGroup& g = g_world;
@@ -219,7 +219,7 @@ void check_host_values() {
     barrier(g, "the check's barrier");
 }
 
-// Bytes counted as a ring moves them (llmc/comm.h): an all-reduce of n elements sends and receives
+// Bytes counted as a ring moves them (llmc/parallel/comm.h): an all-reduce of n elements sends and receives
 // 2 (P-1) n / P of them in its reduce-scatter and as many in its all-gather; a reduce-scatter or an
 // all-gather of P blocks of c, 2 (P-1) c.
 void check_byte_count() {
@@ -287,7 +287,7 @@ void check_send_recv_and_split() {
     }
 }
 
-// pipeline_run (llmc/pipeline.h) with a model of sums, every process a stage: stage s's forward adds
+// pipeline_run (llmc/parallel/pipeline.h) with a model of sums, every process a stage: stage s's forward adds
 // s + 1 to its input (micro-batch i enters stage 0 as 100 i) and the last stage's loss is its output;
 // the backward starts from i + 1 on the last stage and each stage doubles what it receives. So the
 // loss sum, the gradient that reaches stage 0, and the order of each stage's calls (its schedule)

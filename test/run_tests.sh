@@ -110,7 +110,7 @@ run_kernels_both_orders() {
 start_all=$(date +%s)
 
 run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
-# llmc/comm.h's calls checked against their definitions on the MPI backend (needs mpirun)
+# llmc/parallel/comm.h's calls checked against their definitions on the MPI backend (needs mpirun)
 if command -v mpirun >/dev/null && [ -x build/comm_check ]; then
     run_suite comm-mpi-np3 cpu "$(mpirun_np 3) build/comm_check"
 fi

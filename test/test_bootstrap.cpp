@@ -1,5 +1,5 @@
-// The host side of multi-GPU start-up and sharding, which needs no GPU (llmc/bootstrap.h,
-// llmc/grad_buckets.h):
+// The host side of multi-GPU start-up and sharding, which needs no GPU (llmc/parallel/bootstrap.h,
+// llmc/parallel/grad_buckets.h):
 //  - the TCP and shared-file exchanges of rank 0's NCCL id, every rank a thread of this process, on
 //    127.0.0.1 only and in a scratch directory: every rank gets rank 0's bytes, in whatever order the
 //    ranks start;
@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "../llmc/bootstrap.h"
-#include "../llmc/grad_buckets.h"
+#include "../llmc/parallel/bootstrap.h"
+#include "../llmc/parallel/grad_buckets.h"
 #include "test_helpers.h"
 
 namespace {

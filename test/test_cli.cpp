@@ -1,5 +1,5 @@
-// The trainer's command line (llmc/args.h), learning-rate schedules (llmc/schedulers.h) and log
-// truncation on resume (llmc/logger.h).
+// The trainer's command line (llmc/run/args.h), learning-rate schedules (llmc/run/schedulers.h) and log
+// truncation on resume (llmc/run/logger.h).
 //
 // Flag errors are checked on the built trainer (GPT2_ROOT/train_gpt2, which `make test` builds before
 // this binary runs): each bad command line must exit non-zero with a message naming the flag. The
@@ -13,14 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "../llmc/args.h"
-#include "../llmc/checkpoint.h"
-#include "../llmc/dataloader.h"
-#include "../llmc/logger.h"
-#include "../llmc/loss_scaler.h"
-#include "../llmc/output_lock.h"
-#include "../llmc/comm_mpi.h"
-#include "../llmc/schedulers.h"
+#include "../llmc/run/args.h"
+#include "../llmc/io/checkpoint.h"
+#include "../llmc/io/dataloader.h"
+#include "../llmc/run/logger.h"
+#include "../llmc/run/loss_scaler.h"
+#include "../llmc/io/output_lock.h"
+#include "../llmc/parallel/comm_mpi.h"
+#include "../llmc/run/schedulers.h"
 #include "test_helpers.h"
 
 namespace {

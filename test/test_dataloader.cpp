@@ -1,4 +1,4 @@
-// The data loader (llmc/dataloader.h) and the random draws it shuffles with (llmc/rand.h).
+// The data loader (llmc/io/dataloader.h) and the random draws it shuffles with (llmc/rand.h).
 //
 // Shards are written with shard_write into build/test_tmp. Every token of a test data set is unique
 // (shard s holds s * 10000 + j at offset j), so a batch's first input names the shard and the offset
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "../llmc/dataloader.h"
+#include "../llmc/io/dataloader.h"
 #include "../llmc/rand.h"
 #include "test_helpers.h"
 

@@ -12,18 +12,18 @@
 //    resumes as 1 process, dp 3 and tp 2;
 //  - pipeline parallelism (pp 2 and pp 3 on 5 layers, both schedules, pp 2 x dp 2 with -z 1, tp 2 x pp 2)
 //    follows one process, and a tp 2 x pp 2 checkpoint resumes as 1 process and as dp 3; the schedules
-//    themselves (llmc/pipeline.h) are checked directly;
+//    themselves (llmc/parallel/pipeline.h) are checked directly;
 //  - processes started with different flags are stopped at start-up;
 //  - killing one process ends the run with an error within a bounded time.
-// The shard arithmetic itself (llmc/zero.h) is checked directly.
+// The shard arithmetic itself (llmc/parallel/zero.h) is checked directly.
 #include <chrono>
 #include <map>
 #include <fstream>
 #include <map>
 #include <sstream>
 
-#include "../llmc/pipeline.h"
-#include "../llmc/zero.h"
+#include "../llmc/parallel/pipeline.h"
+#include "../llmc/parallel/zero.h"
 #include "test_helpers.h"
 
 namespace {
@@ -186,7 +186,7 @@ void memory_line(const std::string& output, const std::string& label, double* al
 // ODD model: 14343 parameters, a padded shard with 2 processes). Same tolerances as above.
 // The start-up table: each term is the ZeRO formula (computed here from Ψ and N) plus at most the
 // padding of the shards: fewer than N elements (4 bytes each, 8 for the two moments).
-// Communication (metrics.jsonl, ring model of llmc/comm.h): -z 0 all-reduces Ψ once per step,
+// Communication (metrics.jsonl, ring model of llmc/parallel/comm.h): -z 0 all-reduces Ψ once per step,
 // 16Ψ(N-1)/N bytes; -z 2 reduce-scatters Ψ every micro-step and all-gathers Ψ once,
 // (8*accum + 8)Ψ(N-1)/N; -z 3 gathers the parameters twice per micro-step (the backward skips unit 0)
 // and never after the update, so it moves more than -z 2. 1% covers the per-unit rounding of N.
@@ -262,7 +262,7 @@ TEST(Distributed, ResumeAcrossZeroStagesAndProcessCounts) {
     }
 }
 
-// A checkpoint is layout-independent (llmc/train_common.h assembles each process's optimizer range from
+// A checkpoint is layout-independent (llmc/run/train_common.h assembles each process's optimizer range from
 // all state files; the shuffled data order is one order dealt to the ranks): the 2-process -z 1
 // checkpoint of step 3 resumes bit for bit as 2 processes, and as 3 processes and as 1 process to fp32
 // rounding (expect_same_training: their sums are ordered differently).
@@ -302,7 +302,7 @@ TEST(Distributed, ResumeAcrossRanksEqualsUninterrupted) {
     EXPECT_NE(more.output.find("continuing from step 6"), std::string::npos) << more.output;
 }
 
-// Tensor parallelism (llmc/tensor_parallel.h) against one process on the same global batch, to fp32
+// Tensor parallelism (llmc/parallel/tensor_parallel.h) against one process on the same global batch, to fp32
 // rounding (expect_same_training: the all-reduces order the sums differently): tp 2; tp 3 on a model
 // whose 3 heads it divides (C = 21: 7 columns per rank; Vp 384: 128 vocabulary rows per rank); and
 // tp 2 x dp 2 with ZeRO-1. Each process must also hold only its slices: the printed parameter memory.
@@ -422,7 +422,7 @@ TEST(Pipeline, StagesAndSchedules) {
     }
 }
 
-// Pipeline parallelism (llmc/pipeline.h) against one process on the same global batch, to fp32
+// Pipeline parallelism (llmc/parallel/pipeline.h) against one process on the same global batch, to fp32
 // rounding (expect_same_training: the tied wte gradient is summed across stages at the end of the step
 // instead of accumulated in place). 5 layers split 3+2 and 2+2+1; both schedules; with dp and tp.
 // Also: each stage stores less than the whole model; 1F1B keeps fewer activations than GPipe; the

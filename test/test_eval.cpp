@@ -1,10 +1,10 @@
 // Evaluation and sampling:
-//  - HellaSwag (llmc/hellaswag.h): a small file in HellaSwag's JSONL format, written here, is
+//  - HellaSwag (llmc/run/hellaswag.h): a small file in HellaSwag's JSONL format, written here, is
 //    tokenized by dev/data/hellaswag.py (our C++ tokenizer) and scored by our CPU model, in process and
 //    through train_gpt2 -x 0 -hs; the PyTorch oracle scores the same items from the definition
 //    (tiktoken's tokens, float64, len() in characters): per-ending losses, the three predictions and
 //    the accuracies must agree. Malformed files are refused with a message.
-//  - Sampling (llmc/sampler.h, -st -sk -sp -ss): temperature 1 / top-k 0 is the old sampler bit for
+//  - Sampling (llmc/run/sampler.h, -st -sk -sp -ss): temperature 1 / top-k 0 is the old sampler bit for
 //    bit, top-k keeps only the k best, temperature 0 is argmax; runs are deterministic given -ss and
 //    a prompt is tokenized and printed first.
 #include <omp.h>
@@ -17,30 +17,30 @@
 #include <vector>
 
 #include "../llmc/adamw.h"
-#include "../llmc/args.h"
+#include "../llmc/run/args.h"
 #include "../llmc/attention.h"
-#include "../llmc/bpe.h"
-#include "../llmc/checkpoint.h"
+#include "../llmc/tokenizer/bpe.h"
+#include "../llmc/io/checkpoint.h"
 #include "../llmc/crossentropy.h"
-#include "../llmc/dataloader.h"
+#include "../llmc/io/dataloader.h"
 #include "../llmc/encoder.h"
 #include "../llmc/gelu.h"
 #include "../llmc/gpt2_config.h"
 #include "../llmc/gpt2_init.h"
-#include "../llmc/hellaswag.h"
+#include "../llmc/run/hellaswag.h"
 #include "../llmc/layernorm.h"
-#include "../llmc/logger.h"
+#include "../llmc/run/logger.h"
 #include "../llmc/matmul.h"
-#include "../llmc/comm_mpi.h"
-#include "../llmc/prompt.h"
+#include "../llmc/parallel/comm_mpi.h"
+#include "../llmc/tokenizer/prompt.h"
 #include "../llmc/rand.h"
 #include "../llmc/residual.h"
-#include "../llmc/sampler.h"
-#include "../llmc/schedulers.h"
-#include "../llmc/tokenizer_file.h"
-#include "../llmc/train_common.h"
+#include "../llmc/run/sampler.h"
+#include "../llmc/run/schedulers.h"
+#include "../llmc/tokenizer/tokenizer_file.h"
+#include "../llmc/run/train_common.h"
 #include "../llmc/utils.h"
-#include "../llmc/zero.h"
+#include "../llmc/parallel/zero.h"
 #include "test_helpers.h"
 
 // Our CPU model, in a namespace of its own (test_model.cpp compiles it into this binary too; see test_hf.cpp).
@@ -329,7 +329,7 @@ TEST(Plot, TwoRunsToPngOfTheRequestedSizeAndMalformedFilesRefused) {
     test::CommandResult has = test::run_command(test::python() + " -c 'import matplotlib'");
     if (has.exit_code != 0) GTEST_SKIP() << "matplotlib is not installed for " << test::python();
     std::string dir = test::scratch_dir("plot");
-    for (int run = 0; run < 2; run++) {  // the lines train_gpt2 writes (llmc/logger.h)
+    for (int run = 0; run < 2; run++) {  // the lines train_gpt2 writes (llmc/run/logger.h)
         Logger logger;
         make_dir_check(dir + "/run" + std::to_string(run));
         logger_open(&logger, dir + "/run" + std::to_string(run), -1);

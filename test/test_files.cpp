@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "../llmc/checkpoint.h"
-#include "../llmc/dataloader.h"
-#include "../llmc/tokenizer_file.h"
+#include "../llmc/io/checkpoint.h"
+#include "../llmc/io/dataloader.h"
+#include "../llmc/tokenizer/tokenizer_file.h"
 #include "../llmc/utils.h"
 #include "test_helpers.h"
 

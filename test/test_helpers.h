@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../llmc/dataloader.h"
+#include "../llmc/io/dataloader.h"
 #include "../llmc/utils.h"
 
 namespace test {

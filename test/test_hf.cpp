@@ -5,7 +5,7 @@
 //  - our forward on the imported file matches the PyTorch oracle on that file, and a float64 NumPy
 //    forward written from HF's semantics on the original HF file (so a transposed or misplaced tensor
 //    cannot hide: the oracle alone would agree with any consistent mistake);
-//  - F16 and BF16 inputs convert exactly; --bf16 rounds to nearest even as llmc/checkpoint.h does;
+//  - F16 and BF16 inputs convert exactly; --bf16 rounds to nearest even as llmc/io/checkpoint.h does;
 //  - the hub's names with and without `transformer.`, buffers and a tied lm_head all import alike;
 //  - truncated, corrupt and foreign files, and unconvertible configs, are refused with a message;
 //  - where transformers is installed, GPT2LMHeadModel loads the export as is and its logits match ours.
@@ -19,27 +19,27 @@
 #include <vector>
 
 #include "../llmc/adamw.h"
-#include "../llmc/args.h"
+#include "../llmc/run/args.h"
 #include "../llmc/attention.h"
-#include "../llmc/checkpoint.h"
+#include "../llmc/io/checkpoint.h"
 #include "../llmc/crossentropy.h"
-#include "../llmc/dataloader.h"
+#include "../llmc/io/dataloader.h"
 #include "../llmc/encoder.h"
 #include "../llmc/gelu.h"
 #include "../llmc/gpt2_config.h"
 #include "../llmc/gpt2_init.h"
 #include "../llmc/layernorm.h"
-#include "../llmc/logger.h"
+#include "../llmc/run/logger.h"
 #include "../llmc/matmul.h"
-#include "../llmc/comm_mpi.h"
+#include "../llmc/parallel/comm_mpi.h"
 #include "../llmc/rand.h"
 #include "../llmc/residual.h"
-#include "../llmc/sampler.h"
-#include "../llmc/schedulers.h"
-#include "../llmc/tokenizer_file.h"
-#include "../llmc/train_common.h"
+#include "../llmc/run/sampler.h"
+#include "../llmc/run/schedulers.h"
+#include "../llmc/tokenizer/tokenizer_file.h"
+#include "../llmc/run/train_common.h"
 #include "../llmc/utils.h"
-#include "../llmc/zero.h"
+#include "../llmc/parallel/zero.h"
 #include "test_helpers.h"
 
 // Our CPU model. test_model.cpp already compiles train_gpt2.cpp into this binary, so a second plain
@@ -202,14 +202,14 @@ TEST(HfImport, HalfPrecisionTensorsConvertExactly) {
     EXPECT_TRUE(v3 == v5) << "a BF16 file imported as version 5 must keep its values";
 }
 
-// --bf16 rounds like llmc/checkpoint.h's float_to_bf16 (round to nearest even, NaN stays NaN), on
+// --bf16 rounds like llmc/io/checkpoint.h's float_to_bf16 (round to nearest even, NaN stays NaN), on
 // planted ties, subnormals, infinities, the largest float and NaNs whose payload is in the low bits.
 TEST(HfImport, Bf16RoundsToNearestEvenLikeTheTrainer) {
     std::string dir = test::scratch_dir("hf_bf16");
     run_ok(fixture() + " write " + dir + "/hf --special");
     hf_import(dir + "/hf", dir + "/v3.bin");
     hf_import(dir + "/hf", dir + "/v5.bin", true);
-    // read as stored: model_file_read refuses the planted infinities and NaNs (llmc/checkpoint.h)
+    // read as stored: model_file_read refuses the planted infinities and NaNs (llmc/io/checkpoint.h)
     std::string b3 = file_bytes(dir + "/v3.bin"), b5 = file_bytes(dir + "/v5.bin");
     ASSERT_GT(b5.size(), (size_t)HEADER_BYTES);
     size_t n = (b5.size() - HEADER_BYTES) / 2;

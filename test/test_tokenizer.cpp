@@ -1,5 +1,5 @@
-// Tests of GPT-2's tokenizer (llmc/bpe.h), the tokenizer_gpt2 tool and data preparation
-// (llmc/bpe_prepro.h).
+// Tests of GPT-2's tokenizer (llmc/tokenizer/bpe.h), the tokenizer_gpt2 tool and data preparation
+// (llmc/tokenizer/bpe_prepro.h).
 //
 // The reference ids come from OpenAI's tiktoken, an independent GPT-2 encoder (Rust), run by
 // $GPT2_PYTHON through test/tokenizer_oracle.py on the same local encoder.json / vocab.bpe (nothing is
@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "../llmc/bpe.h"
-#include "../llmc/bpe_prepro.h"
-#include "../llmc/dataloader.h"
-#include "../llmc/tokenizer_file.h"
+#include "../llmc/tokenizer/bpe.h"
+#include "../llmc/tokenizer/bpe_prepro.h"
+#include "../llmc/io/dataloader.h"
+#include "../llmc/tokenizer/tokenizer_file.h"
 #include "test_helpers.h"
 
 namespace {
@@ -836,7 +836,7 @@ TEST(TokenizerPrepro, TooFewTokensForTheValSplitWritesNoShard) {
     EXPECT_FALSE(file_exists(dir + "/out/s_train_000000.bin"));
 }
 
-// Shards written by prepro, read back through the trainers' data loader (llmc/dataloader.h): every
+// Shards written by prepro, read back through the trainers' data loader (llmc/io/dataloader.h): every
 // batch holds the stream's tokens where FORMATS.md's layout puts them.
 TEST(TokenizerPrepro, ShardsRoundTripThroughTheDataLoader) {
     REQUIRE_TOKENIZER();

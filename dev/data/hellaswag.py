@@ -9,7 +9,7 @@ Input: HellaSwag's JSON lines (github.com/rowanz/hellaswag, data/hellaswag_val.j
 line with at least "ctx" (the context), "endings" (the candidate endings, 4) and "label" (the index of
 the right one). As in llm.c's dev/data/hellaswag.py, the model reads the context as it is and each
 ending with one space in front ("ctx" + " " + ending); the context and the endings are tokenized
-separately, with our C++ GPT-2 tokenizer (tokenizer_gpt2, llmc/bpe.h).
+separately, with our C++ GPT-2 tokenizer (tokenizer_gpt2, llmc/tokenizer/bpe.h).
 
 Output (../shared/FORMATS.md, "Evaluation set", llm.c's layout): a header of 256 int32 {20240522, 1,
 number of examples, longest example in bytes}, then per example the uint16 stream 65535, the example's

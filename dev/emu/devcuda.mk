@@ -25,7 +25,7 @@ DEVCUDA_LINK = $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS) -lgomp $(EMU_LDLIBS)
 
 emu-devcuda: $(DEVCUDA_BINS)
 
-$(DEVCUDA_BUILD)/%_kernels.cpp: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh llmc/*.cuh llmc/*.h) $(EMU_DIR)/kernel_table.sh
+$(DEVCUDA_BUILD)/%_kernels.cpp: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h) $(EMU_DIR)/kernel_table.sh
 	@mkdir -p $(dir $@)
 	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "dev/cuda/$*.cu"
 

@@ -36,7 +36,7 @@ EMU_LIB_SOURCES := $(wildcard $(EMU_DIR)/cublas*.cpp $(EMU_DIR)/nccl*.cpp)
 EMU_LIB_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_LIB_SOURCES))
 
 # the CUDA sources the emulated targets are built from (and dev/cuda, for its programs)
-EMU_CU_SOURCES := train_gpt2.cu $(wildcard llmc/*.h llmc/*.cuh test/gpu/*.cu test/gpu/*.cuh test/*.h dev/cuda/*.cu dev/cuda/*.cuh) \
+EMU_CU_SOURCES := train_gpt2.cu $(wildcard llmc/*.h llmc/*.cuh llmc/*/*.h llmc/*/*.cuh test/gpu/*.cu test/gpu/*.cuh test/*.h dev/cuda/*.cu dev/cuda/*.cuh) \
                   $(EMU_DIR)/test_emu_core.cpp
 EMU_SRC := $(EMU_BUILD)/src
 
@@ -62,7 +62,7 @@ $(EMU_LIB_OBJECTS): $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS) $
 	$(EMU_CXX) $(EMU_BASE_FLAGS) -c $< -o $@
 
 # registers and static shared memory per kernel, both precisions (the test includes the trainer)
-$(EMU_BUILD)/kernel_table.cpp: $(EMU_DIR)/kernel_table.sh train_gpt2.cu $(wildcard llmc/*.cuh test/gpu/*)
+$(EMU_BUILD)/kernel_table.cpp: $(EMU_DIR)/kernel_table.sh train_gpt2.cu $(wildcard llmc/*.cuh llmc/*/*.cuh test/gpu/*)
 	@mkdir -p $(dir $@)
 	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "test/gpu/test_gpt2.cu" "test/gpu/test_gpt2.cu -DENABLE_FP32"
 

@@ -13,7 +13,7 @@ NCCL_EMU_MPIRUN = timeout 300 mpirun --allow-run-as-root --oversubscribe
 
 .PHONY: emu-test-nccl
 
-$(EMU_BUILD)/test_nccl_emu: $(EMU_DIR)/test_nccl_emu.cpp $(EMU_CORE_OBJECTS) $(NCCL_EMU_OBJECTS) llmc/comm.h llmc/comm_mpi.h
+$(EMU_BUILD)/test_nccl_emu: $(EMU_DIR)/test_nccl_emu.cpp $(EMU_CORE_OBJECTS) $(NCCL_EMU_OBJECTS) llmc/parallel/comm.h llmc/parallel/comm_mpi.h
 	$(EMU_CXX) $(EMU_BASE_FLAGS) -I. $< $(EMU_CORE_OBJECTS) $(NCCL_EMU_OBJECTS) $(EMU_LDLIBS) -o $@
 
 ifneq ($(findstring USE_MPI,$(EMU_CXX)),)
@@ -26,7 +26,7 @@ emu-test-nccl:
 	@echo "emu-test-nccl: needs Open MPI's mpicxx and mpirun (the NCCL emulation runs over MPI); skipped"
 endif
 
-# llmc/comm.h's checks on its NCCL backend: test/comm_check.cpp compiled as CUDA for the emulator
+# llmc/parallel/comm.h's checks on its NCCL backend: test/comm_check.cpp compiled as CUDA for the emulator
 # (the MPI backend's build is the top-level Makefile's build/comm_check); run under mpirun -np 2 or 3
 # with EMU_DEVICE_COUNT set to the process count.
 $(EMU_BUILD)/src/test/comm_check.cpp: test/comm_check.cpp $(EMU_DIR)/cu2cpp.sh

@@ -4,7 +4,7 @@
 //
 // Threads. The host thread calls the API; the collectives run later on the emulator's device thread
 // (emu::enqueue). Both call MPI, at the same time: MPI must be initialized with MPI_THREAD_MULTIPLE
-// (llmc/comm_mpi.h asks for it; ncclCommInitRank refuses a lower level). On one communicator the
+// (llmc/parallel/comm_mpi.h asks for it; ncclCommInitRank refuses a lower level). On one communicator the
 // two threads never run MPI collectives at the same time: the host's (forming, finalizing) happen
 // before the first and after the last queued collective, which is what the MPI standard asks
 // (collectives on one MPI communicator start in the same order on every rank).

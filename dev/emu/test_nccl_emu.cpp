@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/comm_mpi.h"
+#include "llmc/parallel/comm_mpi.h"
 
 #ifndef USE_MPI
 #error "the NCCL emulation tests run under mpirun: build with mpicxx -DUSE_MPI (dev/emu/nccl.mk)"

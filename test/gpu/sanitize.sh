@@ -35,7 +35,7 @@ oracle=build/oracle/tiny  # made by the test suite (or test/gpu/prepare_gpu_run.
 rm -rf "$out" && mkdir -p "$out"
 
 # our kernels, by name: every __global__ function in llmc/*.cuh
-our_kernels=$(grep -hoE '__global__ void (__launch_bounds__\([^)]*\) )?[A-Za-z_0-9]+' "$root"/llmc/*.cuh | awk '{print $NF}' |
+our_kernels=$(grep -hoE '__global__ void (__launch_bounds__\([^)]*\) )?[A-Za-z_0-9]+' "$root"/llmc/*.cuh "$root"/llmc/*/*.cuh | awk '{print $NF}' |
               sort -u | paste -sd '|')
 [ -n "$our_kernels" ] || { echo "sanitize.sh: found no __global__ kernels in llmc/*.cuh"; exit 1; }
 

@@ -208,7 +208,7 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
     EXPECT_NE(run.result.output.find("tok/s | MFU"), std::string::npos) << "step lines carry tokens/s and MFU";
     EXPECT_NE(run.result.output.find("recompute -r 1 saves"), std::string::npos) << "start-up prints the memory saved";
     EXPECT_NE(run.result.output.find("; -r 0/1/2/3: "), std::string::npos) << "and the memory of every level";
-    // the step breakdown (llmc/phase_timer.h): GPU phases timed by events, host ones by the clock; the
+    // the step breakdown (llmc/run/phase_timer.h): GPU phases timed by events, host ones by the clock; the
     // phases inside the step cannot add up to more than its time (1% for rounding and the clock reads
     // between phases), and the forward and backward take some time
     EXPECT_NE(run.result.output.find(" GFLOP/s | data "), std::string::npos) << "step lines carry the breakdown";
@@ -366,7 +366,7 @@ TEST(TrainNonFinite, SkippedStepLeavesWeightsAndMomentsUntouched) {
 
 #if defined(ENABLE_FP16)
 // ----------------------------------------------------------------------------
-// FP16 with dynamic loss scaling (llmc/loss_scaler.h, doc/mixed_precision.md). The oracle tolerances
+// FP16 with dynamic loss scaling (llmc/run/loss_scaler.h, doc/mixed_precision.md). The oracle tolerances
 // above are bf16's; fp16 keeps 3 more mantissa bits (2^-11 relative rounding against 2^-8), so they
 // bound fp16 with room to spare wherever nothing underflows or overflows, which loss scaling ensures.
 

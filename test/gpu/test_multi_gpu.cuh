@@ -1,4 +1,4 @@
-// Data parallelism on GPUs (llmc/nccl.cuh), run through the train_gpt2cu binary. Included by
+// Data parallelism on GPUs (llmc/parallel/comm_nccl.cuh), run through the train_gpt2cu binary. Included by
 // test_gpt2.cu after its helpers (run_trainer, tiny_cosine_flags; metrics_without_timings is in test_helpers.h).
 //
 // One GPU is enough for the first group: the NCCL path with one process must be the single-GPU
@@ -225,7 +225,7 @@ TEST(MultiGpu, ResumeEqualsUninterruptedAndOneProcessTakesTheState) {
     for (const char* f : {"/model_00000006.bin", "/state_00000006_00000.bin", "/state_00000006_00001.bin", "/DONE_00000006"}) {
         ASSERT_EQ(remove((b + f).c_str()), 0) << f;
     }
-    // one process takes the state of two (llmc/train_common.h assembles its range from both state files)
+    // one process takes the state of two (llmc/run/train_common.h assembles its range from both state files)
     // and runs the remaining steps; a copy, so that b stays as the 2-process run left it
     std::string single = test::scratch_dir("mgpu_resume_single");
     ASSERT_EQ(test::run_command("cp -r " + b + "/. " + single).exit_code, 0);

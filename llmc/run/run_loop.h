@@ -10,8 +10,8 @@
 //       zero_grad; read the step's micro-batches  hooks.zero_grad; the train loader
 //       forward and backward of every micro-batch hooks.forward_backward (a pipeline runs its schedule)
 //       combine the gradients: global norm       hooks.reduce_gradients
-//       skip a non-finite step, or update        llmc/loss_scaler.h; hooks.update
-//       the step line and metrics.jsonl          timings by phase (llmc/phase_timer.h), MFU
+//       skip a non-finite step, or update        llmc/run/loss_scaler.h; hooks.update
+//       the step line and metrics.jsonl          timings by phase (llmc/run/phase_timer.h), MFU
 //
 // At step N the parameters have had N updates. Every process runs the loop; the hooks that involve
 // other processes (sums, checkpoints, a sample under ZeRO-3) are collective and every process reaches
@@ -67,9 +67,9 @@ struct RunHooks {
     // The mean loss of a forward pass over one batch (B, T) of inputs and targets on this process (0 on a
     // pipeline stage before the last).
     std::function<double(const int* inputs, const int* targets, int B, int T)> eval_loss;
-    // HellaSwag's counts over every process (llmc/hellaswag.h: hellaswag_evaluate_all). Collective.
+    // HellaSwag's counts over every process (llmc/run/hellaswag.h: hellaswag_evaluate_all). Collective.
     std::function<HellaSwagResult(const HellaSwagSet& set)> hellaswag;
-    // Writes checkpoint `step` (llmc/checkpoint.h; the run's loader, sampler and scaler go into the
+    // Writes checkpoint `step` (llmc/io/checkpoint.h; the run's loader, sampler and scaler go into the
     // state files). Collective.
     std::function<void(const TrainRun& run, int step)> save_checkpoint;
     // Prints a sample (train_common.h's generate_sample) with the run's settings. Called on every

@@ -29,9 +29,9 @@
 
 #include <dirent.h>
 
+#include "../io/dataloader.h"
+#include "../utils.h"
 #include "bpe.h"
-#include "dataloader.h"
-#include "utils.h"
 
 constexpr size_t PREPRO_BATCH_BYTES = 32 << 20;
 constexpr size_t PREPRO_READ_CHUNK = 8 << 20;

@@ -1,9 +1,9 @@
-// The MPI backend of llmc/comm.h: the processes of a CPU run and the collectives between them, on host
+// The MPI backend of llmc/parallel/comm.h: the processes of a CPU run and the collectives between them, on host
 // buffers.
 //
 // Built with USE_MPI (the Makefile defines it when mpicxx is found) and launched with
 // `mpirun -np N ./train_gpt2 ...`, the processes form one world group; the layout splits it into its
-// sub-groups (llmc/parallel_layout.h). Built without MPI, or run without mpirun, there is one process
+// sub-groups (llmc/parallel/layout.h). Built without MPI, or run without mpirun, there is one process
 // and every collective is the identity. MPI's reduction order is fixed for a given process count, so
 // runs are reproducible.
 #pragma once
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "../utils.h"
 #include "comm.h"
-#include "utils.h"
 
 // The number of processes a parallel launcher says it started, from the environment it gives each of
 // them: Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), MPICH/Intel MPI's Hydra and Slurm's PMI (PMI_SIZE),

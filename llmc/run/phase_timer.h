@@ -10,7 +10,7 @@
 //
 // The CPU trainer times phases with the host clock, which is the time the work takes, since every
 // function returns when its work is done. The CUDA trainer's kernels run asynchronously, so it times
-// the GPU phases with CUDA events recorded on its stream (llmc/phase_events.cuh) and passes the
+// the GPU phases with CUDA events recorded on its stream (llmc/run/phase_events.cuh) and passes the
 // elapsed times in; neither changes what is computed or in which order.
 //
 // MFU (model FLOPs utilization) = the step's model FLOPs (flops_per_token in llmc/gpt2_config.h; the

@@ -10,18 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "../gpt2_config.h"
+#include "../io/checkpoint.h"
+#include "../io/dataloader.h"
+#include "../io/output_lock.h"
+#include "../parallel/comm.h"
+#include "../rand.h"
+#include "../tokenizer/prompt.h"
+#include "../tokenizer/tokenizer_file.h"
 #include "args.h"
-#include "checkpoint.h"
-#include "comm.h"
-#include "dataloader.h"
-#include "gpt2_config.h"
 #include "loss_scaler.h"
-#include "output_lock.h"
-#include "prompt.h"
-#include "rand.h"
 #include "sampler.h"
 #include "schedulers.h"
-#include "tokenizer_file.h"
 
 // The state file of one process, without the optimizer buffers (the trainer fills m, v, master from
 // its own memory, host or device). The process updates parameters [opt_begin, opt_end).
@@ -75,7 +75,7 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
     s->updates = state.updates;
 }
 
-// One run per output directory (llmc/output_lock.h): process 0 makes -o and locks it until it ends.
+// One run per output directory (llmc/io/output_lock.h): process 0 makes -o and locks it until it ends.
 inline void output_dir_lock_for_run(const TrainArgs& args, int rank) {
     if (!args.output_dir.empty() && rank == 0) {
         make_dir_check(args.output_dir);
@@ -333,7 +333,7 @@ inline bool load_sample_tokenizer(const TrainArgs& args, const GPT2Config& cfg, 
 }
 
 // What a sample is: `count` tokens after end-of-text and the prompt's tokens (-sp), each drawn with
-// temperature and top-k (llmc/sampler.h) from the model's distribution given the tokens so far (at
+// temperature and top-k (llmc/run/sampler.h) from the model's distribution given the tokens so far (at
 // most the last T of them).
 struct SampleSettings {
     int count = 0, T = 0, eot = 0, top_k = 0;

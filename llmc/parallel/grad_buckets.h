@@ -1,6 +1,6 @@
 // Which parts of the gradient the GPU trainer reduces across processes, and when: the plan that lets
 // the reduction run during the backward pass. Host arithmetic only, tested on the CPU
-// (test/test_bootstrap.cpp); reduce_gradient_bucket turns a bucket into collectives (llmc/comm.h).
+// (test/test_bootstrap.cpp); reduce_gradient_bucket turns a bucket into collectives (llmc/parallel/comm.h).
 //
 // The backward pass goes through the layers last to first. When layer l's backward is done, layer
 // l's slice of each of the 12 per-layer tensors (ln1w .. fcprojb, each stacked over L in the flat
@@ -9,7 +9,7 @@
 // backward ends (wte's gradient gets its last part from the encoder's backward, the very last op).
 //
 //   -z 0: every slice is all-reduced (owner -1): every process gets the sum.
-//   -z 1: a slice is cut where it crosses a shard boundary (llmc/zero.h) and each piece is reduced to
+//   -z 1: a slice is cut where it crosses a shard boundary (llmc/parallel/zero.h) and each piece is reduced to
 //         the process whose shard holds it (owner = that rank). Over all buckets the pieces tile
 //         [0, N) exactly once, so together they are a reduce-scatter of the whole gradient, done in L+1
 //         installments instead of one call after the backward.
@@ -23,11 +23,11 @@
 #include <cstddef>
 #include <vector>
 
+#include "../gpt2_config.h"
 #include "comm.h"
-#include "gpt2_config.h"
 #include "zero.h"
 
-// ShardLayout of llmc/zero.h with shard_size a multiple of `align`; begin/end still clip to N.
+// ShardLayout of llmc/parallel/zero.h with shard_size a multiple of `align`; begin/end still clip to N.
 inline ShardLayout aligned_shard_layout(size_t num_parameters, int num_processes, int rank, size_t align) {
     size_t per_process = (num_parameters + num_processes - 1) / num_processes;
     size_t shard_size = (per_process + align - 1) / align * align;

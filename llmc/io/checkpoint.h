@@ -9,7 +9,7 @@
 //   h[2] num_processes   h[3] rank    h[4] B    h[5] T    h[6] grad_accum_steps   h[7] has_master (0/1)
 //   h[8..23] eight int64: step, data epoch, data shard index, data sample index, sampler rng state,
 //            number of parameters, first parameter of this rank's optimizer shard, shard length
-//   h[24] loss scale S (fp32 bits; llmc/loss_scaler.h)   h[25] clean steps since S last changed
+//   h[24] loss scale S (fp32 bits; llmc/run/loss_scaler.h)   h[25] clean steps since S last changed
 //   h[26] consecutive skipped steps   h[27] data-parallel processes (0 in older files: all of them, h[2])
 //   h[28..31] two int64: skipped steps, AdamW updates applied
 // then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master.
@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt2_config.h"
-#include "utils.h"
+#include "../gpt2_config.h"
+#include "../utils.h"
 
 constexpr int32_t MODEL_MAGIC = 20240326;
 constexpr int32_t MODEL_VERSION_FP32 = 3;
@@ -169,7 +169,7 @@ struct TrainState {
     int64_t shard_length = 0;
     std::vector<float> m, v;    // (shard_length)
     std::vector<float> master;  // (shard_length) or empty
-    // skipped steps and loss scaling (llmc/loss_scaler.h): S is 1 in a run without scaling; read from a
+    // skipped steps and loss scaling (llmc/run/loss_scaler.h): S is 1 in a run without scaling; read from a
     // version-1 file, which has none, it is 0 (the resumed run keeps its initial S)
     float loss_scale = 1.0f;
     int32_t clean_steps = 0, consecutive_skipped = 0;

@@ -1,4 +1,4 @@
-// Tensor parallelism (Megatron-LM style) over the TP group of llmc/parallel_layout.h.
+// Tensor parallelism (Megatron-LM style) over the TP group of llmc/parallel/layout.h.
 //
 // Each of the tp processes of a group stores only its slices of the parameters (rank t of tp):
 //   wte (Vp, C)          rows [t·Vp/tp, (t+1)·Vp/tp)      vocabulary-parallel embedding and LM head
@@ -27,10 +27,10 @@
 #include <cstring>
 #include <vector>
 
+#include "../encoder.h"
+#include "../gpt2_config.h"
+#include "../matmul.h"
 #include "comm.h"
-#include "encoder.h"
-#include "gpt2_config.h"
-#include "matmul.h"
 
 // True for the tensors that every TP rank holds whole.
 inline bool tp_param_is_replicated(int i) {

@@ -1,4 +1,4 @@
-// The CUDA trainer's side of the step breakdown (llmc/phase_timer.h): NVTX ranges, so that Nsight
+// The CUDA trainer's side of the step breakdown (llmc/run/phase_timer.h): NVTX ranges, so that Nsight
 // Systems shows each phase of a step on the timeline, and CUDA events for the phases whose work runs
 // on the GPU after the host has moved on (the forward and backward are queued, not waited for).
 //
@@ -11,7 +11,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "phase_timer.h"
 
 inline void nvtx_phase_begin(const char* name) { nvtxRangePushA(name); }

@@ -2,7 +2,7 @@
 //
 // NCCL forms a communicator from an ncclUniqueId, an opaque 128-byte value that rank 0 creates and
 // every other rank must receive by some other means. Under mpirun that is an MPI broadcast (in
-// llmc/nccl.cuh). Without MPI, this header moves such an opaque blob from rank 0 to the others in one
+// llmc/parallel/comm_nccl.cuh). Without MPI, this header moves such an opaque blob from rank 0 to the others in one
 // of two ways, and never waits without a deadline:
 //
 //   TCP  (-pi tcp -ps HOST:PORT): rank 0 listens on HOST:PORT. Every other rank connects, retrying
@@ -51,7 +51,7 @@
 #include <thread>
 #include <vector>
 
-#include "utils.h"
+#include "../utils.h"
 
 constexpr uint32_t BOOTSTRAP_TCP_MAGIC = 20261201;
 constexpr uint32_t BOOTSTRAP_FILE_MAGIC = 20261202;

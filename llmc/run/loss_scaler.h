@@ -21,7 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "utils.h"
+#include "../utils.h"
 
 struct LossScaler {
     // dynamic loss scaling (the FP16 build); otherwise scale stays 1

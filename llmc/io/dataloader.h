@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "rand.h"
-#include "utils.h"
+#include "../rand.h"
+#include "../utils.h"
 
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;

@@ -29,17 +29,17 @@
 
 #include <string>
 
+#include "../gpt2_config.h"
+#include "../utils.h"
 #include "comm.h"
-#include "gpt2_config.h"
 #include "pipeline.h"
-#include "utils.h"
 
 struct ParallelLayout {
     int tp = 1, pp = 1, dp = 1;                 // sizes; tp * pp * dp = world.size
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;  // this process's coordinates
     ProcessGroup world;
     ProcessGroup tp_group, pp_group, dp_group;  // the processes differing only in that coordinate
-    int zero_stage = 0;                         // -z: what the data-parallel group shards (llmc/zero.h)
+    int zero_stage = 0;                         // -z: what the data-parallel group shards (llmc/parallel/zero.h)
     int layer_begin = 0, layer_end = 0;         // this pipeline stage's layers [layer_begin, layer_end)
 };
 

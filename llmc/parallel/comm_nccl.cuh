@@ -1,17 +1,17 @@
-// The NCCL backend of llmc/comm.h, and the start-up of a multi-GPU run: one process per GPU, on one
+// The NCCL backend of llmc/parallel/comm.h, and the start-up of a multi-GPU run: one process per GPU, on one
 // node or many.
 //
 // Start-up (dp_init): the process learns its rank, the process count and its GPU, from MPI under
 // mpirun or from flags (-pn -pr -pg) otherwise; rank 0 makes the NCCL id and the others receive it
-// by MPI broadcast, over TCP or through a shared file (llmc/bootstrap.h); then all form one NCCL
+// by MPI broadcast, over TCP or through a shared file (llmc/parallel/bootstrap.h); then all form one NCCL
 // communicator. Every rank checks that all of them run the same configuration (check_same_config,
-// llmc/comm.h).
+// llmc/parallel/comm.h).
 //
 // The backend (nccl_group): a collective on device buffers is queued on the communication stream, a
 // second, high-priority stream, behind the work queued so far on the compute stream, and returns at
 // once; comm_join makes the compute stream wait for the collectives so far. So during a step
 // (train_gpt2.cu) the gradients of each layer are reduced as soon as the backward has finished that
-// layer (llmc/grad_buckets.h says which slices, and to whom), overlapping the backward of the layers
+// layer (llmc/parallel/grad_buckets.h says which slices, and to whom), overlapping the backward of the layers
 // below. -z 0 all-reduces them; -z 1 reduces each piece to the rank whose shard holds it, that rank
 // updates its shard of the fp32 master weights and AdamW moments, and the bf16 parameters are
 // all-gathered.
@@ -34,12 +34,12 @@
 #include <thread>
 #include <vector>
 
+#include "../cuda_common.cuh"
 #include "bootstrap.h"
 #include "comm_mpi.h"
-#include "cuda_common.cuh"
 #include "grad_buckets.h"
 
-// floatX (llmc/cuda_common.cuh) as llmc/comm.h names it
+// floatX (llmc/cuda_common.cuh) as llmc/parallel/comm.h names it
 #if defined(ENABLE_FP32)
 constexpr CommType COMM_FLOATX = COMM_FLOAT32;
 #elif defined(ENABLE_FP16)
@@ -274,7 +274,7 @@ inline void dp_join(const DataParallel& dp, cudaStream_t compute) {
 }
 
 // ----------------------------------------------------------------------------
-// The backend: llmc/comm.h's calls on device buffers
+// The backend: llmc/parallel/comm.h's calls on device buffers
 
 inline DataParallel& nccl_state(const ProcessGroup& g) { return *static_cast<DataParallel*>(g.state); }
 
@@ -364,7 +364,7 @@ inline void nccl_reduce_scatter_v(const ProcessGroup& g, const void* full, void*
 }
 
 [[noreturn]] inline void nccl_not_yet(const char* what) {
-    fatal("the NCCL backend (llmc/nccl.cuh) has no %s yet: the CUDA trainer runs data parallelism only", what);
+    fatal("the NCCL backend (llmc/parallel/comm_nccl.cuh) has no %s yet: the CUDA trainer runs data parallelism only", what);
 }
 inline void nccl_gather(const ProcessGroup&, const void*, size_t, void*, CommType) { nccl_not_yet("gather"); }
 inline void nccl_send(const ProcessGroup&, const void*, size_t, CommType, int, int) { nccl_not_yet("send"); }
@@ -425,7 +425,7 @@ inline const CommBackend* nccl_backend() {
     return &backend;
 }
 
-// The run's processes as a group of llmc/comm.h (a group of one without a communicator), its
+// The run's processes as a group of llmc/parallel/comm.h (a group of one without a communicator), its
 // collectives ordered after `compute`. dp must outlive the group.
 inline ProcessGroup nccl_group(DataParallel* dp, cudaStream_t compute) {
     ProcessGroup g;

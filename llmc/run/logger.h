@@ -2,11 +2,11 @@
 //   DIR/main.log       llm.c's line format: "s:STEP trl:LOSS lr:LR norm:NORM" and "s:STEP tel:LOSS"
 //   DIR/metrics.jsonl  one JSON object per line: {"step": N, "train_loss": ..., "lr": ..., "grad_norm": ...,
 //                      "skipped": false, "skipped_steps": 0, ["loss_scale": S,] "ms": ..., "tokens_per_s": ...,
-//                      "ms_data": ..., "ms_forward": ..., ..., "flops_per_s": ..., "mfu": ...} (llmc/phase_timer.h),
+//                      "ms_data": ..., "ms_forward": ..., ..., "flops_per_s": ..., "mfu": ...} (llmc/run/phase_timer.h),
 //                      {"step": N, "val_loss": ...} and, with -hs,
 //                      {"step": N, "hellaswag_acc": ..., "hellaswag_acc_norm": ..., "hellaswag_acc_token": ...,
-//                      "hellaswag_examples": ...} (llmc/hellaswag.h); main.log gets "s:N eval:ACC_NORM" as llm.c
-// A skipped step (llmc/loss_scaler.h: its gradient norm was not finite) has "skipped": true; "skipped_steps"
+//                      "hellaswag_examples": ...} (llmc/run/hellaswag.h); main.log gets "s:N eval:ACC_NORM" as llm.c
+// A skipped step (llmc/run/loss_scaler.h: its gradient norm was not finite) has "skipped": true; "skipped_steps"
 // counts them since the run began; a non-finite loss or norm is written as null (JSON has no inf/NaN).
 // Losses are printed with 9 significant digits (float's full precision). Step N's train loss is the
 // loss of the forward pass made with the parameters after N updates.
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "utils.h"
+#include "../utils.h"
 
 struct Logger {
     FILE* main_log = nullptr;
@@ -80,7 +80,7 @@ inline std::string json_number(double value) {
 }
 
 // skipped: this step's update was skipped; skipped_steps: all skipped so far; loss_scale <= 0: none;
-// extra: more fields (", \"key\": value ...", e.g. the time breakdown of llmc/phase_timer.h).
+// extra: more fields (", \"key\": value ...", e.g. the time breakdown of llmc/run/phase_timer.h).
 inline void logger_log_train(Logger* logger, long step, float loss, float lr, float grad_norm, double ms,
                              double tokens_per_s, bool skipped = false, long skipped_steps = 0,
                              float loss_scale = 0.0f, long long comm_bytes = -1,
@@ -89,7 +89,7 @@ inline void logger_log_train(Logger* logger, long step, float loss, float lr, fl
     fprintf(logger->main_log, "s:%ld trl:%.9g lr:%.6g norm:%.6g%s\n", step, loss, lr, grad_norm,
             skipped ? " skipped:1" : "");
     std::string fields = loss_scale > 0.0f ? ", \"loss_scale\": " + json_number(loss_scale) : "";
-    // bytes this process sent and received in the step's collectives (llmc/comm.h)
+    // bytes this process sent and received in the step's collectives (llmc/parallel/comm.h)
     if (comm_bytes >= 0) fields += ", \"comm_bytes\": " + std::to_string(comm_bytes);
     fprintf(logger->metrics,
             "{\"step\": %ld, \"train_loss\": %s, \"lr\": %.9g, \"grad_norm\": %s, \"skipped\": %s, \"skipped_steps\": %ld%s, "

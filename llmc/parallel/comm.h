@@ -1,10 +1,10 @@
 // One communicator interface for all the parallel code: the ZeRO stages, tensor and pipeline
 // parallelism, the process layout and the run loop call these functions and nothing below them.
 //
-// A ProcessGroup is a set of processes (all of them, or one dimension of a layout: llmc/parallel_layout.h)
+// A ProcessGroup is a set of processes (all of them, or one dimension of a layout: llmc/parallel/layout.h)
 // together with the backend that moves data between them:
-//   MPI   on host buffers (llmc/comm_mpi.h; the CPU trainer). Every call returns when its work is done.
-//   NCCL  on device buffers (llmc/nccl.cuh; the CUDA trainer). A collective is queued on the group's
+//   MPI   on host buffers (llmc/parallel/comm_mpi.h; the CPU trainer). Every call returns when its work is done.
+//   NCCL  on device buffers (llmc/parallel/comm_nccl.cuh; the CUDA trainer). A collective is queued on the group's
 //         communication stream behind the work queued so far on the caller's compute stream, and
 //         returns at once; comm_join makes the compute stream wait for the collectives queued so far.
 //         The calls on host values (a double's sum, a barrier, the configuration check) wait for their
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "utils.h"
+#include "../utils.h"
 
 enum CommType { COMM_FLOAT32, COMM_FLOAT64, COMM_BFLOAT16, COMM_FLOAT16, COMM_UINT64 };
 enum CommOp { COMM_SUM, COMM_MAX };
@@ -191,7 +191,7 @@ inline void barrier(const ProcessGroup& g, const char* what = "the other process
 }
 
 // ----------------------------------------------------------------------------
-// Collectives with a different count per process (ZeRO-2/3, llmc/zero_sharded.h). counts[r] elements
+// Collectives with a different count per process (ZeRO-2/3, llmc/parallel/zero_sharded.h). counts[r] elements
 // belong to process r and sit at displs[r] in the full buffer, in rank order.
 
 // full holds sum(counts); process r's own part is already at displs[r]. Afterwards every part is

@@ -1,6 +1,6 @@
-// The text a sample continues (-sp), turned into GPT-2 token ids with our BPE encoder (llmc/bpe.h),
+// The text a sample continues (-sp), turned into GPT-2 token ids with our BPE encoder (llmc/tokenizer/bpe.h),
 // and where GPT-2's encoder.json and vocab.bpe are found. The trainers decode with gpt2_tokenizer.bin
-// alone (llmc/tokenizer_file.h); only a prompt needs the encoder, so it is loaded only then.
+// alone (llmc/tokenizer/tokenizer_file.h); only a prompt needs the encoder, so it is loaded only then.
 #pragma once
 
 #include <unistd.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "../utils.h"
 #include "bpe.h"
-#include "utils.h"
 
 // The BPE directory: `flag_value` if given, else $GPT2_BPE_DIR, else dev/data/gpt2-bpe under the
 // working directory or under the program's directory. `how_to_pass` names the flag in the message.

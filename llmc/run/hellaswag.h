@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "tokenizer_file.h"
-#include "utils.h"
+#include "../tokenizer/tokenizer_file.h"
+#include "../utils.h"
 
 constexpr int32_t HELLASWAG_MAGIC = 20240522;
 constexpr int32_t HELLASWAG_VERSION = 1;

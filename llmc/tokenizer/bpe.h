@@ -46,9 +46,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../utils.h"
 #include "bpe_json.h"
 #include "tokenizer_file.h"
-#include "utils.h"
 
 constexpr const char* BPE_EOT_STRING = "<|endoftext|>";
 
@@ -267,7 +267,7 @@ inline void bpe_tokenizer_free(BpeTokenizer* tok) {
 
 inline int bpe_vocab_size(const BpeTokenizer& tok) { return (int)tok.token_bytes.size(); }
 
-// The table gpt2_tokenizer.bin holds (llmc/tokenizer_file.h).
+// The table gpt2_tokenizer.bin holds (llmc/tokenizer/tokenizer_file.h).
 inline TokenizerFile bpe_tokenizer_file(const BpeTokenizer& tok) {
     TokenizerFile file;
     file.token_bytes = tok.token_bytes;

@@ -1,4 +1,4 @@
-// Pipeline parallelism over the PP group of llmc/parallel_layout.h: the layers are cut into stages.
+// Pipeline parallelism over the PP group of llmc/parallel/layout.h: the layers are cut into stages.
 //
 // Stage s of p holds layers [l0, l1), as even as possible (the first L % p stages get one more). Each
 // stage's parameters are a model of its own in checkpoint order with num_layers = l1 - l0 (so tensor
@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
+#include "../gpt2_config.h"
+#include "../utils.h"
 #include "comm.h"
-#include "gpt2_config.h"
-#include "utils.h"
 
 // Layers [*l0, *l1) of stage s of p for L layers.
 inline void pp_stage_layers(int L, int p, int s, int* l0, int* l1) {
@@ -102,7 +102,7 @@ inline int pp_activation_slots(const std::string& kind, int p, int s, int m) {
 inline double pp_bubble_formula(int p, int m) { return (double)(p - 1) / (m + p - 1); }
 
 // ----------------------------------------------------------------------------
-// Point-to-point transfers along the PP group (llmc/comm.h's comm_send and comm_recv). Sends return at once
+// Point-to-point transfers along the PP group (llmc/parallel/comm.h's comm_send and comm_recv). Sends return at once
 // (from a copy, so no schedule can deadlock on two stages sending to each other); receives block, and
 // the time they wait is the idle time of the stage: its share of the step is the measured bubble.
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "gpt2_config.h"
+#include "../gpt2_config.h"
+#include "../parallel/bootstrap.h"
+#include "../utils.h"
 #include "schedulers.h"
-#include "bootstrap.h"
-#include "utils.h"
 
 struct TrainArgs {
     // data
@@ -49,9 +49,9 @@ struct TrainArgs {
     float temperature = 1.0f;  // 0: greedy
     int top_k = 0;             // 0: the whole vocabulary
     std::string prompt;        // text a sample continues (after end-of-text); empty: end-of-text alone
-    std::string bpe_dir;       // GPT-2's encoder.json + vocab.bpe, to tokenize the prompt (llmc/prompt.h)
+    std::string bpe_dir;       // GPT-2's encoder.json + vocab.bpe, to tokenize the prompt (llmc/tokenizer/prompt.h)
     int sample_seed = 1337;    // the sampler's random stream
-    std::string hellaswag_path;  // hellaswag_val.bin (llmc/hellaswag.h)
+    std::string hellaswag_path;  // hellaswag_val.bin (llmc/run/hellaswag.h)
     int hellaswag_every = 0;     // 0: never
     int hellaswag_examples = 0;  // 0: all of the file
     std::string output_dir;
@@ -59,7 +59,7 @@ struct TrainArgs {
     int resume = 0;
     // data parallelism (mpirun -np N)
     int zero_stage = 0;
-    // model parallelism (CPU trainer; llmc/parallel_layout.h): the rest of the processes are data parallel
+    // model parallelism (CPU trainer; llmc/parallel/layout.h): the rest of the processes are data parallel
     int tensor_parallel = 1;
     int pipeline_parallel = 1;
     std::string pipeline_schedule = "1f1b";  // gpipe|1f1b
@@ -69,7 +69,7 @@ struct TrainArgs {
     int master_weights = 1;
     int gelu_fusion = 0;
     int flash_attention = 1;
-    // non-finite steps and loss scaling (llmc/loss_scaler.h); -l? are used by the FP16 build only
+    // non-finite steps and loss scaling (llmc/run/loss_scaler.h); -l? are used by the FP16 build only
     int max_skipped_steps = 8;         // consecutive skipped (non-finite) steps before the run stops
     std::string inject_nonfinite;      // testing: "3,5" = steps whose gradients process 0 makes non-finite
     std::vector<int> inject_steps;     // parsed from inject_nonfinite
@@ -77,7 +77,7 @@ struct TrainArgs {
     int loss_scale_window = 2000;      // clean steps before S grows
     float loss_scale_growth = 2.0f;
     float loss_scale_backoff = 0.5f;
-    // CUDA trainer only: several GPUs, one process each (llmc/bootstrap.h, llmc/nccl.cuh)
+    // CUDA trainer only: several GPUs, one process each (llmc/parallel/bootstrap.h, llmc/parallel/comm_nccl.cuh)
     std::string init_method = "auto";  // auto|mpi|tcp|file
     std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
     std::string bootstrap_file;        // a path on a file system all nodes share (file)
@@ -239,7 +239,7 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
               "trainer (train_gpt2)");
     }
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
-    // ZeRO-2/3 (llmc/zero_sharded.h) run in the CPU trainer only; the CUDA trainer has stages 0 and 1
+    // ZeRO-2/3 (llmc/parallel/zero_sharded.h) run in the CPU trainer only; the CUDA trainer has stages 0 and 1
     if (cuda && args->zero_stage > 1) {
         fatal("flag -z %d: the CUDA trainer has ZeRO stages 0 and 1 only (stages 2 and 3 run in the CPU trainer, "
               "train_gpt2)", args->zero_stage);
@@ -271,7 +271,7 @@ inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int
     return (int)(total / tokens_per_micro_step);
 }
 
-// The multi-GPU start-up's part of the flags (llmc/bootstrap.h takes only these).
+// The multi-GPU start-up's part of the flags (llmc/parallel/bootstrap.h takes only these).
 inline LaunchSettings launch_settings(const TrainArgs& a) {
     LaunchSettings s;
     s.init_method = a.init_method;

@@ -1,6 +1,6 @@
 // ZeRO stages 2 and 3: gradients (stage 2) and parameters too (stage 3) sharded across processes.
 //
-// Every stage keeps ZeRO-1's shard (llmc/zero.h): process r owns elements [r*S, (r+1)*S) of the flat
+// Every stage keeps ZeRO-1's shard (llmc/parallel/zero.h): process r owns elements [r*S, (r+1)*S) of the flat
 // checkpoint-order parameter vector, S = ceil(N / P), and holds AdamW's moments for them. Stage 2 also
 // keeps only that shard of the accumulated gradient; stage 3 only that shard of the parameters. What a
 // layer needs in full lives for a moment in a small per-unit buffer:
@@ -30,9 +30,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "../gpt2_config.h"
+#include "../utils.h"
 #include "comm.h"
-#include "gpt2_config.h"
-#include "utils.h"
 #include "zero.h"
 
 struct ZeroSlice {

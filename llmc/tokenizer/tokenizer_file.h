@@ -1,6 +1,6 @@
 // gpt2_tokenizer.bin: the byte string of every token id, so a trainer can print samples as text.
 // (../shared/FORMATS.md: header magic 20240328, version 2, token count, end-of-text id; then for each
-// id a uint8 length 1..255 and that many raw bytes.) The BPE encoder itself lives in llmc/bpe.h;
+// id a uint8 length 1..255 and that many raw bytes.) The BPE encoder itself lives in llmc/tokenizer/bpe.h;
 // decoding needs only this table.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "utils.h"
+#include "../utils.h"
 
 constexpr int32_t TOKENIZER_MAGIC = 20240328;
 constexpr int32_t TOKENIZER_VERSION = 2;

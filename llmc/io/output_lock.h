@@ -16,7 +16,7 @@
 #include <cstring>
 #include <string>
 
-#include "utils.h"
+#include "../utils.h"
 
 inline std::string output_lock_path(const std::string& dir) { return dir + "/lock"; }
 

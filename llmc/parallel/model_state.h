@@ -1,0 +1,80 @@
+// Moving state between the whole model and this process's part of it: a vector in checkpoint order
+// (the parameters, or an AdamW moment) cut by the process layout (layout.h) into this process's
+// pipeline stage (its layers, pipeline.h), its tensor-parallel slices of them (tensor_parallel.h) and
+// the ZeRO shard its optimizer updates (zero.h); and put back together.
+//
+// A checkpoint written with tensor or pipeline parallelism holds the whole model and the whole
+// optimizer state (written by world rank 0), so any layout reads it with layout_local_part: resuming
+// under another layout is one call per vector.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "../gpt2_config.h"
+#include "comm.h"
+#include "layout.h"
+#include "pipeline.h"
+#include "tensor_parallel.h"
+#include "zero.h"
+
+// The model of this pipeline stage: the whole model's shapes with its layers only.
+inline GPT2Config layout_stage_config(const ParallelLayout& lay, const GPT2Config& model_cfg) {
+    GPT2Config stage = model_cfg;
+    stage.num_layers = lay.layer_end - lay.layer_begin;
+    return stage;
+}
+
+// Elements [begin, end) of this process's part of `full` (the whole model's vector, checkpoint order):
+// its stage's layers and the shared tensors, then its tensor-parallel slices of them.
+inline std::vector<float> layout_local_part(const ParallelLayout& lay, const GPT2Config& model_cfg,
+                                            const std::vector<float>& full, size_t begin, size_t end) {
+    GPT2Config stage_cfg = layout_stage_config(lay, model_cfg);
+    std::vector<float> stage(num_parameters(stage_cfg));
+    pp_copy_stage(model_cfg, lay.layer_begin, lay.layer_end, const_cast<float*>(full.data()), stage.data(), true);
+    size_t sizes[NUM_PARAMETER_TENSORS], local_n = 0;
+    tp_param_sizes(stage_cfg, lay.tp, sizes);
+    for (size_t s : sizes) local_n += s;
+    std::vector<float> local(local_n);
+    tp_copy_slices(stage_cfg, lay.tp, lay.tp_rank, stage.data(), local.data(), true);
+    return std::vector<float>(local.begin() + begin, local.begin() + end);
+}
+
+// The whole model's vector on world rank 0 (empty elsewhere) from every process's local vector (its
+// tensor-parallel slices of its stage, local_n long): the slices gathered over the TP group, then the
+// stages over the PP group of the first data-parallel replica. Every process of the run calls it.
+inline std::vector<float> layout_gather_full(const ParallelLayout& lay, const GPT2Config& model_cfg,
+                                             const float* local, size_t local_n) {
+    GPT2Config stage_cfg = layout_stage_config(lay, model_cfg);
+    const ProcessGroup& tp = lay.tp_group;
+    std::vector<float> all(tp.rank == 0 ? tp.size * local_n : 0), stage;
+    gather(tp, local, local_n, all.data());
+    if (tp.rank != 0) return stage;
+    stage.resize(num_parameters(stage_cfg));
+    for (int t = 0; t < tp.size; t++) tp_copy_slices(stage_cfg, tp.size, t, stage.data(), all.data() + t * local_n, false);
+    const ProcessGroup& pp = lay.pp_group;
+    if (lay.dp_rank != 0 || pp.size == 1) return lay.dp_rank == 0 ? stage : std::vector<float>();
+    std::vector<std::vector<float>> stages = pp_gather_vectors(pp, stage);
+    std::vector<float> full;
+    if (pp.rank != 0) return full;
+    full.resize(num_parameters(model_cfg));
+    for (int s = pp.size - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors stays
+        int l0, l1;
+        pp_stage_layers(model_cfg.num_layers, pp.size, s, &l0, &l1);
+        pp_copy_stage(model_cfg, l0, l1, full.data(), stages[s].data(), false);
+    }
+    return full;
+}
+
+// A local vector of n elements of which this process holds [begin, end) (`mine`, its ZeRO-1 shard of the
+// data-parallel group's shard layout), made whole on every process of the group; all of it
+// (begin = 0, end = n) is returned as it is.
+inline std::vector<float> zero_gather_local(const ProcessGroup& dp, const ShardLayout& shard,
+                                            const std::vector<float>& mine, size_t begin, size_t end, size_t n) {
+    if (begin == 0 && end == n) return mine;
+    std::vector<float> padded(shard.padded_size, 0.0f);
+    std::copy(mine.begin(), mine.end(), padded.begin() + begin);
+    all_gather(dp, padded.data(), shard.shard_size);
+    padded.resize(n);
+    return padded;
+}
