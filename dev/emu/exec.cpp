@@ -300,6 +300,9 @@ struct Worker {
     dim3 indexed_block{0, 0, 0};  // the blockDim that threads_of_block[].index was computed for
     // dynamic shared memory, 16-byte aligned
     std::vector<uint4> dynamic_shared;
+    // counts the blocks this host thread has started (from 1): a static __shared__ variable whose note
+    // differs has not been filled with 0xFF yet in this block (shared_declared)
+    unsigned long long block_serial = 0;
 
     int thread_at(int position) const { return reverse ? threads - 1 - position : position; }
 };
@@ -617,6 +620,14 @@ int syncthreads_count(int predicate) {
     return count;
 }
 
+void shared_declared(unsigned long long* poisoned_in_block, void* variable, size_t bytes) {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) fail("a __shared__ variable was used outside a kernel");
+    if (*poisoned_in_block == w->block_serial) return;
+    *poisoned_in_block = w->block_serial;
+    memset(variable, 0xFF, bytes);
+}
+
 void* dynamic_shared_memory() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("dynamic shared memory used outside a kernel");
@@ -652,8 +663,10 @@ void run_blocks(Grid& g) {
         unsigned long long b = g.next_block.fetch_add(1, std::memory_order_relaxed);
         if (b >= g.blocks) break;
         blockIdx = uint3{(unsigned)(b % c.grid.x), (unsigned)((b / c.grid.x) % c.grid.y), (unsigned)(b / ((unsigned long long)c.grid.x * c.grid.y))};
-        // never-written shared memory reads as NaN (0xFF bytes), as device memory does
+        // never-written shared memory reads as NaN (0xFF bytes), as device memory does; static
+        // __shared__ variables are filled when the block first reaches them (shared_declared)
         if (c.shared_bytes) memset(w.dynamic_shared.data(), 0xFF, c.shared_bytes);
+        w.block_serial++;
         run_block(w);
     }
 }
