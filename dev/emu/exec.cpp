@@ -17,6 +17,15 @@
 //
 // Launches are checked against an H100's limits when they are made (launch_check); registers per
 // thread come from the ptxas table of the real sm_90 build (set_kernel_resources).
+//
+// Race checking (EMU_TSAN=1, dev/emu/README.md): the kernels are compiled with -fsanitize=thread and
+// every CUDA thread of a block is a ThreadSanitizer fiber with its own stack. TSan sees no order between
+// the fibers except what this file tells it: a block's start happens before its threads run; everything
+// a thread did before a __syncthreads happens before what any thread does after it; likewise for the
+// lanes of a warp collective; a block's end happens before the next block and before the host sees the
+// results. Two accesses to one address, at least one a write and not both atomic, with none of these
+// between them are reported as a data race. This file is not instrumented: its own bookkeeping between
+// fibers is invisible to TSan.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -46,6 +55,26 @@
 #define EMU_ASAN 1
 #else
 #define EMU_ASAN 0
+#endif
+
+#ifndef EMU_TSAN
+#define EMU_TSAN 0
+#endif
+#if EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+// exported by GCC's libtsan but declared in no header: ignoring accesses, and reading a report
+// (tsan_debugging.cpp in the sanitizer sources)
+extern "C" {
+void __tsan_ignore_thread_begin();
+void __tsan_ignore_thread_end();
+int __tsan_get_report_data(void* report, const char** description, int* count, int* stack_count, int* mop_count,
+                           int* loc_count, int* mutex_count, int* thread_count, int* unique_tid_count, void** sleep_trace,
+                           uintptr_t trace_size);
+int __tsan_get_report_mop(void* report, uintptr_t idx, int* tid, void** addr, int* size, int* write, int* atomic,
+                          void** trace, uintptr_t trace_size);
+int __tsan_get_report_thread(void* report, uintptr_t idx, int* tid, uint64_t* os_id, int* running, const char** name,
+                             int* parent_tid, void** trace, uintptr_t trace_size);
+}
 #endif
 
 namespace bctx = boost::context::detail;
@@ -247,7 +276,8 @@ std::atomic<ThreadOrder> thread_order{thread_order_setting()};
 size_t fiber_stack_bytes() {
     const char* env = getenv("EMU_STACK_KB");
     if (env) return (size_t)atol(env) * 1024;
-    return EMU_ASAN ? 256 * 1024 : 64 * 1024;  // ASan's redzones make frames several times larger
+    // ASan's redzones make frames several times larger; TSan prints its reports on the fiber's stack
+    return EMU_ASAN || EMU_TSAN ? 256 * 1024 : 64 * 1024;
 }
 
 // A CUDA thread's state in the block being run. A thread gets a fiber when it starts; a fiber whose
@@ -260,6 +290,17 @@ struct Fiber {
     char* stack_bottom = nullptr;
     size_t stack_bytes = 0;
     void* asan_fake_stack = nullptr;
+    void* tsan_fiber = nullptr;  // EMU_TSAN: the TSan context of the CUDA thread this fiber runs
+};
+
+// EMU_TSAN: the objects one lane of a warp collective releases into and acquires from, per warp and
+// mask. Consecutive collectives of one mask alternate between the two: every lane of instance k
+// releases into sync[k % 2] before any lane acquires it, and no lane can release for instance k + 2
+// before all have acquired instance k (instance k + 1 needs them all), so a lane never acquires what
+// another did after the collective. Only the addresses matter to TSan.
+struct WarpSync {
+    unsigned completed = 0;
+    char sync[2] = {};
 };
 
 struct ThreadSlot {
@@ -303,6 +344,14 @@ struct Worker {
     // counts the blocks this host thread has started (from 1): a static __shared__ variable whose note
     // differs has not been filled with 0xFF yet in this block (shared_declared)
     unsigned long long block_serial = 0;
+    std::vector<std::pair<const char*, size_t>> static_shared;  // every static __shared__ variable seen
+    // EMU_TSAN: the host thread's own TSan context (the scheduler's), and the objects that order a
+    // block's start, its barriers (alternating as WarpSync does) and its end
+    void* tsan_host = nullptr;
+    char block_start_sync = 0, block_end_sync = 0;
+    char barrier_sync[2] = {};
+    unsigned barriers_opened = 0;
+    std::map<unsigned, WarpSync> warp_sync[32];  // [warp][mask]
 
     int thread_at(int position) const { return reverse ? threads - 1 - position : position; }
 };
@@ -316,8 +365,34 @@ Worker& worker() {
         this_worker->threads_of_block.resize(1024);
         this_worker->lanes.resize(1024);
         this_worker->warp_arrived.resize(32);
+#if EMU_TSAN
+        this_worker->tsan_host = __tsan_get_current_fiber();
+#endif
     }
     return *this_worker;
+}
+
+// EMU_TSAN: tell ThreadSanitizer which CUDA thread runs now, and what orders what
+inline void tsan_switch(void* fiber) {
+#if EMU_TSAN
+    __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+#else
+    (void)fiber;
+#endif
+}
+inline void tsan_release(void* sync) {
+#if EMU_TSAN
+    __tsan_release(sync);
+#else
+    (void)sync;
+#endif
+}
+inline void tsan_acquire(void* sync) {
+#if EMU_TSAN
+    __tsan_acquire(sync);
+#else
+    (void)sync;
+#endif
 }
 
 inline void asan_start(void** fake_stack_save, const void* bottom, size_t bytes) {
@@ -339,6 +414,7 @@ inline void asan_finish(void* fake_stack_save, const void** bottom_old, size_t* 
 void yield_to_scheduler(Worker& w) {
     int self = w.current_fiber;  // an index: `fibers` may grow while this fiber waits
     asan_start(&w.fibers[self].asan_fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
+    tsan_switch(w.tsan_host);
     bctx::transfer_t t = bctx::jump_fcontext(w.scheduler, nullptr);
     asan_finish(w.fibers[self].asan_fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
     w.scheduler = t.fctx;
@@ -351,11 +427,16 @@ void fiber_main(bctx::transfer_t t) {
     for (;;) {
         // the scheduler has set current_thread to a thread that has not started
         for (;;) {
+            tsan_acquire(&w.block_start_sync);
             w.run_thread(w.args);
+            tsan_release(&w.block_end_sync);
             ThreadSlot& ended = w.threads_of_block[w.current_thread];
             ended.state = ThreadState::done;
             ended.fiber = -1;
             w.live--;
+            // EMU_TSAN: thread i always runs on fiber i (its TSan context); the next thread on this
+            // stack would otherwise seem to race with this one on the stack's memory
+            if (EMU_TSAN) break;
             int position = w.sweep + 1;
             if (position >= w.threads) break;
             int next = w.thread_at(position);
@@ -368,7 +449,7 @@ void fiber_main(bctx::transfer_t t) {
             w.current_thread = next;
             threadIdx = slot.index;
         }
-        w.free_fibers.push_back(w.current_fiber);
+        if (!EMU_TSAN) w.free_fibers.push_back(w.current_fiber);
         yield_to_scheduler(w);
     }
 }
@@ -392,6 +473,9 @@ int take_fiber(Worker& w) {
     // a different offset per fiber spreads the saved contexts over the sets
     size_t stagger = (w.fibers.size() % 63) * 64;
     f.context = bctx::make_fcontext(f.stack_bottom + bytes - stagger, bytes - stagger, fiber_main);
+#if EMU_TSAN
+    f.tsan_fiber = __tsan_create_fiber(0);
+#endif
     w.fibers.push_back(f);
     return (int)w.fibers.size() - 1;
 }
@@ -399,7 +483,18 @@ int take_fiber(Worker& w) {
 // runs thread `i` (starting it on a fiber if it has not started) until it waits or ends
 void resume(Worker& w, int i) {
     ThreadSlot& slot = w.threads_of_block[i];
-    if (slot.state == ThreadState::not_started) slot.fiber = take_fiber(w);
+    if (slot.state == ThreadState::not_started) {
+#if EMU_TSAN
+        while ((int)w.fibers.size() <= i) take_fiber(w);
+        slot.fiber = i;
+        char name[96];  // what a race report calls this thread
+        snprintf(name, sizeof(name), "block (%u,%u,%u) thread (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z,
+                 slot.index.x, slot.index.y, slot.index.z);
+        __tsan_set_fiber_name(w.fibers[i].tsan_fiber, name);
+#else
+        slot.fiber = take_fiber(w);
+#endif
+    }
     slot.state = ThreadState::running;
     w.runnable--;
     w.current_thread = i;
@@ -407,6 +502,7 @@ void resume(Worker& w, int i) {
     threadIdx = slot.index;
     Fiber& f = w.fibers[slot.fiber];
     asan_start(&w.scheduler_fake_stack, f.stack_bottom, f.stack_bytes);
+    tsan_switch(f.tsan_fiber);
     bctx::transfer_t t = bctx::jump_fcontext(f.context, &w);
     asan_finish(w.scheduler_fake_stack, nullptr, nullptr);
     w.fibers[w.current_fiber].context = t.fctx;
@@ -488,6 +584,7 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
         }
         w.threads_of_block[warp * 32 + j].state = ThreadState::runnable;
     }
+    if (EMU_TSAN) w.warp_sync[warp][mask].completed++;
     w.warp_arrived[warp] &= ~mask;
     w.at_warp -= __builtin_popcount(mask);
     w.runnable += __builtin_popcount(mask);
@@ -538,6 +635,7 @@ void run_block(Worker& w) {
     w.at_barrier = 0;
     w.at_warp = 0;
     w.reverse = thread_order.load(std::memory_order_relaxed) == ThreadOrder::reverse;
+    tsan_release(&w.block_start_sync);
     for (;;) {
         for (w.sweep = 0; w.sweep < n && w.runnable > 0; w.sweep++) {
             int i = w.thread_at(w.sweep);
@@ -566,16 +664,85 @@ void run_block(Worker& w) {
                 if (w.threads_of_block[i].state == ThreadState::at_barrier) w.threads_of_block[i].state = ThreadState::runnable;
             w.runnable = w.at_barrier;
             w.at_barrier = 0;
+            w.barriers_opened++;
             continue;
         }
         report_deadlock(w);
     }
     w.current_thread = -1;
+    tsan_acquire(&w.block_end_sync);
 }
 
 }  // namespace
 
 void set_thread_order(ThreadOrder order) { thread_order.store(order); }
+
+// ----------------------------------------------------------------------------
+// race reports (EMU_TSAN)
+
+namespace {
+std::atomic<int> races_reported{0};
+
+// what memory an address is, for the report
+const char* memory_kind(const void* p, size_t bytes) {
+    if (is_device_pointer(p, bytes)) return "global memory";
+    Worker* w = this_worker;
+    if (w == nullptr) return "host memory";
+    const char* c = (const char*)p;
+    const char* dynamic = (const char*)w->dynamic_shared.data();
+    if (c >= dynamic && c < dynamic + w->dynamic_shared.size() * sizeof(uint4)) return "dynamic shared memory";
+    for (const auto& [variable, size] : w->static_shared)
+        if (c >= variable && c < variable + size) return "static shared memory";
+    return "host or stack memory";
+}
+}  // namespace
+
+bool race_checking() { return EMU_TSAN; }
+int race_reports() { return races_reported.load(); }
+
+}  // namespace emu
+
+#if EMU_TSAN
+// ThreadSanitizer calls this after printing each report (its stacks name the kernel's source lines);
+// this adds one line in CUDA's terms: the kernel, the two threads, the address and its kind.
+extern "C" void __tsan_on_report(void* report) {
+    emu::races_reported++;
+    const char* description = "";
+    int count = 0, stacks = 0, mops = 0, locations = 0, mutexes = 0, threads = 0, unique_tids = 0;
+    void* sleep = nullptr;
+    if (!__tsan_get_report_data(report, &description, &count, &stacks, &mops, &locations, &mutexes, &threads,
+                                &unique_tids, &sleep, 0))
+        return;
+    std::string text = std::string("cuda-emu: ") + description;
+    emu::Worker* w = emu::this_worker;
+    if (w && w->current_thread >= 0) text += " in kernel " + emu::kernel_name(w->kernel);
+    text += " (no __syncthreads, warp collective or atomic orders these accesses):";
+    for (int m = 0; m < mops; m++) {
+        int tid = -1, size = 0, write = 0, atomic = 0;
+        void* address = nullptr;
+        void* trace = nullptr;
+        if (!__tsan_get_report_mop(report, m, &tid, &address, &size, &write, &atomic, &trace, 0)) continue;
+        std::string who = "the host (a copy, a memset or host code)";
+        for (int t = 0; t < threads; t++) {
+            int id = -1, running = 0, parent = 0;
+            uint64_t os_id = 0;
+            const char* name = nullptr;
+            void* thread_trace = nullptr;
+            if (__tsan_get_report_thread(report, t, &id, &os_id, &running, &name, &parent, &thread_trace, 0) && id == tid &&
+                name && name[0])
+                who = name;
+        }
+        char line[512];
+        snprintf(line, sizeof(line), "\n  %s %s%s of %d bytes at %p (%s)", m == 0 ? "this" : "earlier", write ? "write" : "read",
+                 atomic ? " (atomic)" : "", size, address, emu::memory_kind(address, (size_t)size));
+        text += line;
+        text += " by " + who;
+    }
+    fprintf(stderr, "%s\n", text.c_str());
+}
+#endif
+
+namespace emu {
 
 uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t value, int arg, int width) {
     if (this_worker == nullptr || this_worker->current_thread < 0) fail("%s called outside a kernel", name);
@@ -595,7 +762,15 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
     slot.width = width;
     slot.value = value;
     w.threads_of_block[i].state = ThreadState::at_warp;
+#if EMU_TSAN
+    WarpSync& sync = w.warp_sync[i / 32][mask];
+    char* order = &sync.sync[sync.completed % 2];
+    tsan_release(order);
     yield_to_scheduler(w);
+    tsan_acquire(order);
+#else
+    yield_to_scheduler(w);
+#endif
     return w.lanes[i].result;
 }
 
@@ -603,7 +778,10 @@ void syncthreads() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("__syncthreads called outside a kernel");
     w->threads_of_block[w->current_thread].state = ThreadState::at_barrier;
+    char* order = &w->barrier_sync[w->barriers_opened % 2];  // alternating, as in WarpSync
+    tsan_release(order);
     yield_to_scheduler(*w);
+    tsan_acquire(order);
 }
 
 int syncthreads_count(int predicate) {
@@ -624,8 +802,15 @@ void shared_declared(unsigned long long* poisoned_in_block, void* variable, size
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("a __shared__ variable was used outside a kernel");
     if (*poisoned_in_block == w->block_serial) return;
+    if (*poisoned_in_block == 0) w->static_shared.emplace_back((const char*)variable, bytes);
     *poisoned_in_block = w->block_serial;
+#if EMU_TSAN
+    __tsan_ignore_thread_begin();  // the fill is no thread's write: a read of a slot nobody wrote is no race
+#endif
     memset(variable, 0xFF, bytes);
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
 }
 
 void* dynamic_shared_memory() {

@@ -111,7 +111,8 @@ inline unsigned __activemask() { emu::fail("__activemask is not supported by the
 
 // ----------------------------------------------------------------------------
 // memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
-// atomics are real host atomics; the fences are full fences.
+// atomics are real host atomics, every access to the target atomic (the race checker, EMU_TSAN,
+// reports a plain access that meets an atomic one); the fences are full fences.
 
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -122,7 +123,8 @@ inline T emu_atomic_fetch_add(T* address, T value) {
     if constexpr (std::is_integral<T>::value) {
         return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
     } else {
-        T old = *address;
+        T old;
+        __atomic_load(address, &old, __ATOMIC_RELAXED);
         T desired;
         do {
             desired = (T)(old + value);
@@ -152,7 +154,8 @@ inline T atomicCAS(T* address, T compare, T value) {
 }
 template <typename T>
 inline T emu_atomic_update(T* address, T value, bool take_new(T, T)) {
-    T old = *address;
+    T old;
+    __atomic_load(address, &old, __ATOMIC_RELAXED);
     while (take_new(old, value)) {
         if (__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
     }
