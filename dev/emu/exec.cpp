@@ -19,13 +19,15 @@
 // thread come from the ptxas table of the real sm_90 build (set_kernel_resources).
 //
 // Race checking (EMU_TSAN=1, dev/emu/README.md): the kernels are compiled with -fsanitize=thread and
-// every CUDA thread of a block is a ThreadSanitizer fiber with its own stack. TSan sees no order between
-// the fibers except what this file tells it: a block's start happens before its threads run; everything
-// a thread did before a __syncthreads happens before what any thread does after it; likewise for the
-// lanes of a warp collective; a block's end happens before the next block and before the host sees the
-// results. Two accesses to one address, at least one a write and not both atomic, with none of these
-// between them are reported as a data race. This file is not instrumented: its own bookkeeping between
-// fibers is invisible to TSan.
+// every CUDA thread is a ThreadSanitizer fiber with its own stack. TSan sees no order between the fibers
+// except what this file tells it: what the host did before a launch happens before its threads run;
+// everything a thread did before a __syncthreads happens before what any thread of its block does
+// after it; likewise for the lanes of a warp collective; every thread's end happens before the host
+// sees the launch's results. Blocks are not ordered among themselves: consecutive blocks run as two
+// sets of fibers (even and odd blocks), and each block's shared memory is mapped afresh, so TSan forgets
+// the previous block's accesses to it. Two accesses to one address, at least one a write and not both
+// atomic, with no such order between them are reported as a data race. This file is not instrumented:
+// its own bookkeeping between fibers is invisible to TSan.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -273,6 +275,10 @@ ThreadOrder thread_order_setting() {
 }
 std::atomic<ThreadOrder> thread_order{thread_order_setting()};
 
+// EMU_TSAN: fibers (TSan threads) a host thread's blocks take in turn; twice the largest block, so
+// two consecutive blocks never share one
+constexpr int tsan_fiber_pool = 2048;
+
 size_t fiber_stack_bytes() {
     const char* env = getenv("EMU_STACK_KB");
     if (env) return (size_t)atol(env) * 1024;
@@ -293,14 +299,15 @@ struct Fiber {
     void* tsan_fiber = nullptr;  // EMU_TSAN: the TSan context of the CUDA thread this fiber runs
 };
 
-// EMU_TSAN: the objects one lane of a warp collective releases into and acquires from, per warp and
-// mask. Consecutive collectives of one mask alternate between the two: every lane of instance k
-// releases into sync[k % 2] before any lane acquires it, and no lane can release for instance k + 2
-// before all have acquired instance k (instance k + 1 needs them all), so a lane never acquires what
-// another did after the collective. Only the addresses matter to TSan.
+// EMU_TSAN: a warp's collectives with one mask release into and acquire from a pair of TSan sync
+// objects (addresses in Worker::sync_page). Consecutive collectives alternate between the two: every
+// lane of instance k releases into object k % 2 before any lane acquires it, and no lane can release
+// for instance k + 2 before all have acquired instance k (instance k + 1 needs them all), so a lane
+// never acquires what another did after the collective. __syncthreads does the same with pair 0.
 struct WarpSync {
-    unsigned completed = 0;
-    char sync[2] = {};
+    unsigned mask;
+    unsigned completed;
+    int pair;  // index of its pair of objects in sync_page
 };
 
 struct ThreadSlot {
@@ -339,19 +346,31 @@ struct Worker {
     int sweep = 0;  // position in the current sweep over the threads
     int runnable = 0, at_barrier = 0, at_warp = 0, live = 0;
     dim3 indexed_block{0, 0, 0};  // the blockDim that threads_of_block[].index was computed for
-    // dynamic shared memory, 16-byte aligned
-    std::vector<uint4> dynamic_shared;
+    // dynamic shared memory, 16-byte aligned: dynamic_storage, or with EMU_TSAN a mapped region
+    char* dynamic_shared = nullptr;
+    size_t dynamic_shared_bytes = 0;
+    std::vector<uint4> dynamic_storage;
     // counts the blocks this host thread has started (from 1): a static __shared__ variable whose note
     // differs has not been filled with 0xFF yet in this block (shared_declared)
     unsigned long long block_serial = 0;
     std::vector<std::pair<const char*, size_t>> static_shared;  // every static __shared__ variable seen
-    // EMU_TSAN: the host thread's own TSan context (the scheduler's), and the objects that order a
-    // block's start, its barriers (alternating as WarpSync does) and its end
+    // EMU_TSAN: the static __shared__ variables live in a mapped region (shared_declared), so that the
+    // block's shared memory can be mapped afresh
+    char* static_arena = nullptr;
+    size_t static_arena_used = 0;
+    // EMU_TSAN: the host thread's own TSan context (the scheduler's); the objects that order a launch's
+    // start before its threads and their ends before the host; the block's first fiber in the pool
+    // (a block's threads take the next blockDim fibers, round the pool, so consecutive blocks are
+    // different TSan threads); the page whose addresses are the block's barrier and warp-collective
+    // sync objects, unmapped and mapped again for every block, which makes TSan drop them (a block
+    // must not acquire what an earlier block released)
     void* tsan_host = nullptr;
-    char block_start_sync = 0, block_end_sync = 0;
-    char barrier_sync[2] = {};
+    char launch_start_sync = 0, threads_end_sync = 0;
+    int first_fiber = 0;
+    char* sync_page = nullptr;
     unsigned barriers_opened = 0;
-    std::map<unsigned, WarpSync> warp_sync[32];  // [warp][mask]
+    int sync_pairs_used = 1;  // pair 0: __syncthreads
+    std::vector<WarpSync> warp_sync[32];  // [warp]: one entry per mask used in this block
 
     int thread_at(int position) const { return reverse ? threads - 1 - position : position; }
 };
@@ -427,15 +446,15 @@ void fiber_main(bctx::transfer_t t) {
     for (;;) {
         // the scheduler has set current_thread to a thread that has not started
         for (;;) {
-            tsan_acquire(&w.block_start_sync);
+            tsan_acquire(&w.launch_start_sync);
             w.run_thread(w.args);
-            tsan_release(&w.block_end_sync);
+            tsan_release(&w.threads_end_sync);
             ThreadSlot& ended = w.threads_of_block[w.current_thread];
             ended.state = ThreadState::done;
             ended.fiber = -1;
             w.live--;
-            // EMU_TSAN: thread i always runs on fiber i (its TSan context); the next thread on this
-            // stack would otherwise seem to race with this one on the stack's memory
+            // EMU_TSAN: thread i always runs on the same fiber of its set (its TSan context); the next
+            // thread on this stack would otherwise seem to race with this one on the stack's memory
             if (EMU_TSAN) break;
             int position = w.sweep + 1;
             if (position >= w.threads) break;
@@ -485,12 +504,13 @@ void resume(Worker& w, int i) {
     ThreadSlot& slot = w.threads_of_block[i];
     if (slot.state == ThreadState::not_started) {
 #if EMU_TSAN
-        while ((int)w.fibers.size() <= i) take_fiber(w);
-        slot.fiber = i;
+        int fiber = (w.first_fiber + i) % tsan_fiber_pool;
+        while ((int)w.fibers.size() <= fiber) take_fiber(w);
+        slot.fiber = fiber;
         char name[96];  // what a race report calls this thread
         snprintf(name, sizeof(name), "block (%u,%u,%u) thread (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z,
                  slot.index.x, slot.index.y, slot.index.z);
-        __tsan_set_fiber_name(w.fibers[i].tsan_fiber, name);
+        __tsan_set_fiber_name(w.fibers[fiber].tsan_fiber, name);
 #else
         slot.fiber = take_fiber(w);
 #endif
@@ -514,6 +534,16 @@ std::string lanes_text(unsigned bits) {
         if (bits & (1u << i)) s += (s.empty() ? "" : ",") + std::to_string(i);
     }
     return s;
+}
+
+// the warp's sync objects for collectives with `mask` (EMU_TSAN)
+WarpSync& warp_sync(Worker& w, int warp, unsigned mask) {
+    for (WarpSync& s : w.warp_sync[warp])
+        if (s.mask == mask) return s;
+    if (2 * (size_t)(w.sync_pairs_used + 1) > (size_t)sysconf(_SC_PAGESIZE))
+        fail("kernel %s: more warp masks in one block than the race checker has sync objects for", kernel_name(w.kernel).c_str());
+    w.warp_sync[warp].push_back(WarpSync{mask, 0, w.sync_pairs_used++});
+    return w.warp_sync[warp].back();
 }
 
 // All lanes of `mask` in warp `warp` have arrived: compute every result, then let them run.
@@ -584,7 +614,7 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
         }
         w.threads_of_block[warp * 32 + j].state = ThreadState::runnable;
     }
-    if (EMU_TSAN) w.warp_sync[warp][mask].completed++;
+    if (EMU_TSAN) warp_sync(w, warp, mask).completed++;
     w.warp_arrived[warp] &= ~mask;
     w.at_warp -= __builtin_popcount(mask);
     w.runnable += __builtin_popcount(mask);
@@ -635,7 +665,6 @@ void run_block(Worker& w) {
     w.at_barrier = 0;
     w.at_warp = 0;
     w.reverse = thread_order.load(std::memory_order_relaxed) == ThreadOrder::reverse;
-    tsan_release(&w.block_start_sync);
     for (;;) {
         for (w.sweep = 0; w.sweep < n && w.runnable > 0; w.sweep++) {
             int i = w.thread_at(w.sweep);
@@ -670,7 +699,6 @@ void run_block(Worker& w) {
         report_deadlock(w);
     }
     w.current_thread = -1;
-    tsan_acquire(&w.block_end_sync);
 }
 
 }  // namespace
@@ -689,8 +717,7 @@ const char* memory_kind(const void* p, size_t bytes) {
     Worker* w = this_worker;
     if (w == nullptr) return "host memory";
     const char* c = (const char*)p;
-    const char* dynamic = (const char*)w->dynamic_shared.data();
-    if (c >= dynamic && c < dynamic + w->dynamic_shared.size() * sizeof(uint4)) return "dynamic shared memory";
+    if (c >= w->dynamic_shared && c < w->dynamic_shared + w->dynamic_shared_bytes) return "dynamic shared memory";
     for (const auto& [variable, size] : w->static_shared)
         if (c >= variable && c < variable + size) return "static shared memory";
     return "host or stack memory";
@@ -763,8 +790,8 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
     slot.value = value;
     w.threads_of_block[i].state = ThreadState::at_warp;
 #if EMU_TSAN
-    WarpSync& sync = w.warp_sync[i / 32][mask];
-    char* order = &sync.sync[sync.completed % 2];
+    WarpSync& sync = warp_sync(w, i / 32, mask);
+    char* order = w.sync_page + 2 * sync.pair + sync.completed % 2;
     tsan_release(order);
     yield_to_scheduler(w);
     tsan_acquire(order);
@@ -778,7 +805,7 @@ void syncthreads() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("__syncthreads called outside a kernel");
     w->threads_of_block[w->current_thread].state = ThreadState::at_barrier;
-    char* order = &w->barrier_sync[w->barriers_opened % 2];  // alternating, as in WarpSync
+    char* order = w->sync_page + w->barriers_opened % 2;  // alternating, as in WarpSync
     tsan_release(order);
     yield_to_scheduler(*w);
     tsan_acquire(order);
@@ -798,25 +825,85 @@ int syncthreads_count(int predicate) {
     return count;
 }
 
-void shared_declared(unsigned long long* poisoned_in_block, void* variable, size_t bytes) {
-    Worker* w = this_worker;
-    if (w == nullptr || w->current_thread < 0) fail("a __shared__ variable was used outside a kernel");
-    if (*poisoned_in_block == w->block_serial) return;
-    if (*poisoned_in_block == 0) w->static_shared.emplace_back((const char*)variable, bytes);
-    *poisoned_in_block = w->block_serial;
+namespace {
+// EMU_TSAN: shared memory is mapped here, not in host-thread-local storage
+constexpr size_t static_arena_bytes = 16 << 20;  // room for every static __shared__ variable of the program
+constexpr size_t dynamic_region_bytes = 256 << 10;  // above an H100's 227 KiB per block
+
+char* map_region(size_t bytes) {
 #if EMU_TSAN
-    __tsan_ignore_thread_begin();  // the fill is no thread's write: a read of a slot nobody wrote is no race
+    __tsan_ignore_thread_begin();  // else TSan takes the mapping for a write by the thread that maps it
 #endif
-    memset(variable, 0xFF, bytes);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 #if EMU_TSAN
     __tsan_ignore_thread_end();
 #endif
+    if (p == MAP_FAILED) fail("cannot map %zu bytes for shared memory", bytes);
+    return (char*)p;
+}
+
+char* take_static_shared(Worker& w, size_t bytes) {
+    if (w.static_arena == nullptr) w.static_arena = map_region(static_arena_bytes);
+    size_t offset = (w.static_arena_used + 63) & ~(size_t)63;  // at least any __align__ of the declaration
+    if (offset + bytes > static_arena_bytes)
+        fail("the static __shared__ variables need more than the race checker's %zu bytes", static_arena_bytes);
+    w.static_arena_used = offset + bytes;
+    return w.static_arena + offset;
+}
+
+#if EMU_TSAN
+// Before each block: nothing of the previous block may order this one. Its shared memory is mapped
+// afresh while TSan ignores this thread, which makes TSan forget every access to it, then the dynamic
+// part is filled with 0xFF, unseen too. The sync objects' page is unmapped and mapped again (TSan
+// drops the sync objects in unmapped memory). The block's threads take the pool's next fibers.
+void forget_block(Worker& w, size_t dynamic_bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    auto remap = [&](char* p, size_t bytes) {
+        bytes = (bytes + page - 1) / page * page;
+        if (bytes && mmap(p, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+            fail("cannot map shared memory afresh");
+    };
+    __tsan_ignore_thread_begin();
+    remap(w.static_arena, w.static_arena_used);
+    remap(w.dynamic_shared, dynamic_bytes);
+    memset(w.dynamic_shared, 0xFF, dynamic_bytes);
+    if (w.sync_page) munmap(w.sync_page, page);
+    void* p = mmap(w.sync_page, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (w.sync_page ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    if (p == MAP_FAILED || (w.sync_page && p != w.sync_page)) fail("cannot map the race checker's sync page again");
+    w.sync_page = (char*)p;
+    __tsan_ignore_thread_end();
+    w.barriers_opened = 0;
+    w.sync_pairs_used = 1;
+    for (auto& masks : w.warp_sync) masks.clear();
+    w.first_fiber = (w.first_fiber + w.threads) % tsan_fiber_pool;
+}
+#endif
+
+}  // namespace
+
+void* shared_declared(SharedNote* note, void* storage, size_t bytes) {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) fail("a __shared__ variable was used outside a kernel");
+    if (note->block == w->block_serial) return note->address;
+    if (note->address == nullptr) {
+        note->address = EMU_TSAN ? take_static_shared(*w, bytes) : storage;
+        w->static_shared.emplace_back((const char*)note->address, bytes);
+    }
+    note->block = w->block_serial;
+#if EMU_TSAN
+    __tsan_ignore_thread_begin();  // the fill is no thread's write: a read of a slot nobody wrote is no race
+#endif
+    memset(note->address, 0xFF, bytes);
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
+    return note->address;
 }
 
 void* dynamic_shared_memory() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("dynamic shared memory used outside a kernel");
-    return w->dynamic_shared.data();
+    return w->dynamic_shared;
 }
 
 // ----------------------------------------------------------------------------
@@ -842,18 +929,32 @@ void run_blocks(Grid& g) {
     w.run_thread = g.run_thread;
     w.args = g.args;
     w.threads = (int)(c.block.x * c.block.y * c.block.z);
+#if EMU_TSAN
+    if (w.dynamic_shared == nullptr) w.dynamic_shared = map_region(dynamic_region_bytes);
+    if (c.shared_bytes > dynamic_region_bytes) fail("%zu bytes of dynamic shared memory", c.shared_bytes);
+    w.dynamic_shared_bytes = c.shared_bytes;
+    tsan_release(&w.launch_start_sync);  // what the host did before the launch comes before its threads
+#else
     size_t shared_words = (c.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4);
-    if (w.dynamic_shared.size() < shared_words) w.dynamic_shared.resize(shared_words);
+    if (w.dynamic_storage.size() < shared_words) w.dynamic_storage.resize(shared_words);
+    w.dynamic_shared = (char*)w.dynamic_storage.data();
+    w.dynamic_shared_bytes = c.shared_bytes;
+#endif
     for (;;) {
         unsigned long long b = g.next_block.fetch_add(1, std::memory_order_relaxed);
         if (b >= g.blocks) break;
         blockIdx = uint3{(unsigned)(b % c.grid.x), (unsigned)((b / c.grid.x) % c.grid.y), (unsigned)(b / ((unsigned long long)c.grid.x * c.grid.y))};
         // never-written shared memory reads as NaN (0xFF bytes), as device memory does; static
         // __shared__ variables are filled when the block first reaches them (shared_declared)
-        if (c.shared_bytes) memset(w.dynamic_shared.data(), 0xFF, c.shared_bytes);
         w.block_serial++;
+#if EMU_TSAN
+        forget_block(w, c.shared_bytes);
+#else
+        if (c.shared_bytes) memset(w.dynamic_shared, 0xFF, c.shared_bytes);
+#endif
         run_block(w);
     }
+    tsan_acquire(&w.threads_end_sync);  // every thread's end comes before what the host does next
 }
 
 int block_threads_setting() {

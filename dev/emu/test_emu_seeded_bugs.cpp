@@ -144,11 +144,12 @@ __global__ void count_then_read_kernel(int* out, bool sync) {
     if (threadIdx.x == 0) *out = total;
 }
 
-// llmc/encoder.cuh's backward for the token embedding, one thread per (position, channel): position t
-// adds its gradient row into row tokens[t] of dwte. Positions with the same token add into the same
-// row, so the additions must be atomic; `atomic` chooses.
+// llmc/encoder.cuh's backward for the token embedding, one thread per (position, channel) in one or
+// several blocks: position t adds its gradient row into row tokens[t] of dwte. Positions with the same
+// token add into the same row, so the additions must be atomic; `atomic` chooses.
 __global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* tokens, int C, bool atomic) {
-    int t = threadIdx.x / C, c = threadIdx.x % C;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = i / C, c = i % C;
     float* row = dwte + tokens[t] * C;
     if (atomic) {
         atomicAdd(&row[c], dout[t * C + c]);
@@ -285,9 +286,11 @@ TEST(EmuSeededBug, BlockReduceTwiceWithoutItsLeadingSyncthreads) {
     cudaFree(d_in), cudaFree(d_out);
 }
 
-// several threads add into one global row with a plain read-modify-write: lost updates on a GPU
-TEST(EmuSeededBug, EncoderBackwardWithoutAtomics) {
-    SKIP_WITHOUT_RACE_CHECKER();
+// several threads add into one global row with a plain read-modify-write: lost updates on a GPU.
+// One block of T * C threads, or T blocks of C threads (one per position; the threads of one block
+// touch different addresses, so the race is between blocks: they run one after the other here, but
+// the race checker does not order them). The repeated tokens sit two positions apart.
+void encoder_backward_test(bool one_block) {
     int C = 8;
     std::vector<int> tokens = {3, 1, 3, 0, 3, 1};  // token 3 three times, token 1 twice
     int T = (int)tokens.size(), V = 4;
@@ -296,15 +299,28 @@ TEST(EmuSeededBug, EncoderBackwardWithoutAtomics) {
     int* d_tokens = device_copy(tokens);
     float* d_dout = device_copy(dout);
     float* d_dwte = device_copy(std::vector<float>(V * C, 0.0f));
-    expect_race([&] { encoder_backward_kernel<<<1, T * C>>>(d_dwte, d_dout, d_tokens, C, false); },
-                "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*of 4 bytes at 0x[0-9a-f]+ \\(global "
-                "memory\\) by block \\(0,0,0\\) thread");
-    expect_no_race([&] { encoder_backward_kernel<<<1, T * C>>>(d_dwte, d_dout, d_tokens, C, true); });
+    dim3 grid = one_block ? 1 : T, block = one_block ? T * C : C;
+    expect_race([&] { encoder_backward_kernel<<<grid, block>>>(d_dwte, d_dout, d_tokens, C, false); },
+                one_block ? "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*of 4 bytes at 0x[0-9a-f]+ "
+                            "\\(global memory\\) by block \\(0,0,0\\) thread"
+                          : "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*\\(global memory\\) by "
+                            "block \\(([0-9]),0,0\\) thread.*\\(global memory\\) by block \\(([0-9]),0,0\\) thread");
+    expect_no_race([&] { encoder_backward_kernel<<<grid, block>>>(d_dwte, d_dout, d_tokens, C, true); });
     std::vector<float> expected(V * C, 0.0f);
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) expected[tokens[t] * C + c] += dout[t * C + c];
     EXPECT_EQ(download(d_dwte, V * C), expected);
     cudaFree(d_tokens), cudaFree(d_dout), cudaFree(d_dwte);
+}
+
+TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsInOneBlock) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    encoder_backward_test(true);
+}
+
+TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsAcrossBlocks) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    encoder_backward_test(false);
 }
 
 // what the race checker must not report: barriers, shuffles, atomics, several blocks and launches

@@ -35,10 +35,19 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
 void syncthreads();
 int syncthreads_count(int predicate);  // the number of threads whose predicate is nonzero
 void* dynamic_shared_memory();
-// Called where a static __shared__ variable is declared (EMU_SHARED_DECLARED, below): the first call
-// in each block fills the variable with 0xFF bytes, as the block's dynamic shared memory is filled.
-// `poisoned_in_block` is the variable's host-thread-local note of the block it was last filled for.
-void shared_declared(unsigned long long* poisoned_in_block, void* variable, size_t bytes);
+// Called where a static __shared__ variable is declared (EMU_SHARED_VARIABLE, below); returns where
+// the variable lives: `storage` (its host-thread-local copy), or with the race checker (EMU_TSAN) a
+// place in memory the emulator maps afresh for every block. The first call in each block fills the
+// variable with 0xFF bytes, as the block's dynamic shared memory is filled.
+struct SharedNote {
+    unsigned long long block;  // the block (a host thread's count) the variable was last filled for
+    void* address;             // where it lives; null until first used
+};
+void* shared_declared(SharedNote* note, void* storage, size_t bytes);
+template <typename T>
+inline T* shared_variable(T* storage, SharedNote* note) {
+    return static_cast<T*>(shared_declared(note, storage, sizeof(T)));
+}
 
 template <typename T>
 inline uint64_t to_bits(T value) {
@@ -56,12 +65,13 @@ inline T from_bits(uint64_t bits) {
 
 }  // namespace emu
 
-// cu2cpp.sh appends this to every static `__shared__ T name[...];` declaration. Shared memory on a GPU
-// starts each block with whatever was there before; here it starts as 0xFF bytes (NaN for floats), so
-// a kernel that reads a slot no thread of its block wrote gets garbage, deterministically.
-#define EMU_SHARED_DECLARED(name)                                  \
-    static thread_local unsigned long long name##_emu_poisoned_in = 0; \
-    emu::shared_declared(&name##_emu_poisoned_in, &name, sizeof(name))
+// cu2cpp.sh rewrites every static `__shared__ T name[...];` into `__shared__ T name_emu_storage[...];
+// EMU_SHARED_VARIABLE(name);`, which makes `name` a reference to the block's copy. Shared memory on a
+// GPU starts each block with whatever was there before; here it starts as 0xFF bytes (NaN for floats),
+// so a kernel that reads a slot no thread of its block wrote gets garbage, deterministically.
+#define EMU_SHARED_VARIABLE(name)                       \
+    static thread_local emu::SharedNote name##_emu_note; \
+    auto& name = *emu::shared_variable(&name##_emu_storage, &name##_emu_note)
 
 inline void __syncthreads() { emu::syncthreads(); }
 inline int __syncthreads_count(int predicate) { return emu::syncthreads_count(predicate); }
