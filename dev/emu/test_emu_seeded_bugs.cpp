@@ -5,8 +5,10 @@
 //   thread order  EMU_THREAD_ORDER=forward and reverse give different results (test/run_tests.sh
 //                 compares the GPU suite's outputs in both orders)
 //   race checker  the EMU_TSAN=1 build (ThreadSanitizer, build/emu-tsan/) reports the data race
-// The race tests run only in the EMU_TSAN=1 build (elsewhere they are skipped). The table of bugs and
-// checks is in dev/emu/README.md. Built like every emulated CUDA source (cu2cpp.sh).
+//   AddressSanitizer  the EMU_ASAN=1 build (build/emu-asan/) stops at an access outside an allocation
+// The race tests run only in the EMU_TSAN=1 build, the bounds test only in the EMU_ASAN=1 build
+// (elsewhere they are skipped). The table of bugs and checks is in dev/emu/README.md. Built like every
+// emulated CUDA source (cu2cpp.sh).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -158,6 +160,13 @@ __global__ void encoder_backward_kernel(float* dwte, const float* dout, const in
     }
 }
 
+// an element-wise kernel (as gelu_forward is) whose bound check is off by one: thread n reads and
+// writes one element past the end of both arrays
+__global__ void scale_kernel(float* out, const float* in, int n, bool off_by_one) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (off_by_one ? i <= n : i < n) out[i] = 2.0f * in[i];
+}
+
 }  // namespace emu_seeded
 
 using namespace emu_seeded;
@@ -187,6 +196,23 @@ TEST(EmuSeededBug, BlockReduceReadsUnwrittenWarpSlots) {
             }
         }
     }
+    cudaFree(d_in), cudaFree(d_out);
+}
+
+TEST(EmuSeededBug, OffByOneBoundReadsPastTheAllocation) {
+#if !defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "needs AddressSanitizer: make EMU_ASAN=1 build/emu-asan/test_emu_seeded_bugs";
+#endif
+    int n = 100;
+    float* d_in = device_copy(std::vector<float>(n, 1.0f));
+    float* d_out = device_copy(std::vector<float>(n, 0.0f));
+    auto off_by_one = [&] {
+        scale_kernel<<<1, 128>>>(d_out, d_in, n, true);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(off_by_one(), "AddressSanitizer: heap-buffer-overflow.*READ of size 4.*emu_seeded::scale_kernel");
+    scale_kernel<<<1, 128>>>(d_out, d_in, n, false);
+    EXPECT_EQ(download(d_out, n), std::vector<float>(n, 2.0f));
     cudaFree(d_in), cudaFree(d_out);
 }
 
