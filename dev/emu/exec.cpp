@@ -365,6 +365,7 @@ struct Worker {
     // sync objects, unmapped and mapped again for every block, which makes TSan drop them (a block
     // must not acquire what an earlier block released)
     void* tsan_host = nullptr;
+    std::string kernel_label;  // the kernel's short name, for the fibers' names in reports
     char launch_start_sync = 0, threads_end_sync = 0;
     int first_fiber = 0;
     char* sync_page = nullptr;
@@ -507,9 +508,9 @@ void resume(Worker& w, int i) {
         int fiber = (w.first_fiber + i) % tsan_fiber_pool;
         while ((int)w.fibers.size() <= fiber) take_fiber(w);
         slot.fiber = fiber;
-        char name[96];  // what a race report calls this thread
-        snprintf(name, sizeof(name), "block (%u,%u,%u) thread (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z,
-                 slot.index.x, slot.index.y, slot.index.z);
+        char name[128];  // what a race report calls this thread
+        snprintf(name, sizeof(name), "%s block (%u,%u,%u) thread (%u,%u,%u)", w.kernel_label.c_str(), blockIdx.x,
+                 blockIdx.y, blockIdx.z, slot.index.x, slot.index.y, slot.index.z);
         __tsan_set_fiber_name(w.fibers[fiber].tsan_fiber, name);
 #else
         slot.fiber = take_fiber(w);
@@ -749,7 +750,7 @@ extern "C" void __tsan_on_report(void* report) {
         void* address = nullptr;
         void* trace = nullptr;
         if (!__tsan_get_report_mop(report, m, &tid, &address, &size, &write, &atomic, &trace, 0)) continue;
-        std::string who = "the host (a copy, a memset or host code)";
+        std::string who = "a host thread";
         for (int t = 0; t < threads; t++) {
             int id = -1, running = 0, parent = 0;
             uint64_t os_id = 0;
@@ -930,6 +931,19 @@ void run_blocks(Grid& g) {
     w.args = g.args;
     w.threads = (int)(c.block.x * c.block.y * c.block.z);
 #if EMU_TSAN
+    w.tsan_host = __tsan_get_current_fiber();  // the launch's stream (runtime.cpp): its fibers return there
+    // The scheduler's own memory (its stack is the device thread's, shared by every stream's TSan
+    // context) is bookkeeping, not the kernel's: hidden from TSan while the grid runs. The CUDA threads
+    // are fibers of their own, still seen.
+    __tsan_ignore_thread_begin();
+    // "ns::kernel(args)" or "void ns::kernel<T>(args)": the name alone, short (TSan keeps 63 characters
+    // of a thread's name, and the block and thread indices must fit)
+    std::string name = kernel_name(g.kernel);
+    name = name.substr(0, name.find('('));
+    name = name.substr(0, name.find('<'));
+    size_t cut = name.find_last_of(": ");
+    if (cut != std::string::npos) name = name.substr(cut + 1);
+    w.kernel_label = name.empty() ? "kernel" : name.substr(0, 24);
     if (w.dynamic_shared == nullptr) w.dynamic_shared = map_region(dynamic_region_bytes);
     if (c.shared_bytes > dynamic_region_bytes) fail("%zu bytes of dynamic shared memory", c.shared_bytes);
     w.dynamic_shared_bytes = c.shared_bytes;
@@ -955,6 +969,9 @@ void run_blocks(Grid& g) {
         run_block(w);
     }
     tsan_acquire(&w.threads_end_sync);  // every thread's end comes before what the host does next
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
 }
 
 int block_threads_setting() {

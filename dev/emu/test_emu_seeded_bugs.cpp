@@ -167,6 +167,9 @@ __global__ void scale_kernel(float* out, const float* in, int n, bool off_by_one
     if (off_by_one ? i <= n : i < n) out[i] = 2.0f * in[i];
 }
 
+__global__ void store_kernel(int* p, int value) { *p = value; }
+__global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
+
 }  // namespace emu_seeded
 
 using namespace emu_seeded;
@@ -234,7 +237,7 @@ TEST(EmuSeededBug, MissingSyncthreadsBeforeReadingOtherThreadsSlots) {
     if (emu::race_checking()) {  // the buggy kernel runs in a child: a report here would fail the whole program
         expect_race([&] { reverse_kernel<<<1, n>>>(d, false); },
                     "cuda-emu: data-race in kernel emu_seeded::reverse_kernel\\(float\\*, bool\\).*static shared memory\\) by "
-                    "block \\(0,0,0\\) thread");
+                    "reverse_kernel block \\(0,0,0\\) thread");
         expect_no_race([&] { reverse_kernel<<<1, n>>>(d, true); });
         cudaFree(d);
         return;
@@ -305,8 +308,8 @@ TEST(EmuSeededBug, BlockReduceTwiceWithoutItsLeadingSyncthreads) {
     float* d_in = device_copy(in);
     float* d_out = device_copy(std::vector<float>(2));
     expect_race([&] { two_sums_kernel<<<1, threads>>>(d_out, d_in, false, false); },
-                "cuda-emu: data-race in kernel emu_seeded::two_sums_kernel.*static shared memory\\) by block \\(0,0,0\\) "
-                "thread \\(([0-9]+),0,0\\).*static shared memory\\) by block \\(0,0,0\\) thread");
+                "cuda-emu: data-race in kernel emu_seeded::two_sums_kernel.*static shared memory\\) by two_sums_kernel block "
+                "\\(0,0,0\\) thread \\(([0-9]+),0,0\\).*static shared memory\\) by two_sums_kernel block \\(0,0,0\\) thread");
     expect_no_race([&] { two_sums_kernel<<<1, threads>>>(d_out, d_in, true, false); });
     EXPECT_EQ(download(d_out, 2), std::vector<float>({(float)threads, (float)threads}));
     cudaFree(d_in), cudaFree(d_out);
@@ -328,9 +331,10 @@ void encoder_backward_test(bool one_block) {
     dim3 grid = one_block ? 1 : T, block = one_block ? T * C : C;
     expect_race([&] { encoder_backward_kernel<<<grid, block>>>(d_dwte, d_dout, d_tokens, C, false); },
                 one_block ? "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*of 4 bytes at 0x[0-9a-f]+ "
-                            "\\(global memory\\) by block \\(0,0,0\\) thread"
+                            "\\(global memory\\) by encoder_backward_kernel block \\(0,0,0\\) thread"
                           : "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*\\(global memory\\) by "
-                            "block \\(([0-9]),0,0\\) thread.*\\(global memory\\) by block \\(([0-9]),0,0\\) thread");
+                            "encoder_backward_kernel block \\(([0-9]),0,0\\) thread.*\\(global memory\\) by "
+                            "encoder_backward_kernel block \\(([0-9]),0,0\\) thread");
     expect_no_race([&] { encoder_backward_kernel<<<grid, block>>>(d_dwte, d_dout, d_tokens, C, true); });
     std::vector<float> expected(V * C, 0.0f);
     for (int t = 0; t < T; t++)
@@ -347,6 +351,45 @@ TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsInOneBlock) {
 TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsAcrossBlocks) {
     SKIP_WITHOUT_RACE_CHECKER();
     encoder_backward_test(false);
+}
+
+// x = 1 on one stream, then y = x + 1 on another (as the gradient all-reduce on its own stream reads
+// what the backward pass wrote), with or without cudaStreamWaitEvent between them. Returns y.
+int produce_consume(bool with_event) {
+    cudaStream_t compute, comm;
+    cudaEvent_t ready;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    int* x = device_copy(std::vector<int>{0});
+    int* y = device_copy(std::vector<int>{0});
+    store_kernel<<<1, 1, 0, compute>>>(x, 1);
+    cudaEventRecord(ready, compute);
+    if (with_event) cudaStreamWaitEvent(comm, ready, 0);
+    add_one_kernel<<<1, 1, 0, comm>>>(y, x);
+    cudaDeviceSynchronize();
+    int result = download(y, 1)[0];
+    cudaFree(x), cudaFree(y);
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(compute), cudaStreamDestroy(comm);
+    return result;
+}
+
+// The stream orders catch it when the consumer's stream runs first (EMU_STREAM_ORDER=newest, the
+// default: the newer stream first); the race checker whichever runs first.
+TEST(EmuSeededBug, MissingStreamWaitEvent) {
+    if (emu::race_checking()) {  // the buggy launches run in a child: a report here would fail the whole program
+        expect_race([] { produce_consume(false); },
+                    "cuda-emu: data-race in kernel emu_seeded::(store|add_one)_kernel.*by (add_one|store)_kernel block "
+                    "\\(0,0,0\\) thread \\(0,0,0\\).*by (store|add_one)_kernel block \\(0,0,0\\) thread");
+        expect_no_race([] { EXPECT_EQ(produce_consume(true), 2); });
+        return;
+    }
+    EXPECT_EQ(produce_consume(false), 1) << "the consumer's (newer) stream should have run first";
+    EXPECT_EQ(produce_consume(true), 2);
+    emu::set_stream_order(emu::StreamOrder::issue);
+    EXPECT_EQ(produce_consume(false), 2);
+    emu::set_stream_order(emu::StreamOrder::newest_stream_first);
 }
 
 // what the race checker must not report: barriers, shuffles, atomics, several blocks and launches
