@@ -20,14 +20,15 @@
 //
 // Race checking (EMU_TSAN=1, dev/emu/README.md): the kernels are compiled with -fsanitize=thread and
 // every CUDA thread is a ThreadSanitizer fiber with its own stack. TSan sees no order between the fibers
-// except what this file tells it: what the host did before a launch happens before its threads run;
-// everything a thread did before a __syncthreads happens before what any thread of its block does
-// after it; likewise for the lanes of a warp collective; every thread's end happens before the host
-// sees the launch's results. Blocks are not ordered among themselves: consecutive blocks run as two
-// sets of fibers (even and odd blocks), and each block's shared memory is mapped afresh, so TSan forgets
-// the previous block's accesses to it. Two accesses to one address, at least one a write and not both
-// atomic, with no such order between them are reported as a data race. This file is not instrumented:
-// its own bookkeeping between fibers is invisible to TSan.
+// except what this file tells it: what the launch's stream had done (runtime.cpp) happens before its
+// threads run; everything a thread did before a __syncthreads happens before what any thread of its
+// block does after it; likewise for the lanes of a warp collective; every thread's end happens before
+// the stream's next work. Blocks are not ordered among themselves: a block's threads take the next
+// fibers of a pool, and before each block its shared memory is mapped afresh and its sync objects'
+// page unmapped and mapped again, so TSan forgets what the previous block did there. Two accesses to
+// one address, at least one a write and not both atomic, with no such order between them are
+// reported as a data race. This file is not instrumented, and the scheduler runs with TSan ignoring
+// its accesses: the emulator's own bookkeeping between fibers is invisible to TSan.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -358,8 +359,9 @@ struct Worker {
     // block's shared memory can be mapped afresh
     char* static_arena = nullptr;
     size_t static_arena_used = 0;
-    // EMU_TSAN: the host thread's own TSan context (the scheduler's); the objects that order a launch's
-    // start before its threads and their ends before the host; the block's first fiber in the pool
+    // EMU_TSAN: the TSan context the scheduler runs in (the launch's stream, runtime.cpp); the objects
+    // that order a launch's start before its threads and their ends before the stream's next work; the
+    // block's first fiber in the pool
     // (a block's threads take the next blockDim fibers, round the pool, so consecutive blocks are
     // different TSan threads); the page whose addresses are the block's barrier and warp-collective
     // sync objects, unmapped and mapped again for every block, which makes TSan drop them (a block
@@ -385,9 +387,6 @@ Worker& worker() {
         this_worker->threads_of_block.resize(1024);
         this_worker->lanes.resize(1024);
         this_worker->warp_arrived.resize(32);
-#if EMU_TSAN
-        this_worker->tsan_host = __tsan_get_current_fiber();
-#endif
     }
     return *this_worker;
 }
@@ -454,8 +453,8 @@ void fiber_main(bctx::transfer_t t) {
             ended.state = ThreadState::done;
             ended.fiber = -1;
             w.live--;
-            // EMU_TSAN: thread i always runs on the same fiber of its set (its TSan context); the next
-            // thread on this stack would otherwise seem to race with this one on the stack's memory
+            // EMU_TSAN: a thread runs on the fiber the pool gives it (its TSan context); the next thread
+            // on this stack would otherwise seem to race with this one on the stack's memory
             if (EMU_TSAN) break;
             int position = w.sweep + 1;
             if (position >= w.threads) break;
@@ -727,6 +726,16 @@ const char* memory_kind(const void* p, size_t bytes) {
 
 bool race_checking() { return EMU_TSAN; }
 int race_reports() { return races_reported.load(); }
+void race_check_pause() {
+#if EMU_TSAN
+    __tsan_ignore_thread_begin();
+#endif
+}
+void race_check_resume() {
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
+}
 
 }  // namespace emu
 
@@ -744,7 +753,7 @@ extern "C" void __tsan_on_report(void* report) {
     std::string text = std::string("cuda-emu: ") + description;
     emu::Worker* w = emu::this_worker;
     if (w && w->current_thread >= 0) text += " in kernel " + emu::kernel_name(w->kernel);
-    text += " (no __syncthreads, warp collective or atomic orders these accesses):";
+    text += " (no __syncthreads, warp collective, stream order or event orders these accesses):";
     for (int m = 0; m < mops; m++) {
         int tid = -1, size = 0, write = 0, atomic = 0;
         void* address = nullptr;
@@ -806,10 +815,14 @@ void syncthreads() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("__syncthreads called outside a kernel");
     w->threads_of_block[w->current_thread].state = ThreadState::at_barrier;
+#if EMU_TSAN
     char* order = w->sync_page + w->barriers_opened % 2;  // alternating, as in WarpSync
     tsan_release(order);
     yield_to_scheduler(*w);
     tsan_acquire(order);
+#else
+    yield_to_scheduler(*w);
+#endif
 }
 
 int syncthreads_count(int predicate) {

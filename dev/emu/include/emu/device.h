@@ -36,6 +36,11 @@ void set_thread_order(ThreadOrder order);
 // so far (each also printed, with a "cuda-emu: data-race in kernel ..." line). Other builds: false, 0.
 bool race_checking();
 int race_reports();
+// The race checker does not see what the calling CUDA thread accesses between these two calls: for the
+// emulator's own bookkeeping in code compiled with the kernels (mma_emu.h's lane exchange and cp.async
+// queues). No-ops in other builds.
+void race_check_pause();
+void race_check_resume();
 
 // Order in which the device picks among streams that all have runnable work: the most recently
 // created stream first (the default), or plain issue order (EMU_STREAM_ORDER=issue).
