@@ -119,8 +119,8 @@ run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
 lane_a() {
     run_suite emu-core emulated "$emu_build/test_emu_core"
     run_suite emu-seeded-bugs emulated "$emu_build/test_emu_seeded_bugs"
-    # the race checker (ThreadSanitizer); the throughput test would take minutes under it
-    run_suite emu-core-tsan emulated "$emu_tsan_build/test_emu_core --gtest_filter=-EmuSpeed.*"
+    # the race checker (ThreadSanitizer, dev/emu/README.md)
+    run_suite emu-core-tsan emulated "$emu_tsan_build/test_emu_core"
     run_suite emu-seeded-bugs-tsan emulated "$emu_tsan_build/test_emu_seeded_bugs"
     run_suite emu-cublas emulated "$emu_build/test_cublas_emu"
     run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"

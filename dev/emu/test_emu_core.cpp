@@ -733,6 +733,7 @@ TEST(EmuDevice, OneDeviceWithAnH100sLimits) {
 // throughput (printed, not checked): what the emulated suite's run time is made of
 
 TEST(EmuSpeed, ElementwiseAndBlockReduce) {
+    if (emu::race_checking()) GTEST_SKIP() << "EMU_TSAN build: the race checker's speed is not the emulator's";
     size_t n4 = 1 << 20;  // 4M floats, 1M threads
     float* d = device_array<float>(n4 * 4);
     cudaDeviceSynchronize();
