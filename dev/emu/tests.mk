@@ -27,9 +27,9 @@ EMU_TEST_BINARIES = train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_g
 
 emu-test-binaries: $(EMU_TEST_BINARIES) emu-tsan-test-binaries
 
-# The race checker's test programs, whichever flavour this make builds (a make of its own: the build
-# folder and flags are chosen when the makefiles are read). The rest of the project under EMU_TSAN=1
-# builds too, but is not part of the suite (README.md: what the race checker covers).
+# The race checker's test programs, whichever flavour this make builds: a make of its own (the build
+# folder and flags are chosen when the makefiles are read), on dev/emu/tsan.mk. The rest of the project
+# builds under EMU_TSAN=1 too, but is not part of the suite (README.md: what the race checker covers).
 EMU_TSAN_TEST_BINARIES = build/emu-tsan/test_emu_core build/emu-tsan/test_emu_seeded_bugs
 emu-tsan-test-binaries:
-	$(MAKE) --no-print-directory EMU_ASAN=0 EMU_TSAN=1 $(EMU_TSAN_TEST_BINARIES)
+	$(MAKE) --no-print-directory -f $(EMU_DIR)/tsan.mk $(EMU_TSAN_TEST_BINARIES)
