@@ -51,8 +51,8 @@ void expect_race(const std::function<void()>& launch, const char* report) {
         testing::ExitedWithCode(3), report);
 }
 
-// Runs `launch` here and expects no race report (a report would also make ThreadSanitizer end the
-// whole test program with status 66).
+// Runs `launch` here and expects no race report (a report would also make the whole test program
+// exit with ThreadSanitizer's status 66).
 void expect_no_race(const std::function<void()>& launch) {
     int before = emu::race_reports();
     launch();
@@ -73,8 +73,8 @@ std::vector<std::vector<T>> in_both_orders(const std::function<std::vector<T>()>
 }
 
 #define SKIP_WITHOUT_RACE_CHECKER()                                                               \
-    if (!emu::race_checking()) GTEST_SKIP() << "needs the race checker: make EMU_TSAN=1 "         \
-                                               "build/emu-tsan/test_emu_seeded_bugs (README.md)"
+    if (!emu::race_checking()) GTEST_SKIP() << "needs the race checker: make -f dev/emu/tsan.mk " \
+                                               "emu-test-seeded-bugs (README.md)"
 
 }  // namespace
 
