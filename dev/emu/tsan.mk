@@ -4,6 +4,7 @@
 # plain build's configuration stamp (build/config/emu), and the next plain make would rebuild the
 # emulated trainers and tests for nothing.
 #   make -f dev/emu/tsan.mk build/emu-tsan/test_emu_core
-EMU_TSAN := 1
-EMU_ASAN := 0
+# override: a make run with EMU_ASAN=1 on its command line passes that on to this one
+override EMU_TSAN := 1
+override EMU_ASAN := 0
 include dev/emu/emu.mk
