@@ -121,7 +121,7 @@ inline unsigned __activemask() { emu::fail("__activemask is not supported by the
 
 // ----------------------------------------------------------------------------
 // memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
-// atomics are real host atomics, every access to the target atomic (the race checker, EMU_TSAN,
+// atomics are real host atomics, with every access to the target atomic (the race checker, EMU_TSAN,
 // reports a plain access that meets an atomic one); the fences are full fences.
 
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
