@@ -798,7 +798,7 @@ int main(int argc, char** argv) {
     TrainArgs args;
     parse_args(argc, argv, &args, true);
     // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes
-    DataParallel dp = dp_init(launch_settings(args), &argc, &argv);
+    DataParallel dp = dp_init(args.launch, &argc, &argv);
     // rank 0 speaks for the run; the others print only errors (stderr)
     if (dp.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence rank %d", dp.rank);
     double peak_flops = describe_device(dp, args);
@@ -815,7 +815,7 @@ int main(int argc, char** argv) {
     // what all processes must agree on: the shared description, plus what only this trainer has
     char extra[256];
     snprintf(extra, sizeof(extra), " cuda: %s ge=%d fa=%d processes=%d pg=%d pt=%g resume_step=%d", PRECISION_NAME,
-             args.gelu_fusion, args.flash_attention, dp.size, args.gpus_per_node, args.comm_timeout, resume_step);
+             args.gelu_fusion, args.flash_attention, dp.size, args.launch.gpus_per_node, args.launch.timeout_s, resume_step);
     check_same_config(model.layout.dp_group, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
     std::vector<float>().swap(initial);
 

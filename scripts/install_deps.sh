@@ -7,6 +7,7 @@
 #   libgtest-dev             the C++ test suites
 #   openmpi-bin libopenmpi-dev   multi-process (data-parallel) runs and their tests
 #   libboost-context-dev     the fibers of the CUDA emulation (dev/emu: CUDA threads on the CPU)
+#   libtsan2                 ThreadSanitizer, the emulator's race checker (comes with g++ 12 and 13)
 #   python3 python3-venv     only to make the Python environment below
 # From PyPI, into a virtual environment in the repository (.venv, git-ignored), the versions pinned in
 # requirements.txt: PyTorch (the oracle the tests compare against, and the benchmarks' peer), NumPy,
@@ -31,7 +32,7 @@ for arg in "$@"; do
     esac
 done
 
-packages=(g++ make pkg-config libpcre2-dev libgtest-dev openmpi-bin libopenmpi-dev libboost-context-dev)
+packages=(g++ make pkg-config libpcre2-dev libgtest-dev openmpi-bin libopenmpi-dev libboost-context-dev libtsan2)
 if [ $python_side -eq 1 ]; then packages+=(python3); fi
 if [ $bench -eq 1 ]; then packages+=(libopenblas-dev); fi
 missing=()

@@ -9,6 +9,7 @@
 # the table labels them "emulated". Expects the binaries built (`make test` builds them first) and:
 #   GPT2_ROOT   the repository (default: this script's parent)
 #   EMU_BUILD   the emulator's build folder: build/emu, or build/emu-asan for AddressSanitizer builds
+#   EMU_TSAN_BUILD  the race checker's build folder (default build/emu-tsan): core, seeded-bug and mma tests
 #   MAKE        for the dev/cuda check modes (make emu-devcuda-check)
 #   TEST_SUITES a space-separated subset of the suite names to run (default: all)
 #   TEST_LANES  1 runs the emulated suites one after the other (default: two lanes side by side)
@@ -17,6 +18,7 @@ root="${GPT2_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
 export GPT2_ROOT="$root"
 emu_build="${EMU_BUILD:-build/emu}"
+emu_tsan_build="${EMU_TSAN_BUILD:-build/emu-tsan}"
 make_cmd="${MAKE:-make}"
 logs=build/test_logs
 mkdir -p "$logs"
@@ -120,6 +122,11 @@ fi
 # builds and dev/cuda in the other. TEST_LANES=1 runs them one after the other.
 lane_a() {
     run_suite emu-core emulated "$emu_build/test_emu_core"
+    run_suite emu-seeded-bugs emulated "$emu_build/test_emu_seeded_bugs"
+    # the race checker (ThreadSanitizer, dev/emu/README.md)
+    run_suite emu-core-tsan emulated "$emu_tsan_build/test_emu_core"
+    run_suite emu-seeded-bugs-tsan emulated "$emu_tsan_build/test_emu_seeded_bugs"
+    run_suite emu-mma-tsan emulated "$emu_tsan_build/test_mma_emu"
     run_suite emu-cublas emulated "$emu_build/test_cublas_emu"
     run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"
     run_suite emu-nccl-np3 emulated "$(mpirun_np 3) $emu_build/test_nccl_emu"

@@ -3,27 +3,40 @@
 #
 #   make emu              train_gpt2cu_emu (bf16), train_gpt2fp32cu_emu (fp32), test_gpt2cu_emu
 #   make emu-test-core    build and run the emulator's own unit tests (dev/emu/test_emu_core.cpp)
+#   make emu-test-seeded-bugs   the seeded bugs and the checks that catch them (test_emu_seeded_bugs.cpp)
 #   make EMU_ASAN=1 ...   the same with AddressSanitizer (objects under build/emu-asan/)
+#   make EMU_TSAN=1 ...   the same with the race checker, ThreadSanitizer (build/emu-tsan/): the CUDA
+#                         sources are instrumented, the emulator's own files only annotate (README.md)
 #
 # Every source is first copied by dev/emu/cu2cpp.sh into $(EMU_BUILD)/src/ with `<<< >>>` rewritten.
 # Kernels' register counts come from ptxas for sm_90 (dev/emu/kernel_table.sh; needs nvcc, not a GPU).
 
 EMU_DIR := dev/emu
-ifeq ($(EMU_ASAN),1)
+# EMU_SAN: every file; EMU_CU_SAN: the CUDA sources only (and the link)
+ifeq ($(EMU_TSAN),1)
+  EMU_BUILD := build/emu-tsan
+  EMU_FLAVOR := tsan
+  EMU_SAN := -DEMU_TSAN=1 -g1
+  EMU_CU_SAN := -fsanitize=thread
+else ifeq ($(EMU_ASAN),1)
   EMU_BUILD := build/emu-asan
+  EMU_FLAVOR := asan
   EMU_SAN := -fsanitize=address -fno-omit-frame-pointer -g1
+  EMU_CU_SAN :=
 else
   EMU_BUILD := build/emu
+  EMU_FLAVOR := plain
   EMU_SAN :=
+  EMU_CU_SAN :=
 endif
-# switching EMU_ASAN rebuilds the binaries in the repository root (one stamp per flavour)
-EMU_FLAVOR_STAMP := build/emu-flavor-$(if $(filter 1,$(EMU_ASAN)),asan,plain)
+# switching EMU_ASAN or EMU_TSAN rebuilds the binaries in the repository root (one stamp per flavour)
+EMU_FLAVOR_STAMP := build/emu-flavor-$(EMU_FLAVOR)
 EMU_OPT ?= -O2
 EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EMULATION
 # for the CUDA sources: read as C++, with the prelude's __global__, __shared__ ... first
 # -I$(EMU_DIR): sources that include the emulator's own headers; prelude.h brings mma_emu.h (the emulated
 # mma.sync, ldmatrix, cp.async behind llmc/mma.cuh's wrappers)
-EMU_CU_FLAGS = $(EMU_BASE_FLAGS) -I$(EMU_DIR) -x c++ -include $(EMU_DIR)/prelude.h
+EMU_CU_FLAGS = $(EMU_BASE_FLAGS) $(EMU_CU_SAN) -I$(EMU_DIR) -x c++ -include $(EMU_DIR)/prelude.h
 EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
@@ -37,10 +50,10 @@ EMU_LIB_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_LIB_SO
 
 # the CUDA sources the emulated targets are built from (and dev/cuda, for its programs)
 EMU_CU_SOURCES := train_gpt2.cu $(wildcard llmc/*.h llmc/*.cuh llmc/*/*.h llmc/*/*.cuh test/gpu/*.cu test/gpu/*.cuh test/*.h dev/cuda/*.cu dev/cuda/*.cuh) \
-                  $(EMU_DIR)/test_emu_core.cpp
+                  $(EMU_DIR)/test_emu_core.cpp $(EMU_DIR)/test_emu_seeded_bugs.cpp
 EMU_SRC := $(EMU_BUILD)/src
 
-.PHONY: emu emu-test-core
+.PHONY: emu emu-test-core emu-test-seeded-bugs
 
 emu: train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu
 
@@ -82,9 +95,13 @@ test_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DGPT2_TRAINER='"train_gpt2cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu -x none \
 		$(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
 
-$(EMU_BUILD)/test_emu_core: $(EMU_BUILD)/src.stamp $(EMU_CORE_OBJECTS)
-	$(CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/$(EMU_DIR)/test_emu_core.cpp -x none $(EMU_CORE_OBJECTS) -lgtest $(EMU_LDLIBS) -o $@
+$(EMU_BUILD)/test_emu_core $(EMU_BUILD)/test_emu_seeded_bugs: $(EMU_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_CORE_OBJECTS)
+	$(CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/$(EMU_DIR)/$*.cpp -x none $(EMU_CORE_OBJECTS) -lgtest $(EMU_LDLIBS) -o $@
 
 emu-test-core: $(EMU_BUILD)/test_emu_core
 	$(EMU_BUILD)/test_emu_core $(TEST_ARGS)
+
+# the seeded bugs and the checks that catch them (the race tests need EMU_TSAN=1, else skipped)
+emu-test-seeded-bugs: $(EMU_BUILD)/test_emu_seeded_bugs
+	$(EMU_BUILD)/test_emu_seeded_bugs $(TEST_ARGS)
 include dev/emu/devcuda.mk

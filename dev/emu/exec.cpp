@@ -17,6 +17,18 @@
 //
 // Launches are checked against an H100's limits when they are made (launch_check); registers per
 // thread come from the ptxas table of the real sm_90 build (set_kernel_resources).
+//
+// Race checking (EMU_TSAN=1, dev/emu/README.md): the kernels are compiled with -fsanitize=thread and
+// every CUDA thread is a ThreadSanitizer fiber with its own stack. TSan sees no order between the fibers
+// except what this file tells it: what the launch's stream had done (runtime.cpp) happens before its
+// threads run; everything a thread did before a __syncthreads happens before what any thread of its
+// block does after it; likewise for the lanes of a warp collective; every thread's end happens before
+// the stream's next work. Blocks are not ordered among themselves: a block's threads take the next
+// fibers of a pool, and before each block its shared memory is mapped afresh and its sync objects'
+// page unmapped and mapped again, so TSan forgets what the previous block did there. Two accesses to
+// one address, at least one a write and not both atomic, with no such order between them are
+// reported as a data race. This file is not instrumented, and the scheduler runs with TSan ignoring
+// its accesses: the emulator's own bookkeeping between fibers is invisible to TSan.
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -46,6 +58,26 @@
 #define EMU_ASAN 1
 #else
 #define EMU_ASAN 0
+#endif
+
+#ifndef EMU_TSAN
+#define EMU_TSAN 0
+#endif
+#if EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+// exported by GCC's libtsan but declared in no header: ignoring accesses, and reading a report
+// (tsan_debugging.cpp in the sanitizer sources)
+extern "C" {
+void __tsan_ignore_thread_begin();
+void __tsan_ignore_thread_end();
+int __tsan_get_report_data(void* report, const char** description, int* count, int* stack_count, int* mop_count,
+                           int* loc_count, int* mutex_count, int* thread_count, int* unique_tid_count, void** sleep_trace,
+                           uintptr_t trace_size);
+int __tsan_get_report_mop(void* report, uintptr_t idx, int* tid, void** addr, int* size, int* write, int* atomic,
+                          void** trace, uintptr_t trace_size);
+int __tsan_get_report_thread(void* report, uintptr_t idx, int* tid, uint64_t* os_id, int* running, const char** name,
+                             int* parent_tid, void** trace, uintptr_t trace_size);
+}
 #endif
 
 namespace bctx = boost::context::detail;
@@ -244,10 +276,15 @@ ThreadOrder thread_order_setting() {
 }
 std::atomic<ThreadOrder> thread_order{thread_order_setting()};
 
+// EMU_TSAN: fibers (TSan threads) a host thread's blocks take in turn; twice the largest block, so
+// two consecutive blocks never share one
+constexpr int tsan_fiber_pool = 2048;
+
 size_t fiber_stack_bytes() {
     const char* env = getenv("EMU_STACK_KB");
     if (env) return (size_t)atol(env) * 1024;
-    return EMU_ASAN ? 256 * 1024 : 64 * 1024;  // ASan's redzones make frames several times larger
+    // ASan's redzones make frames several times larger; TSan prints its reports on the fiber's stack
+    return EMU_ASAN || EMU_TSAN ? 256 * 1024 : 64 * 1024;
 }
 
 // A CUDA thread's state in the block being run. A thread gets a fiber when it starts; a fiber whose
@@ -260,6 +297,18 @@ struct Fiber {
     char* stack_bottom = nullptr;
     size_t stack_bytes = 0;
     void* asan_fake_stack = nullptr;
+    void* tsan_fiber = nullptr;  // EMU_TSAN: the TSan context of the CUDA thread this fiber runs
+};
+
+// EMU_TSAN: a warp's collectives with one mask release into and acquire from a pair of TSan sync
+// objects (addresses in Worker::sync_page). Consecutive collectives alternate between the two: every
+// lane of instance k releases into object k % 2 before any lane acquires it, and no lane can release
+// for instance k + 2 before all have acquired instance k (instance k + 1 needs them all), so a lane
+// never acquires what another did after the collective. __syncthreads does the same with pair 0.
+struct WarpSync {
+    unsigned mask;
+    unsigned completed;
+    int pair;  // index of its pair of objects in sync_page
 };
 
 struct ThreadSlot {
@@ -298,8 +347,33 @@ struct Worker {
     int sweep = 0;  // position in the current sweep over the threads
     int runnable = 0, at_barrier = 0, at_warp = 0, live = 0;
     dim3 indexed_block{0, 0, 0};  // the blockDim that threads_of_block[].index was computed for
-    // dynamic shared memory, 16-byte aligned
-    std::vector<uint4> dynamic_shared;
+    // dynamic shared memory, 16-byte aligned: dynamic_storage, or with EMU_TSAN a mapped region
+    char* dynamic_shared = nullptr;
+    size_t dynamic_shared_bytes = 0;
+    std::vector<uint4> dynamic_storage;
+    // counts the blocks this host thread has started (from 1): a static __shared__ variable whose note
+    // differs has not been filled with 0xFF yet in this block (shared_declared)
+    unsigned long long block_serial = 0;
+    std::vector<std::pair<const char*, size_t>> static_shared;  // every static __shared__ variable seen
+    // EMU_TSAN: the static __shared__ variables live in a mapped region (shared_declared), so that the
+    // block's shared memory can be mapped afresh
+    char* static_arena = nullptr;
+    size_t static_arena_used = 0;
+    // EMU_TSAN: the TSan context the scheduler runs in (the launch's stream, runtime.cpp); the objects
+    // that order a launch's start before its threads and their ends before the stream's next work; the
+    // block's first fiber in the pool
+    // (a block's threads take the next blockDim fibers, round the pool, so consecutive blocks are
+    // different TSan threads); the page whose addresses are the block's barrier and warp-collective
+    // sync objects, unmapped and mapped again for every block, which makes TSan drop them (a block
+    // must not acquire what an earlier block released)
+    void* tsan_host = nullptr;
+    std::string kernel_label;  // the kernel's short name, for the fibers' names in reports
+    char launch_start_sync = 0, threads_end_sync = 0;
+    int first_fiber = 0;
+    char* sync_page = nullptr;
+    unsigned barriers_opened = 0;
+    int sync_pairs_used = 1;  // pair 0: __syncthreads
+    std::vector<WarpSync> warp_sync[32];  // [warp]: one entry per mask used in this block
 
     int thread_at(int position) const { return reverse ? threads - 1 - position : position; }
 };
@@ -315,6 +389,29 @@ Worker& worker() {
         this_worker->warp_arrived.resize(32);
     }
     return *this_worker;
+}
+
+// EMU_TSAN: tell ThreadSanitizer which CUDA thread runs now, and what orders what
+inline void tsan_switch(void* fiber) {
+#if EMU_TSAN
+    __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+#else
+    (void)fiber;
+#endif
+}
+inline void tsan_release(void* sync) {
+#if EMU_TSAN
+    __tsan_release(sync);
+#else
+    (void)sync;
+#endif
+}
+inline void tsan_acquire(void* sync) {
+#if EMU_TSAN
+    __tsan_acquire(sync);
+#else
+    (void)sync;
+#endif
 }
 
 inline void asan_start(void** fake_stack_save, const void* bottom, size_t bytes) {
@@ -336,6 +433,7 @@ inline void asan_finish(void* fake_stack_save, const void** bottom_old, size_t* 
 void yield_to_scheduler(Worker& w) {
     int self = w.current_fiber;  // an index: `fibers` may grow while this fiber waits
     asan_start(&w.fibers[self].asan_fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
+    tsan_switch(w.tsan_host);
     bctx::transfer_t t = bctx::jump_fcontext(w.scheduler, nullptr);
     asan_finish(w.fibers[self].asan_fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
     w.scheduler = t.fctx;
@@ -348,11 +446,16 @@ void fiber_main(bctx::transfer_t t) {
     for (;;) {
         // the scheduler has set current_thread to a thread that has not started
         for (;;) {
+            tsan_acquire(&w.launch_start_sync);
             w.run_thread(w.args);
+            tsan_release(&w.threads_end_sync);
             ThreadSlot& ended = w.threads_of_block[w.current_thread];
             ended.state = ThreadState::done;
             ended.fiber = -1;
             w.live--;
+            // EMU_TSAN: a thread runs on the fiber the pool gives it (its TSan context); the next thread
+            // on this stack would otherwise seem to race with this one on the stack's memory
+            if (EMU_TSAN) break;
             int position = w.sweep + 1;
             if (position >= w.threads) break;
             int next = w.thread_at(position);
@@ -365,7 +468,7 @@ void fiber_main(bctx::transfer_t t) {
             w.current_thread = next;
             threadIdx = slot.index;
         }
-        w.free_fibers.push_back(w.current_fiber);
+        if (!EMU_TSAN) w.free_fibers.push_back(w.current_fiber);
         yield_to_scheduler(w);
     }
 }
@@ -389,6 +492,9 @@ int take_fiber(Worker& w) {
     // a different offset per fiber spreads the saved contexts over the sets
     size_t stagger = (w.fibers.size() % 63) * 64;
     f.context = bctx::make_fcontext(f.stack_bottom + bytes - stagger, bytes - stagger, fiber_main);
+#if EMU_TSAN
+    f.tsan_fiber = __tsan_create_fiber(0);
+#endif
     w.fibers.push_back(f);
     return (int)w.fibers.size() - 1;
 }
@@ -396,7 +502,19 @@ int take_fiber(Worker& w) {
 // runs thread `i` (starting it on a fiber if it has not started) until it waits or ends
 void resume(Worker& w, int i) {
     ThreadSlot& slot = w.threads_of_block[i];
-    if (slot.state == ThreadState::not_started) slot.fiber = take_fiber(w);
+    if (slot.state == ThreadState::not_started) {
+#if EMU_TSAN
+        int fiber = (w.first_fiber + i) % tsan_fiber_pool;
+        while ((int)w.fibers.size() <= fiber) take_fiber(w);
+        slot.fiber = fiber;
+        char name[128];  // what a race report calls this thread
+        snprintf(name, sizeof(name), "%s block (%u,%u,%u) thread (%u,%u,%u)", w.kernel_label.c_str(), blockIdx.x,
+                 blockIdx.y, blockIdx.z, slot.index.x, slot.index.y, slot.index.z);
+        __tsan_set_fiber_name(w.fibers[fiber].tsan_fiber, name);
+#else
+        slot.fiber = take_fiber(w);
+#endif
+    }
     slot.state = ThreadState::running;
     w.runnable--;
     w.current_thread = i;
@@ -404,6 +522,7 @@ void resume(Worker& w, int i) {
     threadIdx = slot.index;
     Fiber& f = w.fibers[slot.fiber];
     asan_start(&w.scheduler_fake_stack, f.stack_bottom, f.stack_bytes);
+    tsan_switch(f.tsan_fiber);
     bctx::transfer_t t = bctx::jump_fcontext(f.context, &w);
     asan_finish(w.scheduler_fake_stack, nullptr, nullptr);
     w.fibers[w.current_fiber].context = t.fctx;
@@ -415,6 +534,16 @@ std::string lanes_text(unsigned bits) {
         if (bits & (1u << i)) s += (s.empty() ? "" : ",") + std::to_string(i);
     }
     return s;
+}
+
+// the warp's sync objects for collectives with `mask` (EMU_TSAN)
+WarpSync& warp_sync(Worker& w, int warp, unsigned mask) {
+    for (WarpSync& s : w.warp_sync[warp])
+        if (s.mask == mask) return s;
+    if (2 * (size_t)(w.sync_pairs_used + 1) > (size_t)sysconf(_SC_PAGESIZE))
+        fail("kernel %s: more warp masks in one block than the race checker has sync objects for", kernel_name(w.kernel).c_str());
+    w.warp_sync[warp].push_back(WarpSync{mask, 0, w.sync_pairs_used++});
+    return w.warp_sync[warp].back();
 }
 
 // All lanes of `mask` in warp `warp` have arrived: compute every result, then let them run.
@@ -485,6 +614,7 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
         }
         w.threads_of_block[warp * 32 + j].state = ThreadState::runnable;
     }
+    if (EMU_TSAN) warp_sync(w, warp, mask).completed++;
     w.warp_arrived[warp] &= ~mask;
     w.at_warp -= __builtin_popcount(mask);
     w.runnable += __builtin_popcount(mask);
@@ -563,6 +693,7 @@ void run_block(Worker& w) {
                 if (w.threads_of_block[i].state == ThreadState::at_barrier) w.threads_of_block[i].state = ThreadState::runnable;
             w.runnable = w.at_barrier;
             w.at_barrier = 0;
+            w.barriers_opened++;
             continue;
         }
         report_deadlock(w);
@@ -573,6 +704,82 @@ void run_block(Worker& w) {
 }  // namespace
 
 void set_thread_order(ThreadOrder order) { thread_order.store(order); }
+
+// ----------------------------------------------------------------------------
+// race reports (EMU_TSAN)
+
+namespace {
+std::atomic<int> races_reported{0};
+
+// what memory an address is, for the report
+const char* memory_kind(const void* p, size_t bytes) {
+    if (is_device_pointer(p, bytes)) return "global memory";
+    Worker* w = this_worker;
+    if (w == nullptr) return "host memory";
+    const char* c = (const char*)p;
+    if (c >= w->dynamic_shared && c < w->dynamic_shared + w->dynamic_shared_bytes) return "dynamic shared memory";
+    for (const auto& [variable, size] : w->static_shared)
+        if (c >= variable && c < variable + size) return "static shared memory";
+    return "host or stack memory";
+}
+}  // namespace
+
+bool race_checking() { return EMU_TSAN; }
+int race_reports() { return races_reported.load(); }
+void race_check_pause() {
+#if EMU_TSAN
+    __tsan_ignore_thread_begin();
+#endif
+}
+void race_check_resume() {
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
+}
+
+}  // namespace emu
+
+#if EMU_TSAN
+// ThreadSanitizer calls this after printing each report (its stacks name the kernel's source lines);
+// this adds one line in CUDA's terms: the kernel, the two threads, the address and its kind.
+extern "C" void __tsan_on_report(void* report) {
+    emu::races_reported++;
+    const char* description = "";
+    int count = 0, stacks = 0, mops = 0, locations = 0, mutexes = 0, threads = 0, unique_tids = 0;
+    void* sleep = nullptr;
+    if (!__tsan_get_report_data(report, &description, &count, &stacks, &mops, &locations, &mutexes, &threads,
+                                &unique_tids, &sleep, 0))
+        return;
+    std::string text = std::string("cuda-emu: ") + description;
+    emu::Worker* w = emu::this_worker;
+    if (w && w->current_thread >= 0) text += " in kernel " + emu::kernel_name(w->kernel);
+    text += " (no __syncthreads, warp collective, stream order or event orders these accesses):";
+    for (int m = 0; m < mops; m++) {
+        int tid = -1, size = 0, write = 0, atomic = 0;
+        void* address = nullptr;
+        void* trace = nullptr;
+        if (!__tsan_get_report_mop(report, m, &tid, &address, &size, &write, &atomic, &trace, 0)) continue;
+        std::string who = "a host thread";
+        for (int t = 0; t < threads; t++) {
+            int id = -1, running = 0, parent = 0;
+            uint64_t os_id = 0;
+            const char* name = nullptr;
+            void* thread_trace = nullptr;
+            if (__tsan_get_report_thread(report, t, &id, &os_id, &running, &name, &parent, &thread_trace, 0) && id == tid &&
+                name && name[0])
+                who = name;
+        }
+        char line[512];
+        snprintf(line, sizeof(line), "\n  %s %s%s of %d bytes at %p (%s)", m == 0 ? "this" : "earlier", write ? "write" : "read",
+                 atomic ? " (atomic)" : "", size, address, emu::memory_kind(address, (size_t)size));
+        text += line;
+        text += " by " + who;
+    }
+    fprintf(stderr, "%s\n", text.c_str());
+}
+#endif
+
+namespace emu {
 
 uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t value, int arg, int width) {
     if (this_worker == nullptr || this_worker->current_thread < 0) fail("%s called outside a kernel", name);
@@ -592,7 +799,15 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
     slot.width = width;
     slot.value = value;
     w.threads_of_block[i].state = ThreadState::at_warp;
+#if EMU_TSAN
+    WarpSync& sync = warp_sync(w, i / 32, mask);
+    char* order = w.sync_page + 2 * sync.pair + sync.completed % 2;
+    tsan_release(order);
     yield_to_scheduler(w);
+    tsan_acquire(order);
+#else
+    yield_to_scheduler(w);
+#endif
     return w.lanes[i].result;
 }
 
@@ -600,7 +815,14 @@ void syncthreads() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("__syncthreads called outside a kernel");
     w->threads_of_block[w->current_thread].state = ThreadState::at_barrier;
+#if EMU_TSAN
+    char* order = w->sync_page + w->barriers_opened % 2;  // alternating, as in WarpSync
+    tsan_release(order);
     yield_to_scheduler(*w);
+    tsan_acquire(order);
+#else
+    yield_to_scheduler(*w);
+#endif
 }
 
 int syncthreads_count(int predicate) {
@@ -617,10 +839,85 @@ int syncthreads_count(int predicate) {
     return count;
 }
 
+namespace {
+// EMU_TSAN: shared memory is mapped here, not in host-thread-local storage
+constexpr size_t static_arena_bytes = 16 << 20;  // room for every static __shared__ variable of the program
+constexpr size_t dynamic_region_bytes = 256 << 10;  // above an H100's 227 KiB per block
+
+char* map_region(size_t bytes) {
+#if EMU_TSAN
+    __tsan_ignore_thread_begin();  // else TSan takes the mapping for a write by the thread that maps it
+#endif
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
+    if (p == MAP_FAILED) fail("cannot map %zu bytes for shared memory", bytes);
+    return (char*)p;
+}
+
+char* take_static_shared(Worker& w, size_t bytes) {
+    if (w.static_arena == nullptr) w.static_arena = map_region(static_arena_bytes);
+    size_t offset = (w.static_arena_used + 63) & ~(size_t)63;  // at least any __align__ of the declaration
+    if (offset + bytes > static_arena_bytes)
+        fail("the static __shared__ variables need more than the race checker's %zu bytes", static_arena_bytes);
+    w.static_arena_used = offset + bytes;
+    return w.static_arena + offset;
+}
+
+#if EMU_TSAN
+// Before each block: nothing of the previous block may order this one. Its shared memory is mapped
+// afresh while TSan ignores this thread, which makes TSan forget every access to it, then the dynamic
+// part is filled with 0xFF, unseen too. The sync objects' page is unmapped and mapped again (TSan
+// drops the sync objects in unmapped memory). The block's threads take the pool's next fibers.
+void forget_block(Worker& w, size_t dynamic_bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    auto remap = [&](char* p, size_t bytes) {
+        bytes = (bytes + page - 1) / page * page;
+        if (bytes && mmap(p, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+            fail("cannot map shared memory afresh");
+    };
+    __tsan_ignore_thread_begin();
+    remap(w.static_arena, w.static_arena_used);
+    remap(w.dynamic_shared, dynamic_bytes);
+    memset(w.dynamic_shared, 0xFF, dynamic_bytes);
+    if (w.sync_page) munmap(w.sync_page, page);
+    void* p = mmap(w.sync_page, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (w.sync_page ? MAP_FIXED_NOREPLACE : 0), -1, 0);
+    if (p == MAP_FAILED || (w.sync_page && p != w.sync_page)) fail("cannot map the race checker's sync page again");
+    w.sync_page = (char*)p;
+    __tsan_ignore_thread_end();
+    w.barriers_opened = 0;
+    w.sync_pairs_used = 1;
+    for (auto& masks : w.warp_sync) masks.clear();
+    w.first_fiber = (w.first_fiber + w.threads) % tsan_fiber_pool;
+}
+#endif
+
+}  // namespace
+
+void* shared_declared(SharedNote* note, void* storage, size_t bytes) {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) fail("a __shared__ variable was used outside a kernel");
+    if (note->block == w->block_serial) return note->address;
+    if (note->address == nullptr) {
+        note->address = EMU_TSAN ? take_static_shared(*w, bytes) : storage;
+        w->static_shared.emplace_back((const char*)note->address, bytes);
+    }
+    note->block = w->block_serial;
+#if EMU_TSAN
+    __tsan_ignore_thread_begin();  // the fill is no thread's write: a read of a slot nobody wrote is no race
+#endif
+    memset(note->address, 0xFF, bytes);
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
+    return note->address;
+}
+
 void* dynamic_shared_memory() {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("dynamic shared memory used outside a kernel");
-    return w->dynamic_shared.data();
+    return w->dynamic_shared;
 }
 
 // ----------------------------------------------------------------------------
@@ -646,16 +943,48 @@ void run_blocks(Grid& g) {
     w.run_thread = g.run_thread;
     w.args = g.args;
     w.threads = (int)(c.block.x * c.block.y * c.block.z);
+#if EMU_TSAN
+    w.tsan_host = __tsan_get_current_fiber();  // the launch's stream (runtime.cpp): its fibers return there
+    // The scheduler's own memory (its stack is the device thread's, shared by every stream's TSan
+    // context) is bookkeeping, not the kernel's: hidden from TSan while the grid runs. The CUDA threads
+    // are fibers of their own, still seen.
+    __tsan_ignore_thread_begin();
+    // "ns::kernel(args)" or "void ns::kernel<T>(args)": the name alone, short (TSan keeps 63 characters
+    // of a thread's name, and the block and thread indices must fit)
+    std::string name = kernel_name(g.kernel);
+    name = name.substr(0, name.find('('));
+    name = name.substr(0, name.find('<'));
+    size_t cut = name.find_last_of(": ");
+    if (cut != std::string::npos) name = name.substr(cut + 1);
+    w.kernel_label = name.empty() ? "kernel" : name.substr(0, 24);
+    if (w.dynamic_shared == nullptr) w.dynamic_shared = map_region(dynamic_region_bytes);
+    if (c.shared_bytes > dynamic_region_bytes) fail("%zu bytes of dynamic shared memory", c.shared_bytes);
+    w.dynamic_shared_bytes = c.shared_bytes;
+    tsan_release(&w.launch_start_sync);  // what the host did before the launch comes before its threads
+#else
     size_t shared_words = (c.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4);
-    if (w.dynamic_shared.size() < shared_words) w.dynamic_shared.resize(shared_words);
+    if (w.dynamic_storage.size() < shared_words) w.dynamic_storage.resize(shared_words);
+    w.dynamic_shared = (char*)w.dynamic_storage.data();
+    w.dynamic_shared_bytes = c.shared_bytes;
+#endif
     for (;;) {
         unsigned long long b = g.next_block.fetch_add(1, std::memory_order_relaxed);
         if (b >= g.blocks) break;
         blockIdx = uint3{(unsigned)(b % c.grid.x), (unsigned)((b / c.grid.x) % c.grid.y), (unsigned)(b / ((unsigned long long)c.grid.x * c.grid.y))};
-        // never-written shared memory reads as NaN (0xFF bytes), as device memory does
-        if (c.shared_bytes) memset(w.dynamic_shared.data(), 0xFF, c.shared_bytes);
+        // never-written shared memory reads as NaN (0xFF bytes), as device memory does; static
+        // __shared__ variables are filled when the block first reaches them (shared_declared)
+        w.block_serial++;
+#if EMU_TSAN
+        forget_block(w, c.shared_bytes);
+#else
+        if (c.shared_bytes) memset(w.dynamic_shared, 0xFF, c.shared_bytes);
+#endif
         run_block(w);
     }
+    tsan_acquire(&w.threads_end_sync);  // every thread's end comes before what the host does next
+#if EMU_TSAN
+    __tsan_ignore_thread_end();
+#endif
 }
 
 int block_threads_setting() {

@@ -11,8 +11,9 @@
 // by the parity of the lane's count of such calls: a fast lane's next call writes the other half, and
 // it cannot get two calls ahead, since the next __syncwarp waits for every lane. The count and the
 // instruction are in the slot too, so lanes that do not execute the same instruction in the same order
-// (undefined for .aligned instructions) fail loudly. The scratch is `thread_local`, like the emulator's
-// __shared__: one host thread runs one block at a time.
+// (undefined for .aligned instructions) fail loudly. The scratch is `thread_local`: one host thread
+// runs one block at a time. It and the cp.async queues are the emulator's bookkeeping, hidden from the
+// race checker (EMU_TSAN); the instructions' reads and writes of shared and global memory are seen.
 //
 // mma arithmetic. Each product of two bf16 values is exact in fp32 (8 + 8 significant bits <= 24), so
 // only the additions round. The order inside a real tensor core is not documented; here it is fixed:
@@ -41,6 +42,12 @@
 
 namespace emu_mma {
 
+// the emulator's bookkeeping in a scope, hidden from the race checker (emu::race_check_pause)
+struct Bookkeeping {
+    Bookkeeping() { emu::race_check_pause(); }
+    ~Bookkeeping() { emu::race_check_resume(); }
+};
+
 inline int linear_thread() {
     return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
 }
@@ -56,6 +63,7 @@ struct LaneSlot {
 // Publishes this lane's slot (filled by `fill`) and waits for the warp; returns the warp's 32 slots.
 template <typename Fill>
 inline const LaneSlot* exchange(const char* what, Fill fill) {
+    Bookkeeping hidden;
     static thread_local LaneSlot slots[2][1024];
     static thread_local uint32_t calls[1024];
     int thread = linear_thread();
@@ -204,11 +212,13 @@ inline void cp_async16(void* shared, const void* global) {
     }
     PendingCopy copy;
     copy.shared = shared;
-    memcpy(copy.bytes, global, 16);
+    memcpy(copy.bytes, global, 16);  // the read of global memory
+    Bookkeeping hidden;
     copy_queue().uncommitted.push_back(copy);
 }
 
 inline void cp_async_commit() {
+    Bookkeeping hidden;
     CopyQueue& q = copy_queue();
     q.groups.push_back(std::move(q.uncommitted));
     q.uncommitted.clear();
@@ -216,9 +226,16 @@ inline void cp_async_commit() {
 
 // the copies of every committed group but the newest `pending` land now
 inline void cp_async_wait(int pending) {
+    Bookkeeping hidden;
     CopyQueue& q = copy_queue();
     while ((int)q.groups.size() > pending) {
-        for (const PendingCopy& copy : q.groups.front()) memcpy(copy.shared, copy.bytes, 16);
+        for (const PendingCopy& copy : q.groups.front()) {
+            unsigned char bytes[16];
+            memcpy(bytes, copy.bytes, 16);
+            emu::race_check_resume();
+            memcpy(copy.shared, bytes, 16);  // the copy lands: the write of shared memory
+            emu::race_check_pause();
+        }
         q.groups.pop_front();
     }
 }

@@ -2,9 +2,12 @@
 // CUDA's declaration specifiers as plain C++, and the emulated runtime.
 //
 // __shared__ becomes `static thread_local`: one copy per host thread, and a host thread runs the
-// fibers of one block at a time (exec.cpp), so that copy is the block's shared memory. Like real shared
-// memory it is not cleared between blocks. `extern __shared__ T name[];` (dynamic shared memory) is
-// rewritten by cu2cpp.sh into a pointer to the block's dynamic buffer.
+// fibers of one block at a time (exec.cpp), so that copy is the block's shared memory. cu2cpp.sh
+// renames it and makes `name` a reference to it (EMU_SHARED_VARIABLE, include/emu/kernel.h), filled
+// with 0xFF bytes when a block first reaches the declaration: no block sees zeros or the previous
+// block's values. (The race checker, EMU_TSAN, puts the block's copy in memory it maps afresh for
+// every block.) `extern __shared__ T name[];` (dynamic shared memory) is rewritten by cu2cpp.sh into a
+// pointer to the block's dynamic buffer, filled with 0xFF bytes for every block.
 #pragma once
 
 #define __global__

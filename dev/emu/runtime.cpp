@@ -13,6 +13,14 @@
 // matching cudaEventRecord); and the legacy default stream, whose work waits for all earlier work on
 // blocking streams, and whose earlier work every blocking stream's later work waits for (streams
 // made with cudaStreamNonBlocking take no part).
+//
+// Race checker (EMU_TSAN=1): the device thread runs each stream's work as a ThreadSanitizer fiber of
+// its own, and tells TSan CUDA's orderings: a task happens after its stream's earlier tasks and the
+// tasks it depends on (events, the legacy default stream); a host wait happens after the tasks it
+// waited for; and what the host did before the call that let the device run (a wait or a query)
+// happens before the task (a little more than CUDA promises: the host's calls after the launch too).
+// Work on two streams with no such order between them is not ordered, so a kernel that reads what
+// another stream's kernel writes without an event between them is reported, whichever ran first.
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
@@ -27,6 +35,13 @@
 #include <vector>
 
 #include <unistd.h>
+
+#ifndef EMU_TSAN
+#define EMU_TSAN 0
+#endif
+#if EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
 #include <cuda_runtime.h>
 
@@ -43,10 +58,17 @@ struct CUstream_st {
         std::string what;
         std::function<void()> run;
         std::vector<std::pair<CUstream_st*, unsigned long long>> after;  // (stream, seq) to wait for
+        // EMU_TSAN: tasks it comes after although they were done when it was queued (legacy stream)
+        std::vector<std::pair<CUstream_st*, unsigned long long>> ordered_after;
     };
     std::deque<Task> queue;
     unsigned long long enqueued = 0, completed = 0;
     bool destroyed = false;
+    // EMU_TSAN: the stream's TSan fiber, and one sync object per task, released when it is done (a
+    // deque, so their addresses stay put)
+    void* tsan_fiber = nullptr;
+    std::deque<char> tsan_sync;
+    char* done_sync(unsigned long long seq) { return &tsan_sync[seq - 1]; }
     bool blocking() const { return !(flags & cudaStreamNonBlocking); }
 };
 
@@ -171,14 +193,40 @@ struct Device {
 
     void loop() {
         std::unique_lock<std::mutex> lock(mutex);
+#if EMU_TSAN
+        void* device_fiber = __tsan_get_current_fiber();
+        char host_relay = 0;  // the device thread passes on what it knows of the host (mutex, wait)
+#endif
         for (;;) {
             CUstream_st* s = nullptr;
             work.wait(lock, [&] { return (waiters > 0 || kicked) && (s = pick()) != nullptr; });
             CUstream_st::Task& task = s->queue.front();
             running = true;
             std::function<void()> run = std::move(task.run);
+#if EMU_TSAN
+            // the task runs as its stream's fiber, after what queued it and what it waits for
+            if (!s->tsan_fiber) {
+                s->tsan_fiber = __tsan_create_fiber(0);
+                std::string name = s == &legacy ? "the legacy default stream (copies, memsets)"
+                                                : "stream " + std::to_string(s->id) + " (copies, memsets)";
+                __tsan_set_fiber_name(s->tsan_fiber, name.c_str());
+            }
+            std::vector<char*> acquire = {&host_relay};
+            for (auto* list : {&task.after, &task.ordered_after})
+                for (auto& [stream, seq] : *list) acquire.push_back(stream->done_sync(seq));
+            char* task_done = s->done_sync(task.seq);
+            lock.unlock();
+            __tsan_release(&host_relay);
+            __tsan_switch_to_fiber(s->tsan_fiber, __tsan_switch_to_fiber_no_sync);
+            for (char* sync : acquire) __tsan_acquire(sync);
+            run();
+            run = nullptr;  // what it captured (a kernel's arguments) is freed by the stream too
+            __tsan_release(task_done);
+            __tsan_switch_to_fiber(device_fiber, __tsan_switch_to_fiber_no_sync);
+#else
             lock.unlock();
             run();
+#endif
             lock.lock();
             running = false;
             s->completed = s->queue.front().seq;
@@ -230,6 +278,16 @@ struct Device {
         return done.wait_for(lock, std::chrono::milliseconds(1), finished);
     }
 
+    // caller holds mutex; EMU_TSAN: the calling host thread has waited for task `seq` of `s` (and so
+    // for its stream's earlier tasks): what they did happens before what the host does next
+    void waited_for(CUstream_st* s, unsigned long long seq) {
+#if EMU_TSAN
+        if (seq > 0) __tsan_acquire(s->done_sync(seq));
+#else
+        (void)s, (void)seq;
+#endif
+    }
+
     CUstream_st* resolve(cudaStream_t stream) {
         if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return &legacy;
         return stream;
@@ -247,11 +305,12 @@ struct Device {
         }
         if (s == &legacy) {
             for (CUstream_st* other : streams)
-                if (other != &legacy && other->blocking() && other->completed < other->enqueued)
-                    t.after.emplace_back(other, other->enqueued);
-        } else if (s->blocking() && legacy.completed < legacy.enqueued) {
-            t.after.emplace_back(&legacy, legacy.enqueued);
+                if (other != &legacy && other->blocking() && other->enqueued > 0)
+                    (other->completed < other->enqueued ? t.after : t.ordered_after).emplace_back(other, other->enqueued);
+        } else if (s->blocking() && legacy.enqueued > 0) {
+            (legacy.completed < legacy.enqueued ? t.after : t.ordered_after).emplace_back(&legacy, legacy.enqueued);
         }
+        if (EMU_TSAN) s->tsan_sync.resize(s->enqueued);
         s->queue.push_back(std::move(t));
         return s->enqueued;
     }
@@ -291,6 +350,7 @@ void run_and_wait(cudaStream_t stream, const char* what, std::function<void()> r
     CUstream_st* s = d.resolve(stream);
     unsigned long long seq = d.push(s, what, std::move(run));
     d.wait_until(lock, [&] { return s->completed >= seq; });
+    d.waited_for(s, seq);
 }
 
 void synchronize_device() {
@@ -301,6 +361,7 @@ void synchronize_device() {
             if (s->completed < s->enqueued) return false;
         return true;
     });
+    for (CUstream_st* s : d.streams) d.waited_for(s, s->enqueued);
 }
 
 }  // namespace
@@ -652,6 +713,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     CUstream_st* s = d.resolve(stream);
     unsigned long long target = s->enqueued;
     d.wait_until(lock, [&] { return s->completed >= target; });
+    d.waited_for(s, target);
     return cudaSuccess;
 }
 
@@ -659,13 +721,15 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     emu::Device& d = emu::device();
     std::unique_lock<std::mutex> lock(d.mutex);
     CUstream_st* s = d.resolve(stream);
-    if (s->completed >= s->enqueued) return cudaSuccess;
-    d.start();
-    d.kicked = true;
-    d.work.notify_one();
     unsigned long long target = s->enqueued;
-    if (d.wait_briefly(lock, [&] { return s->completed >= target; })) return cudaSuccess;
-    return cudaErrorNotReady;  // not an error to record: cudaGetLastError stays as it was
+    if (s->completed < target) {
+        d.start();
+        d.kicked = true;
+        d.work.notify_one();
+        if (!d.wait_briefly(lock, [&] { return s->completed >= target; })) return cudaErrorNotReady;
+    }
+    d.waited_for(s, target);
+    return cudaSuccess;  // not an error to record: cudaGetLastError stays as it was
 }
 
 // ----------------------------------------------------------------------------
@@ -699,6 +763,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     CUstream_st* s = event->stream;
     unsigned long long seq = event->seq;
     d.wait_until(lock, [&] { return s->completed >= seq; });
+    d.waited_for(s, seq);
     return cudaSuccess;
 }
 
@@ -706,14 +771,17 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event || event->destroyed) return set_error(cudaErrorInvalidResourceHandle);
     emu::Device& d = emu::device();
     std::unique_lock<std::mutex> lock(d.mutex);
-    if (!event->stream || event->stream->completed >= event->seq) return cudaSuccess;
-    d.start();
-    d.kicked = true;
-    d.work.notify_one();
+    if (!event->stream) return cudaSuccess;
     CUstream_st* s = event->stream;
     unsigned long long seq = event->seq;
-    if (d.wait_briefly(lock, [&] { return s->completed >= seq; })) return cudaSuccess;
-    return cudaErrorNotReady;
+    if (s->completed < seq) {
+        d.start();
+        d.kicked = true;
+        d.work.notify_one();
+        if (!d.wait_briefly(lock, [&] { return s->completed >= seq; })) return cudaErrorNotReady;
+    }
+    d.waited_for(s, seq);
+    return cudaSuccess;
 }
 
 // host wall-clock time between the moments the device reached the two events

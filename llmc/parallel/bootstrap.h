@@ -540,7 +540,7 @@ inline bool launched_by_mpi(int* size_out = nullptr) {
 
 enum class LaunchMethod { Single, Mpi, Tcp, File };
 
-// What a process needs to know to find the others: the -p* flags (llmc/run/args.h's launch_settings).
+// What a process needs to know to find the others: the -p* flags (TrainArgs::launch in llmc/run/args.h).
 struct LaunchSettings {
     std::string init_method = "auto";  // auto|mpi|tcp|file
     std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
@@ -548,7 +548,7 @@ struct LaunchSettings {
     int num_processes = 1;
     int process_rank = 0;
     int gpus_per_node = 0;             // 0: every GPU this process sees
-    double timeout_s = 300.0;          // seconds any process waits for the others
+    float timeout_s = 300.0f;          // seconds any process waits for the others
 };
 
 inline const char* launch_method_name(LaunchMethod m) {

@@ -78,13 +78,7 @@ struct TrainArgs {
     float loss_scale_growth = 2.0f;
     float loss_scale_backoff = 0.5f;
     // CUDA trainer only: several GPUs, one process each (llmc/parallel/bootstrap.h, llmc/parallel/comm_nccl.cuh)
-    std::string init_method = "auto";  // auto|mpi|tcp|file
-    std::string server_address;        // HOST:PORT where rank 0 listens (tcp)
-    std::string bootstrap_file;        // a path on a file system all nodes share (file)
-    int num_processes = 1;
-    int process_rank = 0;
-    int gpus_per_node = 0;             // 0: every GPU this process sees
-    float comm_timeout = 300.0f;       // seconds any process waits for the others
+    LaunchSettings launch;  // -pi -pn -pr -pg -ps -pf -pt: how the processes find each other (bootstrap.h)
 };
 
 enum class FlagKind { Int, Long, Float, String };
@@ -147,13 +141,13 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},
-        {"-pi", FlagKind::String, &a->init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
-        {"-pn", FlagKind::Int, &a->num_processes, 1, 1 << 16, true, "number of processes (-pi tcp|file; mpirun sets it)"},
-        {"-pr", FlagKind::Int, &a->process_rank, 0, (1 << 16) - 1, true, "rank of this process, 0..pn-1 (-pi tcp|file)"},
-        {"-pg", FlagKind::Int, &a->gpus_per_node, 0, 1024, true, "GPUs per node, GPU = rank % pg (0: all visible)"},
-        {"-ps", FlagKind::String, &a->server_address, NAN, NAN, true, "HOST:PORT where rank 0 listens (-pi tcp)"},
-        {"-pf", FlagKind::String, &a->bootstrap_file, NAN, NAN, true, "shared file for rank 0's NCCL id, new per run (-pi file)"},
-        {"-pt", FlagKind::Float, &a->comm_timeout, 1, 86400, true, "seconds to wait for other processes before aborting"},
+        {"-pi", FlagKind::String, &a->launch.init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
+        {"-pn", FlagKind::Int, &a->launch.num_processes, 1, 1 << 16, true, "number of processes (-pi tcp|file; mpirun sets it)"},
+        {"-pr", FlagKind::Int, &a->launch.process_rank, 0, (1 << 16) - 1, true, "rank of this process, 0..pn-1 (-pi tcp|file)"},
+        {"-pg", FlagKind::Int, &a->launch.gpus_per_node, 0, 1024, true, "GPUs per node, GPU = rank % pg (0: all visible)"},
+        {"-ps", FlagKind::String, &a->launch.server_address, NAN, NAN, true, "HOST:PORT where rank 0 listens (-pi tcp)"},
+        {"-pf", FlagKind::String, &a->launch.bootstrap_file, NAN, NAN, true, "shared file for rank 0's NCCL id, new per run (-pi file)"},
+        {"-pt", FlagKind::Float, &a->launch.timeout_s, 1, 86400, true, "seconds to wait for other processes before aborting"},
     };
 }
 
@@ -269,17 +263,4 @@ inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int
               args.T, num_processes, tokens_per_micro_step);
     }
     return (int)(total / tokens_per_micro_step);
-}
-
-// The multi-GPU start-up's part of the flags (llmc/parallel/bootstrap.h takes only these).
-inline LaunchSettings launch_settings(const TrainArgs& a) {
-    LaunchSettings s;
-    s.init_method = a.init_method;
-    s.server_address = a.server_address;
-    s.bootstrap_file = a.bootstrap_file;
-    s.num_processes = a.num_processes;
-    s.process_rank = a.process_rank;
-    s.gpus_per_node = a.gpus_per_node;
-    s.timeout_s = a.comm_timeout;
-    return s;
 }

@@ -31,6 +31,17 @@ bool is_pinned_host_pointer(const void* p, size_t bytes);
 enum class ThreadOrder { forward, reverse };
 void set_thread_order(ThreadOrder order);
 
+// Race checking: true in the EMU_TSAN=1 build (build/emu-tsan/), where ThreadSanitizer watches every
+// launch for data races between CUDA threads (dev/emu/README.md); race_reports() counts the reports
+// so far (each also printed, with a "cuda-emu: data-race in kernel ..." line). Other builds: false, 0.
+bool race_checking();
+int race_reports();
+// The race checker does not see what the calling CUDA thread accesses between these two calls: for the
+// emulator's own bookkeeping in code compiled with the kernels (mma_emu.h's lane exchange and cp.async
+// queues). No-ops in other builds.
+void race_check_pause();
+void race_check_resume();
+
 // Order in which the device picks among streams that all have runnable work: the most recently
 // created stream first (the default), or plain issue order (EMU_STREAM_ORDER=issue).
 enum class StreamOrder { newest_stream_first, issue };

@@ -35,6 +35,19 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
 void syncthreads();
 int syncthreads_count(int predicate);  // the number of threads whose predicate is nonzero
 void* dynamic_shared_memory();
+// Called where a static __shared__ variable is declared (EMU_SHARED_VARIABLE, below); returns where
+// the variable lives: `storage` (its host-thread-local copy), or with the race checker (EMU_TSAN) a
+// place in memory the emulator maps afresh for every block. The first call in each block fills the
+// variable with 0xFF bytes, as the block's dynamic shared memory is filled.
+struct SharedNote {
+    unsigned long long block;  // the block (a host thread's count) the variable was last filled for
+    void* address;             // where it lives; null until first used
+};
+void* shared_declared(SharedNote* note, void* storage, size_t bytes);
+template <typename T>
+inline T* shared_variable(T* storage, SharedNote* note) {
+    return static_cast<T*>(shared_declared(note, storage, sizeof(T)));
+}
 
 template <typename T>
 inline uint64_t to_bits(T value) {
@@ -51,6 +64,14 @@ inline T from_bits(uint64_t bits) {
 }
 
 }  // namespace emu
+
+// cu2cpp.sh rewrites every static `__shared__ T name[...];` into `__shared__ T name_emu_storage[...];
+// EMU_SHARED_VARIABLE(name);`, which makes `name` a reference to the block's copy. Shared memory on a
+// GPU starts each block with whatever was there before; here it starts as 0xFF bytes (NaN for floats),
+// so a kernel that reads a slot no thread of its block wrote gets garbage, deterministically.
+#define EMU_SHARED_VARIABLE(name)                       \
+    static thread_local emu::SharedNote name##_emu_note; \
+    auto& name = *emu::shared_variable(&name##_emu_storage, &name##_emu_note)
 
 inline void __syncthreads() { emu::syncthreads(); }
 inline int __syncthreads_count(int predicate) { return emu::syncthreads_count(predicate); }
@@ -100,7 +121,8 @@ inline unsigned __activemask() { emu::fail("__activemask is not supported by the
 
 // ----------------------------------------------------------------------------
 // memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
-// atomics are real host atomics; the fences are full fences.
+// atomics are real host atomics, with every access to the target atomic (the race checker, EMU_TSAN,
+// reports a plain access that meets an atomic one); the fences are full fences.
 
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -111,7 +133,8 @@ inline T emu_atomic_fetch_add(T* address, T value) {
     if constexpr (std::is_integral<T>::value) {
         return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
     } else {
-        T old = *address;
+        T old;
+        __atomic_load(address, &old, __ATOMIC_RELAXED);
         T desired;
         do {
             desired = (T)(old + value);
@@ -141,7 +164,8 @@ inline T atomicCAS(T* address, T compare, T value) {
 }
 template <typename T>
 inline T emu_atomic_update(T* address, T value, bool take_new(T, T)) {
-    T old = *address;
+    T old;
+    __atomic_load(address, &old, __ATOMIC_RELAXED);
     while (take_new(old, value)) {
         if (__atomic_compare_exchange(address, &old, &value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) break;
     }

@@ -1,0 +1,424 @@
+// Seeded bugs: the emulator's checks, themselves tested. Each test takes a small copy of a kernel
+// pattern from llmc/, plants one bug that compute-sanitizer or a GPU would expose, and asserts that
+// one of the emulator's checks catches it, and that the correct kernel passes the same check:
+//   poison        shared memory starts every block as 0xFF bytes (NaN): unwritten reads show
+//   thread order  EMU_THREAD_ORDER=forward and reverse give different results (test/run_tests.sh
+//                 compares the GPU suite's outputs in both orders)
+//   race checker  the EMU_TSAN=1 build (ThreadSanitizer, build/emu-tsan/) reports the data race
+//   AddressSanitizer  the EMU_ASAN=1 build (build/emu-asan/) stops at an access outside an allocation
+// The race tests run only in the EMU_TSAN=1 build, the bounds test only in the EMU_ASAN=1 build
+// (elsewhere they are skipped). The table of bugs and checks is in dev/emu/README.md. Built like every
+// emulated CUDA source (cu2cpp.sh).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <unistd.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+namespace {
+
+template <typename T>
+T* device_copy(const std::vector<T>& h) {
+    T* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+
+template <typename T>
+std::vector<T> download(const T* d, size_t n) {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+}
+
+// Runs `launch` (launches and a synchronize) in a child process (a gtest death test); the child ends
+// with status 3 when the race checker reported a race and 0 when it did not. `report` must match
+// what the child printed (the "cuda-emu: data-race in kernel ..." lines).
+void expect_race(const std::function<void()>& launch, const char* report) {
+    EXPECT_EXIT(
+        {
+            launch();
+            cudaDeviceSynchronize();
+            fflush(stdout);
+            _exit(emu::race_reports() > 0 ? 3 : 0);  // _exit: ThreadSanitizer's own exit status stays out of it
+        },
+        testing::ExitedWithCode(3), report);
+}
+
+// Runs `launch` here and expects no race report (a report would also make the whole test program
+// exit with ThreadSanitizer's status 66).
+void expect_no_race(const std::function<void()>& launch) {
+    int before = emu::race_reports();
+    launch();
+    cudaDeviceSynchronize();
+    EXPECT_EQ(emu::race_reports(), before) << "the race checker reported the correct kernel";
+}
+
+// runs `launch` in forward and in reverse thread order and returns both results
+template <typename T>
+std::vector<std::vector<T>> in_both_orders(const std::function<std::vector<T>()>& launch) {
+    std::vector<std::vector<T>> results;
+    for (auto order : {emu::ThreadOrder::forward, emu::ThreadOrder::reverse}) {
+        emu::set_thread_order(order);
+        results.push_back(launch());
+    }
+    emu::set_thread_order(emu::ThreadOrder::forward);
+    return results;
+}
+
+#define SKIP_WITHOUT_RACE_CHECKER()                                                               \
+    if (!emu::race_checking()) GTEST_SKIP() << "needs the race checker: make -f dev/emu/tsan.mk " \
+                                               "emu-test-seeded-bugs (README.md)"
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// kernels (in a named namespace: the emulator names kernels from the dynamic symbol table)
+
+namespace emu_seeded {
+
+__device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// llmc/cuda_common.cuh's block_reduce (a sum), with two bugs to seed: without `leading_sync` a second
+// call's write of warp_results races with the first call's reads in other warps; with `all_slots`
+// every lane reads a warp slot, also those of warps the block does not have (never written).
+__device__ float block_sum(float value, bool leading_sync, bool all_slots) {
+    __shared__ float warp_results[32];
+    int lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32;
+    int num_warps = blockDim.x / 32;
+    if (leading_sync) __syncthreads();
+    value = warp_sum(value);
+    if (lane == 0) warp_results[warp] = value;
+    __syncthreads();
+    value = all_slots || lane < num_warps ? warp_results[lane] : 0.0f;
+    return warp_sum(value);
+}
+
+// the sum and the sum of squares of each block's slice: two block reductions in a row, as layernorm's
+// mean and variance are
+__global__ void two_sums_kernel(float* out, const float* in, bool leading_sync, bool all_slots) {
+    float x = in[blockIdx.x * blockDim.x + threadIdx.x];
+    float sum = block_sum(x, leading_sync, all_slots);
+    float sum_sq = block_sum(x * x, leading_sync, all_slots);
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x] = sum;
+        out[2 * blockIdx.x + 1] = sum_sq;
+    }
+}
+
+// reverses a block's slice through shared memory; `sync` is the __syncthreads between write and read
+__global__ void reverse_kernel(float* data, bool sync) {
+    __shared__ float buffer[256];
+    int t = threadIdx.x, n = blockDim.x;
+    buffer[t] = data[blockIdx.x * n + t];
+    if (sync) __syncthreads();
+    data[blockIdx.x * n + t] = buffer[n - 1 - t];
+}
+
+// each lane hands its value to the next lane through shared memory; `sync` is the __syncwarp
+// between write and read (lanes of a warp are not in lock-step since Volta)
+__global__ void rotate_in_warp_kernel(int* out, bool sync) {
+    __shared__ int slots[32];
+    int lane = threadIdx.x;
+    slots[lane] = lane * 10;
+    if (sync) __syncwarp();
+    out[lane] = slots[(lane + 31) % 32];
+}
+
+// every thread counts itself into a shared total with atomicAdd; `sync` is the __syncthreads before
+// thread 0 reads the total (the atomics order the additions, not the read)
+__global__ void count_then_read_kernel(int* out, bool sync) {
+    __shared__ int total;
+    if (threadIdx.x == 0) total = 0;
+    __syncthreads();
+    atomicAdd(&total, 1);
+    if (sync) __syncthreads();
+    if (threadIdx.x == 0) *out = total;
+}
+
+// llmc/encoder.cuh's backward for the token embedding, one thread per (position, channel) in one or
+// several blocks: position t adds its gradient row into row tokens[t] of dwte. Positions with the same
+// token add into the same row, so the additions must be atomic; `atomic` chooses.
+__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* tokens, int C, bool atomic) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = i / C, c = i % C;
+    float* row = dwte + tokens[t] * C;
+    if (atomic) {
+        atomicAdd(&row[c], dout[t * C + c]);
+    } else {
+        row[c] += dout[t * C + c];
+    }
+}
+
+// an element-wise kernel (as gelu_forward is) whose bound check is off by one: thread n reads and
+// writes one element past the end of both arrays
+__global__ void scale_kernel(float* out, const float* in, int n, bool off_by_one) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (off_by_one ? i <= n : i < n) out[i] = 2.0f * in[i];
+}
+
+__global__ void store_kernel(int* p, int value) { *p = value; }
+__global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
+
+}  // namespace emu_seeded
+
+using namespace emu_seeded;
+
+// ----------------------------------------------------------------------------
+// bugs the poison catches
+
+// 4 warps, yet every lane of the last reduction reads one of 32 warp slots: slots 4..31 were never
+// written. With zero-filled (or carried-over) shared memory the sum came out right and the bug hid.
+TEST(EmuSeededBug, BlockReduceReadsUnwrittenWarpSlots) {
+    int blocks = 3, threads = 128;
+    std::vector<float> in(blocks * threads);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (float)(i % 7) - 3.0f;
+    float* d_in = device_copy(in);
+    float* d_out = device_copy(std::vector<float>(2 * blocks));
+    for (bool all_slots : {true, false}) {
+        two_sums_kernel<<<blocks, threads>>>(d_out, d_in, true, all_slots);
+        std::vector<float> out = download(d_out, 2 * blocks);
+        for (int b = 0; b < blocks; b++) {
+            float sum = 0, sum_sq = 0;
+            for (int t = 0; t < threads; t++) sum += in[b * threads + t], sum_sq += in[b * threads + t] * in[b * threads + t];
+            if (all_slots) {
+                EXPECT_TRUE(std::isnan(out[2 * b])) << "block " << b << ": the unwritten slots did not read as NaN";
+            } else {
+                EXPECT_EQ(out[2 * b], sum) << "block " << b;
+                EXPECT_EQ(out[2 * b + 1], sum_sq) << "block " << b;
+            }
+        }
+    }
+    cudaFree(d_in), cudaFree(d_out);
+}
+
+TEST(EmuSeededBug, OffByOneBoundReadsPastTheAllocation) {
+#if !defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "needs AddressSanitizer: make EMU_ASAN=1 build/emu-asan/test_emu_seeded_bugs";
+#endif
+    int n = 100;
+    float* d_in = device_copy(std::vector<float>(n, 1.0f));
+    float* d_out = device_copy(std::vector<float>(n, 0.0f));
+    auto off_by_one = [&] {
+        scale_kernel<<<1, 128>>>(d_out, d_in, n, true);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(off_by_one(), "AddressSanitizer: heap-buffer-overflow.*READ of size 4.*emu_seeded::scale_kernel");
+    scale_kernel<<<1, 128>>>(d_out, d_in, n, false);
+    EXPECT_EQ(download(d_out, n), std::vector<float>(n, 2.0f));
+    cudaFree(d_in), cudaFree(d_out);
+}
+
+// ----------------------------------------------------------------------------
+// bugs the thread orders catch (and the race checker)
+
+TEST(EmuSeededBug, MissingSyncthreadsBeforeReadingOtherThreadsSlots) {
+    int n = 64;
+    std::vector<float> in(n);
+    for (int i = 0; i < n; i++) in[i] = (float)i;
+    float* d = device_copy(in);
+    auto run = [&](bool sync) {
+        return in_both_orders<float>([&] {
+            cudaMemcpy(d, in.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+            reverse_kernel<<<1, n>>>(d, sync);
+            return download(d, n);
+        });
+    };
+    if (emu::race_checking()) {  // the buggy kernel runs in a child: a report here would fail the whole program
+        expect_race([&] { reverse_kernel<<<1, n>>>(d, false); },
+                    "cuda-emu: data-race in kernel emu_seeded::reverse_kernel\\(float\\*, bool\\).*static shared memory\\) by "
+                    "reverse_kernel block \\(0,0,0\\) thread");
+        expect_no_race([&] { reverse_kernel<<<1, n>>>(d, true); });
+        cudaFree(d);
+        return;
+    }
+    auto buggy = run(false), correct = run(true);
+    EXPECT_NE(buggy[0], buggy[1]) << "the thread orders did not show the missing __syncthreads";
+    EXPECT_EQ(correct[0], correct[1]);
+    for (int t = 0; t < n; t++) EXPECT_EQ(correct[0][t], (float)(n - 1 - t));
+    cudaFree(d);
+}
+
+TEST(EmuSeededBug, MissingSyncwarpBetweenLanes) {
+    int* d = device_copy(std::vector<int>(32));
+    auto run = [&](bool sync) {
+        return in_both_orders<int>([&] {
+            rotate_in_warp_kernel<<<1, 32>>>(d, sync);
+            return download(d, 32);
+        });
+    };
+    if (emu::race_checking()) {  // the buggy kernel runs in a child: a report here would fail the whole program
+        expect_race([&] { rotate_in_warp_kernel<<<1, 32>>>(d, false); },
+                    "cuda-emu: data-race in kernel emu_seeded::rotate_in_warp_kernel.*static shared memory");
+        expect_no_race([&] { rotate_in_warp_kernel<<<1, 32>>>(d, true); });
+        cudaFree(d);
+        return;
+    }
+    auto buggy = run(false), correct = run(true);
+    EXPECT_NE(buggy[0], buggy[1]) << "the thread orders did not show the missing __syncwarp";
+    EXPECT_EQ(buggy[0][0], -1) << "forward order: lane 0 reads lane 31's slot before lane 31 wrote it (poison)";
+    EXPECT_EQ(correct[0], correct[1]);
+    for (int lane = 0; lane < 32; lane++) EXPECT_EQ(correct[0][lane], (lane + 31) % 32 * 10);
+    cudaFree(d);
+}
+
+TEST(EmuSeededBug, ReadingAnAtomicTotalWithoutABarrier) {
+    int threads = 96;
+    int* d = device_copy(std::vector<int>(1));
+    auto run = [&](bool sync) {
+        return in_both_orders<int>([&] {
+            count_then_read_kernel<<<1, threads>>>(d, sync);
+            return download(d, 1);
+        });
+    };
+    if (emu::race_checking()) {  // the buggy kernel runs in a child: a report here would fail the whole program
+        expect_race([&] { count_then_read_kernel<<<1, threads>>>(d, false); },
+                    "cuda-emu: data-race in kernel emu_seeded::count_then_read_kernel.*(atomic).*static shared memory");
+        expect_no_race([&] { count_then_read_kernel<<<1, threads>>>(d, true); });
+        cudaFree(d);
+        return;
+    }
+    auto buggy = run(false), correct = run(true);
+    EXPECT_NE(buggy[0], buggy[1]) << "the thread orders did not show the missing __syncthreads";
+    EXPECT_EQ(correct[0][0], threads);
+    EXPECT_EQ(correct[1][0], threads);
+    cudaFree(d);
+}
+
+// ----------------------------------------------------------------------------
+// bugs only the race checker catches: the emulator runs a block's threads one at a time between
+// synchronization points, so these give the right answer in either thread order
+
+// block_reduce called twice in a row without its leading __syncthreads: a fast warp's second write of
+// warp_results[w] can overwrite the slot before a slow warp has read the first result from it
+TEST(EmuSeededBug, BlockReduceTwiceWithoutItsLeadingSyncthreads) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    int threads = 128;
+    std::vector<float> in(threads, 1.0f);
+    float* d_in = device_copy(in);
+    float* d_out = device_copy(std::vector<float>(2));
+    expect_race([&] { two_sums_kernel<<<1, threads>>>(d_out, d_in, false, false); },
+                "cuda-emu: data-race in kernel emu_seeded::two_sums_kernel.*static shared memory\\) by two_sums_kernel block "
+                "\\(0,0,0\\) thread \\(([0-9]+),0,0\\).*static shared memory\\) by two_sums_kernel block \\(0,0,0\\) thread");
+    expect_no_race([&] { two_sums_kernel<<<1, threads>>>(d_out, d_in, true, false); });
+    EXPECT_EQ(download(d_out, 2), std::vector<float>({(float)threads, (float)threads}));
+    cudaFree(d_in), cudaFree(d_out);
+}
+
+// several threads add into one global row with a plain read-modify-write: lost updates on a GPU.
+// One block of T * C threads, or T blocks of C threads (one per position; the threads of one block
+// touch different addresses, so the race is between blocks: they run one after the other here, but
+// the race checker does not order them). The repeated tokens sit two positions apart.
+void encoder_backward_test(bool one_block) {
+    int C = 8;
+    std::vector<int> tokens = {3, 1, 3, 0, 3, 1};  // token 3 three times, token 1 twice
+    int T = (int)tokens.size(), V = 4;
+    std::vector<float> dout(T * C);
+    for (int i = 0; i < T * C; i++) dout[i] = (float)(i % 5);
+    int* d_tokens = device_copy(tokens);
+    float* d_dout = device_copy(dout);
+    float* d_dwte = device_copy(std::vector<float>(V * C, 0.0f));
+    dim3 grid = one_block ? 1 : T, block = one_block ? T * C : C;
+    expect_race([&] { encoder_backward_kernel<<<grid, block>>>(d_dwte, d_dout, d_tokens, C, false); },
+                one_block ? "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*of 4 bytes at 0x[0-9a-f]+ "
+                            "\\(global memory\\) by encoder_backward_kernel block \\(0,0,0\\) thread"
+                          : "cuda-emu: data-race in kernel emu_seeded::encoder_backward_kernel.*\\(global memory\\) by "
+                            "encoder_backward_kernel block \\(([0-9]),0,0\\) thread.*\\(global memory\\) by "
+                            "encoder_backward_kernel block \\(([0-9]),0,0\\) thread");
+    expect_no_race([&] { encoder_backward_kernel<<<grid, block>>>(d_dwte, d_dout, d_tokens, C, true); });
+    std::vector<float> expected(V * C, 0.0f);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) expected[tokens[t] * C + c] += dout[t * C + c];
+    EXPECT_EQ(download(d_dwte, V * C), expected);
+    cudaFree(d_tokens), cudaFree(d_dout), cudaFree(d_dwte);
+}
+
+TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsInOneBlock) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    encoder_backward_test(true);
+}
+
+TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsAcrossBlocks) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    encoder_backward_test(false);
+}
+
+// x = 1 on one stream, then y = x + 1 on another (as the gradient all-reduce on its own stream reads
+// what the backward pass wrote), with or without cudaStreamWaitEvent between them. Returns y.
+int produce_consume(bool with_event) {
+    cudaStream_t compute, comm;
+    cudaEvent_t ready;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    int* x = device_copy(std::vector<int>{0});
+    int* y = device_copy(std::vector<int>{0});
+    store_kernel<<<1, 1, 0, compute>>>(x, 1);
+    cudaEventRecord(ready, compute);
+    if (with_event) cudaStreamWaitEvent(comm, ready, 0);
+    add_one_kernel<<<1, 1, 0, comm>>>(y, x);
+    cudaDeviceSynchronize();
+    int result = download(y, 1)[0];
+    cudaFree(x), cudaFree(y);
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(compute), cudaStreamDestroy(comm);
+    return result;
+}
+
+// The stream orders catch it when the consumer's stream runs first (EMU_STREAM_ORDER=newest, the
+// default: the newer stream first); the race checker whichever runs first.
+TEST(EmuSeededBug, MissingStreamWaitEvent) {
+    if (emu::race_checking()) {  // the buggy launches run in a child: a report here would fail the whole program
+        expect_race([] { produce_consume(false); },
+                    "cuda-emu: data-race in kernel emu_seeded::(store|add_one)_kernel.*by (add_one|store)_kernel block "
+                    "\\(0,0,0\\) thread \\(0,0,0\\).*by (store|add_one)_kernel block \\(0,0,0\\) thread");
+        expect_no_race([] { EXPECT_EQ(produce_consume(true), 2); });
+        return;
+    }
+    EXPECT_EQ(produce_consume(false), 1) << "the consumer's (newer) stream should have run first";
+    EXPECT_EQ(produce_consume(true), 2);
+    emu::set_stream_order(emu::StreamOrder::issue);
+    EXPECT_EQ(produce_consume(false), 2);
+    emu::set_stream_order(emu::StreamOrder::newest_stream_first);
+}
+
+// what the race checker must not report: barriers, shuffles, atomics, several blocks and launches
+// reusing the same shared and global memory, copies between the host and the device
+TEST(EmuSeededBug, CorrectKernelsAreNotReported) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    int blocks = 4, threads = 256;
+    std::vector<float> in(blocks * threads);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (float)(i % 3);
+    float* d_in = device_copy(in);
+    float* d_out = device_copy(std::vector<float>(2 * blocks));
+    expect_no_race([&] {
+        for (int launch = 0; launch < 2; launch++) {
+            two_sums_kernel<<<blocks, threads>>>(d_out, d_in, true, false);
+            reverse_kernel<<<blocks, threads>>>(d_in, true);
+        }
+    });
+    std::vector<float> out = download(d_out, 2 * blocks);
+    for (int b = 0; b < blocks; b++) {
+        float sum = 0;
+        for (int t = 0; t < threads; t++) sum += in[b * threads + t];
+        EXPECT_EQ(out[2 * b], sum);
+    }
+    cudaFree(d_in), cudaFree(d_out);
+}
+
+int main(int argc, char** argv) {
+    setenv("EMU_REGISTER_WARNINGS", "0", 0);  // these kernels are not in the ptxas table
+    testing::InitGoogleTest(&argc, argv);
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    return RUN_ALL_TESTS();
+}
