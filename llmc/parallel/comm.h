@@ -1,10 +1,10 @@
 // One communicator interface for all the parallel code: the ZeRO stages, tensor and pipeline
 // parallelism, the process layout and the run loop call these functions and nothing below them.
 //
-// A ProcessGroup is a set of processes (all of them, or one dimension of a layout: llmc/parallel/layout.h)
-// together with the backend that moves data between them:
-//   MPI   on host buffers (llmc/parallel/comm_mpi.h; the CPU trainer). Every call returns when its work is done.
-//   NCCL  on device buffers (llmc/parallel/comm_nccl.cuh; the CUDA trainer). A collective is queued on the group's
+// A ProcessGroup is a set of processes (all of them, or one dimension of a layout: layout.h) together
+// with the backend that moves data between them:
+//   MPI   on host buffers (comm_mpi.h; the CPU trainer). Every call returns when its work is done.
+//   NCCL  on device buffers (comm_nccl.cuh; the CUDA trainer). A collective is queued on the group's
 //         communication stream behind the work queued so far on the caller's compute stream, and
 //         returns at once; comm_join makes the compute stream wait for the collectives queued so far.
 //         The calls on host values (a double's sum, a barrier, the configuration check) wait for their
