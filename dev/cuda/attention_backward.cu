@@ -156,10 +156,9 @@ std::vector<float> qkv_part(const std::vector<float>& qkv, int part, size_t BT, 
     return result;
 }
 
-int main(int argc, char** argv) {
-    dev::device_init("attention_backward", argc, argv);
-    cublas_setup();
-    const int B = dev::B, T = dev::T, C = dev::C, NH = dev::NH;
+// Checks (and, outside the check mode, times) every version at sequence length T; 1 if a check failed.
+static int check_and_time(int T) {
+    const int B = dev::B, C = dev::C, NH = dev::NH;
     const size_t BTC = (size_t)B * T * C, att_elements = (size_t)B * NH * T * T;
 
     std::vector<float> qkv = dev::random_floatX(3 * BTC, -2.0f, 2.0f);
@@ -207,7 +206,7 @@ int main(int argc, char** argv) {
 
     double flops = 8.0 * B * NH * HS * ((double)T * (T + 1) / 2);
     double bytes = (double)att_elements * sizeof(floatX) + 7.0 * BTC * sizeof(floatX);
-    dev::Report report = dev::make_report("attention_backward", bytes, flops);
+    dev::Report report = dev::make_report("attention_backward, T " + std::to_string(T), bytes, flops);
     std::vector<dev::Version> versions = {
         {"v1 thread per row, fp32 units, 3 kernels", {64, 128, 256},
          [&](int bs) {
@@ -235,6 +234,16 @@ int main(int argc, char** argv) {
                           }
                           return result;
                       });
-    cublas_teardown();
     return dev::finish(report);
+}
+
+int main(int argc, char** argv) {
+    dev::device_init("attention_backward", argc, argv);
+    cublas_setup();
+    int failed = check_and_time(dev::T);
+    // the check mode also runs a length whose last 64-query tile is partial (T = 300: 4 whole tiles
+    // and 44 rows), so the flash kernels' padded rows and masked tile edges are checked too
+    if (dev::check_only) failed |= check_and_time(dev::T - 20);
+    cublas_teardown();
+    return failed;
 }
