@@ -262,5 +262,13 @@ inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int
         fatal("flag -d: total batch %ld tokens is not a multiple of B*T*processes = %d*%d*%d = %ld", total, args.B,
               args.T, num_processes, tokens_per_micro_step);
     }
-    return (int)(total / tokens_per_micro_step);
+    // the accumulation steps are counted in an int (the step's loop, the state file): refuse what does
+    // not fit rather than run with a wrapped count
+    long micro_batches = total / tokens_per_micro_step;
+    if (micro_batches > INT_MAX) {
+        fatal("flag -d: total batch %ld tokens is %ld micro-batches of B*T*processes = %ld tokens, more than the %d "
+              "accumulation steps a step can take; lower -d or raise -b", total, micro_batches, tokens_per_micro_step,
+              INT_MAX);
+    }
+    return (int)micro_batches;
 }
