@@ -6,7 +6,8 @@
 # over all suites (CI reads the last such line). Exit status 1 if any suite failed.
 #
 # Emulated suites prove the CUDA code's logic on the CPU, not its speed or the GPU's memory model;
-# the table labels them "emulated". Expects the binaries built (`make test` builds them first) and:
+# the table labels them "emulated". The emulated GPU suites and kernel tests run one test per process
+# (run_gtest_each), so a fatal error fails one test and the others still run. Expects the binaries built (`make test` builds them first) and:
 #   GPT2_ROOT   the repository (default: this script's parent)
 #   EMU_BUILD   the emulator's build folder: build/emu, or build/emu-asan for AddressSanitizer builds
 #   EMU_TSAN_BUILD  the race checker's build folder (default build/emu-tsan): core, seeded-bug and mma tests
@@ -84,13 +85,40 @@ record() {
     if [ "$failed" -ne 0 ]; then grep -E '^\[  FAILED  \]|cuda-emu:|FAIL|Error' "$log" | head -n 15 | sed 's/^/   | /'; fi
 }
 
+# run_gtest_each BINARY FILTER: every test the filter selects, each in a process of its own, so that a
+# fatal error (an emulated CUDA or cuBLAS refusal, a fatal() of the code under test: each ends its
+# process) fails that test alone and the tests after it still run. Prints each run's output, a FAILED
+# line for a run that ended badly, and at the end "tests: N passed, N failed, N skipped" over all.
+run_gtest_each() {
+    local binary=$1 filter=$2 passed=0 failed=0 skipped=0 name out rc line p f k
+    local names
+    names=$("$binary" --gtest_filter="$filter" --gtest_list_tests | awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}')
+    for name in $names; do
+        out=$("$binary" --gtest_filter="$name" 2>&1)
+        rc=$?
+        printf '%s\n' "$out"
+        line=$(grep -E '^tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' <<<"$out" | tail -n 1)
+        if [ -n "$line" ]; then
+            read -r p f k <<<"$(sed -E 's/^tests: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/' <<<"$line")"
+        else
+            p=0 f=0 k=0
+        fi
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then p=0 f=1; fi  # ended before its summary: a crash or fatal()
+        if [ "$rc" -ne 0 ]; then echo "FAILED: $name (exit $rc)"; fi
+        passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + k))
+    done
+    echo "tests: $passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+}
+export -f run_gtest_each
+
 # Kernel tests of one build in both thread orders; the two runs must hash every output alike.
 run_kernels_both_orders() {
     local precision=$1 binary=$2
     for order in forward reverse; do
         rm -f "$logs/kernels-$precision-$order.hashes"
         run_suite "kernels-$precision-$order" emulated \
-            "EMU_THREAD_ORDER=$order EMU_KERNEL_HASHES=$logs/kernels-$precision-$order.hashes ./$binary --gtest_filter='Kernels.*'"
+            "EMU_THREAD_ORDER=$order EMU_KERNEL_HASHES=$logs/kernels-$precision-$order.hashes run_gtest_each ./$binary 'Kernels.*'"
     done
     local name="kernels-$precision-orders"
     wanted "$name" || return 0
@@ -134,14 +162,14 @@ lane_a() {
     run_suite comm-nccl-np3 emulated "EMU_DEVICE_COUNT=3 $(mpirun_np 3) -x EMU_DEVICE_COUNT $emu_build/comm_check_nccl"
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
     run_kernels_both_orders bf16 test_gpt2cu_emu
-    run_suite gpu-suite-bf16 emulated "./test_gpt2cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
+    run_suite gpu-suite-bf16 emulated "run_gtest_each ./test_gpt2cu_emu '-Kernels.*'"
 }
 lane_b() {
     run_kernels_both_orders fp32 test_gpt2fp32cu_emu
-    run_suite gpu-suite-fp32 emulated "./test_gpt2fp32cu_emu --gtest_filter='-Kernels.*' ${EMU_GPU_TEST_ARGS:-}"
+    run_suite gpu-suite-fp32 emulated "run_gtest_each ./test_gpt2fp32cu_emu '-Kernels.*'"
     # the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
     run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
-    run_suite gpu-suite-fp16 emulated "./test_gpt2fp16cu_emu --gtest_filter='Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*' ${EMU_GPU_TEST_ARGS:-}"
+    run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
     run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
 }
 if [ "${TEST_LANES:-2}" = 1 ]; then
