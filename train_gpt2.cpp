@@ -296,38 +296,21 @@ void gpt2_load_checkpoint(GPT2* model, const std::string& path) {
     gpt2_init_from(model, cfg, params);
 }
 
-// Keeps this stage's layers and the shared tensors (llmc/parallel/pipeline.h); call before
-// gpt2_split_tensor_parallel. A pipeline of one stage keeps everything.
-void gpt2_split_pipeline(GPT2* model) {
-    if (model->layout.pp == 1) return;
-    int l0 = model->layout.layer_begin, l1 = model->layout.layer_end;
-    GPT2Config stage = model->model_config;
-    stage.num_layers = l1 - l0;
-    std::vector<float> local(num_parameters(stage));
-    pp_copy_stage(model->model_config, l0, l1, model->params_memory.data(), local.data(), true);
-    model->config = stage;
-    param_tensor_sizes(stage, model->param_sizes);
-    param_tensor_offsets(stage, model->param_offsets);
-    model->num_parameters = local.size();
-    model->params_memory = local;
-    model->grads_memory.assign(local.size(), 0.0f);
-}
-
-// Keeps this rank's slices of the full parameters (llmc/parallel/tensor_parallel.h); call before
-// gpt2_setup_optimizer. A group of one keeps everything.
-void gpt2_split_tensor_parallel(GPT2* model) {
-    const ProcessGroup& tp = model->layout.tp_group;
-    if (tp.size == 1) return;
-    tp_param_sizes(model->config, tp.size, model->param_sizes);
+// Keeps this process's part of the whole model's parameters (llmc/parallel/model_state.h): its
+// pipeline stage's layers and the shared tensors, its tensor-parallel slices of them; config, sizes
+// and offsets become the local ones. Call before gpt2_setup_optimizer. One process keeps everything.
+void gpt2_keep_local_part(GPT2* model) {
+    const ParallelLayout& lay = model->layout;
+    if (lay.pp == 1 && lay.tp == 1) return;
+    model->config = layout_stage_config(lay, model->model_config);
+    tp_param_sizes(model->config, lay.tp, model->param_sizes);
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         model->param_offsets[i] = offset;
         offset += model->param_sizes[i];
     }
-    std::vector<float> local(offset);
-    tp_copy_slices(model->config, tp.size, tp.rank, model->params_memory.data(), local.data(), true);
+    model->params_memory = layout_local_part(lay, model->model_config, model->params_memory, 0, offset);
     model->num_parameters = offset;
-    model->params_memory = local;
     model->grads_memory.assign(offset, 0.0f);
 }
 
@@ -902,8 +885,7 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout) {
     const ProcessGroup& dp = layout.dp_group;
     int zero_stage = layout.zero_stage;
     model->layout = layout;
-    gpt2_split_pipeline(model);         // pp > 1: keep this stage's layers
-    gpt2_split_tensor_parallel(model);  // tp > 1: keep this rank's slices
+    gpt2_keep_local_part(model);
     gpt2_setup_optimizer(model);
     const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
     printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
@@ -914,9 +896,9 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout) {
 
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
 // in flight (llmc/parallel/pipeline.h), with the stage's report; then this process's memory.
-void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, const ParallelLayout& layout, int m) {
+void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
     const std::string& schedule = args.pipeline_schedule;
-    int pp = layout.pp, stage = layout.pp_rank;
+    int pp = model->layout.pp, stage = model->layout.pp_rank;
     model->recompute = args.recompute;
     gpt2_allocate_activations(model, args.B, args.T, pp > 1 ? pp_activation_slots(schedule, pp, stage, m) : 1);
     if (pp > 1) {
@@ -992,7 +974,7 @@ int main(int argc, char** argv) {
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
     train_run_init(&run, args, cfg, world.rank, layout.dp_rank, layout.dp, resume_step, false);
-    gpt2_allocate_for_run(&model, args, layout, run.data.grad_accum_steps);
+    gpt2_allocate_for_run(&model, args, run.data.grad_accum_steps);
     // MFU's denominator: this process's threads' FMA peak (llmc/cpu_peak.h), or -pk; the numerator its
     // share of the model's FLOPs (its stage's layers, 1/tp of them)
     run.peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();
