@@ -298,6 +298,19 @@ inline DataParallel& nccl_begin(const ProcessGroup& g) {
     return dp;
 }
 
+// several calls recorded as one NCCL group, started after the compute stream's work so far
+inline void nccl_group_start(const ProcessGroup& g) {
+    DataParallel& dp = nccl_begin(g);
+    dp.group_depth++;
+    ncclQueued(dp, ncclGroupStart());
+}
+
+inline void nccl_group_end(const ProcessGroup& g) {
+    DataParallel& dp = nccl_state(g);
+    dp.group_depth--;
+    ncclSettle(dp, ncclGroupEnd());
+}
+
 inline void nccl_all_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op) {
     DataParallel& dp = nccl_begin(g);
     ncclIssue(dp, ncclAllReduce(data, data, n, nccl_type(type), op == COMM_SUM ? ncclSum : ncclMax, dp.comm, dp.stream));
@@ -328,15 +341,13 @@ inline void nccl_broadcast(const ProcessGroup& g, void* data, size_t n, CommType
 // every part broadcast by its owner, as one group; stream-ordered, so the wait is a join
 inline void nccl_all_gather_v_start(const ProcessGroup& g, void* full, const int* counts, const int* displs,
                                     CommType type, CommRequest* req) {
-    DataParallel& dp = nccl_begin(g);
-    dp.group_depth++;
-    ncclQueued(dp, ncclGroupStart());
+    DataParallel& dp = nccl_state(g);
+    nccl_group_start(g);
     for (int r = 0; r < dp.size; r++) {
         char* part = (char*)full + (size_t)displs[r] * comm_type_bytes(type);
         ncclQueued(dp, ncclBroadcast(part, part, counts[r], nccl_type(type), r, dp.comm, dp.stream));
     }
-    dp.group_depth--;
-    ncclSettle(dp, ncclGroupEnd());
+    nccl_group_end(g);
     DataParallel* state = &dp;
     memcpy(req->handle, &state, sizeof(state));
 }
@@ -349,9 +360,8 @@ inline void nccl_wait(CommRequest* req) {
 
 // every part reduced to its owner, as one group (a root's recvbuff alone is written)
 inline void nccl_reduce_scatter_v(const ProcessGroup& g, const void* full, void* mine, const int* counts, CommType type) {
-    DataParallel& dp = nccl_begin(g);
-    dp.group_depth++;
-    ncclQueued(dp, ncclGroupStart());
+    DataParallel& dp = nccl_state(g);
+    nccl_group_start(g);
     size_t offset = 0;
     for (int r = 0; r < dp.size; r++) {
         const char* part = (const char*)full + offset * comm_type_bytes(type);
@@ -359,8 +369,7 @@ inline void nccl_reduce_scatter_v(const ProcessGroup& g, const void* full, void*
         ncclQueued(dp, ncclReduce(part, out, counts[r], nccl_type(type), ncclSum, r, dp.comm, dp.stream));
         offset += counts[r];
     }
-    dp.group_depth--;
-    ncclSettle(dp, ncclGroupEnd());
+    nccl_group_end(g);
 }
 
 [[noreturn]] inline void nccl_not_yet(const char* what) {
@@ -397,18 +406,6 @@ inline void nccl_all_gather_host_u64(const ProcessGroup& g, uint64_t value, uint
 }
 
 inline void nccl_barrier(const ProcessGroup& g, const char* what) { nccl_sum_host(g, 0.0, what); }
-
-inline void nccl_group_start(const ProcessGroup& g) {
-    DataParallel& dp = nccl_begin(g);
-    dp.group_depth++;
-    ncclQueued(dp, ncclGroupStart());
-}
-
-inline void nccl_group_end(const ProcessGroup& g) {
-    DataParallel& dp = nccl_state(g);
-    dp.group_depth--;
-    ncclSettle(dp, ncclGroupEnd());
-}
 
 inline void nccl_join(const ProcessGroup& g) { dp_join(nccl_state(g), nccl_state(g).compute); }
 

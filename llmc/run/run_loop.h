@@ -101,6 +101,9 @@ struct TrainRun {
     PhaseTimer timer;
 };
 
+// The tokenizer samples print with (null: token ids).
+inline const TokenizerFile* run_tokenizer(const TrainRun& run) { return run.have_tokenizer ? &run.tokenizer : nullptr; }
+
 // Everything but the model, before the trainer allocates activations and restores a checkpoint into
 // run->data.train, run->sampler_rng and run->scaler: the data of this data-parallel rank (dp_rank of
 // dp_size), the learning-rate schedule, the sampling settings and tokenizer, the HellaSwag set, the
@@ -117,16 +120,12 @@ inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Confi
     run->have_tokenizer = load_sample_tokenizer(args, cfg, &run->tokenizer, &eot);
     run->sample_settings = sample_settings_from_args(args, cfg, eot);
     if (args.hellaswag_every > 0) {
-        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, run->have_tokenizer ? &run->tokenizer : nullptr,
-                               &run->hellaswag);
+        hellaswag_load_for_run(args.hellaswag_path, cfg.vocab_size, run_tokenizer(*run), &run->hellaswag);
     }
     if (!args.output_dir.empty()) make_dir_check(args.output_dir);
     run->sampler_rng = (uint64_t)args.sample_seed;
     run->scaler = loss_scaler_from_args(args, dynamic_loss_scale);
 }
-
-// The tokenizer samples print with (null: token ids).
-inline const TokenizerFile* run_tokenizer(const TrainRun& run) { return run.have_tokenizer ? &run.tokenizer : nullptr; }
 
 // Mean loss over -m val batches of every data-parallel process.
 inline float run_validation_loss(TrainRun* run, const RunHooks& hooks) {
