@@ -940,6 +940,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     h.sample = [=](TrainRun* run) { gpt2_sample(model, run); };
     h.step_note = [=] { return *note; };
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
+    h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
     return h;
 }
 
@@ -948,8 +949,7 @@ int main(int argc, char** argv) {
     ProcessGroup world = process_group_init(&argc, &argv);
     TrainArgs args;
     parse_args(argc, argv, &args, false);
-    // process 0 speaks for the run; the others print only errors (stderr)
-    if (world.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence process %d", world.rank);
+    stdout_for_process(world.rank);
     printf("train_gpt2 (fp32 CPU): %d process(es) x %d OpenMP threads\n", world.size, omp_get_max_threads());
     output_dir_lock_for_run(args, world.rank);
 
@@ -961,7 +961,7 @@ int main(int argc, char** argv) {
         resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model, (unsigned)args.seed, &cfg);
     gpt2_init_from(&model, cfg, params);
     print_model_summary(cfg, model.num_parameters);
-    check_same_config(world, run_description(args, cfg, params.data(), model.num_parameters));
+    check_same_config(world, run_description(args, cfg, params.data(), model.num_parameters, resume_step));
     std::vector<float>().swap(params);
 
     // the process layout (llmc/parallel/layout.h) and this process's part of the model
@@ -990,10 +990,10 @@ int main(int argc, char** argv) {
     PipelineComm pipe;
     pipe.pp = layout.pp_group;
     std::string note;
-    train_run_loop(&run, gpt2_run_hooks(&model, args, &pipe, &note));
+    int status = train_run_loop(&run, gpt2_run_hooks(&model, args, &pipe, &note));
     printf("peak resident memory of process 0: %.1f MiB (getrusage, %s)\n", peak_resident_bytes() / 1048576.0,
            peak_from_here ? "since training began" : "since start-up");
     process_group_finalize(world);
-    return 0;
+    return status;
 }
 #endif

@@ -771,6 +771,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
     h.sample = [=, &dp](TrainRun* run) {
         if (dp.rank == 0) generate_sample(model, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
     };
+    h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
     return h;
 }
 
@@ -799,8 +800,7 @@ int main(int argc, char** argv) {
     parse_args(argc, argv, &args, true);
     // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes
     DataParallel dp = dp_init(args.launch, &argc, &argv);
-    // rank 0 speaks for the run; the others print only errors (stderr)
-    if (dp.rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence rank %d", dp.rank);
+    stdout_for_process(dp.rank);
     double peak_flops = describe_device(dp, args);
     output_dir_lock_for_run(args, dp.rank);
     cublas_setup();
@@ -813,10 +813,10 @@ int main(int argc, char** argv) {
     const GPT2Config& cfg = model.config;
     print_model_summary(cfg, model.num_parameters);
     // what all processes must agree on: the shared description, plus what only this trainer has
-    char extra[256];
-    snprintf(extra, sizeof(extra), " cuda: %s ge=%d fa=%d processes=%d pg=%d pt=%g resume_step=%d", PRECISION_NAME,
-             args.gelu_fusion, args.flash_attention, dp.size, args.launch.gpus_per_node, args.launch.timeout_s, resume_step);
-    check_same_config(model.layout.dp_group, run_description(args, cfg, initial.data(), model.num_parameters) + extra);
+    char extra[64];
+    snprintf(extra, sizeof(extra), "\nprecision=%s", PRECISION_NAME);
+    check_same_config(model.layout.dp_group,
+                      run_description(args, cfg, initial.data(), model.num_parameters, resume_step) + extra);
     std::vector<float>().swap(initial);
 
     // the run: data of this process, schedules, evaluation, sampling (llmc/run/run_loop.h)
@@ -840,11 +840,11 @@ int main(int argc, char** argv) {
     run.timer.on_end = nvtx_phase_end;
     GpuPhases gpu_phases;
     gpu_phases_create(&gpu_phases);
-    train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases));
+    int status = train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases));
     gpu_phases_destroy(&gpu_phases);
     gpt2_free(&model);
     cublas_teardown();
     dp_finalize(&dp);
-    return 0;
+    return status;
 }
 #endif

@@ -35,7 +35,10 @@ import math
 import os
 import sys
 
-import numpy as np
+from repo_python import need
+
+need("numpy")
+import numpy as np  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # our model file

@@ -14,7 +14,8 @@ step the trainer skipped (a non-finite gradient norm, llmc/run/loss_scaler.h) ha
 for its non-finite values (JSON has no inf or NaN): "skipped" is not plotted and a null point is left
 out. A file that is not that (a line that is not a JSON object, no "step", a value that is not a number, or
 no line at all) is refused with a message naming the file and line, exit status 1.
-Needs matplotlib (Debian: python3-matplotlib); it draws without a display (Agg).
+Needs matplotlib (scripts/install_deps.sh puts it in .venv, which the script then uses); it draws
+without a display (Agg).
 """
 
 import argparse
@@ -22,6 +23,8 @@ import json
 import math
 import os
 import sys
+
+from repo_python import need
 
 DPI = 100
 PANELS = [  # (title, [(key, line style)], log scale)
@@ -126,10 +129,7 @@ def main():
     runs = [read_metrics(p) for p in args.metrics]
     labels = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(p))) or p for p in args.metrics]
     out = args.output or os.path.join(os.path.dirname(os.path.abspath(args.metrics[0])), "metrics.png")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        die(f"matplotlib is not importable by {sys.executable} (Debian: apt install python3-matplotlib)")
+    need("matplotlib")  # else .venv/bin/python runs this script, or one line says what to run
     plot(runs, labels, out, args.width, args.height)
     print(f"wrote {out}")
 

@@ -16,15 +16,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-// Prints "Error: <message>" to stderr and exits with status 1.
+// The process this is, for error messages, when it is one of several (fatal_set_process); -1: alone.
+inline int fatal_process = -1;
+inline void fatal_set_process(int rank, int size) { fatal_process = size > 1 ? rank : -1; }
+
+// Prints "Error: <message>" (one of several processes: "Error (process R): <message>") to stderr as
+// one write, so that processes failing together do not interleave their lines, and exits with status 1.
 [[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* fmt, ...) {
     fflush(stdout);
-    fprintf(stderr, "Error: ");
+    char message[4096];
+    int n = fatal_process >= 0 ? snprintf(message, sizeof(message), "Error (process %d): ", fatal_process)
+                               : snprintf(message, sizeof(message), "Error: ");
     va_list args;
     va_start(args, fmt);
-    vfprintf(stderr, fmt, args);
+    vsnprintf(message + n, sizeof(message) - n - 1, fmt, args);
     va_end(args);
-    fprintf(stderr, "\n");
+    strcat(message, "\n");
+    if (write(STDERR_FILENO, message, strlen(message)) < 0) {}  // nothing more to do if stderr is gone
     exit(EXIT_FAILURE);
 }
 

@@ -37,6 +37,7 @@
 #include "../llmc/run/sampler.h"
 #include "../llmc/run/schedulers.h"
 #include "../llmc/tokenizer/tokenizer_file.h"
+#include "../llmc/run/run_loop.h"
 #include "../llmc/run/train_common.h"
 #include "../llmc/utils.h"
 #include "../llmc/parallel/zero.h"

@@ -325,3 +325,22 @@ inline int64_t checkpoint_find_latest(const std::string& dir) {
     closedir(d);
     return latest;
 }
+
+// The steps with a DONE marker in dir, in increasing order (none when dir is empty or missing).
+inline std::vector<int64_t> checkpoint_complete_steps(const std::string& dir) {
+    std::vector<int64_t> steps;
+    if (dir.empty()) return steps;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return steps;
+    while (struct dirent* entry = readdir(d)) {
+        long step;
+        char rest;
+        if (strncmp(entry->d_name, "DONE_", 5) == 0 && isdigit((unsigned char)entry->d_name[5]) &&
+            sscanf(entry->d_name + 5, "%ld%c", &step, &rest) == 1) {
+            steps.push_back(step);
+        }
+    }
+    closedir(d);
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}

@@ -276,24 +276,75 @@ inline ProcessGroup process_group_split(const ProcessGroup& parent, int color, i
 }
 
 // Every process must run the same configuration: one started with other flags, another model or other
-// data would silently train something else. Each process hashes its description (flags, model shape, a
-// checksum of the initial weights) and the group all-gathers the hashes; every process sees the same
-// table, so all stop together, process 0 naming the ones that differ and each of those printing what
-// it runs.
+// data would silently train something else (or hang at a collective that only some processes reach).
+// The description is one "name=value" line per field (flags, model shape, a checksum of the initial
+// weights). Each process hashes it and the group all-gathers the hashes; when they differ, the group
+// all-gathers each field's hash, and the values of the fields that differ, so that every process
+// knows the same table: all stop together, process 0 naming each differing field with its values,
+// e.g. "-s is 5 on process 0 and 7 on process 1".
+inline uint64_t config_hash(const std::string& text) {
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+    return hash;
+}
+
+// every process's copy of `text` (collective; eight bytes per all-gather)
+inline std::vector<std::string> config_gather_text(const ProcessGroup& g, const std::string& text) {
+    std::vector<uint64_t> lengths(g.size);
+    g.backend->all_gather_host_u64(g, text.size(), lengths.data(), "the configuration check at start-up");
+    size_t longest = *std::max_element(lengths.begin(), lengths.end());
+    std::vector<std::string> texts(g.size);
+    std::vector<uint64_t> words(g.size);
+    for (size_t at = 0; at < longest; at += 8) {
+        uint64_t word = 0;
+        for (size_t i = 0; i < 8 && at + i < text.size(); i++) word |= (uint64_t)(unsigned char)text[at + i] << (8 * i);
+        g.backend->all_gather_host_u64(g, word, words.data(), "the configuration check at start-up");
+        for (int r = 0; r < g.size; r++)
+            for (size_t i = 0; i < 8 && at + i < lengths[r]; i++) texts[r] += (char)(words[r] >> (8 * i));
+    }
+    return texts;
+}
+
 inline void check_same_config(const ProcessGroup& g, const std::string& description) {
     if (!comm_active(g)) return;
-    uint64_t hash = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : description) hash = (hash ^ c) * 1099511628211ull;
     std::vector<uint64_t> hashes(g.size);
-    g.backend->all_gather_host_u64(g, hash, hashes.data(), "the configuration check at start-up");
-    std::string differing;
+    g.backend->all_gather_host_u64(g, config_hash(description), hashes.data(), "the configuration check at start-up");
+    bool same = true;
+    for (int r = 1; r < g.size; r++) same = same && hashes[r] == hashes[0];
+    if (same) return;
+    // field by field (every process has the same lines: the same program built them)
+    std::vector<std::string> lines;
+    for (size_t begin = 0; begin <= description.size();) {
+        size_t end = description.find('\n', begin);
+        if (end == std::string::npos) end = description.size();
+        lines.push_back(description.substr(begin, end - begin));
+        begin = end + 1;
+    }
+    std::vector<uint64_t> counts(g.size);
+    g.backend->all_gather_host_u64(g, lines.size(), counts.data(), "the configuration check at start-up");
+    std::string differences;
     for (int r = 1; r < g.size; r++) {
-        if (hashes[r] != hashes[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+        if (counts[r] != counts[0]) comm_abort(g, "the processes run different builds of the trainer (their start-up "
+                                                  "descriptions have different fields); stopping");
     }
-    if (differing.empty()) return;
-    if (g.rank == 0 || hashes[g.rank] != hashes[0]) {
-        comm_abort(g, "process(es) " + differing + " run a different configuration than process 0 (flags, model or "
-                   "data differ); this process has: " + description);
+    for (const std::string& line : lines) {
+        g.backend->all_gather_host_u64(g, config_hash(line), hashes.data(), "the configuration check at start-up");
+        std::vector<int> differing;
+        for (int r = 1; r < g.size; r++)
+            if (hashes[r] != hashes[0]) differing.push_back(r);
+        if (differing.empty()) continue;
+        size_t eq = line.find('=');
+        std::string name = line.substr(0, eq);
+        std::vector<std::string> values = config_gather_text(g, eq == std::string::npos ? line : line.substr(eq + 1));
+        std::string text = name + " is " + (values[0].empty() ? "''" : values[0]) + " on process 0";
+        for (size_t i = 0; i < differing.size() && i < 3; i++) {
+            int r = differing[i];
+            text += (i + 1 == differing.size() ? " and " : ", ") + (values[r].empty() ? std::string("''") : values[r]) +
+                    " on process " + std::to_string(r);
+        }
+        if (differing.size() > 3) text += " (and " + std::to_string(differing.size() - 3) + " more processes)";
+        differences += (differences.empty() ? "" : "; ") + text;
     }
-    comm_abort(g, "process(es) " + differing + " run a different configuration than process 0; stopping");
+    if (g.rank == 0) comm_abort(g, "the processes were started with different configurations: " + differences);
+    comm_abort(g, "process " + std::to_string(g.rank) + ": stopping, the configurations differ (process 0 says how)");
 }

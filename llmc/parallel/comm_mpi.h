@@ -242,7 +242,9 @@ inline ProcessGroup process_group_init(int* argc, char*** argv) {
     int provided;
     mpiCheck(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     // errors are returned to us (and reported by mpiCheck) instead of aborting inside MPI silently
-    return mpi_process_group(MPI_COMM_WORLD);
+    ProcessGroup world = mpi_process_group(MPI_COMM_WORLD);
+    fatal_set_process(world.rank, world.size);  // each error says which process it comes from
+    return world;
 #endif
 }
 

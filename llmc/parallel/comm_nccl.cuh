@@ -196,6 +196,7 @@ inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv)
         dp.size = args.num_processes;
         if (!choose_device(dp.rank, args.gpus_per_node, visible, &dp.device, &error)) fatal("%s", error.c_str());
     }
+    fatal_set_process(dp.rank, dp.size);  // each error says which process it comes from
     cudaCheck(cudaSetDevice(dp.device));
     if (dp.method == LaunchMethod::Single) return dp;
 

@@ -151,20 +151,26 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
     };
 }
 
+// The value a flag's field holds, as text ("%g" for floats)
+inline std::string flag_value_text(const FlagSpec& spec) {
+    const char* field = (const char*)spec.field;
+    char value[64];
+    switch (spec.kind) {
+        case FlagKind::Int: snprintf(value, sizeof(value), "%d", *(const int*)field); break;
+        case FlagKind::Long: snprintf(value, sizeof(value), "%ld", *(const long*)field); break;
+        case FlagKind::Float: snprintf(value, sizeof(value), "%g", *(const float*)field); break;
+        case FlagKind::String: return *(const std::string*)field;
+    }
+    return value;
+}
+
 inline void print_usage(const char* program, bool cuda) {
     TrainArgs defaults;
     printf("Usage: %s [flags], each flag followed by a value:\n", program);
     for (const FlagSpec& spec : flag_specs(&defaults)) {
         if (spec.cuda_only && !cuda) continue;
-        const char* field = (const char*)spec.field;
-        char value[256];
-        switch (spec.kind) {
-            case FlagKind::Int: snprintf(value, sizeof(value), "%d", *(const int*)field); break;
-            case FlagKind::Long: snprintf(value, sizeof(value), "%ld", *(const long*)field); break;
-            case FlagKind::Float: snprintf(value, sizeof(value), "%g", *(const float*)field); break;
-            case FlagKind::String: snprintf(value, sizeof(value), "%s", ((const std::string*)field)->c_str()); break;
-        }
-        printf("  %-4s %-60s (default: %s)\n", spec.name, spec.help, value[0] ? value : "none");
+        std::string value = flag_value_text(spec);
+        printf("  %-4s %-60s (default: %s)\n", spec.name, spec.help, value.empty() ? "none" : value.c_str());
     }
 }
 
@@ -259,14 +265,14 @@ inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int
     long tokens_per_micro_step = (long)args.B * args.T * num_processes;
     long total = args.total_batch_tokens == -1 ? tokens_per_micro_step : args.total_batch_tokens;
     if (total % tokens_per_micro_step != 0) {
-        fatal("flag -d: total batch %ld tokens is not a multiple of B*T*processes = %d*%d*%d = %ld", total, args.B,
+        fatal("flag -d: total batch %ld tokens is not a multiple of B*T*(data-parallel processes) = %d*%d*%d = %ld", total, args.B,
               args.T, num_processes, tokens_per_micro_step);
     }
     // the accumulation steps are counted in an int (the step's loop, the state file): refuse what does
     // not fit rather than run with a wrapped count
     long micro_batches = total / tokens_per_micro_step;
     if (micro_batches > INT_MAX) {
-        fatal("flag -d: total batch %ld tokens is %ld micro-batches of B*T*processes = %ld tokens, more than the %d "
+        fatal("flag -d: total batch %ld tokens is %ld micro-batches of B*T*(data-parallel processes) = %ld tokens, more than the %d "
               "accumulation steps a step can take; lower -d or raise -b", total, micro_batches, tokens_per_micro_step,
               INT_MAX);
     }

@@ -7,6 +7,7 @@
 //       checkpoint (-n)                           hooks.save_checkpoint
 //       sample (-s)                               hooks.sample
 //       (the last step only evaluates, checkpoints and samples)
+//       SIGTERM or SIGUSR1 on any process: a checkpoint of this step, and the run ends (stop_signal.h)
 //       zero_grad; read the step's micro-batches  hooks.zero_grad; the train loader
 //       forward and backward of every micro-batch hooks.forward_backward (a pipeline runs its schedule)
 //       combine the gradients: global norm       hooks.reduce_gradients
@@ -30,6 +31,7 @@
 #include "hellaswag.h"
 #include "logger.h"
 #include "phase_timer.h"
+#include "stop_signal.h"
 #include "train_common.h"
 
 // The micro-batches of one step, read by the loop before any forward: count of them, each B rows of T
@@ -79,6 +81,8 @@ struct RunHooks {
     std::function<std::string()> step_note;
     // Optional: bytes this process has communicated so far (metrics.jsonl's comm_bytes; unset: -1).
     std::function<long long()> comm_bytes;
+    // A number summed over every process of the run (all of its groups). Collective; unset: one process.
+    std::function<double(double value, const char* what)> sum_over_world;
 };
 
 // The run's state outside the model: data, schedule, sampling, evaluation, skipping and scaling, logs.
@@ -208,16 +212,36 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
                      step_breakdown_json(timer->times, throughput, run->peak_flops));
 }
 
+// The signal that asks the run to stop, received by any process (0: none); the same on every process.
+inline int run_stop_signal(const RunHooks& hooks) {
+    int mine = stop_signal_received;
+    if (!hooks.sum_over_world) return mine;
+    // SIGTERM counts 2, SIGUSR1 1: the sum says whether any process has one, and which to name
+    double sum = hooks.sum_over_world(mine == SIGTERM ? 2.0 : mine ? 1.0 : 0.0, "the check for a stop signal");
+    return sum >= 2.0 ? SIGTERM : sum >= 1.0 ? SIGUSR1 : 0;
+}
+
 // The loop: from the resumed step (or 0) to -x, each step's evaluation, checkpoint and sample, then its
 // training (the last step only evaluates, checkpoints and samples). Opens and closes metrics.jsonl.
-inline void train_run_loop(TrainRun* run, const RunHooks& hooks) {
+// Returns the process's exit status: 0, or EXIT_STOPPED_BY_SIGNAL when a signal stopped the run.
+inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     const TrainArgs& args = run->args;
     int max_steps = run->data.max_steps;
     logger_open(&run->logger, run->world_rank == 0 ? args.output_dir : std::string(), run->resume_step);
     if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&run->data.train);  // the one batch every step reuses
     int start_step = run->resume_step >= 0 ? run->resume_step : 0;
     StepBatches batches;
+    stop_signals_install();
     for (int step = start_step; step <= max_steps; step++) {
+        if (int signal = step > start_step ? run_stop_signal(hooks) : 0) {
+            // steps start_step .. step - 1 are done: the parameters have had `step` updates
+            if (!args.output_dir.empty()) hooks.save_checkpoint(*run, step);
+            printf("%s: stopping at step %d, %s; exit status %d\n", stop_signal_name(signal), step,
+                   args.output_dir.empty() ? "no checkpoint (no -o)" : "checkpoint written (-y 1 continues from it)",
+                   EXIT_STOPPED_BY_SIGNAL);
+            logger_close(&run->logger);
+            return EXIT_STOPPED_BY_SIGNAL;
+        }
         if (is_val_step(args, step, max_steps)) {
             float val_loss = run_validation_loss(run, hooks);
             printf("step %d: val loss %.6f\n", step, val_loss);
@@ -240,4 +264,5 @@ inline void train_run_loop(TrainRun* run, const RunHooks& hooks) {
         run_train_step(run, hooks, step, &batches);
     }
     logger_close(&run->logger);
+    return 0;
 }

@@ -75,6 +75,13 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
     s->updates = state.updates;
 }
 
+// Process 0 speaks for the run, a line at a time (a log redirected to a file keeps every line a kill
+// -9 would otherwise lose in a full buffer); the others print only errors (stderr).
+inline void stdout_for_process(int rank) {
+    if (rank != 0 && freopen("/dev/null", "w", stdout) == nullptr) fatal("could not silence process %d", rank);
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+}
+
 // One run per output directory (llmc/io/output_lock.h): process 0 makes -o and locks it until it ends.
 inline void output_dir_lock_for_run(const TrainArgs& args, int rank) {
     if (!args.output_dir.empty() && rank == 0) {
@@ -86,7 +93,17 @@ inline void output_dir_lock_for_run(const TrainArgs& args, int rank) {
 // -y 1: the newest complete checkpoint in -o, whose model file the run starts from; -1 (from -e) when
 // not resuming or when there is none.
 inline int resume_step_from_args(const TrainArgs& args) {
-    if (!args.resume) return -1;
+    if (!args.resume) {
+        // a fresh run does not mix with the checkpoints of another: a later -y 1 would resume those
+        std::vector<int64_t> steps = checkpoint_complete_steps(args.output_dir);
+        if (!steps.empty()) {
+            std::string list;
+            for (int64_t s : steps) list += (list.empty() ? "" : ", ") + std::to_string(s);
+            fatal("-o %s holds the checkpoints of an earlier run (steps %s): continue that run with -y 1, or give this "
+                  "one another -o (or remove them)", args.output_dir.c_str(), list.c_str());
+        }
+        return -1;
+    }
     int step = (int)checkpoint_find_latest(args.output_dir);
     if (step < 0) {
         printf("resume: no complete checkpoint in %s, starting from scratch\n", args.output_dir.c_str());
@@ -269,30 +286,30 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     return state;
 }
 
-// Everything that must agree across processes: flags, model shape and a checksum of the initial
-// weights (so a different -e file or seed is caught too). See check_same_config().
-inline std::string run_description(const TrainArgs& args, const GPT2Config& cfg, const float* params, size_t num_params) {
+// Everything that must agree across processes, one "name=value" line each (check_same_config names
+// the lines that differ): every flag but those that may differ between processes by design (-pr, the
+// rank; -e, whose weights the checksum stands for; -pk, -tk, -bp, local to each process's printing and
+// files), the model's shape, a checksum of the initial weights (so a different -e file or seed is caught
+// too) and the step it resumes from.
+inline std::string run_description(const TrainArgs& args, const GPT2Config& cfg, const float* params, size_t num_params,
+                                   int resume_step) {
     uint64_t checksum = 0;
     for (size_t i = 0; i < num_params; i += 4099) {
         uint32_t bits;
         memcpy(&bits, &params[i], 4);
         checksum = checksum * 31 + bits;
     }
-    char text[1024];
-    snprintf(text, sizeof(text),
-             "train=%s val=%s B=%d T=%d d=%ld x=%d l=%g u=%d q=%g k=%s c=%g v=%d m=%d n=%d y=%d a=%d sh=%d z=%d o=%s "
-             "r=%d w=%d ns=%d ls=%g lw=%d lg=%g lb=%g hs=%s he=%d hm=%d tp=%d pp=%d pm=%s L=%d C=%d NH=%d V=%d maxT=%d "
-             "params=%016llx",
-             args.train_pattern.c_str(), args.val_pattern.c_str(), args.B, args.T, args.total_batch_tokens,
-             args.max_steps, args.learning_rate, args.warmup_steps, args.final_lr_frac, args.schedule.c_str(),
-             args.weight_decay, args.val_every, args.val_batches, args.checkpoint_every, args.resume,
-             args.overfit_single_batch, args.shuffle, args.zero_stage, args.output_dir.c_str(), args.recompute,
-             args.master_weights, args.max_skipped_steps, args.loss_scale, args.loss_scale_window,
-             args.loss_scale_growth, args.loss_scale_backoff, args.hellaswag_path.c_str(), args.hellaswag_every,
-             args.hellaswag_examples, args.tensor_parallel, args.pipeline_parallel, args.pipeline_schedule.c_str(),
-             cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len,
-             (unsigned long long)checksum);
-    return text;
+    TrainArgs copy = args;
+    std::string text;
+    for (const FlagSpec& spec : flag_specs(&copy)) {
+        std::string name = spec.name;
+        if (name == "-pr" || name == "-e" || name == "-pk" || name == "-tk" || name == "-bp") continue;
+        text += name + "=" + flag_value_text(spec) + "\n";
+    }
+    char model[256];
+    snprintf(model, sizeof(model), "model=L %d C %d NH %d V %d maxT %d\nweights=%016llx\nresume step=%d", cfg.num_layers,
+             cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.max_seq_len, (unsigned long long)checksum, resume_step);
+    return text + model;
 }
 
 // The loop's schedule. At step N the parameters have had N updates; the last step (N = max_steps)

@@ -6,6 +6,13 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --time=04:00:00
 #SBATCH --output=gpt2_%j.log
+# preemption and the time limit: 120 s before the end every task gets SIGUSR1 (Slurm's SIGTERM on
+# preemption or scancel does the same): the run finishes its step, writes a checkpoint and exits with
+# status 75, and this script requeues the job, which continues from that checkpoint. Give the run
+# -o (a shared directory) and -y 1 (-y 1 with no checkpoint yet starts from scratch). doc/reliability.md
+#SBATCH --signal=USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 # Several nodes under Slurm without MPI and without a TCP port of our own: rank 0 writes the NCCL id
 # to a file on a shared file system and the other ranks read it (-pi file -pf PATH). Useful where
 # the nodes' firewalls allow NCCL's traffic but not a port we pick.
@@ -22,10 +29,17 @@
 #   NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_IB_GID_INDEX, NCCL_DEBUG   see run_mpirun.sh
 set -euo pipefail
 shared=${SHARED_DIR:-$PWD}
-export GPT2_ID_FILE="$shared/nccl_id_$SLURM_JOB_ID" GPT2_TIMEOUT=${GPT2_TIMEOUT:-300}
+# a requeued job keeps its id: the restart count keeps each start's file new
+export GPT2_ID_FILE="$shared/nccl_id_${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}" GPT2_TIMEOUT=${GPT2_TIMEOUT:-300}
 echo "sbatch_file.sh: $SLURM_NTASKS processes on $SLURM_JOB_NUM_NODES node(s); NCCL id through $GPT2_ID_FILE"
+status=0
 # the single-quoted command is expanded by each task's shell, with its own SLURM_PROCID
 # shellcheck disable=SC2016
 srun --kill-on-bad-exit=1 --distribution=block bash -c \
     'exec ./train_gpt2cu -pi file -pf "$GPT2_ID_FILE" -pn "$SLURM_NTASKS" -pr "$SLURM_PROCID" \
-          -pg "$SLURM_NTASKS_PER_NODE" -pt "$GPT2_TIMEOUT" "$@"' train_gpt2cu "$@"
+          -pg "$SLURM_NTASKS_PER_NODE" -pt "$GPT2_TIMEOUT" "$@"' train_gpt2cu "$@" || status=$?
+if [ "$status" -eq 75 ]; then  # stopped by a signal after its checkpoint (llmc/run/stop_signal.h)
+    echo "stopped after a checkpoint (exit 75): requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"

@@ -6,6 +6,13 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --time=04:00:00
 #SBATCH --output=gpt2_%j.log
+# preemption and the time limit: 120 s before the end every task gets SIGUSR1 (Slurm's SIGTERM on
+# preemption or scancel does the same): the run finishes its step, writes a checkpoint and exits with
+# status 75, and this script requeues the job, which continues from that checkpoint. Give the run
+# -o (a shared directory) and -y 1 (-y 1 with no checkpoint yet starts from scratch). doc/reliability.md
+#SBATCH --signal=USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 # Several nodes under Slurm without MPI: srun starts one process per GPU; each takes its rank from
 # SLURM_PROCID and receives the NCCL id over TCP from rank 0, which listens on the first node of the
 # allocation (-pi tcp -ps HOST:PORT).
@@ -33,8 +40,14 @@ port=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 export GPT2_SERVER="$master:$port" GPT2_TIMEOUT=${GPT2_TIMEOUT:-300}
 echo "sbatch_tcp.sh: $SLURM_NTASKS processes on $SLURM_JOB_NUM_NODES node(s); rank 0 listens on $GPT2_SERVER"
 # --kill-on-bad-exit: one failed task ends the step at once (the others would stop on -pt anyway)
+status=0
 # the single-quoted command is expanded by each task's shell, with its own SLURM_PROCID
 # shellcheck disable=SC2016
 srun --kill-on-bad-exit=1 --distribution=block bash -c \
     'exec ./train_gpt2cu -pi tcp -ps "$GPT2_SERVER" -pn "$SLURM_NTASKS" -pr "$SLURM_PROCID" \
-          -pg "$SLURM_NTASKS_PER_NODE" -pt "$GPT2_TIMEOUT" "$@"' train_gpt2cu "$@"
+          -pg "$SLURM_NTASKS_PER_NODE" -pt "$GPT2_TIMEOUT" "$@"' train_gpt2cu "$@" || status=$?
+if [ "$status" -eq 75 ]; then  # stopped by a signal after its checkpoint (llmc/run/stop_signal.h)
+    echo "stopped after a checkpoint (exit 75): requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"

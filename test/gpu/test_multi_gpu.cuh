@@ -269,7 +269,7 @@ TEST(MultiGpu, KillingOneProcessStopsTheOtherWithinTheTimeout) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_NE(run.exit_codes[0], 0) << all_logs(run);
     EXPECT_NE(run.exit_codes[0], 124) << "rank 0 hung until `timeout` killed it\n" << all_logs(run);
-    EXPECT_NE(run.logs[0].find("Error: rank 0 of 2"), std::string::npos) << all_logs(run);
+    EXPECT_NE(run.logs[0].find("Error (process 0): rank 0 of 2"), std::string::npos) << all_logs(run);
     EXPECT_NE(run.logs[0].find("step    2/"), std::string::npos) << "rank 0 trained before the kill";
     EXPECT_LT(seconds, 20 + 10 + DP_ABORT_GRACE_S + 20) << all_logs(run);
 }

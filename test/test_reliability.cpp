@@ -1,0 +1,154 @@
+// What a run does when a cluster preempts it, kills it, reuses its directory or starts its processes
+// with different flags (doc/reliability.md), on the built CPU trainer (GPT2_ROOT/train_gpt2, which
+// `make test` builds before this binary runs) with the oracle's tiny model: 2 layers, 64 channels,
+// T 16, 4096 tokens of data. Each test reproduces a fault the trainer once got wrong (issue 30).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <regex>
+#include <string>
+
+#include "../llmc/io/checkpoint.h"
+#include "test_helpers.h"
+
+namespace {
+
+const char* TINY_ARGS = "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 4096";
+
+bool have_mpirun() { return test::run_command("command -v mpirun").exit_code == 0; }
+
+// the trainer's arguments for the tiny model and its data, without the step count
+std::string tiny_args() {
+    std::string dir = test::oracle("tiny_reliability", TINY_ARGS);
+    return "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0";
+}
+
+
+}  // namespace
+
+// Item 6: stdout redirected to a file is a file's full buffer (4 KiB here); a run killed with SIGKILL
+// lost every line still in it. Now it is line-buffered: after the kill, the log holds the line of the
+// last step metrics.jsonl holds (the step line is printed before the metrics line is written).
+TEST(Reliability, LogOfAKilledRunHoldsItsSteps) {
+    std::string dir = test::scratch_dir("rel_linebuf");
+    std::string script = "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 ./train_gpt2 " + tiny_args() +
+                         " -x 1000000 -o " + dir + "/out > " + dir + "/log 2>&1 & pid=$!; "
+                         "for i in $(seq 600); do [ $(grep -c '\"step\"' " + dir + "/out/metrics.jsonl 2>/dev/null || echo 0) -ge 3 ] && break; sleep 0.1; done; "
+                         "kill -STOP $pid; kill -9 $pid; wait $pid; echo killed; }";
+    test::CommandResult r = test::run_command(script);
+    ASSERT_NE(r.output.find("killed"), std::string::npos) << r.output;
+    std::string metrics = test::read_text(dir + "/out/metrics.jsonl"), log = test::read_text(dir + "/log");
+    std::string last;
+    std::regex train_line("\\{\"step\": ([0-9]+), \"train_loss\"");
+    for (auto it = std::sregex_iterator(metrics.begin(), metrics.end(), train_line); it != std::sregex_iterator(); ++it)
+        last = (*it)[1];
+    ASSERT_FALSE(last.empty()) << metrics;
+    char line[32];
+    snprintf(line, sizeof(line), "step %4d/", std::stoi(last));
+    EXPECT_NE(log.find(line), std::string::npos) << "metrics.jsonl has step " << last << "; the log of the killed run:\n" << log;
+}
+
+// Item 2: a fresh run (no -y 1) in a directory that holds another run's checkpoints is refused: a
+// later -y 1 would resume the older run's weights and splice the two runs' metrics.
+TEST(Reliability, FreshRunInADirectoryWithCheckpointsIsRefused) {
+    std::string out = test::scratch_dir("rel_reuse");
+    std::string trainer = "cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 ./train_gpt2 " + tiny_args();
+    test::CommandResult first = test::run_command(trainer + " -x 4 -n 2 -o " + out);
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    ASSERT_EQ(checkpoint_find_latest(out), 4);
+    std::string metrics = test::read_text(out + "/metrics.jsonl");
+    test::CommandResult second = test::run_command(trainer + " -x 2 -n 1 -o " + out);
+    EXPECT_EQ(second.exit_code, 1) << second.output;
+    EXPECT_TRUE(std::regex_search(second.output, std::regex("holds the checkpoints of an earlier run \\(steps 2, 4\\).*-y 1")))
+        << second.output;
+    EXPECT_EQ(test::read_text(out + "/metrics.jsonl"), metrics) << "the refused run changed metrics.jsonl";
+    // resuming it is what -y 1 is for
+    test::CommandResult resumed = test::run_command(trainer + " -x 6 -n 2 -y 1 -o " + out);
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 4"), std::string::npos) << resumed.output;
+}
+
+// Item 7: SIGTERM (Slurm's preemption, scancel, Kubernetes) and SIGUSR1 (Slurm's --signal warning):
+// the run finishes its step, writes a checkpoint of the step it stops at and exits with status 75;
+// -y 1 continues from it.
+TEST(Reliability, SigtermAndSigusr1WriteACheckpointAndExit75) {
+    for (const char* signal : {"TERM", "USR1"}) {
+        SCOPED_TRACE(signal);
+        std::string out = test::scratch_dir(std::string("rel_signal_") + signal);
+        std::string script = "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 ./train_gpt2 " + tiny_args() +
+                             " -x 1000000 -n 1000 -o " + out + " > " + out + ".log 2>&1 & pid=$!; " +
+                             "for i in $(seq 600); do grep -q 'step    3/' " + out + ".log && break; sleep 0.1; done; "
+                             "kill -" + signal + " $pid; timeout 60 tail --pid=$pid -f /dev/null; wait $pid; echo \"exit $?\"; }";
+        test::CommandResult r = test::run_command(script);
+        std::string log = test::read_text(out + ".log");
+        EXPECT_NE(r.output.find("exit 75"), std::string::npos) << r.output << log;
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(log, m, std::regex("SIG" + std::string(signal) + ": stopping at step ([0-9]+), checkpoint written")))
+            << log;
+        int stopped = std::stoi(m[1]);
+        EXPECT_EQ(checkpoint_find_latest(out), stopped) << log;
+        test::CommandResult resumed = test::run_command("cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 ./train_gpt2 " +
+                                                        tiny_args() + " -x " + std::to_string(stopped + 1) + " -y 1 -o " + out);
+        EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+        EXPECT_NE(resumed.output.find("continuing from step " + std::to_string(stopped)), std::string::npos) << resumed.output;
+    }
+}
+
+// Item 7 with two processes: only one receives SIGTERM; both stop after the same step (a collective
+// decision), both write their part of the checkpoint, both exit 75.
+TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string out = test::scratch_dir("rel_signal_mpi");
+    std::string script =
+        "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 ./train_gpt2 " +
+        tiny_args() + " -z 1 -x 1000000 -n 1000 -o " + out + " > " + out + ".log 2>&1 & launcher=$!; " +
+        "for i in $(seq 600); do grep -q 'step    3/' " + out + ".log && break; sleep 0.1; done; "
+        "victim=$(pgrep -P $launcher -f train_gpt2 | tail -n 1); kill -TERM $victim; "
+        "timeout 60 tail --pid=$launcher -f /dev/null; wait $launcher; echo \"exit $?\"; }";
+    test::CommandResult r = test::run_command(script);
+    std::string log = test::read_text(out + ".log");
+    EXPECT_NE(r.output.find("exit 75"), std::string::npos) << r.output << log;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("SIGTERM: stopping at step ([0-9]+), checkpoint written"))) << log;
+    int stopped = std::stoi(m[1]);
+    EXPECT_EQ(checkpoint_find_latest(out), stopped);
+    EXPECT_TRUE(file_exists(checkpoint_state_path(out, stopped, 0)) && file_exists(checkpoint_state_path(out, stopped, 1)));
+}
+
+// Item 3: processes started with a different sampling cadence passed the start-up check (and with
+// -z 3, where a sample is collective, hung at the first sample). Every flag is checked now, and the
+// message names each differing flag and both values.
+TEST(Reliability, ProcessesWithDifferentFlagsAreNamedFieldByField) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string base = "./train_gpt2 " + tiny_args() + " -x 2";
+    std::string cmd = "cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 mpirun --allow-run-as-root --oversubscribe -np 1 " +
+                      base + " -s 5 -l 1e-3 : -np 1 " + base + " -s 7 -l 2e-3";
+    test::CommandResult r = test::run_command(cmd);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("-s is 5 on process 0 and 7 on process 1"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("-l is 0.001 on process 0 and 0.002 on process 1"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step    1/2"), std::string::npos) << "training must not start";
+}
+
+// Item 10: processes that fail together wrote "Error: Error: ..." lines into each other. Each error is
+// now one write, naming its process: every line that reports an error is one whole message.
+TEST(Reliability, ErrorsOfSeveralProcessesAreWholeLinesNamingTheProcess) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string out = test::scratch_dir("rel_errors");
+    std::string trainer = "cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 ";
+    ASSERT_EQ(test::run_command(trainer + "./train_gpt2 " + tiny_args() + " -x 2 -n 2 -o " + out).exit_code, 0);
+    // both processes refuse the directory (it holds a checkpoint) at the same moment
+    test::CommandResult r = test::run_command(trainer + "mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2 " +
+                                              tiny_args() + " -x 2 -o " + out);
+    EXPECT_NE(r.exit_code, 0);
+    int errors = 0;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.find("Error") == std::string::npos || line.find("holds the checkpoints") == std::string::npos) continue;
+        errors++;
+        EXPECT_TRUE(std::regex_match(line, std::regex("Error \\(process [01]\\): -o .* holds the checkpoints of an earlier run .*")))
+            << line;
+    }
+    EXPECT_GE(errors, 1) << r.output;
+}
