@@ -8,6 +8,7 @@
 #include <sstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "../llmc/io/checkpoint.h"
 #include "test_helpers.h"
@@ -151,4 +152,30 @@ TEST(Reliability, ErrorsOfSeveralProcessesAreWholeLinesNamingTheProcess) {
             << line;
     }
     EXPECT_GE(errors, 1) << r.output;
+}
+
+// Item 5: the val loss averaged -m batches per process, so it changed with the data-parallel count.
+// -m is now the val batches over all processes together: 1, 2 and 3 processes evaluate the same
+// batches (process r its k-th ones while k*P + r < m; the rest run a forward whose loss is not
+// counted, so collectives stay matched), and the val loss agrees to the float sums' rounding (the
+// per-batch losses are summed in double in another order: 1e-6 relative).
+TEST(Reliability, ValLossMeansTheSameBatchesOnAnyLayout) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string dir = test::oracle("tiny_reliability", TINY_ARGS);
+    std::string args = " -e " + dir + "/model.bin -i " + dir + "/train.bin -j " + dir + "/train.bin -b 2 -t 16 -s 0 -x 0 -v 1 -m 5";
+    std::vector<double> losses;
+    for (int np : {1, 2, 3}) {
+        for (const char* zero : {"-z 0", "-z 3"}) {
+            if (np == 1 && std::string(zero) == "-z 3") continue;
+            std::string cmd = "cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 mpirun --allow-run-as-root "
+                              "--oversubscribe -np " + std::to_string(np) + " ./train_gpt2" + args + " " + zero;
+            test::CommandResult r = test::run_command(cmd);
+            ASSERT_EQ(r.exit_code, 0) << r.output;
+            std::smatch m;
+            ASSERT_TRUE(std::regex_search(r.output, m, std::regex("step 0: val loss ([0-9.]+)"))) << r.output;
+            losses.push_back(std::stod(m[1]));
+            SCOPED_TRACE(std::to_string(np) + " processes " + zero);
+            EXPECT_NEAR(losses.back(), losses[0], 1e-6 * losses[0]);
+        }
+    }
 }

@@ -109,7 +109,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-k", FlagKind::String, &a->schedule, NAN, NAN, false, "learning rate schedule: cosine|linear|constant|wsd"},
         {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
-        {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss"},
+        {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
         {"-s", FlagKind::Int, &a->sample_every, 0, INT_MAX, false, "sample every N steps (0: never)"},
         {"-g", FlagKind::Int, &a->gen_tokens, 1, 1 << 20, false, "tokens to generate per sample"},
         {"-n", FlagKind::Int, &a->checkpoint_every, 0, INT_MAX, false, "checkpoint every N steps, and at the end (0: never; needs -o)"},

@@ -131,16 +131,22 @@ inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Confi
     run->scaler = loss_scaler_from_args(args, dynamic_loss_scale);
 }
 
-// Mean loss over -m val batches of every data-parallel process.
+// Mean loss over the first -m val batches, the same batches on any layout: the val loader is not
+// shuffled, so data-parallel process r's k-th batch is the data's batch k*P + r (llmc/io/dataloader.h),
+// and process r evaluates its k-th batches while k*P + r < m. Every process runs the same number of
+// forwards, ceil(m / P) (a forward may be collective: ZeRO-3's gathers, a pipeline); the losses of
+// batches past m are not counted.
 inline float run_validation_loss(TrainRun* run, const RunHooks& hooks) {
     DataLoader* val = &run->data.val;
     dataloader_reset(val);
+    int m = run->args.val_batches, P = run->dp_size, r = val->process_rank;
     double sum = 0.0;
-    for (int i = 0; i < run->args.val_batches; i++) {
+    for (int k = 0; k < (m + P - 1) / P; k++) {
         dataloader_next_batch(val);
-        sum += hooks.eval_loss(val->inputs.data(), val->targets.data(), val->B, val->T);
+        double loss = hooks.eval_loss(val->inputs.data(), val->targets.data(), val->B, val->T);
+        if ((long)k * P + r < m) sum += loss;
     }
-    return (float)(hooks.sum_over_replicas(sum, "the val loss") / ((double)run->args.val_batches * run->dp_size));
+    return (float)(hooks.sum_over_replicas(sum, "the val loss") / (double)m);
 }
 
 // The step's micro-batches from the train loader (with -a, the one batch read before the loop).

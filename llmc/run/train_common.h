@@ -150,10 +150,13 @@ inline void training_data_init(TrainingData* data, const TrainArgs& args, const 
     data->tokens_per_step = (long)B * T * data->grad_accum_steps * num_processes;
     if (args.val_every > 0) {
         dataloader_init(&data->val, args.val_pattern, B, T, rank, num_processes, false, cfg.vocab_size);
+        // -m counts the batches of all data-parallel processes together (run_loop.h: run_validation_loss)
         int64_t available = dataloader_num_batches(&data->val);
-        if (args.val_batches > available) {
-            fatal("flag -m: %d val batches requested but the val data (%s) holds only %ld of B=%d x T=%d per process",
-                  args.val_batches, args.val_pattern.c_str(), (long)available, B, T);
+        int64_t per_process = (args.val_batches + num_processes - 1) / num_processes;
+        if (per_process > available) {
+            fatal("flag -m: %d val batches need %ld per data-parallel process but the val data (%s) holds only %ld of "
+                  "B=%d x T=%d per process", args.val_batches, (long)per_process, args.val_pattern.c_str(),
+                  (long)available, B, T);
         }
     }
     if (args.max_steps == 0) {  // -x 0: no training, so no training data is read
