@@ -642,6 +642,84 @@ TEST(FilesAtomic, UncommittedWriteLeavesNoFinalFile) {
     EXPECT_FALSE(file_exists(dir + "/model_00000010.bin"));
 }
 
+// A write that fails (here: fatal in the middle, as on a full disk) removes its .tmp on the way out and
+// says so; the file it was replacing stays as it was.
+void write_and_fail(const std::string& path) {
+    AtomicFile f = atomic_open(path);
+    atomic_write(&f, "partial", 7);
+    fflush(f.fp);
+    fatal("disk full (simulated)");
+}
+
+TEST(FilesAtomic, FailedWriteRemovesItsTmp) {
+    std::string dir = test::scratch_dir("files_atomic_fail");
+    write_bytes(dir + "/out.bin", "old");
+    EXPECT_EXIT(write_and_fail(dir + "/out.bin"), testing::ExitedWithCode(1),
+                "disk full \\(simulated\\)\nremoved the incomplete file '.*out\\.bin\\.tmp'");
+    EXPECT_FALSE(file_exists(dir + "/out.bin.tmp"));
+    EXPECT_EQ(read_bytes(dir + "/out.bin"), "old");
+}
+
+// A checkpoint that fails before its DONE marker removes the files it wrote, and the marker of an
+// older run's checkpoint of the same step (whose files it had begun to replace).
+void checkpoint_and_fail(const std::string& dir) {
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params(num_parameters(cfg), 0.5f);
+    checkpoint_begin(dir, 5, 0);
+    model_file_write(checkpoint_model_path(dir, 5), cfg, params.data(), MODEL_VERSION_FP32);
+    AtomicFile f = atomic_open(checkpoint_state_path(dir, 5, 0));
+    fatal("no space left on device (simulated)");
+}
+
+TEST(FilesCheckpoint, FailedCheckpointRemovesItsFiles) {
+    std::string dir = test::scratch_dir("files_checkpoint_fail");
+    checkpoint_mark_done(dir, 5);  // an older run's checkpoint 5
+    checkpoint_mark_done(dir, 4);
+    EXPECT_EXIT(checkpoint_and_fail(dir), testing::ExitedWithCode(1),
+                "removed the incomplete file '.*state_00000005_00000\\.bin\\.tmp'\n"
+                "removed the incomplete file '.*model_00000005\\.bin'");
+    EXPECT_EQ(test::dir_names(dir), std::vector<std::string>({"DONE_00000004"}));
+}
+
+// Once complete (checkpoint_end), a checkpoint's files stay whatever error comes later. (A test of its
+// own: a death test's child runs the test body again up to its statement, on the same directory.)
+TEST(FilesCheckpoint, CompleteCheckpointStaysAfterALaterError) {
+    std::string dir = test::scratch_dir("files_checkpoint_later_error");
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params(num_parameters(cfg), 0.5f);
+    checkpoint_begin(dir, 6, 0);
+    model_file_write(checkpoint_model_path(dir, 6), cfg, params.data(), MODEL_VERSION_FP32);
+    state_file_write(checkpoint_state_path(dir, 6, 0), sample_state(false));
+    checkpoint_mark_done(dir, 6);
+    checkpoint_end(dir, 6, 0);
+    EXPECT_EXIT(fatal("a later error"), testing::ExitedWithCode(1), "a later error");
+    EXPECT_EQ(test::dir_names(dir), std::vector<std::string>({"DONE_00000006", "model_00000006.bin",
+                                                              "state_00000006_00000.bin"}));
+}
+
+// What a resume removes: checkpoint files of steps without a DONE marker and checkpoint .tmp files,
+// nothing else (complete checkpoints, other files, names that only look like checkpoint files).
+TEST(FilesCheckpoint, RemoveIncompleteLeavesCompleteCheckpointsAndOtherFiles) {
+    std::string dir = test::scratch_dir("files_checkpoint_incomplete");
+    EXPECT_TRUE(checkpoint_remove_incomplete(dir + "/absent").empty());
+    for (const char* name : {"model_00000010.bin", "state_00000010_00000.bin", "state_00000010_00001.bin",
+                             "DONE_00000010", "model_00000020.bin", "state_00000020_00000.bin",
+                             "state_00000020_00001.bin.tmp", "model_00000030.bin.tmp", "DONE_00000040.tmp",
+                             "model_00000010.bin.tmp", "notes.txt", "model_final.bin", "main.log.tmp",
+                             "model_00000050.bin.bak", "state_00000050.bin", "model_123.bin", "DONE_25"}) {
+        write_bytes(dir + "/" + name, "x");
+    }
+    std::vector<std::string> removed = checkpoint_remove_incomplete(dir);
+    EXPECT_EQ(removed, std::vector<std::string>({"DONE_00000040.tmp", "model_00000010.bin.tmp", "model_00000020.bin",
+                                                 "model_00000030.bin.tmp", "model_123.bin", "state_00000020_00000.bin",
+                                                 "state_00000020_00001.bin.tmp"}));
+    EXPECT_EQ(test::dir_names(dir),
+              std::vector<std::string>({"DONE_00000010", "DONE_25", "main.log.tmp", "model_00000010.bin",
+                                        "model_00000050.bin.bak", "model_final.bin", "notes.txt",
+                                        "state_00000010_00000.bin", "state_00000010_00001.bin", "state_00000050.bin"}));
+    EXPECT_TRUE(checkpoint_remove_incomplete(dir).empty());
+}
+
 TEST(FilesCheckpoint, FindLatestNeedsDoneMarker) {
     std::string dir = test::scratch_dir("files_checkpoint_latest");
     EXPECT_EQ(checkpoint_find_latest(dir), -1);                // empty directory

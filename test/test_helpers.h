@@ -3,9 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -193,5 +195,48 @@ inline std::string make_three_shards(const std::string& oracle_dir, const std::s
     shard_write(out + "/shard_val_000000.bin", tokens.data(), third);
     return out + "/shard_train_*.bin";
 }
+
+// ----------------------------------------------------------------------------
+// damaging files and disks on purpose (doc/reliability.md)
+
+// The names in a directory (not . and ..), sorted.
+inline std::vector<std::string> dir_names(const std::string& dir) {
+    std::vector<std::string> names;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return names;
+    while (struct dirent* entry = readdir(d)) {
+        std::string name = entry->d_name;
+        if (name != "." && name != "..") names.push_back(name);
+    }
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+// The names in dir that end in `suffix`, as one string (empty if none): for messages.
+inline std::string dir_names_ending(const std::string& dir, const std::string& suffix) {
+    std::string found;
+    for (const std::string& name : dir_names(dir)) {
+        if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            found += (found.empty() ? "" : " ") + name;
+        }
+    }
+    return found;
+}
+
+// A shell command run with a limit of `limit_bytes` on the size of any file it writes (ulimit -f, in
+// KiB for bash), which makes a disk that fills up at a chosen point. With SIGXFSZ ignored (trap '' XFSZ,
+// inherited through exec), a write past the limit fails with EFBIG as a write to a full disk fails
+// with ENOSPC; with `signal_kills`, SIGXFSZ ends the process there, as a crash would. Open MPI's PMIx
+// keeps its shared data in files larger than such a limit (MPI_Init fails); PMIX_MCA_gds=hash keeps
+// it in memory instead.
+inline CommandResult run_with_file_limit(const std::string& command, long limit_bytes, bool signal_kills = false) {
+    std::string script = std::string("export PMIX_MCA_gds=hash; ") + (signal_kills ? "" : "trap '' XFSZ; ") +
+                         "ulimit -f " + std::to_string(limit_bytes / 1024) + "; exec " + command;
+    std::string quoted;  // the script as one single-quoted shell word
+    for (char c : script) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return run_command("bash -c '" + quoted + "'");
+}
+
 
 }  // namespace test

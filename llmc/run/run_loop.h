@@ -232,6 +232,7 @@ inline void train_run_loop(TrainRun* run, const RunHooks& hooks) {
         phase_reset(&run->timer);
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
             phase_begin(&run->timer, PHASE_CHECKPOINT);
+            checkpoint_begin(args.output_dir, step, run->world_rank);  // an error from here removes its files
             hooks.save_checkpoint(*run, step);
             phase_end(&run->timer);
         }
