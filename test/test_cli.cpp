@@ -218,12 +218,14 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
 // ----------------------------------------------------------------------------
 // no silent wrong runs: non-finite steps, non-finite checkpoints, one run per output directory
 
-// Overwrites the float at `index` (counting from the first after the 1 KiB header) of a file.
+// Overwrites the float at `index` (counting from the first after the 1 KiB header) of a file and
+// reseals its checksums, as a writer with a bug would have written it.
 void poke_float(const std::string& path, size_t index, float value) {
     FILE* fp = fopenCheck(path.c_str(), "r+b");
     ASSERT_EQ(fseek(fp, HEADER_BYTES + (long)(index * sizeof(float)), SEEK_SET), 0);
     fwriteCheck(&value, sizeof(float), 1, fp);
     fcloseCheck(fp);
+    test::reseal_checksums(path);
 }
 
 // -ni 2 makes process 0's gradients of step 2 non-finite (an infinite loss weight, as from one bad
@@ -321,7 +323,8 @@ TEST(NonFiniteSteps, LossScalerRule) {
 }
 
 // ----------------------------------------------------------------------------
-// checkpoint integrity (doc/reliability.md): a disk that fills up during a checkpoint
+// checkpoint integrity (doc/reliability.md): a disk that fills up during a checkpoint, a checkpoint
+// file that a disk or a copy corrupted
 
 // The trainer under a file-size limit (test::run_with_file_limit): a disk that is full after `limit`
 // bytes of any one file.
@@ -398,6 +401,50 @@ TEST(CheckpointDiskFull, ResumeRemovesWhatACrashLeft) {
     for (const char* name : {"notes.txt", "model_final.bin", "DONE_00000004", "model_00000003.bin"}) {
         EXPECT_TRUE(file_exists(out + "/" + name)) << name;
     }
+}
+
+// A flipped bit in a checkpoint (the lowest mantissa byte of one number, a change that no range check
+// could see) stops the resume with the file and the bytes named; so does a state that cannot be valid
+// (a negative AdamW second moment) even when its checksums are right.
+TEST(CheckpointCorrupt, ResumeRefusesAFlippedBitOrAnInvalidState) {
+    TinyRun run = make_tiny_run("corrupt");
+    std::string out = test::scratch_dir("corrupt_out");
+    std::string flags = run.args() + " -v 0 -n 1 -o " + out;
+    ASSERT_EQ(run_trainer(flags + " -x 2").exit_code, 0);
+    std::string model = checkpoint_model_path(out, 2), state = checkpoint_state_path(out, 2, 0);
+    std::string model_bytes = test::read_text(model), state_bytes = test::read_text(state);
+    auto restore = [&] {
+        write_text(model, model_bytes);
+        write_text(state, state_bytes);
+    };
+    struct Case {
+        std::string path;
+        long offset;
+        std::string pattern;
+    } cases[] = {
+        {model, HEADER_BYTES + 4 * 1000, "model checkpoint '.*model_00000002\\.bin' is corrupt: bytes \\[1024, " +
+                                             std::to_string(model_bytes.size()) + "\\) \\(block 1 of 1\\)"},
+        {state, HEADER_BYTES + 4 * 3000, "optimizer state file '.*state_00000002_00000\\.bin' is corrupt: bytes \\[1024, " +
+                                             std::to_string(state_bytes.size()) + "\\) \\(block 1 of 1\\)"},
+    };
+    for (const Case& c : cases) {
+        restore();
+        test::flip_byte(c.path, c.offset);
+        test::CommandResult r = run_trainer(flags + " -x 3 -y 1");
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_TRUE(std::regex_search(r.output, std::regex(c.pattern))) << r.output;
+    }
+    restore();
+    TrainState saved;
+    state_file_read(state, &saved);
+    poke_float(state, saved.m.size() + 5, -1e-4f);  // v[5]
+    test::CommandResult negative = run_trainer(flags + " -x 3 -y 1");
+    EXPECT_EQ(negative.exit_code, 1) << negative.output;
+    EXPECT_TRUE(std::regex_search(negative.output, std::regex(
+        "reading AdamW v of .*state_00000002_00000\\.bin': element 5 of [0-9]+ is -0\\.0001; a second moment cannot be negative")))
+        << negative.output;
+    restore();
+    EXPECT_EQ(run_trainer(flags + " -x 3 -y 1").exit_code, 0);
 }
 
 // A second run on the same -o refuses while the first holds the lock; once the holder is gone the

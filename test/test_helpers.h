@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../llmc/io/checksum.h"
 #include "../llmc/io/dataloader.h"
 #include "../llmc/utils.h"
 
@@ -224,6 +225,34 @@ inline std::string dir_names_ending(const std::string& dir, const std::string& s
     return found;
 }
 
+// Inverts the bits `mask` of the byte at `offset` of a file, as a disk or a copy might.
+inline void flip_byte(const std::string& path, long offset, unsigned char mask = 0x01) {
+    FILE* fp = fopenCheck(path.c_str(), "r+b");
+    fseekCheck(fp, offset, SEEK_SET);
+    int c = fgetc(fp);
+    ASSERT_NE(c, EOF) << path << " has no byte " << offset;
+    fseekCheck(fp, offset, SEEK_SET);
+    fputc(c ^ mask, fp);
+    fcloseCheck(fp);
+}
+
+// Recomputes the checksums in the header of a model or state file after a test has changed its bytes,
+// so that the reader gets past them to the check under test (a file that a buggy writer made).
+inline void reseal_checksums(const std::string& path) {
+    std::string bytes = read_text(path);
+    ASSERT_GE(bytes.size(), (size_t)HEADER_BYTES) << path;
+    int32_t* header = (int32_t*)&bytes[0];
+    ASSERT_EQ(header[CHECKSUM_SLOT_TAG], CHECKSUM_TAG) << path << " has no checksums to reseal";
+    int64_t block = header[CHECKSUM_SLOT_BLOCK_BYTES], payload = (int64_t)bytes.size() - HEADER_BYTES;
+    for (int i = 0; i < header[CHECKSUM_SLOT_BLOCKS]; i++) {
+        int64_t begin = i * block, len = std::min(block, payload - begin);
+        header[CHECKSUM_SLOT_FIRST_BLOCK + i] = (int32_t)crc32_update(0, &bytes[HEADER_BYTES + begin], (size_t)len);
+    }
+    header[CHECKSUM_SLOT_HEADER] = 0;
+    header[CHECKSUM_SLOT_HEADER] = (int32_t)crc32_update(0, header, HEADER_BYTES);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 // A shell command run with a limit of `limit_bytes` on the size of any file it writes (ulimit -f, in
 // KiB for bash), which makes a disk that fills up at a chosen point. With SIGXFSZ ignored (trap '' XFSZ,
 // inherited through exec), a write past the limit fails with EFBIG as a write to a full disk fails
@@ -237,6 +266,5 @@ inline CommandResult run_with_file_limit(const std::string& command, long limit_
     for (char c : script) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
     return run_command("bash -c '" + quoted + "'");
 }
-
 
 }  // namespace test

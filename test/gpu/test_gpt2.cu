@@ -360,6 +360,7 @@ TEST(TrainNonFinite, SkippedStepLeavesWeightsAndMomentsUntouched) {
     uint32_t nan_bits = 0x7FC07FC0u;            // a NaN whether read as two bf16 or one fp32
     fwriteCheck(&nan_bits, 4, 1, fp);
     fcloseCheck(fp);
+    test::reseal_checksums(bad);  // as a writer with a bug would have made it: past the checksums
     test::CommandResult refused = test::run_command(trainer() + " -e " + bad + " -i " + dir + "/train.bin -b 2 -t 16 -x 1 -v 0 -s 0");
     EXPECT_EQ(refused.exit_code, 1) << refused.output;
     EXPECT_NE(refused.output.find("model_nan.bin': element"), std::string::npos) << refused.output;
@@ -522,6 +523,50 @@ TEST(TrainCheckpoints, FullDiskDuringACheckpointLeavesNothingOfIt) {
     EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
     EXPECT_EQ(checkpoint_find_latest(run.dir), 4);
     EXPECT_EQ(test::dir_names_ending(run.dir, ".tmp"), "");
+}
+
+// A flipped bit in this trainer's bf16 model file or in its state file stops the resume with the file
+// and the bytes named; a negative AdamW second moment with correct checksums is refused too.
+TEST(TrainCheckpoints, CorruptCheckpointIsRefusedOnResume) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -sh 0 -n 1";
+    TrainerRun run = run_trainer("gpu_corrupt", flags + " -x 2");
+    std::string model = checkpoint_model_path(run.dir, 2), state = checkpoint_state_path(run.dir, 2, 0);
+    std::string model_bytes = test::read_text(model), state_bytes = test::read_text(state);
+    auto restore = [&] {
+        std::ofstream(model, std::ios::binary) << model_bytes;
+        std::ofstream(state, std::ios::binary) << state_bytes;
+    };
+    std::string resume = trainer() + " " + flags + " -x 3 -y 1 -o " + run.dir;
+    struct Case {
+        std::string path;
+        std::string pattern;
+    } cases[] = {
+        {model, "model checkpoint '.*model_00000002\\.bin' is corrupt: bytes \\[1024, [0-9]+\\) \\(block 1 of 1\\)"},
+        {state, "optimizer state file '.*state_00000002_00000\\.bin' is corrupt: bytes \\[1024, [0-9]+\\) \\(block 1 of [0-9]+\\)"},
+    };
+    for (const Case& c : cases) {
+        restore();
+        test::flip_byte(c.path, HEADER_BYTES + 2000);
+        test::CommandResult r = test::run_command(resume);
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_TRUE(std::regex_search(r.output, std::regex(c.pattern))) << r.output;
+    }
+    restore();
+    TrainState saved;
+    state_file_read(state, &saved);
+    float negative = -1e-4f;
+    FILE* fp = fopenCheck(state.c_str(), "r+b");
+    fseek(fp, HEADER_BYTES + (long)(saved.m.size() + 5) * 4, SEEK_SET);  // v[5]
+    fwriteCheck(&negative, 4, 1, fp);
+    fcloseCheck(fp);
+    test::reseal_checksums(state);
+    test::CommandResult r = test::run_command(resume);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex(
+        "reading AdamW v of .*state_00000002_00000\\.bin': element 5 of [0-9]+ is -0\\.0001; a second moment cannot be negative")))
+        << r.output;
 }
 
 }  // namespace gpu_test
