@@ -954,7 +954,7 @@ int main(int argc, char** argv) {
     output_dir_lock_for_run(args, world.rank);
 
     // the model: from the newest complete checkpoint when resuming (-y 1), else from -e
-    int resume_step = resume_step_from_args(args);
+    int resume_step = resume_step_from_args(args, world.rank);
     GPT2 model;
     GPT2Config cfg;
     std::vector<float> params = gpt2_parameters_from_flag(

@@ -806,7 +806,7 @@ int main(int argc, char** argv) {
     cublas_setup();
 
     // the model: from the newest complete checkpoint when resuming (-y 1), else from -e
-    int resume_step = resume_step_from_args(args);
+    int resume_step = resume_step_from_args(args, dp.rank);
     GPT2 model;
     std::vector<float> initial =
         gpt2_build(&model, resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model, args, &dp);

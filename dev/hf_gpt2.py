@@ -25,8 +25,13 @@ rounds fp32 to bf16 to nearest even, NaN kept NaN (llmc/io/checkpoint.h does the
 every tensor as F32 (a version-5 file is upcast exactly), with the `transformer.` prefix and no
 lm_head.weight, as GPT2LMHeadModel.save_pretrained does.
 
-Errors (a missing, truncated or foreign file, a shape or config we cannot convert) print one line,
-`hf_gpt2.py: error: ...`, and exit with status 1.
+Our model files carry a CRC-32 per block of their weights and one of their header, in header slots
+64..255 that llm.c does not read (llmc/io/checksum.h): import writes them, export checks them and
+refuses a file whose bytes do not match (a disk or copy error), naming the bytes. A file without
+them (llm.c's) is exported unverified, with a note.
+
+Errors (a missing, truncated, corrupt or foreign file, a shape or config we cannot convert) print one
+line, `hf_gpt2.py: error: ...`, and exit with status 1.
 """
 
 import argparse
@@ -34,6 +39,7 @@ import json
 import math
 import os
 import sys
+import zlib
 
 from repo_python import need
 
@@ -49,6 +55,13 @@ MODEL_MAGIC = 20240326
 VERSION_FP32, VERSION_BF16 = 3, 5
 OUR_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
              "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
+
+
+# checksums, as llmc/io/checksum.h writes them; zlib.crc32 is the same CRC-32
+CHECKSUM_TAG = 20261203
+SLOT_TAG, SLOT_BLOCK_BYTES, SLOT_BLOCKS, SLOT_HEADER, SLOT_FIRST_BLOCK = 64, 65, 66, 67, 68
+MAX_BLOCKS = HEADER_INTS - SLOT_FIRST_BLOCK
+MIB = 1 << 20
 
 
 class ConvertError(Exception):
@@ -79,6 +92,66 @@ def check_our_config(cfg, source):
         raise ConvertError(f"{source}: model sizes are implausibly large ({cfg})")
 
 
+def checksum_block_bytes(payload):
+    """1 MiB, or the fewest whole MiB that need at most MAX_BLOCKS blocks."""
+    return max(1, -(-payload // (MAX_BLOCKS * MIB))) * MIB
+
+
+def header_crc(header):
+    """CRC-32 of the 1024-byte header with its own slot zero."""
+    h = header.astype("<i4")
+    h[SLOT_HEADER] = 0
+    return zlib.crc32(h.tobytes())
+
+
+class BlockCrcs:
+    """CRC-32 of each block_bytes bytes of a stream fed in pieces of any size."""
+
+    def __init__(self, block_bytes):
+        self.block_bytes, self.sums, self.crc, self.fill = block_bytes, [], 0, 0
+
+    def add(self, data):
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), self.block_bytes - self.fill)
+            self.crc = zlib.crc32(view[:take], self.crc)
+            self.fill += take
+            view = view[take:]
+            if self.fill == self.block_bytes:
+                self.sums.append(self.crc)
+                self.crc, self.fill = 0, 0
+
+    def finish(self):
+        if self.fill:
+            self.sums.append(self.crc)
+        return self.sums
+
+
+def verify_checksums(path, h, payload):
+    """Checks the file's blocks against the CRCs in its header h; a file without them passes with a note."""
+    if h[SLOT_TAG] == 0:
+        print(f"note: model file {path} carries no checksums (written by llm.c, or before checksums existed); "
+              "read unverified")
+        return
+    block, blocks = int(h[SLOT_BLOCK_BYTES]), int(h[SLOT_BLOCKS])
+    if h[SLOT_TAG] != CHECKSUM_TAG or block < MIB or block % MIB or blocks != -(-payload // block) \
+            or blocks > MAX_BLOCKS:
+        raise ConvertError(f"model file {path} is corrupt: its checksum fields (header slots 64..66: "
+                           f"{h[SLOT_TAG]}, {block}, {blocks}) do not describe its {payload} payload bytes")
+    stored = h.view("<u4")
+    if header_crc(h) != stored[SLOT_HEADER]:
+        raise ConvertError(f"model file {path} is corrupt: its header (bytes [0, {HEADER_BYTES})) does not match "
+                           "its checksum")
+    with open(path, "rb") as f:
+        f.seek(HEADER_BYTES)
+        for i in range(blocks):
+            data = f.read(min(block, payload - i * block))
+            if zlib.crc32(data) != stored[SLOT_FIRST_BLOCK + i]:
+                begin = HEADER_BYTES + i * block
+                raise ConvertError(f"model file {path} is corrupt: bytes [{begin}, {begin + len(data)}) (block "
+                                   f"{i + 1} of {blocks}) do not match their checksum")
+
+
 def read_model(path):
     """Returns (cfg, version, 16 fp32 arrays in checkpoint order); a version-5 file is upcast exactly."""
     size = file_size(path, "model file")
@@ -98,6 +171,7 @@ def read_model(path):
     if size != expected:
         raise ConvertError(f"model file {path}: {size} bytes, but its header (version {version}, {cfg}) "
                            f"implies {expected} (truncated?)")
+    verify_checksums(path, h, expected - HEADER_BYTES)
     flat = np.memmap(path, dtype="<f4" if elem == 4 else "<u2", mode="r", offset=HEADER_BYTES)
     tensors, offset = [], 0
     for shape in shapes:
@@ -110,10 +184,14 @@ def read_model(path):
 
 def write_model(path, cfg, version, tensor_chunks):
     """Writes the header, then each fp32 array that tensor_chunks yields (in checkpoint order),
-    as fp32 (version 3) or bf16 (version 5). Written under a temporary name and renamed."""
+    as fp32 (version 3) or bf16 (version 5), then the header again with the checksums of the
+    blocks. Written under a temporary name and renamed."""
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:8] = [MODEL_MAGIC, version, cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
     expected = sum(math.prod(s) for s in our_shapes(cfg))
+    payload = expected * (4 if version == VERSION_FP32 else 2)
+    crcs = BlockCrcs(checksum_block_bytes(payload))
+    header[SLOT_TAG:SLOT_BLOCKS + 1] = [CHECKSUM_TAG, crcs.block_bytes, -(-payload // crcs.block_bytes)]
     written = 0
     tmp = path + ".tmp"
     try:
@@ -121,10 +199,18 @@ def write_model(path, cfg, version, tensor_chunks):
             f.write(header.tobytes())
             for chunk in tensor_chunks:
                 chunk = np.ascontiguousarray(chunk, dtype=np.float32)
-                f.write((chunk.astype("<f4") if version == VERSION_FP32 else f32_to_bf16(chunk).astype("<u2")).tobytes())
+                data = (chunk.astype("<f4") if version == VERSION_FP32 else f32_to_bf16(chunk).astype("<u2")).tobytes()
+                crcs.add(data)
+                f.write(data)
                 written += chunk.size
-        if written != expected:   # a bug here, not a user error
-            raise AssertionError(f"wrote {written} parameters, the header implies {expected}")
+            if written != expected:   # a bug here, not a user error
+                raise AssertionError(f"wrote {written} parameters, the header implies {expected}")
+            sums = header.view("<u4")
+            blocks = crcs.finish()
+            sums[SLOT_FIRST_BLOCK:SLOT_FIRST_BLOCK + len(blocks)] = blocks
+            sums[SLOT_HEADER] = header_crc(header)
+            f.seek(0)
+            f.write(header.tobytes())
         os.replace(tmp, path)
     finally:   # never leave a partial file behind
         if os.path.exists(tmp):

@@ -15,13 +15,49 @@
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
+
+// ----------------------------------------------------------------------------
+// Files that an error exit removes
+//
+// A write that fails half way (a full disk: ENOSPC) must not leave its partial bytes behind, or they
+// keep the disk full and the next run fails too. So every file being written is registered here until
+// it is complete: the .tmp of each AtomicFile until its rename, and the files of a checkpoint until its
+// DONE marker (llmc/io/checkpoint.h). fatal() and the communicators' aborts remove them before the
+// process exits. A crash (a signal, a power cut) removes nothing; a resumed run clears what it left.
+// The list is never destroyed, so it is still there however late an error comes.
+
+inline std::vector<std::string>& files_removed_on_error() {
+    static std::vector<std::string>* paths = new std::vector<std::string>();
+    return *paths;
+}
+
+inline void remove_on_error(const std::string& path) { files_removed_on_error().push_back(path); }
+
+inline void keep_on_error(const std::string& path) {
+    std::vector<std::string>& paths = files_removed_on_error();
+    for (size_t i = paths.size(); i-- > 0;) {
+        if (paths[i] == path) paths.erase(paths.begin() + i);
+    }
+}
+
+// Called on the way out of an error: removes (and names on stderr) each registered file that exists.
+inline void remove_files_on_error() {
+    std::vector<std::string> paths;
+    paths.swap(files_removed_on_error());  // an error in here cannot come back to the same list
+    for (size_t i = paths.size(); i-- > 0;) {  // newest first
+        if (unlink(paths[i].c_str()) == 0) fprintf(stderr, "removed the incomplete file '%s'\n", paths[i].c_str());
+    }
+}
+
 
 // The process this is, for error messages, when it is one of several (fatal_set_process); -1: alone.
 inline int fatal_process = -1;
 inline void fatal_set_process(int rank, int size) { fatal_process = size > 1 ? rank : -1; }
 
 // Prints "Error: <message>" (one of several processes: "Error (process R): <message>") to stderr as
-// one write, so that processes failing together do not interleave their lines, and exits with status 1.
+// one write, so that processes failing together do not interleave their lines, removes the incomplete
+// files (above) and exits with status 1.
 [[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* fmt, ...) {
     fflush(stdout);
     char message[4096];
@@ -33,6 +69,7 @@ inline void fatal_set_process(int rank, int size) { fatal_process = size > 1 ? r
     va_end(args);
     strcat(message, "\n");
     if (write(STDERR_FILENO, message, strlen(message)) < 0) {}  // nothing more to do if stderr is gone
+    remove_files_on_error();
     exit(EXIT_FAILURE);
 }
 
@@ -160,7 +197,8 @@ inline void expect_file_size(FILE* fp, const char* path, const char* what, long 
 
 // ----------------------------------------------------------------------------
 // Writing a file so that a crash never leaves a complete-looking one: we write to PATH.tmp, flush it
-// to disk, then rename() it over PATH, which POSIX makes atomic on one file system.
+// to disk, then rename() it over PATH, which POSIX makes atomic on one file system. Until the rename
+// an error exit removes PATH.tmp (remove_files_on_error).
 
 struct AtomicFile {
     FILE* fp;
@@ -173,18 +211,28 @@ inline AtomicFile atomic_open(const std::string& path) {
     f.path = path;
     f.tmp_path = path + ".tmp";
     f.fp = fopenCheck(f.tmp_path.c_str(), "wb");
+    remove_on_error(f.tmp_path);
     return f;
+}
+
+// fwrite with a message that names the file (a full disk shows here, or at the commit's flush).
+inline void atomic_write(AtomicFile* f, const void* data, size_t bytes) {
+    size_t put = fwrite(data, 1, bytes, f->fp);
+    if (put != bytes) {
+        fatal("could not write '%s' (%zu of %zu bytes written): %s", f->tmp_path.c_str(), put, bytes, strerror(errno));
+    }
 }
 
 inline void atomic_commit(AtomicFile* f) {
     if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0) {
-        fatal("could not flush '%s' to disk: %s", f->tmp_path.c_str(), strerror(errno));
+        fatal("could not write '%s' to disk: %s", f->tmp_path.c_str(), strerror(errno));
     }
-    fcloseCheck(f->fp);
+    if (fclose(f->fp) != 0) fatal("could not write '%s' to disk: %s", f->tmp_path.c_str(), strerror(errno));
     f->fp = nullptr;
     if (rename(f->tmp_path.c_str(), f->path.c_str()) != 0) {
         fatal("could not rename '%s' to '%s': %s", f->tmp_path.c_str(), f->path.c_str(), strerror(errno));
     }
+    keep_on_error(f->tmp_path);  // gone: renamed
 }
 
 // Creates DIR (one level) if it does not exist; an existing non-directory is an error.

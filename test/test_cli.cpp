@@ -218,12 +218,14 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
 // ----------------------------------------------------------------------------
 // no silent wrong runs: non-finite steps, non-finite checkpoints, one run per output directory
 
-// Overwrites the float at `index` (counting from the first after the 1 KiB header) of a file.
+// Overwrites the float at `index` (counting from the first after the 1 KiB header) of a file and
+// reseals its checksums, as a writer with a bug would have written it.
 void poke_float(const std::string& path, size_t index, float value) {
     FILE* fp = fopenCheck(path.c_str(), "r+b");
     ASSERT_EQ(fseek(fp, HEADER_BYTES + (long)(index * sizeof(float)), SEEK_SET), 0);
     fwriteCheck(&value, sizeof(float), 1, fp);
     fcloseCheck(fp);
+    test::reseal_checksums(path);
 }
 
 // -ni 2 makes process 0's gradients of step 2 non-finite (an infinite loss weight, as from one bad
@@ -318,6 +320,131 @@ TEST(NonFiniteSteps, LossScalerRule) {
     EXPECT_EQ(s.consecutive, 0);
     // the factor AdamW applies: 1/S, times the clipping of the unscaled norm (here 5 -> 1)
     EXPECT_FLOAT_EQ(loss_scaler_grad_scale(s, 5.0 * 512, 1.0), 1.0f / 5 / 512);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoint integrity (doc/reliability.md): a disk that fills up during a checkpoint, a checkpoint
+// file that a disk or a copy corrupted
+
+// The trainer under a file-size limit (test::run_with_file_limit): a disk that is full after `limit`
+// bytes of any one file.
+test::CommandResult run_trainer_file_limit(const std::string& args, long limit, bool signal_kills = false) {
+    return test::run_with_file_limit("env OMP_NUM_THREADS=1 timeout 120 '" + test::root() + "/train_gpt2' " + args,
+                                     limit, signal_kills);
+}
+
+long file_bytes(const std::string& path) { return (long)test::read_text(path).size(); }
+
+// The tiny run's model file is 9 KiB and its state file 17 KiB. A limit of 12 KiB fails the state
+// file after the model file is in place, 8 KiB the model file itself: each time the run stops with a
+// message naming the file, and leaves no .tmp and nothing of the failed step; the checkpoints before
+// it are untouched and -y 1 resumes from the newest once the disk has room.
+TEST(CheckpointDiskFull, FailedCheckpointCleansUpAfterItself) {
+    TinyRun run = make_tiny_run("disk_full");
+    std::string out = test::scratch_dir("disk_full_out");
+    std::string flags = run.args() + " -v 0 -n 1 -o " + out;
+    ASSERT_EQ(run_trainer(flags + " -x 2").exit_code, 0);
+    long model_size = file_bytes(checkpoint_model_path(out, 2)), state_size = file_bytes(checkpoint_state_path(out, 2, 0));
+    ASSERT_TRUE(8 * 1024 < model_size && model_size < 12 * 1024 && 12 * 1024 < state_size) << model_size << " " << state_size;
+
+    struct Case {
+        long limit;
+        const char* fails;  // the file whose write fails
+    } cases[] = {{12 * 1024, "state_00000003_00000\\.bin"}, {8 * 1024, "model_00000003\\.bin"}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.limit);
+        test::CommandResult r = run_trainer_file_limit(flags + " -x 4 -y 1", c.limit);
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_TRUE(std::regex_search(r.output, std::regex(std::string("Error: could not write '.*") + c.fails +
+                                                           "\\.tmp'.*File too large")))
+            << r.output;
+        EXPECT_EQ(test::dir_names_ending(out, ".tmp"), "");
+        for (const std::string& name : test::dir_names(out)) {
+            EXPECT_EQ(name.find("00000003"), std::string::npos) << "left behind: " << name;
+        }
+        EXPECT_EQ(checkpoint_find_latest(out), 2);
+        EXPECT_EQ(file_bytes(checkpoint_model_path(out, 2)), model_size);
+        EXPECT_EQ(file_bytes(checkpoint_state_path(out, 2, 0)), state_size);
+    }
+    test::CommandResult resumed = run_trainer(flags + " -x 4 -y 1");
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(checkpoint_find_latest(out), 4);
+}
+
+// A run that dies while writing a checkpoint (here SIGXFSZ, as a crash or a kill) cannot clean up: it
+// leaves the failed step's model file without its DONE marker and the state file's .tmp. The next
+// -y 1 removes those and every other incomplete checkpoint file (here also planted ones of steps 7 and
+// 9), says so, and resumes from the newest complete checkpoint; other files are not touched.
+TEST(CheckpointDiskFull, ResumeRemovesWhatACrashLeft) {
+    TinyRun run = make_tiny_run("disk_crash");
+    std::string out = test::scratch_dir("disk_crash_out");
+    std::string flags = run.args() + " -v 0 -n 1 -o " + out;
+    ASSERT_EQ(run_trainer(flags + " -x 2").exit_code, 0);
+    test::CommandResult killed = run_trainer_file_limit(flags + " -x 4 -y 1", 12 * 1024, true);
+    EXPECT_NE(killed.exit_code, 0) << killed.output;
+    ASSERT_TRUE(file_exists(checkpoint_model_path(out, 3))) << "the crash left no orphan model file";
+    ASSERT_TRUE(file_exists(checkpoint_state_path(out, 3, 0) + ".tmp")) << "the crash left no .tmp";
+    for (const char* name : {"model_00000007.bin", "state_00000007_00000.bin", "state_00000009_00001.bin.tmp",
+                             "DONE_00000009.tmp", "notes.txt", "model_final.bin"}) {
+        write_text(out + "/" + name, "x");
+    }
+    test::CommandResult resumed = run_trainer(flags + " -x 4 -y 1");
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_TRUE(std::regex_search(resumed.output, std::regex(
+        "resume: removed 6 incomplete checkpoint files .*: DONE_00000009\\.tmp model_00000003\\.bin "
+        "model_00000007\\.bin state_00000003_00000\\.bin\\.tmp state_00000007_00000\\.bin state_00000009_00001\\.bin\\.tmp")))
+        << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(test::dir_names_ending(out, ".tmp"), "");
+    for (const char* name : {"model_00000007.bin", "state_00000007_00000.bin"}) EXPECT_FALSE(file_exists(out + "/" + name));
+    for (const char* name : {"notes.txt", "model_final.bin", "DONE_00000004", "model_00000003.bin"}) {
+        EXPECT_TRUE(file_exists(out + "/" + name)) << name;
+    }
+}
+
+// A flipped bit in a checkpoint (the lowest mantissa byte of one number, a change that no range check
+// could see) stops the resume with the file and the bytes named; so does a state that cannot be valid
+// (a negative AdamW second moment) even when its checksums are right.
+TEST(CheckpointCorrupt, ResumeRefusesAFlippedBitOrAnInvalidState) {
+    TinyRun run = make_tiny_run("corrupt");
+    std::string out = test::scratch_dir("corrupt_out");
+    std::string flags = run.args() + " -v 0 -n 1 -o " + out;
+    ASSERT_EQ(run_trainer(flags + " -x 2").exit_code, 0);
+    std::string model = checkpoint_model_path(out, 2), state = checkpoint_state_path(out, 2, 0);
+    std::string model_bytes = test::read_text(model), state_bytes = test::read_text(state);
+    auto restore = [&] {
+        write_text(model, model_bytes);
+        write_text(state, state_bytes);
+    };
+    struct Case {
+        std::string path;
+        long offset;
+        std::string pattern;
+    } cases[] = {
+        {model, HEADER_BYTES + 4 * 1000, "model checkpoint '.*model_00000002\\.bin' is corrupt: bytes \\[1024, " +
+                                             std::to_string(model_bytes.size()) + "\\) \\(block 1 of 1\\)"},
+        {state, HEADER_BYTES + 4 * 3000, "optimizer state file '.*state_00000002_00000\\.bin' is corrupt: bytes \\[1024, " +
+                                             std::to_string(state_bytes.size()) + "\\) \\(block 1 of 1\\)"},
+    };
+    for (const Case& c : cases) {
+        restore();
+        test::flip_byte(c.path, c.offset);
+        test::CommandResult r = run_trainer(flags + " -x 3 -y 1");
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_TRUE(std::regex_search(r.output, std::regex(c.pattern))) << r.output;
+    }
+    restore();
+    TrainState saved;
+    state_file_read(state, &saved);
+    poke_float(state, saved.m.size() + 5, -1e-4f);  // v[5]
+    test::CommandResult negative = run_trainer(flags + " -x 3 -y 1");
+    EXPECT_EQ(negative.exit_code, 1) << negative.output;
+    EXPECT_TRUE(std::regex_search(negative.output, std::regex(
+        "reading AdamW v of .*state_00000002_00000\\.bin': element 5 of [0-9]+ is -0\\.0001; a second moment cannot be negative")))
+        << negative.output;
+    restore();
+    EXPECT_EQ(run_trainer(flags + " -x 3 -y 1").exit_code, 0);
 }
 
 // A second run on the same -o refuses while the first holds the lock; once the holder is gone the

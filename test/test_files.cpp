@@ -129,6 +129,7 @@ TrainState sample_state(bool with_master) {
     s.v.resize(250);
     rand_normal_fill(s.m.data(), 250, 0.0, 1.0, rng);
     rand_normal_fill(s.v.data(), 250, 0.0, 1.0, rng);
+    for (float& v : s.v) v *= v;  // a second moment: never negative
     if (with_master) {
         s.master.resize(250);
         rand_normal_fill(s.master.data(), 250, 0.0, 1.0, rng);
@@ -198,7 +199,13 @@ TEST(FilesModel, HeaderSlotsFollowFormats) {
     EXPECT_EQ(h[5], 2);    // NH
     EXPECT_EQ(h[6], 8);    // C
     EXPECT_EQ(h[7], 128);  // Vp
-    for (int i = 8; i < HEADER_INTS; i++) EXPECT_EQ(h[i], 0) << "unused header slot " << i;
+    for (int i = 8; i < 64; i++) EXPECT_EQ(h[i], 0) << "unused header slot " << i;
+    // then our checksums (llmc/io/checksum.h), in slots llm.c does not read: one 1 MiB block
+    EXPECT_EQ(h[64], CHECKSUM_TAG);
+    EXPECT_EQ(h[65], 1 << 20);
+    EXPECT_EQ(h[66], 1);
+    EXPECT_EQ((uint32_t)h[68], crc32_update(0, bytes.data() + HEADER_BYTES, bytes.size() - HEADER_BYTES));
+    for (int i = 69; i < HEADER_INTS; i++) EXPECT_EQ(h[i], 0) << "unused checksum slot " << i;
 }
 
 TEST(FilesModel, Bf16RoundTripRoundsToNearestEven) {
@@ -411,9 +418,9 @@ TEST(FilesState, RefusesBadFiles) {
     copy_with_header(dir + "/good.bin", dir + "/magic.bin", 0, 20240326);  // a model's magic
     EXPECT_EXIT(read_state(dir + "/magic.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*magic\\.bin' has magic 20240326, expected 20261121");
-    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 3);
+    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 4);
     EXPECT_EXIT(read_state(dir + "/version.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*version\\.bin' has version 3, this program reads version 1 or 2");
+                "optimizer state file '.*version\\.bin' has version 4, this program reads version 1 or 2 or 3");
     copy_resized(dir + "/good.bin", dir + "/short_header.bin", 512);
     EXPECT_EXIT(read_state(dir + "/short_header.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*short_header\\.bin' is 512 bytes, shorter than its 1024-byte header");
@@ -469,6 +476,216 @@ TEST(FilesState, RefusesInconsistentHeaders) {
     }
     expect_refused("overflow.bin");
     expect_refused("overflow_sum.bin");
+}
+
+// ----------------------------------------------------------------------------
+// checksums and states that cannot be valid (doc/reliability.md, "A corrupt checkpoint file")
+
+namespace {
+
+// A state file of one process holding all of n parameters: 8n payload bytes (m and v).
+TrainState state_of_length(int64_t n) {
+    TrainState s = sample_state(false);
+    s.num_parameters = s.shard_length = n;
+    s.shard_offset = 0;
+    s.m.assign(n, 0.25f);
+    s.v.assign(n, 0.0625f);
+    return s;
+}
+
+// Sets float `index` of the payload (after the 1 KiB header) and reseals the checksums: a file that a
+// writer with a bug could have made.
+void poke_payload_float(const std::string& path, size_t index, float value) {
+    std::string bytes = read_bytes(path);
+    memcpy(&bytes[HEADER_BYTES + index * sizeof(float)], &value, sizeof(float));
+    write_bytes(path, bytes);
+    test::reseal_checksums(path);
+}
+
+}  // namespace
+
+// The CRC is zlib's (so Python's zlib.crc32 checks our files): its check value, and the same result
+// however the bytes are split between calls (the writer and reader feed it in pieces).
+TEST(FilesChecksum, Crc32IsZlibs) {
+    EXPECT_EQ(crc32_update(0, "123456789", 9), 0xCBF43926u);
+    EXPECT_EQ(crc32_update(0, "", 0), 0u);
+    EXPECT_EQ(crc32_update(0, "a", 1), 0xE8B7BE43u);
+    std::string text = "The quick brown fox jumps over the lazy dog";
+    EXPECT_EQ(crc32_update(0, text.data(), text.size()), 0x414FA339u);
+    std::vector<unsigned char> data(100003);
+    std::mt19937 rng(9);
+    for (unsigned char& c : data) c = (unsigned char)rng();
+    uint32_t whole = crc32_update(0, data.data(), data.size());
+    for (size_t split : {1, 7, 8, 9, 4096, 100002}) {
+        uint32_t parts = crc32_update(crc32_update(0, data.data(), split), data.data() + split, data.size() - split);
+        EXPECT_EQ(parts, whole) << split;
+    }
+    // a bit-at-a-time CRC, written from the definition, agrees with the table-driven one
+    uint32_t crc = 0xFFFFFFFFu;
+    for (unsigned char c : data) {
+        crc ^= c;
+        for (int bit = 0; bit < 8; bit++) crc = crc & 1 ? (crc >> 1) ^ 0xEDB88320u : crc >> 1;
+    }
+    EXPECT_EQ(~crc, whole);
+}
+
+// Block sizes: 1 MiB up to 188 MiB of payload, then the fewest whole MiB that need at most 188 blocks.
+TEST(FilesChecksum, BlockSizes) {
+    const int64_t MiB = 1 << 20;
+    EXPECT_EQ(checksum_block_bytes(0), MiB);
+    EXPECT_EQ(checksum_block_bytes(188 * MiB), MiB);
+    EXPECT_EQ(checksum_block_bytes(188 * MiB + 1), 2 * MiB);
+    EXPECT_EQ(checksum_block_bytes(124475904LL * 4), 3 * MiB);  // GPT-2 124M, fp32
+    EXPECT_EQ(checksum_block_count(0, MiB), 0);
+    EXPECT_EQ(checksum_block_count(1, MiB), 1);
+    EXPECT_EQ(checksum_block_count(124475904LL * 4, 3 * MiB), 159);
+    for (int64_t payload : std::vector<int64_t>{1, 188 * MiB, 188 * MiB + 1, 6LL << 30, 100LL << 30}) {
+        EXPECT_LE(checksum_block_count(payload, checksum_block_bytes(payload)), CHECKSUM_MAX_BLOCKS) << payload;
+    }
+}
+
+// Files without checksums are read as before, with a note: llm.c's model files (slots 64.. zero) and
+// our version-1 and -2 state files. A version-3 state file must have them; a model file whose
+// checksum slots are neither empty nor consistent is refused.
+TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
+    std::string dir = test::scratch_dir("files_checksum_none");
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params = random_params(num_parameters(cfg), 4);
+    model_file_write(dir + "/ours.bin", cfg, params.data(), MODEL_VERSION_FP32);
+    std::string bytes = read_bytes(dir + "/ours.bin");
+    std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
+    write_bytes(dir + "/llmc.bin", bytes);
+    testing::internal::CaptureStdout();
+    GPT2Config got;
+    std::vector<float> back;
+    model_file_read(dir + "/llmc.bin", &got, &back);
+    std::string note = testing::internal::GetCapturedStdout();
+    EXPECT_EQ(back, params);
+    EXPECT_NE(note.find("model checkpoint '" + dir + "/llmc.bin' carries no checksums"), std::string::npos) << note;
+    copy_with_header(dir + "/ours.bin", dir + "/tag.bin", 64, 12345);
+    EXPECT_EXIT(read_model(dir + "/tag.bin"), testing::ExitedWithCode(1),
+                "model checkpoint '.*tag\\.bin' is corrupt: its checksum fields \\(header slots 64\\.\\.66: 12345, "
+                "1048576, 1\\) do not describe its [0-9]+ payload bytes");
+    copy_with_header(dir + "/ours.bin", dir + "/blocks.bin", 66, 2);
+    EXPECT_EXIT(read_model(dir + "/blocks.bin"), testing::ExitedWithCode(1), "'.*blocks\\.bin' is corrupt: its checksum fields");
+
+    TrainState s = sample_state(true);
+    state_file_write(dir + "/state3.bin", s);
+    bytes = read_bytes(dir + "/state3.bin");
+    std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
+    write_bytes(dir + "/state3_bare.bin", bytes);
+    EXPECT_EXIT(read_state(dir + "/state3_bare.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*state3_bare\\.bin' has no checksums, which its version \\(3\\) always has");
+    int32_t two = 2;
+    memcpy(&bytes[4], &two, 4);
+    write_bytes(dir + "/state2.bin", bytes);
+    TrainState r;
+    testing::internal::CaptureStdout();
+    state_file_read(dir + "/state2.bin", &r);
+    note = testing::internal::GetCapturedStdout();
+    EXPECT_EQ(r.m, s.m);
+    EXPECT_EQ(r.v, s.v);
+    EXPECT_EQ(r.master, s.master);
+    EXPECT_EQ(r.updates, s.updates);
+    EXPECT_NE(note.find("state2.bin' carries no checksums"), std::string::npos) << note;
+}
+
+// One flipped bit in the lowest mantissa byte of one weight (a change of one part in 2^23) is found,
+// and the message names the file and the bytes of the block that holds it.
+TEST(FilesChecksum, FlippedBitInAModelFileIsRefusedNamingTheBytes) {
+    std::string dir = test::scratch_dir("files_checksum_model");
+    GPT2Config cfg = tiny_config();
+    long n = (long)num_parameters(cfg);
+    std::vector<float> params = random_params(n, 3);
+    for (int version : {MODEL_VERSION_FP32, MODEL_VERSION_BF16}) {
+        SCOPED_TRACE(version);
+        long bytes_per_param = version == MODEL_VERSION_FP32 ? 4 : 2;
+        std::string good = dir + "/good" + std::to_string(version) + ".bin";
+        std::string flipped = dir + "/flipped" + std::to_string(version) + ".bin";
+        model_file_write(good, cfg, params.data(), version);
+        read_model(good);  // the file as written reads back
+        write_bytes(flipped, read_bytes(good));
+        test::flip_byte(flipped, HEADER_BYTES + bytes_per_param * 100);  // little-endian: the low mantissa byte
+        std::string end = std::to_string(HEADER_BYTES + bytes_per_param * n);
+        EXPECT_EXIT(read_model(flipped), testing::ExitedWithCode(1),
+                    "model checkpoint '.*flipped" + std::to_string(version) + "\\.bin' is corrupt: bytes \\[1024, " +
+                        end + "\\) \\(block 1 of 1\\) do not match their checksum");
+    }
+}
+
+// A state file of 2.4 MB has three blocks of 1 MiB (the last one shorter): a flipped bit is placed in
+// its block; a flipped bit in the header (here the loss scaler's clean-step count, which no other check
+// could catch) is found too.
+TEST(FilesChecksum, FlippedBitInAStateFileIsRefusedNamingItsBlock) {
+    std::string dir = test::scratch_dir("files_checksum_state");
+    state_file_write(dir + "/good.bin", state_of_length(300000));
+    read_state(dir + "/good.bin");
+    struct Case {
+        const char* name;
+        long offset;
+        const char* where;
+    } cases[] = {
+        {"first.bin", HEADER_BYTES + 17, "bytes \\[1024, 1049600\\) \\(block 1 of 3\\)"},
+        {"second.bin", HEADER_BYTES + (1 << 20) + 5000, "bytes \\[1049600, 2098176\\) \\(block 2 of 3\\)"},
+        {"last.bin", HEADER_BYTES + 2400000 - 1, "bytes \\[2098176, 2401024\\) \\(block 3 of 3\\)"},
+        {"header.bin", 25 * 4, "its header \\(bytes \\[0, 1024\\)\\)"},
+    };
+    for (const Case& c : cases) {
+        write_bytes(dir + "/" + c.name, read_bytes(dir + "/good.bin"));
+        test::flip_byte(dir + "/" + c.name, c.offset);
+        EXPECT_EXIT(read_state(dir + "/" + c.name), testing::ExitedWithCode(1),
+                    std::string("optimizer state file '.*") + c.name + "' is corrupt: " + c.where +
+                        " do(es)? not match (their|its) checksum")
+            << c.name;
+    }
+}
+
+// AdamW's second moment is a running mean of squares: a negative one is a corrupt or buggy state, and
+// loaded it would make sqrt(v) NaN and every weight with it. Neither written nor read; neither are
+// non-finite moments or master weights, a negative data position, or more skipped steps than steps.
+TEST(FilesState, RefusesStatesThatCannotBeValid) {
+    std::string dir = test::scratch_dir("files_state_invalid");
+    TrainState bad = sample_state(true);
+    bad.v[7] = -1e-3f;
+    EXPECT_EXIT(state_file_write(dir + "/written.bin", bad), testing::ExitedWithCode(1),
+                "writing AdamW v of '.*written\\.bin': element 7 of 250 is -0\\.001; a second moment cannot be negative");
+    EXPECT_FALSE(file_exists(dir + "/written.bin"));
+
+    state_file_write(dir + "/good.bin", sample_state(true));
+    auto copy_poked = [&](const std::string& name, size_t index, float value) {
+        write_bytes(dir + "/" + name, read_bytes(dir + "/good.bin"));
+        poke_payload_float(dir + "/" + name, index, value);
+    };
+    copy_poked("negative_v.bin", 250 + 7, -1e-3f);
+    EXPECT_EXIT(read_state(dir + "/negative_v.bin"), testing::ExitedWithCode(1),
+                "reading AdamW v of optimizer state file '.*negative_v\\.bin': element 7 of 250 is -0\\.001; a second "
+                "moment cannot be negative");
+    copy_poked("negative_zero_v.bin", 250 + 7, -0.0f);  // -0 is zero: harmless, accepted
+    read_state(dir + "/negative_zero_v.bin");
+    copy_poked("nan_m.bin", 3, NAN);
+    EXPECT_EXIT(read_state(dir + "/nan_m.bin"), testing::ExitedWithCode(1),
+                "reading AdamW m of optimizer state file '.*nan_m\\.bin': element 3 of 250 is -?nan");
+    copy_poked("inf_master.bin", 500 + 9, INFINITY);
+    EXPECT_EXIT(read_state(dir + "/inf_master.bin"), testing::ExitedWithCode(1),
+                "reading master weights of optimizer state file '.*inf_master\\.bin': element 9 of 250 is inf");
+
+    copy_with_state_wide(dir + "/good.bin", dir + "/epoch.bin", 1, -1);
+    test::reseal_checksums(dir + "/epoch.bin");
+    EXPECT_EXIT(read_state(dir + "/epoch.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*epoch\\.bin' has an inconsistent header");
+    copy_with_state_wide(dir + "/good.bin", dir + "/sample.bin", 3, -5);
+    test::reseal_checksums(dir + "/sample.bin");
+    EXPECT_EXIT(read_state(dir + "/sample.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*sample\\.bin' has an inconsistent header");
+    {
+        std::string bytes = read_bytes(dir + "/good.bin");
+        int64_t skipped = 123456789013LL;  // one more than the steps
+        memcpy(&bytes[28 * 4], &skipped, 8);
+        write_bytes(dir + "/skipped.bin", bytes);
+        test::reseal_checksums(dir + "/skipped.bin");
+    }
+    EXPECT_EXIT(read_state(dir + "/skipped.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*skipped\\.bin' has an inconsistent loss scale or step counts");
 }
 
 // ----------------------------------------------------------------------------
@@ -640,6 +857,84 @@ TEST(FilesAtomic, UncommittedWriteLeavesNoFinalFile) {
     AtomicFile h = atomic_open(dir + "/model_00000010.bin");
     fcloseCheck(h.fp);
     EXPECT_FALSE(file_exists(dir + "/model_00000010.bin"));
+}
+
+// A write that fails (here: fatal in the middle, as on a full disk) removes its .tmp on the way out and
+// says so; the file it was replacing stays as it was.
+void write_and_fail(const std::string& path) {
+    AtomicFile f = atomic_open(path);
+    atomic_write(&f, "partial", 7);
+    fflush(f.fp);
+    fatal("disk full (simulated)");
+}
+
+TEST(FilesAtomic, FailedWriteRemovesItsTmp) {
+    std::string dir = test::scratch_dir("files_atomic_fail");
+    write_bytes(dir + "/out.bin", "old");
+    EXPECT_EXIT(write_and_fail(dir + "/out.bin"), testing::ExitedWithCode(1),
+                "disk full \\(simulated\\)\nremoved the incomplete file '.*out\\.bin\\.tmp'");
+    EXPECT_FALSE(file_exists(dir + "/out.bin.tmp"));
+    EXPECT_EQ(read_bytes(dir + "/out.bin"), "old");
+}
+
+// A checkpoint that fails before its DONE marker removes the files it wrote, and the marker of an
+// older run's checkpoint of the same step (whose files it had begun to replace).
+void checkpoint_and_fail(const std::string& dir) {
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params(num_parameters(cfg), 0.5f);
+    checkpoint_begin(dir, 5, 0);
+    model_file_write(checkpoint_model_path(dir, 5), cfg, params.data(), MODEL_VERSION_FP32);
+    AtomicFile f = atomic_open(checkpoint_state_path(dir, 5, 0));
+    fatal("no space left on device (simulated)");
+}
+
+TEST(FilesCheckpoint, FailedCheckpointRemovesItsFiles) {
+    std::string dir = test::scratch_dir("files_checkpoint_fail");
+    checkpoint_mark_done(dir, 5);  // an older run's checkpoint 5
+    checkpoint_mark_done(dir, 4);
+    EXPECT_EXIT(checkpoint_and_fail(dir), testing::ExitedWithCode(1),
+                "removed the incomplete file '.*state_00000005_00000\\.bin\\.tmp'\n"
+                "removed the incomplete file '.*model_00000005\\.bin'");
+    EXPECT_EQ(test::dir_names(dir), std::vector<std::string>({"DONE_00000004"}));
+}
+
+// Once complete (checkpoint_end), a checkpoint's files stay whatever error comes later. (A test of its
+// own: a death test's child runs the test body again up to its statement, on the same directory.)
+TEST(FilesCheckpoint, CompleteCheckpointStaysAfterALaterError) {
+    std::string dir = test::scratch_dir("files_checkpoint_later_error");
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params(num_parameters(cfg), 0.5f);
+    checkpoint_begin(dir, 6, 0);
+    model_file_write(checkpoint_model_path(dir, 6), cfg, params.data(), MODEL_VERSION_FP32);
+    state_file_write(checkpoint_state_path(dir, 6, 0), sample_state(false));
+    checkpoint_mark_done(dir, 6);
+    checkpoint_end(dir, 6, 0);
+    EXPECT_EXIT(fatal("a later error"), testing::ExitedWithCode(1), "a later error");
+    EXPECT_EQ(test::dir_names(dir), std::vector<std::string>({"DONE_00000006", "model_00000006.bin",
+                                                              "state_00000006_00000.bin"}));
+}
+
+// What a resume removes: checkpoint files of steps without a DONE marker and checkpoint .tmp files,
+// nothing else (complete checkpoints, other files, names that only look like checkpoint files).
+TEST(FilesCheckpoint, RemoveIncompleteLeavesCompleteCheckpointsAndOtherFiles) {
+    std::string dir = test::scratch_dir("files_checkpoint_incomplete");
+    EXPECT_TRUE(checkpoint_remove_incomplete(dir + "/absent").empty());
+    for (const char* name : {"model_00000010.bin", "state_00000010_00000.bin", "state_00000010_00001.bin",
+                             "DONE_00000010", "model_00000020.bin", "state_00000020_00000.bin",
+                             "state_00000020_00001.bin.tmp", "model_00000030.bin.tmp", "DONE_00000040.tmp",
+                             "model_00000010.bin.tmp", "notes.txt", "model_final.bin", "main.log.tmp",
+                             "model_00000050.bin.bak", "state_00000050.bin", "model_123.bin", "DONE_25"}) {
+        write_bytes(dir + "/" + name, "x");
+    }
+    std::vector<std::string> removed = checkpoint_remove_incomplete(dir);
+    EXPECT_EQ(removed, std::vector<std::string>({"DONE_00000040.tmp", "model_00000010.bin.tmp", "model_00000020.bin",
+                                                 "model_00000030.bin.tmp", "model_123.bin", "state_00000020_00000.bin",
+                                                 "state_00000020_00001.bin.tmp"}));
+    EXPECT_EQ(test::dir_names(dir),
+              std::vector<std::string>({"DONE_00000010", "DONE_25", "main.log.tmp", "model_00000010.bin",
+                                        "model_00000050.bin.bak", "model_final.bin", "notes.txt",
+                                        "state_00000010_00000.bin", "state_00000010_00001.bin", "state_00000050.bin"}));
+    EXPECT_TRUE(checkpoint_remove_incomplete(dir).empty());
 }
 
 TEST(FilesCheckpoint, FindLatestNeedsDoneMarker) {

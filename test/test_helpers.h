@@ -3,9 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../llmc/io/checksum.h"
 #include "../llmc/io/dataloader.h"
 #include "../llmc/utils.h"
 
@@ -192,6 +195,76 @@ inline std::string make_three_shards(const std::string& oracle_dir, const std::s
     }
     shard_write(out + "/shard_val_000000.bin", tokens.data(), third);
     return out + "/shard_train_*.bin";
+}
+
+// ----------------------------------------------------------------------------
+// damaging files and disks on purpose (doc/reliability.md)
+
+// The names in a directory (not . and ..), sorted.
+inline std::vector<std::string> dir_names(const std::string& dir) {
+    std::vector<std::string> names;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return names;
+    while (struct dirent* entry = readdir(d)) {
+        std::string name = entry->d_name;
+        if (name != "." && name != "..") names.push_back(name);
+    }
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+// The names in dir that end in `suffix`, as one string (empty if none): for messages.
+inline std::string dir_names_ending(const std::string& dir, const std::string& suffix) {
+    std::string found;
+    for (const std::string& name : dir_names(dir)) {
+        if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            found += (found.empty() ? "" : " ") + name;
+        }
+    }
+    return found;
+}
+
+// Inverts the bits `mask` of the byte at `offset` of a file, as a disk or a copy might.
+inline void flip_byte(const std::string& path, long offset, unsigned char mask = 0x01) {
+    FILE* fp = fopenCheck(path.c_str(), "r+b");
+    fseekCheck(fp, offset, SEEK_SET);
+    int c = fgetc(fp);
+    ASSERT_NE(c, EOF) << path << " has no byte " << offset;
+    fseekCheck(fp, offset, SEEK_SET);
+    fputc(c ^ mask, fp);
+    fcloseCheck(fp);
+}
+
+// Recomputes the checksums in the header of a model or state file after a test has changed its bytes,
+// so that the reader gets past them to the check under test (a file that a buggy writer made).
+inline void reseal_checksums(const std::string& path) {
+    std::string bytes = read_text(path);
+    ASSERT_GE(bytes.size(), (size_t)HEADER_BYTES) << path;
+    int32_t* header = (int32_t*)&bytes[0];
+    ASSERT_EQ(header[CHECKSUM_SLOT_TAG], CHECKSUM_TAG) << path << " has no checksums to reseal";
+    int64_t block = header[CHECKSUM_SLOT_BLOCK_BYTES], payload = (int64_t)bytes.size() - HEADER_BYTES;
+    for (int i = 0; i < header[CHECKSUM_SLOT_BLOCKS]; i++) {
+        int64_t begin = i * block, len = std::min(block, payload - begin);
+        header[CHECKSUM_SLOT_FIRST_BLOCK + i] = (int32_t)crc32_update(0, &bytes[HEADER_BYTES + begin], (size_t)len);
+    }
+    header[CHECKSUM_SLOT_HEADER] = 0;
+    header[CHECKSUM_SLOT_HEADER] = (int32_t)crc32_update(0, header, HEADER_BYTES);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A shell command run with a limit of `limit_bytes` on the size of any file it writes (ulimit -f, in
+// KiB for bash), which makes a disk that fills up at a chosen point. With SIGXFSZ ignored (trap '' XFSZ,
+// inherited through exec), a write past the limit fails with EFBIG as a write to a full disk fails
+// with ENOSPC; with `signal_kills`, SIGXFSZ ends the process there, as a crash would. Open MPI's PMIx
+// keeps its shared data in files larger than such a limit (MPI_Init fails); PMIX_MCA_gds=hash keeps
+// it in memory instead.
+inline CommandResult run_with_file_limit(const std::string& command, long limit_bytes, bool signal_kills = false) {
+    std::string script = std::string("export PMIX_MCA_gds=hash; ") + (signal_kills ? "" : "trap '' XFSZ; ") +
+                         "ulimit -f " + std::to_string(limit_bytes / 1024) + "; exec " + command;
+    std::string quoted;  // the script as one single-quoted shell word
+    for (char c : script) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return run_command("bash -c '" + quoted + "'");
 }
 
 }  // namespace test

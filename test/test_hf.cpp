@@ -116,8 +116,9 @@ std::string write_inputs(const std::string& dir, const std::vector<int>& inputs)
 
 // ----------------------------------------------------------------------------
 
-// Ours -> HF -> ours gives back the same bytes, for the oracle's fp32 model (version 3) and for its
-// bf16 rounding (version 5: exported as exact F32, imported with --bf16, which rounds nothing).
+// Ours -> HF -> ours gives back the same bytes, checksums included (so dev/hf_gpt2.py computes them as
+// llmc/io/checksum.h does), for the oracle's fp32 model (version 3) and for its bf16 rounding (version
+// 5: exported as exact F32, imported with --bf16, which rounds nothing).
 TEST(HfRoundTrip, OursToHfToOursIsBitIdentical) {
     std::string oracle_dir = test::oracle("tiny", "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 "
                                                   "--seed 1 -b 2 -t 16 --data-tokens 4096");
@@ -125,11 +126,12 @@ TEST(HfRoundTrip, OursToHfToOursIsBitIdentical) {
     GPT2Config cfg;
     std::vector<float> params;
     model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+    model_file_write(dir + "/model_fp32.bin", cfg, params.data(), MODEL_VERSION_FP32);
     model_file_write(dir + "/model_bf16.bin", cfg, params.data(), MODEL_VERSION_BF16);
 
-    hf_export(oracle_dir + "/model.bin", dir + "/hf32");
+    hf_export(dir + "/model_fp32.bin", dir + "/hf32");
     hf_import(dir + "/hf32", dir + "/back32.bin");
-    EXPECT_EQ(file_bytes(dir + "/back32.bin"), file_bytes(oracle_dir + "/model.bin")) << "version 3";
+    EXPECT_EQ(file_bytes(dir + "/back32.bin"), file_bytes(dir + "/model_fp32.bin")) << "version 3";
 
     hf_export(dir + "/model_bf16.bin", dir + "/hf16");
     hf_import(dir + "/hf16", dir + "/back16.bin", true);
@@ -157,7 +159,11 @@ TEST(HfImport, ForwardMatchesOracleAndHfLayoutForward) {
     hf_import(dir + "/hf", dir + "/model.bin");
     run_ok(test::python() + " '" + test::root() + "/test/oracle/gpt2_oracle.py' --out " + dir +
            "/oracle --init-from " + dir + "/model.bin -b 2 -t 16 --data-tokens 4096 --seed 1");
-    EXPECT_EQ(file_bytes(dir + "/oracle/model.bin"), file_bytes(dir + "/model.bin")) << "oracle read other weights";
+    // the same header fields and weights (the oracle's copy has no checksums: header slots 64.. are ours)
+    std::string oracle_copy = file_bytes(dir + "/oracle/model.bin"), imported = file_bytes(dir + "/model.bin");
+    EXPECT_EQ(oracle_copy.substr(0, 64 * 4), imported.substr(0, 64 * 4)) << "oracle read another header";
+    EXPECT_TRUE(oracle_copy.size() > HEADER_BYTES && oracle_copy.substr(HEADER_BYTES) == imported.substr(HEADER_BYTES))
+        << "oracle read other weights";
 
     GPT2Config cfg;
     std::vector<float> params;
@@ -285,6 +291,46 @@ TEST(HfExport, RefusesNonZeroPaddedRows) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("row 305 is not"), std::string::npos) << r.output;
     EXPECT_FALSE(file_exists(dir + "/out/model.safetensors"));
+}
+
+// Export checks our checksums (llmc/io/checksum.h) with zlib's CRC-32: a flipped bit in the weights or
+// the header is refused naming the bytes, and nothing is written; llm.c's file (no checksums) exports,
+// with a note. A model of more than 1 MiB of weights has several blocks, which both sides agree on.
+TEST(HfExport, ChecksChecksums) {
+    std::string dir = test::scratch_dir("hf_checksums");
+    GPT2Config cfg{64, 300, 384, 2, 4, 128};  // maxT, V, Vp, L, NH, C: 454k parameters, 2 blocks in fp32
+    std::vector<float> params = gpt2_random_parameters(cfg, 3);
+    model_file_write(dir + "/good.bin", cfg, params.data(), MODEL_VERSION_FP32);
+    std::string good = file_bytes(dir + "/good.bin");
+    ASSERT_GT(good.size(), (size_t)HEADER_BYTES + (1 << 20));
+    hf_export(dir + "/good.bin", dir + "/hf");
+    hf_import(dir + "/hf", dir + "/back.bin");
+    EXPECT_EQ(file_bytes(dir + "/back.bin"), good) << "python's checksums of two blocks differ from ours";
+
+    struct Case { std::string name; long offset; std::string expect; };
+    long end = (long)good.size(), second = HEADER_BYTES + (1 << 20);
+    std::vector<Case> cases = {
+        {"first_block", HEADER_BYTES + 40, "is corrupt: bytes [1024, " + std::to_string(second) + ") (block 1 of 2)"},
+        {"second_block", end - 1, "is corrupt: bytes [" + std::to_string(second) + ", " + std::to_string(end) + ") (block 2 of 2)"},
+        {"header", 4 * 10, "is corrupt: its header (bytes [0, 1024)) does not match its checksum"},  // an unused slot
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        std::string path = dir + "/" + c.name + ".bin";
+        write_bytes(path, good);
+        test::flip_byte(path, c.offset);
+        test::CommandResult r = test::run_command(converter() + " export '" + path + "' '" + dir + "/out_" + c.name + "'");
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_NE(r.output.find("hf_gpt2.py: error: model file " + path + " " + c.expect), std::string::npos) << r.output;
+        EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
+        EXPECT_FALSE(file_exists(dir + "/out_" + c.name + "/model.safetensors"));
+    }
+    std::string bare = good;
+    std::fill(bare.begin() + 64 * 4, bare.begin() + HEADER_BYTES, '\0');
+    write_bytes(dir + "/llmc.bin", bare);
+    test::CommandResult r = test::run_command(converter() + " export '" + dir + "/llmc.bin' '" + dir + "/out_llmc'");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("model file " + dir + "/llmc.bin carries no checksums"), std::string::npos) << r.output;
 }
 
 // Every way a file can be wrong: refused with exit status 1, a message naming the problem, no

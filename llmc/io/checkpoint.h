@@ -2,25 +2,33 @@
 //
 // Model file (../shared/FORMATS.md): header magic 20240326, version 3 (fp32) or 5 (bf16), then the
 // 16 parameter tensors back to back. bf16 is the top half of an fp32, so loading upcasts exactly and
-// saving rounds to nearest even.
+// saving rounds to nearest even. Ours carry checksums in header slots 64.. (llmc/io/checksum.h), which
+// llm.c ignores; a file without them (llm.c's, or an older one of ours) is read unverified, with a note.
 //
 // State file (ours; llm.c's has another layout): everything beyond the weights that a run needs to
-// continue bit for bit. Header magic 20261121, version 2 (version 1, without h[24..31], is read too), then:
+// continue bit for bit. Header magic 20261121, version 3, then:
 //   h[2] num_processes   h[3] rank    h[4] B    h[5] T    h[6] grad_accum_steps   h[7] has_master (0/1)
 //   h[8..23] eight int64: step, data epoch, data shard index, data sample index, sampler rng state,
 //            number of parameters, first parameter of this rank's optimizer shard, shard length
 //   h[24] loss scale S (fp32 bits; llmc/run/loss_scaler.h)   h[25] clean steps since S last changed
 //   h[26] consecutive skipped steps   h[27] data-parallel processes (0 in older files: all of them, h[2])
 //   h[28..31] two int64: skipped steps, AdamW updates applied
-// then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master.
+//   h[64..255] checksums (llmc/io/checksum.h): always there in version 3
+// then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master. Versions 2
+// (without checksums) and 1 (without h[24..31] either) are read too.
 //
 // A checkpoint for step S in directory DIR is model_S.bin, one state_S_RANK.bin per process and last
 // a DONE_S marker (S as %08d, RANK as %05d). Every file is written to a temporary name and renamed
 // into place, and DONE_S is written only after all of them, so a crash at any point leaves either a
-// complete checkpoint or one without its marker, which resume ignores.
+// complete checkpoint or one without its marker, which resume ignores and removes
+// (checkpoint_remove_incomplete). A checkpoint that fails with an error (a full disk) removes its own
+// files before the process exits (checkpoint_begin).
 //
-// Weights and optimizer state are always finite: a file holding inf or NaN is refused when read (a
-// run started from it would only print NaN) and never written (the trainers skip non-finite steps).
+// What a reader refuses, beyond the header's own checks: bytes that do not match their checksum (the
+// message names the file and the byte range), and states that no run can reach: weights, moments or
+// master weights that are inf or NaN (the trainers skip non-finite steps, so a run that diverged never
+// writes them), a negative AdamW second moment (a running mean of squares), a negative data position
+// or step count, or more updates and skipped steps than steps. The writers refuse the same.
 #pragma once
 
 #include <dirent.h>
@@ -35,12 +43,13 @@
 
 #include "../gpt2_config.h"
 #include "../utils.h"
+#include "checksum.h"
 
 constexpr int32_t MODEL_MAGIC = 20240326;
 constexpr int32_t MODEL_VERSION_FP32 = 3;
 constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t STATE_MAGIC = 20261121;
-constexpr int32_t STATE_VERSION = 2;
+constexpr int32_t STATE_VERSION = 3;  // 2 without checksums, 1 without the loss scale either
 
 // ----------------------------------------------------------------------------
 // bf16 <-> fp32
@@ -80,10 +89,23 @@ inline void require_finite(const float* x, size_t n, const char* action, const s
     }
 }
 
+// Refuses (fatal) a negative AdamW second moment: v is a running mean of g^2, so a negative one is
+// corrupt, and loaded it would turn sqrt(v), then the weights, into NaN. (-0 is zero, and harmless.)
+inline void require_non_negative(const float* v, size_t n, const char* action, const std::string& what) {
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < 0.0f) {
+            fatal("%s %s: element %zu of %zu is %g; a second moment cannot be negative (corrupt, or written by a "
+                  "bug)", action, what.c_str(), i, n, v[i]);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // model file
 
 inline void model_file_write(const std::string& path, const GPT2Config& cfg, const float* params, int version) {
+    const char* what = "model checkpoint";
+    if (version != MODEL_VERSION_FP32 && version != MODEL_VERSION_BF16) fatal("model_file_write: unknown version %d", version);
     int32_t header[HEADER_INTS] = {0};
     header[0] = MODEL_MAGIC;
     header[1] = version;
@@ -95,26 +117,26 @@ inline void model_file_write(const std::string& path, const GPT2Config& cfg, con
     header[7] = cfg.padded_vocab_size;
     size_t n = num_parameters(cfg);
     require_finite(params, n, "writing", "model checkpoint '" + path + "'");
+    size_t bytes_per_param = version == MODEL_VERSION_FP32 ? 4 : 2;
     AtomicFile f = atomic_open(path);
-    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
+    BlockChecksums sums = checksummed_write_begin(&f, header, (int64_t)(n * bytes_per_param), what);
     if (version == MODEL_VERSION_FP32) {
-        fwriteCheck(params, sizeof(float), n, f.fp);
-    } else if (version == MODEL_VERSION_BF16) {
+        checksummed_write(&f, &sums, params, n * sizeof(float));
+    } else {
         std::vector<uint16_t> chunk(1 << 20);
         for (size_t i = 0; i < n; i += chunk.size()) {
             size_t len = std::min(chunk.size(), n - i);
             for (size_t j = 0; j < len; j++) chunk[j] = float_to_bf16(params[i + j]);
-            fwriteCheck(chunk.data(), sizeof(uint16_t), len, f.fp);
+            checksummed_write(&f, &sums, chunk.data(), len * sizeof(uint16_t));
         }
-    } else {
-        fatal("model_file_write: unknown version %d", version);
     }
+    checksummed_write_end(&f, &sums, header);
     atomic_commit(&f);
 }
 
-// Reads the header of a model file, checks it, and returns its config and version. Leaves fp at the
-// first parameter.
-inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* version) {
+// Reads the header of a model file, checks it (its checksum last), and returns its config and version
+// and the payload's block checksums. Leaves fp at the first parameter.
+inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* version, BlockChecksums* sums) {
     const char* what = "model checkpoint";
     static const int32_t versions[] = {MODEL_VERSION_FP32, MODEL_VERSION_BF16};
     FILE* fp = fopenCheck(path.c_str(), "rb");
@@ -129,23 +151,26 @@ inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* vers
     validate_config(*cfg, path.c_str());
     *version = header[1];
     size_t bytes_per_param = *version == MODEL_VERSION_FP32 ? 4 : 2;
-    expect_file_size(fp, path.c_str(), what, HEADER_BYTES + (long)(num_parameters(*cfg) * bytes_per_param));
+    int64_t payload = (int64_t)(num_parameters(*cfg) * bytes_per_param);
+    expect_file_size(fp, path.c_str(), what, HEADER_BYTES + (long)payload);
+    *sums = checksums_from_header(header, path, what, payload, false);
     return fp;
 }
 
 // Reads a version-3 or version-5 model file into fp32 parameters (bf16 is upcast exactly).
 inline void model_file_read(const std::string& path, GPT2Config* cfg, std::vector<float>* params, int* version = nullptr) {
     int file_version;
-    FILE* fp = model_file_open(path, cfg, &file_version);
+    BlockChecksums sums;
+    FILE* fp = model_file_open(path, cfg, &file_version, &sums);
     size_t n = num_parameters(*cfg);
     params->resize(n);
     if (file_version == MODEL_VERSION_FP32) {
-        freadCheck(params->data(), sizeof(float), n, fp);
+        checksummed_read(fp, &sums, params->data(), n * sizeof(float));
     } else {
         std::vector<uint16_t> chunk(1 << 20);
         for (size_t i = 0; i < n; i += chunk.size()) {
             size_t len = std::min(chunk.size(), n - i);
-            freadCheck(chunk.data(), sizeof(uint16_t), len, fp);
+            checksummed_read(fp, &sums, chunk.data(), len * sizeof(uint16_t));
             for (size_t j = 0; j < len; j++) (*params)[i + j] = bf16_to_float(chunk[j]);
         }
     }
@@ -204,12 +229,16 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     memcpy(&header[28], counts, sizeof(counts));
     require_finite(s.m.data(), s.m.size(), "writing", "AdamW m of '" + path + "'");
     require_finite(s.v.data(), s.v.size(), "writing", "AdamW v of '" + path + "'");
+    require_non_negative(s.v.data(), s.v.size(), "writing", "AdamW v of '" + path + "'");
     require_finite(s.master.data(), s.master.size(), "writing", "master weights of '" + path + "'");
+    size_t bytes = sizeof(float) * (size_t)s.shard_length;
     AtomicFile f = atomic_open(path);
-    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
-    fwriteCheck(s.m.data(), sizeof(float), s.shard_length, f.fp);
-    fwriteCheck(s.v.data(), sizeof(float), s.shard_length, f.fp);
-    if (!s.master.empty()) fwriteCheck(s.master.data(), sizeof(float), s.shard_length, f.fp);
+    BlockChecksums sums = checksummed_write_begin(&f, header, (int64_t)bytes * (s.master.empty() ? 2 : 3),
+                                                  "optimizer state file");
+    checksummed_write(&f, &sums, s.m.data(), bytes);
+    checksummed_write(&f, &sums, s.v.data(), bytes);
+    if (!s.master.empty()) checksummed_write(&f, &sums, s.master.data(), bytes);
+    checksummed_write_end(&f, &sums, header);
     atomic_commit(&f);
 }
 
@@ -217,8 +246,8 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     const char* what = "optimizer state file";
     FILE* fp = fopenCheck(path.c_str(), "rb");
     int32_t header[HEADER_INTS];
-    static const int32_t versions[] = {1, STATE_VERSION};
-    read_file_header(fp, path.c_str(), what, STATE_MAGIC, versions, 2, header);
+    static const int32_t versions[] = {1, 2, STATE_VERSION};
+    read_file_header(fp, path.c_str(), what, STATE_MAGIC, versions, 3, header);
     s->num_processes = header[2];
     s->rank = header[3];
     s->B = header[4];
@@ -253,7 +282,9 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     }
     if (s->data_processes == 0) s->data_processes = s->num_processes;
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
-        s->grad_accum_steps < 1 || s->data_processes < 1 || s->data_processes > s->num_processes || (has_master != 0 && has_master != 1) || s->step < 0 || s->num_parameters < 1 ||
+        s->grad_accum_steps < 1 || s->data_processes < 1 || s->data_processes > s->num_processes ||
+        (has_master != 0 && has_master != 1) || s->step < 0 || s->data_epoch < 0 || s->data_shard < 0 ||
+        s->data_sample < 0 || s->num_parameters < 1 ||
         s->num_parameters > ((int64_t)1 << 40) ||  // bounds the sizes below, so no byte count can overflow
         s->shard_offset < 0 || s->shard_length < 0 || s->shard_offset > s->num_parameters + s->num_processes ||
         s->shard_length > s->num_parameters + s->num_processes ||
@@ -261,24 +292,29 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         fatal("%s '%s' has an inconsistent header (corrupt?)", what, path.c_str());
     }
     if (header[1] >= 2 && (!(s->loss_scale > 0.0f) || !std::isfinite(s->loss_scale) || s->clean_steps < 0 ||
-                           s->consecutive_skipped < 0 || s->skipped_total < 0 || s->updates < 0 || s->updates > s->step)) {
+                           s->consecutive_skipped < 0 || s->skipped_total < 0 || s->updates < 0 || s->updates > s->step ||
+                           s->skipped_total > s->step - s->updates)) {
         fatal("%s '%s' has an inconsistent loss scale or step counts (corrupt?)", what, path.c_str());
     }
     long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * (2 + has_master);
     expect_file_size(fp, path.c_str(), what, expected);
+    BlockChecksums sums = checksums_from_header(header, path, what, expected - HEADER_BYTES, header[1] >= 3);
+    size_t bytes = sizeof(float) * (size_t)s->shard_length;
     s->m.resize(s->shard_length);
     s->v.resize(s->shard_length);
-    freadCheck(s->m.data(), sizeof(float), s->shard_length, fp);
-    freadCheck(s->v.data(), sizeof(float), s->shard_length, fp);
+    checksummed_read(fp, &sums, s->m.data(), bytes);
+    checksummed_read(fp, &sums, s->v.data(), bytes);
     s->master.clear();
     if (has_master) {
         s->master.resize(s->shard_length);
-        freadCheck(s->master.data(), sizeof(float), s->shard_length, fp);
+        checksummed_read(fp, &sums, s->master.data(), bytes);
     }
     fcloseCheck(fp);
-    require_finite(s->m.data(), s->m.size(), "reading", "AdamW m of " + std::string(what) + " '" + path + "'");
-    require_finite(s->v.data(), s->v.size(), "reading", "AdamW v of " + std::string(what) + " '" + path + "'");
-    require_finite(s->master.data(), s->master.size(), "reading", "master weights of " + std::string(what) + " '" + path + "'");
+    std::string of = std::string(" of ") + what + " '" + path + "'";
+    require_finite(s->m.data(), s->m.size(), "reading", "AdamW m" + of);
+    require_finite(s->v.data(), s->v.size(), "reading", "AdamW v" + of);
+    require_non_negative(s->v.data(), s->v.size(), "reading", "AdamW v" + of);
+    require_finite(s->master.data(), s->master.size(), "reading", "master weights" + of);
 }
 
 // ----------------------------------------------------------------------------
@@ -343,4 +379,85 @@ inline std::vector<int64_t> checkpoint_complete_steps(const std::string& dir) {
     closedir(d);
     std::sort(steps.begin(), steps.end());
     return steps;
+}
+
+// From here until checkpoint_end, an error exit of this process (fatal: a full disk, a failed
+// collective) removes the files of checkpoint `step` that it writes: process 0's model file and every
+// process's own state file, with their .tmp (AtomicFile's). Process 0 first removes an older run's
+// DONE_step, since the files it marked are about to be replaced.
+inline void checkpoint_begin(const std::string& dir, int64_t step, int rank) {
+    if (rank == 0) {
+        unlink(checkpoint_done_path(dir, step).c_str());
+        remove_on_error(checkpoint_model_path(dir, step));
+    }
+    remove_on_error(checkpoint_state_path(dir, step, rank));
+}
+
+// This process's files of checkpoint `step` are complete: they stay whatever happens next. Process 0
+// calls it once DONE_step is written; the others once every process has written its files (if process 0
+// then fails to mark it done, a resume removes them).
+inline void checkpoint_end(const std::string& dir, int64_t step, int rank) {
+    if (rank == 0) keep_on_error(checkpoint_model_path(dir, step));
+    keep_on_error(checkpoint_state_path(dir, step, rank));
+}
+
+// If `name` is one of a checkpoint's files (model_S.bin, state_S_R.bin, DONE_S), or one of those with
+// .tmp after it, returns true and its step S and whether it is a .tmp.
+inline bool checkpoint_file_step(const std::string& name, int64_t* step, bool* is_tmp) {
+    std::string base = name;
+    *is_tmp = base.size() > 4 && base.compare(base.size() - 4, 4, ".tmp") == 0;
+    if (*is_tmp) base.resize(base.size() - 4);
+    // prefix, then digits, then (for a state file) "_" and digits, then the suffix, and nothing else
+    auto digits = [&](size_t* at) {
+        size_t begin = *at;
+        while (*at < base.size() && isdigit((unsigned char)base[*at])) ++*at;
+        return *at > begin && *at - begin <= 12;
+    };
+    size_t at;
+    const char* suffix;
+    if (base.compare(0, 6, "model_") == 0 || base.compare(0, 6, "state_") == 0) {
+        at = 6, suffix = ".bin";
+    } else if (base.compare(0, 5, "DONE_") == 0) {
+        at = 5, suffix = "";
+    } else {
+        return false;
+    }
+    size_t step_begin = at;
+    if (!digits(&at)) return false;
+    *step = atoll(base.substr(step_begin, at - step_begin).c_str());
+    if (base[0] == 's') {  // state_S_R: then the rank
+        if (at >= base.size() || base[at] != '_') return false;
+        at++;
+        if (!digits(&at)) return false;
+    }
+    return base.compare(at, std::string::npos, suffix) == 0;
+}
+
+// Removes what crashed or failed checkpoints left in dir: every checkpoint file of a step without a
+// DONE marker, and every checkpoint .tmp. Complete checkpoints and all other files are left alone.
+// Returns the names it removed, sorted.
+inline std::vector<std::string> checkpoint_remove_incomplete(const std::string& dir) {
+    std::vector<std::string> names;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return names;
+    while (struct dirent* entry = readdir(d)) names.push_back(entry->d_name);
+    closedir(d);
+    std::vector<int64_t> done;
+    for (const std::string& name : names) {
+        int64_t step;
+        bool is_tmp;
+        if (name[0] == 'D' && checkpoint_file_step(name, &step, &is_tmp) && !is_tmp) done.push_back(step);
+    }
+    std::vector<std::string> removed;
+    for (const std::string& name : names) {
+        int64_t step;
+        bool is_tmp;
+        if (!checkpoint_file_step(name, &step, &is_tmp)) continue;
+        if (!is_tmp && std::find(done.begin(), done.end(), step) != done.end()) continue;
+        std::string path = dir + "/" + name;
+        if (unlink(path.c_str()) != 0) fatal("could not remove the incomplete checkpoint file '%s': %s", path.c_str(), strerror(errno));
+        removed.push_back(name);
+    }
+    std::sort(removed.begin(), removed.end());
+    return removed;
 }

@@ -107,8 +107,8 @@ inline void shard_write(const std::string& path, const uint16_t* tokens, int64_t
     header[1] = SHARD_VERSION;
     header[2] = (int32_t)num_tokens;
     AtomicFile f = atomic_open(path);
-    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
-    fwriteCheck(tokens, sizeof(uint16_t), num_tokens, f.fp);
+    atomic_write(&f, header, HEADER_BYTES);
+    atomic_write(&f, tokens, sizeof(uint16_t) * (size_t)num_tokens);
     atomic_commit(&f);
 }
 

@@ -470,8 +470,8 @@ inline bool bootstrap_file(const std::string& path, int rank, int num_processes,
                                   "path (-pf, e.g. with $SLURM_JOB_ID in it)", path.c_str());
         }
         AtomicFile f = atomic_open(path);
-        fwriteCheck(header, sizeof(header), 1, f.fp);
-        fwriteCheck(blob, 1, blob_size, f.fp);
+        atomic_write(&f, header, sizeof(header));
+        atomic_write(&f, blob, blob_size);
         atomic_commit(&f);
         return true;
     }

@@ -78,6 +78,7 @@ struct DataParallel {
     vfprintf(stderr, fmt, args);
     va_end(args);
     fprintf(stderr, "\n");
+    remove_files_on_error();  // this process's half-written files (llmc/utils.h)
     fflush(stderr);
     if (!dp.id_file.empty()) bootstrap_file_remove(dp.id_file);  // the run is over: the id is stale
     alarm(DP_ABORT_GRACE_S);  // SIGALRM ends the process if ncclCommAbort does not return

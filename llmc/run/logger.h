@@ -53,7 +53,7 @@ inline void log_truncate_from_step(const std::string& path, long step) {
     if (!line.empty() && log_line_step(line) < step) kept.push_back(line + "\n");
     fcloseCheck(in);
     AtomicFile out = atomic_open(path);
-    for (const std::string& l : kept) fwriteCheck(l.data(), 1, l.size(), out.fp);
+    for (const std::string& l : kept) atomic_write(&out, l.data(), l.size());
     atomic_commit(&out);
 }
 

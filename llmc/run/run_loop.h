@@ -218,6 +218,12 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
                      step_breakdown_json(timer->times, throughput, run->peak_flops));
 }
 
+// Checkpoint `step` (collective): an error exit from here until it is complete removes its files.
+inline void run_save_checkpoint(TrainRun* run, const RunHooks& hooks, int step) {
+    checkpoint_begin(run->args.output_dir, step, run->world_rank);
+    hooks.save_checkpoint(*run, step);
+}
+
 // The signal that asks the run to stop, received by any process (0: none); the same on every process.
 inline int run_stop_signal(const RunHooks& hooks) {
     int mine = stop_signal_received;
@@ -241,7 +247,7 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     for (int step = start_step; step <= max_steps; step++) {
         if (int signal = step > start_step ? run_stop_signal(hooks) : 0) {
             // steps start_step .. step - 1 are done: the parameters have had `step` updates
-            if (!args.output_dir.empty()) hooks.save_checkpoint(*run, step);
+            if (!args.output_dir.empty()) run_save_checkpoint(run, hooks, step);
             printf("%s: stopping at step %d, %s; exit status %d\n", stop_signal_name(signal), step,
                    args.output_dir.empty() ? "no checkpoint (no -o)" : "checkpoint written (-y 1 continues from it)",
                    EXIT_STOPPED_BY_SIGNAL);
@@ -262,7 +268,7 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
         phase_reset(&run->timer);
         if (is_checkpoint_step(args, step, start_step, max_steps)) {
             phase_begin(&run->timer, PHASE_CHECKPOINT);
-            hooks.save_checkpoint(*run, step);
+            run_save_checkpoint(run, hooks, step);
             phase_end(&run->timer);
         }
         if (is_sample_step(args, step, max_steps)) hooks.sample(run);

@@ -91,8 +91,10 @@ inline void output_dir_lock_for_run(const TrainArgs& args, int rank) {
 }
 
 // -y 1: the newest complete checkpoint in -o, whose model file the run starts from; -1 (from -e) when
-// not resuming or when there is none.
-inline int resume_step_from_args(const TrainArgs& args) {
+// not resuming or when there is none. A fresh run refuses a directory that holds another run's
+// checkpoints. Resuming, process 0 first removes what crashed or failed checkpoints left (files of a
+// step without its DONE marker, .tmp files), which could otherwise keep a disk full.
+inline int resume_step_from_args(const TrainArgs& args, int rank) {
     if (!args.resume) {
         // a fresh run does not mix with the checkpoints of another: a later -y 1 would resume those
         std::vector<int64_t> steps = checkpoint_complete_steps(args.output_dir);
@@ -103,6 +105,15 @@ inline int resume_step_from_args(const TrainArgs& args) {
                   "one another -o (or remove them)", args.output_dir.c_str(), list.c_str());
         }
         return -1;
+    }
+    if (rank == 0) {
+        std::vector<std::string> removed = checkpoint_remove_incomplete(args.output_dir);
+        if (!removed.empty()) {
+            std::string names;
+            for (const std::string& name : removed) names += " " + name;
+            printf("resume: removed %zu incomplete checkpoint file%s from %s (no DONE marker, or half written):%s\n",
+                   removed.size(), removed.size() == 1 ? "" : "s", args.output_dir.c_str(), names.c_str());
+        }
     }
     int step = (int)checkpoint_find_latest(args.output_dir);
     if (step < 0) {
@@ -119,8 +130,9 @@ inline void print_model_summary(const GPT2Config& cfg, size_t num_parameters) {
 }
 
 // The end of every checkpoint: this process's state file (with the loss scaler's counters), then, once
-// every process has written its files, the DONE marker that makes the checkpoint complete.
-// barrier(what) waits for every process of the run.
+// every process has written its files, the DONE marker that makes the checkpoint complete. Until then
+// an error removes the checkpoint's files (checkpoint_begin, called by the run loop before the trainer
+// writes the model file). barrier(what) waits for every process of the run.
 template <typename Barrier>
 void checkpoint_finish(const std::string& dir, int step, int rank, TrainState* state, const LossScaler& scaler,
                        Barrier barrier) {
@@ -128,6 +140,7 @@ void checkpoint_finish(const std::string& dir, int step, int rank, TrainState* s
     state_file_write(checkpoint_state_path(dir, step, rank), *state);
     barrier("the other processes' checkpoint files");
     if (rank == 0) checkpoint_mark_done(dir, step);
+    checkpoint_end(dir, step, rank);
     barrier("rank 0's checkpoint marker");
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }

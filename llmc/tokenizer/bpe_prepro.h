@@ -14,8 +14,8 @@
 //  - Files stream in chunks, so a many-gigabyte JSON-lines file or blank-line-separated file never
 //    has to fit in memory (one document still does).
 //  - A shard is written whole by dataloader.h's shard_write (PATH.tmp, fsync, rename). If the program
-//    dies on an error (a full disk, say), an exit handler removes the .tmp, so nothing half-written is
-//    left, let alone one that looks complete.
+//    dies on an error (a full disk, say), fatal() removes the .tmp (llmc/utils.h, AtomicFile), so
+//    nothing half-written is left, let alone one that looks complete.
 //  - All names carry a prepro_/PREPRO_ prefix: these headers are compiled into one test binary with
 //    everyone else's.
 #pragma once
@@ -37,40 +37,16 @@ constexpr size_t PREPRO_BATCH_BYTES = 32 << 20;
 constexpr size_t PREPRO_READ_CHUNK = 8 << 20;
 
 // ----------------------------------------------------------------------------
-// Writing files so that an error exit leaves no .tmp behind
-
-// Path of the .tmp file being written, if any; the exit handler removes it. Never destroyed, so it
-// is still there when exit() runs the handler after static destructors.
-inline std::string& prepro_pending_tmp() {
-    static std::string* path = new std::string();
-    return *path;
-}
-
-inline void prepro_remove_pending_tmp() {
-    if (!prepro_pending_tmp().empty()) unlink(prepro_pending_tmp().c_str());
-}
-
-inline void prepro_track_tmp(const std::string& tmp_path) {
-    static bool registered = false;
-    if (!registered) {
-        atexit(prepro_remove_pending_tmp);
-        registered = true;
-    }
-    prepro_pending_tmp() = tmp_path;
-}
+// Writing files (an error exit leaves no .tmp behind: AtomicFile, llmc/utils.h)
 
 // Writes one data shard (dataloader.h's shard_write), removing its .tmp if the write fails.
 inline void prepro_write_shard(const std::string& path, const uint16_t* tokens, size_t count) {
-    prepro_track_tmp(path + ".tmp");
     shard_write(path, tokens, (int64_t)count);
-    prepro_track_tmp("");
 }
 
 // Writes gpt2_tokenizer.bin the same way.
 inline void prepro_write_tokenizer_file(const std::string& path, const BpeTokenizer& tok) {
-    prepro_track_tmp(path + ".tmp");
     tokenizer_file_write(path, bpe_tokenizer_file(tok));
-    prepro_track_tmp("");
 }
 
 // All the tokens of one shard, its header and size checked (dataloader.h's shard_open).

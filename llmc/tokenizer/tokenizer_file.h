@@ -25,15 +25,15 @@ inline void tokenizer_file_write(const std::string& path, const TokenizerFile& t
     header[2] = (int32_t)tok.token_bytes.size();
     header[3] = tok.eot_token;
     AtomicFile f = atomic_open(path);
-    fwriteCheck(header, sizeof(int32_t), HEADER_INTS, f.fp);
+    atomic_write(&f, header, HEADER_BYTES);
     for (size_t i = 0; i < tok.token_bytes.size(); i++) {
         const std::string& bytes = tok.token_bytes[i];
         if (bytes.empty() || bytes.size() > 255) {
             fatal("token %zu has %zu bytes; the tokenizer file stores 1..255 bytes per token", i, bytes.size());
         }
         uint8_t len = (uint8_t)bytes.size();
-        fwriteCheck(&len, 1, 1, f.fp);
-        fwriteCheck(bytes.data(), 1, bytes.size(), f.fp);
+        atomic_write(&f, &len, 1);
+        atomic_write(&f, bytes.data(), bytes.size());
     }
     atomic_commit(&f);
 }

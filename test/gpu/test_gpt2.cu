@@ -15,6 +15,7 @@
 #include "test_kernels.cuh"
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 // The trainer binary under test, in the repository root (the Makefile names the one of this precision).
@@ -359,6 +360,7 @@ TEST(TrainNonFinite, SkippedStepLeavesWeightsAndMomentsUntouched) {
     uint32_t nan_bits = 0x7FC07FC0u;            // a NaN whether read as two bf16 or one fp32
     fwriteCheck(&nan_bits, 4, 1, fp);
     fcloseCheck(fp);
+    test::reseal_checksums(bad);  // as a writer with a bug would have made it: past the checksums
     test::CommandResult refused = test::run_command(trainer() + " -e " + bad + " -i " + dir + "/train.bin -b 2 -t 16 -x 1 -v 0 -s 0");
     EXPECT_EQ(refused.exit_code, 1) << refused.output;
     EXPECT_NE(refused.output.find("model_nan.bin': element"), std::string::npos) << refused.output;
@@ -483,6 +485,88 @@ TEST(TrainCheckpoints, CpuAndCudaTrainersReadEachOthersCheckpoints) {
         ASSERT_EQ(b.size(), 1u);
         EXPECT_NEAR(a[0], b[0], step_loss_tolerance(b[0]));
     }
+}
+
+
+// doc/reliability.md, with this trainer: its checkpoints go through the same writers and readers as the
+// CPU trainer's (llmc/io/checkpoint.h, llmc/run/train_common.h), checked here end to end. A disk that
+// fills up during a checkpoint (a file-size limit between the model file's size and the state file's):
+// the run stops naming the file and leaves nothing of that step; one that dies there (SIGXFSZ) leaves
+// an orphan model file and a .tmp, which -y 1 removes, saying so, before it resumes.
+TEST(TrainCheckpoints, FullDiskDuringACheckpointLeavesNothingOfIt) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -sh 0 -n 1";
+    TrainerRun run = run_trainer("gpu_disk_full", flags + " -x 2");
+    long model_size = (long)test::read_text(checkpoint_model_path(run.dir, 2)).size();
+    long state_size = (long)test::read_text(checkpoint_state_path(run.dir, 2, 0)).size();
+    long limit = (model_size + state_size) / 2 / 1024 * 1024;
+    ASSERT_TRUE(model_size < limit && limit < state_size) << model_size << " " << state_size;
+    std::string resume = trainer() + " " + flags + " -x 4 -y 1 -o " + run.dir;
+
+    test::CommandResult full = test::run_with_file_limit(resume, limit);
+    EXPECT_EQ(full.exit_code, 1) << full.output;
+    EXPECT_TRUE(std::regex_search(full.output, std::regex("Error: could not write '.*state_00000003_00000\\.bin\\.tmp'.*File too large")))
+        << full.output;
+    EXPECT_EQ(test::dir_names_ending(run.dir, ".tmp"), "");
+    for (const std::string& name : test::dir_names(run.dir)) EXPECT_EQ(name.find("00000003"), std::string::npos) << name;
+    EXPECT_EQ(checkpoint_find_latest(run.dir), 2);
+
+    test::CommandResult killed = test::run_with_file_limit(resume, limit, true);
+    EXPECT_NE(killed.exit_code, 0) << killed.output;
+    ASSERT_TRUE(file_exists(checkpoint_model_path(run.dir, 3))) << "the crash left no orphan model file";
+    test::CommandResult resumed = test::run_command(resume);
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_TRUE(std::regex_search(resumed.output, std::regex(
+        "resume: removed 2 incomplete checkpoint files .*: model_00000003\\.bin state_00000003_00000\\.bin\\.tmp")))
+        << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(checkpoint_find_latest(run.dir), 4);
+    EXPECT_EQ(test::dir_names_ending(run.dir, ".tmp"), "");
+}
+
+// A flipped bit in this trainer's bf16 model file or in its state file stops the resume with the file
+// and the bytes named; a negative AdamW second moment with correct checksums is refused too.
+TEST(TrainCheckpoints, CorruptCheckpointIsRefusedOnResume) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -sh 0 -n 1";
+    TrainerRun run = run_trainer("gpu_corrupt", flags + " -x 2");
+    std::string model = checkpoint_model_path(run.dir, 2), state = checkpoint_state_path(run.dir, 2, 0);
+    std::string model_bytes = test::read_text(model), state_bytes = test::read_text(state);
+    auto restore = [&] {
+        std::ofstream(model, std::ios::binary) << model_bytes;
+        std::ofstream(state, std::ios::binary) << state_bytes;
+    };
+    std::string resume = trainer() + " " + flags + " -x 3 -y 1 -o " + run.dir;
+    struct Case {
+        std::string path;
+        std::string pattern;
+    } cases[] = {
+        {model, "model checkpoint '.*model_00000002\\.bin' is corrupt: bytes \\[1024, [0-9]+\\) \\(block 1 of 1\\)"},
+        {state, "optimizer state file '.*state_00000002_00000\\.bin' is corrupt: bytes \\[1024, [0-9]+\\) \\(block 1 of [0-9]+\\)"},
+    };
+    for (const Case& c : cases) {
+        restore();
+        test::flip_byte(c.path, HEADER_BYTES + 2000);
+        test::CommandResult r = test::run_command(resume);
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_TRUE(std::regex_search(r.output, std::regex(c.pattern))) << r.output;
+    }
+    restore();
+    TrainState saved;
+    state_file_read(state, &saved);
+    float negative = -1e-4f;
+    FILE* fp = fopenCheck(state.c_str(), "r+b");
+    fseek(fp, HEADER_BYTES + (long)(saved.m.size() + 5) * 4, SEEK_SET);  // v[5]
+    fwriteCheck(&negative, 4, 1, fp);
+    fcloseCheck(fp);
+    test::reseal_checksums(state);
+    test::CommandResult r = test::run_command(resume);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex(
+        "reading AdamW v of .*state_00000002_00000\\.bin': element 5 of [0-9]+ is -0\\.0001; a second moment cannot be negative")))
+        << r.output;
 }
 
 }  // namespace gpu_test
