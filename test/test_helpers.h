@@ -256,11 +256,11 @@ inline void reseal_checksums(const std::string& path) {
 // A shell command run with a limit of `limit_bytes` on the size of any file it writes (ulimit -f, in
 // KiB for bash), which makes a disk that fills up at a chosen point. With SIGXFSZ ignored (trap '' XFSZ,
 // inherited through exec), a write past the limit fails with EFBIG as a write to a full disk fails
-// with ENOSPC; with `signal_kills`, SIGXFSZ ends the process there, as a crash would. Open MPI's PMIx
-// keeps its shared data in files larger than such a limit (MPI_Init fails); PMIX_MCA_gds=hash keeps
-// it in memory instead.
+// with ENOSPC; with `signal_kills`, SIGXFSZ ends the process there, as a crash would (without a core
+// file: ulimit -c 0). Open MPI's PMIx keeps its shared data in files larger than such a limit (MPI_Init
+// fails); PMIX_MCA_gds=hash keeps it in memory instead.
 inline CommandResult run_with_file_limit(const std::string& command, long limit_bytes, bool signal_kills = false) {
-    std::string script = std::string("export PMIX_MCA_gds=hash; ") + (signal_kills ? "" : "trap '' XFSZ; ") +
+    std::string script = std::string("export PMIX_MCA_gds=hash; ulimit -c 0; ") + (signal_kills ? "" : "trap '' XFSZ; ") +
                          "ulimit -f " + std::to_string(limit_bytes / 1024) + "; exec " + command;
     std::string quoted;  // the script as one single-quoted shell word
     for (char c : script) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
