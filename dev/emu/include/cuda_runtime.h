@@ -230,3 +230,5 @@ inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, R (*func)(P..
 }
 
 #include "emu/kernel.h"
+// min and max in the global namespace, as the toolkit's headers declare them for kernels and host code
+#include "emu/minmax.h"

@@ -301,8 +301,10 @@ inline void check_argument(const void* kernel, int index, const T& value) {
     }
 }
 
+// Checks the launch, converts the arguments to the kernel's parameter types (once, as CUDA copies
+// them at the launch) and queues the grid.
 template <typename... P, typename... A>
-void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
+void launch(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     const void* id = reinterpret_cast<const void*>(kernel);
     auto bound = std::make_shared<BoundKernel<P...>>(BoundKernel<P...>{kernel, std::tuple<std::decay_t<P>...>(pending.args)});
@@ -314,4 +316,12 @@ void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
     launch_enqueue(id, pending.config, &BoundKernel<P...>::run_thread, std::move(bound));
 }
 
+// `kernel *LaunchConfig{...}(args)`, what cu2cpp.sh writes for `kernel<<<...>>>(args)`.
+template <typename... P, typename... A>
+void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
+    launch(kernel, std::move(pending));
+}
+
 }  // namespace emu
+
+#include "emu/launch_overloaded.h"

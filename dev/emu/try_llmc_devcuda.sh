@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds and runs CUDA programs written elsewhere (llm.c's dev/cuda: a common.h and one .cu per op, each
+# checking its kernels against a CPU reference) under the emulator, the way dev/emu/devcuda.mk builds
+# ours, and prints one line per program and kernel. It reads the programs from DIR and never copies
+# them into the repository: what it builds goes to build/emu/foreign-devcuda/.
+#
+#   dev/emu/try_llmc_devcuda.sh DIR [PROGRAM...]      e.g. dev/emu/try_llmc_devcuda.sh /tmp/llmc-devcuda
+#
+# For each DIR/PROGRAM.cu (every .cu when none is named):
+#   build  cu2cpp.sh rewrites the copy (DIR's headers too), g++ compiles it with the prelude and links
+#          the emulator (flags from `make emu-devcuda-build-settings`); with nvcc, kernel_table.sh adds
+#          the kernels' registers and shared memory from ptxas for sm_90, so launches an H100 would
+#          refuse are refused here. Compiler output: build/emu/foreign-devcuda/logs/PROGRAM.build.log.
+#   run    once per kernel number the source dispatches on (`case N:`; once with no argument when there
+#          is none): `PROGRAM N`. Such programs check every kernel against their CPU reference first,
+#          print "All results match", then benchmark; the emulator proves nothing about speed, so the
+#          run is stopped as soon as that line appears. Verdicts: passed (the line appeared), FAILED
+#          (it exited first: a mismatch, a CUDA error, an emulator refusal), TIMEOUT (neither within
+#          TRY_TIMEOUT seconds, default 600). Logs: build/emu/foreign-devcuda/logs/PROGRAM.N.log.
+# Settings: TRY_TIMEOUT (seconds per run), TRY_MARKER (default "All results match"), and the emulator's
+# own (EMU_THREADS, EMU_THREAD_ORDER, ...), passed through.
+set -uo pipefail
+
+if [ $# -lt 1 ] || [ ! -d "$1" ]; then
+    echo "usage: $0 DIR [PROGRAM...]   (DIR holds the .cu programs and the headers they include)" >&2
+    exit 2
+fi
+dir="$(cd "$1" && pwd)"
+shift
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$repo"
+work="$repo/build/emu/foreign-devcuda"
+timeout_s="${TRY_TIMEOUT:-600}"
+marker="${TRY_MARKER:-All results match}"
+mkdir -p "$work/src" "$work/bin" "$work/logs"
+
+if [ $# -gt 0 ]; then
+    programs=("$@")
+else
+    programs=()
+    for f in "$dir"/*.cu; do programs+=("$(basename "$f" .cu)"); done
+fi
+
+# the emulator's objects, and how ours are compiled and linked (emu_cxx, devcuda_flags, devcuda_link, nvcc)
+settings="$(make -s --no-print-directory emu-devcuda-build-settings)" || { echo "building the emulator failed" >&2; exit 1; }
+eval "$settings"
+
+# every header and program of DIR, rewritten (<<< >>>, __shared__) into $work/src
+(cd "$dir" && "$repo/dev/emu/cu2cpp.sh" "$work/src" $(ls *.cu *.h *.cuh 2>/dev/null))
+
+# Runs one program with one argument list; prints the verdict and seconds. The output goes through
+# stdbuf -oL so that the marker reaches the log when printed, not when stdio's buffer fills.
+run_one() {
+    local bin="$1" log="$2"
+    shift 2
+    local start=$SECONDS pid verdict=""
+    : > "$log"
+    stdbuf -oL "$bin" "$@" >> "$log" 2>&1 &
+    pid=$!
+    while :; do
+        if grep -q "$marker" "$log"; then
+            kill "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            verdict=passed
+            break
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            wait "$pid"
+            local rc=$?
+            if grep -q "$marker" "$log"; then verdict=passed; else verdict="FAILED (exit $rc)"; fi
+            break
+        fi
+        if [ $((SECONDS - start)) -ge "$timeout_s" ]; then
+            kill "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            verdict="TIMEOUT (${timeout_s} s)"
+            break
+        fi
+        sleep 0.2
+    done
+    echo "$verdict, $((SECONDS - start)) s"
+}
+
+built=0
+build_failed=0
+runs_passed=0
+runs_failed=0
+for p in "${programs[@]}"; do
+    src="$work/src/$p.cu"
+    if [ ! -f "$src" ]; then
+        echo "$p: no $dir/$p.cu"
+        continue
+    fi
+    kernels_o=""
+    if command -v "$nvcc" > /dev/null 2>&1; then
+        if "$repo/dev/emu/kernel_table.sh" "$work/${p}_kernels.cpp" "$nvcc" "-I$dir $dir/$p.cu" 2> "$work/logs/$p.nvcc.log" &&
+            g++ -std=c++17 -O1 -Idev/emu/include -c "$work/${p}_kernels.cpp" -o "$work/${p}_kernels.o"; then
+            kernels_o="$work/${p}_kernels.o"
+        fi
+    fi
+    # shellcheck disable=SC2086
+    if ! eval "$emu_cxx $devcuda_flags -I$work/src $src -x none $kernels_o $devcuda_link -o $work/bin/$p" > "$work/logs/$p.build.log" 2>&1; then
+        build_failed=$((build_failed + 1))
+        echo "$p: BUILD FAILED (log: $work/logs/$p.build.log)"
+        grep -m 3 "error" "$work/logs/$p.build.log" | sed 's/^/    /'
+        continue
+    fi
+    built=$((built + 1))
+    numbers="$(grep -oE '^[[:space:]]*case [0-9]+:' "$dir/$p.cu" | grep -oE '[0-9]+' | sort -n | uniq | tr '\n' ' ')"
+    [ -z "$numbers" ] && numbers="-"
+    for k in $numbers; do
+        log="$work/logs/$p.$k.log"
+        if [ "$k" = "-" ]; then
+            verdict="$(run_one "$work/bin/$p" "$log")"
+            label="$p"
+        else
+            verdict="$(run_one "$work/bin/$p" "$log" "$k")"
+            label="$p $k"
+        fi
+        case "$verdict" in
+            passed*) runs_passed=$((runs_passed + 1)) ;;
+            *) runs_failed=$((runs_failed + 1)) ;;
+        esac
+        printf "%-36s %s (emulated; log: %s)\n" "$label" "$verdict" "$log"
+        case "$verdict" in
+            passed*) ;;
+            *) grep -h -m 3 "cuda-emu:\|Mismatch\|ERROR\|Invalid\|rror" "$log" | sed 's/^/    /' ;;
+        esac
+    done
+done
+echo "built $built of $((built + build_failed)) programs; runs: $runs_passed passed, $runs_failed did not"
+[ "$build_failed" -eq 0 ] && [ "$runs_failed" -eq 0 ]
