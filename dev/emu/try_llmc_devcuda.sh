@@ -11,8 +11,8 @@
 #          the emulator (flags from `make emu-devcuda-build-settings`); with nvcc, kernel_table.sh adds
 #          the kernels' registers and shared memory from ptxas for sm_90, so launches an H100 would
 #          refuse are refused here. Compiler output: build/emu/foreign-devcuda/logs/PROGRAM.build.log.
-#   run    once per kernel number the source dispatches on (`case N:`; once with no argument when there
-#          is none): `PROGRAM N`. Such programs check every kernel against their CPU reference first,
+#   run    once per kernel number the source dispatches on (the `case N:` labels of its `switch
+#          (kernel_num)`; once with no argument when there is none): `PROGRAM N`. Such programs check every kernel against their CPU reference first,
 #          print "All results match", then benchmark; the emulator proves nothing about speed, so the
 #          run is stopped as soon as that line appears. Verdicts: passed (the line appeared), FAILED
 #          (it exited first: a mismatch, a CUDA error, an emulator refusal), TIMEOUT (neither within
@@ -106,7 +106,10 @@ for p in "${programs[@]}"; do
         continue
     fi
     built=$((built + 1))
-    numbers="$(grep -oE '^[[:space:]]*case [0-9]+:' "$dir/$p.cu" | grep -oE '[0-9]+' | sort -n | uniq | tr '\n' ' ')"
+    # the case labels of `switch (kernel_num)`, up to its default
+    numbers="$(awk '/switch *\( *kernel_num *\)/ { on = 1 } on && /default *:/ { on = 0 }
+                    on { while (match($0, /case +[0-9]+ *:/)) { n = substr($0, RSTART, RLENGTH); gsub(/[^0-9]/, "", n); print n; $0 = substr($0, RSTART + RLENGTH) } }' \
+               "$dir/$p.cu" | sort -n | uniq | tr '\n' ' ')"
     [ -z "$numbers" ] && numbers="-"
     for k in $numbers; do
         log="$work/logs/$p.$k.log"
