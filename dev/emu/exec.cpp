@@ -834,6 +834,14 @@ void syncthreads() {
 #endif
 }
 
+void trap() {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) fail("__trap called outside a kernel");
+    fail("kernel %s block (%u,%u,%u) thread (%u,%u,%u) called __trap() (on a GPU the launch fails and the CUDA "
+         "context with it)",
+         kernel_name(w->kernel).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+}
+
 int syncthreads_count(int predicate) {
     if (this_worker == nullptr || this_worker->current_thread < 0) fail("__syncthreads_count called outside a kernel");
     Worker& w = *this_worker;

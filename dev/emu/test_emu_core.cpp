@@ -12,6 +12,7 @@
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace cg = cooperative_groups;
@@ -323,6 +324,30 @@ __global__ void cg_tile_missing_lane_kernel(int* out) {
 __global__ void cg_partition_kernel(int* out) {
     cg::thread_block_tile<32> warp = cg::tiled_partition<32>(cg::this_thread_block());
     out[threadIdx.x] = (int)warp.thread_rank();
+}
+
+// ----------------------------------------------------------------------------
+// atomicInc/atomicDec wrap at the limit; bf16x2 and half2 atomics and arithmetic; __trap
+
+// 7 threads increment (limit 3) and 7 decrement (limit 4) one counter each, starting at 0:
+// inc: 0 1 2 3 0 1 2 3 ... ; dec: 0 -> 4 (0 wraps to the limit) 3 2 1 0 4 ...
+__global__ void wrap_kernel(unsigned* counters) {
+    atomicInc(&counters[0], 3u);
+    atomicDec(&counters[1], 4u);
+}
+// 40 threads add (1, 2) into one bf16x2 and one half2 pair; out[2] = a + b and a * b on given pairs
+__global__ void pair_atomic_kernel(__nv_bfloat162* bf, __half2* hf, __nv_bfloat162* out, __nv_bfloat162 a, __nv_bfloat162 b) {
+    atomicAdd(bf, __floats2bfloat162_rn(1.0f, 2.0f));
+    atomicAdd(hf, __floats2half2_rn(1.0f, 2.0f));
+    if (threadIdx.x == 0) {
+        out[0] = a + b;
+        out[1] = a * b;
+        out[2] = a - b;
+    }
+}
+__global__ void trap_kernel(int* out) {
+    if (threadIdx.x == 5) __trap();
+    out[threadIdx.x] = 1;
 }
 
 // ----------------------------------------------------------------------------
@@ -683,6 +708,53 @@ TEST(EmuCooperativeGroupsDeathTest, PartitionOfABlockThatIsNotAMultipleIsRefused
 
 // ----------------------------------------------------------------------------
 // min and max; a kernel and a host function of one name
+
+TEST(EmuExec, AtomicIncDecWrapAtTheirLimits) {
+    unsigned* d = device_array<unsigned>(2);
+    wrap_kernel<<<1, 7>>>(d);
+    std::vector<unsigned> h = download(d, 2);
+    // inc, limit 3, seven times from 0: 1 2 3 0 1 2 3 -> 3; dec, limit 4: 4 3 2 1 0 4 3 -> 3
+    EXPECT_EQ(h[0], 3u);
+    EXPECT_EQ(h[1], 3u);
+    wrap_kernel<<<1, 5>>>(d);  // from 3: inc 0 1 2 3 0 -> 0; dec 2 1 0 4 3 -> 3
+    h = download(d, 2);
+    EXPECT_EQ(h[0], 0u);
+    EXPECT_EQ(h[1], 3u);
+    cudaFree(d);
+}
+
+TEST(EmuBf16, PairAtomicsAndArithmeticRoundEachHalf) {
+    __nv_bfloat162* bf = device_array<__nv_bfloat162>(1);
+    __half2* hf = device_array<__half2>(1);
+    __nv_bfloat162* out = device_array<__nv_bfloat162>(3);
+    // a = (1, 3), b = (2^-8, 5): a + b = (1 + 2^-8 -> 1: halfway to 1 + 2^-7, ties to even; 8),
+    // a * b = (2^-8, 15), a - b = (1 - 2^-8, exact: bf16's spacing below 1 is 2^-8; -2)
+    __nv_bfloat162 a = __floats2bfloat162_rn(1.0f, 3.0f), b = __floats2bfloat162_rn(std::ldexp(1.0f, -8), 5.0f);
+    pair_atomic_kernel<<<1, 40>>>(bf, hf, out, a, b);
+    __nv_bfloat162 bf_h = download(bf, 1)[0];
+    __half2 hf_h = download(hf, 1)[0];
+    std::vector<__nv_bfloat162> o = download(out, 3);
+    EXPECT_EQ((float)bf_h.x, 40.0f);  // integers up to 256 are exact in bf16: every add is exact
+    EXPECT_EQ((float)bf_h.y, 80.0f);
+    EXPECT_EQ((float)hf_h.x, 40.0f);
+    EXPECT_EQ((float)hf_h.y, 80.0f);
+    EXPECT_EQ((float)o[0].x, 1.0f);
+    EXPECT_EQ((float)o[0].y, 8.0f);
+    EXPECT_EQ((float)o[1].x, std::ldexp(1.0f, -8));
+    EXPECT_EQ((float)o[1].y, 15.0f);
+    EXPECT_EQ((float)o[2].x, 1.0f - std::ldexp(1.0f, -8));
+    EXPECT_EQ((float)o[2].y, -2.0f);
+    cudaFree(bf), cudaFree(hf), cudaFree(out);
+}
+
+TEST(EmuExecDeathTest, TrapEndsTheProgramNamingTheThread) {
+    auto run = [] {
+        int* d = device_array<int>(32);
+        trap_kernel<<<1, 32>>>(d);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(run(), "kernel emu_test::trap_kernel\\(int\\*\\) block \\(0,0,0\\) thread \\(5,0,0\\) called __trap\\(\\)");
+}
 
 TEST(EmuMath, GlobalMinMaxFollowTheCudaOverloads) {
     long long* d = device_array<long long>(8);

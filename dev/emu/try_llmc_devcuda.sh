@@ -12,13 +12,15 @@
 #          the kernels' registers and shared memory from ptxas for sm_90, so launches an H100 would
 #          refuse are refused here. Compiler output: build/emu/foreign-devcuda/logs/PROGRAM.build.log.
 #   run    once per kernel number the source dispatches on (the `case N:` labels of its `switch
-#          (kernel_num)`; once with no argument when there is none): `PROGRAM N`. Such programs check every kernel against their CPU reference first,
-#          print "All results match", then benchmark; the emulator proves nothing about speed, so the
-#          run is stopped as soon as that line appears. Verdicts: passed (the line appeared), FAILED
-#          (it exited first: a mismatch, a CUDA error, an emulator refusal), TIMEOUT (neither within
-#          TRY_TIMEOUT seconds, default 600). Logs: build/emu/foreign-devcuda/logs/PROGRAM.N.log.
-# Settings: TRY_TIMEOUT (seconds per run), TRY_MARKER (default "All results match"), and the emulator's
-# own (EMU_THREADS, EMU_THREAD_ORDER, ...), passed through.
+#          (kernel_num)`; once with no argument when there is none): `PROGRAM N`. Such programs check
+#          their kernels against a CPU reference, print "All results match", then benchmark; the
+#          emulator proves nothing about speed, so the build includes stop_at_first_timing.h, which ends
+#          the program with status 0 at its first cudaEventElapsedTime. Verdicts: passed (status 0 and the
+#          marker in the output; noted when the output holds NaN), FAILED (a mismatch, a CUDA error, an
+#          emulator refusal, or no marker), TIMEOUT (TRY_TIMEOUT seconds, default 600).
+#          Logs: build/emu/foreign-devcuda/logs/PROGRAM.N.log.
+# Settings: TRY_TIMEOUT (seconds per run), TRY_MARKER (default "results match", case-insensitive), and
+# the emulator's own (EMU_THREADS, EMU_THREAD_ORDER, ...), passed through.
 set -uo pipefail
 
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
@@ -31,7 +33,7 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 work="$repo/build/emu/foreign-devcuda"
 timeout_s="${TRY_TIMEOUT:-600}"
-marker="${TRY_MARKER:-All results match}"
+marker="${TRY_MARKER:-results match}"
 mkdir -p "$work/src" "$work/bin" "$work/logs"
 
 if [ $# -gt 0 ]; then
@@ -48,37 +50,26 @@ eval "$settings"
 # every header and program of DIR, rewritten (<<< >>>, __shared__) into $work/src
 (cd "$dir" && "$repo/dev/emu/cu2cpp.sh" "$work/src" $(ls *.cu *.h *.cuh 2>/dev/null))
 
-# Runs one program with one argument list; prints the verdict and seconds. The output goes through
-# stdbuf -oL so that the marker reaches the log when printed, not when stdio's buffer fills.
+# Runs one program with one argument list; prints the verdict and seconds. The program stops itself at
+# its first timing (stop_at_first_timing.h) with status 0; a failed check or an emulator error exits
+# non-zero before that.
 run_one() {
     local bin="$1" log="$2"
     shift 2
-    local start=$SECONDS pid verdict=""
-    : > "$log"
-    stdbuf -oL "$bin" "$@" >> "$log" 2>&1 &
-    pid=$!
-    while :; do
-        if grep -q "$marker" "$log"; then
-            kill "$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            verdict=passed
-            break
-        fi
-        if ! kill -0 "$pid" 2>/dev/null; then
-            wait "$pid"
-            local rc=$?
-            if grep -q "$marker" "$log"; then verdict=passed; else verdict="FAILED (exit $rc)"; fi
-            break
-        fi
-        if [ $((SECONDS - start)) -ge "$timeout_s" ]; then
-            kill "$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            verdict="TIMEOUT (${timeout_s} s)"
-            break
-        fi
-        sleep 0.2
-    done
-    echo "$verdict, $((SECONDS - start)) s"
+    local start=$SECONDS rc
+    timeout "$timeout_s" "$bin" "$@" > "$log" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ]; then
+        echo "TIMEOUT (${timeout_s} s), $((SECONDS - start)) s"
+    elif [ $rc -ne 0 ]; then
+        echo "FAILED (exit $rc), $((SECONDS - start)) s"
+    elif ! grep -qi "$marker" "$log"; then
+        echo "FAILED (exit 0 without \"$marker\": nothing was checked?), $((SECONDS - start)) s"
+    elif grep -qE '(^|[^A-Za-z])-?nan([^A-Za-z]|$)' "$log"; then
+        echo "passed, but it printed NaN (a value nobody wrote? its check compares with >, which NaN never fails), $((SECONDS - start)) s"
+    else
+        echo "passed, $((SECONDS - start)) s"
+    fi
 }
 
 built=0
@@ -99,7 +90,7 @@ for p in "${programs[@]}"; do
         fi
     fi
     # shellcheck disable=SC2086
-    if ! eval "$emu_cxx $devcuda_flags -I$work/src $src -x none $kernels_o $devcuda_link -o $work/bin/$p" > "$work/logs/$p.build.log" 2>&1; then
+    if ! eval "$emu_cxx $devcuda_flags -include $repo/dev/emu/stop_at_first_timing.h -I$work/src $src -x none $kernels_o $devcuda_link -o $work/bin/$p" > "$work/logs/$p.build.log" 2>&1; then
         build_failed=$((build_failed + 1))
         echo "$p: BUILD FAILED (log: $work/logs/$p.build.log)"
         grep -m 3 "error" "$work/logs/$p.build.log" | sed 's/^/    /'

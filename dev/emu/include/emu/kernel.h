@@ -118,6 +118,12 @@ inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
 }
 // which lanes are converged here is not modelled (threads run one at a time): refused, not guessed
 inline unsigned __activemask() { emu::fail("__activemask is not supported by the emulator"); }
+// __trap aborts the kernel on the GPU (the launch fails and the context with it): here the program ends,
+// naming the kernel, block and thread (exec.cpp)
+namespace emu {
+[[noreturn]] void trap();
+}
+inline void __trap() { emu::trap(); }
 
 // ----------------------------------------------------------------------------
 // memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
@@ -175,6 +181,21 @@ inline int atomicMax(int* a, int v) { return emu_atomic_update<int>(a, v, [](int
 inline unsigned atomicMax(unsigned* a, unsigned v) { return emu_atomic_update<unsigned>(a, v, [](unsigned o, unsigned n) { return n > o; }); }
 inline int atomicMin(int* a, int v) { return emu_atomic_update<int>(a, v, [](int o, int n) { return n < o; }); }
 inline unsigned atomicMin(unsigned* a, unsigned v) { return emu_atomic_update<unsigned>(a, v, [](unsigned o, unsigned n) { return n < o; }); }
+// atomicInc: *a = (old >= limit) ? 0 : old + 1; atomicDec: *a = (old == 0 || old > limit) ? limit : old - 1
+// (CUDA Programming Guide, "Atomic Functions"); both return the old value
+inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(a, &old, old >= limit ? 0u : old + 1u, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+inline unsigned atomicDec(unsigned* a, unsigned limit) {
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(a, &old, (old == 0 || old > limit) ? limit : old - 1u, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
 inline int atomicOr(int* a, int v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
 inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
 inline int atomicAnd(int* a, int v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }

@@ -1,4 +1,4 @@
-// Launching a kernel that shares its name with host functions (included at the end of emu/kernel.h).
+// Launching a kernel named by an overload set or a template (included at the end of emu/kernel.h).
 //
 // A kernel's name may be an overload set, as in `__global__ void gelu_forward(float*, const float*, int)`
 // next to a host `void gelu_forward(float*, const float*, int, int)` that launches it: CUDA picks the
@@ -94,5 +94,20 @@ EMU_LAUNCH_OF_ARITY(31)
 EMU_LAUNCH_OF_ARITY(32)
 
 #undef EMU_LAUNCH_OF_ARITY
+
+// A kernel template launched without its template arguments, as CUDA allows (they are deduced from the
+// launch's arguments: `norm_kernel<<<g, b>>>(out, values, n)` for `template <class T> __global__ void
+// norm_kernel(float*, const T*, size_t)`): a template name cannot be deduced against `void (*)(P...)`
+// either. This operator's kernel parameter is `void (*)(A...)` with A the launch's own argument types
+// (deduced from the PendingLaunch alone, decay_t making the first operand a non-deduced context), so
+// the template name converts to that pointer type and its arguments are deduced from it. That needs
+// each argument to have the parameter's exact type (float* for const T* does not deduce: a compile
+// error, "no match for operator*"; write the template arguments then, kernel<float><<<...>>>).
+namespace emu {
+template <typename... A>
+void operator*(void (*kernel)(std::decay_t<A>...), PendingLaunch<A...>&& pending) {
+    launch(kernel, std::move(pending));
+}
+}  // namespace emu
 #undef EMU_P
 #undef EMU_TYPENAME_P
