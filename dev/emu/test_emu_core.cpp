@@ -1002,6 +1002,30 @@ TEST(EmuMemory, MallocIsAlignedAndReadsAsNaN) {
 // ----------------------------------------------------------------------------
 // streams and events: lazy, and in an order that differs from issue order unless events say otherwise
 
+TEST(EmuMemory, Memcpy2DCopiesRowsAndLeavesThePaddingAlone) {
+    // a 3 x 4 int matrix with a host pitch of 5 ints into a device pitch of 6, then back with pitch 4
+    std::vector<int> host(3 * 5);
+    for (int i = 0; i < 15; i++) host[i] = 100 + i;
+    int* d = device_array<int>(3 * 6, 0x7f);  // every byte 0x7f: the padding must keep it
+    ASSERT_EQ(cudaMemcpy2D(d, 6 * sizeof(int), host.data(), 5 * sizeof(int), 4 * sizeof(int), 3, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    std::vector<int> dev = download(d, 3 * 6);
+    for (int r = 0; r < 3; r++) {
+        for (int c = 0; c < 4; c++) EXPECT_EQ(dev[r * 6 + c], 100 + r * 5 + c);
+        for (int c = 4; c < 6; c++) EXPECT_EQ(dev[r * 6 + c], 0x7f7f7f7f) << "padding written";
+    }
+    std::vector<int> back(3 * 4, -1);
+    ASSERT_EQ(cudaMemcpy2D(back.data(), 4 * sizeof(int), d, 6 * sizeof(int), 4 * sizeof(int), 3, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 4; c++) EXPECT_EQ(back[r * 4 + c], 100 + r * 5 + c);
+    // a width wider than a pitch is refused, and recorded as the last error
+    EXPECT_EQ(cudaMemcpy2D(d, 2 * sizeof(int), host.data(), 5 * sizeof(int), 4 * sizeof(int), 3, cudaMemcpyHostToDevice),
+              cudaErrorInvalidPitchValue);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidPitchValue);
+    cudaFree(d);
+}
+
 TEST(EmuStream, WorkRunsOnlyWhenTheHostWaits) {
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
