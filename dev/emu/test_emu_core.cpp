@@ -380,6 +380,13 @@ __global__ void axpy_named_twice(float* y, float a, int n) {
     if (i < n) y[i] += a;
 }
 
+// a kernel template, launched without its template arguments (CUDA deduces them from the launch's)
+template <typename T>
+__global__ void scale_in_place(T* values, T factor, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) values[i] *= factor;
+}
+
 }  // namespace emu_test
 
 using namespace emu_test;
@@ -802,6 +809,27 @@ TEST(EmuLaunch, KernelThatSharesItsNameWithHostFunctions) {
     std::vector<float> h = download(y, n);
     for (int i = 0; i < n; i++) EXPECT_EQ(h[i], y0[i] + 0.5f * x0[i] + 3.0f) << i;
     cudaFree(y), cudaFree(x);
+}
+
+TEST(EmuLaunch, KernelTemplateWithDeducedArguments) {
+    const int n = 40;
+    std::vector<float> f0(n);
+    std::vector<int> i0(n);
+    for (int i = 0; i < n; i++) f0[i] = 0.25f * (float)i, i0[i] = i - 7;
+    float* f = device_array<float>(n);
+    int* k = device_array<int>(n);
+    cudaMemcpy(f, f0.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(k, i0.data(), n * sizeof(int), cudaMemcpyHostToDevice);
+    scale_in_place<<<2, 32>>>(f, 4.0f, n);  // T = float
+    scale_in_place<<<2, 32>>>(k, -3, n);    // T = int
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> hf = download(f, n);
+    std::vector<int> hk = download(k, n);
+    for (int i = 0; i < n; i++) {
+        EXPECT_EQ(hf[i], (float)i) << i;  // 0.25 i * 4, exact
+        EXPECT_EQ(hk[i], -3 * (i - 7)) << i;
+    }
+    cudaFree(f), cudaFree(k);
 }
 
 TEST(EmuLaunchDeathTest, OverloadedKernelIsStillChecked) {
