@@ -263,6 +263,11 @@ void check_pointer_argument(const void* kernel, int index, const void* pointer) 
          kernel_name(kernel).c_str(), index, pointer);
 }
 
+void refuse_integer_for_pointer(const void* kernel, int index, long long value) {
+    fail("kernel %s argument %d is the integer %lld for a pointer parameter (only NULL or 0 converts)",
+         kernel_name(kernel).c_str(), index, value);
+}
+
 // ----------------------------------------------------------------------------
 // fibers
 

@@ -387,6 +387,11 @@ __global__ void scale_in_place(T* values, T factor, int n) {
     if (i < n) values[i] *= factor;
 }
 
+// tells whether it was given a pointer: launched with NULL or 0 for `maybe`, as CUDA code does
+__global__ void note_whether_given(int* out, const float* maybe) {
+    out[threadIdx.x] = maybe == nullptr ? 1 : 2;
+}
+
 }  // namespace emu_test
 
 using namespace emu_test;
@@ -830,6 +835,26 @@ TEST(EmuLaunch, KernelTemplateWithDeducedArguments) {
         EXPECT_EQ(hk[i], -3 * (i - 7)) << i;
     }
     cudaFree(f), cudaFree(k);
+}
+
+TEST(EmuLaunch, NullOrZeroForAPointerParameterIsTheNullPointer) {
+    int* out = device_array<int>(3);
+    float* given = device_array<float>(1);
+    note_whether_given<<<1, 1>>>(out, NULL);  // g++'s NULL is __null, a long once the launch has stored it
+    note_whether_given<<<1, 1>>>(out + 1, 0);
+    note_whether_given<<<1, 1>>>(out + 2, given);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<int> h = download(out, 3);
+    EXPECT_EQ(h, (std::vector<int>{1, 1, 2}));
+    cudaFree(out), cudaFree(given);
+}
+
+TEST(EmuLaunchDeathTest, NonZeroIntegerForAPointerParameterIsRefused) {
+    int* out = device_array<int>(1);
+    EXPECT_DEATH((note_whether_given<<<1, 1>>>(out, 16)),
+                 "kernel emu_test::note_whether_given\\(int\\*, float const\\*\\) argument 2 is the integer 16 "
+                 "for a pointer parameter");
+    cudaFree(out);
 }
 
 TEST(EmuLaunchDeathTest, OverloadedKernelIsStillChecked) {

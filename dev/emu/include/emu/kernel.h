@@ -315,6 +315,30 @@ struct BoundKernel {
     }
 };
 
+// Refuses (fails) a non-zero integer argument given for a pointer parameter.
+void refuse_integer_for_pointer(const void* kernel, int index, long long value);
+
+// One argument converted to its parameter's type P, as the call would. An integer for a pointer
+// parameter is NULL (g++'s `__null`, a long) or a literal 0: at the call CUDA takes such a null pointer
+// constant as the null pointer, but the launch has stored its value, which no longer converts; it
+// becomes nullptr here, and any other integer is refused (CUDA would not compile it).
+template <typename P, typename A>
+std::decay_t<P> convert_argument(const void* kernel, int index, const A& value) {
+    using Param = std::decay_t<P>;
+    if constexpr (std::is_pointer<Param>::value && std::is_integral<A>::value && !std::is_same<A, bool>::value) {
+        if (value != 0) refuse_integer_for_pointer(kernel, index, (long long)value);
+        return nullptr;
+    } else {
+        Param converted(value);
+        return converted;
+    }
+}
+template <typename... P, typename... A, size_t... I>
+std::tuple<std::decay_t<P>...> convert_arguments(const void* kernel, const std::tuple<A...>& args,
+                                                 std::index_sequence<I...>) {
+    return std::tuple<std::decay_t<P>...>(convert_argument<P>(kernel, (int)I + 1, std::get<I>(args))...);
+}
+
 template <typename T>
 inline void check_argument(const void* kernel, int index, const T& value) {
     if constexpr (std::is_pointer<T>::value) {
@@ -328,7 +352,8 @@ template <typename... P, typename... A>
 void launch(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     const void* id = reinterpret_cast<const void*>(kernel);
-    auto bound = std::make_shared<BoundKernel<P...>>(BoundKernel<P...>{kernel, std::tuple<std::decay_t<P>...>(pending.args)});
+    auto bound = std::make_shared<BoundKernel<P...>>(
+        BoundKernel<P...>{kernel, convert_arguments<P...>(id, pending.args, std::index_sequence_for<P...>{})});
     if (!launch_check(id, pending.config)) return;
     std::apply([&](const auto&... values) {
         int index = 0;
