@@ -10,7 +10,8 @@
 # (run_gtest_each), so a fatal error fails one test and the others still run. Expects the binaries built (`make test` builds them first) and:
 #   GPT2_ROOT   the repository (default: this script's parent)
 #   EMU_BUILD   the emulator's build folder: build/emu, or build/emu-asan for AddressSanitizer builds
-#   EMU_TSAN_BUILD  the race checker's build folder (default build/emu-tsan): core, seeded-bug and mma tests
+#   EMU_ASAN_BUILD  the AddressSanitizer and initcheck build's folder (default build/emu-asan)
+#   EMU_TSAN_BUILD  the race checker's build folder (default build/emu-tsan)
 #   MAKE        for the dev/cuda check modes (make emu-devcuda-check)
 #   TEST_SUITES a space-separated subset of the suite names to run (default: all)
 #   TEST_LANES  1 runs the emulated suites one after the other (default: two lanes side by side)
@@ -19,6 +20,7 @@ root="${GPT2_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
 export GPT2_ROOT="$root"
 emu_build="${EMU_BUILD:-build/emu}"
+emu_asan_build="${EMU_ASAN_BUILD:-build/emu-asan}"
 emu_tsan_build="${EMU_TSAN_BUILD:-build/emu-tsan}"
 make_cmd="${MAKE:-make}"
 logs=build/test_logs
@@ -137,6 +139,7 @@ run_kernels_both_orders() {
     record "$name" emulated "$(count_results "$log" "$rc")" 0 "$rc" "$log"
 }
 
+devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce"
 start_all=$(date +%s)
 
 run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
@@ -151,7 +154,9 @@ fi
 lane_a() {
     run_suite emu-core emulated "$emu_build/test_emu_core"
     run_suite emu-seeded-bugs emulated "$emu_build/test_emu_seeded_bugs"
-    # the race checker (ThreadSanitizer, dev/emu/README.md)
+    # AddressSanitizer with initcheck, and the race checker (ThreadSanitizer): dev/emu/README.md
+    run_suite emu-core-asan emulated "ASAN_OPTIONS=detect_leaks=0 $emu_asan_build/test_emu_core"
+    run_suite emu-seeded-bugs-asan emulated "ASAN_OPTIONS=detect_leaks=0 $emu_asan_build/test_emu_seeded_bugs"
     run_suite emu-core-tsan emulated "$emu_tsan_build/test_emu_core"
     run_suite emu-seeded-bugs-tsan emulated "$emu_tsan_build/test_emu_seeded_bugs"
     run_suite emu-mma-tsan emulated "$emu_tsan_build/test_mma_emu"
@@ -163,6 +168,12 @@ lane_a() {
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
     run_kernels_both_orders bf16 test_gpt2cu_emu
     run_suite gpu-suite-bf16 emulated "run_gtest_each ./test_gpt2cu_emu '-Kernels.*'"
+    # the GPU suite's kernel tests under the sanitizers (dev/emu/README.md): AddressSanitizer with
+    # initcheck (a report ends its test's process with status 67: that test fails), and the race
+    # checker with flash attention at a few shapes (all of them take it 4 minutes). OMP_NUM_THREADS=1:
+    # the tests' CPU reference runs on OpenMP, whose synchronization ThreadSanitizer does not see.
+    run_suite kernels-asan emulated "ASAN_OPTIONS=detect_leaks=0 run_gtest_each $emu_asan_build/test_gpt2cu_emu 'Kernels.*'"
+    run_suite kernels-tsan emulated "OMP_NUM_THREADS=1 TEST_FLASH_SHAPES=few run_gtest_each $emu_tsan_build/test_gpt2cu_emu 'Kernels.*'"
 }
 lane_b() {
     run_kernels_both_orders fp32 test_gpt2fp32cu_emu
@@ -171,6 +182,11 @@ lane_b() {
     run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
     run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
     run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
+    # under the sanitizers: every program with AddressSanitizer and initcheck; with the race checker the
+    # quick ones (the others take one to several minutes each under it: attention, the classifier,
+    # matmul_forward, softmax, global_norm; their llmc kernels are in kernels-tsan)
+    run_suite devcuda-check-asan emulated "$make_cmd --no-print-directory -f dev/emu/asan.mk emu-devcuda-check EMU_DEVCUDA_ENV=ASAN_OPTIONS=detect_leaks=0"
+    run_suite devcuda-check-tsan emulated "$make_cmd --no-print-directory -f dev/emu/tsan.mk emu-devcuda-check EMU_DEVCUDA_ENV=OMP_NUM_THREADS=1 \"EMU_DEVCUDA_PROGRAMS=$devcuda_tsan_programs\""
 }
 if [ "${TEST_LANES:-2}" = 1 ]; then
     records_file="$logs/1-lane-a.records" lane_a

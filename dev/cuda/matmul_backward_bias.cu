@@ -87,7 +87,10 @@ __global__ void matmul_backward_bias_v3_kernel(floatX* dbias, float* partials,  
         __threadfence();  // the partial row is visible to the whole GPU before this block's ticket is taken
     }
     __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0) is_last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        is_last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
+        __threadfence();  // with the fence before every other block's ticket: their partials are seen
+    }
     __syncthreads();
     if (!is_last) return;
     // the last block of this column group: add the group's partials in row-block order
@@ -99,7 +102,9 @@ __global__ void matmul_backward_bias_v3_kernel(floatX* dbias, float* partials,  
         for (int r = 0; r < gridDim.y; r++) total += __ldcg(partials + (size_t)r * OC + column);
         dbias[column] = (floatX)((float)dbias[column] + total);
     }
-    if (tid == 0) tickets[blockIdx.x] = 0;
+    // atomic: a plain store would race with the other blocks' atomicAdds on the same ticket (the race
+    // checker, dev/emu/README.md, reports it; the PTX memory model calls it a data race)
+    if (tid == 0) atomicExch(&tickets[blockIdx.x], 0u);
 }
 
 void matmul_backward_bias_v3(floatX* dbias, float* scratch, unsigned int* tickets, const floatX* dout, int N, int OC,

@@ -346,8 +346,53 @@ cublasStatus_t refuse(cublasStatus_t status, const char* fmt, ...) {
     return status;
 }
 
+namespace {
+
+// initcheck (EMU_ASAN builds, dev/emu/device_memory.cpp): each stored column of a rows x cols
+// column-major matrix, read or written
+void initcheck_matrix(const void* p, cudaDataType type, int64_t rows, int64_t cols, int64_t ld, const char* reader) {
+    size_t bytes = type_bytes(type);
+    for (int64_t j = 0; j < cols; j++) {
+        const char* column = (const char*)p + (size_t)(j * ld) * bytes;
+        if (reader) emu::initcheck_read(column, (size_t)rows * bytes, reader);
+        else emu::initcheck_mark_written(column, (size_t)rows * bytes);
+    }
+}
+
+// what the product reads (A, B; C when beta != 0; the epilogue's bias and GELU input), before it runs
+void initcheck_inputs(const Gemm& g) {
+    if (!emu::initchecking()) return;
+    for (int64_t batch = 0; batch < g.batch_count; batch++) {
+        auto at = [&](const void* p, int64_t stride, cudaDataType type) {
+            return (const char*)p + (size_t)(batch * stride) * type_bytes(type);
+        };
+        if (g.k > 0) {
+            initcheck_matrix(at(g.a.ptr, g.stride_a, g.a.type), g.a.type, g.a.trans ? g.k : g.m, g.a.trans ? g.m : g.k,
+                             g.a.ld, "cuBLAS GEMM (emulated) operand A");
+            initcheck_matrix(at(g.b.ptr, g.stride_b, g.b.type), g.b.type, g.b.trans ? g.n : g.k, g.b.trans ? g.k : g.n,
+                             g.b.ld, "cuBLAS GEMM (emulated) operand B");
+        }
+        if (g.beta != 0.0f)
+            initcheck_matrix(at(g.c, g.stride_c, g.c_type), g.c_type, g.m, g.n, g.ldc, "cuBLAS GEMM (emulated) operand C (beta != 0)");
+    }
+    if (g.epilogue.add_bias) emu::initcheck_read(g.epilogue.bias, (size_t)g.m * type_bytes(g.epilogue.bias_type), "cuBLASLt epilogue bias");
+    if (g.epilogue.dgelu)
+        initcheck_matrix(g.epilogue.aux, g.epilogue.aux_type, g.m, g.n, g.epilogue.aux_ld, "cuBLASLt DGELU epilogue input");
+}
+
+// what it wrote: D, and the GELU input it keeps
+void initcheck_outputs(const Gemm& g) {
+    if (!emu::initchecking()) return;
+    for (int64_t batch = 0; batch < g.batch_count; batch++)
+        initcheck_matrix((const char*)g.d + (size_t)(batch * g.stride_d) * type_bytes(g.d_type), g.d_type, g.m, g.n, g.ldd, nullptr);
+    if (g.epilogue.write_aux) initcheck_matrix(g.epilogue.aux, g.epilogue.aux_type, g.m, g.n, g.epilogue.aux_ld, nullptr);
+}
+
+}  // namespace
+
 void run_gemm(const Gemm& g) {
     if (g.m <= 0 || g.n <= 0 || g.batch_count <= 0) return;
+    initcheck_inputs(g);
     int64_t tiles_m = (g.m + TILE_M - 1) / TILE_M, tiles_n = (g.n + TILE_N - 1) / TILE_N;
     std::vector<Tile> tiles;
     tiles.reserve((size_t)(g.batch_count * tiles_m * tiles_n));
@@ -371,6 +416,7 @@ void run_gemm(const Gemm& g) {
     } else {
         run_range(0, tiles.size());
     }
+    initcheck_outputs(g);
 }
 
 }  // namespace emu_blas

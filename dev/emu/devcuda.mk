@@ -8,13 +8,17 @@
 #
 #   make emu-devcuda-check EMU_DEVCUDA_ENV="EMU_CP_ASYNC=issue EMU_THREAD_ORDER=reverse EMU_THREADS=2"
 #                             the same under the emulator's other legal schedules (a correct kernel
-#                             passes under all of them); EMU_ASAN=1 for AddressSanitizer builds
+#                             passes under all of them)
+#   make -f dev/emu/asan.mk emu-devcuda-check    with AddressSanitizer and initcheck (build/emu-asan/);
+#   make -f dev/emu/tsan.mk emu-devcuda-check    with the race checker (build/emu-tsan/)
+#   EMU_DEVCUDA_PROGRAMS="adamw gelu_forward"    checks only these programs
 #
 # Emulated runs prove the kernels' logic, never their speed. Each program also gets a table of its
 # kernels' registers and static shared memory from ptxas (sm_90), so the emulator refuses a launch the
 # GPU would refuse; without nvcc the table is empty and the emulator warns instead.
 
 DEVCUDA_PROGRAMS := $(sort $(basename $(notdir $(wildcard dev/cuda/*.cu))))
+EMU_DEVCUDA_PROGRAMS ?= $(DEVCUDA_PROGRAMS)
 DEVCUDA_BUILD := $(EMU_BUILD)/devcuda
 DEVCUDA_BINS := $(addprefix $(DEVCUDA_BUILD)/,$(DEVCUDA_PROGRAMS))
 # prelude.h brings dev/emu/mma_emu.h: the wrappers llmc/mma.cuh leaves to the emulator
@@ -27,7 +31,7 @@ emu-devcuda: $(DEVCUDA_BINS)
 
 $(DEVCUDA_BUILD)/%_kernels.cpp: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh llmc/*.cuh llmc/*.h llmc/*/*.cuh llmc/*/*.h) $(EMU_DIR)/kernel_table.sh
 	@mkdir -p $(dir $@)
-	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "dev/cuda/$*.cu"
+	$(EMU_DIR)/kernel_table.sh $@ $(EMU_TABLE_NVCC) "dev/cuda/$*.cu"
 
 $(DEVCUDA_BUILD)/%_kernels.o: $(DEVCUDA_BUILD)/%_kernels.cpp $(EMU_CORE_HEADERS)
 	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
@@ -39,9 +43,9 @@ $(DEVCUDA_BINS): $(DEVCUDA_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_DIR)/mma_emu.h
 # passed). nccl_all_reduce runs as one rank: it opens every GPU of one process (ncclCommInitAll), and the
 # emulator has one device per process, so mpirun would only start independent copies of it; the
 # multi-rank all-reduce is tested by dev/emu/test_nccl_emu.cpp.
-emu-devcuda-check: $(DEVCUDA_BINS)
+emu-devcuda-check: $(addprefix $(DEVCUDA_BUILD)/,$(EMU_DEVCUDA_PROGRAMS))
 	@mkdir -p $(DEVCUDA_BUILD)/logs; passed=0; failed=0; failures=""; \
-	for p in $(DEVCUDA_PROGRAMS); do \
+	for p in $(EMU_DEVCUDA_PROGRAMS); do \
 	    start=$$(date +%s%N); \
 	    env EMU_REGISTER_WARNINGS=0 $(EMU_DEVCUDA_ENV) $(DEVCUDA_BUILD)/$$p > $(DEVCUDA_BUILD)/logs/$$p.log 2>&1; rc=$$?; \
 	    ms=$$((($$(date +%s%N) - start) / 1000000)); \

@@ -4,7 +4,8 @@
 #   make emu              train_gpt2cu_emu (bf16), train_gpt2fp32cu_emu (fp32), test_gpt2cu_emu
 #   make emu-test-core    build and run the emulator's own unit tests (dev/emu/test_emu_core.cpp)
 #   make emu-test-seeded-bugs   the seeded bugs and the checks that catch them (test_emu_seeded_bugs.cpp)
-#   make EMU_ASAN=1 ...   the same with AddressSanitizer (objects under build/emu-asan/)
+#   make EMU_ASAN=1 ...   the same with AddressSanitizer and initcheck (objects under build/emu-asan/):
+#                         out-of-bounds accesses, uses after free, reads of never-written device memory
 #   make EMU_TSAN=1 ...   the same with the race checker, ThreadSanitizer (build/emu-tsan/): the CUDA
 #                         sources are instrumented, the emulator's own files only annotate (README.md)
 #
@@ -21,14 +22,20 @@ ifeq ($(EMU_TSAN),1)
 else ifeq ($(EMU_ASAN),1)
   EMU_BUILD := build/emu-asan
   EMU_FLAVOR := asan
-  EMU_SAN := -fsanitize=address -fno-omit-frame-pointer -g1
-  EMU_CU_SAN :=
+  EMU_SAN := -fsanitize=address -fno-omit-frame-pointer -g1 -DEMU_INITCHECK=1
+  # initcheck (device_memory.cpp): every load and store of the CUDA sources through a call it sees
+  EMU_CU_SAN := --param asan-instrumentation-with-call-threshold=0
 else
   EMU_BUILD := build/emu
   EMU_FLAVOR := plain
   EMU_SAN :=
   EMU_CU_SAN :=
 endif
+# The kernels' registers come from nvcc's sm_90 build (kernel_table.sh). The sanitizer builds have an
+# empty table: they look for memory errors and races, and the plain build checks launches already.
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+EMU_TABLE_NVCC = $(if $(filter plain,$(EMU_FLAVOR)),$(NVCC),none)
 # switching EMU_ASAN or EMU_TSAN rebuilds the binaries in the repository root (one stamp per flavour)
 EMU_FLAVOR_STAMP := build/emu-flavor-$(EMU_FLAVOR)
 EMU_OPT ?= -O2
@@ -41,7 +48,7 @@ EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
 
-EMU_CORE_SOURCES := $(EMU_DIR)/exec.cpp $(EMU_DIR)/runtime.cpp $(EMU_DIR)/memcpy2d.cpp
+EMU_CORE_SOURCES := $(EMU_DIR)/exec.cpp $(EMU_DIR)/runtime.cpp $(EMU_DIR)/device_memory.cpp $(EMU_DIR)/memcpy2d.cpp
 EMU_CORE_HEADERS := $(wildcard $(EMU_DIR)/include/*.h $(EMU_DIR)/include/emu/*.h $(EMU_DIR)/include/cooperative_groups/*.h) $(EMU_DIR)/prelude.h $(EMU_DIR)/internal.h
 EMU_CORE_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_CORE_SOURCES))
 # the other parts of the emulator (dev/emu/CONTRACT.md): linked when they are there
@@ -69,6 +76,8 @@ $(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh $(EMU_DIR)/mma_em
 $(EMU_CORE_OBJECTS): $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
+# initcheck's own loads and stores are not instrumented: it defines the functions instrumented code calls
+$(EMU_BUILD)/obj/device_memory.o: EMU_BASE_FLAGS += -fno-sanitize=address
 
 $(EMU_LIB_OBJECTS): $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS) $(wildcard $(EMU_DIR)/*.h)
 	@mkdir -p $(dir $@)
@@ -77,7 +86,7 @@ $(EMU_LIB_OBJECTS): $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS) $
 # registers and static shared memory per kernel, both precisions (the test includes the trainer)
 $(EMU_BUILD)/kernel_table.cpp: $(EMU_DIR)/kernel_table.sh train_gpt2.cu $(wildcard llmc/*.cuh llmc/*/*.cuh test/gpu/*)
 	@mkdir -p $(dir $@)
-	$(EMU_DIR)/kernel_table.sh $@ $(NVCC) "test/gpu/test_gpt2.cu" "test/gpu/test_gpt2.cu -DENABLE_FP32"
+	$(EMU_DIR)/kernel_table.sh $@ $(EMU_TABLE_NVCC) "test/gpu/test_gpt2.cu" "test/gpu/test_gpt2.cu -DENABLE_FP32"
 
 $(EMU_BUILD)/obj/kernel_table.o: $(EMU_BUILD)/kernel_table.cpp $(EMU_CORE_HEADERS)
 	@mkdir -p $(dir $@)
@@ -91,12 +100,19 @@ train_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 train_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -DENABLE_FP32 $(EMU_SRC)/train_gpt2.cu -x none $(EMU_LINK) $(EMU_LDLIBS) -o $@
 
+BUILD_TEST_GPT2CU_EMU = $(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DGPT2_TRAINER='"train_gpt2cu_emu"' \
+	$(EMU_SRC)/test/gpu/test_gpt2.cu -x none $(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
 test_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
-	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DGPT2_TRAINER='"train_gpt2cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu -x none \
-		$(EMU_LINK) -lgtest -lgomp $(EMU_LDLIBS) -o $@
+	$(BUILD_TEST_GPT2CU_EMU)
+# the same in the build folder, for the sanitizer builds' suites (dev/emu/asan.mk, tsan.mk): the
+# repository root keeps the plain build
+$(EMU_BUILD)/test_gpt2cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK)
+	$(BUILD_TEST_GPT2CU_EMU)
 
-$(EMU_BUILD)/test_emu_core $(EMU_BUILD)/test_emu_seeded_bugs: $(EMU_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_CORE_OBJECTS)
-	$(CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/$(EMU_DIR)/$*.cpp -x none $(EMU_CORE_OBJECTS) -lgtest $(EMU_LDLIBS) -o $@
+# the seeded bugs take the emulated cuBLAS too (its objects need no MPI)
+EMU_CUBLAS_OBJECTS = $(filter $(EMU_BUILD)/obj/cublas%,$(EMU_LIB_OBJECTS))
+$(EMU_BUILD)/test_emu_core $(EMU_BUILD)/test_emu_seeded_bugs: $(EMU_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_CORE_OBJECTS) $(EMU_CUBLAS_OBJECTS)
+	$(CXX) $(EMU_CU_FLAGS) $(EMU_SRC)/$(EMU_DIR)/$*.cpp -x none $(EMU_CORE_OBJECTS) $(EMU_CUBLAS_OBJECTS) -lgtest $(EMU_LDLIBS) -o $@
 
 emu-test-core: $(EMU_BUILD)/test_emu_core
 	$(EMU_BUILD)/test_emu_core $(TEST_ARGS)

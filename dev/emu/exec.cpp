@@ -320,6 +320,10 @@ struct ThreadSlot {
     ThreadState state;
     int fiber;  // -1: none
     uint3 index;  // threadIdx
+    // EMU_TSAN: the fence patterns (race_check_fence): has the thread passed a __threadfence, and the
+    // address of its latest atomic
+    bool fenced;
+    const void* last_atomic;
 };
 
 // one lane's part in a warp collective
@@ -516,6 +520,8 @@ void resume(Worker& w, int i) {
         snprintf(name, sizeof(name), "%s block (%u,%u,%u) thread (%u,%u,%u)", w.kernel_label.c_str(), blockIdx.x,
                  blockIdx.y, blockIdx.z, slot.index.x, slot.index.y, slot.index.z);
         __tsan_set_fiber_name(w.fibers[fiber].tsan_fiber, name);
+        slot.fenced = false;
+        slot.last_atomic = nullptr;
 #else
         slot.fiber = take_fiber(w);
 #endif
@@ -737,6 +743,42 @@ const char* memory_kind(const void* p, size_t bytes) {
     return "host or stack memory";
 }
 }  // namespace
+
+std::string current_cuda_thread() {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) return "";
+    char text[160];
+    snprintf(text, sizeof(text), " block (%u,%u,%u) thread (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x,
+             threadIdx.y, threadIdx.z);
+    return "kernel " + kernel_name(w->kernel) + text;
+}
+
+// EMU_TSAN: the PTX memory model's fence patterns, which ThreadSanitizer does not see (it ignores
+// fences). A fence and then, in program order, an atomic is a release: what the thread did before
+// (here: before the atomic) is released to the atomic's address. An atomic and then a fence is an
+// acquire: at the fence the thread acquires what was released to that address. So the "last block"
+// reduction (every block writes its partials, fences, takes a ticket with atomicAdd; the block that
+// takes the last ticket fences and reads all partials) is ordered, and without its fences reported.
+void race_check_atomic(const void* address) {
+#if EMU_TSAN
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) return;
+    ThreadSlot& t = w->threads_of_block[w->current_thread];
+    if (t.fenced) __tsan_release((void*)address);
+    t.last_atomic = address;
+#else
+    (void)address;
+#endif
+}
+void race_check_fence() {
+#if EMU_TSAN
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) return;
+    ThreadSlot& t = w->threads_of_block[w->current_thread];
+    if (t.last_atomic) __tsan_acquire((void*)t.last_atomic);
+    t.fenced = true;
+#endif
+}
 
 bool race_checking() { return EMU_TSAN; }
 int race_reports() { return races_reported.load(); }

@@ -32,4 +32,15 @@ void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> 
 // the kernel's demangled name (or its address when the symbol is not visible)
 std::string kernel_name(const void* kernel);
 
+// Device memory (device_memory.cpp): cudaMalloc's and cudaFree's memory, 256-byte aligned and filled
+// with 0xFF bytes; copies and memsets into it, which tell initcheck (EMU_INITCHECK builds) what they wrote.
+void* device_memory_allocate(size_t bytes);  // nullptr when there is no room
+void device_memory_free(void* p, size_t bytes);
+void device_memory_copy(void* dst, const void* src, size_t bytes);  // memmove; either side may be device memory
+void device_memory_set(void* dst, int value, size_t bytes);
+
+// "kernel <name> block (x,y,z) thread (x,y,z)" of the CUDA thread running on this host thread, or ""
+// outside a kernel (exec.cpp)
+std::string current_cuda_thread();
+
 }  // namespace emu

@@ -306,6 +306,21 @@ ncclResult_t check(const Op& op) {
     return ncclSuccess;
 }
 
+// Tells initcheck (dev/emu/device_memory.cpp) that the op's output is written: the transports write
+// it with memcpy and MPI, which its instrumentation does not see.
+void mark_output_written(const Op& op) {
+    size_t size = type_size(op.type), n_ranks = (size_t)op.comm->nranks;
+    switch (op.kind) {
+        case Kind::AllReduce:
+        case Kind::ReduceScatter:
+        case Kind::Broadcast: emu::initcheck_mark_written(op.recv, op.count * size); break;
+        case Kind::Reduce:
+            if (op.comm->rank == op.root) emu::initcheck_mark_written(op.recv, op.count * size);
+            break;
+        case Kind::AllGather: emu::initcheck_mark_written(op.recv, op.count * n_ranks * size); break;
+    }
+}
+
 // Queues `ops` (all on one stream) as one task that runs them in order.
 void enqueue(cudaStream_t stream, std::vector<Op> ops, const char* what) {
     for (const Op& op : ops) {
@@ -318,6 +333,7 @@ void enqueue(cudaStream_t stream, std::vector<Op> ops, const char* what) {
     emu::enqueue(stream, what, [ops]() {
         for (const Op& op : ops) {
             run(op);
+            mark_output_written(op);
             op.comm->pending--;
         }
     });

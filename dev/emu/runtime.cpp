@@ -548,8 +548,8 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 
 namespace {
 
-// 256-byte aligned like cudaMalloc; filled with 0xFF bytes so a read of never-written memory gives NaN
-void* allocate(size_t bytes) {
+// pinned host memory: 256-byte aligned, filled with 0xFF bytes like device memory (device_memory.cpp)
+void* allocate_pinned(size_t bytes) {
     void* p = nullptr;
     if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return nullptr;
     memset(p, 0xFF, bytes);
@@ -565,7 +565,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
         std::lock_guard<std::mutex> lock(a.mutex);
         if (a.device_bytes + bytes > emu::H100.global_memory) return set_error(cudaErrorMemoryAllocation);
     }
-    void* p = allocate(bytes);
+    void* p = emu::device_memory_allocate(bytes);
     if (!p) return set_error(cudaErrorMemoryAllocation);
     std::lock_guard<std::mutex> lock(a.mutex);
     a.device[(uintptr_t)p] = bytes;
@@ -587,14 +587,13 @@ cudaError_t cudaFree(void* ptr) {
         a.device_bytes -= bytes;
         a.device.erase(it);
     }
-    memset(ptr, 0xFF, bytes);  // a use after free reads NaN (ASan builds report it)
-    free(ptr);
+    emu::device_memory_free(ptr, bytes);  // a use after free reads NaN (ASan builds report it)
     return cudaSuccess;
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
     if (!ptr) return set_error(cudaErrorInvalidValue);
-    void* p = allocate(bytes);
+    void* p = allocate_pinned(bytes);
     if (!p) return set_error(cudaErrorMemoryAllocation);
     auto& a = emu::allocations();
     std::lock_guard<std::mutex> lock(a.mutex);
@@ -644,7 +643,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     cudaError_t e = check_copy(dst, src, bytes, kind);
     if (e != cudaSuccess) return set_error(e);
     if (bytes == 0) return cudaSuccess;
-    emu::run_and_wait(nullptr, "cudaMemcpy", [=] { memmove(dst, src, bytes); });
+    emu::run_and_wait(nullptr, "cudaMemcpy", [=] { emu::device_memory_copy(dst, src, bytes); });
     return cudaSuccess;
 }
 
@@ -660,14 +659,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     if (from_pageable) {
         auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char*)src, (const unsigned char*)src + bytes);
         if (to_pageable) {
-            emu::run_and_wait(stream, "cudaMemcpyAsync", [=] { memcpy(dst, staged->data(), bytes); });
+            emu::run_and_wait(stream, "cudaMemcpyAsync", [=] { emu::device_memory_copy(dst, staged->data(), bytes); });
         } else {
-            emu::enqueue(stream, "cudaMemcpyAsync", [=] { memcpy(dst, staged->data(), bytes); });
+            emu::enqueue(stream, "cudaMemcpyAsync", [=] { emu::device_memory_copy(dst, staged->data(), bytes); });
         }
     } else if (to_pageable) {
-        emu::run_and_wait(stream, "cudaMemcpyAsync", [=] { memmove(dst, src, bytes); });
+        emu::run_and_wait(stream, "cudaMemcpyAsync", [=] { emu::device_memory_copy(dst, src, bytes); });
     } else {
-        emu::enqueue(stream, "cudaMemcpyAsync", [=] { memmove(dst, src, bytes); });
+        emu::enqueue(stream, "cudaMemcpyAsync", [=] { emu::device_memory_copy(dst, src, bytes); });
     }
     return cudaSuccess;
 }
@@ -675,7 +674,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
     if (bytes == 0) return cudaSuccess;
     if (!emu::is_device_pointer(ptr, bytes)) return set_error(cudaErrorInvalidValue);
-    emu::enqueue(stream, "cudaMemset", [=] { memset(ptr, value, bytes); });
+    emu::enqueue(stream, "cudaMemset", [=] { emu::device_memory_set(ptr, value, bytes); });
     return cudaSuccess;
 }
 

@@ -6,8 +6,9 @@
 //                 compares the GPU suite's outputs in both orders)
 //   race checker  the EMU_TSAN=1 build (ThreadSanitizer, build/emu-tsan/) reports the data race
 //   AddressSanitizer  the EMU_ASAN=1 build (build/emu-asan/) stops at an access outside an allocation
+//   initcheck     the same build reports a read of device memory that nothing wrote
 // The race tests run only in the EMU_TSAN=1 build, the bounds test only in the EMU_ASAN=1 build
-// (elsewhere they are skipped). The table of bugs and checks is in dev/emu/README.md. Built like every
+// (elsewhere they are skipped); the initcheck tests show in other builds what the poison sees. The table of bugs and checks is in dev/emu/README.md. Built like every
 // emulated CUDA source (cu2cpp.sh).
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include <cooperative_groups.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 namespace {
@@ -36,6 +38,16 @@ std::vector<T> download(const T* d, size_t n) {
     std::vector<T> h(n);
     EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
+}
+
+// Copies `rows` rows of `used` floats from the host into the first `used` columns of a device matrix
+// with `padded` columns, a row at a time; the other columns stay unwritten.
+cudaError_t upload_rows(float* d, const std::vector<float>& h, int rows, int used, int padded) {
+    for (int r = 0; r < rows; r++) {
+        cudaError_t e = cudaMemcpy(d + r * padded, h.data() + r * used, used * sizeof(float), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 // Runs `launch` (launches and a synchronize) in a child process (a gtest death test); the child ends
@@ -168,6 +180,34 @@ __global__ void scale_kernel(float* out, const float* in, int n, bool off_by_one
     if (off_by_one ? i <= n : i < n) out[i] = 2.0f * in[i];
 }
 
+// the maximum of each row of logits, as the softmax of the classifier takes it, one thread per row;
+// `columns` is how far it reads. The rows are padded to `padded` columns (as the vocabulary is padded
+// to a multiple of 128) and only the first `used` of each were written: reading up to `padded` reads
+// never-written memory. fmaxf(NaN, x) is x, so the emulator's NaN poison vanishes and the result is
+// right; on a GPU the padding holds whatever was there before, which may be the largest value.
+__global__ void row_max_kernel(float* out, const float* logits, int padded, int columns) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    float m = -INFINITY;
+    for (int c = 0; c < columns; c++) m = fmaxf(m, logits[row * padded + c]);
+    out[row] = m;
+}
+
+// the "last block" reduction (dev/cuda/matmul_backward_bias.cu's v3), one thread per block: each block
+// writes its partial, takes a ticket, and the block with the last ticket sums all partials. `fences`:
+// the __threadfence between the partial and the ticket, and between the ticket and the reads (PTX's
+// release and acquire patterns); without them the reads race with the other blocks' writes.
+__global__ void last_block_sum_kernel(float* out, float* partials, unsigned* ticket, bool fences) {
+    partials[blockIdx.x] = (float)(blockIdx.x + 1);
+    if (fences) __threadfence();
+    bool last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (!last) return;
+    if (fences) __threadfence();
+    float sum = 0.0f;
+    for (unsigned b = 0; b < gridDim.x; b++) sum += partials[b];
+    *out = sum;
+    atomicExch(ticket, 0u);
+}
+
 __global__ void store_kernel(int* p, int value) { *p = value; }
 __global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
 
@@ -229,10 +269,92 @@ TEST(EmuSeededBug, OffByOneBoundReadsPastTheAllocation) {
         scale_kernel<<<1, 128>>>(d_out, d_in, n, true);
         cudaDeviceSynchronize();
     };
-    EXPECT_DEATH(off_by_one(), "AddressSanitizer: heap-buffer-overflow.*READ of size 4.*emu_seeded::scale_kernel");
+    EXPECT_DEATH(off_by_one(), "AddressSanitizer: use-after-poison.*READ of size 4.*emu_seeded::scale_kernel.*"
+                               "cuda-emu: AddressSanitizer: the address is 0 bytes past the end of device allocation "
+                               "0x[0-9a-f]+ of 400 bytes \\(out of bounds\\)");
     scale_kernel<<<1, 128>>>(d_out, d_in, n, false);
     EXPECT_EQ(download(d_out, n), std::vector<float>(n, 2.0f));
     cudaFree(d_in), cudaFree(d_out);
+}
+
+// ----------------------------------------------------------------------------
+// reads of never-written device memory: initcheck (the EMU_ASAN=1 build, dev/emu/device_memory.cpp)
+
+TEST(EmuSeededBug, RowMaximumReadsTheNeverWrittenPadding) {
+    int rows = 4, used = 5, padded = 8;
+    std::vector<float> host(rows * used);
+    for (size_t i = 0; i < host.size(); i++) host[i] = (float)((i * 7) % 11) - 5.0f;
+    float* d_logits = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_logits, rows * padded * sizeof(float)), cudaSuccess);
+    // the used columns of every row, from the host; the padding columns are never written
+    ASSERT_EQ(upload_rows(d_logits, host, rows, used, padded), cudaSuccess);
+    float* d_out = device_copy(std::vector<float>(rows, 0.0f));
+    std::vector<float> expected(rows, -INFINITY);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < used; c++) expected[r] = std::max(expected[r], host[r * used + c]);
+    auto buggy = [&] { row_max_kernel<<<1, rows>>>(d_out, d_logits, padded, padded); };
+    if (emu::initchecking()) {  // in a child: a report here would make the whole program exit with 67
+        EXPECT_EXIT(
+            {
+                buggy();
+                cudaDeviceSynchronize();
+                fflush(stdout);
+                _exit(emu::initcheck_reports() > 0 ? 3 : 0);  // _exit: initcheck's own exit status stays out of it
+            },
+            testing::ExitedWithCode(3),
+            "cuda-emu: initcheck: kernel emu_seeded::row_max_kernel\\(float\\*, float const\\*, int, int\\) block "
+            "\\(0,0,0\\) thread \\(0,0,0\\) reads 4 bytes at 0x[0-9a-f]+ that nothing wrote \\(device allocation "
+            "0x[0-9a-f]+ of 128 bytes, offset 20\\)\n  at .*test_emu_seeded_bugs.cpp:[0-9]+");
+    } else {  // the poison misses it: the result is the right one
+        buggy();
+        EXPECT_EQ(download(d_out, rows), expected) << "the NaN poison no longer vanishes in fmaxf: update the table";
+    }
+    int before = emu::initcheck_reports();
+    row_max_kernel<<<1, rows>>>(d_out, d_logits, padded, used);
+    EXPECT_EQ(download(d_out, rows), expected);
+    EXPECT_EQ(emu::initcheck_reports(), before) << "initcheck reported the correct kernel";
+    cudaFree(d_logits), cudaFree(d_out);
+}
+
+// A weight gradient accumulated by a GEMM with beta = 1 (as matmul's backward adds into dweight) into a
+// buffer nobody zeroed: C = A·B + C reads never-written C. The poison catches it (NaN plus anything is
+// NaN); initcheck names the read: the emulated cuBLAS declares what it reads.
+TEST(EmuSeededBug, GemmAccumulatesIntoANeverZeroedGradient) {
+    int m = 4, n = 3, k = 2;
+    float* d_a = device_copy(std::vector<float>(m * k, 1.0f));
+    float* d_b = device_copy(std::vector<float>(k * n, 2.0f));
+    float* d_c = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_c, m * n * sizeof(float)), cudaSuccess);  // the bug: no cudaMemset(d_c, 0, ...)
+    cublasHandle_t handle;
+    ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+    float alpha = 1.0f, beta = 1.0f;
+    auto accumulate = [&] {
+        EXPECT_EQ(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, d_a, CUDA_R_32F, m, d_b, CUDA_R_32F, k,
+                               &beta, d_c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+        cudaDeviceSynchronize();
+    };
+    if (emu::initchecking()) {
+        EXPECT_EXIT(
+            {
+                accumulate();
+                fflush(stdout);
+                _exit(emu::initcheck_reports() > 0 ? 3 : 0);
+            },
+            testing::ExitedWithCode(3),
+            "cuda-emu: initcheck: cuBLAS GEMM \\(emulated\\) operand C \\(beta != 0\\) reads 16 bytes at 0x[0-9a-f]+ that "
+            "nothing wrote \\(device allocation 0x[0-9a-f]+ of 48 bytes, offset 0\\)");
+    } else {
+        accumulate();
+        for (float c : download(d_c, m * n)) EXPECT_TRUE(std::isnan(c)) << "the never-written C did not read as NaN";
+    }
+    ASSERT_EQ(cudaMemset(d_c, 0, m * n * sizeof(float)), cudaSuccess);  // the fix
+    int before = emu::initcheck_reports();
+    accumulate();
+    EXPECT_EQ(download(d_c, m * n), std::vector<float>(m * n, 4.0f));  // k = 2 products of 1·2
+    EXPECT_EQ(emu::initcheck_reports(), before) << "initcheck reported the zeroed gradient";
+    cublasDestroy(handle);
+    cudaFree(d_a), cudaFree(d_b), cudaFree(d_c);
 }
 
 // ----------------------------------------------------------------------------
@@ -367,6 +489,26 @@ TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsInOneBlock) {
 TEST(EmuSeededBug, EncoderBackwardWithoutAtomicsAcrossBlocks) {
     SKIP_WITHOUT_RACE_CHECKER();
     encoder_backward_test(false);
+}
+
+TEST(EmuSeededBug, LastBlockReductionWithoutThreadfence) {
+    int blocks = 6;
+    float* d_out = device_copy(std::vector<float>{0.0f});
+    float* d_partials = device_copy(std::vector<float>(blocks, 0.0f));
+    unsigned* d_ticket = device_copy(std::vector<unsigned>{0u});
+    if (emu::race_checking()) {
+        expect_race([&] { last_block_sum_kernel<<<blocks, 1>>>(d_out, d_partials, d_ticket, false); },
+                    "cuda-emu: data-race in kernel emu_seeded::last_block_sum_kernel.*\\(global memory\\) by "
+                    "last_block_sum_kernel block \\(5,0,0\\) thread \\(0,0,0\\)");
+        expect_no_race([&] { last_block_sum_kernel<<<blocks, 1>>>(d_out, d_partials, d_ticket, true); });
+    } else {  // blocks run one after another here: the sum is right either way
+        last_block_sum_kernel<<<blocks, 1>>>(d_out, d_partials, d_ticket, false);
+        EXPECT_EQ(download(d_out, 1)[0], 21.0f) << "the plain build now catches the missing fences: update the table";
+        last_block_sum_kernel<<<blocks, 1>>>(d_out, d_partials, d_ticket, true);
+    }
+    EXPECT_EQ(download(d_out, 1)[0], 21.0f);  // 1 + 2 + ... + 6
+    EXPECT_EQ(download(d_ticket, 1)[0], 0u);
+    cudaFree(d_out), cudaFree(d_partials), cudaFree(d_ticket);
 }
 
 // x = 1 on one stream, then y = x + 1 on another (as the gradient all-reduce on its own stream reads

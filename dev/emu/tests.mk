@@ -1,11 +1,14 @@
 # The emulated test suites that `make test` runs (test/run_tests.sh): the emulator's own unit tests
-# and seeded bugs, the GPU suite (test/gpu/test_gpt2.cu) in both precisions, the dev/cuda check modes,
-# and the emulator's core, seeded-bug and mma tests again under the race checker (EMU_TSAN=1).
+# and seeded bugs, the GPU suite (test/gpu/test_gpt2.cu) in both precisions, the dev/cuda check modes;
+# and under the sanitizers (dev/emu/README.md), a subset sized for CI: with AddressSanitizer and
+# initcheck (build/emu-asan/) the core and seeded-bug tests, the GPU suite's kernel tests and every
+# dev/cuda check; with the race checker (build/emu-tsan/) the core, seeded-bug and mma tests, the
+# kernel tests (flash attention at a few shapes) and the dev/cuda checks but the three slowest.
 # Included by emu.mk; uses its variables and those of cublas.mk, nccl.mk and devcuda.mk.
 #
-#   make emu-test-binaries            build everything the emulated suites run: the plain build (what CI
-#                                     and `make test` use; EMU_ASAN=1 for the AddressSanitizer build)
-#                                     and the race checker's test programs in build/emu-tsan/
+#   make emu-test-binaries            build everything the emulated suites run: the plain build (what
+#                                     `make test` runs the suites on; EMU_ASAN=1 for the AddressSanitizer
+#                                     build) and the sanitizer builds' programs
 #   make test_gpt2fp32cu_emu          the GPU suite of the fp32 build (tolerances of test_gpt2.cu's fp32 branch)
 #
 # Every result of these suites is labelled "emulated": they prove the CUDA code's logic on the CPU,
@@ -14,7 +17,7 @@
 include $(EMU_DIR)/cublas.mk
 include $(EMU_DIR)/nccl.mk
 
-.PHONY: emu-test-binaries emu-tsan-test-binaries
+.PHONY: emu-test-binaries emu-sanitizer-test-binaries
 
 test_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu \
@@ -25,11 +28,14 @@ EMU_TEST_BINARIES = train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_g
                     $(EMU_BUILD)/test_cublas_emu $(EMU_BUILD)/test_nccl_emu $(EMU_BUILD)/test_mma_emu $(DEVCUDA_BINS) \
                     train_gpt2fp16cu_emu test_gpt2fp16cu_emu $(EMU_BUILD)/test_emu_fp16 $(EMU_BUILD)/comm_check_nccl
 
-emu-test-binaries: $(EMU_TEST_BINARIES) emu-tsan-test-binaries
+emu-test-binaries: $(EMU_TEST_BINARIES) emu-sanitizer-test-binaries
 
-# The race checker's test programs, whichever flavour this make builds: a make of its own (the build
-# folder and flags are chosen when the makefiles are read), on dev/emu/tsan.mk. The rest of the project
-# builds under EMU_TSAN=1 too, but is not part of the suite (README.md: what the race checker covers).
-EMU_TSAN_TEST_BINARIES = $(addprefix build/emu-tsan/,test_emu_core test_emu_seeded_bugs test_mma_emu)
-emu-tsan-test-binaries:
-	$(MAKE) --no-print-directory -f $(EMU_DIR)/tsan.mk $(EMU_TSAN_TEST_BINARIES)
+# The sanitizer builds' test programs: a make of their own each (the build folder and flags are chosen
+# when the makefiles are read), on dev/emu/asan.mk and tsan.mk, after the plain build (with EMU_ASAN=1
+# both would build build/emu-asan/). The rest of the project builds under the sanitizers too, but is
+# not part of the suites (README.md: what they cover).
+EMU_ASAN_TEST_TARGETS = $(addprefix build/emu-asan/,test_emu_core test_emu_seeded_bugs test_gpt2cu_emu) emu-devcuda
+EMU_TSAN_TEST_TARGETS = $(addprefix build/emu-tsan/,test_emu_core test_emu_seeded_bugs test_mma_emu test_gpt2cu_emu) emu-devcuda
+emu-sanitizer-test-binaries: | $(EMU_TEST_BINARIES)
+	$(MAKE) --no-print-directory -f $(EMU_DIR)/asan.mk $(EMU_ASAN_TEST_TARGETS)
+	$(MAKE) --no-print-directory -f $(EMU_DIR)/tsan.mk $(EMU_TSAN_TEST_TARGETS)

@@ -93,6 +93,7 @@ inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
     uintptr_t word_address = (uintptr_t)address & ~(uintptr_t)3;
     unsigned shift = ((uintptr_t)address & 2) ? 16 : 0;
     uint32_t* word = reinterpret_cast<uint32_t*>(word_address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
     uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         unsigned short old_bits = (unsigned short)(old >> shift);
@@ -107,6 +108,7 @@ inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
 // a compare-and-swap on the 32-bit word; returns the old pair
 inline __nv_bfloat162 atomicAdd(__nv_bfloat162* address, __nv_bfloat162 value) {
     uint32_t* word = reinterpret_cast<uint32_t*>(address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
     uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         __nv_bfloat162 old_pair;

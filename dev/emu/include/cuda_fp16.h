@@ -120,6 +120,7 @@ inline __half atomicAdd(__half* address, __half value) {
     uintptr_t word_address = (uintptr_t)address & ~(uintptr_t)3;
     unsigned shift = ((uintptr_t)address & 2) ? 16 : 0;
     uint32_t* word = reinterpret_cast<uint32_t*>(word_address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
     uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         unsigned short old_bits = (unsigned short)(old >> shift);
@@ -134,6 +135,7 @@ inline __half atomicAdd(__half* address, __half value) {
 // a compare-and-swap on the 32-bit word; returns the old pair
 inline __half2 atomicAdd(__half2* address, __half2 value) {
     uint32_t* word = reinterpret_cast<uint32_t*>(address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
     uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         __half2 old_pair;

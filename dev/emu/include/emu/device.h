@@ -42,6 +42,19 @@ int race_reports();
 void race_check_pause();
 void race_check_resume();
 
+// initcheck: true in the EMU_ASAN=1 build (build/emu-asan/) unless EMU_INITCHECK=0: every read of device
+// memory that nothing wrote, by a CUDA thread or declared with initcheck_read, is reported
+// ("cuda-emu: initcheck: ...", device_memory.cpp). initcheck_reports() counts such reads so far;
+// initcheck_forget_reports() sets the count back to 0 (a program with reports at its end exits with
+// status 67). Other builds: false, 0, nothing.
+bool initchecking();
+int initcheck_reports();
+void initcheck_forget_reports();
+// For the emulated libraries, whose own loads and stores initcheck does not see: `who` (such as
+// "cuBLAS GEMM operand A") reads [p, p + bytes) of device memory; it wrote [p, p + bytes).
+void initcheck_read(const void* p, size_t bytes, const char* who);
+void initcheck_mark_written(const void* p, size_t bytes);
+
 // Order in which the device picks among streams that all have runnable work: the most recently
 // created stream first (the default), or plain issue order (EMU_STREAM_ORDER=issue).
 enum class StreamOrder { newest_stream_first, issue };

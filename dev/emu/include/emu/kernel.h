@@ -130,12 +130,28 @@ inline void __trap() { emu::trap(); }
 // atomics are real host atomics, with every access to the target atomic (the race checker, EMU_TSAN,
 // reports a plain access that meets an atomic one); the fences are full fences.
 
-inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+// With the race checker (EMU_TSAN), ThreadSanitizer, which ignores fences, is told the PTX memory
+// model's fence patterns (exec.cpp): a fence and then an atomic release what the thread did before the
+// fence; an atomic and then a fence acquire what was released to the atomic's address.
+#if EMU_TSAN
+namespace emu {
+void race_check_fence();
+void race_check_atomic(const void* address);
+}  // namespace emu
+#define EMU_FENCE() emu::race_check_fence()
+#define EMU_ATOMIC(address) emu::race_check_atomic(address)
+#else
+#define EMU_FENCE() (void)0
+#define EMU_ATOMIC(address) (void)(address)
+#endif
+
+inline void __threadfence() { EMU_FENCE(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { EMU_FENCE(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { EMU_FENCE(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 template <typename T>
 inline T emu_atomic_fetch_add(T* address, T value) {
+    EMU_ATOMIC(address);
     if constexpr (std::is_integral<T>::value) {
         return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
     } else {
@@ -155,21 +171,26 @@ inline unsigned long long atomicAdd(unsigned long long* address, unsigned long l
 }
 inline float atomicAdd(float* address, float value) { return emu_atomic_fetch_add(address, value); }
 inline double atomicAdd(double* address, double value) { return emu_atomic_fetch_add(address, value); }
-inline int atomicSub(int* address, int value) { return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }
-inline unsigned atomicSub(unsigned* address, unsigned value) { return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }
+inline int atomicSub(int* address, int value) { return EMU_ATOMIC(address), __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }
+inline unsigned atomicSub(unsigned* address, unsigned value) {
+    return EMU_ATOMIC(address), __atomic_fetch_sub(address, value, __ATOMIC_RELAXED);
+}
 template <typename T>
 inline T atomicExch(T* address, T value) {
+    EMU_ATOMIC(address);
     T old;
     __atomic_exchange(address, &value, &old, __ATOMIC_RELAXED);
     return old;
 }
 template <typename T>
 inline T atomicCAS(T* address, T compare, T value) {
+    EMU_ATOMIC(address);
     __atomic_compare_exchange(address, &compare, &value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return compare;  // the old value either way
 }
 template <typename T>
 inline T emu_atomic_update(T* address, T value, bool take_new(T, T)) {
+    EMU_ATOMIC(address);
     T old;
     __atomic_load(address, &old, __ATOMIC_RELAXED);
     while (take_new(old, value)) {
@@ -184,22 +205,24 @@ inline unsigned atomicMin(unsigned* a, unsigned v) { return emu_atomic_update<un
 // atomicInc: *a = (old >= limit) ? 0 : old + 1; atomicDec: *a = (old == 0 || old > limit) ? limit : old - 1
 // (CUDA Programming Guide, "Atomic Functions"); both return the old value
 inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    EMU_ATOMIC(a);
     unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (!__atomic_compare_exchange_n(a, &old, old >= limit ? 0u : old + 1u, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
     return old;
 }
 inline unsigned atomicDec(unsigned* a, unsigned limit) {
+    EMU_ATOMIC(a);
     unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (!__atomic_compare_exchange_n(a, &old, (old == 0 || old > limit) ? limit : old - 1u, false, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED)) {
     }
     return old;
 }
-inline int atomicOr(int* a, int v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
-inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
-inline int atomicAnd(int* a, int v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
-inline unsigned atomicAnd(unsigned* a, unsigned v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+inline int atomicOr(int* a, int v) { return EMU_ATOMIC(a), __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicOr(unsigned* a, unsigned v) { return EMU_ATOMIC(a), __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+inline int atomicAnd(int* a, int v) { return EMU_ATOMIC(a), __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAnd(unsigned* a, unsigned v) { return EMU_ATOMIC(a), __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
 
 // ----------------------------------------------------------------------------
 // cache-hinted loads and stores: the hint changes nothing on the CPU
