@@ -22,8 +22,11 @@
 #          NaN), FAILED (a mismatch, a CUDA error, an emulator refusal, or no marker), TIMEOUT
 #          (TRY_TIMEOUT seconds, default 600).
 #          Logs: build/emu/foreign-devcuda/logs/PROGRAM.N.log.
-# Settings: TRY_TIMEOUT (seconds per run), TRY_MARKER (default "results match", case-insensitive), and
-# the emulator's own (EMU_THREADS, EMU_THREAD_ORDER, ...), passed through.
+# Settings: TRY_TIMEOUT (seconds per run), TRY_MARKER (default "results match", case-insensitive),
+# TRY_SANITIZER=asan (AddressSanitizer and initcheck: a read of never-written device memory fails the
+# run, status 67) or tsan (the race checker: a race fails it, status 66), built from asan.mk or tsan.mk
+# into build/emu-asan/ or build/emu-tsan/ with no register table; and the emulator's own settings
+# (EMU_THREADS, EMU_THREAD_ORDER, ...), passed through.
 set -uo pipefail
 
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
@@ -34,7 +37,15 @@ dir="$(cd "$1" && pwd)"
 shift
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
-work="$repo/build/emu/foreign-devcuda"
+case "${TRY_SANITIZER:-}" in
+    "") emu_make=(make); work="$repo/build/emu/foreign-devcuda" ;;
+    asan | tsan)
+        emu_make=(make -f "dev/emu/$TRY_SANITIZER.mk")
+        work="$repo/build/emu-$TRY_SANITIZER/foreign-devcuda"
+        export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
+        ;;
+    *) echo "TRY_SANITIZER is asan, tsan or empty, not '$TRY_SANITIZER'" >&2; exit 2 ;;
+esac
 timeout_s="${TRY_TIMEOUT:-600}"
 marker="${TRY_MARKER:-results match}"
 mkdir -p "$work/src" "$work/bin" "$work/logs"
@@ -47,7 +58,7 @@ else
 fi
 
 # the emulator's objects, and how ours are compiled and linked (emu_cxx, devcuda_flags, devcuda_link, nvcc)
-settings="$(make -s --no-print-directory emu-devcuda-build-settings)" || { echo "building the emulator failed" >&2; exit 1; }
+settings="$("${emu_make[@]}" -s --no-print-directory emu-devcuda-build-settings)" || { echo "building the emulator failed" >&2; exit 1; }
 eval "$settings"
 
 # every header and program of DIR, rewritten (<<< >>>, __shared__) into $work/src
@@ -64,6 +75,10 @@ run_one() {
     rc=$?
     if [ $rc -eq 124 ]; then
         echo "TIMEOUT (${timeout_s} s), $((SECONDS - start)) s"
+    elif [ $rc -eq 66 ] && [ "${TRY_SANITIZER:-}" = tsan ]; then
+        echo "FAILED (the race checker reported races), $((SECONDS - start)) s"
+    elif [ $rc -eq 67 ] && [ "${TRY_SANITIZER:-}" = asan ]; then
+        echo "FAILED (initcheck: reads of device memory nothing wrote), $((SECONDS - start)) s"
     elif [ $rc -ne 0 ]; then
         echo "FAILED (exit $rc), $((SECONDS - start)) s"
     elif ! grep -qi "$marker" "$log"; then
@@ -87,7 +102,7 @@ for p in "${programs[@]}"; do
         continue
     fi
     kernels_o=""
-    if command -v "$nvcc" > /dev/null 2>&1; then
+    if [ -z "${TRY_SANITIZER:-}" ] && command -v "$nvcc" > /dev/null 2>&1; then
         if "$repo/dev/emu/kernel_table.sh" "$work/${p}_kernels.cpp" "$nvcc" "-I$dir $dir/$p.cu" 2> "$work/logs/$p.nvcc.log" &&
             g++ -std=c++17 -O1 -Idev/emu/include -c "$work/${p}_kernels.cpp" -o "$work/${p}_kernels.o"; then
             kernels_o="$work/${p}_kernels.o"
