@@ -1,5 +1,6 @@
-// cuBLAS on the CPU: handles, streams, workspaces, math modes, cublasGemmEx and
-// cublasGemmStridedBatchedEx. cuBLASLt is in cublas_lt.cpp, the shared kernel in cublas_gemm.cpp.
+// cuBLAS on the CPU: handles, streams, workspaces, math modes, cublasGemmEx,
+// cublasGemmStridedBatchedEx, and the legacy cublasSgemm and cublasSgemmStridedBatched (the same
+// products with fp32 A, B, C and CUBLAS_COMPUTE_32F). cuBLASLt is in cublas_lt.cpp, the shared kernel in cublas_gemm.cpp.
 //
 // Notes for the emulator (what is emulated and how):
 // - Semantics are NVIDIA's cuBLAS documentation: column-major storage, op(X) = X or Xᵀ (OP_C is OP_T for
@@ -287,4 +288,24 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     return gemm_strided_batched("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, A, Atype, lda,
                                 strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
                                 computeType);
+}
+
+// cuBLAS documents cublasSgemm as C = alpha·op(A)·op(B) + beta·C on fp32 matrices, computed in fp32
+// (the handle's CUBLAS_TF32_TENSOR_OP_MATH allows TF32 inputs, as for CUBLAS_COMPUTE_32F): exactly
+// cublasGemmEx with CUDA_R_32F everywhere and CUBLAS_COMPUTE_32F.
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                           const float* beta, float* C, int ldc) {
+    return gemm_strided_batched("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, 0, B,
+                                CUDA_R_32F, ldb, 0, beta, C, CUDA_R_32F, ldc, 0, 1, CUBLAS_COMPUTE_32F);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long int strideA, const float* B, int ldb, long long int strideB,
+                                         const float* beta, float* C, int ldc, long long int strideC,
+                                         int batchCount) {
+    return gemm_strided_batched("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F,
+                                lda, strideA, B, CUDA_R_32F, ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC,
+                                batchCount, CUBLAS_COMPUTE_32F);
 }

@@ -65,3 +65,10 @@ $(EMU_BUILD)/test_mma_emu: $(EMU_BUILD)/src/dev/emu/test_mma_emu.cpp $(EMU_BUILD
 
 emu-test-mma: $(EMU_BUILD)/test_mma_emu
 	$(EMU_BUILD)/test_mma_emu $(TEST_ARGS)
+
+# For dev/emu/try_llmc_devcuda.sh (CUDA programs from outside the repository, built as ours are): builds
+# the emulator's objects, then prints the compiler, flags and link line of a dev/cuda program as shell
+# assignments.
+.PHONY: emu-devcuda-build-settings
+emu-devcuda-build-settings: $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS)
+	@printf "emu_cxx='%s'\ndevcuda_flags='%s'\ndevcuda_link='%s'\nnvcc='%s'\n" "$(EMU_CXX)" "$(DEVCUDA_FLAGS)" "$(DEVCUDA_LINK)" "$(NVCC)"

@@ -48,8 +48,8 @@ EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
 
-EMU_CORE_SOURCES := $(EMU_DIR)/exec.cpp $(EMU_DIR)/runtime.cpp $(EMU_DIR)/device_memory.cpp
-EMU_CORE_HEADERS := $(wildcard $(EMU_DIR)/include/*.h $(EMU_DIR)/include/emu/*.h) $(EMU_DIR)/prelude.h $(EMU_DIR)/internal.h
+EMU_CORE_SOURCES := $(EMU_DIR)/exec.cpp $(EMU_DIR)/runtime.cpp $(EMU_DIR)/device_memory.cpp $(EMU_DIR)/memcpy2d.cpp
+EMU_CORE_HEADERS := $(wildcard $(EMU_DIR)/include/*.h $(EMU_DIR)/include/emu/*.h $(EMU_DIR)/include/cooperative_groups/*.h) $(EMU_DIR)/prelude.h $(EMU_DIR)/internal.h
 EMU_CORE_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_CORE_SOURCES))
 # the other parts of the emulator (dev/emu/CONTRACT.md): linked when they are there
 EMU_LIB_SOURCES := $(wildcard $(EMU_DIR)/cublas*.cpp $(EMU_DIR)/nccl*.cpp)
@@ -73,7 +73,7 @@ $(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh $(EMU_DIR)/mma_em
 	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
 	touch $@
 
-$(EMU_BUILD)/obj/exec.o $(EMU_BUILD)/obj/runtime.o $(EMU_BUILD)/obj/device_memory.o: $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS)
+$(EMU_CORE_OBJECTS): $(EMU_BUILD)/obj/%.o: $(EMU_DIR)/%.cpp $(EMU_CORE_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
 # initcheck's own loads and stores are not instrumented: it defines the functions instrumented code calls

@@ -1,6 +1,6 @@
 // Tests of the emulated cuBLAS and cuBLASLt (dev/emu/cublas*.cpp) against values worked out from the
 // definitions in NVIDIA's documentation: column-major storage, op(X), alpha/beta, the epilogues, bf16
-// rounding to nearest even, TF32 inputs, the heuristic's alignment promise. Expected values are written
+// rounding to nearest even, TF32 inputs, the heuristic's alignment promise, the legacy cublasSgemm. Expected values are written
 // out by hand or computed here in double from the formulas, never by the emulator or by our callers;
 // the randomized test compares with a plain triple loop written below.
 //
@@ -238,6 +238,155 @@ TEST(CublasHandle, SetStreamResetsTheUserWorkspace) {
 TEST(CublasHandle, StatusStrings) {
     EXPECT_STRNE(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED), "");
     EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+}
+
+// ----------------------------------------------------------------------------
+// cublasSgemm / cublasSgemmStridedBatched (the legacy fp32 API)
+
+// The definition, for one column-major matrix of a batch: for i < m, j < n,
+//   C(i, j) <- alpha·sum_p op(A)(i, p)·op(B)(p, j) + beta·C(i, j),
+// with X(r, c) stored at x[r + c·ld] and op(X)(r, c) = X(c, r) when transposed; nothing else of C is
+// written. Computed in double; with the small integers below every value is exact in fp32 too.
+void sgemm_by_definition(bool ta, bool tb, int m, int n, int k, double alpha, const float* a, int lda, const float* b,
+                         int ldb, double beta, float* c, int ldc) {
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < m; i++) {
+            double sum = 0.0;
+            for (int p = 0; p < k; p++) {
+                double a_ip = ta ? a[p + (size_t)i * lda] : a[i + (size_t)p * lda];
+                double b_pj = tb ? b[j + (size_t)p * ldb] : b[p + (size_t)j * ldb];
+                sum += a_ip * b_pj;
+            }
+            c[i + (size_t)j * ldc] = (float)(alpha * sum + beta * c[i + (size_t)j * ldc]);
+        }
+    }
+}
+
+// integers in [-4, 4]: products and sums of up to 2^24 / 16 terms are exact in fp32 and in TF32's inputs
+std::vector<float> small_integers(size_t count, std::mt19937& rng) {
+    std::uniform_int_distribution<int> value(-4, 4);
+    std::vector<float> out(count);
+    for (float& v : out) v = (float)value(rng);
+    return out;
+}
+
+TEST(CublasSgemm, WorkedExampleEveryTranspose) {
+    Blas blas;
+    for (int ta = 0; ta < 2; ta++) {
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = ta ? 4 : 3, ldb = tb ? 5 : 4, ldc = 4;  // all larger than the stored rows
+            Device<float> a(store(A23, ta, lda)), b(store(B32, tb, ldb)), c(std::vector<float>((size_t)ldc * 2, PAD));
+            float alpha = 1.0f, beta = 0.0f;
+            ASSERT_EQ(cublasSgemm(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, 2, 2, 3,
+                                  &alpha, a.ptr, lda, b.ptr, ldb, &beta, c.ptr, ldc),
+                      CUBLAS_STATUS_SUCCESS);
+            std::vector<float> out = c.download();
+            for (int j = 0; j < 2; j++) {
+                for (int i = 0; i < 2; i++) EXPECT_EQ(out[i + j * ldc], AB22[i][j]) << "ta " << ta << " tb " << tb;
+                EXPECT_EQ(out[2 + j * ldc], PAD) << "padding row written";
+                EXPECT_EQ(out[3 + j * ldc], PAD) << "padding row written";
+            }
+        }
+    }
+}
+
+TEST(CublasSgemm, MatchesTheDefinitionWithPaddingAndBeta) {
+    std::mt19937 rng(34);
+    Blas blas;
+    const int shapes[][3] = {{1, 1, 1}, {5, 3, 7}, {33, 17, 64}, {70, 129, 40}};
+    for (auto& shape : shapes) {
+        for (int combo = 0; combo < 4; combo++) {
+            int m = shape[0], n = shape[1], k = shape[2];
+            bool ta = combo & 1, tb = combo & 2;
+            int lda = (ta ? k : m) + 2, ldb = (tb ? n : k) + 5, ldc = m + 3;
+            std::vector<float> a_host = small_integers((size_t)lda * (ta ? m : k), rng);
+            std::vector<float> b_host = small_integers((size_t)ldb * (tb ? k : n), rng);
+            std::vector<float> c_host = small_integers((size_t)ldc * n, rng);
+            float alpha = 2.0f, beta = -3.0f;
+            std::vector<float> expected = c_host;
+            sgemm_by_definition(ta, tb, m, n, k, alpha, a_host.data(), lda, b_host.data(), ldb, beta, expected.data(), ldc);
+            Device<float> a(a_host), b(b_host), c(c_host);
+            ASSERT_EQ(cublasSgemm(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+                                  &alpha, a.ptr, lda, b.ptr, ldb, &beta, c.ptr, ldc),
+                      CUBLAS_STATUS_SUCCESS);
+            // exact: every value is an integer below 2^24; the rows past m keep their old values
+            EXPECT_EQ(c.download(), expected) << "m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb;
+        }
+    }
+}
+
+TEST(CublasSgemmStridedBatched, MatchesTheDefinitionPerBatchWithGaps) {
+    std::mt19937 rng(35);
+    Blas blas;
+    const int m = 6, n = 5, k = 9, batches = 3;
+    for (int combo = 0; combo < 4; combo++) {
+        bool ta = combo & 1, tb = combo & 2;
+        int lda = (ta ? k : m) + 1, ldb = (tb ? n : k) + 2, ldc = m + 1;
+        // strides larger than one matrix: the gaps between matrices must stay as they were
+        long long stride_a = (long long)lda * (ta ? m : k) + 7, stride_b = (long long)ldb * (tb ? k : n) + 3;
+        long long stride_c = (long long)ldc * n + 11;
+        std::vector<float> a_host = small_integers((size_t)stride_a * batches, rng);
+        std::vector<float> b_host = small_integers((size_t)stride_b * batches, rng);
+        std::vector<float> c_host = small_integers((size_t)stride_c * batches, rng);
+        float alpha = -1.0f, beta = 0.5f;  // beta·C: integers times 0.5 are exact
+        std::vector<float> expected = c_host;
+        for (int batch = 0; batch < batches; batch++) {
+            sgemm_by_definition(ta, tb, m, n, k, alpha, a_host.data() + batch * stride_a, lda,
+                                b_host.data() + batch * stride_b, ldb, beta, expected.data() + batch * stride_c, ldc);
+        }
+        Device<float> a(a_host), b(b_host), c(c_host);
+        ASSERT_EQ(cublasSgemmStridedBatched(blas.handle, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            m, n, k, &alpha, a.ptr, lda, stride_a, b.ptr, ldb, stride_b, &beta, c.ptr,
+                                            ldc, stride_c, batches),
+                  CUBLAS_STATUS_SUCCESS);
+        EXPECT_EQ(c.download(), expected) << "ta " << ta << " tb " << tb;
+    }
+}
+
+TEST(CublasSgemm, Tf32MathModeRoundsTheInputs) {
+    // as for cublasGemmEx with CUBLAS_COMPUTE_32F: 1 + 2^-12 reads as 1 in TF32, and 1 + 3·2^-11 as
+    // 1 + 2^-9 (a tie, to even), only after cublasSetMathMode(CUBLAS_TF32_TENSOR_OP_MATH)
+    Blas blas;
+    float x = 1.0f + std::ldexp(1.0f, -12), y = 1.0f + 3.0f * std::ldexp(1.0f, -11);
+    Device<float> a(std::vector<float>{x, y}), one(std::vector<float>{1.0f}), c(std::vector<float>{0, 0});
+    float alpha = 1.0f, beta = 0.0f;
+    auto run = [&] {
+        EXPECT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &alpha, a.ptr, 2, one.ptr, 1, &beta, c.ptr, 2),
+                  CUBLAS_STATUS_SUCCESS);
+        return c.download();
+    };
+    EXPECT_EQ(run(), (std::vector<float>{x, y}));
+    ASSERT_EQ(cublasSetMathMode(blas.handle, CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(run(), (std::vector<float>{1.0f, 1.0f + std::ldexp(1.0f, -9)}));
+}
+
+TEST(CublasSgemm, RefusesDevicePointerModeAndBadArguments) {
+    Blas blas;
+    Device<float> a(std::vector<float>(16, 1.0f)), scalars(std::vector<float>{1.0f, 0.0f});
+    float alpha = 1.0f, beta = 0.0f;
+    // alpha and beta on the device are not emulated: the mode is refused, and stays HOST
+    EXPECT_EQ(cublasSetPointerMode(blas.handle, CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasPointerMode_t mode;
+    ASSERT_EQ(cublasGetPointerMode(blas.handle, &mode), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(mode, CUBLAS_POINTER_MODE_HOST);
+    // a device alpha in host pointer mode
+    EXPECT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, scalars.ptr, a.ptr, 2, a.ptr, 2, scalars.ptr + 1,
+                          a.ptr, 2),
+              CUBLAS_STATUS_INVALID_VALUE);
+    // lda smaller than the stored rows of A (3 rows)
+    EXPECT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 2, &alpha, a.ptr, 2, a.ptr, 2, &beta, a.ptr, 3),
+              CUBLAS_STATUS_INVALID_VALUE);
+    // transposed A is stored k x m = 4 x 2: lda 2 is too small
+    EXPECT_EQ(cublasSgemm(blas.handle, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 4, &alpha, a.ptr, 2, a.ptr, 4, &beta, a.ptr, 2),
+              CUBLAS_STATUS_INVALID_VALUE);
+    // the last batch of C runs past the allocation: 3 batches of 2 x 2 with stride 8 need 20 floats
+    EXPECT_EQ(cublasSgemmStridedBatched(blas.handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, 2, 0, a.ptr, 2, 0,
+                                        &beta, a.ptr, 2, 8, 3),
+              CUBLAS_STATUS_INVALID_VALUE);
+    // an operation that is not N, T or C
+    EXPECT_EQ(cublasSgemm(blas.handle, (cublasOperation_t)7, CUBLAS_OP_N, 2, 2, 2, &alpha, a.ptr, 2, a.ptr, 2, &beta,
+                          a.ptr, 2),
+              CUBLAS_STATUS_INVALID_VALUE);
 }
 
 // ----------------------------------------------------------------------------

@@ -9,8 +9,13 @@
 #include <thread>
 #include <vector>
 
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+namespace cg = cooperative_groups;
 
 namespace {
 
@@ -218,6 +223,175 @@ __global__ void fill_kernel(T* out, T value, int n) {
     if (i < n) out[i] = value;
 }
 
+// ----------------------------------------------------------------------------
+// cooperative groups
+
+// out[rank * 8 + ...]: what this_thread_block() says to each thread, and a neighbour's value read
+// after block.sync() (block shaped (4, 3, 2): rank = x + 4·(y + 3·z))
+__global__ void cg_block_kernel(unsigned* out) {
+    __shared__ unsigned slots[24];
+    cg::thread_block block = cg::this_thread_block();
+    unsigned rank = block.thread_rank();
+    slots[rank] = 1000 + rank;
+    cg::sync(block);
+    unsigned* o = out + (blockIdx.x * 24 + rank) * 8;
+    o[0] = rank;
+    o[1] = block.size() * 100 + block.num_threads();
+    o[2] = block.group_index().x;
+    o[3] = block.thread_index().x * 100 + block.thread_index().y * 10 + block.thread_index().z;
+    o[4] = block.dim_threads().x * 100 + block.dim_threads().y * 10 + block.dim_threads().z;
+    o[5] = block.group_dim().x * 100 + block.group_dim().y * 10 + block.group_dim().z;
+    o[6] = slots[(rank + 1) % 24];
+    o[7] = block.thread_rank() == (unsigned)(threadIdx.x + 4 * (threadIdx.y + 3 * threadIdx.z));
+}
+
+// One tile of N per thread, in a 1-D block: out[rank * 18 + ...] the tile's view of itself and the
+// results of its collectives, each lane's value being 100 + its rank in the block.
+template <unsigned N>
+__global__ void cg_tile_kernel(int* out) {
+    cg::thread_block block = cg::this_thread_block();
+    cg::thread_block_tile<N> tile = cg::tiled_partition<N>(block);
+    int rank = (int)block.thread_rank();
+    int v = 100 + rank;
+    int* o = out + rank * 18;
+    o[0] = (int)tile.thread_rank();
+    o[1] = (int)tile.meta_group_rank();
+    o[2] = (int)tile.meta_group_size();
+    o[3] = (int)(tile.size() * 100 + tile.num_threads());
+    o[4] = (int)tile.emu_lane_mask();
+    o[5] = tile.shfl(v, 1);             // the tile's thread 1 (thread 0 for N = 1: 1 mod 1)
+    o[6] = tile.shfl_down(v, 1);        // the next thread, or its own value at the tile's end
+    o[7] = tile.shfl_up(v, 2);          // two back, or its own value in the tile's first two
+    o[8] = tile.shfl_xor(v, N / 2);     // the partner in the other half of the tile (itself for N = 1)
+    o[9] = cg::reduce(tile, v, cg::plus<int>());
+    o[10] = cg::reduce(tile, v, cg::less<int>());
+    o[11] = cg::reduce(tile, v, cg::greater<int>());
+    o[12] = (int)tile.ballot(rank % 3 == 0);
+    o[13] = tile.any(rank % 7 == 6) * 10 + tile.all(rank % 2 == 0);
+    tile.sync();
+    float f = (float)rank * 0.5f;  // multiples of 0.5: sums are exact in any order
+    o[14] = (int)(cg::reduce(tile, f, cg::plus<float>()) * 2.0f);
+    o[15] = cg::reduce(tile, 1 << (rank % 31), cg::bit_or<int>());
+    o[16] = cg::reduce(tile, ~rank, cg::bit_and<int>());
+    o[17] = cg::reduce(tile, rank * 7, cg::bit_xor<int>());
+}
+
+// tiles of 16 taking different paths: the first reduces, the second votes (disjoint masks)
+__global__ void cg_divergent_tiles_kernel(int* out) {
+    cg::thread_block_tile<16> tile = cg::tiled_partition<16>(cg::this_thread_block());
+    int t = threadIdx.x;
+    if (tile.meta_group_rank() == 0) {
+        out[t] = cg::reduce(tile, t, cg::plus<int>());
+    } else {
+        out[t] = (int)tile.ballot(t % 2);
+    }
+}
+
+// lanes exchange through shared memory inside tiles of 8, ordered by tile.sync() alone: each lane
+// writes its slot, and reads its mirror in the tile after the sync
+__global__ void cg_tile_sync_kernel(int* out) {
+    __shared__ int slots[64];
+    cg::thread_block_tile<8> tile = cg::tiled_partition<8>(cg::this_thread_block());
+    int t = threadIdx.x;
+    slots[t] = 10 * t;
+    tile.sync();
+    out[t] = slots[t - tile.thread_rank() + (7 - tile.thread_rank())];
+}
+
+// a tile of 16 cut into tiles of 4; a struct of 12 bytes shuffled (two 8-byte exchanges)
+struct Triple {
+    int a, b, c;
+};
+__global__ void cg_subtile_kernel(int* out) {
+    cg::thread_block_tile<16> half = cg::tiled_partition<16>(cg::this_thread_block());
+    cg::thread_block_tile<4> quad = cg::tiled_partition<4>(half);
+    int t = threadIdx.x;
+    Triple mine{t, 2 * t, 3 * t};
+    Triple next = quad.shfl_down(mine, 1);
+    out[t * 4 + 0] = (int)(quad.meta_group_rank() * 10 + quad.meta_group_size());
+    out[t * 4 + 1] = (int)quad.emu_lane_mask();
+    out[t * 4 + 2] = cg::reduce(quad, t, cg::plus<int>());
+    out[t * 4 + 3] = next.a + next.b + next.c;
+}
+
+// a tile of 8 where thread 3 has returned before the shuffle
+__global__ void cg_tile_missing_lane_kernel(int* out) {
+    cg::thread_block_tile<8> tile = cg::tiled_partition<8>(cg::this_thread_block());
+    if (threadIdx.x == 3) return;
+    out[threadIdx.x] = tile.shfl_xor((int)threadIdx.x, 1);
+}
+
+__global__ void cg_partition_kernel(int* out) {
+    cg::thread_block_tile<32> warp = cg::tiled_partition<32>(cg::this_thread_block());
+    out[threadIdx.x] = (int)warp.thread_rank();
+}
+
+// ----------------------------------------------------------------------------
+// atomicInc/atomicDec wrap at the limit; bf16x2 and half2 atomics and arithmetic; __trap
+
+// 7 threads increment (limit 3) and 7 decrement (limit 4) one counter each, starting at 0:
+// inc: 0 1 2 3 0 1 2 3 ... ; dec: 0 -> 4 (0 wraps to the limit) 3 2 1 0 4 ...
+__global__ void wrap_kernel(unsigned* counters) {
+    atomicInc(&counters[0], 3u);
+    atomicDec(&counters[1], 4u);
+}
+// 40 threads add (1, 2) into one bf16x2 and one half2 pair; out[2] = a + b and a * b on given pairs
+__global__ void pair_atomic_kernel(__nv_bfloat162* bf, __half2* hf, __nv_bfloat162* out, __nv_bfloat162 a, __nv_bfloat162 b) {
+    atomicAdd(bf, __floats2bfloat162_rn(1.0f, 2.0f));
+    atomicAdd(hf, __floats2half2_rn(1.0f, 2.0f));
+    if (threadIdx.x == 0) {
+        out[0] = a + b;
+        out[1] = a * b;
+        out[2] = a - b;
+    }
+}
+__global__ void trap_kernel(int* out) {
+    if (threadIdx.x == 5) __trap();
+    out[threadIdx.x] = 1;
+}
+
+// ----------------------------------------------------------------------------
+// min and max in the global namespace, called in a kernel: out = the 8 results below
+__global__ void minmax_kernel(long long* out, int a, unsigned b, long long c, float d) {
+    out[0] = min(a, a + 1);
+    out[1] = max(a, -a);
+    out[2] = min(a, b);  // int with unsigned: compared as unsigned
+    out[3] = max(c, -c);
+    out[4] = (long long)min(d, 2.0f);
+    out[5] = (long long)max(d, NAN);  // the other operand when one is NaN (fmaxf)
+    out[6] = ullmin(5ull, 7ull) + umax(3u, 4u);
+    out[7] = min((size_t)b, (size_t)9);
+}
+
+// ----------------------------------------------------------------------------
+// a kernel and host functions of the same name (an overload set), as dev/cuda programs write them
+
+__global__ void axpy_named_twice(float* y, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+// the host function of the same name: its launch of 4 arguments picks the kernel
+void axpy_named_twice(float* y, const float* x, float a, int n, int block_size) {
+    axpy_named_twice<<<(n + block_size - 1) / block_size, block_size>>>(y, x, a, n);
+}
+// and a second kernel of the same name with another parameter count
+__global__ void axpy_named_twice(float* y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a;
+}
+
+// a kernel template, launched without its template arguments (CUDA deduces them from the launch's)
+template <typename T>
+__global__ void scale_in_place(T* values, T factor, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) values[i] *= factor;
+}
+
+// tells whether it was given a pointer: launched with NULL or 0 for `maybe`, as CUDA code does
+__global__ void note_whether_given(int* out, const float* maybe) {
+    out[threadIdx.x] = maybe == nullptr ? 1 : 2;
+}
+
 }  // namespace emu_test
 
 using namespace emu_test;
@@ -397,6 +571,296 @@ TEST(EmuWarpDeathTest, LaneNamedInMaskHasExited) {
     };
     EXPECT_DEATH(run(),
         "lanes [0-9,]+ wait in __shfl_xor_sync\\(mask 0xffffffff\\) for lanes that have exited: 7");
+}
+
+// ----------------------------------------------------------------------------
+// cooperative groups: each expected value from the Programming Guide's definitions, computed here
+
+TEST(EmuCooperativeGroups, ThreadBlockRanksIndicesAndSync) {
+    for (auto order : {emu::ThreadOrder::forward, emu::ThreadOrder::reverse}) {
+        ThreadOrderGuard guard(order);
+        unsigned* d = device_array<unsigned>(2 * 24 * 8);
+        cg_block_kernel<<<2, dim3(4, 3, 2)>>>(d);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        std::vector<unsigned> h = download(d, 2 * 24 * 8);
+        for (unsigned b = 0; b < 2; b++) {
+            for (unsigned z = 0; z < 2; z++) {
+                for (unsigned y = 0; y < 3; y++) {
+                    for (unsigned x = 0; x < 4; x++) {
+                        unsigned rank = x + 4 * (y + 3 * z);
+                        const unsigned* o = &h[(b * 24 + rank) * 8];
+                        EXPECT_EQ(o[0], rank);
+                        EXPECT_EQ(o[1], 24u * 100 + 24u);
+                        EXPECT_EQ(o[2], b);
+                        EXPECT_EQ(o[3], x * 100 + y * 10 + z);
+                        EXPECT_EQ(o[4], 432u);
+                        EXPECT_EQ(o[5], 432u);
+                        EXPECT_EQ(o[6], 1000 + (rank + 1) % 24) << "block.sync() must order the slots";
+                        EXPECT_EQ(o[7], 1u);
+                    }
+                }
+            }
+        }
+        cudaFree(d);
+    }
+}
+
+// every field of cg_tile_kernel<N> for a block of 64 threads, from the definitions
+template <unsigned N>
+void check_tiles_of() {
+    const int threads = 64;
+    int* d = device_array<int>(threads * 18);
+    cg_tile_kernel<N><<<1, threads>>>(d);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<int> h = download(d, threads * 18);
+    const int n = (int)N;
+    for (int r = 0; r < threads; r++) {
+        const int* o = &h[r * 18];
+        int base = r - r % n, tr = r % n, v = 100 + r;
+        int sum = 0, ranks = 0, any = 0, all = 1, bits_or = 0, bits_and = ~0, bits_xor = 0;
+        unsigned ballot = 0;
+        for (int i = 0; i < n; i++) {
+            int q = base + i;
+            sum += 100 + q;
+            ranks += q;
+            if (q % 3 == 0) ballot |= 1u << i;
+            any |= q % 7 == 6;
+            all &= q % 2 == 0;
+            bits_or |= 1 << (q % 31);
+            bits_and &= ~q;
+            bits_xor ^= q * 7;
+        }
+        unsigned first_lane = (unsigned)(r % 32) / N * N;
+        unsigned mask = N == 32 ? 0xffffffffu : ((1u << N) - 1u) << first_lane;
+        SCOPED_TRACE(testing::Message() << "tile of " << N << ", thread " << r);
+        EXPECT_EQ(o[0], tr);
+        EXPECT_EQ(o[1], r / n);
+        EXPECT_EQ(o[2], threads / n);
+        EXPECT_EQ(o[3], n * 100 + n);
+        EXPECT_EQ((unsigned)o[4], mask) << "the tile's own lanes only";
+        EXPECT_EQ(o[5], 100 + base + 1 % n);
+        EXPECT_EQ(o[6], tr + 1 < n ? v + 1 : v) << "shfl_down past the tile's end returns the caller's value";
+        EXPECT_EQ(o[7], tr >= 2 ? v - 2 : v);
+        EXPECT_EQ(o[8], 100 + base + (tr ^ (n / 2)));
+        EXPECT_EQ(o[9], sum) << "the sum of the tile's values, no other tile's";
+        EXPECT_EQ(o[10], 100 + base);
+        EXPECT_EQ(o[11], 100 + base + n - 1);
+        EXPECT_EQ((unsigned)o[12], ballot);
+        EXPECT_EQ(o[13], any * 10 + all);
+        EXPECT_EQ(o[14], ranks);
+        EXPECT_EQ(o[15], bits_or);
+        EXPECT_EQ(o[16], bits_and);
+        EXPECT_EQ(o[17], bits_xor);
+    }
+    cudaFree(d);
+}
+
+TEST(EmuCooperativeGroups, TilesOfEverySizeUseOnlyTheirOwnLanes) {
+    check_tiles_of<1>();
+    check_tiles_of<2>();
+    check_tiles_of<4>();
+    check_tiles_of<8>();
+    check_tiles_of<16>();
+    check_tiles_of<32>();
+}
+
+TEST(EmuCooperativeGroups, TileSyncOrdersSharedMemoryInBothThreadOrders) {
+    for (auto order : {emu::ThreadOrder::forward, emu::ThreadOrder::reverse}) {
+        ThreadOrderGuard guard(order);
+        int* d = device_array<int>(64);
+        cg_tile_sync_kernel<<<1, 64>>>(d);
+        std::vector<int> h = download(d, 64);
+        for (int t = 0; t < 64; t++) EXPECT_EQ(h[t], 10 * (t - t % 8 + 7 - t % 8)) << "thread " << t;
+        cudaFree(d);
+    }
+}
+
+TEST(EmuCooperativeGroups, TileOfATileAndWideValues) {
+    int* d = device_array<int>(32 * 4);
+    cg_subtile_kernel<<<1, 32>>>(d);
+    std::vector<int> h = download(d, 32 * 4);
+    for (int t = 0; t < 32; t++) {
+        int base = t - t % 4, next = t % 4 < 3 ? t + 1 : t;
+        EXPECT_EQ(h[t * 4 + 0], (t % 16) / 4 * 10 + 4) << "meta group of the parent tile of 16";
+        EXPECT_EQ((unsigned)h[t * 4 + 1], 0xfu << base);
+        EXPECT_EQ(h[t * 4 + 2], 4 * base + 6);
+        EXPECT_EQ(h[t * 4 + 3], 6 * next) << "a 12-byte struct shuffled whole";
+    }
+    cudaFree(d);
+}
+
+TEST(EmuCooperativeGroups, DivergentTilesRunTheirOwnCollectives) {
+    int* d = device_array<int>(32);
+    cg_divergent_tiles_kernel<<<1, 32>>>(d);
+    std::vector<int> h = download(d, 32);
+    for (int t = 0; t < 16; t++) EXPECT_EQ(h[t], 15 * 16 / 2);
+    for (int t = 16; t < 32; t++) EXPECT_EQ((unsigned)h[t], 0xaaaau);  // odd ranks of the tile
+    cudaFree(d);
+}
+
+TEST(EmuCooperativeGroupsDeathTest, ExitedLaneOfATileIsReported) {
+    auto run = [] {
+        int* d = device_array<int>(32);
+        cg_tile_missing_lane_kernel<<<1, 32>>>(d);
+        cudaDeviceSynchronize();
+    };
+    // only tile 0 (lanes 0-7) waits: the other tiles of the warp complete their shuffles
+    EXPECT_DEATH(run(), "lanes 0,1,2,4,5,6,7 wait in thread_block_tile::shfl_xor\\(mask 0x000000ff\\) for lanes that "
+                        "have exited: 3");
+}
+
+TEST(EmuCooperativeGroupsDeathTest, PartitionOfABlockThatIsNotAMultipleIsRefused) {
+    auto run = [] {
+        int* d = device_array<int>(48);
+        cg_partition_kernel<<<1, 48>>>(d);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(run(), "tiled_partition<32> of a block of 48 threads");
+}
+
+// ----------------------------------------------------------------------------
+// min and max; a kernel and a host function of one name
+
+TEST(EmuExec, AtomicIncDecWrapAtTheirLimits) {
+    unsigned* d = device_array<unsigned>(2);
+    wrap_kernel<<<1, 7>>>(d);
+    std::vector<unsigned> h = download(d, 2);
+    // inc, limit 3, seven times from 0: 1 2 3 0 1 2 3 -> 3; dec, limit 4: 4 3 2 1 0 4 3 -> 3
+    EXPECT_EQ(h[0], 3u);
+    EXPECT_EQ(h[1], 3u);
+    wrap_kernel<<<1, 5>>>(d);  // from 3: inc 0 1 2 3 0 -> 0; dec 2 1 0 4 3 -> 3
+    h = download(d, 2);
+    EXPECT_EQ(h[0], 0u);
+    EXPECT_EQ(h[1], 3u);
+    cudaFree(d);
+}
+
+TEST(EmuBf16, PairAtomicsAndArithmeticRoundEachHalf) {
+    __nv_bfloat162* bf = device_array<__nv_bfloat162>(1);
+    __half2* hf = device_array<__half2>(1);
+    __nv_bfloat162* out = device_array<__nv_bfloat162>(3);
+    // a = (1, 3), b = (2^-8, 5): a + b = (1 + 2^-8 -> 1: halfway to 1 + 2^-7, ties to even; 8),
+    // a * b = (2^-8, 15), a - b = (1 - 2^-8, exact: bf16's spacing below 1 is 2^-8; -2)
+    __nv_bfloat162 a = __floats2bfloat162_rn(1.0f, 3.0f), b = __floats2bfloat162_rn(std::ldexp(1.0f, -8), 5.0f);
+    pair_atomic_kernel<<<1, 40>>>(bf, hf, out, a, b);
+    __nv_bfloat162 bf_h = download(bf, 1)[0];
+    __half2 hf_h = download(hf, 1)[0];
+    std::vector<__nv_bfloat162> o = download(out, 3);
+    EXPECT_EQ((float)bf_h.x, 40.0f);  // integers up to 256 are exact in bf16: every add is exact
+    EXPECT_EQ((float)bf_h.y, 80.0f);
+    EXPECT_EQ((float)hf_h.x, 40.0f);
+    EXPECT_EQ((float)hf_h.y, 80.0f);
+    EXPECT_EQ((float)o[0].x, 1.0f);
+    EXPECT_EQ((float)o[0].y, 8.0f);
+    EXPECT_EQ((float)o[1].x, std::ldexp(1.0f, -8));
+    EXPECT_EQ((float)o[1].y, 15.0f);
+    EXPECT_EQ((float)o[2].x, 1.0f - std::ldexp(1.0f, -8));
+    EXPECT_EQ((float)o[2].y, -2.0f);
+    cudaFree(bf), cudaFree(hf), cudaFree(out);
+}
+
+TEST(EmuExecDeathTest, TrapEndsTheProgramNamingTheThread) {
+    auto run = [] {
+        int* d = device_array<int>(32);
+        trap_kernel<<<1, 32>>>(d);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(run(), "kernel emu_test::trap_kernel\\(int\\*\\) block \\(0,0,0\\) thread \\(5,0,0\\) called __trap\\(\\)");
+}
+
+TEST(EmuMath, GlobalMinMaxFollowTheCudaOverloads) {
+    long long* d = device_array<long long>(8);
+    minmax_kernel<<<1, 1>>>(d, -3, 5u, -7, 3.5f);
+    std::vector<long long> h = download(d, 8);
+    EXPECT_EQ(h[0], -3);
+    EXPECT_EQ(h[1], 3);
+    EXPECT_EQ(h[2], 5) << "min(int, unsigned) compares as unsigned: -3 is 4294967293u";
+    EXPECT_EQ(h[3], 7);
+    EXPECT_EQ(h[4], 2);
+    EXPECT_EQ(h[5], 3) << "max(3.5f, NaN) is 3.5f";
+    EXPECT_EQ(h[6], 9);
+    EXPECT_EQ(h[7], 5);
+    cudaFree(d);
+    // the result types of the Math API's overloads
+    static_assert(std::is_same<decltype(min(1, 2u)), unsigned>::value, "min(int, unsigned) is unsigned");
+    static_assert(std::is_same<decltype(max(1L, 2UL)), unsigned long>::value, "max(long, unsigned long)");
+    static_assert(std::is_same<decltype(min(1LL, 2LL)), long long>::value, "min(long long, long long)");
+    static_assert(std::is_same<decltype(max(1.0f, 2.0)), double>::value, "max(float, double) is double");
+    static_assert(std::is_same<decltype(min(1.0f, 2.0f)), float>::value, "min(float, float) is float");
+    // host code too, next to std::min and std::max, with or without `using namespace std`
+    EXPECT_EQ(min(-1, 1u), 1u);
+    EXPECT_EQ(max(-1, 1u), 0xffffffffu);
+    EXPECT_EQ(std::min(4, 3), 3);
+    EXPECT_EQ(std::max<size_t>(4, 3), 4u);
+    {
+        using namespace std;
+        EXPECT_EQ(min(2, 3), 2);            // ::min(int, int): a non-template wins the tie with std::min
+        EXPECT_EQ(max(2.5, 3.5), 3.5);
+        EXPECT_EQ(min<long>(7, 8), 7);      // std::min with explicit arguments
+    }
+}
+
+TEST(EmuLaunch, KernelThatSharesItsNameWithHostFunctions) {
+    const int n = 100;
+    std::vector<float> y0(n), x0(n);
+    for (int i = 0; i < n; i++) y0[i] = (float)i, x0[i] = (float)(2 * i + 1);
+    float* y = device_array<float>(n);
+    float* x = device_array<float>(n);
+    cudaMemcpy(y, y0.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(x, x0.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    axpy_named_twice(y, x, 0.5f, n, 32);          // the host function launches the 4-parameter kernel
+    axpy_named_twice<<<(n + 63) / 64, 64>>>(y, 3, n);  // the 3-parameter kernel; 3 converts to float
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> h = download(y, n);
+    for (int i = 0; i < n; i++) EXPECT_EQ(h[i], y0[i] + 0.5f * x0[i] + 3.0f) << i;
+    cudaFree(y), cudaFree(x);
+}
+
+TEST(EmuLaunch, KernelTemplateWithDeducedArguments) {
+    const int n = 40;
+    std::vector<float> f0(n);
+    std::vector<int> i0(n);
+    for (int i = 0; i < n; i++) f0[i] = 0.25f * (float)i, i0[i] = i - 7;
+    float* f = device_array<float>(n);
+    int* k = device_array<int>(n);
+    cudaMemcpy(f, f0.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(k, i0.data(), n * sizeof(int), cudaMemcpyHostToDevice);
+    scale_in_place<<<2, 32>>>(f, 4.0f, n);  // T = float
+    scale_in_place<<<2, 32>>>(k, -3, n);    // T = int
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> hf = download(f, n);
+    std::vector<int> hk = download(k, n);
+    for (int i = 0; i < n; i++) {
+        EXPECT_EQ(hf[i], (float)i) << i;  // 0.25 i * 4, exact
+        EXPECT_EQ(hk[i], -3 * (i - 7)) << i;
+    }
+    cudaFree(f), cudaFree(k);
+}
+
+TEST(EmuLaunch, NullOrZeroForAPointerParameterIsTheNullPointer) {
+    int* out = device_array<int>(3);
+    float* given = device_array<float>(1);
+    note_whether_given<<<1, 1>>>(out, NULL);  // g++'s NULL is __null, a long once the launch has stored it
+    note_whether_given<<<1, 1>>>(out + 1, 0);
+    note_whether_given<<<1, 1>>>(out + 2, given);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<int> h = download(out, 3);
+    EXPECT_EQ(h, (std::vector<int>{1, 1, 2}));
+    cudaFree(out), cudaFree(given);
+}
+
+TEST(EmuLaunchDeathTest, NonZeroIntegerForAPointerParameterIsRefused) {
+    int* out = device_array<int>(1);
+    EXPECT_DEATH((note_whether_given<<<1, 1>>>(out, 16)),
+                 "kernel emu_test::note_whether_given\\(int\\*, float const\\*\\) argument 2 is the integer 16 "
+                 "for a pointer parameter");
+    cudaFree(out);
+}
+
+TEST(EmuLaunchDeathTest, OverloadedKernelIsStillChecked) {
+    std::vector<float> host(4);
+    EXPECT_DEATH((axpy_named_twice<<<1, 4>>>(host.data(), 1.0f, 4)),
+                 "kernel emu_test::axpy_named_twice\\(float\\*, float, int\\) argument 1 is a host pointer");
 }
 
 // ----------------------------------------------------------------------------
@@ -590,6 +1054,30 @@ TEST(EmuMemory, MallocIsAlignedAndReadsAsNaN) {
 
 // ----------------------------------------------------------------------------
 // streams and events: lazy, and in an order that differs from issue order unless events say otherwise
+
+TEST(EmuMemory, Memcpy2DCopiesRowsAndLeavesThePaddingAlone) {
+    // a 3 x 4 int matrix with a host pitch of 5 ints into a device pitch of 6, then back with pitch 4
+    std::vector<int> host(3 * 5);
+    for (int i = 0; i < 15; i++) host[i] = 100 + i;
+    int* d = device_array<int>(3 * 6, 0x7f);  // every byte 0x7f: the padding must keep it
+    ASSERT_EQ(cudaMemcpy2D(d, 6 * sizeof(int), host.data(), 5 * sizeof(int), 4 * sizeof(int), 3, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    std::vector<int> dev = download(d, 3 * 6);
+    for (int r = 0; r < 3; r++) {
+        for (int c = 0; c < 4; c++) EXPECT_EQ(dev[r * 6 + c], 100 + r * 5 + c);
+        for (int c = 4; c < 6; c++) EXPECT_EQ(dev[r * 6 + c], 0x7f7f7f7f) << "padding written";
+    }
+    std::vector<int> back(3 * 4, -1);
+    ASSERT_EQ(cudaMemcpy2D(back.data(), 4 * sizeof(int), d, 6 * sizeof(int), 4 * sizeof(int), 3, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 4; c++) EXPECT_EQ(back[r * 4 + c], 100 + r * 5 + c);
+    // a width wider than a pitch is refused, and recorded as the last error
+    EXPECT_EQ(cudaMemcpy2D(d, 2 * sizeof(int), host.data(), 5 * sizeof(int), 4 * sizeof(int), 3, cudaMemcpyHostToDevice),
+              cudaErrorInvalidPitchValue);
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidPitchValue);
+    cudaFree(d);
+}
 
 TEST(EmuStream, WorkRunsOnlyWhenTheHostWaits) {
     cudaStream_t s;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include <cooperative_groups.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -209,6 +210,21 @@ __global__ void last_block_sum_kernel(float* out, float* partials, unsigned* tic
 
 __global__ void store_kernel(int* p, int value) { *p = value; }
 __global__ void add_one_kernel(int* dst, const int* src) { *dst = *src + 1; }
+
+// Lanes hand values on through shared memory in tiles of 8 (cooperative groups): lane t reads the slot
+// of t - 1 in its own tile (wrapping inside the tile) or, with `across_tiles`, of t - 1 in the warp, so
+// lanes 8, 16, 24 and 0 read another tile's slot. `sync` between write and read: 0 none, 1 tile.sync()
+// (orders the 8 lanes of the caller's tile, no others), 2 __syncwarp() (all 32 lanes).
+__global__ void rotate_in_tiles_kernel(int* out, bool across_tiles, int sync) {
+    __shared__ int slots[32];
+    cooperative_groups::thread_block_tile<8> tile = cooperative_groups::tiled_partition<8>(cooperative_groups::this_thread_block());
+    int lane = threadIdx.x;
+    slots[lane] = lane * 10;
+    if (sync == 1) tile.sync();
+    if (sync == 2) __syncwarp();
+    int in_tile = lane - (int)tile.thread_rank() + ((int)tile.thread_rank() + 7) % 8;
+    out[lane] = slots[across_tiles ? (lane + 31) % 32 : in_tile];
+}
 
 }  // namespace emu_seeded
 
@@ -532,6 +548,23 @@ TEST(EmuSeededBug, MissingStreamWaitEvent) {
     emu::set_stream_order(emu::StreamOrder::issue);
     EXPECT_EQ(produce_consume(false), 2);
     emu::set_stream_order(emu::StreamOrder::newest_stream_first);
+}
+
+// a tile's sync orders its own lanes only: reading another tile's slot after tile.sync() is a race, as
+// on the GPU (the other tile may not have written yet); the thread orders do not show it (every lane
+// writes before any tile's sync opens, in both orders), the race checker does
+TEST(EmuSeededBug, TileSyncDoesNotOrderOtherTiles) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    int* d = device_copy(std::vector<int>(32));
+    expect_race([&] { rotate_in_tiles_kernel<<<1, 32>>>(d, false, 0); },
+                "cuda-emu: data-race in kernel emu_seeded::rotate_in_tiles_kernel.*static shared memory");
+    expect_race([&] { rotate_in_tiles_kernel<<<1, 32>>>(d, true, 1); },
+                "cuda-emu: data-race in kernel emu_seeded::rotate_in_tiles_kernel.*static shared memory");
+    expect_no_race([&] { rotate_in_tiles_kernel<<<1, 32>>>(d, false, 1); });
+    expect_no_race([&] { rotate_in_tiles_kernel<<<1, 32>>>(d, true, 2); });
+    std::vector<int> out = download(d, 32);
+    for (int lane = 0; lane < 32; lane++) EXPECT_EQ(out[lane], (lane + 31) % 32 * 10);
+    cudaFree(d);
 }
 
 // what the race checker must not report: barriers, shuffles, atomics, several blocks and launches

@@ -1,5 +1,6 @@
 // Emulated CUDA toolkit: cublas_v2.h, the part of cuBLAS this project calls (handles, streams,
-// workspaces, math modes, cublasGemmEx and cublasGemmStridedBatchedEx). Names and enum values are
+// workspaces, math modes, cublasGemmEx, cublasGemmStridedBatchedEx, cublasSgemm and
+// cublasSgemmStridedBatched). Names and enum values are
 // NVIDIA's (cublas_api.h), so status numbers printed by our checks mean what they mean on a GPU.
 // The products run on the CPU in dev/emu/cublas.cpp; see the notes at the top of that file.
 #pragma once
@@ -101,6 +102,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long int strideB, const void* beta, void* C, cudaDataType Ctype,
                                           int ldc, long long int strideC, int batchCount,
                                           cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+
+// The legacy single-precision GEMMs: cublasGemmEx and cublasGemmStridedBatchedEx with A, B, C all fp32
+// and CUBLAS_COMPUTE_32F, so the handle's math mode decides TF32 as it does for them. alpha and beta
+// are host pointers (CUBLAS_POINTER_MODE_HOST, the only pointer mode emulated).
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                           const float* beta, float* C, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long int strideA, const float* B, int ldb, long long int strideB,
+                                         const float* beta, float* C, int ldc, long long int strideC,
+                                         int batchCount);
 
 namespace emu {
 // Emulator only (no cuBLAS counterpart), for tests: the workspace cublasSetWorkspace gave the handle,

@@ -72,11 +72,28 @@ inline float __high2float(__nv_bfloat162 v) { return __bfloat162float(v.y); }
 inline float2 __bfloat1622float2(__nv_bfloat162 v) { return float2{__bfloat162float(v.x), __bfloat162float(v.y)}; }
 inline __nv_bfloat162 __float22bfloat162_rn(float2 v) { return __floats2bfloat162_rn(v.x, v.y); }
 
+// bf16x2 arithmetic, each half on its own: the fp32 result rounded once to bf16. The product of two bf16
+// values (8 significant bits each) is exact in fp32, and a sum's fp32 rounding never lands on a bf16 tie,
+// so this is the correctly rounded bf16 result (except where fp32 itself overflows or goes subnormal).
+inline __nv_bfloat162 operator+(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return __floats2bfloat162_rn((float)a.x + (float)b.x, (float)a.y + (float)b.y);
+}
+inline __nv_bfloat162 operator-(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return __floats2bfloat162_rn((float)a.x - (float)b.x, (float)a.y - (float)b.y);
+}
+inline __nv_bfloat162 operator*(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return __floats2bfloat162_rn((float)a.x * (float)b.x, (float)a.y * (float)b.y);
+}
+inline __nv_bfloat162 __hadd2(__nv_bfloat162 a, __nv_bfloat162 b) { return a + b; }
+inline __nv_bfloat162 __hsub2(__nv_bfloat162 a, __nv_bfloat162 b) { return a - b; }
+inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) { return a * b; }
+
 // on sm_80 and later; a compare-and-swap on the enclosing 32-bit word
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
     uintptr_t word_address = (uintptr_t)address & ~(uintptr_t)3;
     unsigned shift = ((uintptr_t)address & 2) ? 16 : 0;
     uint32_t* word = reinterpret_cast<uint32_t*>(word_address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
     uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         unsigned short old_bits = (unsigned short)(old >> shift);
@@ -84,5 +101,21 @@ inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
         uint32_t desired = (old & ~(0xFFFFu << shift)) | ((uint32_t)new_bits << shift);
         if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             return emu_bf16_from_bits(old_bits);
+    }
+}
+
+// on sm_80 and later: each half is added atomically (CUDA promises no more than that), here both at once by
+// a compare-and-swap on the 32-bit word; returns the old pair
+inline __nv_bfloat162 atomicAdd(__nv_bfloat162* address, __nv_bfloat162 value) {
+    uint32_t* word = reinterpret_cast<uint32_t*>(address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
+    uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
+    for (;;) {
+        __nv_bfloat162 old_pair;
+        memcpy(&old_pair, &old, sizeof(old));
+        __nv_bfloat162 sum = old_pair + value;
+        uint32_t desired;
+        memcpy(&desired, &sum, sizeof(desired));
+        if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old_pair;
     }
 }

@@ -105,11 +105,22 @@ inline __half2 __float22half2_rn(float2 v) { return __floats2half2_rn(v.x, v.y);
 inline bool __hisnan(__half h) { return (h.__x & 0x7FFFu) > 0x7C00u; }
 inline bool __hisinf(__half h) { return (h.__x & 0x7FFFu) == 0x7C00u; }
 
+// half2 arithmetic, each half on its own: the fp32 result rounded once to fp16. The product of two fp16
+// values (11 significant bits each) is exact in fp32, and a sum's fp32 rounding never lands on an fp16
+// tie, so this is the correctly rounded fp16 result.
+inline __half2 operator+(__half2 a, __half2 b) { return __floats2half2_rn((float)a.x + (float)b.x, (float)a.y + (float)b.y); }
+inline __half2 operator-(__half2 a, __half2 b) { return __floats2half2_rn((float)a.x - (float)b.x, (float)a.y - (float)b.y); }
+inline __half2 operator*(__half2 a, __half2 b) { return __floats2half2_rn((float)a.x * (float)b.x, (float)a.y * (float)b.y); }
+inline __half2 __hadd2(__half2 a, __half2 b) { return a + b; }
+inline __half2 __hsub2(__half2 a, __half2 b) { return a - b; }
+inline __half2 __hmul2(__half2 a, __half2 b) { return a * b; }
+
 // on sm_70 and later; a compare-and-swap on the enclosing 32-bit word
 inline __half atomicAdd(__half* address, __half value) {
     uintptr_t word_address = (uintptr_t)address & ~(uintptr_t)3;
     unsigned shift = ((uintptr_t)address & 2) ? 16 : 0;
     uint32_t* word = reinterpret_cast<uint32_t*>(word_address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
     uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
     for (;;) {
         unsigned short old_bits = (unsigned short)(old >> shift);
@@ -117,5 +128,21 @@ inline __half atomicAdd(__half* address, __half value) {
         uint32_t desired = (old & ~(0xFFFFu << shift)) | ((uint32_t)new_bits << shift);
         if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             return emu_half_from_bits(old_bits);
+    }
+}
+
+// on sm_60 and later: each half is added atomically (CUDA promises no more than that), here both at once by
+// a compare-and-swap on the 32-bit word; returns the old pair
+inline __half2 atomicAdd(__half2* address, __half2 value) {
+    uint32_t* word = reinterpret_cast<uint32_t*>(address);
+    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
+    uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
+    for (;;) {
+        __half2 old_pair;
+        memcpy(&old_pair, &old, sizeof(old));
+        __half2 sum = old_pair + value;
+        uint32_t desired;
+        memcpy(&desired, &sum, sizeof(desired));
+        if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old_pair;
     }
 }

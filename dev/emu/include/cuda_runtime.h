@@ -53,6 +53,7 @@ enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInitializationError = 3,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidPitchValue = 12,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorInvalidResourceHandle = 400,
@@ -164,6 +165,12 @@ inline cudaError_t cudaMallocHost(T** ptr, size_t bytes) { return cudaMallocHost
 cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = 0);
+// height rows of width bytes, row r from src + r·spitch to dst + r·dpitch (memcpy2d.cpp); width must not
+// exceed either pitch (else cudaErrorInvalidPitchValue)
+cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                         cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream = 0);
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = 0);
 
@@ -230,3 +237,5 @@ inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, R (*func)(P..
 }
 
 #include "emu/kernel.h"
+// min and max in the global namespace, as the toolkit's headers declare them for kernels and host code
+#include "emu/minmax.h"

@@ -118,6 +118,12 @@ inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
 }
 // which lanes are converged here is not modelled (threads run one at a time): refused, not guessed
 inline unsigned __activemask() { emu::fail("__activemask is not supported by the emulator"); }
+// __trap aborts the kernel on the GPU (the launch fails and the context with it): here the program ends,
+// naming the kernel, block and thread (exec.cpp)
+namespace emu {
+[[noreturn]] void trap();
+}
+inline void __trap() { emu::trap(); }
 
 // ----------------------------------------------------------------------------
 // memory fences and atomics. Blocks may run on several host threads at once (EMU_THREADS), so the
@@ -196,6 +202,23 @@ inline int atomicMax(int* a, int v) { return emu_atomic_update<int>(a, v, [](int
 inline unsigned atomicMax(unsigned* a, unsigned v) { return emu_atomic_update<unsigned>(a, v, [](unsigned o, unsigned n) { return n > o; }); }
 inline int atomicMin(int* a, int v) { return emu_atomic_update<int>(a, v, [](int o, int n) { return n < o; }); }
 inline unsigned atomicMin(unsigned* a, unsigned v) { return emu_atomic_update<unsigned>(a, v, [](unsigned o, unsigned n) { return n < o; }); }
+// atomicInc: *a = (old >= limit) ? 0 : old + 1; atomicDec: *a = (old == 0 || old > limit) ? limit : old - 1
+// (CUDA Programming Guide, "Atomic Functions"); both return the old value
+inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    EMU_ATOMIC(a);
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(a, &old, old >= limit ? 0u : old + 1u, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+inline unsigned atomicDec(unsigned* a, unsigned limit) {
+    EMU_ATOMIC(a);
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(a, &old, (old == 0 || old > limit) ? limit : old - 1u, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
 inline int atomicOr(int* a, int v) { return EMU_ATOMIC(a), __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
 inline unsigned atomicOr(unsigned* a, unsigned v) { return EMU_ATOMIC(a), __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
 inline int atomicAnd(int* a, int v) { return EMU_ATOMIC(a), __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
@@ -315,6 +338,30 @@ struct BoundKernel {
     }
 };
 
+// Refuses (fails) a non-zero integer argument given for a pointer parameter.
+void refuse_integer_for_pointer(const void* kernel, int index, long long value);
+
+// One argument converted to its parameter's type P, as the call would. An integer for a pointer
+// parameter is NULL (g++'s `__null`, a long) or a literal 0: at the call CUDA takes such a null pointer
+// constant as the null pointer, but the launch has stored its value, which no longer converts; it
+// becomes nullptr here, and any other integer is refused (CUDA would not compile it).
+template <typename P, typename A>
+std::decay_t<P> convert_argument(const void* kernel, int index, const A& value) {
+    using Param = std::decay_t<P>;
+    if constexpr (std::is_pointer<Param>::value && std::is_integral<A>::value && !std::is_same<A, bool>::value) {
+        if (value != 0) refuse_integer_for_pointer(kernel, index, (long long)value);
+        return nullptr;
+    } else {
+        Param converted(value);
+        return converted;
+    }
+}
+template <typename... P, typename... A, size_t... I>
+std::tuple<std::decay_t<P>...> convert_arguments(const void* kernel, const std::tuple<A...>& args,
+                                                 std::index_sequence<I...>) {
+    return std::tuple<std::decay_t<P>...>(convert_argument<P>(kernel, (int)I + 1, std::get<I>(args))...);
+}
+
 template <typename T>
 inline void check_argument(const void* kernel, int index, const T& value) {
     if constexpr (std::is_pointer<T>::value) {
@@ -322,11 +369,14 @@ inline void check_argument(const void* kernel, int index, const T& value) {
     }
 }
 
+// Checks the launch, converts the arguments to the kernel's parameter types (once, as CUDA copies
+// them at the launch) and queues the grid.
 template <typename... P, typename... A>
-void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
+void launch(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
     static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
     const void* id = reinterpret_cast<const void*>(kernel);
-    auto bound = std::make_shared<BoundKernel<P...>>(BoundKernel<P...>{kernel, std::tuple<std::decay_t<P>...>(pending.args)});
+    auto bound = std::make_shared<BoundKernel<P...>>(
+        BoundKernel<P...>{kernel, convert_arguments<P...>(id, pending.args, std::index_sequence_for<P...>{})});
     if (!launch_check(id, pending.config)) return;
     std::apply([&](const auto&... values) {
         int index = 0;
@@ -335,4 +385,12 @@ void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
     launch_enqueue(id, pending.config, &BoundKernel<P...>::run_thread, std::move(bound));
 }
 
+// `kernel *LaunchConfig{...}(args)`, what cu2cpp.sh writes for `kernel<<<...>>>(args)`.
+template <typename... P, typename... A>
+void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
+    launch(kernel, std::move(pending));
+}
+
 }  // namespace emu
+
+#include "emu/launch_overloaded.h"
