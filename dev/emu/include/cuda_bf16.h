@@ -104,18 +104,5 @@ inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
     }
 }
 
-// on sm_80 and later: each half is added atomically (CUDA promises no more than that), here both at once by
-// a compare-and-swap on the 32-bit word; returns the old pair
-inline __nv_bfloat162 atomicAdd(__nv_bfloat162* address, __nv_bfloat162 value) {
-    uint32_t* word = reinterpret_cast<uint32_t*>(address);
-    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
-    uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
-    for (;;) {
-        __nv_bfloat162 old_pair;
-        memcpy(&old_pair, &old, sizeof(old));
-        __nv_bfloat162 sum = old_pair + value;
-        uint32_t desired;
-        memcpy(&desired, &sum, sizeof(desired));
-        if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old_pair;
-    }
-}
+// one compare-and-swap on the pair's 32-bit word (kernel.h)
+inline __nv_bfloat162 atomicAdd(__nv_bfloat162* address, __nv_bfloat162 value) { return emu_atomic_add_pair(address, value); }

@@ -131,18 +131,5 @@ inline __half atomicAdd(__half* address, __half value) {
     }
 }
 
-// on sm_60 and later: each half is added atomically (CUDA promises no more than that), here both at once by
-// a compare-and-swap on the 32-bit word; returns the old pair
-inline __half2 atomicAdd(__half2* address, __half2 value) {
-    uint32_t* word = reinterpret_cast<uint32_t*>(address);
-    EMU_ATOMIC(word);  // the race checker: an atomic access (fence patterns, kernel.h)
-    uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
-    for (;;) {
-        __half2 old_pair;
-        memcpy(&old_pair, &old, sizeof(old));
-        __half2 sum = old_pair + value;
-        uint32_t desired;
-        memcpy(&desired, &sum, sizeof(desired));
-        if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old_pair;
-    }
-}
+// one compare-and-swap on the pair's 32-bit word (kernel.h)
+inline __half2 atomicAdd(__half2* address, __half2 value) { return emu_atomic_add_pair(address, value); }

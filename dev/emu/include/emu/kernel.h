@@ -171,6 +171,24 @@ inline unsigned long long atomicAdd(unsigned long long* address, unsigned long l
 }
 inline float atomicAdd(float* address, float value) { return emu_atomic_fetch_add(address, value); }
 inline double atomicAdd(double* address, double value) { return emu_atomic_fetch_add(address, value); }
+// A pair of 16-bit floats (bf16x2, half2) added by one compare-and-swap on their 32-bit word: CUDA
+// promises each half atomically (sm_60+ for half2, sm_80+ for bf16x2), this does both at once. Returns
+// the old pair. Pair needs operator+ (cuda_bf16.h, cuda_fp16.h).
+template <typename Pair>
+inline Pair emu_atomic_add_pair(Pair* address, Pair value) {
+    static_assert(sizeof(Pair) == 4, "a pair of 16-bit values");
+    uint32_t* word = reinterpret_cast<uint32_t*>(address);
+    EMU_ATOMIC(word);
+    uint32_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
+    for (;;) {
+        Pair old_pair;
+        memcpy(&old_pair, &old, sizeof(old));
+        Pair sum = old_pair + value;
+        uint32_t desired;
+        memcpy(&desired, &sum, sizeof(desired));
+        if (__atomic_compare_exchange_n(word, &old, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old_pair;
+    }
+}
 inline int atomicSub(int* address, int value) { return EMU_ATOMIC(address), __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }
 inline unsigned atomicSub(unsigned* address, unsigned value) {
     return EMU_ATOMIC(address), __atomic_fetch_sub(address, value, __ATOMIC_RELAXED);
