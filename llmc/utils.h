@@ -55,20 +55,32 @@ inline void remove_files_on_error() {
 inline int fatal_process = -1;
 inline void fatal_set_process(int rank, int size) { fatal_process = size > 1 ? rank : -1; }
 
-// Prints "Error: <message>" (one of several processes: "Error (process R): <message>") to stderr as
-// one write, so that processes failing together do not interleave their lines, removes the incomplete
-// files (above) and exits with status 1.
-[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* fmt, ...) {
-    fflush(stdout);
+// Prints "Error: <message>" (one of several processes: "Error (process R): <message>") and a newline
+// to stderr as one write, so that processes failing together do not interleave their lines. What
+// every error exit prints through: fatal() below, and the communicators' aborts.
+inline void error_vprint(const char* fmt, va_list args) {
     char message[4096];
     int n = fatal_process >= 0 ? snprintf(message, sizeof(message), "Error (process %d): ", fatal_process)
                                : snprintf(message, sizeof(message), "Error: ");
-    va_list args;
-    va_start(args, fmt);
     vsnprintf(message + n, sizeof(message) - n - 1, fmt, args);
-    va_end(args);
     strcat(message, "\n");
     if (write(STDERR_FILENO, message, strlen(message)) < 0) {}  // nothing more to do if stderr is gone
+}
+
+__attribute__((format(printf, 1, 2))) inline void error_print(const char* fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    error_vprint(fmt, args);
+    va_end(args);
+}
+
+// Prints the error (error_vprint), removes the incomplete files (above) and exits with status 1.
+[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* fmt, ...) {
+    fflush(stdout);
+    va_list args;
+    va_start(args, fmt);
+    error_vprint(fmt, args);
+    va_end(args);
     remove_files_on_error();
     exit(EXIT_FAILURE);
 }

@@ -60,6 +60,9 @@ echo "=== before fine-tuning ==="
 ./train_gpt2 -e "$model" -x 0 -v 0 "${sample_flags[@]}" | sed -n '/--- sample ---/,/^--------------$/p'
 
 echo "=== fine-tuning for $steps steps ==="
+# a rerun starts afresh: the previous run's checkpoints in $out go first (the trainer refuses a fresh
+# run in a directory that holds another run's checkpoints: doc/reliability.md)
+rm -f "$out"/model_*.bin "$out"/state_*.bin "$out"/DONE_*
 ./train_gpt2 -e "$model" -i "$data/tinyshakespeare_train_*.bin" -j "$data/tinyshakespeare_val_*.bin" -o "$out" \
     -b 4 -t 64 -x "$steps" -l 3e-5 -u 5 -q 0.1 -c 0.0 -v 20 -m 8 -s 0 -n "$steps" "$@"
 

@@ -22,6 +22,9 @@ fi
 # d6: 6 layers, 384 channels, 6 heads (30M parameters, most of them the 50257-token embedding).
 # 4 x 64 tokens a step (more, smaller steps learn faster than fewer large ones at this budget), AdamW
 # at 1e-3 with warmup and a cosine decay to 10%, weight decay 0.1. About 4-5 minutes on 2 cores.
+# a rerun starts afresh: the previous run's checkpoints in $out go first (the trainer refuses a fresh
+# run in a directory that holds another run's checkpoints: doc/reliability.md)
+rm -f "$out"/model_*.bin "$out"/state_*.bin "$out"/DONE_*
 steps=${STEPS:-400}
 $trainer -e d6 -i "$data/tinyshakespeare_train_*.bin" -j "$data/tinyshakespeare_val_*.bin" \
     -tk "$data/gpt2_tokenizer.bin" -o "$out" \

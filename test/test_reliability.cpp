@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../llmc/io/checkpoint.h"
+#include "../llmc/run/run_loop.h"
 #include "test_helpers.h"
 
 namespace {
@@ -115,6 +116,26 @@ TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {
     int stopped = std::stoi(m[1]);
     EXPECT_EQ(checkpoint_find_latest(out), stopped);
     EXPECT_TRUE(file_exists(checkpoint_state_path(out, stopped, 0)) && file_exists(checkpoint_state_path(out, stopped, 1)));
+}
+
+// Slurm's --signal sends SIGUSR1 to every process: the collective decision (run_stop_signal, a sum over
+// the processes) once added two processes' SIGUSR1s and took them for a SIGTERM. Checked on the
+// decision itself, with the sum over P processes that all hold this process's signal (P * value),
+// and over processes holding a mix of both.
+TEST(Reliability, StopSignalDecisionNamesTheSignalWhateverTheProcessCount) {
+    RunHooks hooks;
+    for (int processes : {1, 2, 3, 1000}) {
+        SCOPED_TRACE(processes);
+        hooks.sum_over_world = [processes](double value, const char*) { return processes * value; };
+        for (int signal : {0, SIGUSR1, SIGTERM}) {
+            stop_signal_received = signal;
+            EXPECT_EQ(run_stop_signal(hooks), signal);
+        }
+    }
+    stop_signal_received = SIGUSR1;  // this process: SIGUSR1; two others: SIGTERM
+    hooks.sum_over_world = [](double value, const char*) { return value + 2 * (double)(1 << 20); };
+    EXPECT_EQ(run_stop_signal(hooks), SIGTERM);
+    stop_signal_received = 0;
 }
 
 // Item 3: processes started with a different sampling cadence passed the start-up check (and with

@@ -344,42 +344,6 @@ inline void checkpoint_mark_done(const std::string& dir, int64_t step) {
     atomic_commit(&f);
 }
 
-// The newest step with a DONE marker in dir, or -1 if there is none.
-inline int64_t checkpoint_find_latest(const std::string& dir) {
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return -1;
-    int64_t latest = -1;
-    while (struct dirent* entry = readdir(d)) {
-        long step;
-        char rest;
-        // exactly "DONE_" followed by digits and nothing else
-        if (strncmp(entry->d_name, "DONE_", 5) == 0 && isdigit((unsigned char)entry->d_name[5]) &&
-            sscanf(entry->d_name + 5, "%ld%c", &step, &rest) == 1 && step > latest) {
-            latest = step;
-        }
-    }
-    closedir(d);
-    return latest;
-}
-
-// The steps with a DONE marker in dir, in increasing order (none when dir is empty or missing).
-inline std::vector<int64_t> checkpoint_complete_steps(const std::string& dir) {
-    std::vector<int64_t> steps;
-    if (dir.empty()) return steps;
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) return steps;
-    while (struct dirent* entry = readdir(d)) {
-        long step;
-        char rest;
-        if (strncmp(entry->d_name, "DONE_", 5) == 0 && isdigit((unsigned char)entry->d_name[5]) &&
-            sscanf(entry->d_name + 5, "%ld%c", &step, &rest) == 1) {
-            steps.push_back(step);
-        }
-    }
-    closedir(d);
-    std::sort(steps.begin(), steps.end());
-    return steps;
-}
 
 // From here until checkpoint_end, an error exit of this process (fatal: a full disk, a failed
 // collective) removes the files of checkpoint `step` that it writes: process 0's model file and every
@@ -431,6 +395,28 @@ inline bool checkpoint_file_step(const std::string& name, int64_t* step, bool* i
         if (!digits(&at)) return false;
     }
     return base.compare(at, std::string::npos, suffix) == 0;
+}
+
+// The steps with a DONE marker in dir, in increasing order (none when dir is empty or missing).
+inline std::vector<int64_t> checkpoint_complete_steps(const std::string& dir) {
+    std::vector<int64_t> steps;
+    if (dir.empty()) return steps;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return steps;
+    while (struct dirent* entry = readdir(d)) {
+        int64_t step;
+        bool is_tmp;
+        if (entry->d_name[0] == 'D' && checkpoint_file_step(entry->d_name, &step, &is_tmp) && !is_tmp) steps.push_back(step);
+    }
+    closedir(d);
+    std::sort(steps.begin(), steps.end());
+    return steps;
+}
+
+// The newest step with a DONE marker in dir, or -1 if there is none.
+inline int64_t checkpoint_find_latest(const std::string& dir) {
+    std::vector<int64_t> steps = checkpoint_complete_steps(dir);
+    return steps.empty() ? -1 : steps.back();
 }
 
 // Removes what crashed or failed checkpoints left in dir: every checkpoint file of a step without a

@@ -184,9 +184,8 @@ inline void mpi_nothing(const ProcessGroup&) {}
 
 [[noreturn]] inline void mpi_abort(const ProcessGroup&, const std::string& message) {
     fflush(stdout);
-    fprintf(stderr, "Error: %s\n", message.c_str());
+    error_print("%s", message.c_str());
     remove_files_on_error();  // this process's half-written files (llmc/utils.h)
-    fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);  // the whole run, not only this group
     exit(EXIT_FAILURE);
 }

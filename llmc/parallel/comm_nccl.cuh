@@ -72,14 +72,13 @@ struct DataParallel {
 // Prints the reason, aborts the communicator and exits non-zero, without waiting for anything.
 [[noreturn]] __attribute__((format(printf, 2, 3))) inline void dp_abort(const DataParallel& dp, const char* fmt, ...) {
     fflush(stdout);
-    fprintf(stderr, "Error: rank %d of %d: ", dp.rank, dp.size);
+    char reason[2048];
     va_list args;
     va_start(args, fmt);
-    vfprintf(stderr, fmt, args);
+    vsnprintf(reason, sizeof(reason), fmt, args);
     va_end(args);
-    fprintf(stderr, "\n");
+    error_print("rank %d of %d: %s", dp.rank, dp.size, reason);
     remove_files_on_error();  // this process's half-written files (llmc/utils.h)
-    fflush(stderr);
     if (!dp.id_file.empty()) bootstrap_file_remove(dp.id_file);  // the run is over: the id is stale
     alarm(DP_ABORT_GRACE_S);  // SIGALRM ends the process if ncclCommAbort does not return
     if (dp.comm != nullptr) ncclCommAbort(dp.comm);

@@ -228,9 +228,11 @@ inline void run_save_checkpoint(TrainRun* run, const RunHooks& hooks, int step) 
 inline int run_stop_signal(const RunHooks& hooks) {
     int mine = stop_signal_received;
     if (!hooks.sum_over_world) return mine;
-    // SIGTERM counts 2, SIGUSR1 1: the sum says whether any process has one, and which to name
-    double sum = hooks.sum_over_world(mine == SIGTERM ? 2.0 : mine ? 1.0 : 0.0, "the check for a stop signal");
-    return sum >= 2.0 ? SIGTERM : sum >= 1.0 ? SIGUSR1 : 0;
+    // SIGTERM counts 2^20, SIGUSR1 1: with fewer than 2^20 processes the sum reaches 2^20 when any has
+    // SIGTERM (named first), else 1 when any has SIGUSR1 (several SIGUSR1s are not a SIGTERM)
+    const double term = 1 << 20;
+    double sum = hooks.sum_over_world(mine == SIGTERM ? term : mine ? 1.0 : 0.0, "the check for a stop signal");
+    return sum >= term ? SIGTERM : sum >= 1.0 ? SIGUSR1 : 0;
 }
 
 // The loop: from the resumed step (or 0) to -x, each step's evaluation, checkpoint and sample, then its
