@@ -7,6 +7,8 @@
 // the same ncclUniqueId (an all-gather of a digest of it): a rank given another id is refused, as
 // NCCL would never connect it.
 //
+// ncclCommSplit forms a communicator of some ranks of another (MPI_Comm_split); it waits for them.
+//
 // Non-blocking communicators (config.blocking = 0): ncclCommInitRankConfig and ncclCommFinalize only
 // start the MPI operations and return ncclInProgress; ncclCommGetAsyncError advances them (MPI_Test)
 // and reports ncclInProgress, ncclSuccess, or the error. Blocking ones wait (MPI_Wait) inside the call.
@@ -387,6 +389,73 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (comm == nullptr) return ncclSuccess;
     comm->aborted = true;
+    return ncclSuccess;
+}
+
+// The ranks of comm with the same color form a new communicator, ordered by key (ties by their rank in
+// comm), over an MPI_Comm_split of comm's MPI communicator. The host calls MPI here, so the
+// operations already queued on comm run first (the device's MPI calls on that communicator must not
+// overlap the host's); then every rank of comm must call it, and it waits for them.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+    const char* call = "ncclCommSplit";
+    if (newcomm == nullptr) return error(ncclInvalidArgument, "%s: newcomm is NULL", call);
+    *newcomm = nullptr;
+    ncclResult_t usable = nccl_emu::check_usable(comm, call);
+    if (usable != ncclSuccess) return usable;
+    if (nccl_emu::group_depth() > 0) {
+        emu::fail("%s inside ncclGroupStart/ncclGroupEnd is not emulated (split communicators outside groups)", call);
+    }
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+        return error(ncclInvalidArgument, "%s: color = %d, must be at least 0 or NCCL_SPLIT_NOCOLOR", call, color);
+    }
+    bool blocking = comm->blocking;
+    if (config != nullptr) {
+        if (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t)) {
+            return error(ncclInvalidArgument, "%s: config was not set from NCCL_CONFIG_INITIALIZER", call);
+        }
+        blocking = config->blocking != 0;
+    }
+    if (comm->pending > 0) {
+        std::vector<cudaStream_t> streams;
+        {
+            std::lock_guard<std::mutex> lock(comm->mutex);
+            streams = comm->streams;
+        }
+        for (cudaStream_t stream : streams) (void)cudaStreamSynchronize(stream);
+        if (comm->pending > 0) {
+            return error(ncclInternalError, "%s: %d operation(s) queued on the communicator never ran (was their "
+                         "stream destroyed?)", call, comm->pending.load());
+        }
+    }
+    int rank = 0, nranks = 1;
+#ifdef USE_MPI
+    MPI_Comm mpi = MPI_COMM_NULL;
+    if (!comm->local) {
+        int rc = MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &mpi);
+        if (rc != MPI_SUCCESS) return error(ncclRemoteError, "%s: MPI_Comm_split failed: %s", call, mpi_error_text(rc).c_str());
+        if (mpi != MPI_COMM_NULL) {
+            MPI_Comm_rank(mpi, &rank);
+            MPI_Comm_size(mpi, &nranks);
+        }
+    }
+#endif
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    ncclComm* child = new ncclComm;
+    child->rank = rank;
+    child->nranks = nranks;
+    child->blocking = blocking;
+    child->state = ncclSuccess;
+#ifdef USE_MPI
+    child->forming_stage = 2;
+    if (nranks > 1) {
+        child->local = false;
+        child->mpi = mpi;
+        MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);  // a failing MPI call is the communicator's error
+    } else if (mpi != MPI_COMM_NULL) {
+        MPI_Comm_free(&mpi);  // a communicator of one rank copies locally
+    }
+#endif
+    *newcomm = child;
     return ncclSuccess;
 }
 

@@ -43,6 +43,12 @@ struct ncclComm {
     bool finalized = false;
     std::atomic<bool> aborted{false};
     std::atomic<int> pending{0};         // collectives queued and not yet finished
+    // The order of operations on the communicator, which must be the same on every rank (NCCL's rule;
+    // MPI matches collectives and messages by order too): each operation gets the next number when
+    // the host calls it, and the device starts its MPI calls only after those of every lower number
+    // (its streams may run the operations in another order than they were called).
+    uint64_t issued = 0;                 // host thread: operations numbered so far
+    uint64_t started = 0;                // device thread: operations whose MPI calls are all posted
     std::vector<cudaStream_t> streams;   // every stream that got a collective, to drive them
 };
 

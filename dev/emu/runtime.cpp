@@ -57,6 +57,10 @@ struct CUstream_st {
         unsigned long long seq, issue;
         std::string what;
         std::function<void()> run;
+        // work that ends later (enqueue_async): started by `start`, finished when `poll` says so
+        std::function<std::function<bool()>()> start;
+        std::function<bool()> poll;
+        bool in_flight = false;  // started, not finished: the stream's later work waits
         std::vector<std::pair<CUstream_st*, unsigned long long>> after;  // (stream, seq) to wait for
         // EMU_TSAN: tasks it comes after although they were done when it was queued (legacy stream)
         std::vector<std::pair<CUstream_st*, unsigned long long>> ordered_after;
@@ -167,6 +171,10 @@ struct Device {
     bool running = false;   // a task is running now
     StreamOrder order = stream_order_setting();
     bool started = false;
+#if EMU_TSAN
+    void* device_fiber = nullptr;
+    char host_relay = 0;  // the device thread passes on what it knows of the host (mutex, wait)
+#endif
 
     Device() { streams.push_back(&legacy); }
 
@@ -181,28 +189,48 @@ struct Device {
         if (order == StreamOrder::newest_stream_first) {
             for (auto it = streams.rbegin(); it != streams.rend(); ++it) {
                 CUstream_st* s = *it;
-                if (!s->queue.empty() && ready(s->queue.front())) return s;
+                if (runnable(s)) return s;
             }
             return nullptr;
         }
         for (CUstream_st* s : streams)
-            if (!s->queue.empty() && ready(s->queue.front()) && (!best || s->queue.front().issue < best->queue.front().issue))
-                best = s;
+            if (runnable(s) && (!best || s->queue.front().issue < best->queue.front().issue)) best = s;
         return best;
     }
+
+    static bool runnable(const CUstream_st* s) {
+        return !s->queue.empty() && !s->queue.front().in_flight && ready(s->queue.front());
+    }
+
+    bool active() const { return waiters > 0 || kicked; }
+
+    // Streams whose first task is work in flight (enqueue_async): the device asks each, between other
+    // tasks, whether it has finished.
+    std::vector<CUstream_st*> in_flight;
 
     void loop() {
         std::unique_lock<std::mutex> lock(mutex);
 #if EMU_TSAN
-        void* device_fiber = __tsan_get_current_fiber();
-        char host_relay = 0;  // the device thread passes on what it knows of the host (mutex, wait)
+        device_fiber = __tsan_get_current_fiber();
 #endif
         for (;;) {
+            if (!in_flight.empty()) poll_in_flight(lock);
             CUstream_st* s = nullptr;
-            work.wait(lock, [&] { return (waiters > 0 || kicked) && (s = pick()) != nullptr; });
+            if (in_flight.empty()) {
+                work.wait(lock, [&] { return active() && (s = pick()) != nullptr; });
+            } else if (!active()) {
+                work.wait(lock, [&] { return active(); });
+                continue;
+            } else if ((s = pick()) == nullptr) {
+                // only work in flight: ask it again soon (or as soon as new work or a waiter arrives)
+                work.wait_for(lock, std::chrono::microseconds(50));
+                continue;
+            }
             CUstream_st::Task& task = s->queue.front();
             running = true;
             std::function<void()> run = std::move(task.run);
+            std::function<std::function<bool()>()> start = std::move(task.start);
+            std::function<bool()> poll;
 #if EMU_TSAN
             // the task runs as its stream's fiber, after what queued it and what it waits for
             if (!s->tsan_fiber) {
@@ -219,21 +247,66 @@ struct Device {
             __tsan_release(&host_relay);
             __tsan_switch_to_fiber(s->tsan_fiber, __tsan_switch_to_fiber_no_sync);
             for (char* sync : acquire) __tsan_acquire(sync);
-            run();
+            if (run) run();
+            if (start) poll = start();
             run = nullptr;  // what it captured (a kernel's arguments) is freed by the stream too
-            __tsan_release(task_done);
+            bool finished = !poll || poll();
+            if (finished) __tsan_release(task_done);
             __tsan_switch_to_fiber(device_fiber, __tsan_switch_to_fiber_no_sync);
 #else
             lock.unlock();
-            run();
+            if (run) run();
+            if (start) poll = start();
+            run = nullptr;
+            bool finished = !poll || poll();
 #endif
             lock.lock();
             running = false;
-            s->completed = s->queue.front().seq;
-            s->queue.pop_front();
-            if (!events.empty()) free_destroyed_events();
-            if (pick() == nullptr) kicked = false;
-            done.notify_all();
+            if (finished) {
+                finish_front(s);
+            } else {
+                s->queue.front().poll = std::move(poll);
+                s->queue.front().in_flight = true;
+                in_flight.push_back(s);
+            }
+        }
+    }
+
+    // caller holds mutex: the first task of s is done
+    void finish_front(CUstream_st* s) {
+        s->completed = s->queue.front().seq;
+        s->queue.pop_front();
+        if (!events.empty()) free_destroyed_events();
+        if (pick() == nullptr && in_flight.empty()) kicked = false;
+        done.notify_all();
+    }
+
+    // caller holds mutex (released while a poll runs): asks each piece of work in flight whether it has
+    // finished, and finishes those that have
+    void poll_in_flight(std::unique_lock<std::mutex>& lock) {
+        for (size_t i = 0; i < in_flight.size();) {
+            CUstream_st* s = in_flight[i];
+            std::function<bool()>* poll = &s->queue.front().poll;  // a deque's elements stay put
+#if EMU_TSAN
+            char* task_done = s->done_sync(s->queue.front().seq);
+#endif
+            lock.unlock();
+#if EMU_TSAN
+            __tsan_switch_to_fiber(s->tsan_fiber, __tsan_switch_to_fiber_no_sync);
+            bool finished = (*poll)();
+            if (finished) __tsan_release(task_done);
+            __tsan_switch_to_fiber(device_fiber, __tsan_switch_to_fiber_no_sync);
+#else
+            bool finished = (*poll)();
+#endif
+            lock.lock();
+            if (finished) {
+                in_flight[i] = in_flight.back();
+                in_flight.pop_back();
+                finish_front(s);
+            } else {
+                i++;
+            }
         }
     }
 
@@ -294,12 +367,14 @@ struct Device {
     }
 
     // caller holds mutex
-    unsigned long long push(CUstream_st* s, std::string what, std::function<void()> run) {
+    unsigned long long push(CUstream_st* s, std::string what, std::function<void()> run,
+                            std::function<std::function<bool()>()> start = nullptr) {
         CUstream_st::Task t;
         t.seq = ++s->enqueued;
         t.issue = ++issued;
         t.what = std::move(what);
         t.run = std::move(run);
+        t.start = std::move(start);
         if (!s->queue.empty()) {
             // stream order is the queue's own; only cross-stream dependencies are listed
         }
@@ -333,6 +408,14 @@ void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> 
 
 void enqueue(cudaStream_t stream, const char* what, std::function<void()> task) {
     enqueue_named(stream, what ? what : "task", std::move(task));
+}
+
+void enqueue_async(cudaStream_t stream, const char* what, std::function<std::function<bool()>()> start) {
+    Device& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    CUstream_st* s = d.resolve(stream);
+    if (s->destroyed) fail("%s queued on a destroyed stream", what ? what : "work");
+    d.push(s, what ? what : "work", nullptr, std::move(start));
 }
 
 void set_stream_order(StreamOrder order) {

@@ -500,7 +500,7 @@ void test_async_error() {
     NCCL_OK(ncclCommGetAsyncError(comm, &state));
     if (g_rank != 0) {
         CHECK(state == ncclRemoteError, "state %s", ncclGetErrorString(state));
-        CHECK(contains(ncclGetLastError(comm), "MPI_Bcast failed"), "reason: %s", ncclGetLastError(comm));
+        CHECK(contains(ncclGetLastError(comm), "MPI_Ibcast failed"), "reason: %s", ncclGetLastError(comm));
         ncclResult_t r = ncclAllReduce(data, data, 4, ncclFloat32, ncclSum, comm, g_stream);
         CHECK(r == ncclRemoteError, "a collective on a broken communicator: %s", ncclGetErrorString(r));
     }
@@ -529,6 +529,119 @@ void test_finalize(ncclComm_t comm) {
 }
 
 // ----------------------------------------------------------------------------
+// send and receive, split
+
+// A ring in one group: rank r sends (r, 10 r, ...) to r + 1 and receives from r - 1; bf16 and fp32.
+// Outside a group each rank's send would wait for a receive its peer queues only after its own send.
+void test_send_recv_ring(ncclComm_t comm) {
+    const int n = g_size, to = (g_rank + 1) % n, from = (g_rank + n - 1) % n;
+    std::vector<float> mine(5);
+    for (int i = 0; i < 5; i++) mine[i] = float(g_rank * 10 + i);
+    float* out = to_device(mine);
+    float* in = to_device(std::vector<float>(5, -1.0f));
+    uint16_t* out16 = to_device(std::vector<uint16_t>(3, bf16_of(float(g_rank + 1))));
+    uint16_t* in16 = to_device(std::vector<uint16_t>(3, 0));
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(out, 5, ncclFloat32, to, comm, g_stream));
+    NCCL_OK(ncclRecv(in, 5, ncclFloat32, from, comm, g_stream));
+    NCCL_OK(ncclSend(out16, 3, ncclBfloat16, to, comm, g_stream));
+    NCCL_OK(ncclRecv(in16, 3, ncclBfloat16, from, comm, g_stream));
+    NCCL_OK(ncclGroupEnd());
+    wait_stream();
+    std::vector<float> got = to_host(in, 5);
+    for (int i = 0; i < 5; i++) CHECK(got[i] == float(from * 10 + i), "fp32 [%d] from %d: %g", i, from, got[i]);
+    for (uint16_t b : to_host(in16, 3)) CHECK(float_of_bf16(b) == float(from + 1), "bf16 from %d: %g", from, float_of_bf16(b));
+    for (void* p : {(void*)out, (void*)in, (void*)out16, (void*)in16}) cudaFree(p);
+}
+
+// While one stream waits for a message, the device runs the others (as a GPU does): rank 0 queues a
+// receive from rank 1 on one stream, then a send to rank 1 on another; rank 1 sends back (value + 1)
+// only after it has received. If the waiting receive held the device, rank 0's send would never run.
+void test_waiting_stream_does_not_stop_others(ncclComm_t comm) {
+    cudaStream_t sending, receiving;  // receiving is newer: the device would pick it first
+    cudaStreamCreate(&sending);
+    cudaStreamCreate(&receiving);
+    float* x = to_device(std::vector<float>(2, float(40 + g_rank)));
+    float* y = to_device(std::vector<float>(2, 0.0f));
+    if (g_rank == 0) {
+        NCCL_OK(ncclRecv(y, 2, ncclFloat32, 1, comm, receiving));
+        NCCL_OK(ncclSend(x, 2, ncclFloat32, 1, comm, sending));
+    } else if (g_rank == 1) {
+        NCCL_OK(ncclRecv(y, 2, ncclFloat32, 0, comm, sending));
+        cudaStreamSynchronize(sending);
+        std::vector<float> back = to_host(y, 2);
+        for (float& v : back) v += 1.0f;
+        cudaMemcpy(x, back.data(), sizeof(float) * 2, cudaMemcpyHostToDevice);
+        NCCL_OK(ncclSend(x, 2, ncclFloat32, 0, comm, sending));
+    }
+    cudaStreamSynchronize(receiving);
+    cudaStreamSynchronize(sending);
+    if (g_rank == 0) CHECK(to_host(y, 2) == std::vector<float>(2, 41.0f), "rank 0 got back %g", to_host(y, 1)[0]);
+    if (g_rank == 1) CHECK(to_host(y, 2) == std::vector<float>(2, 40.0f), "rank 1 got %g", to_host(y, 1)[0]);
+    cudaFree(x);
+    cudaFree(y);
+    cudaStreamDestroy(sending);
+    cudaStreamDestroy(receiving);
+}
+
+// A receive that expects more than its send sent breaks the communicator with both sizes.
+void test_send_recv_count_mismatch() {
+    ncclComm_t comm = form_comm(false);
+    float* data = to_device(std::vector<float>(8, 1.0f));
+    if (g_rank == 0) NCCL_OK(ncclSend(data, 4, ncclFloat32, 1, comm, g_stream));
+    if (g_rank == 1) NCCL_OK(ncclRecv(data, 8, ncclFloat32, 0, comm, g_stream));
+    wait_stream();
+    ncclResult_t state = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(comm, &state));
+    if (g_rank == 1) {
+        CHECK(state == ncclInvalidUsage, "state %s", ncclGetErrorString(state));
+        CHECK(contains(ncclGetLastError(comm), "expected 32 bytes"), "reason: %s", ncclGetLastError(comm));
+    }
+    float* bad = data;
+    CHECK(ncclSend(bad, 1, ncclFloat32, g_size, comm, g_stream) != ncclSuccess, "a peer out of range is refused");
+    ncclCommAbort(comm);
+    cudaFree(data);
+}
+
+// Split by rank parity, ordered by -rank (the highest rank of a color is its rank 0); the last rank
+// of an odd count asks for NCCL_SPLIT_NOCOLOR and gets none. A sum over each part, then a send
+// around the part's ring, on the new communicators.
+void test_split(ncclComm_t comm) {
+    const bool none = g_size % 2 == 1 && g_rank == g_size - 1 && g_size > 1;
+    ncclComm_t part = nullptr;
+    NCCL_OK(ncclCommSplit(comm, none ? NCCL_SPLIT_NOCOLOR : g_rank % 2, -g_rank, &part, nullptr));
+    if (none) {
+        CHECK(part == nullptr, "NCCL_SPLIT_NOCOLOR gave a communicator");
+        return;
+    }
+    std::vector<int> members;  // descending
+    for (int q = g_size - 1; q >= 0; q--) {
+        bool q_none = g_size % 2 == 1 && q == g_size - 1 && g_size > 1;
+        if (q % 2 == g_rank % 2 && !q_none) members.push_back(q);
+    }
+    int count = 0, rank = -1;
+    NCCL_OK(ncclCommCount(part, &count));
+    NCCL_OK(ncclCommUserRank(part, &rank));
+    CHECK(count == (int)members.size(), "%d ranks in the part, expected %zu", count, members.size());
+    CHECK(rank >= 0 && rank < count && members[rank] == g_rank, "rank %d in the part", rank);
+    float* sum = to_device(std::vector<float>(3, float(g_rank)));
+    NCCL_OK(ncclAllReduce(sum, sum, 3, ncclFloat32, ncclSum, part, g_stream));
+    float* in = to_device(std::vector<float>(1, -1.0f));
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(sum, 1, ncclFloat32, (rank + 1) % count, part, g_stream));
+    NCCL_OK(ncclRecv(in, 1, ncclFloat32, (rank + count - 1) % count, part, g_stream));
+    NCCL_OK(ncclGroupEnd());
+    wait_stream();
+    float expected = 0;
+    for (int q : members) expected += float(q);
+    CHECK(to_host(sum, 3) == std::vector<float>(3, expected), "sum over the part %g, expected %g", to_host(sum, 1)[0], expected);
+    CHECK(to_host(in, 1)[0] == expected, "received %g", to_host(in, 1)[0]);
+    NCCL_OK(ncclCommDestroy(part));
+    cudaFree(sum);
+    cudaFree(in);
+}
+
+// ----------------------------------------------------------------------------
 // one process, no MPI
 
 void test_without_mpi() {
@@ -549,6 +662,8 @@ void test_without_mpi() {
         test_all_gather(comm);
         test_broadcast(comm);
         test_group(comm);
+        test_send_recv_ring(comm);  // to itself, in one group
+        test_split(comm);
         test_finalize(comm);
     });
     run_test("ncclCommInitAll over the one device", [] {
@@ -593,6 +708,14 @@ int main(int argc, char** argv) {
         run_test("a group of operations, nested, in order", [&] { test_group(comm); });
         run_test("a collective reads its buffers when its stream runs", [&] { test_runs_when_the_stream_runs(comm); });
         run_test("bad arguments refused at the call; a failed group queues nothing", [&] { test_bad_arguments(comm); });
+        run_test("send/receive around a ring in one group (fp32, bf16)", [&] { test_send_recv_ring(comm); });
+        run_test("split by color and key; NCCL_SPLIT_NOCOLOR", [&] { test_split(comm); });
+        if (g_size > 1) {
+            run_test("a stream waiting for a receive does not stop the others", [&] {
+                test_waiting_stream_does_not_stop_others(comm);
+            });
+            run_test("a receive of another size than its send is an error", test_send_recv_count_mismatch);
+        }
         run_test("finalize (non-blocking) and destroy", [&] { test_finalize(comm); });
         run_test("a process count or rank other than mpirun's is refused", test_process_count_mismatch);
         run_test("a rank with another id is refused", test_other_id_refused);

@@ -178,6 +178,11 @@ inline void gather(const ProcessGroup& g, const float* mine, size_t n, float* al
         std::copy(mine, mine + n, all);
     }
 }
+// the same in the backend's memory and any element type (a group of more than one process)
+inline void gather(const ProcessGroup& g, const void* mine, size_t n, void* all, CommType type) {
+    if (!comm_active(g)) fatal("gather: the typed form needs a group of more than one process");
+    g.backend->gather(g, mine, n, all, type);
+}
 
 // gather(), counted in comm_bytes_moved: process 0 receives every process's count elements in rank
 // order into full (size * count; ignored elsewhere), the sharded parameters assembled for a model file.
@@ -234,15 +239,24 @@ inline void reduce_scatter_v_sum(const ProcessGroup& g, const float* full, float
 // ----------------------------------------------------------------------------
 // Point to point (pipeline stages), issue order between two processes is delivery order per tag.
 
+// Under NCCL a send holds the group's communication stream until the peer receives it (NCCL's
+// rule), so two processes that send to each other put their sends and receives in one
+// comm_group_start/comm_group_end.
+inline void comm_send(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int tag) {
+    if (g.backend == nullptr) fatal("send to process %d: this process is alone (pipeline parallelism needs MPI)", peer);
+    g.backend->send(g, data, n, type, peer, tag);
+}
+inline void comm_recv(const ProcessGroup& g, void* data, size_t n, CommType type, int peer, int tag) {
+    if (g.backend == nullptr) fatal("receive from process %d: this process is alone (pipeline parallelism needs MPI)", peer);
+    g.backend->recv(g, data, n, type, peer, tag);
+}
 template <typename T>
 void comm_send(const ProcessGroup& g, const T* data, size_t n, int peer, int tag) {
-    if (g.backend == nullptr) fatal("send to process %d: this process is alone (pipeline parallelism needs MPI)", peer);
-    g.backend->send(g, data, n, comm_type_of<T>(), peer, tag);
+    comm_send(g, data, n, comm_type_of<T>(), peer, tag);
 }
 template <typename T>
 void comm_recv(const ProcessGroup& g, T* data, size_t n, int peer, int tag) {
-    if (g.backend == nullptr) fatal("receive from process %d: this process is alone (pipeline parallelism needs MPI)", peer);
-    g.backend->recv(g, data, n, comm_type_of<T>(), peer, tag);
+    comm_recv(g, data, n, comm_type_of<T>(), peer, tag);
 }
 inline void comm_finish_sends(const ProcessGroup& g) {
     if (g.backend != nullptr) g.backend->finish_sends(g);

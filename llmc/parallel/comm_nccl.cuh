@@ -64,7 +64,12 @@ struct DataParallel {
     std::string id_file;                 // rank 0, -pi file: the id's file, until the communicator is formed
     cudaStream_t compute = nullptr;      // the stream the collectives are ordered after (the model's)
     int group_depth = 0;                 // inside comm_group_start/end: NCCL calls are only recorded
+    std::vector<DataParallel*> subgroups;  // the world's: the communicators split from it (nccl_split)
+    DataParallel* world = nullptr;         // a sub-group's: the world's state, which keeps it
 };
+
+// Every communicator of this process: an abort ends them all, so no other process waits on one.
+inline std::vector<ncclComm_t> dp_every_comm;
 
 // ----------------------------------------------------------------------------
 // errors and the watchdog
@@ -81,7 +86,7 @@ struct DataParallel {
     remove_files_on_error();  // this process's half-written files (llmc/utils.h)
     if (!dp.id_file.empty()) bootstrap_file_remove(dp.id_file);  // the run is over: the id is stale
     alarm(DP_ABORT_GRACE_S);  // SIGALRM ends the process if ncclCommAbort does not return
-    if (dp.comm != nullptr) ncclCommAbort(dp.comm);
+    for (ncclComm_t comm : dp_every_comm) ncclCommAbort(comm);
     _exit(EXIT_FAILURE);
 }
 
@@ -144,6 +149,17 @@ inline void dp_wait(const DataParallel& dp, cudaStream_t stream, const char* wha
 
 // ----------------------------------------------------------------------------
 // start-up
+
+// The communication stream (high priority), its events and the scratch words of the host-value calls.
+inline void dp_make_stream(DataParallel* dp) {
+    int lowest, highest;  // numerically lowest is the highest priority
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&dp->stream, cudaStreamNonBlocking, highest));
+    cudaCheck(cudaEventCreateWithFlags(&dp->compute_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&dp->comm_done, cudaEventDisableTiming));
+    cudaCheck(cudaMalloc(&dp->device_scratch, (dp->size + 1) * sizeof(uint64_t)));
+    cudaCheck(cudaMallocHost(&dp->host_scratch, (dp->size + 1) * sizeof(uint64_t)));
+}
 
 #ifdef USE_MPI
 // This process's index among the MPI processes on its node.
@@ -225,35 +241,41 @@ inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv)
     config.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&dp.comm, dp.size, id, dp.rank, &config);
     dp.nccl = true;
+    dp_every_comm.push_back(dp.comm);
     dp_settle(dp, r, "forming the NCCL communicator (every rank must join)", __FILE__, __LINE__);
     if (!dp.id_file.empty()) {  // every rank has read it: the next run may use the path again
         bootstrap_file_remove(dp.id_file);
         dp.id_file.clear();
     }
 
-    int lowest, highest;  // numerically lowest is the highest priority
-    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-    cudaCheck(cudaStreamCreateWithPriority(&dp.stream, cudaStreamNonBlocking, highest));
-    cudaCheck(cudaEventCreateWithFlags(&dp.compute_ready, cudaEventDisableTiming));
-    cudaCheck(cudaEventCreateWithFlags(&dp.comm_done, cudaEventDisableTiming));
-    cudaCheck(cudaMalloc(&dp.device_scratch, (dp.size + 1) * sizeof(uint64_t)));
-    cudaCheck(cudaMallocHost(&dp.host_scratch, (dp.size + 1) * sizeof(uint64_t)));
+    dp_make_stream(&dp);
     return dp;
+}
+
+// Waits for the communicator's last operations, closes it and frees its stream.
+inline void dp_close(DataParallel* dp) {
+    // the last collectives may wait for a peer that has died: the watchdog's wait, not a plain sync
+    dp_wait(*dp, dp->stream, "the last collectives before shutdown");
+    ncclSettle(*dp, ncclCommFinalize(dp->comm));  // flushes; waits for the peers' last operations
+    ncclCommDestroy(dp->comm);
+    dp_every_comm.erase(std::find(dp_every_comm.begin(), dp_every_comm.end(), dp->comm));
+    dp->comm = nullptr;
+    cudaCheck(cudaFree(dp->device_scratch));
+    cudaCheck(cudaFreeHost(dp->host_scratch));
+    cudaCheck(cudaEventDestroy(dp->compute_ready));
+    cudaCheck(cudaEventDestroy(dp->comm_done));
+    cudaCheck(cudaStreamDestroy(dp->stream));
+    dp->nccl = false;
 }
 
 inline void dp_finalize(DataParallel* dp) {
     if (dp->nccl) {
-        // the last collectives may wait for a peer that has died: the watchdog's wait, not a plain sync
-        dp_wait(*dp, dp->stream, "the last collectives before shutdown");
-        ncclSettle(*dp, ncclCommFinalize(dp->comm));  // flushes; waits for the peers' last operations
-        ncclCommDestroy(dp->comm);
-        dp->comm = nullptr;
-        cudaCheck(cudaFree(dp->device_scratch));
-        cudaCheck(cudaFreeHost(dp->host_scratch));
-        cudaCheck(cudaEventDestroy(dp->compute_ready));
-        cudaCheck(cudaEventDestroy(dp->comm_done));
-        cudaCheck(cudaStreamDestroy(dp->stream));
-        dp->nccl = false;
+        for (DataParallel* sub : dp->subgroups) {  // split from this one: closed first, in order
+            dp_close(sub);
+            delete sub;
+        }
+        dp->subgroups.clear();
+        dp_close(dp);
     }
 #ifdef USE_MPI
     if (dp->method == LaunchMethod::Mpi) process_group_finalize(ProcessGroup());
@@ -373,14 +395,71 @@ inline void nccl_reduce_scatter_v(const ProcessGroup& g, const void* full, void*
     nccl_group_end(g);
 }
 
-[[noreturn]] inline void nccl_not_yet(const char* what) {
-    fatal("the NCCL backend (llmc/parallel/comm_nccl.cuh) has no %s yet: the CUDA trainer runs data parallelism only", what);
+// Every process's mine (n) to process 0's all (size * n), in rank order: NCCL has no gather, so it is
+// its sends to process 0 and process 0's receives, in one group.
+inline void nccl_gather(const ProcessGroup& g, const void* mine, size_t n, void* all, CommType type) {
+    DataParallel& dp = nccl_state(g);
+    const size_t bytes = n * comm_type_bytes(type);
+    nccl_group_start(g);
+    if (dp.rank == 0) {
+        cudaCheck(cudaMemcpyAsync(all, mine, bytes, cudaMemcpyDeviceToDevice, dp.stream));
+        for (int r = 1; r < dp.size; r++) {
+            ncclQueued(dp, ncclRecv((char*)all + r * bytes, n, nccl_type(type), r, dp.comm, dp.stream));
+        }
+    } else {
+        ncclQueued(dp, ncclSend(mine, n, nccl_type(type), 0, dp.comm, dp.stream));
+    }
+    nccl_group_end(g);
 }
-inline void nccl_gather(const ProcessGroup&, const void*, size_t, void*, CommType) { nccl_not_yet("gather"); }
-inline void nccl_send(const ProcessGroup&, const void*, size_t, CommType, int, int) { nccl_not_yet("send"); }
-inline void nccl_recv(const ProcessGroup&, void*, size_t, CommType, int, int) { nccl_not_yet("receive"); }
-inline void nccl_finish_sends(const ProcessGroup&) {}
-inline ProcessGroup nccl_split(const ProcessGroup&, int, int) { nccl_not_yet("sub-groups (ncclCommSplit)"); }
+
+// Point to point, on the group's communication stream. NCCL matches a process's sends to a peer with
+// that peer's receives in the order they were called, so the tag only documents the caller's intent.
+// The host returns at once; the send holds the stream until the peer receives (so sends that cross
+// go in one group with their receives), and the compute stream waits for a receive's data.
+inline void nccl_send(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int) {
+    DataParallel& dp = nccl_begin(g);
+    ncclIssue(dp, ncclSend(data, n, nccl_type(type), peer, dp.comm, dp.stream));
+}
+
+inline void nccl_recv(const ProcessGroup& g, void* data, size_t n, CommType type, int peer, int) {
+    DataParallel& dp = nccl_begin(g);
+    ncclIssue(dp, ncclRecv(data, n, nccl_type(type), peer, dp.comm, dp.stream));
+    if (dp.group_depth == 0) dp_join(dp, dp.compute);
+}
+
+// the compute stream continues after the sends so far (their buffers may then be reused)
+inline void nccl_finish_sends(const ProcessGroup& g) { dp_join(nccl_state(g), nccl_state(g).compute); }
+
+// The processes of g with the same color, ordered by key: a communicator split from g's
+// (ncclCommSplit, collective over g), with its own communication stream. Its collectives are ordered
+// after the same compute stream. It lives until dp_finalize of the world.
+inline ProcessGroup nccl_split(const ProcessGroup& g, int color, int key) {
+    DataParallel& dp = nccl_state(g);
+    DataParallel* sub = new DataParallel;
+    sub->world = dp.world != nullptr ? dp.world : &dp;  // which keeps it (a split of a split too)
+    sub->method = dp.method;
+    sub->device = dp.device;
+    sub->timeout_s = dp.timeout_s;
+    sub->compute = dp.compute;
+    sub->rank = dp.rank;
+    sub->nccl = true;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommSplit(dp.comm, color, key, &sub->comm, &config);
+    if (sub->comm != nullptr) dp_every_comm.push_back(sub->comm);
+    dp_settle(*sub, r, "splitting the communicator (ncclCommSplit: every process of the group must call it)",
+              __FILE__, __LINE__);
+    ncclSettle(*sub, ncclCommCount(sub->comm, &sub->size));
+    ncclSettle(*sub, ncclCommUserRank(sub->comm, &sub->rank));
+    dp_make_stream(sub);
+    sub->world->subgroups.push_back(sub);
+    ProcessGroup part;
+    part.rank = sub->rank;
+    part.size = sub->size;
+    part.backend = g.backend;
+    part.state = sub;
+    return part;
+}
 
 // A host value's sum: staged through pinned memory, waited for by the watchdog.
 inline double nccl_sum_host(const ProcessGroup& g, double value, const char* what) {

@@ -6,7 +6,7 @@
 // more than one rank must be started with mpirun. A communicator of one rank needs no transport and
 // works without MPI. Every collective is queued on its stream and runs when the stream runs it, on
 // the buffers as they are then. What the emulation does not do (ncclCommInitAll over more than one
-// device, fp8, custom reduction operators, send/receive) fails with a message.
+// device, fp8, custom reduction operators) fails with a message.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -120,6 +120,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
+// the ranks of comm with the same color, ordered by key (then by rank in comm); NCCL_SPLIT_NOCOLOR:
+// this rank joins none (*newcomm = NULL). config NULL: the new communicator's is comm's
+#define NCCL_SPLIT_NOCOLOR -1
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 
 // collectives (buffer layouts as in NVIDIA's nccl.h; each is queued on `stream`)
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
@@ -134,6 +138,13 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream);
+
+// point to point: rank peer calls the other with the same count and type; a send waits (on its
+// stream) until the peer receives, so pairs that must overlap go in one group
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
 
 // groups: the operations between start and end are queued together at the end
 ncclResult_t ncclGroupStart(void);

@@ -15,8 +15,22 @@ namespace emu {
 // for, never at the time of the call (streams are lazy). `what` names it in error messages.
 void enqueue(cudaStream_t stream, const char* what, std::function<void()> task);
 
+// Queues work that starts on the device and ends later, when another process has done its part (the
+// emulated NCCL's transfers). When the stream reaches it, the device runs `start`, which begins the
+// work and returns a function that says whether it has finished (nullptr: finished at once). Until it
+// says so, the stream's later work waits, while the device runs other streams' work and asks again
+// between tasks, as a GPU runs other streams' kernels while a communication kernel waits for its peer.
+void enqueue_async(cudaStream_t stream, const char* what, std::function<std::function<bool()>()> start);
+
 // True when `p` lies inside memory from cudaMalloc (device memory); `bytes` must fit inside too.
 bool is_device_pointer(const void* p, size_t bytes);
+
+// Queues work that starts on the device and ends later, when another process has done its part (the
+// emulated NCCL's transfers). When the stream reaches it, the device runs `start`, which begins the
+// work and returns a function that says whether it has finished (nullptr: finished at once). Until it
+// says so, the stream's later work waits, while the device runs other streams' work and asks again
+// between tasks, as a GPU runs other streams' kernels while a communication kernel waits for its peer.
+void enqueue_async(cudaStream_t stream, const char* what, std::function<std::function<bool()>()> start);
 
 // True when `p` lies inside memory from cudaMallocHost (pinned host memory); `bytes` must fit too.
 bool is_pinned_host_pointer(const void* p, size_t bytes);
