@@ -2,7 +2,7 @@
 GPT-2 training on NVIDIA GPUs in BF16 mixed precision (or fp32 with PRECISION=FP32): the same model,
 flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
-One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1):
+One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1, -z 2 ZeRO-2):
 llmc/parallel/comm_nccl.cuh and doc/data_parallel.md.
 
     tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
@@ -249,10 +249,19 @@ struct GPT2 {
     // watchdog) is null and the layout a single process in the tests' single models
     DataParallel* dp = nullptr;
     ParallelLayout layout;
-    ShardLayout shard;                // params and grads are padded to shard.padded_size
+    ShardLayout shard;                // params (and grads but with -z 2) are padded to shard.padded_size
     size_t opt_begin = 0, opt_end = 0;  // the parameters this process's AdamW updates; m, v, master hold these
     std::vector<std::vector<GradSlice>> grad_buckets;
     bool reduce_in_backward = false;  // set for the last micro-step: reduce each layer's gradients as it finishes
+    // -z 2: grads_memory is this process's shard of the gradient (shard.shard_size elements). The
+    // backward writes a bucket's gradient packed into a buffer of its own (llmc/parallel/grad_buckets.h):
+    // wte, wpe, lnfw and lnfb into packed_outer (grads points its 4 tensors there), block l into
+    // packed_block[l % 2]; a buffer is reused once the fence after its last reduction has passed.
+    bool packed_grads = false;
+    floatX* packed_outer = nullptr;
+    floatX* packed_block[2] = {nullptr, nullptr};
+    uint64_t packed_block_fence[2] = {0, 0};
+    bool packed_block_in_flight[2] = {false, false};
     bool use_master_weights = false;
     int recompute = 1;
     bool gelu_fusion = false;
@@ -301,8 +310,8 @@ std::vector<float> gpt2_download_parameters(const GPT2* model) {
 }
 
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
-// arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1, AdamW's moments and master
-// weights cover this process's shard only.
+// arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1 and 2, AdamW's moments and
+// master weights cover this process's shard only; with -z 2 the gradient array is that shard only.
 void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataParallel* dp = nullptr) {
     validate_config(cfg, "model");
     if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
@@ -334,14 +343,23 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
     model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
-    model->opt_begin = zero_stage == 1 ? model->shard.begin : 0;
-    model->opt_end = zero_stage == 1 ? model->shard.end : n;
+    model->opt_begin = zero_stage >= 1 ? model->shard.begin : 0;
+    model->opt_end = zero_stage >= 1 ? model->shard.end : n;
     if (distributed) model->grad_buckets = gradient_buckets(cfg, zero_stage, model->shard.shard_size);
+    model->packed_grads = zero_stage == 2;
     size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
+    size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
     cudaCheck(cudaMalloc(&model->params_memory, padded * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&model->grads_memory, padded * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, padded * sizeof(floatX)));
-    cudaCheck(cudaMemset(model->grads_memory, 0, padded * sizeof(floatX)));
+    cudaCheck(cudaMemset(model->grads_memory, 0, grad_n * sizeof(floatX)));
+    size_t packed_n = 0;  // -z 2: the packed buffers' elements
+    if (model->packed_grads) {
+        size_t outer = packed_size(model->grad_buckets[cfg.num_layers]), block = packed_size(model->grad_buckets[0]);
+        cudaCheck(cudaMalloc(&model->packed_outer, outer * sizeof(floatX)));
+        for (floatX*& b : model->packed_block) cudaCheck(cudaMalloc(&b, block * sizeof(floatX)));
+        packed_n = outer + 2 * block;
+    }
     size_t opt_floats = (model->use_master_weights ? 3 : 2) * opt_n;
     cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
     cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
@@ -349,12 +367,25 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     model->v_memory = model->opt_memory + opt_n;
     model->master_memory = model->use_master_weights ? model->opt_memory + 2 * opt_n : nullptr;
     point_parameters(&model->params, model->params_memory, cfg);
-    point_parameters(&model->grads, model->grads_memory, cfg);
-    printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB\n", n, PRECISION_NAME, n * sizeof(floatX) / 1048576.0,
-           n * sizeof(floatX) / 1048576.0);
+    if (model->packed_grads) {  // wte, wpe, lnfw, lnfb one after another (bucket L's packed layout)
+        model->grads = ParameterTensors{};
+        model->grads.wte = model->packed_outer;
+        model->grads.wpe = model->grads.wte + model->param_sizes[P_WTE];
+        model->grads.lnfw = model->grads.wpe + model->param_sizes[P_WPE];
+        model->grads.lnfb = model->grads.lnfw + model->param_sizes[P_LNFW];
+    } else {
+        point_parameters(&model->grads, model->grads_memory, cfg);
+    }
+    printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB per process", n, PRECISION_NAME,
+           n * sizeof(floatX) / 1048576.0, (grad_n + packed_n) * sizeof(floatX) / 1048576.0);
+    if (model->packed_grads) {
+        printf(" (-z 2: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", grad_n, packed_n,
+               n * sizeof(floatX) / 1048576.0);
+    }
+    printf("\n");
     double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
     printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
-           "unsharded)\n", opt_n, model->layout.zero_stage == 1 ? "ZeRO-1 shard" : "all",
+           "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
            model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
 }
 
@@ -482,13 +513,46 @@ float gpt2_mean_loss(GPT2* model, int B, int T) {
 }
 
 void gpt2_zero_grad(GPT2* model) {
-    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->shard.padded_size * sizeof(floatX), model->stream));
+    size_t n = model->packed_grads ? model->shard.shard_size : model->shard.padded_size;
+    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, n * sizeof(floatX), model->stream));
+}
+
+// -z 2: block l's gradient slices, packed in one of the two block buffers, zeroed; the buffer is
+// taken once the reductions that last read it have finished (comm_wait_fence).
+BlockGrads packed_block_grads(GPT2* model, int l) {
+    int which = l % 2;
+    floatX* packed = model->packed_block[which];
+    if (model->packed_block_in_flight[which]) comm_wait_fence(model->layout.dp_group, model->packed_block_fence[which]);
+    model->packed_block_in_flight[which] = false;
+    cudaCheck(cudaMemsetAsync(packed, 0, packed_size(model->grad_buckets[l]) * sizeof(floatX), model->stream));
+    size_t per_layer[NUM_PARAMETER_TENSORS];
+    floatX* at[NUM_PARAMETER_TENSORS];
+    for (int i = P_LN1W; i <= P_FCPROJB; i++) {
+        per_layer[i] = model->param_sizes[i] / model->config.num_layers;
+        at[i] = i == P_LN1W ? packed : at[i - 1] + per_layer[i - 1];
+    }
+    return {at[P_LN1W], at[P_LN1B], at[P_QKVW], at[P_QKVB], at[P_ATTPROJW], at[P_ATTPROJB],
+            at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
+}
+
+// -z 2: bucket b's gradient (packed) is final for this micro-step. The pieces this process owns get
+// the shard's running sum added first, so the reduction, which overwrites the shard, leaves the sum
+// over processes and micro-steps there.
+void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    size_t shard_start = (size_t)dp.rank * model->shard.shard_size;
+    for (const GradSlice& s : model->grad_buckets[b]) {
+        if (s.owner != dp.rank) continue;
+        add_into((floatX*)packed + s.unit_offset, model->grads_memory + (s.offset - shard_start), s.count, model->stream);
+    }
+    reduce_gradient_packed(dp, packed, model->grads_memory, shard_start, COMM_FLOATX, model->grad_buckets[b]);
 }
 
 // Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
 // holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
-// and the compute stream's later work waits for all of those reductions.
+// and the compute stream's later work waits for all of those reductions. With -z 2 every micro-step
+// is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
@@ -496,6 +560,10 @@ void gpt2_backward(GPT2* model, int B, int T) {
     const ParameterTensors& g = model->grads;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
+    const bool packed = model->packed_grads && comm_active(model->layout.dp_group);
+    if (packed) {
+        cudaCheck(cudaMemsetAsync(model->packed_outer, 0, packed_size(model->grad_buckets[L]) * sizeof(floatX), stream));
+    }
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention);
     float* reduce = a.reduce_scratch;
@@ -509,7 +577,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
 
     for (int l = L - 1; l >= 0; l--) {
         BlockParams w = block_tensors<const floatX>(p, l, C);
-        BlockGrads gl = block_tensors<floatX>(g, l, C);
+        BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C);
         BlockActs b = block_acts(a, ls, l, BT);
 
         // recompute what the forward did not keep (same kernels, same inputs: the same bits)
@@ -557,29 +625,37 @@ void gpt2_backward(GPT2* model, int B, int T) {
         matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, b.ln1, w.qkvw, nullptr, (int)BT, C, 3 * C, stream);
         layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, a.dln, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
                            (int)BT, C, stream);
-        if (model->reduce_in_backward) {
+        if (packed) {
+            reduce_packed_bucket(model, l, gl.ln1w);
+            model->packed_block_fence[l % 2] = comm_fence(model->layout.dp_group);
+            model->packed_block_in_flight[l % 2] = true;
+        } else if (model->reduce_in_backward) {
             reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[l]);
         }
     }
     encoder_backward(g.wte, g.wpe, a.dresidual, model->buckets, B, T, C, stream);
-    if (model->reduce_in_backward) {
+    if (packed) {
+        reduce_packed_bucket(model, L, model->packed_outer);
+        comm_join(model->layout.dp_group);
+        model->packed_block_in_flight[0] = model->packed_block_in_flight[1] = false;
+    } else if (model->reduce_in_backward) {
         reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[L]);
         comm_join(model->layout.dp_group);
     }
 }
 
-// L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1 each
-// process holds the reduced gradient of its shard only: it sums the squares over its shard (padding
-// included, which is zero) and the processes add their sums.
+// L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1 and 2
+// each process holds the reduced gradient of its shard only: it sums the squares over its shard
+// (padding included, which is zero) and the processes add their sums.
 double gpt2_grad_norm(GPT2* model) {
     const floatX* grads = model->grads_memory;
     size_t n = model->num_parameters;
-    if (model->layout.zero_stage == 1) {
-        grads += (size_t)model->shard.rank * model->shard.shard_size;
+    if (model->layout.zero_stage >= 1) {
+        if (!model->packed_grads) grads += (size_t)model->shard.rank * model->shard.shard_size;
         n = model->shard.shard_size;
     }
     sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, n, model->stream);
-    if (model->layout.zero_stage == 1) {
+    if (model->layout.zero_stage >= 1) {
         all_reduce_sum(model->layout.dp_group, model->acts.grad_norm_sq, 1);
         comm_join(model->layout.dp_group);
     }
@@ -590,7 +666,7 @@ double gpt2_grad_norm(GPT2* model) {
 }
 
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), per tensor
-// so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With -z 1, the
+// so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With -z 1 and 2, the
 // updated shards are then all-gathered, so every process has all the new parameters.
 void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
     AdamWHyper hyper;
@@ -611,11 +687,13 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
         // a fixed function of (step, tensor, where this part of the tensor starts): the rounding bits
         // of a tensor cut between two shards do not repeat, and a whole tensor draws what one GPU draws
         s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u + (uint32_t)(begin - off) * 2246822519u;
+        // -z 2: the gradient array is the shard, whose element 0 is flat element rank * shard_size
+        const floatX* grads = model->packed_grads ? model->grads_memory + (begin - model->shard.rank * model->shard.shard_size)
+                                                  : model->grads_memory + begin;
         adamw_update(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
-                     model->grads_memory + begin, model->m_memory + opt_index, model->v_memory + opt_index, end - begin,
-                     s, model->stream);
+                     grads, model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s, model->stream);
     }
-    if (model->layout.zero_stage == 1) {
+    if (model->layout.zero_stage >= 1) {
         all_gather(model->layout.dp_group, model->params_memory, model->shard.shard_size, COMM_FLOATX);
         comm_join(model->layout.dp_group);
     }
@@ -624,6 +702,8 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
 void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->params_memory));
     cudaCheck(cudaFree(model->grads_memory));
+    cudaCheck(cudaFree(model->packed_outer));
+    for (floatX* b : model->packed_block) cudaCheck(cudaFree(b));
     cudaCheck(cudaFree(model->opt_memory));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));

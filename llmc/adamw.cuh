@@ -1,5 +1,5 @@
 // AdamW on the GPU, on fp32 master weights, with stochastic rounding back to the floatX parameters,
-// and the global gradient norm for clipping.
+// and the global gradient norm for clipping (and the addition of a gradient into a running sum).
 //   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,   g = grad * grad_scale (the clipping factor)
 //   p -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
 // Mixed precision: the forward and backward read bf16 parameters, but an update is often far smaller
@@ -38,6 +38,11 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
     if (master != nullptr) master[i] = p;
     stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+}
+
+__global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = (floatX)((float)dst[i] + (float)src[i]);
 }
 
 __global__ void copy_to_master_kernel(float* master, const floatX* params, size_t n) {
@@ -90,6 +95,14 @@ inline void adamw_update(floatX* params,       // (n)
                                                                          s.beta1, s.beta2, bias_correction1,
                                                                          bias_correction2, s.eps, s.weight_decay,
                                                                          s.grad_scale, s.seed);
+    cudaCheckLaunch();
+}
+
+// dst += src, rounded to floatX (ZeRO-2's running gradient sum over micro-steps, train_gpt2.cu).
+inline void add_into(floatX* dst, const floatX* src, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    const int block_size = 512;
+    add_into_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(dst, src, n);
     cudaCheckLaunch();
 }
 

@@ -21,6 +21,7 @@
 
 #include "../llmc/parallel/bootstrap.h"
 #include "../llmc/parallel/grad_buckets.h"
+#include "../llmc/parallel/zero_sharded.h"
 #include "test_helpers.h"
 
 namespace {
@@ -479,7 +480,7 @@ TEST(BootstrapShards, BucketsCoverEveryGradientOnceInBackwardOrder) {
         size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
         param_tensor_sizes(cfg, sizes);
         param_tensor_offsets(cfg, offsets);
-        for (int zero : {0, 1}) {
+        for (int zero : {0, 1, 2}) {
             for (int p : {1, 2, 3, 8}) {
                 SCOPED_TRACE("L=" + std::to_string(cfg.num_layers) + " -z " + std::to_string(zero) + " P=" + std::to_string(p));
                 ShardLayout s = aligned_shard_layout(n, p, 0, 8);
@@ -511,6 +512,30 @@ TEST(BootstrapShards, BucketsCoverEveryGradientOnceInBackwardOrder) {
                     if (g.offset >= begin && g.offset < begin + qkv_layer) in_bucket += g.count;
                 }
                 EXPECT_EQ(in_bucket, qkv_layer);
+                // packed (-z 2): a bucket's pieces lie one after another in its buffer, in flat order,
+                // and the buffer's layout is the unit's (llmc/parallel/zero_sharded.h): block l's 12
+                // slices, or wte, wpe, lnfw, lnfb
+                std::vector<ZeroUnit> units = zero_units(cfg);
+                for (int u = 0; u <= cfg.num_layers; u++) {
+                    const std::vector<GradSlice>& b = buckets[u == 0 ? cfg.num_layers : u - 1];
+                    size_t at = 0, prev = 0;
+                    for (const GradSlice& g : b) {
+                        EXPECT_EQ(g.unit_offset, at) << "bucket of unit " << u;
+                        EXPECT_GE(g.offset, prev) << "flat order";
+                        prev = g.offset + g.count;
+                        at += g.count;
+                        // where the unit's own layout puts this flat element
+                        bool found = false;
+                        for (const ZeroSlice& z : units[u].slices) {
+                            if (g.offset >= z.flat && g.offset < z.flat + z.length) {
+                                EXPECT_EQ(g.unit_offset, z.unit_offset + (g.offset - z.flat));
+                                found = true;
+                            }
+                        }
+                        EXPECT_TRUE(found);
+                    }
+                    EXPECT_EQ(at, units[u].size) << "bucket of unit " << u;
+                }
             }
         }
     }

@@ -598,7 +598,7 @@ TEST(CliParse, RangeEdgesAndRepeats) {
     // ZeRO-2/3 exist in the CPU trainer only; the CUDA trainer names the stages it has
     EXPECT_EQ(parse({"-z", "3"}).zero_stage, 3);
     EXPECT_EQ(parse({"-z", "1"}, true).zero_stage, 1);
-    EXPECT_EXIT(parse({"-z", "2"}, true), testing::ExitedWithCode(1), "the CUDA trainer has ZeRO stages 0 and 1 only");
+    EXPECT_EXIT(parse({"-z", "3"}, true), testing::ExitedWithCode(1), "the CUDA trainer has ZeRO stages 0, 1 and 2");
     EXPECT_EXIT(parse({"-z", "4"}), testing::ExitedWithCode(1), "flag -z: 4 is outside the allowed range 0 \\.\\. 3");
     EXPECT_EXIT(parse({"-w", "1"}), testing::ExitedWithCode(1), "unknown flag '-w'");
     // recomputation and the MFU peak are both trainers' flags

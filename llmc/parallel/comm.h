@@ -53,8 +53,9 @@ struct CommBackend {
     const char* name;
     // data (n) = the element-wise op over every process's data
     void (*all_reduce)(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op);
-    // data (n) on process root = the sum over every process's data (others' data unspecified after)
-    void (*reduce)(const ProcessGroup& g, void* data, size_t n, CommType type, int root);
+    // recv (n) on process root = the sum over every process's send (n); send == recv: in place (others'
+    // data unspecified after); recv is used on the root only
+    void (*reduce)(const ProcessGroup& g, const void* send, void* recv, size_t n, CommType type, int root);
     // data holds size blocks of count; afterwards block rank is the sum of every process's block rank
     // (the other blocks are unspecified)
     void (*reduce_scatter)(const ProcessGroup& g, void* data, size_t count, CommType type);
@@ -88,6 +89,10 @@ struct CommBackend {
     void (*abort)(const ProcessGroup& g, const std::string& message);  // does not return
     // the processes of g with the same color, ordered by key (one sub-group per color); collective
     ProcessGroup (*split)(const ProcessGroup& g, int color, int key);
+    // a mark after the collectives queued so far, and the compute stream waiting for the collectives
+    // before a mark only (NCCL: an event; MPI: 0, nothing to do)
+    uint64_t (*fence)(const ProcessGroup& g);
+    void (*wait_fence)(const ProcessGroup& g, uint64_t fence);
 };
 
 // A set of processes and this process's place in it, and how to reach the others.
@@ -145,7 +150,18 @@ inline double all_reduce_sum(const ProcessGroup& g, double value, const char* wh
 // data[n] on process root = the sum over processes (the gradients' owner under ZeRO-1).
 inline void reduce_sum(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
     comm_count(g, n, n / g.size, comm_type_bytes(type));
-    if (comm_active(g)) g.backend->reduce(g, data, n, type, root);
+    if (comm_active(g)) g.backend->reduce(g, data, data, n, type, root);
+}
+
+// recv[n] on process root = the sum over processes of their send[n] (recv is ignored elsewhere): a
+// piece of a gradient reduced into its owner's shard (ZeRO-2 on the GPU, llmc/parallel/grad_buckets.h).
+inline void reduce_sum(const ProcessGroup& g, const void* send, void* recv, size_t n, CommType type, int root) {
+    comm_count(g, n, n / g.size, comm_type_bytes(type));
+    if (comm_active(g)) {
+        g.backend->reduce(g, send, recv, n, type, root);
+    } else if (send != recv) {
+        fatal("reduce_sum: out of place needs a group of more than one process");
+    }
 }
 
 // data holds size * count elements; afterwards data[rank*count .. (rank+1)*count) is the sum across
@@ -273,6 +289,15 @@ inline void comm_group_end(const ProcessGroup& g) {
 }
 inline void comm_join(const ProcessGroup& g) {
     if (comm_active(g)) g.backend->join(g);
+}
+
+// A fence after the collectives queued so far; comm_wait_fence makes the compute stream wait for
+// those only, not for what was queued after the fence (to reuse a buffer that an earlier collective
+// read while later ones still run). At most COMM_FENCES fences may be outstanding at once.
+constexpr uint64_t COMM_FENCES = 16;
+inline uint64_t comm_fence(const ProcessGroup& g) { return comm_active(g) ? g.backend->fence(g) : 0; }
+inline void comm_wait_fence(const ProcessGroup& g, uint64_t fence) {
+    if (comm_active(g)) g.backend->wait_fence(g, fence);
 }
 
 // The processes of `parent` with the same color, ordered by key: one sub-group per color. Every process

@@ -84,10 +84,10 @@ inline void mpi_all_reduce(const ProcessGroup& g, void* data, size_t n, CommType
     }
 }
 
-inline void mpi_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+inline void mpi_reduce(const ProcessGroup& g, const void* send, void* recv, size_t n, CommType type, int root) {
     MPI_Datatype t = mpi_sum_type(type, "a reduce");
-    void* send = g.rank == root ? MPI_IN_PLACE : data;
-    mpiCheck(MPI_Reduce(send, g.rank == root ? data : nullptr, (int)n, t, MPI_SUM, root, mpi_comm(g)));
+    const void* from = g.rank == root && send == recv ? MPI_IN_PLACE : send;
+    mpiCheck(MPI_Reduce(from, g.rank == root ? recv : nullptr, (int)n, t, MPI_SUM, root, mpi_comm(g)));
 }
 
 // piece by piece: the piece of every block packed together, reduce-scattered
@@ -192,12 +192,16 @@ inline void mpi_nothing(const ProcessGroup&) {}
 
 inline ProcessGroup mpi_split(const ProcessGroup& parent, int color, int key);
 
+// every call has finished when it returns: no fence to wait for
+inline uint64_t mpi_fence(const ProcessGroup&) { return 0; }
+inline void mpi_wait_fence(const ProcessGroup&, uint64_t) {}
+
 inline const CommBackend* mpi_backend() {
     static const CommBackend backend = {
         "MPI",           mpi_all_reduce, mpi_reduce,       mpi_reduce_scatter, mpi_all_gather, mpi_all_gather_v_start,
         mpi_wait,        mpi_reduce_scatter_v, mpi_broadcast, mpi_gather, mpi_send, mpi_recv, mpi_finish_sends,
         mpi_sum_host,    mpi_all_gather_host_u64, mpi_barrier, mpi_nothing, mpi_nothing, mpi_nothing, mpi_abort,
-        mpi_split};
+        mpi_split,       mpi_fence, mpi_wait_fence};
     return &backend;
 }
 

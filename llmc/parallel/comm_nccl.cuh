@@ -66,6 +66,8 @@ struct DataParallel {
     int group_depth = 0;                 // inside comm_group_start/end: NCCL calls are only recorded
     std::vector<DataParallel*> subgroups;  // the world's: the communicators split from it (nccl_split)
     DataParallel* world = nullptr;         // a sub-group's: the world's state, which keeps it
+    std::vector<cudaEvent_t> fences;       // comm_fence's events (made at the first)
+    uint64_t fences_recorded = 0;
 };
 
 // Every communicator of this process: an abort ends them all, so no other process waits on one.
@@ -265,6 +267,8 @@ inline void dp_close(DataParallel* dp) {
     cudaCheck(cudaEventDestroy(dp->compute_ready));
     cudaCheck(cudaEventDestroy(dp->comm_done));
     cudaCheck(cudaStreamDestroy(dp->stream));
+    for (cudaEvent_t e : dp->fences) cudaCheck(cudaEventDestroy(e));
+    dp->fences.clear();
     dp->nccl = false;
 }
 
@@ -339,9 +343,9 @@ inline void nccl_all_reduce(const ProcessGroup& g, void* data, size_t n, CommTyp
     ncclIssue(dp, ncclAllReduce(data, data, n, nccl_type(type), op == COMM_SUM ? ncclSum : ncclMax, dp.comm, dp.stream));
 }
 
-inline void nccl_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+inline void nccl_reduce(const ProcessGroup& g, const void* send, void* recv, size_t n, CommType type, int root) {
     DataParallel& dp = nccl_begin(g);
-    ncclIssue(dp, ncclReduce(data, data, n, nccl_type(type), ncclSum, root, dp.comm, dp.stream));
+    ncclIssue(dp, ncclReduce(send, recv, n, nccl_type(type), ncclSum, root, dp.comm, dp.stream));
 }
 
 inline void nccl_reduce_scatter(const ProcessGroup& g, void* data, size_t count, CommType type) {
@@ -489,6 +493,27 @@ inline void nccl_barrier(const ProcessGroup& g, const char* what) { nccl_sum_hos
 
 inline void nccl_join(const ProcessGroup& g) { dp_join(nccl_state(g), nccl_state(g).compute); }
 
+// fence k is event k % COMM_FENCES of the group, recorded on its communication stream
+inline uint64_t nccl_fence(const ProcessGroup& g) {
+    DataParallel& dp = nccl_state(g);
+    if (dp.fences.empty()) {
+        dp.fences.resize(COMM_FENCES);
+        for (cudaEvent_t& e : dp.fences) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    uint64_t fence = dp.fences_recorded++;
+    cudaCheck(cudaEventRecord(dp.fences[fence % COMM_FENCES], dp.stream));
+    return fence;
+}
+
+inline void nccl_wait_fence(const ProcessGroup& g, uint64_t fence) {
+    DataParallel& dp = nccl_state(g);
+    if (fence + COMM_FENCES < dp.fences_recorded) {
+        fatal("comm_wait_fence: fence %llu was overwritten (%llu recorded since; at most %llu may be outstanding)",
+              (unsigned long long)fence, (unsigned long long)(dp.fences_recorded - fence), (unsigned long long)COMM_FENCES);
+    }
+    cudaCheck(cudaStreamWaitEvent(dp.compute, dp.fences[fence % COMM_FENCES], 0));
+}
+
 [[noreturn]] inline void nccl_abort(const ProcessGroup& g, const std::string& message) {
     dp_abort(nccl_state(g), "%s", message.c_str());
 }
@@ -498,7 +523,7 @@ inline const CommBackend* nccl_backend() {
         "NCCL",        nccl_all_reduce, nccl_reduce,    nccl_reduce_scatter, nccl_all_gather, nccl_all_gather_v_start,
         nccl_wait,     nccl_reduce_scatter_v, nccl_broadcast, nccl_gather, nccl_send, nccl_recv, nccl_finish_sends,
         nccl_sum_host, nccl_all_gather_host_u64, nccl_barrier, nccl_group_start, nccl_group_end, nccl_join, nccl_abort,
-        nccl_split};
+        nccl_split,    nccl_fence, nccl_wait_fence};
     return &backend;
 }
 

@@ -13,6 +13,10 @@
 //         the process whose shard holds it (owner = that rank). Over all buckets the pieces tile
 //         [0, N) exactly once, so together they are a reduce-scatter of the whole gradient, done in L+1
 //         installments instead of one call after the backward.
+//   -z 2: the same pieces, but no process holds the whole gradient: the backward writes a bucket's
+//         gradient into a small buffer of its own, its slices packed one after another (the unit
+//         layout of llmc/parallel/zero_sharded.h), and each piece is reduced from there straight into
+//         its owner's shard of the gradient (reduce_gradient_packed). Every micro-step is reduced.
 //
 // The GPU's shards are aligned: shard_size is rounded up to a multiple of `align` elements, so every
 // shard starts on a 16-byte boundary (the vector loads of the gradient-norm kernel, and NCCL's fast
@@ -39,24 +43,32 @@ inline ShardLayout aligned_shard_layout(size_t num_parameters, int num_processes
 }
 
 struct GradSlice {
-    size_t offset;  // first element in the flat gradient
+    size_t offset;       // first element in the flat gradient
     size_t count;
-    int owner;      // the rank that receives the sum (-z 1), or -1: all of them (-z 0)
+    int owner;           // the rank that receives the sum (-z 1, 2), or -1: all of them (-z 0)
+    size_t unit_offset;  // first element in the bucket's packed buffer (-z 2): the bucket's pieces before it
 };
 
-// Appends [offset, offset + count) to bucket: whole (-z 0), or cut at the shard boundaries (-z 1).
+// Appends [offset, offset + count) to bucket: whole (-z 0), or cut at the shard boundaries (-z 1, 2).
 inline void add_slice(std::vector<GradSlice>* bucket, size_t offset, size_t count, int zero_stage, size_t shard_size) {
+    size_t packed = bucket->empty() ? 0 : bucket->back().unit_offset + bucket->back().count;
     if (zero_stage == 0) {
-        bucket->push_back({offset, count, -1});
+        bucket->push_back({offset, count, -1, packed});
         return;
     }
     size_t end = offset + count;
     while (offset < end) {
         size_t owner = offset / shard_size;
         size_t piece_end = std::min(end, (owner + 1) * shard_size);
-        bucket->push_back({offset, piece_end - offset, (int)owner});
+        bucket->push_back({offset, piece_end - offset, (int)owner, packed});
+        packed += piece_end - offset;
         offset = piece_end;
     }
+}
+
+// Elements of a bucket's packed buffer (-z 2): all its pieces.
+inline size_t packed_size(const std::vector<GradSlice>& bucket) {
+    return bucket.empty() ? 0 : bucket.back().unit_offset + bucket.back().count;
 }
 
 // Buckets 0..L-1: the slices of layer l; bucket L: wte, wpe, lnfw, lnfb. The backward completes them
@@ -89,6 +101,22 @@ inline void reduce_gradient_bucket(const ProcessGroup& g, void* grads, CommType 
         } else {
             reduce_sum(g, slice, s.count, type, s.owner);
         }
+    }
+    comm_group_end(g);
+}
+
+// -z 2: the bucket's gradient is packed in `packed` (its pieces one after another); each piece is
+// reduced into its owner's shard of the gradient, shard_grads (element 0 = flat element shard_begin).
+// The owner's own contribution is whatever its packed buffer holds, so a caller that accumulates over
+// micro-steps first adds the shard's running sum into its pieces (the reduce overwrites the shard).
+inline void reduce_gradient_packed(const ProcessGroup& g, const void* packed, void* shard_grads, size_t shard_begin,
+                                   CommType type, const std::vector<GradSlice>& bucket) {
+    const size_t bytes = comm_type_bytes(type);
+    comm_group_start(g);
+    for (const GradSlice& s : bucket) {
+        const char* send = (const char*)packed + s.unit_offset * bytes;
+        void* recv = s.owner == g.rank ? (char*)shard_grads + (s.offset - shard_begin) * bytes : (void*)send;
+        reduce_sum(g, send, recv, s.count, type, s.owner);
     }
     comm_group_end(g);
 }
