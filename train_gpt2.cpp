@@ -869,10 +869,6 @@ void check_layout_flags(const ParallelLayout& layout, const TrainArgs& args) {
         fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
               args.zero_stage);
     }
-    if (args.zero_stage == 3 && args.hellaswag_every > 0) {
-        fatal("flag -he: HellaSwag with -z 3 is not supported (each process evaluates its own examples, a number "
-              "of forwards the others do not match); use -z 0, 1 or 2");
-    }
     if (layout.pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
               "has logits); run with -s 0 (and no -he)", layout.pp);

@@ -262,6 +262,15 @@ struct GPT2 {
     floatX* packed_block[2] = {nullptr, nullptr};
     uint64_t packed_block_fence[2] = {0, 0};
     bool packed_block_in_flight[2] = {false, false};
+    // -z 3: params_memory is this process's shard of the parameters too. A forward or backward gathers
+    // what it needs, packed the same way: wte, wpe, lnfw, lnfb into gathered_outer (params points its 4
+    // tensors there; kept until the parameters change), block l into gathered_block[l % 2], the next
+    // block's gather queued while this one computes and waited for (its fence) just before use.
+    bool sharded_params = false;
+    floatX* gathered_outer = nullptr;
+    floatX* gathered_block[2] = {nullptr, nullptr};
+    uint64_t gathered_fence[2] = {0, 0};
+    bool outer_gathered = false;
     bool use_master_weights = false;
     int recompute = 1;
     bool gelu_fusion = false;
@@ -289,10 +298,14 @@ void gpt2_sync(GPT2* model, const char* what) {
 // Uploads fp32 host parameters (checkpoint order) to the device as floatX, and this process's part
 // [opt_begin, opt_end) of them to the master weights.
 void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
-    std::vector<floatX> converted(model->num_parameters);
-    for (size_t i = 0; i < model->num_parameters; i++) converted[i] = host_to_floatX(params[i]);
-    cudaCheck(cudaMemcpy(model->params_memory, converted.data(), model->num_parameters * sizeof(floatX),
+    // -z 3: this process's shard only, [opt_begin, opt_end) (the padding after N stays zero)
+    size_t first = model->sharded_params ? model->opt_begin : 0;
+    size_t last = model->sharded_params ? model->opt_end : model->num_parameters;
+    std::vector<floatX> converted(last - first);
+    for (size_t i = first; i < last; i++) converted[i - first] = host_to_floatX(params[i]);
+    cudaCheck(cudaMemcpy(model->params_memory, converted.data(), converted.size() * sizeof(floatX),
                          cudaMemcpyHostToDevice));
+    model->outer_gathered = false;
     if (model->master_memory) {
         cudaCheck(cudaMemcpy(model->master_memory, params.data() + model->opt_begin,
                              (model->opt_end - model->opt_begin) * sizeof(float), cudaMemcpyHostToDevice));
@@ -300,13 +313,61 @@ void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
 }
 
 // The device parameters as fp32 on the host (exact: bf16 widens to fp32 without rounding).
-std::vector<float> gpt2_download_parameters(const GPT2* model) {
+std::vector<float> gpt2_gather_parameters(GPT2* model);
+
+std::vector<float> gpt2_download_parameters(GPT2* model) {
+    if (model->sharded_params) return gpt2_gather_parameters(model);
     std::vector<floatX> raw(model->num_parameters);
     cudaCheck(cudaMemcpy(raw.data(), model->params_memory, model->num_parameters * sizeof(floatX),
                          cudaMemcpyDeviceToHost));
     std::vector<float> params(model->num_parameters);
     for (size_t i = 0; i < model->num_parameters; i++) params[i] = host_from_floatX(raw[i]);
     return params;
+}
+
+// Points the 4 outer tensors (wte, wpe, lnfw, lnfb) one after another into `packed` (bucket L's packed
+// layout, llmc/parallel/grad_buckets.h); the stacked block tensors stay null (-z 2, 3 use packed blocks).
+void point_outer_packed(ParameterTensors* t, floatX* packed, const size_t* sizes) {
+    *t = ParameterTensors{};
+    t->wte = packed;
+    t->wpe = t->wte + sizes[P_WTE];
+    t->lnfw = t->wpe + sizes[P_WPE];
+    t->lnfb = t->lnfw + sizes[P_LNFW];
+}
+
+// Block l's 12 slices, packed one after another from `packed` (a bucket's buffer, gradients or gathered
+// parameters).
+template <typename T>
+BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
+    T* at[NUM_PARAMETER_TENSORS];
+    for (int i = P_LN1W; i <= P_FCPROJB; i++) {
+        at[i] = i == P_LN1W ? packed : at[i - 1] + model->param_sizes[i - 1] / model->config.num_layers;
+    }
+    return {at[P_LN1W], at[P_LN1B], at[P_QKVW], at[P_QKVB], at[P_ATTPROJW], at[P_ATTPROJB],
+            at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
+}
+
+// Model state per process (parameters, gradients, AdamW's m and v, master weights, and the packed and
+// gathering buffers), predicted for each ZeRO stage from the shard arithmetic, beside what the
+// allocations took (cudaMemGetInfo before and after): the ZeRO paper's Ψ(2 + 2 + 12)/N ladder with
+// this trainer's buffers.
+void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured) {
+    const size_t n = model->num_parameters, P = (size_t)model->layout.dp, X = sizeof(floatX);
+    const size_t padded = model->shard.padded_size, S = model->shard.shard_size;
+    const size_t buffers = model->grad_buckets.empty() ? 0 : X * (packed_size(model->grad_buckets.back()) +
+                                                                  2 * packed_size(model->grad_buckets[0]));
+    const size_t opt_per = (model->use_master_weights ? 3 : 2) * sizeof(float);
+    auto predicted = [&](int z) {
+        if (P == 1) z = 0;
+        size_t params = z == 3 ? X * S + buffers : X * padded;
+        size_t grads = z >= 2 ? X * S + buffers : X * padded;
+        size_t opt = opt_per * (z >= 1 ? model->shard.end - model->shard.begin : n);
+        return params + grads + opt;
+    };
+    printf("model state per process: %.1f MiB allocated (cudaMemGetInfo), %.1f MiB predicted for -z %d; -z 0/1/2/3 "
+           "with %zu process(es):", measured / 1048576.0, predicted(zero_stage) / 1048576.0, zero_stage, P);
+    for (int z = 0; z <= 3; z++) printf(" %.1f", predicted(z) / 1048576.0);
+    printf(" MiB\n");
 }
 
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
@@ -346,19 +407,28 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     model->opt_begin = zero_stage >= 1 ? model->shard.begin : 0;
     model->opt_end = zero_stage >= 1 ? model->shard.end : n;
     if (distributed) model->grad_buckets = gradient_buckets(cfg, zero_stage, model->shard.shard_size);
-    model->packed_grads = zero_stage == 2;
+    model->packed_grads = zero_stage >= 2;
+    model->sharded_params = zero_stage == 3;
     size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
     size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
-    cudaCheck(cudaMalloc(&model->params_memory, padded * sizeof(floatX)));
+    size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
+    size_t free_before = 0, free_after = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
+    cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
-    cudaCheck(cudaMemset(model->params_memory, 0, padded * sizeof(floatX)));
+    cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->grads_memory, 0, grad_n * sizeof(floatX)));
-    size_t packed_n = 0;  // -z 2: the packed buffers' elements
+    size_t packed_n = 0, gathered_n = 0;  // -z 2, 3: the packed gradient buffers' elements; -z 3: the gathered
     if (model->packed_grads) {
         size_t outer = packed_size(model->grad_buckets[cfg.num_layers]), block = packed_size(model->grad_buckets[0]);
         cudaCheck(cudaMalloc(&model->packed_outer, outer * sizeof(floatX)));
         for (floatX*& b : model->packed_block) cudaCheck(cudaMalloc(&b, block * sizeof(floatX)));
         packed_n = outer + 2 * block;
+        if (model->sharded_params) {
+            cudaCheck(cudaMalloc(&model->gathered_outer, outer * sizeof(floatX)));
+            for (floatX*& b : model->gathered_block) cudaCheck(cudaMalloc(&b, block * sizeof(floatX)));
+            gathered_n = outer + 2 * block;
+        }
     }
     size_t opt_floats = (model->use_master_weights ? 3 : 2) * opt_n;
     cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
@@ -366,20 +436,24 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     model->m_memory = model->opt_memory;
     model->v_memory = model->opt_memory + opt_n;
     model->master_memory = model->use_master_weights ? model->opt_memory + 2 * opt_n : nullptr;
-    point_parameters(&model->params, model->params_memory, cfg);
-    if (model->packed_grads) {  // wte, wpe, lnfw, lnfb one after another (bucket L's packed layout)
-        model->grads = ParameterTensors{};
-        model->grads.wte = model->packed_outer;
-        model->grads.wpe = model->grads.wte + model->param_sizes[P_WTE];
-        model->grads.lnfw = model->grads.wpe + model->param_sizes[P_WPE];
-        model->grads.lnfb = model->grads.lnfw + model->param_sizes[P_LNFW];
+    if (model->sharded_params) {
+        point_outer_packed(&model->params, model->gathered_outer, model->param_sizes);
+    } else {
+        point_parameters(&model->params, model->params_memory, cfg);
+    }
+    if (model->packed_grads) {
+        point_outer_packed(&model->grads, model->packed_outer, model->param_sizes);
     } else {
         point_parameters(&model->grads, model->grads_memory, cfg);
     }
-    printf("parameters: %zu (%s), %.1f MiB; gradients %.1f MiB per process", n, PRECISION_NAME,
-           n * sizeof(floatX) / 1048576.0, (grad_n + packed_n) * sizeof(floatX) / 1048576.0);
+    printf("parameters: %zu (%s), %.1f MiB per process", n, PRECISION_NAME, (param_n + gathered_n) * sizeof(floatX) / 1048576.0);
+    if (model->sharded_params) {
+        printf(" (-z 3: a shard of %zu and gathering buffers of %zu; %.1f MiB unsharded)", param_n, gathered_n,
+               n * sizeof(floatX) / 1048576.0);
+    }
+    printf("; gradients %.1f MiB per process", (grad_n + packed_n) * sizeof(floatX) / 1048576.0);
     if (model->packed_grads) {
-        printf(" (-z 2: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", grad_n, packed_n,
+        printf(" (-z %d: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", zero_stage, grad_n, packed_n,
                n * sizeof(floatX) / 1048576.0);
     }
     printf("\n");
@@ -387,6 +461,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
            "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
            model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
+    cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
+    print_model_state_memory(model, zero_stage, free_before - free_after);
 }
 
 // Builds the model from a checkpoint file, or (for a descriptor) from a random initialization;
@@ -429,6 +505,98 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
         printf("attention: cuBLAS + softmax, storing (B, NH, T, T) per layer (the fp32 build has no flash attention: "
                "it needs the bf16 tensor cores)\n");
     }
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO-2 and 3: packed gradient buckets, gathered parameters
+
+// -z 2: block l's gradient slices, packed in one of the two block buffers, zeroed; the buffer is
+// taken once the reductions that last read it have finished (comm_wait_fence).
+BlockGrads packed_block_grads(GPT2* model, int l) {
+    int which = l % 2;
+    floatX* packed = model->packed_block[which];
+    if (model->packed_block_in_flight[which]) comm_wait_fence(model->layout.dp_group, model->packed_block_fence[which]);
+    model->packed_block_in_flight[which] = false;
+    cudaCheck(cudaMemsetAsync(packed, 0, packed_size(model->grad_buckets[l]) * sizeof(floatX), model->stream));
+    return packed_block(packed, model);
+}
+
+// -z 3: queues the all-gather of bucket b's parameters into dst (its packed layout, which is also rank
+// order: each owner's pieces lie together): this process's pieces are copied in from its shard on the
+// compute stream, then each owner's part goes to all (all_gather_v, queued after the compute so far, so
+// after the last reader of dst).
+void gather_packed_params(GPT2* model, int b, floatX* dst) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    size_t shard_start = (size_t)dp.rank * model->shard.shard_size;
+    std::vector<int> counts(dp.size, 0), displs(dp.size, 0);
+    std::vector<bool> seen(dp.size, false);
+    for (const GradSlice& s : model->grad_buckets[b]) {
+        if (!seen[s.owner]) displs[s.owner] = (int)s.unit_offset;
+        seen[s.owner] = true;
+        counts[s.owner] += (int)s.count;
+        if (s.owner == dp.rank) {
+            cudaCheck(cudaMemcpyAsync(dst + s.unit_offset, model->params_memory + (s.offset - shard_start),
+                                      s.count * sizeof(floatX), cudaMemcpyDeviceToDevice, model->stream));
+        }
+    }
+    all_gather_v(dp, dst, counts, displs, COMM_FLOATX);
+}
+
+// -z 3: every parameter, gathered unit by unit through the gathering buffers (every process must call
+// it; all get the result).
+std::vector<float> gpt2_gather_parameters(GPT2* model) {
+    std::vector<float> params(model->num_parameters);
+    for (int b = model->config.num_layers; b >= 0; b--) {  // the outer unit first, then the blocks
+        floatX* packed = b == model->config.num_layers ? model->gathered_outer : model->gathered_block[0];
+        gather_packed_params(model, b, packed);
+        comm_join(model->layout.dp_group);
+        std::vector<floatX> raw(packed_size(model->grad_buckets[b]));
+        cudaCheck(cudaMemcpyAsync(raw.data(), packed, raw.size() * sizeof(floatX), cudaMemcpyDeviceToHost, model->stream));
+        gpt2_sync(model, "gathering the parameters");
+        for (const GradSlice& s : model->grad_buckets[b]) {
+            for (size_t i = 0; i < s.count; i++) params[s.offset + i] = host_from_floatX(raw[s.unit_offset + i]);
+        }
+    }
+    model->outer_gathered = true;
+    return params;
+}
+
+// -z 3, the start of a pass over the blocks (a forward, first = 0; a backward, first = L-1): the outer
+// tensors if the parameters changed since their last gather, and block `first`, waited for.
+void gather_pass_begin(GPT2* model, int first) {
+    if (!model->sharded_params) return;
+    if (!model->outer_gathered) gather_packed_params(model, model->config.num_layers, model->gathered_outer);
+    model->outer_gathered = true;
+    gather_packed_params(model, first, model->gathered_block[first % 2]);
+    comm_join(model->layout.dp_group);
+}
+
+// -z 3: queues block l's gather (the block after the one about to compute), or nothing
+void gather_prefetch(GPT2* model, int l) {
+    if (!model->sharded_params || l < 0 || l >= model->config.num_layers) return;
+    gather_packed_params(model, l, model->gathered_block[l % 2]);
+    model->gathered_fence[l % 2] = comm_fence(model->layout.dp_group);
+}
+
+// Block l's parameters: the stacked tensors' slices, or (-z 3) the gathered copy, waited for if it was
+// prefetched (wait = true).
+BlockParams block_params(GPT2* model, int l, bool wait) {
+    if (!model->sharded_params) return block_tensors<const floatX>(model->params, l, model->config.channels);
+    if (wait) comm_wait_fence(model->layout.dp_group, model->gathered_fence[l % 2]);
+    return packed_block<const floatX>(model->gathered_block[l % 2], model);
+}
+
+// -z 2: bucket b's gradient (packed) is final for this micro-step. The pieces this process owns get
+// the shard's running sum added first, so the reduction, which overwrites the shard, leaves the sum
+// over processes and micro-steps there.
+void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
+    const ProcessGroup& dp = model->layout.dp_group;
+    size_t shard_start = (size_t)dp.rank * model->shard.shard_size;
+    for (const GradSlice& s : model->grad_buckets[b]) {
+        if (s.owner != dp.rank) continue;
+        add_into((floatX*)packed + s.unit_offset, model->grads_memory + (s.offset - shard_start), s.count, model->stream);
+    }
+    reduce_gradient_packed(dp, packed, model->grads_memory, shard_start, COMM_FLOATX, model->grad_buckets[b]);
 }
 
 // ----------------------------------------------------------------------------
@@ -479,16 +647,19 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (dloss > 0.0f) encoder_prepare_backward(&model->buckets, inputs, B, T, V, stream);
 
+    gather_pass_begin(model, 0);  // -z 3: the outer tensors and block 0 (each later block is prefetched)
     encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream);
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, (int)BT, C, stream);
+    BlockParams first = block_params(model, 0, false);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)BT, C, stream);
     for (int l = 0; l < L; l++) {
-        BlockParams w = block_tensors<const floatX>(p, l, C);
+        gather_prefetch(model, l + 1);
+        BlockParams w = block_params(model, l, false);  // waited for by the previous block's end
         BlockActs b = block_acts(a, ls, l, BT);
         block_forward_to_fc(model, w, b, B, T);
         matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, w.fcprojb, (int)BT, 4 * C, C, stream);
         if (l + 1 < L) {  // residual3 = residual2 + proj, fused with the next block's ln1
-            BlockParams next = block_tensors<const floatX>(p, l + 1, C);
+            BlockParams next = block_params(model, l + 1, true);
             BlockActs nb = block_acts(a, ls, l + 1, BT);
             fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, a.proj,
                                              next.ln1w, next.ln1b, (int)BT, C, stream);
@@ -517,37 +688,6 @@ void gpt2_zero_grad(GPT2* model) {
     cudaCheck(cudaMemsetAsync(model->grads_memory, 0, n * sizeof(floatX), model->stream));
 }
 
-// -z 2: block l's gradient slices, packed in one of the two block buffers, zeroed; the buffer is
-// taken once the reductions that last read it have finished (comm_wait_fence).
-BlockGrads packed_block_grads(GPT2* model, int l) {
-    int which = l % 2;
-    floatX* packed = model->packed_block[which];
-    if (model->packed_block_in_flight[which]) comm_wait_fence(model->layout.dp_group, model->packed_block_fence[which]);
-    model->packed_block_in_flight[which] = false;
-    cudaCheck(cudaMemsetAsync(packed, 0, packed_size(model->grad_buckets[l]) * sizeof(floatX), model->stream));
-    size_t per_layer[NUM_PARAMETER_TENSORS];
-    floatX* at[NUM_PARAMETER_TENSORS];
-    for (int i = P_LN1W; i <= P_FCPROJB; i++) {
-        per_layer[i] = model->param_sizes[i] / model->config.num_layers;
-        at[i] = i == P_LN1W ? packed : at[i - 1] + per_layer[i - 1];
-    }
-    return {at[P_LN1W], at[P_LN1B], at[P_QKVW], at[P_QKVB], at[P_ATTPROJW], at[P_ATTPROJB],
-            at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
-}
-
-// -z 2: bucket b's gradient (packed) is final for this micro-step. The pieces this process owns get
-// the shard's running sum added first, so the reduction, which overwrites the shard, leaves the sum
-// over processes and micro-steps there.
-void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
-    const ProcessGroup& dp = model->layout.dp_group;
-    size_t shard_start = (size_t)dp.rank * model->shard.shard_size;
-    for (const GradSlice& s : model->grad_buckets[b]) {
-        if (s.owner != dp.rank) continue;
-        add_into((floatX*)packed + s.unit_offset, model->grads_memory + (s.offset - shard_start), s.count, model->stream);
-    }
-    reduce_gradient_packed(dp, packed, model->grads_memory, shard_start, COMM_FLOATX, model->grad_buckets[b]);
-}
-
 // Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
 // holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
@@ -569,6 +709,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
+    gather_pass_begin(model, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
     matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
     const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
@@ -576,7 +717,8 @@ void gpt2_backward(GPT2* model, int B, int T) {
                        (int)BT, C, stream);
 
     for (int l = L - 1; l >= 0; l--) {
-        BlockParams w = block_tensors<const floatX>(p, l, C);
+        gather_prefetch(model, l - 1);
+        BlockParams w = block_params(model, l, l < L - 1);
         BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C);
         BlockActs b = block_acts(a, ls, l, BT);
 
@@ -687,13 +829,16 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
         // a fixed function of (step, tensor, where this part of the tensor starts): the rounding bits
         // of a tensor cut between two shards do not repeat, and a whole tensor draws what one GPU draws
         s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u + (uint32_t)(begin - off) * 2246822519u;
-        // -z 2: the gradient array is the shard, whose element 0 is flat element rank * shard_size
-        const floatX* grads = model->packed_grads ? model->grads_memory + (begin - model->shard.rank * model->shard.shard_size)
-                                                  : model->grads_memory + begin;
-        adamw_update(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
-                     grads, model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s, model->stream);
+        // -z 2, 3: the gradient (and -z 3 the parameter) array is the shard, whose element 0 is flat
+        // element rank * shard_size
+        size_t shard_start = model->shard.rank * model->shard.shard_size;
+        const floatX* grads = model->grads_memory + (model->packed_grads ? begin - shard_start : begin);
+        floatX* params = model->params_memory + (model->sharded_params ? begin - shard_start : begin);
+        adamw_update(params, model->master_memory ? model->master_memory + opt_index : nullptr, grads,
+                     model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s, model->stream);
     }
-    if (model->layout.zero_stage >= 1) {
+    model->outer_gathered = false;  // -z 3: the next pass gathers the new values
+    if (model->layout.zero_stage == 1 || model->layout.zero_stage == 2) {
         all_gather(model->layout.dp_group, model->params_memory, model->shard.shard_size, COMM_FLOATX);
         comm_join(model->layout.dp_group);
     }
@@ -704,6 +849,8 @@ void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->grads_memory));
     cudaCheck(cudaFree(model->packed_outer));
     for (floatX* b : model->packed_block) cudaCheck(cudaFree(b));
+    cudaCheck(cudaFree(model->gathered_outer));
+    for (floatX* b : model->gathered_block) cudaCheck(cudaFree(b));
     cudaCheck(cudaFree(model->opt_memory));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));
@@ -764,12 +911,12 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
 // Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
 // master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
 // once all are written.
-void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
+void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
     const ProcessGroup& dp = model->layout.dp_group;
     const std::string& dir = run.args.output_dir;
-    if (dp.rank == 0) {
+    if (dp.rank == 0 || model->sharded_params) {  // -z 3: every process takes part in the gathers
         std::vector<float> params = gpt2_download_parameters(model);
-        model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
+        if (dp.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
     }
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps,
@@ -848,8 +995,12 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
     };
     h.hellaswag = [=, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args); };
     h.save_checkpoint = [=](const TrainRun& run, int step) { save_checkpoint(model, run, step); };
+    // -z 3: a forward gathers each block from every process, so all of them sample (the same number of
+    // forwards whatever tokens they draw); only process 0's output is shown
     h.sample = [=, &dp](TrainRun* run) {
-        if (dp.rank == 0) generate_sample(model, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
+        if (dp.rank == 0 || model->sharded_params) {
+            generate_sample(model, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
+        }
     };
     h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
     return h;

@@ -595,10 +595,15 @@ TEST(CliParse, RangeEdgesAndRepeats) {
     TrainArgs cuda = parse({"-r", "2", "-w", "0"}, true);
     EXPECT_EQ(cuda.recompute, 2);
     EXPECT_EQ(cuda.master_weights, 0);
-    // ZeRO-2/3 exist in the CPU trainer only; the CUDA trainer names the stages it has
+    // both trainers have ZeRO stages 0 to 3; -z 3 refuses HellaSwag (each process would run its own
+    // number of forwards, and a -z 3 forward is collective)
     EXPECT_EQ(parse({"-z", "3"}).zero_stage, 3);
+    EXPECT_EQ(parse({"-z", "3"}, true).zero_stage, 3);
     EXPECT_EQ(parse({"-z", "1"}, true).zero_stage, 1);
-    EXPECT_EXIT(parse({"-z", "3"}, true), testing::ExitedWithCode(1), "the CUDA trainer has ZeRO stages 0, 1 and 2");
+    for (bool cuda : {false, true}) {
+        EXPECT_EXIT(parse({"-z", "3", "-he", "5", "-hs", "hellaswag_val.jsonl"}, cuda), testing::ExitedWithCode(1),
+                    "HellaSwag with -z 3 is not supported");
+    }
     EXPECT_EXIT(parse({"-z", "4"}), testing::ExitedWithCode(1), "flag -z: 4 is outside the allowed range 0 \\.\\. 3");
     EXPECT_EXIT(parse({"-w", "1"}), testing::ExitedWithCode(1), "unknown flag '-w'");
     // recomputation and the MFU peak are both trainers' flags

@@ -93,6 +93,9 @@ struct CommBackend {
     // before a mark only (NCCL: an event; MPI: 0, nothing to do)
     uint64_t (*fence)(const ProcessGroup& g);
     void (*wait_fence)(const ProcessGroup& g, uint64_t fence);
+    // the calls only queue the data movement (NCCL: on a stream), to be ordered by join or fences;
+    // false: a collective has finished when it returns, or when its request is waited for (MPI)
+    bool queued;
 };
 
 // A set of processes and this process's place in it, and how to reach the others.
@@ -231,6 +234,22 @@ inline void all_gather_v_start(const ProcessGroup& g, float* full, const std::ve
         req->backend = g.backend;
         g.backend->all_gather_v_start(g, full, counts.data(), displs.data(), COMM_FLOAT32, req);
     }
+}
+
+// The same for any element type in the backend's memory (ZeRO-3 on the GPU: a block's parameters).
+// A queued backend (NCCL) returns at once: the caller orders the gather with comm_fence and
+// comm_wait_fence, or comm_join; otherwise it has finished when this returns.
+inline void all_gather_v(const ProcessGroup& g, void* full, const std::vector<int>& counts, const std::vector<int>& displs,
+                         CommType type) {
+    size_t total = 0;
+    for (int c : counts) total += (size_t)c;
+    comm_count(g, total, (size_t)counts[g.rank], comm_type_bytes(type));
+    if (!comm_active(g)) return;
+    CommRequest req;
+    req.pending = true;
+    req.backend = g.backend;
+    g.backend->all_gather_v_start(g, full, counts.data(), displs.data(), type, &req);
+    if (!g.backend->queued) g.backend->wait(&req);
 }
 
 inline void all_gather_v_wait(GatherRequest* req) {

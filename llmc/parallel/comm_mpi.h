@@ -201,7 +201,7 @@ inline const CommBackend* mpi_backend() {
         "MPI",           mpi_all_reduce, mpi_reduce,       mpi_reduce_scatter, mpi_all_gather, mpi_all_gather_v_start,
         mpi_wait,        mpi_reduce_scatter_v, mpi_broadcast, mpi_gather, mpi_send, mpi_recv, mpi_finish_sends,
         mpi_sum_host,    mpi_all_gather_host_u64, mpi_barrier, mpi_nothing, mpi_nothing, mpi_nothing, mpi_abort,
-        mpi_split,       mpi_fence, mpi_wait_fence};
+        mpi_split,       mpi_fence, mpi_wait_fence, false};
     return &backend;
 }
 

@@ -523,7 +523,7 @@ inline const CommBackend* nccl_backend() {
         "NCCL",        nccl_all_reduce, nccl_reduce,    nccl_reduce_scatter, nccl_all_gather, nccl_all_gather_v_start,
         nccl_wait,     nccl_reduce_scatter_v, nccl_broadcast, nccl_gather, nccl_send, nccl_recv, nccl_finish_sends,
         nccl_sum_host, nccl_all_gather_host_u64, nccl_barrier, nccl_group_start, nccl_group_end, nccl_join, nccl_abort,
-        nccl_split,    nccl_fence, nccl_wait_fence};
+        nccl_split,    nccl_fence, nccl_wait_fence, true};
     return &backend;
 }
 

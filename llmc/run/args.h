@@ -117,7 +117,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-a", FlagKind::Int, &a->overfit_single_batch, 0, 1, false, "1: train on the first batch only (overfit)"},
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
-        {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters (3: CPU trainer)"},
+        {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
         {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (CPU trainer; divides the processes and the heads)"},
         {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (CPU trainer; at most the layers)"},
         {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
@@ -239,10 +239,11 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
               "trainer (train_gpt2)");
     }
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
-    // ZeRO-3 (llmc/parallel/zero_sharded.h) runs in the CPU trainer only; the CUDA trainer has stages 0 to 2
-    if (cuda && args->zero_stage > 2) {
-        fatal("flag -z %d: the CUDA trainer has ZeRO stages 0, 1 and 2 (stage 3 runs in the CPU trainer, train_gpt2)",
-              args->zero_stage);
+    // every process of a -z 3 forward gathers each block, so all must run the same forwards: HellaSwag
+    // gives each its own examples
+    if (args->zero_stage == 3 && args->hellaswag_every > 0) {
+        fatal("flag -he: HellaSwag with -z 3 is not supported (each process evaluates its own examples, a number "
+              "of forwards the others do not match); use -z 0, 1 or 2");
     }
     if (args->hellaswag_every > 0 && args->hellaswag_path.empty()) fatal("flag -he needs the HellaSwag file (-hs)");
     if (args->checkpoint_every > 0 && args->output_dir.empty()) fatal("flag -n needs an output directory (-o)");

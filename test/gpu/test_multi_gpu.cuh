@@ -352,7 +352,7 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
     for (int np : {2, 3}) {
         std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * np);
         TrainerRun one = run_trainer("mpi_one_" + std::to_string(np), flags);
-        for (int zero : {0, 1, 2}) {
+        for (int zero : {0, 1, 2, 3}) {
             SCOPED_TRACE(std::to_string(np) + " processes, -z " + std::to_string(zero));
             std::string dir = test::scratch_dir("mpi_" + std::to_string(np) + "_z" + std::to_string(zero));
             test::CommandResult r = test::run_command(mpirun_command(np) + trainer() + " " + flags + " -z " +
@@ -362,9 +362,19 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
             ShardLayout shard = aligned_shard_layout(n, np, 0, 8);
             size_t expected = zero >= 1 ? shard.end : n;
             EXPECT_NE(r.output.find("AdamW over " + std::to_string(expected) + " parameters"), std::string::npos) << r.output;
-            if (zero == 2) {  // rank 0 prints: its gradient is its shard, not the whole model
-                EXPECT_NE(r.output.find("-z 2: a shard of " + std::to_string(shard.shard_size)), std::string::npos) << r.output;
+            if (zero >= 2) {  // rank 0 prints: its gradient (-z 3: and parameters) is its shard, not the whole model
+                std::string z = "-z " + std::to_string(zero);
+                EXPECT_NE(r.output.find(z + ": a shard of " + std::to_string(shard.shard_size)), std::string::npos) << r.output;
+                if (zero == 3) EXPECT_NE(r.output.find("(-z 3: a shard of "), std::string::npos) << r.output;
             }
+            // the model state's memory, allocated (cudaMemGetInfo) against the prediction, within 1%
+            // (cudaMalloc's rounding; the emulator counts the bytes asked for)
+            size_t at = r.output.find("model state per process: ");
+            ASSERT_NE(at, std::string::npos) << r.output;
+            double allocated = 0, predicted = 0;
+            ASSERT_EQ(sscanf(r.output.c_str() + at, "model state per process: %lf MiB allocated (cudaMemGetInfo), %lf MiB predicted",
+                             &allocated, &predicted), 2);
+            EXPECT_NEAR(allocated, predicted, 0.01 * predicted);
             expect_same_training(one.dir, dir, steps, 1e-3);
         }
     }
@@ -388,11 +398,13 @@ TEST(MultiGpuMpirun, ThreeProcessesZero1MatchTheCpuTrainer) {
     expect_same_training(cpu.dir, dir, steps, 1e-3);
 }
 
-// ZeRO-2 with gradient accumulation (2 micro-steps on each of 3 processes: every micro-step's packed
-// gradients are reduced into the owners' shards and added to their running sums) follows the CPU
-// trainer with 6-fold accumulation, to fp32 noise. The model is the tiny one with maxT 40, which makes
-// its parameter count one that 3 does not divide (checked): the last shard is short and padded.
-TEST(MultiGpuMpirun, ThreeProcessesZero2WithAccumulationMatchTheCpuTrainer) {
+// ZeRO-2 and ZeRO-3 with gradient accumulation (2 micro-steps on each of 3 processes: every
+// micro-step's packed gradients are reduced into the owners' shards and added to their running sums;
+// -z 3 gathers each block before its forward and again before its backward, and the model file from
+// the shards) follow the CPU trainer with 6-fold accumulation, to fp32 noise. The model is the tiny one
+// with maxT 40, which makes its parameter count one that 3 does not divide (checked): the last shard is
+// short and padded. -z 3 also samples (every process runs the sampling forwards) and evaluates.
+TEST(MultiGpuMpirun, ThreeProcessesZero2And3WithAccumulationMatchTheCpuTrainer) {
     REQUIRE_MPIRUN_GPUS(3);
     const std::string odd_args = "--layers 2 --channels 64 --heads 4 --max-seq-len 40 --vocab 300 --seed 1 " +
                                  std::string(TINY_DATA);
@@ -404,11 +416,17 @@ TEST(MultiGpuMpirun, ThreeProcessesZero2WithAccumulationMatchTheCpuTrainer) {
     const int steps = 3;
     std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * 3 * 2);
     TrainerRun cpu = run_trainer("mpi_cpu_z2", flags, "OMP_NUM_THREADS=1 " + cpu_trainer);
-    std::string dir = test::scratch_dir("mpi_3_cpu_z2");
-    test::CommandResult r = test::run_command(mpirun_command(3) + trainer() + " " + flags + " -z 2 -o " + dir);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("x 2 accumulation step(s) x 3 process(es)"), std::string::npos) << r.output;
-    expect_same_training(cpu.dir, dir, steps, 1e-3);
+    for (int zero : {2, 3}) {
+        SCOPED_TRACE("-z " + std::to_string(zero));
+        std::string dir = test::scratch_dir("mpi_3_cpu_z" + std::to_string(zero));
+        std::string extra = zero == 3 ? " -s 2 -g 4 -j " + oracle_dir + "/train.bin -v 2 -m 3" : "";
+        test::CommandResult r = test::run_command(mpirun_command(3) + trainer() + " " + flags + extra + " -z " +
+                                                  std::to_string(zero) + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("x 2 accumulation step(s) x 3 process(es)"), std::string::npos) << r.output;
+        if (zero == 3) EXPECT_NE(r.output.find("--- sample ---"), std::string::npos) << r.output;
+        expect_same_training(cpu.dir, dir, steps, 1e-3);
+    }
 }
 #endif
 #endif  // USE_MPI
