@@ -211,7 +211,7 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
         {run.args() + " -i '" + missing_train + "'", "no file matches '.*nothing_train_\\*\\.bin'"},
         {run.args() + " -j '" + missing_val + "'", "no file matches '.*nothing_val_\\*\\.bin'"},
         // more val batches than the val set holds (6 of B=2 x T=8)
-        {run.args() + " -m 7", "flag -m: 7 val batches need 7 per data-parallel process but the val data .* holds only 6"},
+        {run.args() + " -m 7", "flag -m: 7 val batches but the val data .* holds only 6 of B=2 x T=8"},
     });
 }
 

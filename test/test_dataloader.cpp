@@ -2,8 +2,10 @@
 //
 // Shards are written with shard_write into build/test_tmp. Every token of a test data set is unique
 // (shard s holds s * 10000 + j at offset j), so a batch's first input names the shard and the offset
-// it was read from, and the layout can be checked against ../shared/FORMATS.md token by token:
-// sample i of a shard starts at token i*P*B*T + r*B*T; inputs are B*T tokens, targets the next B*T.
+// it was read from: its shard and its B*T-token unit there. The loader reads one stream of units over
+// all shards and epochs, rank r of P taking entry k*P + r at micro-step k; where P divides every
+// shard's units, unshuffled, that is ../shared/FORMATS.md's layout token by token (sample i of a shard
+// starts at token i*P*B*T + r*B*T; inputs are B*T tokens, targets the next B*T).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -74,11 +76,26 @@ std::vector<Sample> read_batches(DataLoader* loader, int64_t count) {
     return out;
 }
 
-// Samples in a shard of n tokens: (n - 1) / (P*B*T), written as a count of whole spans that fit.
-int64_t expected_samples(int64_t n, int P, int B, int T) {
-    int64_t count = 0;
-    while ((count + 1) * P * B * T + 1 <= n) count++;
-    return count;
+// The global stream of B*T-token units by its definition (llmc/io/dataloader.h), written out here
+// independently: epoch after epoch, the shards in glob order, or shuffled in an order drawn from one
+// mt19937 seeded with 42 at the epoch's start; each shard's (N-1)/(B*T) units in order, or shuffled in
+// an order drawn from the same generator when the stream reaches the shard.
+std::vector<Sample> stream(const std::vector<int64_t>& sizes, int B, int T, bool shuffle, int epochs) {
+    std::mt19937 rng(42);
+    std::vector<Sample> out;
+    for (int e = 0; e < epochs; e++) {
+        std::vector<int> shard_order(sizes.size());
+        for (size_t s = 0; s < sizes.size(); s++) shard_order[s] = (int)s;
+        if (shuffle) random_permutation<int>(shard_order.data(), (int)sizes.size(), rng);
+        for (int s : shard_order) {
+            int64_t units = (sizes[s] - 1) / (B * T);
+            std::vector<int64_t> order(units);
+            for (int64_t u = 0; u < units; u++) order[u] = u;
+            if (shuffle) random_permutation<int64_t>(order.data(), units, rng);
+            for (int64_t u : order) out.push_back({s, u});
+        }
+    }
+    return out;
 }
 
 }  // namespace
@@ -87,9 +104,10 @@ int64_t expected_samples(int64_t n, int P, int B, int T) {
 // unshuffled
 
 TEST(DataLoaderLayout, UnshuffledFollowsFormats) {
+    // 3 shards of 24, 12 and 6 units of B*T = 8 (103 tokens hold 12 units and 6 tokens to spare): P = 1,
+    // 2 and 3 divide every shard's units, so rank r's sample i of a shard starts at token i*P*B*T + r*B*T
     std::string dir = test::scratch_dir("dataloader_layout");
-    // 3 shards; 97 = 4*24 + 1 fits exactly 4 spans of P*B*T = 24, 96 one fewer
-    const std::vector<int64_t> sizes = {200, 97, 96};
+    const std::vector<int64_t> sizes = {193, 103, 49};
     std::string pattern = write_shards(dir, sizes);
     const int B = 2, T = 4;
     for (int P : {1, 2, 3}) {
@@ -97,21 +115,20 @@ TEST(DataLoaderLayout, UnshuffledFollowsFormats) {
             SCOPED_TRACE("P=" + std::to_string(P) + " rank " + std::to_string(r));
             DataLoader loader;
             dataloader_init(&loader, pattern, B, T, r, P, false, VOCAB);
-            int64_t total = 0;
+            EXPECT_EQ(dataloader_epoch_units(&loader), 42);
             std::vector<Sample> expected;
             for (int s = 0; s < 3; s++) {
-                int64_t n = expected_samples(sizes[s], P, B, T);
-                EXPECT_EQ(dataloader_samples_in_file(&loader, s), n);
-                for (int64_t i = 0; i < n; i++) expected.push_back({s, i * P + r});  // starts at i*P*B*T + r*B*T
-                total += n;
+                EXPECT_EQ(dataloader_units_in_file(&loader, s), (sizes[s] - 1) / (B * T));
+                for (int64_t i = 0; i < (sizes[s] - 1) / (B * T) / P; i++) expected.push_back({s, i * P + r});
             }
-            EXPECT_EQ(dataloader_num_batches(&loader), total);
+            ASSERT_EQ((int)expected.size(), 42 / P);
             // one epoch: shards in glob order, samples in order, each at i*P*B*T + r*B*T
-            std::vector<Sample> got = read_batches(&loader, total);
+            std::vector<Sample> got = read_batches(&loader, 42 / P);
             EXPECT_EQ(got, expected);
             EXPECT_EQ(loader.position.epoch, 1);
+            EXPECT_EQ(loader.position.unit, 0);
             // the epoch wraps to the first batch, same order again
-            std::vector<Sample> again = read_batches(&loader, total);
+            std::vector<Sample> again = read_batches(&loader, 42 / P);
             EXPECT_EQ(again, expected);
             EXPECT_EQ(loader.position.epoch, 2);
             // reset returns to the start
@@ -128,7 +145,7 @@ TEST(DataLoaderLayout, FirstBatchTokensExactly) {
     std::string pattern = write_shards(dir, {40});
     DataLoader loader;
     dataloader_init(&loader, pattern, 2, 3, 1, 2, false, VOCAB);
-    EXPECT_EQ(dataloader_num_batches(&loader), 3);  // (40 - 1) / 12
+    EXPECT_EQ(dataloader_epoch_units(&loader), 6);  // (40 - 1) / 6
     dataloader_next_batch(&loader);
     EXPECT_EQ(loader.inputs, (std::vector<int>{6, 7, 8, 9, 10, 11}));
     EXPECT_EQ(loader.targets, (std::vector<int>{7, 8, 9, 10, 11, 12}));
@@ -167,162 +184,199 @@ TEST(DataLoaderLayout, ShardsInGlobOrder) {
 
 TEST(DataLoaderShuffle, EveryEpochVisitsEverySampleOnce) {
     std::string dir = test::scratch_dir("dataloader_shuffle");
-    const std::vector<int64_t> sizes = {300, 170, 250, 97};
+    const std::vector<int64_t> sizes = {300, 170, 250, 97};  // 37, 21, 31 and 12 units of B*T = 8: 101
     std::string pattern = write_shards(dir, sizes);
-    const int B = 2, T = 4, P = 2;
-    std::vector<std::vector<Sample>> first_epoch(P);  // rank -> order
-    int64_t per_epoch = 0;
-    for (int r = 0; r < P; r++) {
-        SCOPED_TRACE("rank " + std::to_string(r));
-        DataLoader loader, twin, plain;
-        dataloader_init(&loader, pattern, B, T, r, P, true, VOCAB);
-        dataloader_init(&twin, pattern, B, T, r, P, true, VOCAB);
-        dataloader_init(&plain, pattern, B, T, r, P, false, VOCAB);
-        per_epoch = dataloader_num_batches(&loader);
-        int64_t expected_per_epoch = 0;
-        for (int64_t n : sizes) expected_per_epoch += expected_samples(n, P, B, T);
-        ASSERT_EQ(per_epoch, expected_per_epoch);
-        std::vector<std::vector<Sample>> epochs;
-        for (int e = 0; e < 3; e++) {
-            std::vector<Sample> order = read_batches(&loader, per_epoch);
-            std::set<Sample> seen(order.begin(), order.end());
-            EXPECT_EQ(seen.size(), order.size()) << "epoch " << e << " repeats a sample";
-            for (const Sample& x : order) {
-                EXPECT_LT((x.index + 1) * B * T, sizes[x.shard]) << "unit " << x.index << " of shard " << x.shard;
-            }
-            // a shard's samples are read together: the shard changes exactly (shards - 1) times
-            int changes = 0;
-            for (size_t k = 1; k < order.size(); k++) changes += order[k].shard != order[k - 1].shard;
-            EXPECT_EQ(changes, (int)sizes.size() - 1) << "epoch " << e;
-            EXPECT_EQ(loader.position.epoch, e + 1);
-            epochs.push_back(order);
+    const int B = 2, T = 4;
+    DataLoader loader, twin, plain;
+    dataloader_init(&loader, pattern, B, T, 0, 1, true, VOCAB);
+    dataloader_init(&twin, pattern, B, T, 0, 1, true, VOCAB);
+    dataloader_init(&plain, pattern, B, T, 0, 1, false, VOCAB);
+    int64_t per_epoch = dataloader_epoch_units(&loader);
+    ASSERT_EQ(per_epoch, 101);
+    std::vector<std::vector<Sample>> epochs;
+    for (int e = 0; e < 3; e++) {
+        std::vector<Sample> order = read_batches(&loader, per_epoch);
+        std::set<Sample> seen(order.begin(), order.end());
+        EXPECT_EQ(seen.size(), order.size()) << "epoch " << e << " repeats a sample";
+        for (const Sample& x : order) {
+            EXPECT_LT((x.index + 1) * B * T, sizes[x.shard]) << "unit " << x.index << " of shard " << x.shard;
         }
-        // 4 shards of 37, 21, 31 and 12 units: two shuffles (or a shuffle and file order) agree with
-        // probability far below 1e-30
-        EXPECT_NE(epochs[0], epochs[1]);
-        EXPECT_NE(epochs[1], epochs[2]);
-        EXPECT_NE(epochs[0], read_batches(&plain, per_epoch));
-        // the same rank reads the same sequence
-        EXPECT_EQ(read_batches(&twin, 3 * per_epoch),
-                  [&] { std::vector<Sample> v; for (auto& e : epochs) v.insert(v.end(), e.begin(), e.end()); return v; }());
-        first_epoch[r] = epochs[0];
+        // a shard's samples are read together: the shard changes exactly (shards - 1) times
+        int changes = 0;
+        for (size_t k = 1; k < order.size(); k++) changes += order[k].shard != order[k - 1].shard;
+        EXPECT_EQ(changes, (int)sizes.size() - 1) << "epoch " << e;
+        EXPECT_EQ(loader.position.epoch, e + 1);
+        epochs.push_back(order);
     }
-    // the ranks deal out one order: at every micro-step they read different units of the same shard
-    std::set<Sample> together;
-    for (int64_t k = 0; k < per_epoch; k++) {
-        EXPECT_EQ(first_epoch[0][k].shard, first_epoch[1][k].shard) << "micro-step " << k;
-        for (int r = 0; r < P; r++) together.insert(first_epoch[r][k]);
-    }
-    EXPECT_EQ((int64_t)together.size(), P * per_epoch) << "two ranks read the same unit";
-}
-
-TEST(DataLoaderShuffle, OrderIsOneMt19937SeededWith42DealtToTheRanks) {
-    // one mt19937 seeded with 42 (on every rank) permutes the shard order, then each shard's (N-1)/(B*T)
-    // units as the shard is reached; the permutation is rand.h's Fisher-Yates; rank r's k-th sample
-    // of the shard is unit order[k*P + r]. Replaying that here pins the order, so runs on other machines,
-    // with other process counts, and resumed runs read the same batches.
-    std::string dir = test::scratch_dir("dataloader_seeded");
-    const std::vector<int64_t> sizes = {90, 60, 120};
-    std::string pattern = write_shards(dir, sizes);
-    const int B = 1, T = 4, P = 3;
-    for (int r = 0; r < P; r++) {
-        DataLoader loader;
-        dataloader_init(&loader, pattern, B, T, r, P, true, VOCAB);
-        std::mt19937 rng(42);
-        std::vector<Sample> expected;
-        for (int e = 0; e < 2; e++) {
-            std::vector<int> shard_order(sizes.size());
-            random_permutation<int>(shard_order.data(), (int)sizes.size(), rng);
-            for (int s : shard_order) {
-                int64_t units = (sizes[s] - 1) / (B * T);
-                std::vector<int64_t> order(units);
-                random_permutation<int64_t>(order.data(), units, rng);
-                for (int64_t k = 0; k < units / P; k++) expected.push_back({s, order[k * P + r]});
-            }
-        }
-        EXPECT_EQ(read_batches(&loader, (int64_t)expected.size()), expected) << "rank " << r;
-    }
+    // two shuffles (or a shuffle and file order) of 101 units agree with probability far below 1e-30
+    EXPECT_NE(epochs[0], epochs[1]);
+    EXPECT_NE(epochs[1], epochs[2]);
+    EXPECT_NE(epochs[0], read_batches(&plain, per_epoch));
+    // the same loader settings read the same sequence
+    std::vector<Sample> all;
+    for (auto& e : epochs) all.insert(all.end(), e.begin(), e.end());
+    EXPECT_EQ(read_batches(&twin, 3 * per_epoch), all);
+    // the stream's definition (the helper `stream` above): one mt19937 seeded with 42
+    EXPECT_EQ(all, stream(sizes, B, T, true, 3));
 }
 
 // The batch of a global step does not depend on the process count: P processes with A accumulation
-// steps read, together, the units that one process reads in P*A steps (shuffled and not).
+// steps read, together, the units that one process reads in P*A steps (shuffled and not), also where a
+// step's units come from two shards or two epochs: shards of 17, 13 and 17 units, 47 a epoch, 6 units a
+// step, 20 steps (past two epochs' ends).
 TEST(DataLoaderShuffle, GlobalBatchIsTheSameForEveryProcessCount) {
     std::string dir = test::scratch_dir("dataloader_layout_free");
-    std::string pattern = write_shards(dir, {6 * 8 * 5 + 1});  // 40 units of 6 tokens, shared by 1, 2, 4 or 8
-    const int B = 2, T = 3, global_micro = 8;
+    std::string pattern = write_shards(dir, {17 * 6 + 1, 13 * 6 + 1, 17 * 6 + 1});  // units of B*T = 6
+    const int B = 2, T = 3, global_micro = 6;
     for (bool shuffle : {false, true}) {
         SCOPED_TRACE(shuffle ? "shuffled" : "unshuffled");
-        std::vector<std::set<Sample>> reference;  // per step, 1 process
-        for (int P : {1, 2, 4, 8}) {
+        std::vector<std::multiset<Sample>> reference;  // per step, 1 process
+        for (int P : {1, 2, 3, 6}) {
             int A = global_micro / P;
             std::vector<DataLoader> loaders(P);
             for (int r = 0; r < P; r++) dataloader_init(&loaders[r], pattern, B, T, r, P, shuffle, VOCAB);
-            for (int step = 0; step < 5; step++) {
-                std::set<Sample> batch;
+            for (int step = 0; step < 20; step++) {
+                std::multiset<Sample> batch;
                 for (int r = 0; r < P; r++) {
                     for (Sample x : read_batches(&loaders[r], A)) batch.insert(x);
                 }
                 EXPECT_EQ((int)batch.size(), global_micro);
                 if (P == 1) reference.push_back(batch);
                 else EXPECT_EQ(batch, reference[step]) << "P=" << P << " step " << step;
+                for (int r = 1; r < P; r++) {  // the position is the run's, the same on every rank
+                    EXPECT_EQ(loaders[r].position.epoch, loaders[0].position.epoch);
+                    EXPECT_EQ(loaders[r].position.unit, loaders[0].position.unit);
+                }
+            }
+            EXPECT_EQ(loaders[0].position.epoch, 2);  // 120 units: epoch 2, unit 120 - 94
+            EXPECT_EQ(loaders[0].position.unit, 26);
+        }
+    }
+}
+
+// A position saved at any step resumes the stream: a fresh loader that seeks there (from anywhere:
+// seeking goes back too) reads what the uninterrupted loader read next, with the same process count,
+// and with another one (a run saved by 1 process continued by 3, by 3 continued by 2, ...).
+TEST(DataLoaderShuffle, SeekContinuesTheStreamWithAnyProcessCount) {
+    std::string dir = test::scratch_dir("dataloader_seek");
+    const std::vector<int64_t> sizes = {100, 49, 80};  // 16, 8 and 13 units of B*T = 6: 37 a epoch
+    std::string pattern = write_shards(dir, sizes);
+    const int B = 2, T = 3;
+    for (bool shuffle : {true, false}) {
+        std::vector<Sample> expected = stream(sizes, B, T, shuffle, 5);
+        for (int P : {1, 2, 3}) {
+            // the positions a P-process run passes at each micro-step over two epochs
+            DataLoader writer;
+            dataloader_init(&writer, pattern, B, T, 0, P, shuffle, VOCAB);
+            ASSERT_EQ(dataloader_epoch_units(&writer), 37);
+            std::vector<DataPosition> positions;
+            for (int64_t k = 0; k <= 2 * 37 / P; k++) {
+                positions.push_back(writer.position);
+                EXPECT_EQ(writer.position.epoch * 37 + writer.position.unit, k * P);
+                dataloader_next_batch(&writer);
+            }
+            for (int P2 : {1, 2, 3}) {
+                for (int r = 0; r < P2; r++) {
+                    SCOPED_TRACE(std::string(shuffle ? "shuffled" : "unshuffled") + ", saved by P=" + std::to_string(P) +
+                                 ", resumed by rank " + std::to_string(r) + " of " + std::to_string(P2));
+                    DataLoader resumed;
+                    dataloader_init(&resumed, pattern, B, T, r, P2, shuffle, VOCAB);
+                    read_batches(&resumed, 37 + 3);
+                    for (const DataPosition& at : positions) {
+                        dataloader_seek(&resumed, at);
+                        EXPECT_EQ(resumed.position.epoch, at.epoch);
+                        EXPECT_EQ(resumed.position.unit, at.unit);
+                        int64_t start = at.epoch * 37 + at.unit;
+                        std::vector<Sample> next = read_batches(&resumed, 37), want;
+                        for (int64_t j = 0; j < 37; j++) want.push_back(expected[start + j * P2 + r]);
+                        ASSERT_EQ(next, want) << "after seeking to epoch " << at.epoch << " unit " << at.unit;
+                    }
+                }
             }
         }
     }
 }
 
-TEST(DataLoaderShuffle, SeekReproducesTheNextBatches) {
-    std::string dir = test::scratch_dir("dataloader_seek");
-    const std::vector<int64_t> sizes = {100, 49, 75};
-    std::string pattern = write_shards(dir, sizes);
-    const int B = 2, T = 3, P = 2;
-    for (int r = 0; r < P; r++) {
-        SCOPED_TRACE("rank " + std::to_string(r));
-        DataLoader reference;
-        dataloader_init(&reference, pattern, B, T, r, P, true, VOCAB);
-        int64_t per_epoch = dataloader_num_batches(&reference);  // 8 + 4 + 6 = 18
-        ASSERT_EQ(per_epoch, 18);
-        // positions after k batches, over three epochs
-        std::vector<DataPosition> positions;
-        std::vector<Sample> batches;
-        for (int64_t k = 0; k < 3 * per_epoch; k++) {
-            positions.push_back(reference.position);
-            dataloader_next_batch(&reference);
-            batches.push_back(identify_batch(reference));
-        }
-        // from every saved position (shard starts, epoch boundaries and mid-shard), a fresh loader that
-        // seeks there reads what the uninterrupted loader read next, into the following epoch
-        for (int64_t k = 0; k < 2 * per_epoch; k++) {
-            DataLoader resumed;
-            dataloader_init(&resumed, pattern, B, T, r, P, true, VOCAB);
-            read_batches(&resumed, per_epoch + 3);  // past many targets first: seeking goes back too
-            dataloader_seek(&resumed, positions[k]);
-            EXPECT_EQ(resumed.position.epoch, positions[k].epoch);
-            EXPECT_EQ(resumed.position.shard_index, positions[k].shard_index);
-            EXPECT_EQ(resumed.position.sample_index, positions[k].sample_index);
-            std::vector<Sample> next = read_batches(&resumed, per_epoch);
-            std::vector<Sample> want(batches.begin() + k, batches.begin() + k + per_epoch);
-            EXPECT_EQ(next, want) << "after seeking to the position of batch " << k;
-        }
-        // the positions did cross epochs
-        EXPECT_EQ(positions[per_epoch].epoch, 1);
-        EXPECT_EQ(positions[per_epoch].shard_index, 0);
-        EXPECT_EQ(positions[per_epoch].sample_index, 0);
-    }
-}
-
 TEST(DataLoaderShuffle, SeekRefusesPositionsOutsideTheData) {
     std::string dir = test::scratch_dir("dataloader_seek_bad");
-    std::string pattern = write_shards(dir, {100, 49});
+    std::string pattern = write_shards(dir, {100, 49});  // 16 and 8 units of 6 tokens
     DataLoader loader;
     dataloader_init(&loader, pattern, 2, 3, 0, 1, true, VOCAB);
-    DataPosition beyond_shards{0, 2, 0};
-    EXPECT_EXIT(dataloader_seek(&loader, beyond_shards), testing::ExitedWithCode(1),
-                "data position \\(epoch 0, shard 2, sample 0\\) does not fit the 2 shard\\(s\\)");
-    DataPosition negative{-1, 0, 0};
-    EXPECT_EXIT(dataloader_seek(&loader, negative), testing::ExitedWithCode(1), "does not fit the 2 shard");
-    DataPosition past_end{1, 0, 16};  // shards have 16 and 8 samples: 16 is past either
+    DataPosition past_end{0, 24};
     EXPECT_EXIT(dataloader_seek(&loader, past_end), testing::ExitedWithCode(1),
-                "sample 16\\) is past the end of that shard \\([0-9]+ samples\\)");
+                "data position \\(epoch 0, unit 24\\) is outside this data set, whose epochs have 24 units of B=2 x "
+                "T=3 tokens; the data set changed since the checkpoint");
+    DataPosition negative{-1, 0};
+    EXPECT_EXIT(dataloader_seek(&loader, negative), testing::ExitedWithCode(1), "\\(epoch -1, unit 0\\) is outside");
+    DataPosition negative_unit{1, -1};
+    EXPECT_EXIT(dataloader_seek(&loader, negative_unit), testing::ExitedWithCode(1), "\\(epoch 1, unit -1\\) is outside");
+    DataPosition huge{INT64_MAX / 4, 0};
+    EXPECT_EXIT(dataloader_seek(&loader, huge), testing::ExitedWithCode(1), "is outside this data set");
+}
+
+// How an older state file named a place (the s-th shard of the epoch's order, unit u of that shard's
+// order) is the stream position that counts the units of the epoch's earlier shards; the loader stays
+// where it was.
+TEST(DataLoaderShuffle, PositionInShardCountsTheEpochsEarlierShards) {
+    std::string dir = test::scratch_dir("dataloader_in_shard");
+    const std::vector<int64_t> sizes = {100, 49, 80, 31};  // 16, 8, 13 and 5 units of 6 tokens: 42
+    std::string pattern = write_shards(dir, sizes);
+    std::vector<Sample> expected = stream(sizes, 2, 3, true, 3);
+    DataLoader loader;
+    dataloader_init(&loader, pattern, 2, 3, 1, 2, true, VOCAB);
+    read_batches(&loader, 5);
+    for (int64_t epoch : {0, 1, 2}) {
+        // where each shard of the epoch's order starts in the stream, from the definition
+        std::vector<int64_t> starts;
+        for (int64_t i = epoch * 42; i < (epoch + 1) * 42; i++) {
+            if (i == epoch * 42 || expected[i].shard != expected[i - 1].shard) starts.push_back(i - epoch * 42);
+        }
+        ASSERT_EQ(starts.size(), 4u);
+        for (int64_t s = 0; s < 4; s++) {
+            DataPosition p = dataloader_position_in_shard(&loader, epoch, s, 3);
+            EXPECT_EQ(p.epoch, epoch);
+            EXPECT_EQ(p.unit, starts[s] + 3) << "epoch " << epoch << " shard " << s;
+        }
+    }
+    EXPECT_EQ(loader.position.unit, 10);  // 5 micro-steps of 2 entries
+    std::vector<Sample> next = read_batches(&loader, 3);
+    EXPECT_EQ(next, (std::vector<Sample>{expected[11], expected[13], expected[15]}));
+    EXPECT_EXIT(dataloader_position_in_shard(&loader, 0, 4, 0), testing::ExitedWithCode(1),
+                "data position \\(epoch 0, shard 4, unit 0\\) does not fit the 4 shard\\(s\\)");
+    int shard_of_first = expected[0].shard;
+    int64_t units_of_first = (sizes[shard_of_first] - 1) / 6;
+    EXPECT_EXIT(dataloader_position_in_shard(&loader, 0, 0, units_of_first), testing::ExitedWithCode(1),
+                "is past the end of that shard \\(" + std::to_string(units_of_first) + " units\\)");
+}
+
+// ----------------------------------------------------------------------------
+// the global stream across shard and epoch boundaries
+
+// Shards whose unit counts no process count here divides (17, 13 and 17 units of B*T = 8 tokens; 47
+// a epoch, prime): at global micro-step k, rank r of P reads stream entry k*P + r, also where the P
+// entries of a micro-step straddle two shards or two epochs (a rank already in the next shard or epoch
+// while another is still in the previous one). Three epochs, shuffled and not, P = 1 to 4.
+TEST(DataLoaderStream, RankReadsItsEntryOfTheGlobalStream) {
+    std::string dir = test::scratch_dir("dataloader_stream");
+    const std::vector<int64_t> sizes = {17 * 8 + 1, 13 * 8 + 1, 17 * 8 + 6};
+    std::string pattern = write_shards(dir, sizes);
+    const int B = 2, T = 4;
+    for (bool shuffle : {false, true}) {
+        std::vector<Sample> expected = stream(sizes, B, T, shuffle, 4);
+        ASSERT_EQ(expected.size(), 4u * 47);
+        for (int P : {1, 2, 3, 4}) {
+            for (int r = 0; r < P; r++) {
+                SCOPED_TRACE(std::string(shuffle ? "shuffled" : "unshuffled") + ", P=" + std::to_string(P) + " rank " +
+                             std::to_string(r));
+                DataLoader loader;
+                dataloader_init(&loader, pattern, B, T, r, P, shuffle, VOCAB);
+                int64_t steps = 3 * 47 / P + 1;  // past the third epoch's end
+                std::vector<Sample> got = read_batches(&loader, steps), want;
+                for (int64_t k = 0; k < steps; k++) want.push_back(expected[k * P + r]);
+                ASSERT_EQ(got, want);
+            }
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -336,7 +390,7 @@ TEST(DataLoaderErrors, TokenOutsideVocabNamesShardAndOffset) {
     shard_write(dir + "/v_000001.bin", tokens.data(), 100);
     DataLoader loader;
     dataloader_init(&loader, dir + "/v_*.bin", 2, 4, 0, 1, false, 50257);  // init does not read tokens
-    int64_t first_shard = dataloader_samples_in_file(&loader, 0);
+    int64_t first_shard = dataloader_units_in_file(&loader, 0);
     for (int64_t k = 0; k < first_shard; k++) dataloader_next_batch(&loader);  // the good shard reads fine
     EXPECT_EQ(loader.inputs[0], 5);
     EXPECT_EXIT(dataloader_next_batch(&loader), testing::ExitedWithCode(1),
@@ -352,20 +406,25 @@ TEST(DataLoaderErrors, TokenOutsideVocabNamesShardAndOffset) {
                 "data shard '.*v_00000[01]\\.bin': token (65535 at offset 0|50257 at offset 37)");
 }
 
-TEST(DataLoaderErrors, ShardTooSmallForOneBatch) {
+TEST(DataLoaderErrors, ShardTooSmallForOneSample) {
+    // a shard must hold one unit of B*T = 8 tokens and its last target: 9 tokens; the process count
+    // does not matter (a micro-step's units may come from several shards)
     std::string dir = test::scratch_dir("dataloader_small");
     std::vector<uint16_t> tokens(100, 1);
     shard_write(dir + "/s_000000.bin", tokens.data(), 100);
-    shard_write(dir + "/s_000001.bin", tokens.data(), 24);  // P*B*T = 24 needs 25 tokens
+    shard_write(dir + "/s_000001.bin", tokens.data(), 8);
     DataLoader loader;
-    dataloader_init(&loader, dir + "/s_000000.bin", 2, 4, 0, 3, false, VOCAB);  // 100 tokens are enough
-    EXPECT_EQ(dataloader_num_batches(&loader), 4);
+    dataloader_init(&loader, dir + "/s_000000.bin", 2, 4, 0, 3, false, VOCAB);  // 100 tokens: 12 units
+    EXPECT_EQ(dataloader_epoch_units(&loader), 12);
     EXPECT_EXIT(dataloader_init(&loader, dir + "/s_*.bin", 2, 4, 0, 3, false, VOCAB), testing::ExitedWithCode(1),
                 "data shard '" + test::re_escape(dir + "/s_000001.bin") +
-                    "' has 24 tokens, fewer than the 25 one batch needs \\(3 processes x B=2 x T=4, plus one\\)");
-    shard_write(dir + "/s_000001.bin", tokens.data(), 25);  // exactly one sample
-    dataloader_init(&loader, dir + "/s_*.bin", 2, 4, 0, 3, false, VOCAB);
-    EXPECT_EQ(dataloader_num_batches(&loader), 5);
+                    "' has 8 tokens, fewer than the 9 one sample needs \\(B=2 x T=4, plus one\\)");
+    shard_write(dir + "/s_000001.bin", tokens.data(), 9);  // exactly one unit
+    for (int r = 0; r < 3; r++) {
+        dataloader_init(&loader, dir + "/s_*.bin", 2, 4, r, 3, false, VOCAB);
+        EXPECT_EQ(dataloader_epoch_units(&loader), 13);
+        for (int k = 0; k < 20; k++) dataloader_next_batch(&loader);  // rank 0 reads the 1-unit shard at step 4
+    }
 }
 
 TEST(DataLoaderErrors, NoShardMatches) {

@@ -7,6 +7,8 @@
 //    resumes across ZeRO stages;
 //  - a multi-process run resumed from its checkpoint equals the uninterrupted one, bit for bit, and
 //    resumed with another process count (3, or 1) it continues as the uninterrupted one to fp32 rounding;
+//  - 1, 2 and 3 processes train on the same global batches where the data crosses shard and epoch
+//    boundaries (shards whose units no process count divides), and resume each other's checkpoints there;
 //  - process layouts (-tp/-pp) that cannot split the processes or the model are refused;
 //  - tensor parallelism (tp 2, tp 3, tp 2 x dp 2 with -z 1) follows one process, and its checkpoint
 //    resumes as 1 process, dp 3 and tp 2;
@@ -300,6 +302,81 @@ TEST(Distributed, ResumeAcrossRanksEqualsUninterrupted) {
     test::CommandResult more = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -x 7 -o " + again + " -y 1");
     ASSERT_EQ(more.exit_code, 0) << more.output;
     EXPECT_NE(more.output.find("continuing from step 6"), std::string::npos) << more.output;
+}
+
+// The global batch of every step is the same for any process count also where the data crosses shard
+// and epoch boundaries (llmc/io/dataloader.h: one stream of B*T-token units, rank r of P reading entry
+// k*P + r at micro-step k): the oracle's tokens cut into shards of 17, 13 and 17 units of B*T = 32 (47 a
+// epoch, which neither 2 nor 3 divides), 9 steps of 6 units (a shard boundary at steps 2 and 5, the
+// epoch's end in step 7), as 1 process with 6 accumulation steps, 2 with 3 and 3 with 2, shuffled and
+// not: same losses and norms to 1e-5 relative, same final weights (expect_same_training). The val loss
+// (-m 7 over val shards of 3 units each, at steps 0 and 9) agrees too. And an elastic resume: the
+// 1-process run's step-3 checkpoint (after 18 units, inside the second shard) continues as 3 processes,
+// and the 3-process run's step-6 checkpoint as 2 processes, each as the 1-process run did.
+TEST(Distributed, GlobalBatchAcrossShardAndEpochBoundaries) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_odd", ODD);
+    std::string data = test::scratch_dir("dp_boundary_data");
+    {
+        FILE* fp;
+        int64_t n = shard_open(oracle_dir + "/train.bin", &fp);
+        std::vector<uint16_t> tokens(n);
+        freadCheck(tokens.data(), 2, n, fp);
+        fcloseCheck(fp);
+        int64_t at = 0, i = 0;
+        for (int64_t units : {17, 13, 17}) {
+            int64_t len = units * 32 + 1;
+            ASSERT_LE(at + len, n);
+            shard_write(data + "/odd_train_00000" + std::to_string(i++) + ".bin", tokens.data() + at, len);
+            at += len;
+        }
+        for (int v = 0; v < 3; v++) {
+            ASSERT_LE(at + 97, n);
+            shard_write(data + "/odd_val_00000" + std::to_string(v) + ".bin", tokens.data() + at, 97);
+            at += 97;
+        }
+    }
+    const int steps = 9;
+    for (int shuffle : {0, 1}) {
+        SCOPED_TRACE(shuffle ? "shuffled" : "unshuffled");
+        std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i '" + data +
+                          "/odd_train_*.bin' -j '" + data + "/odd_val_*.bin' -b 2 -t 16 -d 192 -x 9 -n 3 -l 1e-3 -c 0.1 "
+                          "-v 9 -m 7 -s 0 -sh " +
+                          std::to_string(shuffle);
+        std::map<int, std::string> dirs;
+        for (int np : {1, 2, 3}) {
+            dirs[np] = test::scratch_dir("dp_boundary_np" + std::to_string(np) + "_sh" + std::to_string(shuffle));
+            test::CommandResult r = test::run_command((np == 1 ? std::string("OMP_NUM_THREADS=1 ") : mpirun(np)) + cmd +
+                                                      " -o " + dirs[np]);
+            ASSERT_EQ(r.exit_code, 0) << r.output;
+            if (np > 1) {
+                SCOPED_TRACE(std::to_string(np) + " processes against 1");
+                expect_same_training(read_run(dirs[1], steps), read_run(dirs[np], steps), steps, 1e-3);
+                std::vector<double> val1 = test::jsonl_values(dirs[1] + "/metrics.jsonl", "val_loss");
+                std::vector<double> val = test::jsonl_values(dirs[np] + "/metrics.jsonl", "val_loss");
+                ASSERT_EQ(val1.size(), 2u);
+                ASSERT_EQ(val.size(), 2u);
+                for (int k = 0; k < 2; k++) EXPECT_NEAR(val[k], val1[k], 1e-5 * val1[k]) << "val loss " << k;
+            }
+        }
+        if (!shuffle) continue;
+        struct Case { int from_np, from_step, np; };
+        for (Case c : {Case{1, 3, 3}, Case{3, 6, 2}}) {
+            SCOPED_TRACE("step " + std::to_string(c.from_step) + " of " + std::to_string(c.from_np) + " process(es) resumed by " +
+                         std::to_string(c.np));
+            std::string dir = test::scratch_dir("dp_boundary_resume_" + std::to_string(c.from_np) + "_" + std::to_string(c.np));
+            ASSERT_EQ(test::run_command("cp -r " + dirs[c.from_np] + "/. " + dir).exit_code, 0);
+            for (int later = c.from_step + 3; later <= steps; later += 3) {
+                char name[32];
+                snprintf(name, sizeof(name), "%08d", later);
+                ASSERT_EQ(test::run_command(std::string("rm ") + dir + "/*_" + name + "*").exit_code, 0);
+            }
+            test::CommandResult r = test::run_command(mpirun(c.np) + cmd + " -o " + dir + " -y 1");
+            ASSERT_EQ(r.exit_code, 0) << r.output;
+            EXPECT_NE(r.output.find("continuing from step " + std::to_string(c.from_step)), std::string::npos) << r.output;
+            expect_same_training(read_run(dirs[1], steps), read_run(dir, steps), steps, 1e-3);
+        }
+    }
 }
 
 // Tensor parallelism (llmc/parallel/tensor_parallel.h) against one process on the same global batch, to fp32

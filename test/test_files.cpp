@@ -113,8 +113,8 @@ TrainState sample_state(bool with_master) {
     s.grad_accum_steps = 5;
     s.step = 123456789012LL;         // beyond int32: stored as int64
     s.data_epoch = 3;
-    s.data_shard = 7;
-    s.data_sample = 5000000000LL;
+    s.data_unit = 5000000000LL;  // beyond int32
+    s.data_epoch_units = 6000000000LL;
     s.sampler_rng = 0xfedcba9876543210ull;  // top bit set: survives the int64 slot
     s.num_parameters = 1000;
     s.shard_offset = 750;
@@ -392,9 +392,10 @@ TEST(FilesState, RoundTripWithAndWithoutMaster) {
         EXPECT_EQ(r.T, 64);
         EXPECT_EQ(r.grad_accum_steps, 5);
         EXPECT_EQ(r.step, 123456789012LL);
+        EXPECT_EQ(r.version, STATE_VERSION);
         EXPECT_EQ(r.data_epoch, 3);
-        EXPECT_EQ(r.data_shard, 7);
-        EXPECT_EQ(r.data_sample, 5000000000LL);
+        EXPECT_EQ(r.data_unit, 5000000000LL);
+        EXPECT_EQ(r.data_epoch_units, 6000000000LL);
         EXPECT_EQ(r.sampler_rng, 0xfedcba9876543210ull);
         EXPECT_EQ(r.num_parameters, 1000);
         EXPECT_EQ(r.shard_offset, 750);
@@ -418,9 +419,9 @@ TEST(FilesState, RefusesBadFiles) {
     copy_with_header(dir + "/good.bin", dir + "/magic.bin", 0, 20240326);  // a model's magic
     EXPECT_EXIT(read_state(dir + "/magic.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*magic\\.bin' has magic 20240326, expected 20261121");
-    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 4);
+    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 5);
     EXPECT_EXIT(read_state(dir + "/version.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*version\\.bin' has version 4, this program reads version 1 or 2 or 3");
+                "optimizer state file '.*version\\.bin' has version 5, this program reads version 1 or 2 or 3 or 4");
     copy_resized(dir + "/good.bin", dir + "/short_header.bin", 512);
     EXPECT_EXIT(read_state(dir + "/short_header.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*short_header\\.bin' is 512 bytes, shorter than its 1024-byte header");
@@ -545,7 +546,7 @@ TEST(FilesChecksum, BlockSizes) {
 }
 
 // Files without checksums are read as before, with a note: llm.c's model files (slots 64.. zero) and
-// our version-1 and -2 state files. A version-3 state file must have them; a model file whose
+// our version-1 and -2 state files. A version-3 or -4 state file must have them; a model file whose
 // checksum slots are neither empty nor consistent is refused.
 TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     std::string dir = test::scratch_dir("files_checksum_none");
@@ -570,12 +571,12 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     EXPECT_EXIT(read_model(dir + "/blocks.bin"), testing::ExitedWithCode(1), "'.*blocks\\.bin' is corrupt: its checksum fields");
 
     TrainState s = sample_state(true);
-    state_file_write(dir + "/state3.bin", s);
-    bytes = read_bytes(dir + "/state3.bin");
+    state_file_write(dir + "/state4.bin", s);
+    bytes = read_bytes(dir + "/state4.bin");
     std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
-    write_bytes(dir + "/state3_bare.bin", bytes);
-    EXPECT_EXIT(read_state(dir + "/state3_bare.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*state3_bare\\.bin' has no checksums, which its version \\(3\\) always has");
+    write_bytes(dir + "/state4_bare.bin", bytes);
+    EXPECT_EXIT(read_state(dir + "/state4_bare.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*state4_bare\\.bin' has no checksums, which its version \\(4\\) always has");
     int32_t two = 2;
     memcpy(&bytes[4], &two, 4);
     write_bytes(dir + "/state2.bin", bytes);
@@ -588,6 +589,11 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     EXPECT_EQ(r.master, s.master);
     EXPECT_EQ(r.updates, s.updates);
     EXPECT_NE(note.find("state2.bin' carries no checksums"), std::string::npos) << note;
+    // versions 1 to 3 hold a per-process data position in the same slots: shard index, sample index
+    EXPECT_EQ(r.version, 2);
+    EXPECT_EQ(r.data_shard, s.data_unit);
+    EXPECT_EQ(r.data_sample, s.data_epoch_units);
+    EXPECT_EQ(r.data_unit, 0);
 }
 
 // One flipped bit in the lowest mantissa byte of one weight (a change of one part in 2^23) is found,
@@ -673,10 +679,14 @@ TEST(FilesState, RefusesStatesThatCannotBeValid) {
     test::reseal_checksums(dir + "/epoch.bin");
     EXPECT_EXIT(read_state(dir + "/epoch.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*epoch\\.bin' has an inconsistent header");
-    copy_with_state_wide(dir + "/good.bin", dir + "/sample.bin", 3, -5);
-    test::reseal_checksums(dir + "/sample.bin");
-    EXPECT_EXIT(read_state(dir + "/sample.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*sample\\.bin' has an inconsistent header");
+    copy_with_state_wide(dir + "/good.bin", dir + "/unit.bin", 2, -5);
+    test::reseal_checksums(dir + "/unit.bin");
+    EXPECT_EXIT(read_state(dir + "/unit.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*unit\\.bin' has an inconsistent header");
+    copy_with_state_wide(dir + "/good.bin", dir + "/past_epoch.bin", 2, 6000000000LL);  // the epoch's units: one too far
+    test::reseal_checksums(dir + "/past_epoch.bin");
+    EXPECT_EXIT(read_state(dir + "/past_epoch.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*past_epoch\\.bin' has an inconsistent header");
     {
         std::string bytes = read_bytes(dir + "/good.bin");
         int64_t skipped = 123456789013LL;  // one more than the steps

@@ -175,6 +175,82 @@ TEST(Reliability, ErrorsOfSeveralProcessesAreWholeLinesNamingTheProcess) {
     EXPECT_GE(errors, 1) << r.output;
 }
 
+// Item 4: past a shard or epoch boundary the data order depended on the process count (each shard left
+// out its last U mod P units), so an elastic resume followed another order. A state file (version 4)
+// now holds a place in the one sample stream (llmc/io/dataloader.h), and
+// Distributed.GlobalBatchAcrossShardAndEpochBoundaries checks runs and resumes across layouts. Here,
+// data_position_from_state on older files, which hold sample k of the s-th shard of the epoch for each
+// of P processes: converted to unit k*P of that shard where the old loader read this stream (P = 1, or
+// P dividing every shard's units), refused otherwise, and refused for a version-1/2 shuffled file of
+// several processes (each shuffled its own samples then); a version-4 position of another data set is
+// refused too.
+TEST(Reliability, OlderDataPositionsConvertOnlyWhereExact) {
+    std::string dir = test::scratch_dir("reliability_old_position");
+    std::vector<uint16_t> tokens(200);
+    for (int j = 0; j < 200; j++) tokens[j] = (uint16_t)j;
+    // units of B*T = 8: "even" shards of 24 and 12 (2 and 3 divide both), "odd" ones of 24 and 13
+    shard_write(dir + "/even_000000.bin", tokens.data(), 193);
+    shard_write(dir + "/even_000001.bin", tokens.data(), 97);
+    shard_write(dir + "/odd_000000.bin", tokens.data(), 193);
+    shard_write(dir + "/odd_000001.bin", tokens.data(), 105);
+    auto loader_for = [&](const std::string& name, bool shuffle) {
+        DataLoader loader;
+        dataloader_init(&loader, dir + "/" + name + "_*.bin", 2, 4, 0, 2, shuffle, 300);
+        return loader;
+    };
+    auto old_state = [](int version, int P, int64_t epoch, int64_t shard, int64_t sample) {
+        TrainState s;
+        s.version = version;
+        s.data_processes = P;
+        s.data_epoch = epoch;
+        s.data_shard = shard;
+        s.data_sample = sample;
+        return s;
+    };
+    auto position = [&](DataLoader* loader, const TrainState& s) {
+        testing::internal::CaptureStdout();
+        DataPosition p = data_position_from_state(s, loader, dir, 7);
+        testing::internal::GetCapturedStdout();
+        return p;
+    };
+    DataLoader even = loader_for("even", false), even_shuffled = loader_for("even", true);
+    DataLoader odd = loader_for("odd", false), odd_shuffled = loader_for("odd", true);
+    // version 4: as stored, for this data set only
+    TrainState now;
+    now.data_epoch = 2;
+    now.data_unit = 7;
+    now.data_epoch_units = 36;
+    DataPosition p = position(&even, now);
+    EXPECT_EQ(p.epoch, 2);
+    EXPECT_EQ(p.unit, 7);
+    now.data_epoch_units = 37;
+    EXPECT_EXIT(position(&even, now), testing::ExitedWithCode(1),
+                "checkpoint 7 in .*: its data position is unit 7 of epoch 2 of a data set of 37 units of B=2 x T=4 "
+                "tokens; the training data now \\(-i\\) holds 36 such units");
+    // version 3, 2 processes, unshuffled: sample 3 of the second shard = unit 24 + 3*2 of the epoch
+    p = position(&even, old_state(3, 2, 1, 1, 3));
+    EXPECT_EQ(p.epoch, 1);
+    EXPECT_EQ(p.unit, 30);
+    EXPECT_EQ(position(&even, old_state(2, 2, 1, 1, 3)).unit, 30);  // unshuffled, any version
+    // shuffled: the s-th shard of the epoch's order
+    for (int P : {2, 3}) {
+        p = position(&even_shuffled, old_state(3, P, 1, 1, 3));
+        DataPosition want = dataloader_position_in_shard(&even_shuffled, 1, 1, 3 * P);
+        EXPECT_EQ(p.epoch, 1);
+        EXPECT_EQ(p.unit, want.unit) << "P=" << P;
+    }
+    // one process: always exact, also where the shards have odd unit counts
+    p = position(&odd_shuffled, old_state(1, 1, 0, 1, 5));
+    EXPECT_EQ(p.unit, dataloader_position_in_shard(&odd_shuffled, 0, 1, 5).unit);
+    EXPECT_EQ(position(&odd, old_state(3, 1, 0, 1, 5)).unit, 29);
+    // refused: 2 processes left out a unit of the 13-unit shard; version 2 shuffled per process
+    EXPECT_EXIT(position(&odd, old_state(3, 2, 0, 1, 5)), testing::ExitedWithCode(1),
+                "checkpoint 7 in .* was written by an older version of this program \\(state version 3\\), whose 2 "
+                "data-parallel processes left out the last 1 of the 13 units of B\\*T tokens of shard '.*odd_000001\\.bin'");
+    EXPECT_EXIT(position(&even_shuffled, old_state(2, 2, 0, 1, 5)), testing::ExitedWithCode(1),
+                "\\(state version 2\\) with 2 data-parallel processes, whose shuffle gave each process an order of its own");
+}
+
 // Item 5: the val loss averaged -m batches per process, so it changed with the data-parallel count.
 // -m is now the val batches over all processes together: 1, 2 and 3 processes evaluate the same
 // batches (process r its k-th ones while k*P + r < m; the rest run a forward whose loss is not

@@ -857,8 +857,8 @@ TEST(TokenizerPrepro, ShardsRoundTripThroughTheDataLoader) {
     // val: one shard, the first val_tokens tokens
     DataLoader val;
     dataloader_init(&val, dir + "/out/rt_val_*.bin", B, T, 0, 1, false, 50257);
-    ASSERT_EQ(dataloader_num_batches(&val), (val_tokens - 1) / (B * T));
-    for (int64_t b = 0; b < dataloader_num_batches(&val); b++) {
+    ASSERT_EQ(dataloader_epoch_units(&val), (val_tokens - 1) / (B * T));
+    for (int64_t b = 0; b < dataloader_epoch_units(&val); b++) {
         dataloader_next_batch(&val);
         for (int i = 0; i < B * T; i++) {
             ASSERT_EQ(val.inputs[i], stream[b * B * T + i]);
@@ -882,7 +882,7 @@ TEST(TokenizerPrepro, ShardsRoundTripThroughTheDataLoader) {
             }
         }
     }
-    EXPECT_EQ(batches, dataloader_num_batches(&train));
+    EXPECT_EQ(batches, dataloader_epoch_units(&train));
 }
 
 }  // namespace

@@ -6,16 +6,20 @@
 // llm.c ignores; a file without them (llm.c's, or an older one of ours) is read unverified, with a note.
 //
 // State file (ours; llm.c's has another layout): everything beyond the weights that a run needs to
-// continue bit for bit. Header magic 20261121, version 3, then:
+// continue bit for bit. Header magic 20261121, version 4, then:
 //   h[2] num_processes   h[3] rank    h[4] B    h[5] T    h[6] grad_accum_steps   h[7] has_master (0/1)
-//   h[8..23] eight int64: step, data epoch, data shard index, data sample index, sampler rng state,
-//            number of parameters, first parameter of this rank's optimizer shard, shard length
+//   h[8..23] eight int64: step, data epoch, data unit (the data position, llmc/io/dataloader.h: the next
+//            step starts at that entry of that epoch of the sample stream, whatever the process count),
+//            units in a data epoch (of the data set that wrote it), sampler rng state, number of
+//            parameters, first parameter of this rank's optimizer shard, shard length
 //   h[24] loss scale S (fp32 bits; llmc/run/loss_scaler.h)   h[25] clean steps since S last changed
 //   h[26] consecutive skipped steps   h[27] data-parallel processes (0 in older files: all of them, h[2])
 //   h[28..31] two int64: skipped steps, AdamW updates applied
-//   h[64..255] checksums (llmc/io/checksum.h): always there in version 3
-// then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master. Versions 2
-// (without checksums) and 1 (without h[24..31] either) are read too.
+//   h[64..255] checksums (llmc/io/checksum.h): always there in versions 3 and 4
+// then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master. Versions 3,
+// 2 (without checksums) and 1 (without h[24..31] either) are read too; they hold a data position per
+// process in h[12..15] (data shard index of the epoch, sample index of each data-parallel process),
+// which train_state_restore converts where it names a place in the stream exactly.
 //
 // A checkpoint for step S in directory DIR is model_S.bin, one state_S_RANK.bin per process and last
 // a DONE_S marker (S as %08d, RANK as %05d). Every file is written to a temporary name and renamed
@@ -28,7 +32,7 @@
 // message names the file and the byte range), and states that no run can reach: weights, moments or
 // master weights that are inf or NaN (the trainers skip non-finite steps, so a run that diverged never
 // writes them), a negative AdamW second moment (a running mean of squares), a negative data position
-// or step count, or more updates and skipped steps than steps. The writers refuse the same.
+// (or one past the end of its epoch) or step count, or more updates and skipped steps than steps. The writers refuse the same.
 #pragma once
 
 #include <dirent.h>
@@ -49,7 +53,8 @@ constexpr int32_t MODEL_MAGIC = 20240326;
 constexpr int32_t MODEL_VERSION_FP32 = 3;
 constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t STATE_MAGIC = 20261121;
-constexpr int32_t STATE_VERSION = 3;  // 2 without checksums, 1 without the loss scale either
+constexpr int32_t STATE_VERSION = 4;  // 3 with a per-process data position, 2 without checksums either, 1
+                                      // without the loss scale either
 
 // ----------------------------------------------------------------------------
 // bf16 <-> fp32
@@ -183,11 +188,17 @@ inline void model_file_read(const std::string& path, GPT2Config* cfg, std::vecto
 // state file
 
 struct TrainState {
+    int version = STATE_VERSION;  // of the file it was read from
     int num_processes = 1;
     int rank = 0;
     int B = 0, T = 0, grad_accum_steps = 1;
     int64_t step = 0;           // number of updates done
-    int64_t data_epoch = 0, data_shard = 0, data_sample = 0;
+    // Where the data stream continues (llmc/io/dataloader.h: DataPosition): the next step starts at
+    // entry data_unit of epoch data_epoch, whose stream had data_epoch_units units. A file of version 3
+    // or older holds instead, per data-parallel process, sample data_sample of the data_shard-th shard
+    // of the epoch (train_state_restore converts it).
+    int64_t data_epoch = 0, data_unit = 0, data_epoch_units = 0;
+    int64_t data_shard = 0, data_sample = 0;
     uint64_t sampler_rng = 0;
     int64_t num_parameters = 0;
     int64_t shard_offset = 0;   // this rank's optimizer shard: parameters [offset, offset + length)
@@ -218,7 +229,7 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     header[5] = s.T;
     header[6] = s.grad_accum_steps;
     header[7] = s.master.empty() ? 0 : 1;
-    int64_t wide[8] = {s.step, s.data_epoch, s.data_shard, s.data_sample, (int64_t)s.sampler_rng,
+    int64_t wide[8] = {s.step, s.data_epoch, s.data_unit, s.data_epoch_units, (int64_t)s.sampler_rng,
                        s.num_parameters, s.shard_offset, s.shard_length};
     memcpy(&header[8], wide, sizeof(wide));
     memcpy(&header[24], &s.loss_scale, sizeof(float));
@@ -246,8 +257,9 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     const char* what = "optimizer state file";
     FILE* fp = fopenCheck(path.c_str(), "rb");
     int32_t header[HEADER_INTS];
-    static const int32_t versions[] = {1, 2, STATE_VERSION};
-    read_file_header(fp, path.c_str(), what, STATE_MAGIC, versions, 3, header);
+    static const int32_t versions[] = {1, 2, 3, STATE_VERSION};
+    read_file_header(fp, path.c_str(), what, STATE_MAGIC, versions, 4, header);
+    s->version = header[1];
     s->num_processes = header[2];
     s->rank = header[3];
     s->B = header[4];
@@ -258,8 +270,15 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     memcpy(wide, &header[8], sizeof(wide));
     s->step = wide[0];
     s->data_epoch = wide[1];
-    s->data_shard = wide[2];
-    s->data_sample = wide[3];
+    if (header[1] >= 4) {
+        s->data_unit = wide[2];
+        s->data_epoch_units = wide[3];
+        s->data_shard = s->data_sample = 0;
+    } else {  // a position per process (see TrainState)
+        s->data_unit = s->data_epoch_units = 0;
+        s->data_shard = wide[2];
+        s->data_sample = wide[3];
+    }
     s->sampler_rng = (uint64_t)wide[4];
     s->num_parameters = wide[5];
     s->shard_offset = wide[6];
@@ -284,7 +303,8 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
         s->grad_accum_steps < 1 || s->data_processes < 1 || s->data_processes > s->num_processes ||
         (has_master != 0 && has_master != 1) || s->step < 0 || s->data_epoch < 0 || s->data_shard < 0 ||
-        s->data_sample < 0 || s->num_parameters < 1 ||
+        s->data_sample < 0 || s->data_unit < 0 || (header[1] >= 4 && s->data_unit >= s->data_epoch_units) ||
+        s->num_parameters < 1 ||
         s->num_parameters > ((int64_t)1 << 40) ||  // bounds the sizes below, so no byte count can overflow
         s->shard_offset < 0 || s->shard_length < 0 || s->shard_offset > s->num_parameters + s->num_processes ||
         s->shard_length > s->num_parameters + s->num_processes ||

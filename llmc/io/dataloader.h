@@ -1,25 +1,31 @@
 // Data loader over token shards (../shared/FORMATS.md): files of uint16 token ids found by a glob.
 //
 // A shard of N tokens is cut into U = (N - 1) / (B*T) units of B*T tokens: unit u starts at token u*B*T
-// and spans B*T+1 tokens (inputs are the first B*T, targets the last B*T). With P data-parallel
-// processes, rank r's k-th sample of a shard is unit order[k*P + r], where `order` is a permutation of
-// the shard's U units; a shard gives each rank U / P samples (= (N - 1) / (P*B*T)).
-//   Unshuffled, order is the identity: sample k of rank r starts at token k*P*B*T + r*B*T, FORMATS's
-//   layout, and shards go in glob order.
-//   Shuffled, each epoch permutes the shard order and each shard visit permutes its U units, all from
-//   one mt19937 seeded with 42, the same on every rank.
-// Either way the units read at global micro-step k (one per rank) are order[k*P .. k*P + P), so P
-// processes with A accumulation steps read the same B*T-token samples as 1 process with P*A steps:
-// the batch of a step does not depend on the process layout (doc/model_parallel.md). (FORMATS.md seeds
-// the shuffle with 42 + rank and permutes each rank's own samples; this deviation makes the shuffled
-// order layout-independent, so a checkpoint can resume with another process count.)
+// and spans B*T+1 tokens (inputs are the first B*T, targets the last B*T). The units of all shards,
+// epoch after epoch, make one stream, the same on every rank and for every process count:
+//   epoch e reads its shards in one order and each shard's U units in one order;
+//   unshuffled, both orders are the identity: shards in glob order, units in order (with one process,
+//   FORMATS's layout);
+//   shuffled, one mt19937 seeded with 42 draws each epoch's shard order when the epoch begins and each
+//   shard's unit order when the stream reaches the shard (rand.h's Fisher-Yates).
+// With P data-parallel processes, global micro-step k reads stream entries k*P .. k*P + P - 1, rank r
+// entry k*P + r. A micro-step's entries may straddle two shards or two epochs: one rank reads the next
+// shard (or epoch) while another still reads the last unit of the previous. So P processes with A
+// accumulation steps read the same B*T-token samples per step as 1 process with P*A steps, at every
+// step of the run, and a checkpoint, which saves the stream position (DataPosition, the same on every
+// rank), resumes with any P (doc/model_parallel.md).
+// Deviations from FORMATS.md, both so that the order does not depend on P: FORMATS gives rank r sample
+// i of a shard at token i*P*B*T + r*B*T, which leaves out the last U mod P units of every shard, and
+// seeds the shuffle with 42 + rank to permute each rank's own samples. Here no unit is left out and one
+// order is dealt to the ranks; with P = 1, or a P that divides every shard's U, unshuffled, the two
+// layouts are the same.
 //
 // API:
 //   dataloader_init(&loader, pattern, B, T, rank, num_processes, shuffle, vocab_size)
 //   dataloader_next_batch(&loader)        fills loader.inputs / loader.targets (B*T each) and advances
 //   dataloader_reset(&loader)             back to the first batch of epoch 0
-//   loader.position / dataloader_seek()   where the next batch comes from; seek replays the shuffles
-//   dataloader_num_batches(&loader)       batches in one epoch (all shards, this rank)
+//   loader.position / dataloader_seek()   where the next global micro-step starts; seek replays the shuffles
+//   dataloader_epoch_units(&loader)       B*T-token units in one epoch (all shards, all processes together)
 // Every shard's header and size are checked at init; its tokens are checked against vocab_size when
 // it is loaded, before any of them can index an embedding.
 #pragma once
@@ -37,12 +43,20 @@
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 
-// Where the next batch comes from: shard_index-th shard of this epoch's order, this rank's
-// sample_index-th sample of that shard (unit order[sample_index * P + rank]). Saved in the state file so a resumed run reads the batches it would have.
+// A place in the stream, the same on every rank: the next global micro-step starts at the unit-th
+// entry of epoch `epoch` (0 <= unit < the epoch's units). Saved in the state file, so a resumed run, with
+// any process count, reads the batches the uninterrupted run would have.
 struct DataPosition {
     int64_t epoch = 0;
+    int64_t unit = 0;
+};
+
+// This rank's next entry of the stream (position + process_rank): the unit_index-th unit (in the shard's
+// unit order) of the shard_index-th shard (in the epoch's shard order) of epoch `epoch`.
+struct StreamCursor {
+    int64_t epoch = 0;
     int64_t shard_index = 0;
-    int64_t sample_index = 0;
+    int64_t unit_index = 0;
 };
 
 struct DataLoader {
@@ -53,13 +67,15 @@ struct DataLoader {
     int vocab_size = 0;
     std::vector<std::string> files;
     std::vector<int64_t> file_tokens;  // token count of each file
+    int64_t epoch_units = 0;           // units of all files
     // state
     DataPosition position;
-    std::mt19937 rng;
-    std::vector<int> shard_order;       // permutation of file indices for this epoch
-    std::vector<int64_t> sample_order;  // permutation of the current shard's B*T-token units
+    StreamCursor cursor;
+    std::mt19937 rng;                   // draws the orders up to the cursor's shard
+    std::vector<int> shard_order;       // permutation of file indices for the cursor's epoch
+    std::vector<int64_t> unit_order;    // permutation of the cursor's shard's B*T-token units
     int loaded_file = -1;               // file index whose tokens are in `tokens`
-    std::vector<uint16_t> tokens;       // the current shard
+    std::vector<uint16_t> tokens;       // the shard read last
     // output of dataloader_next_batch
     std::vector<int> inputs;   // (B, T)
     std::vector<int> targets;  // (B, T)
@@ -117,16 +133,9 @@ inline int64_t dataloader_units_in_file(const DataLoader* loader, int file) {
     return (loader->file_tokens[file] - 1) / ((int64_t)loader->B * loader->T);
 }
 
-// Samples of one rank in file `file`: every rank gets the same count, U / P.
-inline int64_t dataloader_samples_in_file(const DataLoader* loader, int file) {
-    return dataloader_units_in_file(loader, file) / loader->num_processes;
-}
-
-// Batches in one epoch over all shards, for this rank.
-inline int64_t dataloader_num_batches(const DataLoader* loader) {
-    int64_t total = 0;
-    for (size_t f = 0; f < loader->files.size(); f++) total += dataloader_samples_in_file(loader, (int)f);
-    return total;
+// Units in one epoch of the stream: all shards, read by all processes together.
+inline int64_t dataloader_epoch_units(const DataLoader* loader) {
+    return loader->epoch_units;
 }
 
 // Reads file `file` into loader->tokens and checks every token id.
@@ -147,18 +156,19 @@ inline void dataloader_load_file(DataLoader* loader, int file) {
     loader->loaded_file = file;
 }
 
-// Sets up the sample order for the shard at position.shard_index (consumes the rng when shuffling).
+// Draws the unit order of the cursor's shard (consumes the rng when shuffling).
 inline void dataloader_begin_shard(DataLoader* loader) {
-    int file = loader->shard_order[loader->position.shard_index];
+    int file = loader->shard_order[loader->cursor.shard_index];
     int64_t n = dataloader_units_in_file(loader, file);
-    loader->sample_order.resize(n);
+    loader->unit_order.resize(n);
     if (loader->shuffle) {
-        random_permutation<int64_t>(loader->sample_order.data(), n, loader->rng);
+        random_permutation<int64_t>(loader->unit_order.data(), n, loader->rng);
     } else {
-        for (int64_t i = 0; i < n; i++) loader->sample_order[i] = i;
+        for (int64_t i = 0; i < n; i++) loader->unit_order[i] = i;
     }
 }
 
+// Draws the shard order of the cursor's epoch (consumes the rng when shuffling).
 inline void dataloader_begin_epoch(DataLoader* loader) {
     int num_files = (int)loader->files.size();
     loader->shard_order.resize(num_files);
@@ -169,11 +179,37 @@ inline void dataloader_begin_epoch(DataLoader* loader) {
     }
 }
 
-inline void dataloader_reset(DataLoader* loader) {
-    loader->rng.seed(42);  // the same on every rank: the ranks deal out one order (see the top)
-    loader->position = DataPosition();
+// Moves the cursor n entries down the stream, through as many shards and epochs as that takes. Every
+// shard it reaches draws its unit order, even one it steps over, so the rng is where the stream's
+// definition has it, on every rank. Only counts are needed, no tokens are read.
+inline void dataloader_advance_cursor(DataLoader* loader, int64_t n) {
+    StreamCursor* c = &loader->cursor;
+    c->unit_index += n;
+    while (c->unit_index >= (int64_t)loader->unit_order.size()) {
+        c->unit_index -= (int64_t)loader->unit_order.size();
+        c->shard_index++;
+        if (c->shard_index == (int64_t)loader->files.size()) {
+            c->shard_index = 0;
+            c->epoch++;
+            dataloader_begin_epoch(loader);
+        }
+        dataloader_begin_shard(loader);
+    }
+}
+
+// Puts the cursor at entry `index` of the stream, counted from the start of epoch 0 (replays the draws
+// from the seed).
+inline void dataloader_cursor_to(DataLoader* loader, int64_t index) {
+    loader->rng.seed(42);  // the same on every rank: the ranks deal out one stream (see the top)
+    loader->cursor = StreamCursor();
     dataloader_begin_epoch(loader);
     dataloader_begin_shard(loader);
+    dataloader_advance_cursor(loader, index);
+}
+
+inline void dataloader_reset(DataLoader* loader) {
+    loader->position = DataPosition();
+    dataloader_cursor_to(loader, loader->process_rank);
 }
 
 inline void dataloader_init(DataLoader* loader, const std::string& pattern, int B, int T, int process_rank,
@@ -186,64 +222,76 @@ inline void dataloader_init(DataLoader* loader, const std::string& pattern, int 
     loader->vocab_size = vocab_size;
     loader->files = glob_files(pattern);
     loader->file_tokens.clear();
-    int64_t span = (int64_t)num_processes * B * T;
+    loader->epoch_units = 0;
+    int64_t BT = (int64_t)B * T;
     for (const std::string& path : loader->files) {
         int64_t n = shard_num_tokens(path);
-        if (n < span + 1) {
-            fatal("data shard '%s' has %ld tokens, fewer than the %ld one batch needs (%d processes x B=%d x "
-                  "T=%d, plus one)", path.c_str(), (long)n, (long)(span + 1), num_processes, B, T);
+        if (n < BT + 1) {  // a shard that adds nothing to the stream is a mistake, not a silent no-op
+            fatal("data shard '%s' has %ld tokens, fewer than the %ld one sample needs (B=%d x T=%d, plus one)",
+                  path.c_str(), (long)n, (long)(BT + 1), B, T);
         }
         loader->file_tokens.push_back(n);
+        loader->epoch_units += (n - 1) / BT;
     }
-    loader->inputs.assign((size_t)B * T, 0);
-    loader->targets.assign((size_t)B * T, 0);
+    loader->inputs.assign((size_t)BT, 0);
+    loader->targets.assign((size_t)BT, 0);
     loader->loaded_file = -1;
     dataloader_reset(loader);
 }
 
-// Moves to the next shard, and to the next epoch after the last shard.
-inline void dataloader_advance_shard(DataLoader* loader) {
-    loader->position.sample_index = 0;
-    loader->position.shard_index++;
-    if (loader->position.shard_index == (int64_t)loader->files.size()) {
-        loader->position.shard_index = 0;
-        loader->position.epoch++;
-        dataloader_begin_epoch(loader);
-    }
-    dataloader_begin_shard(loader);
-}
-
+// Reads this rank's entry of the next global micro-step, then moves on by one micro-step: the cursor and
+// the position P entries each.
 inline void dataloader_next_batch(DataLoader* loader) {
-    int file = loader->shard_order[loader->position.shard_index];
+    int file = loader->shard_order[loader->cursor.shard_index];
     dataloader_load_file(loader, file);
-    int64_t unit = loader->sample_order[loader->position.sample_index * loader->num_processes + loader->process_rank];
+    int64_t unit = loader->unit_order[loader->cursor.unit_index];
     size_t BT = (size_t)loader->B * loader->T;
     const uint16_t* span = loader->tokens.data() + unit * (int64_t)BT;  // B*T + 1 tokens, inside the shard (unit < U)
     for (size_t i = 0; i < BT; i++) {
         loader->inputs[i] = span[i];
         loader->targets[i] = span[i + 1];
     }
-    loader->position.sample_index++;
-    if (loader->position.sample_index == dataloader_samples_in_file(loader, file)) dataloader_advance_shard(loader);
+    dataloader_advance_cursor(loader, loader->num_processes);
+    loader->position.unit += loader->num_processes;
+    while (loader->position.unit >= loader->epoch_units) {
+        loader->position.unit -= loader->epoch_units;
+        loader->position.epoch++;
+    }
 }
 
-// Puts the loader where `target` says, replaying the shuffles from the seed (cheap: only counts are
-// needed, no tokens are read), so the batches that follow are those an uninterrupted run would read.
+// Puts the loader at `target` (for this rank: target's entry plus process_rank), replaying the shuffles
+// from the seed (cheap: only counts are needed, no tokens are read), so the batches that follow are
+// those an uninterrupted run would read, whatever its process count.
 inline void dataloader_seek(DataLoader* loader, const DataPosition& target) {
-    if (target.shard_index < 0 || target.shard_index >= (int64_t)loader->files.size() || target.epoch < 0 ||
-        target.sample_index < 0) {
-        fatal("data position (epoch %ld, shard %ld, sample %ld) does not fit the %zu shard(s) of this data set",
-              (long)target.epoch, (long)target.shard_index, (long)target.sample_index, loader->files.size());
+    if (target.epoch < 0 || target.epoch > INT64_MAX / 2 / loader->epoch_units || target.unit < 0 ||
+        target.unit >= loader->epoch_units) {
+        fatal("data position (epoch %ld, unit %ld) is outside this data set, whose epochs have %ld units of B=%d x "
+              "T=%d tokens; the data set changed since the checkpoint", (long)target.epoch, (long)target.unit,
+              (long)loader->epoch_units, loader->B, loader->T);
     }
-    dataloader_reset(loader);
-    while (loader->position.epoch < target.epoch || loader->position.shard_index < target.shard_index) {
-        dataloader_advance_shard(loader);
+    dataloader_cursor_to(loader, target.epoch * loader->epoch_units + target.unit + loader->process_rank);
+    loader->position = target;
+}
+
+// The stream position of the unit_index-th unit (in the shard's unit order) of the shard_index-th shard
+// (in the epoch's shard order) of epoch `epoch`: how an older state file, which counted by shard, names
+// a place in the stream. Leaves the loader where it was.
+inline DataPosition dataloader_position_in_shard(DataLoader* loader, int64_t epoch, int64_t shard_index,
+                                                 int64_t unit_index) {
+    DataPosition here = loader->position;
+    if (epoch < 0 || epoch > INT64_MAX / 2 / loader->epoch_units || shard_index < 0 ||
+        shard_index >= (int64_t)loader->files.size() || unit_index < 0) {
+        fatal("data position (epoch %ld, shard %ld, unit %ld) does not fit the %zu shard(s) of this data set",
+              (long)epoch, (long)shard_index, (long)unit_index, loader->files.size());
     }
-    int64_t samples = dataloader_samples_in_file(loader, loader->shard_order[loader->position.shard_index]);
-    if (target.sample_index >= samples) {
-        fatal("data position (epoch %ld, shard %ld, sample %ld) is past the end of that shard (%ld samples); "
-              "the data set changed since the checkpoint", (long)target.epoch, (long)target.shard_index,
-              (long)target.sample_index, (long)samples);
+    dataloader_cursor_to(loader, epoch * loader->epoch_units);  // at the epoch's start: shard_order is its order
+    DataPosition p{epoch, unit_index};
+    for (int64_t i = 0; i < shard_index; i++) p.unit += dataloader_units_in_file(loader, loader->shard_order[i]);
+    int64_t units = dataloader_units_in_file(loader, loader->shard_order[shard_index]);
+    if (unit_index >= units) {
+        fatal("data position (epoch %ld, shard %ld, unit %ld) is past the end of that shard (%ld units); the data set "
+              "changed since the checkpoint", (long)epoch, (long)shard_index, (long)unit_index, (long)units);
     }
-    loader->position.sample_index = target.sample_index;
+    dataloader_seek(loader, here);
+    return p;
 }

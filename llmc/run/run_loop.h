@@ -132,10 +132,11 @@ inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Confi
 }
 
 // Mean loss over the first -m val batches, the same batches on any layout: the val loader is not
-// shuffled, so data-parallel process r's k-th batch is the data's batch k*P + r (llmc/io/dataloader.h),
-// and process r evaluates its k-th batches while k*P + r < m. Every process runs the same number of
-// forwards, ceil(m / P) (a forward may be collective: ZeRO-3's gathers, a pipeline); the losses of
-// batches past m are not counted.
+// shuffled, so data-parallel process r's k-th batch is the val data's batch k*P + r, counting across
+// its shards (llmc/io/dataloader.h), and process r counts its k-th batches while k*P + r < m. Every
+// process runs the same number of forwards, ceil(m / P) (a forward may be collective: ZeRO-3's
+// gathers, a pipeline); the losses of batches past m (which may wrap to the val data's start) are not
+// counted.
 inline float run_validation_loss(TrainRun* run, const RunHooks& hooks) {
     DataLoader* val = &run->data.val;
     dataloader_reset(val);

@@ -36,8 +36,8 @@ inline TrainState train_state_header(int step, const DataLoader& loader, uint64_
     state.grad_accum_steps = grad_accum_steps;
     state.step = step;
     state.data_epoch = loader.position.epoch;
-    state.data_shard = loader.position.shard_index;
-    state.data_sample = loader.position.sample_index;
+    state.data_unit = loader.position.unit;
+    state.data_epoch_units = dataloader_epoch_units(&loader);
     state.sampler_rng = sampler_rng;
     state.num_parameters = (int64_t)num_parameters;
     state.shard_offset = (int64_t)opt_begin;
@@ -164,12 +164,10 @@ inline void training_data_init(TrainingData* data, const TrainArgs& args, const 
     if (args.val_every > 0) {
         dataloader_init(&data->val, args.val_pattern, B, T, rank, num_processes, false, cfg.vocab_size);
         // -m counts the batches of all data-parallel processes together (run_loop.h: run_validation_loss)
-        int64_t available = dataloader_num_batches(&data->val);
-        int64_t per_process = (args.val_batches + num_processes - 1) / num_processes;
-        if (per_process > available) {
-            fatal("flag -m: %d val batches need %ld per data-parallel process but the val data (%s) holds only %ld of "
-                  "B=%d x T=%d per process", args.val_batches, (long)per_process, args.val_pattern.c_str(),
-                  (long)available, B, T);
+        int64_t available = dataloader_epoch_units(&data->val);
+        if (args.val_batches > available) {
+            fatal("flag -m: %d val batches but the val data (%s) holds only %ld of B=%d x T=%d", args.val_batches,
+                  args.val_pattern.c_str(), (long)available, B, T);
         }
     }
     if (args.max_steps == 0) {  // -x 0: no training, so no training data is read
@@ -179,7 +177,7 @@ inline void training_data_init(TrainingData* data, const TrainArgs& args, const 
         return;
     }
     dataloader_init(&data->train, args.train_pattern, B, T, rank, num_processes, args.shuffle != 0, cfg.vocab_size);
-    data->epoch_steps = dataloader_num_batches(&data->train) / data->grad_accum_steps;
+    data->epoch_steps = dataloader_epoch_units(&data->train) / ((int64_t)data->grad_accum_steps * num_processes);
     data->max_steps = args.max_steps > 0 ? args.max_steps : (int)data->epoch_steps;
     if (data->max_steps < 1) {
         fatal("the training data (%s) is too small for one step of %ld tokens", args.train_pattern.c_str(),
@@ -203,19 +201,62 @@ inline LRScheduler lr_scheduler_from_args(const TrainArgs& args, int max_steps) 
     return scheduler;
 }
 
+// The place in the data stream where a resumed run continues, from the checkpoint's state (written
+// by `data_processes` processes). Version 4 stores it as it is, a stream position that any process count
+// continues (llmc/io/dataloader.h); it must belong to this data set, whose epochs must have as many units.
+// Older versions stored "sample k of the s-th shard of the epoch" of each of P processes, from a loader
+// that left out the last U mod P units of every shard and, before version 3, shuffled each rank's own
+// samples. Such a position converts exactly (to unit k*P of that shard: the stream then goes on as the
+// writing run did) where that loader read this one's stream: with P = 1, or with a P that divides
+// every shard's U (shuffled, from version 3 on). Otherwise the checkpoint is refused rather than
+// continued in an order the run never had.
+inline DataPosition data_position_from_state(const TrainState& state, DataLoader* loader, const std::string& dir,
+                                             int step) {
+    if (state.version >= 4) {
+        if (state.data_epoch_units != dataloader_epoch_units(loader)) {
+            fatal("checkpoint %d in %s: its data position is unit %ld of epoch %ld of a data set of %ld units of B=%d "
+                  "x T=%d tokens; the training data now (-i) holds %ld such units. The data changed since the "
+                  "checkpoint: resume with the data it was written with", step, dir.c_str(), (long)state.data_unit,
+                  (long)state.data_epoch, (long)state.data_epoch_units, loader->B, loader->T,
+                  (long)dataloader_epoch_units(loader));
+        }
+        return DataPosition{state.data_epoch, state.data_unit};
+    }
+    int P = state.data_processes;
+    if (P > 1) {
+        if (loader->shuffle && state.version < 3) {
+            fatal("checkpoint %d in %s was written by an older version of this program (state version %d) with %d "
+                  "data-parallel processes, whose shuffle gave each process an order of its own; this version deals "
+                  "one order to all processes, so the run cannot continue in its order. Resume it with the program "
+                  "that wrote it, or start a new run from its model file (-e)", step, dir.c_str(), state.version, P);
+        }
+        for (size_t f = 0; f < loader->files.size(); f++) {
+            int64_t units = dataloader_units_in_file(loader, (int)f);
+            if (units % P != 0) {
+                fatal("checkpoint %d in %s was written by an older version of this program (state version %d), "
+                      "whose %d data-parallel processes left out the last %ld of the %ld units of B*T tokens of "
+                      "shard '%s'; this version reads every unit, so the run cannot continue in its order. Resume "
+                      "it with the program that wrote it, or start a new run from its model file (-e)", step,
+                      dir.c_str(), state.version, P, (long)(units % P), (long)units, loader->files[f].c_str());
+            }
+        }
+    }
+    DataPosition p = dataloader_position_in_shard(loader, state.data_epoch, state.data_shard, state.data_sample * P);
+    printf("resume: the data position of state version %d (epoch %ld, shard %ld, sample %ld of %d process(es)) is "
+           "unit %ld of epoch %ld of the data stream\n", state.version, (long)state.data_epoch, (long)state.data_shard,
+           (long)state.data_sample, P, (long)p.unit, (long)p.epoch);
+    return p;
+}
+
 // Restores the optimizer state of parameters [opt_begin, opt_end) from checkpoint `step`, whatever
 // process count and layout wrote it. Each state file holds one segment of the checkpoint-order
 // parameter vector, [shard_offset, shard_offset + shard_length): all of it (-z 0) or a ZeRO-1 shard.
 // The segments this process needs are assembled from as many of the checkpoint's files as cover its
 // range (with -z 0 the first file does). Checks that the files belong to this run (same model, B, T
-// and tokens per step, complete coverage); then moves the data loader to the saved position and
-// restores the sampler. The returned state's m, v (and master, when the files have it) are
-// (opt_end - opt_begin) long; the trainer copies them into place.
-//
-// The data position is stored per data-parallel rank (sample k of the current shard, all ranks alike);
-// the writing run's P data-parallel processes had consumed k * P units of the shard, which this run's
-// P' deal out as k' = k * P / P' each, so P' must divide it (it does at every step boundary when both
-// runs have the same tokens per step and the shard gives both the same units; doc/model_parallel.md).
+// and tokens per step, complete coverage); then moves the data loader to the saved position (the
+// same for any process count: data_position_from_state) and restores the sampler. The returned
+// state's m, v (and master, when the files have it) are (opt_end - opt_begin) long; the trainer copies
+// them into place.
 inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
                                       size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
                                       uint64_t* sampler_rng) {
@@ -287,16 +328,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
               "(corrupt or incomplete checkpoint)", step, dir.c_str(), opt_begin, opt_end);
     }
     if (state.step != step) fatal("state file '%s' is for step %ld", first_path.c_str(), (long)state.step);
-    int64_t units_done = state.data_sample * state.data_processes;
-    if (units_done % loader->num_processes != 0) {
-        fatal("checkpoint %d in %s: its data position (%ld samples of B*T tokens into the shard, written by %d "
-              "data-parallel processes) cannot be dealt out to %d processes; resume with a process count that "
-              "divides it", step, dir.c_str(), (long)units_done, state.data_processes, loader->num_processes);
-    }
-    DataPosition position;
-    position.epoch = state.data_epoch;
-    position.shard_index = state.data_shard;
-    position.sample_index = units_done / loader->num_processes;
+    DataPosition position = data_position_from_state(state, loader, dir, step);
     dataloader_seek(loader, position);
     *sampler_rng = state.sampler_rng;
     return state;
