@@ -370,6 +370,29 @@ void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured
     printf(" MiB\n");
 }
 
+// Bytes one process moves per training step (sent plus received, as llmc/parallel/comm.h counts a ring:
+// 2(P-1)/P of a collective's size for a reduce-scatter or an all-gather, twice that for an all-reduce),
+// with A micro-steps, for the model's ZeRO stage; X bytes per element, S the padded shard. A gather
+// moves what this process does not hold: -z 3 gathers the blocks twice per micro-step and the outer
+// tensors once per step, and this process holds `mine` of each (its shard's part, rank 0's wte and
+// wpe in full). The scalar sums (losses) go uncounted, the gradient norm's one float is 16 bytes. A
+// step right after an evaluation or a sample moves less with -z 3 (the outer tensors are gathered).
+double predicted_comm_bytes(const GPT2* model, int A) {
+    const double P = model->layout.dp, X = sizeof(floatX), N = (double)model->num_parameters;
+    const double S = (double)model->shard.shard_size, f = (P - 1) / P;
+    if (P == 1) return 0.0;
+    const int z = model->layout.zero_stage;
+    if (z == 0) return 2 * 2 * N * X * f;
+    double reduce = 2 * N * X * f, all_gather = 2 * S * (P - 1) * X, norm = 16;
+    if (z == 1) return reduce + all_gather + norm;
+    if (z == 2) return A * reduce + all_gather + norm;
+    const int L = model->config.num_layers;
+    double outer = (double)packed_size(model->grad_buckets[L]), outer_mine = 0;
+    for (const GradSlice& s : model->grad_buckets[L]) outer_mine += s.owner == model->layout.dp_rank ? s.count : 0;
+    double blocks = N - outer, blocks_mine = (double)(model->shard.end - model->shard.begin) - outer_mine;
+    return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm;
+}
+
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
 // arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1 and 2, AdamW's moments and
 // master weights cover this process's shard only; with -z 2 the gradient array is that shard only.
@@ -1003,6 +1026,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
         }
     };
     h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
+    h.comm_bytes = [] { return (long long)comm_bytes_moved; };
     return h;
 }
 
@@ -1054,6 +1078,11 @@ int main(int argc, char** argv) {
     TrainRun run;
     train_run_init(&run, args, cfg, dp.rank, dp.rank, dp.size, resume_step, USE_LOSS_SCALING);
     gpt2_allocate_activations(&model, args.B, args.T);
+    if (model.layout.dp > 1) {
+        printf("communication: %.0f bytes per step predicted for -z %d, %d processes, %d micro-step(s) (counted in "
+               "metrics.jsonl's comm_bytes)\n", predicted_comm_bytes(&model, run.data.grad_accum_steps),
+               model.layout.zero_stage, model.layout.dp, run.data.grad_accum_steps);
+    }
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,

@@ -341,8 +341,20 @@ void expect_same_training(const std::string& want_dir, const std::string& got_di
     printf("  %d steps: losses within %.1e relative, grad norms %.1e, weights %.1e absolute\n", steps, loss_err, norm_err, worst);
 }
 
-// N processes (all-reduce with -z 0, ZeRO-1 with -z 1, ZeRO-2 with -z 2) follow 1 process with N-fold
-// accumulation.
+// Every step's comm_bytes (metrics.jsonl, counted by llmc/parallel/comm.h) against the formula printed at
+// start-up, within 1% (the count rounds each piece's 1/P share down; the formula does not).
+void expect_comm_bytes_as_predicted(const std::string& output, const std::string& dir) {
+    size_t at = output.find("communication: ");
+    ASSERT_NE(at, std::string::npos) << output;
+    double predicted = 0;
+    ASSERT_EQ(sscanf(output.c_str() + at, "communication: %lf bytes per step predicted", &predicted), 1);
+    std::vector<double> counted = test::jsonl_values(dir + "/metrics.jsonl", "comm_bytes");
+    ASSERT_FALSE(counted.empty());
+    for (double c : counted) EXPECT_NEAR(c, predicted, 0.01 * predicted) << "bytes counted in a step";
+}
+
+// N processes (all-reduce with -z 0, ZeRO-1 with -z 1, ZeRO-2 with -z 2, ZeRO-3 with -z 3) follow 1
+// process with N-fold accumulation.
 TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
     REQUIRE_MPIRUN_GPUS(3);
     REQUIRE_ORACLE("tiny", tiny_args());
@@ -375,6 +387,7 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
             ASSERT_EQ(sscanf(r.output.c_str() + at, "model state per process: %lf MiB allocated (cudaMemGetInfo), %lf MiB predicted",
                              &allocated, &predicted), 2);
             EXPECT_NEAR(allocated, predicted, 0.01 * predicted);
+            expect_comm_bytes_as_predicted(r.output, dir);
             expect_same_training(one.dir, dir, steps, 1e-3);
         }
     }
@@ -425,6 +438,7 @@ TEST(MultiGpuMpirun, ThreeProcessesZero2And3WithAccumulationMatchTheCpuTrainer) 
         ASSERT_EQ(r.exit_code, 0) << r.output;
         EXPECT_NE(r.output.find("x 2 accumulation step(s) x 3 process(es)"), std::string::npos) << r.output;
         if (zero == 3) EXPECT_NE(r.output.find("--- sample ---"), std::string::npos) << r.output;
+        if (zero == 2) expect_comm_bytes_as_predicted(r.output, dir);  // -z 3 evaluates and samples between steps
         expect_same_training(cpu.dir, dir, steps, 1e-3);
     }
 }
