@@ -193,7 +193,7 @@ void check_gradient_bucket() {
     int P = g.size, r = g.rank;
     std::vector<float> grads(12);
     for (int i = 0; i < 12; i++) grads[i] = (float)(r + i);
-    std::vector<GradSlice> bucket = {{0, 4, -1}, {4, 5, P - 1}, {9, 3, 0}};
+    std::vector<GradSlice> bucket = {{0, 4, -1, 0}, {4, 5, P - 1, 4}, {9, 3, 0, 9}};
     Buffer<float> b(grads);
     reduce_gradient_bucket(g, b.data(), COMM_FLOAT32, bucket);
     const std::vector<float>& got = b.result(g);

@@ -118,6 +118,37 @@ TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {
     EXPECT_TRUE(file_exists(checkpoint_state_path(out, stopped, 0)) && file_exists(checkpoint_state_path(out, stopped, 1)));
 }
 
+// Issue 29, item 7: a hung collective must not hang the job. Process 1 of 3 is stopped (SIGSTOP) during
+// training; the others wait for it in their next collective, and the watchdog (-wt 4) ends the run
+// within the limit, the answer time and a margin, with a non-zero status and one message that names the
+// operation, its group, the step, and process 1 as not arrived (no answer). The last complete
+// checkpoint stays complete.
+TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string out = test::scratch_dir("rel_watchdog");
+    std::string script =
+        "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 ./train_gpt2 " +
+        tiny_args() + " -z 1 -x 1000000 -n 2 -wt 4 -o " + out + " > " + out + ".log 2>&1 & launcher=$!; " +
+        "for i in $(seq 600); do grep -q 'step    5/' " + out + ".log && break; sleep 0.1; done; "
+        "for p in $(pgrep -P $launcher -f train_gpt2); do tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p; done; "
+        "start=$(date +%s%N); kill -STOP $victim; "
+        "timeout 60 tail --pid=$launcher -f /dev/null || { kill -CONT $victim; kill -9 $launcher; }; wait $launcher; status=$?; "
+        "echo \"exit $status after $(( ($(date +%s%N) - start) / 1000000 )) ms\"; kill -9 $victim 2>/dev/null; true; }";
+    test::CommandResult r = test::run_command(script);
+    std::string log = test::read_text(out + ".log");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;
+    EXPECT_NE(std::stoi(m[1]), 0) << log;
+    EXPECT_LT(std::stod(m[2]) / 1000, 4 + WATCHDOG_ANSWER_S + 15) << "the watchdog took too long\n" << log;
+    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process [02]\\): watchdog: .* \\(group [a-z -]+, its wait #[0-9]+\\) "
+                                                  "at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 process\\(es\\) had not arrived:")))
+        << log;
+    EXPECT_NE(log.find("process 1: no answer within"), std::string::npos) << log;
+    int last = checkpoint_find_latest(out);
+    EXPECT_GE(last, 2) << log;
+    for (int rank = 0; rank < 3; rank++) EXPECT_TRUE(file_exists(checkpoint_state_path(out, last, rank))) << rank;
+}
+
 // Slurm's --signal sends SIGUSR1 to every process: the collective decision (run_stop_signal, a sum over
 // the processes) once added two processes' SIGUSR1s and took them for a SIGTERM. Checked on the
 // decision itself, with the sum over P processes that all hold this process's signal (P * value),

@@ -102,6 +102,7 @@ struct CommBackend {
 struct ProcessGroup {
     int rank = 0;
     int size = 1;
+    const char* name = "all processes";    // for messages: "data-parallel", "tensor-parallel", "pipeline"
     const CommBackend* backend = nullptr;  // null: this process alone
     void* state = nullptr;                 // the backend's (its MPI communicator, its NCCL communicator)
 };

@@ -17,6 +17,7 @@
 
 #include "../utils.h"
 #include "comm.h"
+#include "watchdog.h"
 
 // The number of processes a parallel launcher says it started, from the environment it gives each of
 // them: Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), MPICH/Intel MPI's Hydra and Slurm's PMI (PMI_SIZE),
@@ -48,12 +49,18 @@ inline void mpi_check(int rc, const char* file, int line) {
 // A group's MPI side: its communicator, and the copies of the point-to-point sends not yet finished.
 struct MpiGroup {
     MPI_Comm comm = MPI_COMM_WORLD;
+    std::vector<int> world_ranks;  // its processes' ranks in MPI_COMM_WORLD (the watchdog's report)
     std::vector<std::vector<char>> send_buffers;
     std::vector<MPI_Request> send_requests;
 };
 
 inline MpiGroup* mpi_group(const ProcessGroup& g) { return static_cast<MpiGroup*>(g.state); }
 inline MPI_Comm mpi_comm(const ProcessGroup& g) { return mpi_group(g)->comm; }
+
+// Every call below that waits for other processes is watched (llmc/parallel/watchdog.h) under `what`.
+struct MpiWait : WatchdogWait {
+    MpiWait(const ProcessGroup& g, const char* what) : WatchdogWait(what, g.name, &mpi_group(g)->world_ranks) {}
+};
 
 inline MPI_Datatype mpi_type(CommType t) {
     switch (t) {
@@ -75,6 +82,7 @@ inline MPI_Datatype mpi_sum_type(CommType t, const char* what) {
 constexpr size_t COLLECTIVE_PIECE = (size_t)1 << 20;
 
 inline void mpi_all_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op) {
+    MpiWait wait(g, "an all-reduce");
     MPI_Datatype t = mpi_sum_type(type, "an all-reduce");
     size_t bytes = comm_type_bytes(type);
     for (size_t off = 0; off < n; off += COLLECTIVE_PIECE) {
@@ -85,6 +93,7 @@ inline void mpi_all_reduce(const ProcessGroup& g, void* data, size_t n, CommType
 }
 
 inline void mpi_reduce(const ProcessGroup& g, const void* send, void* recv, size_t n, CommType type, int root) {
+    MpiWait wait(g, "a reduce");
     MPI_Datatype t = mpi_sum_type(type, "a reduce");
     const void* from = g.rank == root && send == recv ? MPI_IN_PLACE : send;
     mpiCheck(MPI_Reduce(from, g.rank == root ? recv : nullptr, (int)n, t, MPI_SUM, root, mpi_comm(g)));
@@ -92,6 +101,7 @@ inline void mpi_reduce(const ProcessGroup& g, const void* send, void* recv, size
 
 // piece by piece: the piece of every block packed together, reduce-scattered
 inline void mpi_reduce_scatter(const ProcessGroup& g, void* data, size_t count, CommType type) {
+    MpiWait wait(g, "a reduce-scatter");
     MPI_Datatype t = mpi_sum_type(type, "a reduce-scatter");
     size_t bytes = comm_type_bytes(type);
     char* d = (char*)data;
@@ -107,6 +117,7 @@ inline void mpi_reduce_scatter(const ProcessGroup& g, void* data, size_t count, 
 
 // piece by piece, each process's piece gathered into one buffer and spread out
 inline void mpi_all_gather(const ProcessGroup& g, void* data, size_t count, CommType type) {
+    MpiWait wait(g, "an all-gather");
     size_t bytes = comm_type_bytes(type);
     char* d = (char*)data;
     size_t piece = std::min(COLLECTIVE_PIECE, count);
@@ -129,20 +140,24 @@ inline void mpi_all_gather_v_start(const ProcessGroup& g, void* full, const int*
 }
 
 inline void mpi_wait(CommRequest* req) {
+    WatchdogWait wait("the end of an all-gather (started earlier)", "its group");
     MPI_Request request;
     memcpy(&request, req->handle, sizeof(request));
     if (request != MPI_REQUEST_NULL) mpiCheck(MPI_Wait(&request, MPI_STATUS_IGNORE));
 }
 
 inline void mpi_reduce_scatter_v(const ProcessGroup& g, const void* full, void* mine, const int* counts, CommType type) {
+    MpiWait wait(g, "a reduce-scatter");
     mpiCheck(MPI_Reduce_scatter(full, mine, counts, mpi_sum_type(type, "a reduce-scatter"), MPI_SUM, mpi_comm(g)));
 }
 
 inline void mpi_broadcast(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+    MpiWait wait(g, "a broadcast");
     mpiCheck(MPI_Bcast(data, (int)n, mpi_type(type), root, mpi_comm(g)));
 }
 
 inline void mpi_gather(const ProcessGroup& g, const void* mine, size_t n, void* all, CommType type) {
+    MpiWait wait(g, "a gather");
     mpiCheck(MPI_Gather(mine, (int)n, mpi_type(type), all, (int)n, mpi_type(type), 0, mpi_comm(g)));
 }
 
@@ -157,11 +172,13 @@ inline void mpi_send(const ProcessGroup& g, const void* data, size_t n, CommType
 }
 
 inline void mpi_recv(const ProcessGroup& g, void* data, size_t n, CommType type, int peer, int tag) {
+    MpiWait wait(g, "a receive");
     mpiCheck(MPI_Recv(data, (int)n, mpi_type(type), peer, tag, mpi_comm(g), MPI_STATUS_IGNORE));
 }
 
 inline void mpi_finish_sends(const ProcessGroup& g) {
     MpiGroup* m = mpi_group(g);
+    MpiWait wait(g, "the end of this process's sends");
     if (!m->send_requests.empty()) {
         mpiCheck(MPI_Waitall((int)m->send_requests.size(), m->send_requests.data(), MPI_STATUSES_IGNORE));
     }
@@ -169,16 +186,21 @@ inline void mpi_finish_sends(const ProcessGroup& g) {
     m->send_buffers.clear();
 }
 
-inline double mpi_sum_host(const ProcessGroup& g, double value, const char*) {
+inline double mpi_sum_host(const ProcessGroup& g, double value, const char* what) {
+    MpiWait wait(g, what);
     mpiCheck(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, mpi_comm(g)));
     return value;
 }
 
-inline void mpi_all_gather_host_u64(const ProcessGroup& g, uint64_t value, uint64_t* all, const char*) {
+inline void mpi_all_gather_host_u64(const ProcessGroup& g, uint64_t value, uint64_t* all, const char* what) {
+    MpiWait wait(g, what);
     mpiCheck(MPI_Allgather(&value, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, mpi_comm(g)));
 }
 
-inline void mpi_barrier(const ProcessGroup& g, const char*) { mpiCheck(MPI_Barrier(mpi_comm(g))); }
+inline void mpi_barrier(const ProcessGroup& g, const char* what) {
+    MpiWait wait(g, what);
+    mpiCheck(MPI_Barrier(mpi_comm(g)));
+}
 
 inline void mpi_nothing(const ProcessGroup&) {}
 
@@ -213,6 +235,15 @@ inline ProcessGroup mpi_process_group(MPI_Comm comm) {
     mpiCheck(MPI_Comm_size(comm, &g.size));
     MpiGroup* state = new MpiGroup;
     state->comm = comm;
+    MPI_Group group, world;
+    mpiCheck(MPI_Comm_group(comm, &group));
+    mpiCheck(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> ranks(g.size);
+    for (int r = 0; r < g.size; r++) ranks[r] = r;
+    state->world_ranks.resize(g.size);
+    mpiCheck(MPI_Group_translate_ranks(group, g.size, ranks.data(), world, state->world_ranks.data()));
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
     g.state = state;
     g.backend = mpi_backend();
     return g;
@@ -248,6 +279,7 @@ inline ProcessGroup process_group_init(int* argc, char*** argv) {
     // errors are returned to us (and reported by mpiCheck) instead of aborting inside MPI silently
     ProcessGroup world = mpi_process_group(MPI_COMM_WORLD);
     fatal_set_process(world.rank, world.size);  // each error says which process it comes from
+    watchdog_start();  // its thread, idle until the run loop sets -wt (llmc/parallel/watchdog.h)
     return world;
 #endif
 }
@@ -255,6 +287,7 @@ inline ProcessGroup process_group_init(int* argc, char*** argv) {
 inline void process_group_finalize(const ProcessGroup& world) {
     (void)world;
 #ifdef USE_MPI
+    watchdog_stop();
     mpiCheck(MPI_Finalize());
 #endif
 }

@@ -38,6 +38,7 @@
 #include "bootstrap.h"
 #include "comm_mpi.h"
 #include "grad_buckets.h"
+#include "watchdog.h"
 
 // floatX (llmc/cuda_common.cuh) as llmc/parallel/comm.h names it
 #if defined(ENABLE_FP32)
@@ -68,6 +69,7 @@ struct DataParallel {
     DataParallel* world = nullptr;         // a sub-group's: the world's state, which keeps it
     std::vector<cudaEvent_t> fences;       // comm_fence's events (made at the first)
     uint64_t fences_recorded = 0;
+    const char* group_name = "all processes";  // for the watchdog's messages
 };
 
 // Every communicator of this process: an abort ends them all, so no other process waits on one.
@@ -130,7 +132,11 @@ inline void dp_wait(const DataParallel& dp, cudaStream_t stream, const char* wha
         cudaCheck(cudaStreamSynchronize(stream));
         return;
     }
-    BootstrapClock::time_point deadline = deadline_after(dp.timeout_s);
+    // once training runs, the watchdog's limit (-wt) and its report (llmc/parallel/watchdog.h): under
+    // MPI its thread asks the other processes what they wait for
+    WatchdogWait watched(what, dp.group_name);
+    const double limit = watchdog_limit();
+    BootstrapClock::time_point deadline = deadline_after(limit > 0 ? limit : dp.timeout_s);
     while (true) {
         cudaError_t status = cudaStreamQuery(stream);
         if (status == cudaSuccess) return;
@@ -141,9 +147,18 @@ inline void dp_wait(const DataParallel& dp, cudaStream_t stream, const char* wha
             dp_abort(dp, "NCCL failed while waiting for %s: %s (another process may have died)", what,
                      nccl_reason(dp, async).c_str());
         }
+        if (ms_until(deadline) == 0 && limit > 0) {
+            std::string report;
+            if (watchdog_expired_report(&report)) {  // without MPI; under MPI it ends the run itself
+                dp_abort(dp, "%s (another process has died or hangs, or is slower than -wt allows: raise -wt if a "
+                         "checkpoint or a sample takes longer)", report.c_str());
+            }
+            std::this_thread::sleep_for(std::chrono::seconds(DP_ABORT_GRACE_S));  // the watchdog's thread is ending it
+            dp_abort(dp, "the watchdog did not end the run");
+        }
         if (ms_until(deadline) == 0) {
-            dp_abort(dp, "waited %g s (-pt) for %s: another process has died or hangs (or is slower than -pt allows: "
-                     "raise -pt if a checkpoint or a sample takes longer)", dp.timeout_s, what);
+            dp_abort(dp, "waited %g s (-pt) for %s: another process has died or hangs (or is slower than -pt allows)",
+                     dp.timeout_s, what);
         }
         std::this_thread::sleep_for(std::chrono::microseconds(20));
     }

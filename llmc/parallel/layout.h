@@ -100,6 +100,9 @@ inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, in
     lay.tp_group = group(tp, lay.dp_rank + lay.dp * lay.pp_rank, lay.tp_rank);
     lay.dp_group = group(lay.dp, lay.tp_rank + tp * lay.pp_rank, lay.dp_rank);
     lay.pp_group = group(pp, lay.tp_rank + tp * lay.dp_rank, lay.pp_rank);
+    lay.tp_group.name = "tensor-parallel";
+    lay.dp_group.name = "data-parallel";
+    lay.pp_group.name = "pipeline";
     lay.zero_stage = zero_stage;
     pp_stage_layers(cfg.num_layers, pp, lay.pp_rank, &lay.layer_begin, &lay.layer_end);
     return lay;

@@ -33,6 +33,7 @@
 #include "phase_timer.h"
 #include "stop_signal.h"
 #include "train_common.h"
+#include "../parallel/watchdog.h"
 
 // The micro-batches of one step, read by the loop before any forward: count of them, each B rows of T
 // tokens, inputs and targets (count, B, T).
@@ -247,7 +248,9 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     int start_step = run->resume_step >= 0 ? run->resume_step : 0;
     StepBatches batches;
     stop_signals_install();
+    watchdog_set_limit(args.watchdog_s);  // start-up is over: from now on a wait may last -wt seconds
     for (int step = start_step; step <= max_steps; step++) {
+        watchdog_step = step;
         if (int signal = step > start_step ? run_stop_signal(hooks) : 0) {
             // steps start_step .. step - 1 are done: the parameters have had `step` updates
             if (!args.output_dir.empty()) run_save_checkpoint(run, hooks, step);

@@ -393,6 +393,33 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
     }
 }
 
+// A hung collective must not hang the job (llmc/parallel/watchdog.h): process 1 of 2 is stopped
+// (SIGSTOP) during training; process 0 waits for it on its stream (dp_wait), and the watchdog (-wt 8)
+// ends the run within the limit, the answer time and a margin, naming the wait, the step and process 1
+// as not arrived.
+TEST(MultiGpuMpirun, WatchdogEndsARunWhoseProcessStopped) {
+    REQUIRE_MPIRUN_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string out = test::scratch_dir("mpi_watchdog");
+    std::string flags = "-e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 1000000 -v 0 -s 0 -wt 8 -o " + out;
+    std::string script = "{ " + mpirun_command(2) + trainer() + " " + flags + " > " + out + ".log 2>&1 & launcher=$!; "
+        "for i in $(seq 1200); do grep -q 'step    3/' " + out + ".log && break; sleep 0.1; done; "
+        "for p in $(pgrep -f " + out + "); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p; done; "
+        "start=$(date +%s%N); kill -STOP $victim; "
+        "timeout 90 tail --pid=$launcher -f /dev/null || { kill -CONT $victim; kill -9 $launcher; }; wait $launcher; status=$?; "
+        "echo \"exit $status after $(( ($(date +%s%N) - start) / 1000000 )) ms\"; kill -9 $victim 2>/dev/null; true; }";
+    test::CommandResult r = test::run_command(script);
+    std::string log = test::read_text(out + ".log");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;
+    EXPECT_NE(std::stoi(m[1]), 0) << log;
+    EXPECT_LT(std::stod(m[2]) / 1000, 8 + WATCHDOG_ANSWER_S + 30) << "the watchdog took too long\n" << log;
+    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process 0\\): watchdog: .* at step [0-9]+ has waited [0-9]+ s "
+                                                  "\\(-wt 8\\); 1 process\\(es\\) had not arrived:"))) << log;
+    EXPECT_NE(log.find("process 1: no answer within"), std::string::npos) << log;
+}
+
 #if defined(ENABLE_FP32)
 // The issue's acceptance check: `mpirun -np 3 train_gpt2fp32cu -z 1` on a small model follows the CPU
 // trainer (one process, 3-fold accumulation, the same global batch) to fp32 noise.
