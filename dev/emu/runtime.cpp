@@ -250,7 +250,9 @@ struct Device {
             if (run) run();
             if (start) poll = start();
             run = nullptr;  // what it captured (a kernel's arguments) is freed by the stream too
+            start = nullptr;
             bool finished = !poll || poll();
+            if (finished) poll = nullptr;  // its state (a transfer's buffers) too
             if (finished) __tsan_release(task_done);
             __tsan_switch_to_fiber(device_fiber, __tsan_switch_to_fiber_no_sync);
 #else
@@ -294,6 +296,7 @@ struct Device {
 #if EMU_TSAN
             __tsan_switch_to_fiber(s->tsan_fiber, __tsan_switch_to_fiber_no_sync);
             bool finished = (*poll)();
+            if (finished) *poll = nullptr;  // its state is freed by the stream too
             if (finished) __tsan_release(task_done);
             __tsan_switch_to_fiber(device_fiber, __tsan_switch_to_fiber_no_sync);
 #else
