@@ -364,7 +364,8 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
     for (int np : {2, 3}) {
         std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * np);
         TrainerRun one = run_trainer("mpi_one_" + std::to_string(np), flags);
-        for (int zero : {0, 1, 2, 3}) {
+        // every stage with 3 processes; 0 and 1 with 2 (the suite's time on 2 cores)
+        for (int zero : np == 3 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 1}) {
             SCOPED_TRACE(std::to_string(np) + " processes, -z " + std::to_string(zero));
             std::string dir = test::scratch_dir("mpi_" + std::to_string(np) + "_z" + std::to_string(zero));
             test::CommandResult r = test::run_command(mpirun_command(np) + trainer() + " " + flags + " -z " +
@@ -397,6 +398,7 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
 // (SIGSTOP) during training; process 0 waits for it on its stream (dp_wait), and the watchdog (-wt 8)
 // ends the run within the limit, the answer time and a margin, naming the wait, the step and process 1
 // as not arrived.
+#if !defined(ENABLE_FP32)  // the bf16 build's suite only: the path does not depend on the precision
 TEST(MultiGpuMpirun, WatchdogEndsARunWhoseProcessStopped) {
     REQUIRE_MPIRUN_GPUS(2);
     REQUIRE_ORACLE("tiny", tiny_args());
@@ -419,6 +421,7 @@ TEST(MultiGpuMpirun, WatchdogEndsARunWhoseProcessStopped) {
                                                   "\\(-wt 8\\); 1 process\\(es\\) had not arrived:"))) << log;
     EXPECT_NE(log.find("process 1: no answer within"), std::string::npos) << log;
 }
+#endif
 
 #if defined(ENABLE_FP32)
 // The issue's acceptance check: `mpirun -np 3 train_gpt2fp32cu -z 1` on a small model follows the CPU
