@@ -62,6 +62,24 @@ inline CommandResult run_command(const std::string& cmd) {
 }
 
 // `text` with every POSIX extended-regex metacharacter escaped, to match a path literally.
+// Runs `launch` (an mpirun command line, output to `log`) in the background until `log` holds
+// `ready` (a step line), stops MPI rank `rank` (SIGSTOP; found by its OMPI_COMM_WORLD_RANK among the
+// processes whose command line holds `marker`), waits up to `limit_s` for the job to end (else kills
+// it), and returns the shell's output: "exit STATUS after MS ms" (the watchdog tests).
+inline CommandResult run_and_stop_rank(const std::string& launch, const std::string& log, const std::string& ready,
+                                       const std::string& marker, int rank, int limit_s) {
+    std::string script =
+        "{ " + launch + " > " + log + " 2>&1 & launcher=$!; "
+        "for i in $(seq 1200); do grep -q '" + ready + "' " + log + " && break; sleep 0.1; done; "
+        "for p in $(pgrep -f " + marker + "); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
+        "grep -qx OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + " && victim=$p; done; "
+        "start=$(date +%s%N); kill -STOP $victim; "
+        "timeout " + std::to_string(limit_s) + " tail --pid=$launcher -f /dev/null || { kill -CONT $victim; kill -9 $launcher; }; "
+        "wait $launcher; status=$?; "
+        "echo \"exit $status after $(( ($(date +%s%N) - start) / 1000000 )) ms\"; kill -9 $victim 2>/dev/null; true; }";
+    return run_command(script);
+}
+
 inline std::string re_escape(const std::string& text) {
     std::string out;
     for (char c : text) {

@@ -126,15 +126,9 @@ TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {
 TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string out = test::scratch_dir("rel_watchdog");
-    std::string script =
-        "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 ./train_gpt2 " +
-        tiny_args() + " -z 1 -x 1000000 -n 2 -wt 4 -o " + out + " > " + out + ".log 2>&1 & launcher=$!; " +
-        "for i in $(seq 600); do grep -q 'step    5/' " + out + ".log && break; sleep 0.1; done; "
-        "for p in $(pgrep -P $launcher -f train_gpt2); do tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p; done; "
-        "start=$(date +%s%N); kill -STOP $victim; "
-        "timeout 60 tail --pid=$launcher -f /dev/null || { kill -CONT $victim; kill -9 $launcher; }; wait $launcher; status=$?; "
-        "echo \"exit $status after $(( ($(date +%s%N) - start) / 1000000 )) ms\"; kill -9 $victim 2>/dev/null; true; }";
-    test::CommandResult r = test::run_command(script);
+    std::string launch = "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 '" +
+                         test::root() + "/train_gpt2' " + tiny_args() + " -z 1 -x 1000000 -n 2 -wt 4 -o " + out;
+    test::CommandResult r = test::run_and_stop_rank(launch, out + ".log", "step    5/", out, 1, 60);
     std::string log = test::read_text(out + ".log");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;

@@ -405,13 +405,8 @@ TEST(MultiGpuMpirun, WatchdogEndsARunWhoseProcessStopped) {
     std::string oracle_dir = tiny_oracle();
     std::string out = test::scratch_dir("mpi_watchdog");
     std::string flags = "-e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 1000000 -v 0 -s 0 -wt 8 -o " + out;
-    std::string script = "{ " + mpirun_command(2) + trainer() + " " + flags + " > " + out + ".log 2>&1 & launcher=$!; "
-        "for i in $(seq 1200); do grep -q 'step    3/' " + out + ".log && break; sleep 0.1; done; "
-        "for p in $(pgrep -f " + out + "); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p; done; "
-        "start=$(date +%s%N); kill -STOP $victim; "
-        "timeout 90 tail --pid=$launcher -f /dev/null || { kill -CONT $victim; kill -9 $launcher; }; wait $launcher; status=$?; "
-        "echo \"exit $status after $(( ($(date +%s%N) - start) / 1000000 )) ms\"; kill -9 $victim 2>/dev/null; true; }";
-    test::CommandResult r = test::run_command(script);
+    test::CommandResult r = test::run_and_stop_rank(mpirun_command(2) + trainer() + " " + flags, out + ".log", "step    3/",
+                                                     out, 1, 90);
     std::string log = test::read_text(out + ".log");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;
