@@ -608,7 +608,8 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
     write_bytes(dir + "/state3_bare.bin", bytes);
     EXPECT_EXIT(read_state(dir + "/state3_bare.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*state3_bare\\.bin' has no checksums, which its version \\(3\\) always has");
+                "optimizer state file '.*state3_bare\\.bin' has no checksums, which its version \\(" +
+                    std::to_string(STATE_VERSION) + "\\) always has");
     int32_t two = 2;
     memcpy(&bytes[4], &two, 4);
     write_bytes(dir + "/state2.bin", bytes);
