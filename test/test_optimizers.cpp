@@ -409,7 +409,8 @@ TEST(OptimizerOracle, AdafactorOneProcess) {
     expect_agreement(a, 1e-5, 1e-5, 1e-3);
 }
 
-// 3 processes with ZeRO-1 follow the oracle accumulating the same global batch (3 x 2 micro-batches):
+// 3 processes with ZeRO-1 (and Muon with -z 0) follow the oracle accumulating the same global batch (3 x 2
+// micro-batches):
 // Muon's matrices orthogonalized by their owners and shared, AdamW's and Adafactor's updates as in one
 // process. Same tolerances as one process (the sums are ordered differently, fp32 rounding again).
 // Communication per step (llmc/parallel/matrix_owners.h; ring counts of llmc/parallel/comm.h, bytes sent
@@ -417,18 +418,24 @@ TEST(OptimizerOracle, AdafactorOneProcess) {
 // 16 N (P-1)/P (the gradients' reduce-scatter, the parameters' all-gather); Muon adds 8 N (P-1)/P (the
 // Nesterov updates' all-gather) and 8 M (P-1)/P (each matrix's broadcast; 1% for rounding M/P per
 // matrix); Adafactor gathers the gradients instead of the parameters, 16 N (P-1)/P in all.
-TEST(OptimizerOracle, MuonAndAdafactorThreeProcessesZero1) {
+TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     Agreement muon = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, " -z 1");
     expect_agreement(muon, 1e-5, 1e-5, 1e-2);
     EXPECT_LE(muon.matrices, 1e-4) << "Muon's matrices";
     Agreement adafactor = train_against_oracle("opt_adafactor", {"adafactor", 1e-2, 0.0}, "", 3, " -z 1");
     expect_agreement(adafactor, 1e-5, 1e-5, 1e-3);
+    // -z 0: the same matrices' owners and broadcasts, after AdamW's all-reduce (16 N (P-1)/P)
+    Agreement muon_z0 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, " -z 0");
+    expect_agreement(muon_z0, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(muon_z0.matrices, 1e-4) << "Muon's matrices";
     const double N = 126720, M = 98304, ring = 2.0 / 3.0;
     ASSERT_EQ(muon.comm_bytes.size(), 5u);
+    ASSERT_EQ(muon_z0.comm_bytes.size(), 5u);
     ASSERT_EQ(adafactor.comm_bytes.size(), 5u);
     for (int s = 0; s < 5; s++) {
         EXPECT_NEAR(muon.comm_bytes[s], (24 * N + 8 * M) * ring, 0.01 * (24 * N + 8 * M) * ring) << "step " << s;
+        EXPECT_NEAR(muon_z0.comm_bytes[s], (16 * N + 8 * M) * ring, 0.01 * (16 * N + 8 * M) * ring) << "step " << s;
         EXPECT_NEAR(adafactor.comm_bytes[s], 16 * N * ring, 0.01 * 16 * N * ring) << "step " << s;
     }
 }
