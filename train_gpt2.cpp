@@ -17,6 +17,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include <string>
 #include <vector>
 
+#include "llmc/adafactor.h"
 #include "llmc/adamw.h"
 #include "llmc/attention.h"
 #include "llmc/cpu_peak.h"
@@ -30,8 +31,11 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/io/output_lock.h"
 #include "llmc/layernorm.h"
 #include "llmc/matmul.h"
+#include "llmc/muon.h"
+#include "llmc/optimizer.h"
 #include "llmc/parallel/comm_mpi.h"
 #include "llmc/parallel/layout.h"
+#include "llmc/parallel/matrix_owners.h"
 #include "llmc/parallel/model_state.h"
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/tensor_parallel.h"
@@ -190,12 +194,17 @@ struct GPT2 {
     std::vector<float> params_memory, grads_memory;  // (N), padded to the shard layout's size; or the shard (S)
     ParameterTensors params, grads;                  // views of the full arrays (null where sharded)
     size_t params_base = 0, grads_base = 0;          // flat index of element 0: 0, or the shard's begin
-    // AdamW updates parameters [opt_begin, opt_end): all of them, or this process's ZeRO-1/2/3 shard
+    // the optimizer's element-wise work covers parameters [opt_begin, opt_end): all of them, or this
+    // process's ZeRO-1/2/3 shard
     ShardLayout shard;
     size_t opt_begin = 0, opt_end = 0;
     ZeroSharding zero;  // -z 2, -z 3: the units and their buffers (llmc/parallel/zero_sharded.h)
     ZeroMemory memory;  // bytes of model state allocated on this process
-    std::vector<float> m_memory, v_memory;  // AdamW moments, (opt_end - opt_begin)
+    // -opt and what its moments hold (llmc/io/checkpoint.h's m and v): AdamW's, (opt_end - opt_begin)
+    // each; Muon's momentum in m on the block matrices (their v stays 0), AdamW's elsewhere; Adafactor no
+    // m, and its whole factored state in v (every process has all of it: llmc/parallel/matrix_owners.h)
+    OptimizerPlan optimizer;
+    std::vector<float> m_memory, v_memory;
     // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
     // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, and num_parameters
     // and param_sizes/offsets are local (llmc/parallel/model_state.h moves state to and from the whole)
@@ -227,9 +236,11 @@ struct GPT2 {
 };
 
 // Sizes the flat parameter and gradient arrays (zero-filled where new, padded for the collectives)
-// and the AdamW moments for the parameters this process updates: all of them (-z 0) or its shard
+// and the optimizer's state for the parameters this process updates: all of them (-z 0) or its shard
 // (-z 1, see llmc/parallel/zero.h). -z 2 keeps only the shard of the gradients, -z 3 of the parameters too
 // (llmc/parallel/zero_sharded.h); a sharded array is replaced, so the full one's memory goes back.
+// Muon's matrices are dealt to the data-parallel processes by their Newton-Schulz work; Adafactor's state
+// is whole on every process (llmc/parallel/matrix_owners.h).
 void gpt2_setup_optimizer(GPT2* model) {
     const ProcessGroup& pg = model->layout.dp_group;
     int zero_stage = model->layout.zero_stage;
@@ -258,9 +269,25 @@ void gpt2_setup_optimizer(GPT2* model) {
     }
     model->opt_begin = zero_stage >= 1 ? sh.begin : 0;
     model->opt_end = zero_stage >= 1 ? sh.end : model->num_parameters;
+    OptimizerPlan& opt = model->optimizer;
+    opt.tensors = opt.kind == OPT_ADAMW ? std::vector<OptimizerTensor>() : optimizer_tensors(model->config);
+    opt.owner.assign(opt.tensors.size(), -1);
+    if (opt.kind == OPT_MUON) {
+        std::vector<double> work;
+        std::vector<size_t> matrices;
+        for (size_t k = 0; k < opt.tensors.size(); k++) {
+            if (!muon_param_is_matrix(opt.tensors[k].param)) continue;
+            work.push_back(newton_schulz_flops(opt.tensors[k].rows, opt.tensors[k].cols, MuonHyper().ns_steps));
+            matrices.push_back(k);
+        }
+        std::vector<int> owner = balance_owners(work, pg.size);
+        for (size_t i = 0; i < matrices.size(); i++) opt.owner[matrices[i]] = owner[i];
+    }
     // new vectors, not assign(): a shrunk vector would keep (and the process keep resident) its old size
-    std::vector<float>(model->opt_end - model->opt_begin, 0.0f).swap(model->m_memory);
-    std::vector<float>(model->opt_end - model->opt_begin, 0.0f).swap(model->v_memory);
+    size_t moments = model->opt_end - model->opt_begin;
+    size_t second = opt.kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : moments;
+    std::vector<float>(opt.kind == OPT_ADAFACTOR ? 0 : moments, 0.0f).swap(model->m_memory);
+    std::vector<float>(second, 0.0f).swap(model->v_memory);
     ZeroMemory& mem = model->memory;
     mem.params = model->params_memory.size() * sizeof(float);
     mem.grads = model->grads_memory.size() * sizeof(float);
@@ -610,10 +637,13 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
 }
 
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), tensor by
-// tensor so that weight decay reaches only the 2-D tensors. grad_scale is the clipping factor.
-void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
+// tensor so that weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With
+// skip_muon_matrices, the block matrices are left to Muon.
+void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t,
+                       bool skip_muon_matrices = false) {
     AdamWHyper hyper;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (skip_muon_matrices && muon_param_is_matrix(i)) continue;
         size_t begin = std::max(model->param_offsets[i], model->opt_begin);
         size_t end = std::min(model->param_offsets[i] + model->param_sizes[i], model->opt_end);
         if (begin >= end) continue;
@@ -623,6 +653,78 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
                      model->grads_memory.data() + (begin - model->grads_base),
                      model->m_memory.data() + m_index, model->v_memory.data() + m_index, end - begin, hyper,
                      learning_rate, wd, grad_scale, t);
+    }
+}
+
+// The part [begin, end) of matrix tensor t that lies in this process's optimizer range; false if none.
+bool opt_range_of(const GPT2* model, const OptimizerTensor& t, size_t* begin, size_t* end) {
+    *begin = std::max(t.offset, model->opt_begin);
+    *end = std::min(t.offset + t.size(), model->opt_end);
+    return *begin < *end;
+}
+
+// One Muon update (llmc/muon.h; the data-parallel steps 1-4 of llmc/parallel/matrix_owners.h): AdamW on
+// the tensors that are not block matrices, momentum and the Nesterov update of this process's matrix
+// elements (left in the gradient buffer), gathered under -z 1, each matrix orthogonalized by its owner and
+// sent to every process, then applied to this process's elements.
+void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
+    const OptimizerPlan& opt = model->optimizer;
+    const ProcessGroup& dp = model->layout.dp_group;
+    MuonHyper hyper;
+    float* grads = model->grads_memory.data();  // -z 0, 1: every gradient has its place (grads_base is 0)
+    gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    size_t begin, end;
+    for (const OptimizerTensor& t : opt.tensors) {
+        if (muon_param_is_matrix(t.param) && opt_range_of(model, t, &begin, &end)) {
+            muon_momentum(model->m_memory.data() + (begin - model->opt_begin), grads + begin, end - begin,
+                          hyper.momentum, s.grad_scale);
+        }
+    }
+    if (model->layout.zero_stage == 1) all_gather(dp, grads, model->shard.shard_size);
+    std::vector<float> scratch;
+    for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
+        const OptimizerTensor& t = opt.tensors[k];
+        if (opt.owner[k] == dp.rank) newton_schulz(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &scratch);
+    }
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        if (opt.owner[k] >= 0) broadcast(dp, grads + opt.tensors[k].offset, opt.tensors[k].size(), opt.owner[k]);
+    }
+    for (const OptimizerTensor& t : opt.tensors) {
+        if (muon_param_is_matrix(t.param) && opt_range_of(model, t, &begin, &end)) {
+            float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));
+            muon_apply(model->params_memory.data() + begin, grads + begin, end - begin, s.muon_lr, s.weight_decay,
+                       adjusted_lr);
+        }
+    }
+}
+
+// One Adafactor update (llmc/adafactor.h) of every tensor, each layer's its own: factored for the 2-D
+// ones (which -c decays), per element for the vectors. -z 1 first gathers the reduced gradient's shards:
+// every process holds the whole (small) state and updates every parameter, the same bits everywhere.
+void gpt2_update_adafactor(GPT2* model, const OptimizerStep& s) {
+    AdafactorHyper hyper;
+    float* params = model->params_memory.data();
+    float* grads = model->grads_memory.data();
+    if (model->layout.zero_stage == 1) all_gather(model->layout.dp_group, grads, model->shard.shard_size);
+    for (const OptimizerTensor& t : model->optimizer.tensors) {
+        float* state = model->v_memory.data() + t.state_offset;
+        if (t.is_matrix()) {
+            adafactor_update_matrix(params + t.offset, grads + t.offset, state, state + t.rows, t.rows, t.cols, hyper,
+                                    s.lr, s.weight_decay, s.grad_scale, s.t);
+        } else {
+            adafactor_update_vector(params + t.offset, grads + t.offset, state, t.cols, hyper, s.lr, 0.0f,
+                                    s.grad_scale, s.t);
+        }
+    }
+}
+
+// One optimizer update of the step (-opt), for parameters [opt_begin, opt_end) and what the optimizer
+// needs beyond them.
+void gpt2_update(GPT2* model, const OptimizerStep& s) {
+    switch (model->optimizer.kind) {
+        case OPT_ADAMW: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
+        case OPT_MUON: gpt2_update_muon(model, s); break;
+        case OPT_ADAFACTOR: gpt2_update_adafactor(model, s); break;
     }
 }
 
@@ -671,13 +773,16 @@ double gpt2_reduce_gradients(GPT2* model) {
     return std::sqrt(sum_sq);
 }
 
-// The update of a step whose norm was finite (llmc/run/loss_scaler.h decides): AdamW with the clipping
-// factor, then with -z 1 and -z 2 every process gathers the others' updated shards (-z 3 keeps its
-// shard only: the next forward gathers what it needs).
-void gpt2_apply_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
-    gpt2_update(model, learning_rate, weight_decay, grad_scale, t);
+// The update of a step whose norm was finite (llmc/run/loss_scaler.h decides): the optimizer's, with the
+// clipping factor, then with -z 1 and -z 2 every process gathers the others' updated shards (-z 3 keeps
+// its shard only: the next forward gathers what it needs; Adafactor updated every parameter everywhere).
+void gpt2_apply_update(GPT2* model, const OptimizerStep& settings) {
+    gpt2_update(model, settings);
     int zero_stage = model->layout.zero_stage;
-    if (zero_stage == 1 || zero_stage == 2) all_gather(model->layout.dp_group, model->params_memory.data(), model->shard.shard_size);
+    bool sharded_update = model->optimizer.kind != OPT_ADAFACTOR;
+    if ((zero_stage == 1 || zero_stage == 2) && sharded_update) {
+        all_gather(model->layout.dp_group, model->params_memory.data(), model->shard.shard_size);
+    }
 }
 
 // The full parameters (N) on process 0, for a model file or a sample: with -z 3 the shards are gathered
@@ -808,10 +913,17 @@ void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
         } else if (pg.rank == 0) {
             model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
         }
-        state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
-                                   model->opt_begin, model->opt_end);
-        state.m = model->m_memory;
-        state.v = model->v_memory;
+        if (model->optimizer.kind == OPT_ADAFACTOR) {  // the whole state, on every process: process 0 writes it
+            size_t length = pg.rank == 0 ? model->v_memory.size() : 0;
+            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters, 0, length);
+            state.v.assign(model->v_memory.begin(), model->v_memory.begin() + length);
+        } else {
+            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
+                                       model->opt_begin, model->opt_end);
+            state.m = model->m_memory;
+            state.v = model->v_memory;
+        }
+        state.optimizer = model->optimizer.kind;
     } else {  // the whole model and optimizer state, put together on process 0 (llmc/parallel/model_state.h)
         size_t N = num_parameters(model->model_config), n = model->num_parameters;
         auto whole = [&](const std::vector<float>& mine, size_t begin, size_t end) {
@@ -842,9 +954,13 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     const std::string& dir = run->args.output_dir;
     int step = run->resume_step, accum = run->data.grad_accum_steps;
     TrainState state;
-    if (model->layout.tp == 1 && model->layout.pp == 1) {
+    OptimizerKind kind = model->optimizer.kind;
+    if (kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
+        state = train_state_restore(dir, step, dp, accum, model->num_parameters, 0, model->v_memory.size(),
+                                    &run->data.train, &run->sampler_rng, kind);
+    } else if (model->layout.tp == 1 && model->layout.pp == 1) {
         state = train_state_restore(dir, step, dp, accum, model->num_parameters, model->opt_begin, model->opt_end,
-                                    &run->data.train, &run->sampler_rng);
+                                    &run->data.train, &run->sampler_rng, kind);
     } else {
         size_t N = num_parameters(model->model_config);
         state = train_state_restore(dir, step, dp, accum, N, 0, N, &run->data.train, &run->sampler_rng);
@@ -869,25 +985,72 @@ void check_layout_flags(const ParallelLayout& layout, const TrainArgs& args) {
         fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
               args.zero_stage);
     }
+    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout: a
+    // tensor-parallel rank holds a slice of each, and ZeRO-2/3 hold a shard of the gradients only
+    if (args.optimizer != "adamw" && (args.zero_stage >= 2 || layout.tp > 1 || layout.pp > 1)) {
+        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only (this run has -z %d, -tp %d, -pp %d); "
+              "use -z 0 or -z 1 without -tp and -pp, or -opt adamw", args.optimizer.c_str(), args.zero_stage,
+              layout.tp, layout.pp);
+    }
     if (layout.pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
               "has logits); run with -s 0 (and no -he)", layout.pp);
     }
 }
 
+// What the optimizer keeps and does on this process (-opt): its state's memory, and for Muon which
+// matrices this process orthogonalizes and what that adds to a step's communication.
+void optimizer_print(const GPT2* model) {
+    const OptimizerPlan& opt = model->optimizer;
+    const ProcessGroup& dp = model->layout.dp_group;
+    const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
+    const char* range = zero_names[model->layout.zero_stage];
+    size_t n = model->opt_end - model->opt_begin;
+    auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
+    if (opt.kind == OPT_ADAMW) {
+        printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n", n, range,
+               mib(2 * n));
+        return;
+    }
+    if (opt.kind == OPT_ADAFACTOR) {
+        size_t state = model->v_memory.size(), adamw = 2 * model->num_parameters;
+        printf("optimizer: Adafactor over %zu tensors (each layer's its own), factored second moments of %zu floats "
+               "(%.2f MiB) whole on every process; AdamW's moments would be %zu floats (%.1f MiB): saves %.1f MiB per "
+               "process%s\n", opt.tensors.size(), state, mib(state), adamw, mib(adamw), mib(adamw) - mib(state),
+               dp.size > 1 ? " (against AdamW at -z 0)" : "");
+        return;
+    }
+    size_t matrices = 0, mine = 0, matrix_floats = 0;
+    double work = 0, my_work = 0;
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        if (opt.owner[k] < 0) continue;
+        double w = newton_schulz_flops(opt.tensors[k].rows, opt.tensors[k].cols, MuonHyper().ns_steps);
+        matrices++, work += w, matrix_floats += opt.tensors[k].size();
+        if (opt.owner[k] == dp.rank) mine++, my_work += w;
+    }
+    printf("optimizer: Muon on %zu block matrices (each layer's its own), AdamW on the other tensors; momentum and "
+           "moments over %zu parameters (%s), %.1f MiB per process\n", matrices, n, range, mib(2 * n));
+    if (dp.size > 1) {
+        double P = dp.size, gather = model->layout.zero_stage == 1 ? 8.0 * model->shard.padded_size * (P - 1) / P : 0;
+        printf("optimizer: this process orthogonalizes %zu of the %zu matrices, %.2f of %.2f GFLOP per step; Muon adds "
+               "%.1f MiB per step to this process's communication (llmc/parallel/matrix_owners.h: %sthe orthogonalized "
+               "matrices' broadcasts %.1f MiB)\n", mine, matrices, my_work / 1e9, work / 1e9,
+               (gather + 8.0 * matrix_floats * (P - 1) / P) / 1048576.0,
+               model->layout.zero_stage == 1 ? "the Nesterov updates' all-gather, " : "",
+               8.0 * matrix_floats * (P - 1) / P / 1048576.0);
+    }
+}
+
 // This process's part of the model for the layout: its pipeline stage's layers, its tensor-parallel
-// slices of them, and its ZeRO shard of what the optimizer updates.
-void gpt2_distribute(GPT2* model, const ParallelLayout& layout) {
+// slices of them, and its ZeRO shard of what the optimizer updates; the optimizer's state (-opt).
+void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind optimizer = OPT_ADAMW) {
     const ProcessGroup& dp = layout.dp_group;
-    int zero_stage = layout.zero_stage;
     model->layout = layout;
+    model->optimizer.kind = optimizer;
     gpt2_keep_local_part(model);
     gpt2_setup_optimizer(model);
-    const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
-    printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n",
-           model->opt_end - model->opt_begin, zero_names[zero_stage],
-           2.0 * (model->opt_end - model->opt_begin) * sizeof(float) / (1 << 20));
-    zero_memory_print(zero_stage, model->num_parameters, dp.size, model->memory);
+    optimizer_print(model);
+    zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory);
 }
 
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
@@ -908,8 +1071,9 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
         printf("pipeline: bubble formula (p-1)/(m+p-1) = %d/%d = %.3f\n", pp - 1, m + pp - 1, pp_bubble_formula(pp, m));
     }
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
-    printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, AdamW moments %.2f MiB, activations %.2f "
-           "MiB, backward scratch %.2f MiB\n", mib(model->params_memory.size()), mib(model->grads_memory.size()),
+    const char* state = model->optimizer.kind == OPT_ADAMW ? "AdamW moments" : "optimizer state";
+    printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, %s %.2f MiB, activations %.2f "
+           "MiB, backward scratch %.2f MiB\n", mib(model->params_memory.size()), mib(model->grads_memory.size()), state,
            mib(model->m_memory.size() + model->v_memory.size()), mib(model->acts_memory.size()),
            mib(model->scratch_memory.size()));
 }
@@ -926,8 +1090,8 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
         return gpt2_forward_backward(model, pipe, schedule, b, dloss, bad_micro, timer, note);
     };
     h.reduce_gradients = [=] { return gpt2_reduce_gradients(model); };
-    h.update = [=](bool apply, float lr, float wd, float grad_scale, int t) {
-        if (apply) gpt2_apply_update(model, lr, wd, grad_scale, t);
+    h.update = [=](bool apply, const OptimizerStep& settings) {
+        if (apply) gpt2_apply_update(model, settings);
     };
     h.sum_over_replicas = [&dp, &pp](double x, const char*) { return all_reduce_sum(dp, all_reduce_sum(pp, x)); };
     h.eval_loss = [=](const int* in, const int* tg, int B, int T) { return gpt2_eval_loss(model, pipe, in, tg, B, T); };
@@ -965,7 +1129,9 @@ int main(int argc, char** argv) {
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     check_layout_flags(layout, args);
-    gpt2_distribute(&model, layout);
+    OptimizerKind optimizer = OPT_ADAMW;
+    optimizer_from_name(args.optimizer, &optimizer);  // checked by parse_args
+    gpt2_distribute(&model, layout, optimizer);
 
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;

@@ -1007,8 +1007,8 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
     };
     // the global gradient norm (with several GPUs the gradients were reduced during the backward)
     h.reduce_gradients = [=] { return gpt2_grad_norm(model); };
-    h.update = [=](bool apply, float lr, float wd, float grad_scale, int t) {
-        if (apply) gpt2_update(model, lr, wd, grad_scale, t);
+    h.update = [=](bool apply, const OptimizerStep& s) {  // AdamW only (parse_args refuses another -opt)
+        if (apply) gpt2_update(model, s.lr, s.weight_decay, s.grad_scale, s.t);
         gpt2_sync(model, "the parameter update");
     };
     h.sum_over_replicas = [&dp](double x, const char* what) { return all_reduce_sum(dp, x, what); };

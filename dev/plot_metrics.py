@@ -3,10 +3,13 @@
 
     dev/plot_metrics.py log_tinyshakespeare/metrics.jsonl [-o plot.png]
     dev/plot_metrics.py run_a/metrics.jsonl run_b/metrics.jsonl --labels a b -o compare.png
+    dev/plot_metrics.py run_a/metrics.jsonl run_b/metrics.jsonl --x seconds   # against training time
 
 Panels: train and val loss, learning rate, gradient norm, tokens/s, and HellaSwag accuracy when the
 runs logged it (-hs). Several runs are overlaid, one colour per run, with a legend; a run is labelled
-by its directory unless --labels names it. The PNG is 1600 x 1000 pixels (--width, --height).
+by its directory unless --labels names it. The PNG is 1600 x 1000 pixels (--width, --height). --x seconds
+puts every value at the training time before its step (the sum of the earlier steps' "ms": evaluation,
+checkpoints and samples between steps are not counted), to compare runs whose steps take different times.
 
 metrics.jsonl: one JSON object per line, each with an integer "step" and numbers among "train_loss",
 "lr", "grad_norm", "ms", "tokens_per_s", "val_loss", "hellaswag_acc", "hellaswag_acc_norm", ... A
@@ -81,7 +84,21 @@ def read_metrics(path):
     return series
 
 
-def plot(runs, labels, out, width, height):
+def seconds_before_steps(run, path):
+    """{step: seconds of training before it}, from the steps' "ms"."""
+    if "ms" not in run:
+        die(f"{path}: no \"ms\" of the steps, which --x seconds needs")
+    steps, ms = run["ms"]
+    at, total = {}, 0.0
+    for step, value in sorted(zip(steps, ms)):
+        at[step] = total
+        total += value / 1000.0
+    last = max(steps)
+    at[last + 1] = total
+    return lambda step: at.get(step, total if step > last else 0.0)
+
+
+def plot(runs, labels, out, width, height, x_axis="step", paths=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -97,11 +114,14 @@ def plot(runs, labels, out, width, height):
                 if key not in run:
                     continue
                 steps, values = run[key]
+                if x_axis == "seconds":
+                    seconds = seconds_before_steps(run, paths[i])
+                    steps = [seconds(step) for step in steps]
                 name = label if len(keys) == 1 else f"{label}: {key}"
                 ax.plot(steps, values, style, color=colours[i % len(colours)], label=name, markersize=3,
                         linewidth=1.2, alpha=1.0 if style.endswith("-") and "--" not in style else 0.85)
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step" if x_axis == "step" else "seconds of training")
         if log:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
@@ -121,6 +141,7 @@ def main():
     ap.add_argument("--labels", nargs="+", help="one name per run (default: each file's directory)")
     ap.add_argument("--width", type=int, default=1600)
     ap.add_argument("--height", type=int, default=1000)
+    ap.add_argument("--x", choices=["step", "seconds"], default="step", help="the horizontal axis")
     args = ap.parse_args()
     if args.labels and len(args.labels) != len(args.metrics):
         die(f"{len(args.labels)} labels for {len(args.metrics)} runs")
@@ -130,7 +151,10 @@ def main():
     labels = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(p))) or p for p in args.metrics]
     out = args.output or os.path.join(os.path.dirname(os.path.abspath(args.metrics[0])), "metrics.png")
     need("matplotlib")  # else .venv/bin/python runs this script, or one line says what to run
-    plot(runs, labels, out, args.width, args.height)
+    if args.x == "seconds":
+        for run, path in zip(runs, args.metrics):
+            seconds_before_steps(run, path)  # refuses a run without timings before anything is drawn
+    plot(runs, labels, out, args.width, args.height, args.x, args.metrics)
     print(f"wrote {out}")
 
 

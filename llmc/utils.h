@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,8 +42,19 @@ inline void keep_on_error(const std::string& path) {
     }
 }
 
+// Held while a checkpoint is committed (its DONE marker written and its files taken off the list), and
+// taken for good by an error exit's removal: an exit decided on another thread (the collective
+// watchdog) while this one goes on cannot remove files that a DONE marker then vouches for; the
+// committing thread waits instead until the process ends. Recursive: an error inside the commit
+// removes on the same thread.
+inline std::recursive_mutex& files_commit_mutex() {
+    static std::recursive_mutex* m = new std::recursive_mutex;
+    return *m;
+}
+
 // Called on the way out of an error: removes (and names on stderr) each registered file that exists.
 inline void remove_files_on_error() {
+    files_commit_mutex().lock();  // never unlocked: the process is ending
     std::vector<std::string> paths;
     paths.swap(files_removed_on_error());  // an error in here cannot come back to the same list
     for (size_t i = paths.size(); i-- > 0;) {  // newest first

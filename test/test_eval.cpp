@@ -351,6 +351,15 @@ TEST(Plot, TwoRunsToPngOfTheRequestedSizeAndMalformedFilesRefused) {
     r = test::run_command(plot + dir + "/run0/metrics.jsonl");  // default: metrics.png next to it, 1600 x 1000
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(png_size(test::read_text(dir + "/run0/metrics.png")), std::make_pair(1600, 1000));
+    // against training time (the steps' "ms"), which a file without timings cannot give
+    r = test::run_command(plot + dir + "/run0/metrics.jsonl " + dir + "/run1/metrics.jsonl --x seconds -o " + dir +
+                          "/seconds.png --width 900 --height 600");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(png_size(test::read_text(dir + "/seconds.png")), std::make_pair(900, 600));
+    std::ofstream(dir + "/untimed.jsonl", std::ios::binary) << "{\"step\": 0, \"val_loss\": 1.5}\n";
+    r = test::run_command(plot + dir + "/untimed.jsonl --x seconds -o " + dir + "/untimed.png");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("no \"ms\" of the steps, which --x seconds needs"), std::string::npos) << r.output;
 
     struct Bad { const char* content; const char* message; };
     for (const Bad& bad : std::vector<Bad>{

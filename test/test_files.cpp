@@ -412,6 +412,39 @@ TEST(FilesState, RoundTripWithAndWithoutMaster) {
     }
 }
 
+// Version 4 names the optimizer (h[32]); Adafactor's file has no first moments. A version-3 file (no
+// h[32]) is AdamW's; an unknown optimizer number is refused.
+TEST(FilesState, OptimizerIsStoredAndOlderFilesAreAdamw) {
+    std::string dir = test::scratch_dir("files_state_optimizer");
+    for (int optimizer : {OPT_ADAMW, OPT_MUON, OPT_ADAFACTOR}) {
+        SCOPED_TRACE(optimizer_name(optimizer));
+        TrainState s = sample_state(false);
+        s.optimizer = optimizer;
+        if (optimizer == OPT_ADAFACTOR) s.m.clear();
+        std::string path = dir + "/" + optimizer_name(optimizer) + ".bin";
+        state_file_write(path, s);
+        EXPECT_EQ((long)read_bytes(path).size(), HEADER_BYTES + 4 * 250 * (optimizer == OPT_ADAFACTOR ? 1 : 2));
+        TrainState r;
+        state_file_read(path, &r);
+        EXPECT_EQ(r.optimizer, optimizer);
+        EXPECT_EQ(r.m, s.m);
+        EXPECT_EQ(r.v, s.v);
+    }
+    copy_with_header(dir + "/adamw.bin", dir + "/version3.bin", 1, 3);
+    test::reseal_checksums(dir + "/version3.bin");
+    TrainState old;
+    old.optimizer = OPT_MUON;
+    state_file_read(dir + "/version3.bin", &old);
+    EXPECT_EQ(old.optimizer, OPT_ADAMW);
+    copy_with_header(dir + "/adamw.bin", dir + "/unknown.bin", 32, 3);
+    EXPECT_EXIT(read_state(dir + "/unknown.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*unknown\\.bin' has an inconsistent header");
+    TrainState adafactor_with_m = sample_state(false);
+    adafactor_with_m.optimizer = OPT_ADAFACTOR;
+    EXPECT_EXIT(state_file_write(dir + "/bad.bin", adafactor_with_m), testing::ExitedWithCode(1),
+                "optimizer buffers do not match the shard length");
+}
+
 TEST(FilesState, RefusesBadFiles) {
     std::string dir = test::scratch_dir("files_state_bad");
     state_file_write(dir + "/good.bin", sample_state(false));
@@ -576,7 +609,8 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
     write_bytes(dir + "/state4_bare.bin", bytes);
     EXPECT_EXIT(read_state(dir + "/state4_bare.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*state4_bare\\.bin' has no checksums, which its version \\(4\\) always has");
+                "optimizer state file '.*state4_bare\\.bin' has no checksums, which its version \\(" +
+                    std::to_string(STATE_VERSION) + "\\) always has");
     int32_t two = 2;
     memcpy(&bytes[4], &two, 4);
     write_bytes(dir + "/state2.bin", bytes);

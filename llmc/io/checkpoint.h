@@ -14,12 +14,16 @@
 //            parameters, first parameter of this rank's optimizer shard, shard length
 //   h[24] loss scale S (fp32 bits; llmc/run/loss_scaler.h)   h[25] clean steps since S last changed
 //   h[26] consecutive skipped steps   h[27] data-parallel processes (0 in older files: all of them, h[2])
-//   h[28..31] two int64: skipped steps, AdamW updates applied
-//   h[64..255] checksums (llmc/io/checksum.h): always there in versions 3 and 4
-// then fp32 AdamW m and v for the shard, and fp32 master weights for it when has_master. Versions 3,
-// 2 (without checksums) and 1 (without h[24..31] either) are read too; they hold a data position per
-// process in h[12..15] (data shard index of the epoch, sample index of each data-parallel process),
-// which train_state_restore converts where it names a place in the stream exactly.
+//   h[28..31] two int64: skipped steps, optimizer updates applied
+//   h[32] the optimizer (llmc/optimizer.h: 0 AdamW, 1 Muon, 2 Adafactor)
+//   h[64..255] checksums (llmc/io/checksum.h): always there since version 3
+// then, fp32, for the shard: the first moments m (AdamW's m; Muon's momentum on its matrices, AdamW's m
+// elsewhere; none for Adafactor), the second moments v (AdamW's v, zero on Muon's matrices; Adafactor's
+// factors, whose segment indexes its whole state vector, llmc/optimizer.h), and the master weights when
+// has_master. Versions 3 (without h[32]: AdamW), 2 (without checksums) and 1 (without h[24..31] either)
+// are read too; they hold a data position per process in h[12..15] (data shard index of the epoch,
+// sample index of each data-parallel process), which train_state_restore converts where it names a
+// place in the stream exactly.
 //
 // A checkpoint for step S in directory DIR is model_S.bin, one state_S_RANK.bin per process and last
 // a DONE_S marker (S as %08d, RANK as %05d). Every file is written to a temporary name and renamed
@@ -31,8 +35,9 @@
 // What a reader refuses, beyond the header's own checks: bytes that do not match their checksum (the
 // message names the file and the byte range), and states that no run can reach: weights, moments or
 // master weights that are inf or NaN (the trainers skip non-finite steps, so a run that diverged never
-// writes them), a negative AdamW second moment (a running mean of squares), a negative data position
-// (or one past the end of its epoch) or step count, or more updates and skipped steps than steps. The writers refuse the same.
+// writes them), a negative second moment (a running mean of squares), an unknown optimizer, a negative
+// data position (or one past the end of its epoch) or step count, or more updates and skipped steps than
+// steps. The writers refuse the same.
 #pragma once
 
 #include <dirent.h>
@@ -46,6 +51,7 @@
 #include <vector>
 
 #include "../gpt2_config.h"
+#include "../optimizer.h"
 #include "../utils.h"
 #include "checksum.h"
 
@@ -53,8 +59,8 @@ constexpr int32_t MODEL_MAGIC = 20240326;
 constexpr int32_t MODEL_VERSION_FP32 = 3;
 constexpr int32_t MODEL_VERSION_BF16 = 5;
 constexpr int32_t STATE_MAGIC = 20261121;
-constexpr int32_t STATE_VERSION = 4;  // 3 with a per-process data position, 2 without checksums either, 1
-                                      // without the loss scale either
+constexpr int32_t STATE_VERSION = 4;  // 3 with a per-process data position and without the optimizer
+                                      // (AdamW), 2 without checksums either, 1 without the loss scale either
 
 // ----------------------------------------------------------------------------
 // bf16 <-> fp32
@@ -203,7 +209,8 @@ struct TrainState {
     int64_t num_parameters = 0;
     int64_t shard_offset = 0;   // this rank's optimizer shard: parameters [offset, offset + length)
     int64_t shard_length = 0;
-    std::vector<float> m, v;    // (shard_length)
+    int32_t optimizer = OPT_ADAMW;  // which optimizer's moments m and v hold (llmc/optimizer.h)
+    std::vector<float> m, v;    // (shard_length); m empty for Adafactor (no first moment)
     std::vector<float> master;  // (shard_length) or empty
     // skipped steps and loss scaling (llmc/run/loss_scaler.h): S is 1 in a run without scaling; read from a
     // version-1 file, which has none, it is 0 (the resumed run keeps its initial S)
@@ -215,8 +222,18 @@ struct TrainState {
     int32_t data_processes = 0;
 };
 
+// Adafactor keeps no first moment: its files have v (and master) only.
+inline bool state_has_first_moment(int optimizer) { return optimizer != OPT_ADAFACTOR; }
+
+// What m and v hold, for messages: "AdamW m", "Muon and AdamW m", "Adafactor v", ...
+inline std::string state_moment_name(int optimizer, char moment) {
+    const char* owner = optimizer == OPT_MUON && moment == 'm' ? "Muon and AdamW" : optimizer == OPT_ADAFACTOR ? "Adafactor" : "AdamW";
+    return std::string(owner) + " " + moment;
+}
+
 inline void state_file_write(const std::string& path, const TrainState& s) {
-    if ((int64_t)s.m.size() != s.shard_length || (int64_t)s.v.size() != s.shard_length ||
+    bool has_m = state_has_first_moment(s.optimizer);
+    if ((int64_t)s.m.size() != (has_m ? s.shard_length : 0) || (int64_t)s.v.size() != s.shard_length ||
         (!s.master.empty() && (int64_t)s.master.size() != s.shard_length)) {
         fatal("state_file_write: optimizer buffers do not match the shard length %ld", (long)s.shard_length);
     }
@@ -238,15 +255,17 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     header[27] = s.data_processes;
     int64_t counts[2] = {s.skipped_total, s.updates};
     memcpy(&header[28], counts, sizeof(counts));
-    require_finite(s.m.data(), s.m.size(), "writing", "AdamW m of '" + path + "'");
-    require_finite(s.v.data(), s.v.size(), "writing", "AdamW v of '" + path + "'");
-    require_non_negative(s.v.data(), s.v.size(), "writing", "AdamW v of '" + path + "'");
+    header[32] = s.optimizer;
+    std::string m_name = state_moment_name(s.optimizer, 'm'), v_name = state_moment_name(s.optimizer, 'v');
+    require_finite(s.m.data(), s.m.size(), "writing", m_name + " of '" + path + "'");
+    require_finite(s.v.data(), s.v.size(), "writing", v_name + " of '" + path + "'");
+    require_non_negative(s.v.data(), s.v.size(), "writing", v_name + " of '" + path + "'");
     require_finite(s.master.data(), s.master.size(), "writing", "master weights of '" + path + "'");
     size_t bytes = sizeof(float) * (size_t)s.shard_length;
     AtomicFile f = atomic_open(path);
-    BlockChecksums sums = checksummed_write_begin(&f, header, (int64_t)bytes * (s.master.empty() ? 2 : 3),
-                                                  "optimizer state file");
-    checksummed_write(&f, &sums, s.m.data(), bytes);
+    int arrays = (has_m ? 2 : 1) + (s.master.empty() ? 0 : 1);
+    BlockChecksums sums = checksummed_write_begin(&f, header, (int64_t)bytes * arrays, "optimizer state file");
+    if (has_m) checksummed_write(&f, &sums, s.m.data(), bytes);
     checksummed_write(&f, &sums, s.v.data(), bytes);
     if (!s.master.empty()) checksummed_write(&f, &sums, s.master.data(), bytes);
     checksummed_write_end(&f, &sums, header);
@@ -300,8 +319,10 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         s->data_processes = 0;
     }
     if (s->data_processes == 0) s->data_processes = s->num_processes;
+    s->optimizer = header[1] >= 4 ? header[32] : OPT_ADAMW;
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
         s->grad_accum_steps < 1 || s->data_processes < 1 || s->data_processes > s->num_processes ||
+        s->optimizer < OPT_ADAMW || s->optimizer > OPT_ADAFACTOR ||
         (has_master != 0 && has_master != 1) || s->step < 0 || s->data_epoch < 0 || s->data_shard < 0 ||
         s->data_sample < 0 || s->data_unit < 0 || (header[1] >= 4 && s->data_unit >= s->data_epoch_units) ||
         s->num_parameters < 1 ||
@@ -316,13 +337,14 @@ inline void state_file_read(const std::string& path, TrainState* s) {
                            s->skipped_total > s->step - s->updates)) {
         fatal("%s '%s' has an inconsistent loss scale or step counts (corrupt?)", what, path.c_str());
     }
-    long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * (2 + has_master);
+    bool has_m = state_has_first_moment(s->optimizer);
+    long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * ((has_m ? 2 : 1) + has_master);
     expect_file_size(fp, path.c_str(), what, expected);
     BlockChecksums sums = checksums_from_header(header, path, what, expected - HEADER_BYTES, header[1] >= 3);
     size_t bytes = sizeof(float) * (size_t)s->shard_length;
-    s->m.resize(s->shard_length);
+    s->m.resize(has_m ? s->shard_length : 0);
     s->v.resize(s->shard_length);
-    checksummed_read(fp, &sums, s->m.data(), bytes);
+    if (has_m) checksummed_read(fp, &sums, s->m.data(), bytes);
     checksummed_read(fp, &sums, s->v.data(), bytes);
     s->master.clear();
     if (has_master) {
@@ -331,9 +353,10 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     }
     fcloseCheck(fp);
     std::string of = std::string(" of ") + what + " '" + path + "'";
-    require_finite(s->m.data(), s->m.size(), "reading", "AdamW m" + of);
-    require_finite(s->v.data(), s->v.size(), "reading", "AdamW v" + of);
-    require_non_negative(s->v.data(), s->v.size(), "reading", "AdamW v" + of);
+    std::string m_name = state_moment_name(s->optimizer, 'm'), v_name = state_moment_name(s->optimizer, 'v');
+    require_finite(s->m.data(), s->m.size(), "reading", m_name + of);
+    require_finite(s->v.data(), s->v.size(), "reading", v_name + of);
+    require_non_negative(s->v.data(), s->v.size(), "reading", v_name + of);
     require_finite(s->master.data(), s->master.size(), "reading", "master weights" + of);
 }
 

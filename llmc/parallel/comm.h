@@ -185,8 +185,11 @@ inline void all_gather(const ProcessGroup& g, void* data, size_t count, CommType
 }
 inline void all_gather(const ProcessGroup& g, float* data, size_t count) { all_gather(g, data, count, COMM_FLOAT32); }
 
-// Process `root`'s data[n] to every process of the group.
+// Process `root`'s data[n] to every process of the group. Counted as a ring pipelines it (the data passes
+// from process to process: each receives it once and sends it on once, but the root receives nothing
+// and its predecessor sends nothing): 2n(P-1)/P elements per process on average, an all-gather's count.
 inline void broadcast(const ProcessGroup& g, float* data, size_t n, int root) {
+    comm_count(g, n, n / g.size, sizeof(float));
     if (comm_active(g)) g.backend->broadcast(g, data, n, COMM_FLOAT32, root);
 }
 

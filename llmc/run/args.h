@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../gpt2_config.h"
+#include "../optimizer.h"
 #include "../parallel/bootstrap.h"
 #include "../utils.h"
 #include "schedulers.h"
@@ -40,6 +41,8 @@ struct TrainArgs {
     float final_lr_frac = 1.0f;
     std::string schedule = "cosine";
     float weight_decay = 0.0f;
+    std::string optimizer = "adamw";   // adamw|muon|adafactor (llmc/optimizer.h)
+    float muon_learning_rate = 0.02f;  // -opt muon: Muon's rate for the block matrices (-l is AdamW's)
     int overfit_single_batch = 0;
     // evaluation, sampling, output
     int val_every = 20;
@@ -109,6 +112,8 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-q", FlagKind::Float, &a->final_lr_frac, 0, 1, false, "final learning rate as a fraction of -l"},
         {"-k", FlagKind::String, &a->schedule, NAN, NAN, false, "learning rate schedule: cosine|linear|constant|wsd"},
         {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
+        {"-opt", FlagKind::String, &a->optimizer, NAN, NAN, false, "optimizer: adamw|muon|adafactor (doc/optimizers.md)"},
+        {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
         {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
         {"-s", FlagKind::Int, &a->sample_every, 0, INT_MAX, false, "sample every N steps (0: never)"},
@@ -220,6 +225,14 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     LRSchedule schedule;
     if (!parse_lr_schedule(args->schedule.c_str(), &schedule)) {
         fatal("flag -k: unknown schedule '%s' (cosine, linear, constant or wsd)", args->schedule.c_str());
+    }
+    OptimizerKind optimizer;
+    if (!optimizer_from_name(args->optimizer, &optimizer)) {
+        fatal("flag -opt: unknown optimizer '%s' (adamw, muon or adafactor)", args->optimizer.c_str());
+    }
+    if (cuda && optimizer != OPT_ADAMW) {
+        fatal("flag -opt %s: the CUDA trainer has AdamW only so far (Muon and Adafactor run in the CPU trainer, "
+              "train_gpt2)", args->optimizer.c_str());
     }
     args->inject_steps.clear();
     if (!args->inject_nonfinite.empty()) {

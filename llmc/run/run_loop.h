@@ -46,6 +46,16 @@ struct StepBatches {
 
 struct TrainRun;
 
+// One update's settings (the loop's hooks.update): the step's learning rates (-l's schedule for AdamW,
+// Adafactor; -ml's, the same shape, for Muon), -c, the factor the gradients are multiplied by (1/S and the
+// clipping) and t, the update's number from 1.
+struct OptimizerStep {
+    float lr = 0.0f, muon_lr = 0.0f;
+    float weight_decay = 0.0f;
+    float grad_scale = 1.0f;
+    int t = 0;
+};
+
 // What the loop asks of a trainer. Unset optional hooks are skipped.
 struct RunHooks {
     // Clears (or marks stale) the gradients before a step's first micro-batch.
@@ -59,10 +69,9 @@ struct RunHooks {
     // Combines the gradients of all processes; returns their global norm as computed (times S), the
     // same on every process.
     std::function<double()> reduce_gradients;
-    // The end of a step's optimizer phase: with apply, AdamW with learning rate lr, weight decay wd,
-    // gradients multiplied by grad_scale (1/S and the clipping) and t the update's number from 1 (and
+    // The end of a step's optimizer phase: with apply, the optimizer's update with these settings (and
     // whatever must follow it, e.g. gathering ZeRO shards); without, the step is skipped.
-    std::function<void(bool apply, float lr, float wd, float grad_scale, int t)> update;
+    std::function<void(bool apply, const OptimizerStep& settings)> update;
     // A per-process number summed over the model's data-parallel replicas: over the pipeline stages
     // (where only the last has a loss) and the data-parallel processes. Collective; `what` names it in
     // the error of a process that waits too long.
@@ -91,6 +100,7 @@ struct TrainRun {
     TrainArgs args;
     TrainingData data;
     LRScheduler scheduler;
+    LRScheduler muon_scheduler;  // -opt muon: -ml's, with the schedule of -l
     TokenizerFile tokenizer;
     bool have_tokenizer = false;
     SampleSettings sample_settings;
@@ -121,6 +131,8 @@ inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Confi
     run->resume_step = resume_step;
     training_data_init(&run->data, args, cfg, dp_rank, dp_size, resume_step);
     run->scheduler = lr_scheduler_from_args(args, run->data.max_steps);
+    run->muon_scheduler = run->scheduler;
+    run->muon_scheduler.learning_rate = args.muon_learning_rate;
     int eot;
     run->have_tokenizer = load_sample_tokenizer(args, cfg, &run->tokenizer, &eot);
     run->sample_settings = sample_settings_from_args(args, cfg, eot);
@@ -190,11 +202,15 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     float loss = (float)(hooks.sum_over_replicas(loss_sum, "the step's loss") / ((double)m * run->dp_size));
     double scaled_norm = hooks.reduce_gradients();  // global: every process decides the same
     phase_end(timer);
-    float lr = lr_at_step(run->scheduler, step);
-    float grad_scale = loss_scaler_grad_scale(*scaler, scaled_norm, 1.0);  // 1/S and the clipping
+    OptimizerStep update;
+    float lr = update.lr = lr_at_step(run->scheduler, step);
+    update.muon_lr = lr_at_step(run->muon_scheduler, step);
+    update.weight_decay = args.weight_decay;
+    update.grad_scale = loss_scaler_grad_scale(*scaler, scaled_norm, 1.0);  // 1/S and the clipping
     bool apply = loss_scaler_step(scaler, scaled_norm, step);
+    update.t = (int)scaler->updates;
     phase_begin(timer, PHASE_OPTIMIZER);
-    hooks.update(apply, lr, args.weight_decay, grad_scale, (int)scaler->updates);
+    hooks.update(apply, update);
     phase_end(timer);
     double grad_norm = scaled_norm / step_scale;
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -204,6 +220,10 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     char text[128];
     if (scaler->dynamic) {
         snprintf(text, sizeof(text), " | scale %g", step_scale);
+        note += text;
+    }
+    if (args.optimizer == "muon") {
+        snprintf(text, sizeof(text), " | muon lr %.3e", update.muon_lr);
         note += text;
     }
     if (!apply) {

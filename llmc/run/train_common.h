@@ -139,8 +139,12 @@ void checkpoint_finish(const std::string& dir, int step, int rank, TrainState* s
     train_state_set_scaler(state, scaler);
     state_file_write(checkpoint_state_path(dir, step, rank), *state);
     barrier("the other processes' checkpoint files");
-    if (rank == 0) checkpoint_mark_done(dir, step);
-    checkpoint_end(dir, step, rank);
+    {
+        // not while an error exit removes this process's files (the watchdog's thread may be at it)
+        std::lock_guard<std::recursive_mutex> commit(files_commit_mutex());
+        if (rank == 0) checkpoint_mark_done(dir, step);
+        checkpoint_end(dir, step, rank);
+    }
     barrier("rank 0's checkpoint marker");
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
@@ -255,11 +259,13 @@ inline DataPosition data_position_from_state(const TrainState& state, DataLoader
 // range (with -z 0 the first file does). Checks that the files belong to this run (same model, B, T
 // and tokens per step, complete coverage); then moves the data loader to the saved position (the
 // same for any process count: data_position_from_state) and restores the sampler. The returned
-// state's m, v (and master, when the files have it) are (opt_end - opt_begin) long; the trainer copies
-// them into place.
+// state's m, v (and master, when the files have it) are (opt_end - opt_begin) long (m empty for
+// Adafactor); the trainer copies them into place. The files must have been written with the run's
+// optimizer (-opt): another one's moments mean nothing to it. For Adafactor, [opt_begin, opt_end)
+// indexes its whole state vector (llmc/optimizer.h), not the parameters.
 inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
                                       size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
-                                      uint64_t* sampler_rng) {
+                                      uint64_t* sampler_rng, int optimizer = OPT_ADAMW) {
     (void)pg;  // every process reads what it needs; the data-parallel size is loader->num_processes
     std::string first_path = checkpoint_state_path(dir, step, 0);
     if (!file_exists(first_path)) {
@@ -267,6 +273,11 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     }
     TrainState first;
     state_file_read(first_path, &first);
+    if (first.optimizer != optimizer) {
+        fatal("checkpoint %d in %s was written with -opt %s; this run has -opt %s (resume with -opt %s, or start a "
+              "fresh run in another -o)", step, dir.c_str(), optimizer_name(first.optimizer), optimizer_name(optimizer),
+              optimizer_name(first.optimizer));
+    }
     long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
     long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
     if (first.B != loader->B || first.T != loader->T || written_tokens != our_tokens) {
@@ -280,7 +291,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     state.rank = 0;
     state.shard_offset = (int64_t)opt_begin;
     state.shard_length = (int64_t)n;
-    state.m.assign(n, 0.0f);
+    state.m.assign(state_has_first_moment(optimizer) ? n : 0, 0.0f);
     state.v.assign(n, 0.0f);
     state.master.assign(first.master.empty() ? 0 : n, 0.0f);
     std::vector<std::pair<size_t, size_t>> covered;  // pieces of [opt_begin, opt_end) filled so far
@@ -306,7 +317,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
             state_file_read(path, &piece);
         }
         if (piece.num_processes != state.num_processes || piece.rank != rank || piece.step != state.step ||
-            piece.master.empty() != state.master.empty()) {
+            piece.master.empty() != state.master.empty() || piece.optimizer != state.optimizer) {
             fatal("state file '%s' does not belong with the other files of checkpoint %d (process %d of %d, step %ld)",
                   path.c_str(), step, piece.rank, piece.num_processes, (long)piece.step);
         }
@@ -318,7 +329,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
         size_t end = std::min(opt_end, (size_t)(piece.shard_offset + piece.shard_length));
         if (begin >= end) continue;
         size_t from = begin - piece.shard_offset, to = begin - opt_begin, count = end - begin;
-        std::copy_n(piece.m.begin() + from, count, state.m.begin() + to);
+        if (!state.m.empty()) std::copy_n(piece.m.begin() + from, count, state.m.begin() + to);
         std::copy_n(piece.v.begin() + from, count, state.v.begin() + to);
         if (!state.master.empty()) std::copy_n(piece.master.begin() + from, count, state.master.begin() + to);
         covered.push_back({begin, end});

@@ -9,13 +9,16 @@ What it writes into --out DIR:
   state.bin   a debug test state for sample 0 of the shard: inputs, targets, logits (B,T,V), loss,
               and the gradients of the 16 parameter tensors (version 2, same layout as llm.c's)
   train.bin   with --data-tokens N: a synthetic data shard the run (and the C++) trains on
-  run.json    with --steps S: per-step loss, learning rate and gradient norm of an AdamW run
+  run.json    with --steps S: per-step loss, learning rate and gradient norm of the run (--opt: AdamW,
+              or torch.optim.Muon / torch.optim.Adafactor as train_gpt2's -opt uses them)
   final.bin   with --steps S: the parameters after S updates (version 3)
 
 Other modes: --check-grads compares autograd with central finite differences (float64);
 --hellaswag FILE.jsonl --init-from MODEL.bin --bpe-dir DIR scores HellaSwag-format examples with the
 model (float64) and writes DIR/hellaswag.json (see score_hellaswag);
---bench N prints `oracle_ms_per_step <ms>` for N training steps (optionally on CUDA).
+--bench N prints `oracle_ms_per_step <ms>` for N training steps (optionally on CUDA);
+--check-muon-ns checks that newton_schulz() below, run in bfloat16, is torch.optim.Muon's own
+orthogonalization bit for bit (so that --muon-ns-dtype compute changes only the precision).
 
 Examples (with the interpreter that has torch: .venv/bin/python after scripts/install_deps.sh, or
 whatever scripts/find_python.sh prints; PyTorch 2.x):
@@ -90,19 +93,26 @@ def parse_args(argv):
     g.add_argument("--data-tokens", type=int, help="write DIR/train.bin with N synthetic tokens")
     g.add_argument("--shard", help="read tokens from this existing data shard")
     g = ap.add_argument_group("training run")
-    g.add_argument("--steps", type=int, default=0, help="AdamW steps (0: only model.bin and state.bin)")
+    g.add_argument("--steps", type=int, default=0, help="training steps (0: only model.bin and state.bin)")
     g.add_argument("--lr", type=float, default=1e-4)
     g.add_argument("--warmup", type=int, default=0, help="linear warm-up steps W")
     g.add_argument("--final-frac", type=float, default=1.0, help="final lr as a fraction of --lr")
     g.add_argument("--schedule", choices=["cosine", "linear", "constant", "wsd"], default="cosine")
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--accum", type=int, default=1, help="gradient accumulation micro-steps K")
+    g.add_argument("--opt", choices=["adamw", "muon", "adafactor"], default="adamw",
+                   help="optimizer, as train_gpt2 -opt (see train_with_optimizer)")
+    g.add_argument("--muon-lr", type=float, default=0.02, help="--opt muon: Muon's learning rate (-ml)")
+    g.add_argument("--muon-ns-dtype", choices=["bfloat16", "compute"], default="bfloat16",
+                   help="--opt muon: Newton-Schulz in bfloat16 (torch.optim.Muon as it is) or in --dtype")
     g = ap.add_argument_group("other modes")
     g.add_argument("--check-grads", action="store_true",
                    help="compare autograd with finite differences (float64; tiny model by default)")
     g.add_argument("--hellaswag", metavar="JSONL", help="score these HellaSwag examples (needs --init-from, --bpe-dir)")
     g.add_argument("--bpe-dir", help="GPT-2's encoder.json and vocab.bpe, for --hellaswag (tokenized by tiktoken)")
     g.add_argument("--bench", type=int, metavar="N", help="time N training steps, print ms/step, exit")
+    g.add_argument("--check-muon-ns", action="store_true",
+                   help="check newton_schulz() in bfloat16 against torch.optim.Muon's, bit for bit")
     g.add_argument("--bf16", action="store_true", help="bench on cuda: torch.autocast bf16")
     g.add_argument("--compile", action="store_true", help="bench: torch.compile the loss (CPU or cuda)")
     g.add_argument("--sdpa", action="store_true", help="bench: F.scaled_dot_product_attention")
@@ -401,14 +411,15 @@ def clip_gradients(grads):
     return norm
 
 
-def adamw_update(params, grads, m_state, v_state, step, lr, weight_decay):
+def adamw_update(params, grads, m_state, v_state, step, lr, weight_decay, names=PARAM_NAMES):
     """One AdamW update at t = step+1, in the params' dtype:
     m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  m^ = m/(1-b1^t);  v^ = v/(1-b2^t)
-    p = p - lr * (m^ / (sqrt(v^) + eps) + wd_i * p),  wd_i = weight_decay for 2-D weights, else 0."""
+    p = p - lr * (m^ / (sqrt(v^) + eps) + wd_i * p),  wd_i = weight_decay for 2-D weights, else 0.
+    names: the tensors' names (PARAM_NAMES, or the part of them that AdamW updates)."""
     t = step + 1
     bias1, bias2 = 1.0 - BETA1 ** t, 1.0 - BETA2 ** t
     with torch.no_grad():
-        for name, p, g, m, v in zip(PARAM_NAMES, params, grads, m_state, v_state):
+        for name, p, g, m, v in zip(names, params, grads, m_state, v_state):
             m.mul_(BETA1).add_(g, alpha=1.0 - BETA1)
             v.mul_(BETA2).addcmul_(g, g, value=1.0 - BETA2)
             update = torch.div(m, bias1).div_(torch.div(v, bias2).sqrt_().add_(ADAM_EPS))
@@ -417,8 +428,109 @@ def adamw_update(params, grads, m_state, v_state, step, lr, weight_decay):
             p.add_(update, alpha=-lr)
 
 
-def train_step(params, m_state, v_state, batches, step, lr, weight_decay, loss_impl, autocast=None):
-    """Accumulates the grads of loss_m / K over the K micro-batches, clips, updates.
+# The matrix optimizers, as train_gpt2 -opt muon|adafactor uses them: PyTorch's own classes, given each
+# layer's matrix as a tensor of its own (views into the stacked (L, ...) tensors, whose gradients are
+# pointed at the matching views of the stacked gradients before every step).
+MUON_MATRICES = ["qkvw", "attprojw", "fcw", "fcprojw"]   # per layer; AdamW updates the rest
+STACKED = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+           "fcprojb"}   # (L, ...): one tensor per layer for the optimizers
+FP32_EPS = 2.0 ** -23   # torch.finfo(torch.float32).eps: Adafactor's default eps1 for fp32 parameters
+
+
+def newton_schulz(G, steps, a, b, c, eps, dtype):
+    """torch.optim.Muon's orthogonalization written out, in `dtype` (Muon's own is bfloat16): X = G or
+    Gᵀ (whichever is wide), X /= max(‖X‖_F, eps), then `steps` times A = X Xᵀ, X = a X + (b A + c A²) X,
+    with torch.addmm as Muon calls it. --check-muon-ns checks this against Muon's in bfloat16."""
+    X = G.to(dtype)
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T
+    X = X / X.norm().clamp(min=eps)
+    for _ in range(steps):
+        A = X @ X.T
+        B = torch.addmm(A, A, A, beta=b, alpha=c)
+        X = torch.addmm(X, B, X, beta=a)
+    return X.T if tall else X
+
+
+def check_muon_ns():
+    """newton_schulz in bfloat16 against torch.optim._muon's own function, bit for bit, on a wide, a tall
+    and a square matrix."""
+    import torch.optim._muon as muon_module
+    gen = torch.Generator().manual_seed(0)
+    ok = True
+    for shape in [(24, 40), (96, 32), (32, 32)]:
+        G = torch.randn(shape, generator=gen, dtype=torch.float32)
+        args = ((muon_module.DEFAULT_A, muon_module.DEFAULT_B, muon_module.DEFAULT_C), muon_module.DEFAULT_NS_STEPS,
+                muon_module.EPS)
+        want = muon_module._zeropower_via_newtonschulz(G, *args)
+        got = newton_schulz(G, args[1], *args[0], args[2], torch.bfloat16)
+        same = want.dtype == got.dtype and torch.equal(want, got)
+        print(f"check-muon-ns: {shape}: {'identical' if same else 'DIFFERENT'} ({want.dtype})")
+        ok = ok and same
+    print("check-muon-ns " + ("PASSED" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def layer_views(names, params):
+    """(name, layer or None, view) for each tensor the matrix optimizers see: a layer's slice of a stacked
+    tensor, or a whole unstacked one. The views share the parameters' storage."""
+    views = []
+    for name, p in zip(names, params):
+        if name in STACKED:
+            views += [(name, l, p.detach()[l]) for l in range(p.shape[0])]
+        else:
+            views.append((name, None, p.detach()))
+    return views
+
+
+class MatrixOptimizer:
+    """torch.optim.Muon on each layer's qkvw, attprojw, fcw, fcprojw with AdamW (adamw_update) on the other
+    tensors, or torch.optim.Adafactor on every tensor (each layer's its own; 2-D ones factored). Weight
+    decay: Muon's matrices and AdamW's wte/wpe; Adafactor's 2-D tensors. step() takes the clipped
+    gradients of the 16 tensors and the step's learning rates."""
+
+    def __init__(self, args, params):
+        self.kind, self.params = args.opt, params
+        views = layer_views(PARAM_NAMES, params)
+        if self.kind == "muon":
+            if args.muon_ns_dtype == "compute":   # the same iteration in the oracle's dtype
+                import torch.optim._muon as muon_module
+                muon_module._zeropower_via_newtonschulz = (
+                    lambda G, coefficients, steps, eps: newton_schulz(G, steps, *coefficients, eps, G.dtype))
+            self.muon_views = [(n, l, v) for n, l, v in views if n in MUON_MATRICES]
+            self.muon = torch.optim.Muon([v for _, _, v in self.muon_views], lr=args.muon_lr,
+                                         weight_decay=args.weight_decay)
+            self.adamw_names = [n for n in PARAM_NAMES if n not in MUON_MATRICES]
+            self.adamw_params = [p for n, p in zip(PARAM_NAMES, params) if n not in MUON_MATRICES]
+            self.m = [torch.zeros_like(p) for p in self.adamw_params]
+            self.v = [torch.zeros_like(p) for p in self.adamw_params]
+        else:
+            self.views = views
+            matrices = [v for _, _, v in views if v.dim() == 2]
+            vectors = [v for _, _, v in views if v.dim() == 1]
+            self.adafactor = torch.optim.Adafactor(
+                [{"params": matrices, "weight_decay": args.weight_decay}, {"params": vectors, "weight_decay": 0.0}],
+                lr=args.lr, eps=(FP32_EPS, 1e-3))
+
+    def step(self, grads, step, lr, muon_lr, weight_decay):
+        by_name = dict(zip(PARAM_NAMES, grads))
+        point = lambda views: [setattr(v, "grad", by_name[n] if l is None else by_name[n][l]) for n, l, v in views]
+        if self.kind == "muon":
+            point(self.muon_views)
+            self.muon.param_groups[0]["lr"] = muon_lr
+            self.muon.step()
+            adamw_update(self.adamw_params, [by_name[n] for n in self.adamw_names], self.m, self.v, step, lr,
+                         weight_decay, self.adamw_names)
+        else:
+            point(self.views)
+            for group in self.adafactor.param_groups:
+                group["lr"] = lr
+            self.adafactor.step()
+
+
+def train_step(params, update, batches, loss_impl, autocast=None):
+    """Accumulates the grads of loss_m / K over the K micro-batches, clips, calls update(grads).
     loss_impl(params, inputs, targets) -> scalar loss. Returns (mean of the K losses, grad norm)."""
     for p in params:
         p.grad = None
@@ -434,15 +546,21 @@ def train_step(params, m_state, v_state, batches, step, lr, weight_decay, loss_i
         losses.append(loss.item())
     grads = [p.grad for p in params]
     norm = clip_gradients(grads)
-    adamw_update(params, grads, m_state, v_state, step, lr, weight_decay)
+    update(grads)
     return sum(losses) / K, norm
 
 
 def train(args, cfg, params, tokens, B, T, out_dir):
     S, K = args.steps, args.accum
     num_samples = (len(tokens) - 1) // (B * T)
-    m_state = [torch.zeros_like(p) for p in params]
-    v_state = [torch.zeros_like(p) for p in params]
+    if args.opt == "adamw":
+        m_state = [torch.zeros_like(p) for p in params]
+        v_state = [torch.zeros_like(p) for p in params]
+        optimizer_step = lambda grads, s, lr, muon_lr: adamw_update(params, grads, m_state, v_state, s, lr,
+                                                                      args.weight_decay)
+    else:
+        matrix_optimizer = MatrixOptimizer(args, params)
+        optimizer_step = lambda grads, s, lr, muon_lr: matrix_optimizer.step(grads, s, lr, muon_lr, args.weight_decay)
     device = params[0].device
     loss_impl = lambda p, x, y: loss_fn(p, x, y, cfg)[0]
     losses, lrs, norms = [], [], []
@@ -451,7 +569,8 @@ def train(args, cfg, params, tokens, B, T, out_dir):
         batches = [tuple(z.to(device) for z in sample(tokens, (s * K + m) % num_samples, B, T))
                    for m in range(K)]
         lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
-        loss, norm = train_step(params, m_state, v_state, batches, s, lr, args.weight_decay, loss_impl)
+        muon_lr = learning_rate(s, S, args.muon_lr, args.warmup, args.final_frac, args.schedule)
+        loss, norm = train_step(params, lambda grads: optimizer_step(grads, s, lr, muon_lr), batches, loss_impl)
         losses.append(loss), lrs.append(lr), norms.append(norm)
         print(f"step {s + 1:4d}/{S} | loss {loss:.6f} | lr {lr:.4e} | grad norm {norm:.4f} "
               f"| {time.perf_counter() - t0:.1f} s")
@@ -460,8 +579,10 @@ def train(args, cfg, params, tokens, B, T, out_dir):
         "lr": args.lr, "warmup": args.warmup, "final_frac": args.final_frac,
         "schedule": args.schedule, "weight_decay": args.weight_decay, "accum": K,
         "num_samples": num_samples, "beta1": BETA1, "beta2": BETA2, "eps": ADAM_EPS,
-        "grad_clip": GRAD_CLIP, "init_from": args.init_from,
+        "grad_clip": GRAD_CLIP, "init_from": args.init_from, "opt": args.opt,
         "data": args.shard or os.path.join(out_dir, "train.bin")}}
+    if args.opt == "muon":
+        run["config"].update({"muon_lr": args.muon_lr, "muon_ns_dtype": args.muon_ns_dtype})
     with open(os.path.join(out_dir, "run.json"), "w") as f:
         json.dump(run, f, indent=1)
     write_model(os.path.join(out_dir, "final.bin"), cfg, params)
@@ -731,6 +852,8 @@ def main(argv):
     args.dtype = args.dtype or "float64"
     if args.check_grads:
         return run_check_grads(args)
+    if args.check_muon_ns:
+        return check_muon_ns()
     if args.hellaswag:
         return score_hellaswag(args)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -1,0 +1,554 @@
+// The optimizers beyond AdamW (-opt muon|adafactor, doc/optimizers.md):
+//  - llmc/muon.h's Newton-Schulz and llmc/adafactor.h's update against double-precision references
+//    written here from the formulas;
+//  - the matrices' owners under data parallelism (llmc/parallel/matrix_owners.h) are balanced;
+//  - train_gpt2 -opt muon and -opt adafactor against the PyTorch oracle's torch.optim.Muon (with AdamW
+//    on the other tensors) and torch.optim.Adafactor, a few steps on the tiny model: one process, and 3
+//    processes with ZeRO-1 (the oracle accumulating the same global batch);
+//  - a run resumed from its checkpoint continues bit for bit; resuming with another -opt, and layouts
+//    the matrix optimizers do not support, are refused with a message.
+#include <cmath>
+#include <vector>
+
+#include "../llmc/adafactor.h"
+#include "../llmc/io/checkpoint.h"
+#include "../llmc/muon.h"
+#include "../llmc/optimizer.h"
+#include "../llmc/parallel/matrix_owners.h"
+#include "../llmc/run/args.h"
+#include "test_helpers.h"
+
+namespace {
+
+// ----------------------------------------------------------------------------
+// the update rules, against references in double
+
+// Newton-Schulz in double, from the definition (torch.optim.Muon's): X = G, or Gᵀ when G is tall;
+// X /= max(‖X‖_F, eps); five times A = X Xᵀ, X = a X + (b A + c A A) X; transposed back.
+std::vector<double> newton_schulz_reference(const std::vector<float>& g, int rows, int cols) {
+    bool tall = rows > cols;
+    int n = tall ? cols : rows, m = tall ? rows : cols;
+    std::vector<double> x(n * m), a(n * n), aa(n * n), y(n * m);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < m; j++) x[i * m + j] = tall ? g[j * cols + i] : g[i * cols + j];
+    }
+    double norm = 0;
+    for (double v : x) norm += v * v;
+    norm = std::max(std::sqrt(norm), 1e-7);
+    for (double& v : x) v /= norm;
+    for (int step = 0; step < 5; step++) {
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < n; j++) {
+                double s = 0;
+                for (int k = 0; k < m; k++) s += x[i * m + k] * x[j * m + k];
+                a[i * n + j] = s;
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < n; j++) {
+                double s = 0;
+                for (int k = 0; k < n; k++) s += a[i * n + k] * a[k * n + j];
+                aa[i * n + j] = -4.7750 * a[i * n + j] + 2.0315 * s;
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < m; j++) {
+                double s = 0;
+                for (int k = 0; k < n; k++) s += aa[i * n + k] * x[k * m + j];
+                y[i * m + j] = 3.4445 * x[i * m + j] + s;
+            }
+        }
+        x.swap(y);
+    }
+    std::vector<double> out(rows * cols);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < m; j++) (tall ? out[j * cols + i] : out[i * cols + j]) = x[i * m + j];
+    }
+    return out;
+}
+
+std::vector<float> random_matrix(size_t n, uint64_t seed, float scale) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = scale * ((float)(seed >> 40) / (float)(1 << 24) - 0.5f);
+    }
+    return x;
+}
+
+// fp32 against double: each of the 15 products sums at most 96 terms, whose rounding (6e-8 relative
+// each) the iteration carries along; its slope at zero (a = 3.4 per step) can amplify what lands in
+// the smallest singular directions by up to 3.4^5 ~ 500, which on these random matrices stays below
+// 1e-5 of the largest element (measured: <= 1e-6). A wrong coefficient, a missing transpose or a
+// normalization by the wrong norm is off by 1e-2 or more.
+TEST(OptimizerMuon, NewtonSchulzMatchesDoubleReference) {
+    for (auto shape : {std::pair<int, int>{12, 40}, {40, 12}, {32, 32}, {96, 24}}) {
+        int rows = shape.first, cols = shape.second;
+        SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+        std::vector<float> g = random_matrix((size_t)rows * cols, rows * 1000 + cols, 0.01f);
+        std::vector<double> want = newton_schulz_reference(g, rows, cols);
+        std::vector<float> x = g, scratch;
+        newton_schulz(x.data(), rows, cols, MuonHyper(), &scratch);
+        double worst = 0, largest = 0;
+        for (size_t i = 0; i < x.size(); i++) {
+            worst = std::max(worst, std::fabs(x[i] - want[i]));
+            largest = std::max(largest, std::fabs(want[i]));
+        }
+        EXPECT_LE(worst, 1e-5 * largest);
+        printf("  %dx%d: max error %.2e of the largest element %.3f\n", rows, cols, worst / largest, largest);
+        EXPECT_GT(largest, 0.05);  // the scale of the input is gone: the result is near-orthogonal
+    }
+}
+
+// A tall matrix is orthogonalized as the transpose of its transpose, bit for bit (the code copies it
+// transposed and back).
+TEST(OptimizerMuon, TallIsTransposeOfWide) {
+    int rows = 48, cols = 16;
+    std::vector<float> tall = random_matrix((size_t)rows * cols, 7, 1.0f), wide(tall.size()), scratch;
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) wide[j * rows + i] = tall[i * cols + j];
+    }
+    newton_schulz(tall.data(), rows, cols, MuonHyper(), &scratch);
+    newton_schulz(wide.data(), cols, rows, MuonHyper(), &scratch);
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) ASSERT_EQ(tall[i * cols + j], wide[j * rows + i]) << i << " " << j;
+    }
+}
+
+// Momentum and Nesterov as torch.optim.Muon writes them (lerps), and the learning-rate adjustment of
+// its default adjust_lr_fn ("original": sqrt(max(1, rows/cols))).
+TEST(OptimizerMuon, MomentumAndLearningRateAdjustment) {
+    std::vector<float> momentum = {0.0f, 1.0f, -2.0f}, grad = {1.0f, 1.0f, 4.0f};
+    muon_momentum(momentum.data(), grad.data(), 3, 0.95f, 0.5f);  // gradients clipped by half
+    for (int i = 0; i < 3; i++) {
+        double g = 0.5 * std::vector<double>{1, 1, 4}[i], b0 = std::vector<double>{0, 1, -2}[i];
+        double b = 0.95 * b0 + 0.05 * g;
+        EXPECT_NEAR(momentum[i], b, 1e-6 * std::fabs(b));  // fp32: a few roundings of 6e-8
+        EXPECT_NEAR(grad[i], 0.05 * g + 0.95 * b, 1e-6 * std::fabs(b));  // the Nesterov update, in place of the gradient
+    }
+    EXPECT_DOUBLE_EQ(muon_lr_ratio(3 * 64, 64), std::sqrt(3.0));
+    EXPECT_DOUBLE_EQ(muon_lr_ratio(4 * 64, 64), 2.0);
+    EXPECT_DOUBLE_EQ(muon_lr_ratio(64, 4 * 64), 1.0);
+    EXPECT_DOUBLE_EQ(muon_lr_ratio(64, 64), 1.0);
+}
+
+// Adafactor in double from torch.optim.Adafactor's definition (its documentation's algorithm, with its
+// lerp form of the running means and eps1 at the variance estimate and the update):
+//   w = t^-0.8, rho = min(lr, 1/sqrt t), alpha = max(eps2, RMS(p)) rho, p *= 1 - lr wd,
+//   R = R + w (mean_j g² - R), C = C + w (mean_i g² - C), V = R Cᵀ / max(mean R, eps1),
+//   U = g / max(sqrt V, eps1), p -= alpha / max(1, RMS(U)/d) U.
+struct AdafactorReference {
+    std::vector<double> p, row, col;
+    int rows, cols;
+    void step(const std::vector<float>& g32, double scale, double lr, double wd, int t) {
+        double eps1 = 1.0 / (1 << 23), eps2 = 1e-3, w = std::pow((double)t, -0.8);
+        size_t n = p.size();
+        std::vector<double> g(n);
+        for (size_t i = 0; i < n; i++) g[i] = g32[i] * scale;
+        double ss = 0;
+        for (double v : p) ss += v * v;
+        double alpha = std::max(eps2, std::sqrt(ss / n)) * std::min(lr, 1 / std::sqrt((double)t));
+        for (double& v : p) v *= 1 - lr * wd;
+        for (int i = 0; i < rows; i++) {
+            double s = 0;
+            for (int j = 0; j < cols; j++) s += g[i * cols + j] * g[i * cols + j];
+            row[i] += w * (s / cols - row[i]);
+        }
+        for (int j = 0; j < cols; j++) {
+            double s = 0;
+            for (int i = 0; i < rows; i++) s += g[i * cols + j] * g[i * cols + j];
+            col[j] += w * (s / rows - col[j]);
+        }
+        double row_mean = 0;
+        for (double r : row) row_mean += r / rows;
+        std::vector<double> u(n);
+        double uu = 0;
+        for (int i = 0; i < rows; i++) {
+            for (int j = 0; j < cols; j++) {
+                double v = row[i] * col[j] / std::max(row_mean, eps1);
+                u[i * cols + j] = g[i * cols + j] / std::max(std::sqrt(v), eps1);
+                uu += u[i * cols + j] * u[i * cols + j];
+            }
+        }
+        double denom = std::max(1.0, std::sqrt(uu / n));
+        for (size_t i = 0; i < n; i++) p[i] -= alpha / denom * u[i];
+    }
+};
+
+// Four steps on a 6x10 matrix with a zero row (its update must stay 0: eps1 keeps V's square root
+// away from 0) and weight decay; also the same on a vector of 10 (the unfactored variance). fp32 against
+// double: a few roundings per element per step, 1e-6 of the parameters' scale.
+TEST(OptimizerAdafactor, MatchesDoubleReference) {
+    int rows = 6, cols = 10, n = rows * cols;
+    std::vector<float> p = random_matrix(n, 3, 0.1f), row(rows, 0.0f), col(cols, 0.0f);
+    AdafactorReference ref{std::vector<double>(p.begin(), p.end()), std::vector<double>(rows), std::vector<double>(cols), rows, cols};
+    std::vector<float> pv(p.begin(), p.begin() + cols), var(cols, 0.0f);
+    AdafactorReference ref_vector{std::vector<double>(pv.begin(), pv.end()), std::vector<double>(1), std::vector<double>(cols), 1, cols};
+    for (int t = 1; t <= 4; t++) {
+        std::vector<float> g = random_matrix(n, 100 + t, 0.02f * t);
+        for (int j = 0; j < cols; j++) g[2 * cols + j] = 0.0f;
+        adafactor_update_matrix(p.data(), g.data(), row.data(), col.data(), rows, cols, AdafactorHyper(), 0.01f, 0.1f, 0.5f, t);
+        ref.step(g, 0.5f, 0.01f, 0.1f, t);
+        // a vector: V is the running mean of g² itself (the reference's one "row" factor is mean_j g²,
+        // so its R Cᵀ / mean R is the column factor: the same)
+        adafactor_update_vector(pv.data(), g.data(), var.data(), cols, AdafactorHyper(), 0.01f, 0.0f, 0.5f, t);
+        ref_vector.step(std::vector<float>(g.begin(), g.begin() + cols), 0.5f, 0.01f, 0.0f, t);
+    }
+    for (int i = 0; i < n; i++) EXPECT_NEAR(p[i], ref.p[i], 1e-6 * 0.1) << i;
+    for (int i = 0; i < cols; i++) EXPECT_NEAR(pv[i], ref_vector.p[i], 1e-6 * 0.1) << i;
+    for (int i = 0; i < rows; i++) EXPECT_NEAR(row[i], ref.row[i], 1e-6 * ref.row[i] + 1e-30) << i;
+    for (int j = 0; j < cols; j++) EXPECT_NEAR(col[j], ref.col[j], 1e-6 * ref.col[j]) << j;
+    for (int j = 0; j < cols; j++) EXPECT_NEAR(var[j], ref_vector.col[j], 1e-6 * ref_vector.col[j]) << j;
+}
+
+// The tensors the matrix optimizers see, per layer; their state sizes.
+TEST(OptimizerTensors, PerLayerShapesAndAdafactorState) {
+    GPT2Config cfg = {32, 300, 384, 2, 4, 64};
+    std::vector<OptimizerTensor> tensors = optimizer_tensors(cfg);
+    ASSERT_EQ(tensors.size(), 2 + 12 * 2 + 2u);
+    size_t covered = 0, state = 0, C = 64;
+    for (const OptimizerTensor& t : tensors) {
+        EXPECT_EQ(t.offset, covered) << param_tensor_name(t.param) << " layer " << t.layer;
+        covered += t.rows * t.cols;
+        EXPECT_EQ(t.state_offset, state);
+        state += t.rows > 1 ? t.rows + t.cols : t.cols;
+    }
+    EXPECT_EQ(covered, num_parameters(cfg));
+    EXPECT_EQ(adafactor_state_size(tensors), state);
+    EXPECT_EQ(tensors[0].rows, 384u);  // wte
+    EXPECT_EQ(tensors[1].rows, 32u);   // wpe
+    int muon = 0;
+    for (const OptimizerTensor& t : tensors) {
+        if (t.param == P_QKVW) {
+            EXPECT_TRUE(t.rows == 3 * C && t.cols == C);
+        }
+        if (t.param == P_FCPROJW) {
+            EXPECT_TRUE(t.rows == C && t.cols == 4 * C);
+        }
+        if (t.param == P_QKVB) {
+            EXPECT_TRUE(t.rows == 1 && t.cols == 3 * C);
+        }
+        muon += muon_param_is_matrix(t.param);
+    }
+    EXPECT_EQ(muon, 4 * 2);
+}
+
+// d12's 48 matrices over 1..8 processes: each one's owner, deterministic, with the largest load within
+// one fc matrix's work of the ideal share (greedy largest-first: no process ends more than one item above
+// the average).
+TEST(OptimizerOwners, BalancedByWork) {
+    GPT2Config cfg;
+    ASSERT_TRUE(config_from_descriptor("d12", &cfg));
+    std::vector<double> work;
+    for (const OptimizerTensor& t : optimizer_tensors(cfg)) {
+        if (muon_param_is_matrix(t.param)) work.push_back(newton_schulz_flops(t.rows, t.cols, 5));
+    }
+    ASSERT_EQ(work.size(), 48u);
+    double total = 0, largest = 0;
+    for (double w : work) total += w, largest = std::max(largest, w);
+    for (int P = 1; P <= 8; P++) {
+        std::vector<int> owner = balance_owners(work, P);
+        EXPECT_EQ(owner, balance_owners(work, P));
+        std::vector<double> load(P, 0.0);
+        for (size_t k = 0; k < work.size(); k++) {
+            ASSERT_GE(owner[k], 0);
+            ASSERT_LT(owner[k], P);
+            load[owner[k]] += work[k];
+        }
+        double most = *std::max_element(load.begin(), load.end());
+        EXPECT_LE(most, total / P + largest) << P << " processes";
+        printf("  %d processes: largest load %.3f of the ideal share\n", P, most / (total / P));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the trainer against the PyTorch oracle
+
+const char* TINY = "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 4096";
+
+bool have_mpirun() { return test::run_command("command -v mpirun").exit_code == 0; }
+
+std::string mpirun(int np) {
+    return "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
+}
+
+// A run of `steps` steps with accumulation, warmup, a cosine to 10% and weight decay, for the oracle and
+// for the trainer (whose batch is the oracle's accumulation over processes x accum micro-batches).
+struct OptimizerRun {
+    std::string opt;
+    double lr, muon_lr;
+    int steps = 5, accum = 2;
+    std::string oracle_args(int processes) const {
+        char buf[256];
+        snprintf(buf, sizeof(buf), " --steps %d --accum %d --warmup 2 --lr %g --final-frac 0.1 --weight-decay 0.1 "
+                 "--opt %s --muon-lr %g", steps, accum * processes, lr, opt.c_str(), muon_lr);
+        return buf;
+    }
+    std::string trainer_args(const std::string& oracle_dir, int processes) const {
+        char buf[256];
+        snprintf(buf, sizeof(buf), " -b 2 -t 16 -d %d -x %d -u 2 -l %g -q 0.1 -c 0.1 -opt %s -ml %g", 2 * 16 * accum * processes,
+                 steps, lr, opt.c_str(), muon_lr);
+        return test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -sh 0 -v 0 -s 0 -n " +
+               std::to_string(steps) + buf;
+    }
+};
+
+struct Agreement {
+    double loss = 0, norm = 0;         // worst relative loss and gradient-norm error over the steps
+    double params = 0, matrices = 0;   // worst parameter error (see below): all tensors, Muon's four matrices
+    std::vector<double> comm_bytes;    // process 0's, per step (metrics.jsonl)
+};
+
+// Our run in `dir` against the oracle's. Parameters: per tensor, the largest difference from the oracle's
+// final value over the largest distance the oracle moved any element of that tensor from its start
+// (so 1e-3 means "a thousandth of how far training moved the tensor").
+Agreement compare_with_oracle(const std::string& oracle_dir, const std::string& dir, int steps) {
+    Agreement a;
+    std::string run_json = test::read_text(oracle_dir + "/run.json");
+    std::vector<double> want_loss = test::json_array(run_json, "losses"), want_norm = test::json_array(run_json, "grad_norms");
+    std::vector<double> loss = test::jsonl_values(dir + "/metrics.jsonl", "train_loss"),
+                        norm = test::jsonl_values(dir + "/metrics.jsonl", "grad_norm");
+    EXPECT_EQ(want_loss.size(), (size_t)steps);
+    EXPECT_EQ(loss.size(), want_loss.size());
+    EXPECT_EQ(norm.size(), want_norm.size());
+    for (size_t s = 0; s < std::min(loss.size(), want_loss.size()); s++) {
+        a.loss = std::max(a.loss, std::fabs(loss[s] - want_loss[s]) / want_loss[s]);
+        a.norm = std::max(a.norm, std::fabs(norm[s] - want_norm[s]) / want_norm[s]);
+    }
+    GPT2Config cfg;
+    std::vector<float> init, ours, oracle;
+    char name[32];
+    snprintf(name, sizeof(name), "/model_%08d.bin", steps);
+    model_file_read(oracle_dir + "/model.bin", &cfg, &init);
+    model_file_read(dir + name, &cfg, &ours);
+    model_file_read(oracle_dir + "/final.bin", &cfg, &oracle);
+    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    param_tensor_offsets(cfg, offsets);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        double diff = 0, moved = 0;
+        for (size_t j = offsets[i]; j < offsets[i] + sizes[i]; j++) {
+            diff = std::max(diff, (double)std::fabs(ours[j] - oracle[j]));
+            moved = std::max(moved, (double)std::fabs(oracle[j] - init[j]));
+        }
+        EXPECT_GT(moved, 0.0) << param_tensor_name(i) << " did not move";
+        a.params = std::max(a.params, diff / moved);
+        if (muon_param_is_matrix(i)) a.matrices = std::max(a.matrices, diff / moved);
+        printf("  %-9s moved %.3e, differs by %.2e of that\n", param_tensor_name(i), moved, diff / moved);
+    }
+    a.comm_bytes = test::jsonl_values(dir + "/metrics.jsonl", "comm_bytes");
+    printf("  worst relative error: loss %.2e, grad norm %.2e, parameters %.2e\n", a.loss, a.norm, a.params);
+    return a;
+}
+
+void expect_agreement(const Agreement& a, double loss, double norm, double params) {
+    EXPECT_LE(a.loss, loss) << "loss";
+    EXPECT_LE(a.norm, norm) << "grad norm";
+    EXPECT_LE(a.params, params) << "final parameters";
+}
+
+Agreement train_against_oracle(const std::string& name, const OptimizerRun& run, const std::string& oracle_extra,
+                               int processes, const std::string& trainer_extra = "") {
+    std::string oracle_dir = test::oracle(name + "_np" + std::to_string(processes),
+                                          std::string(TINY) + run.oracle_args(processes) + oracle_extra);
+    std::string dir = test::scratch_dir(name + "_np" + std::to_string(processes));
+    std::string launch = processes > 1 ? mpirun(processes) : "OMP_NUM_THREADS=2 ";
+    test::CommandResult r = test::run_command(launch + run.trainer_args(oracle_dir, processes) + trainer_extra + " -o " + dir);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (r.exit_code != 0) {
+        Agreement failed;
+        failed.loss = failed.norm = failed.params = failed.matrices = 1;
+        return failed;
+    }
+    return compare_with_oracle(oracle_dir, dir, run.steps);
+}
+
+// The oracle's Newton-Schulz is written out (newton_schulz in gpt2_oracle.py) and checked here to be
+// torch.optim.Muon's own, bit for bit, when run in bfloat16 as Muon runs it.
+TEST(OptimizerOracle, MuonNewtonSchulzIsTorchs) {
+    test::CommandResult r = test::run_command(test::python() + " " + test::root() + "/test/oracle/gpt2_oracle.py --check-muon-ns");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("check-muon-ns PASSED"), std::string::npos) << r.output;
+}
+
+// Tolerances, for the tiny model over 5 steps (the numbers the tests print; doc/optimizers.md):
+//  - losses and gradient norms, 1e-5 relative: as for AdamW (test_model.cpp), fp32 rounding of the
+//    forward and backward (measured <= 8e-8);
+//  - parameters, against the float64 oracle whose Newton-Schulz also runs in float64
+//    (--muon-ns-dtype compute): AdamW's tensors carry the noise explained in test_model.cpp (elements
+//    with a ~0 true gradient, the key biases, moved by rounding scaled up to a fraction of lr): 1e-2 of
+//    the distance each tensor moved, as there (measured 5e-4, qkvb). Muon's matrices carry the fp32
+//    rounding of 15 products, amplified in the small singular directions: 1e-4 (measured 4e-6).
+TEST(OptimizerOracle, MuonOneProcess) {
+    Agreement a = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1);
+    expect_agreement(a, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
+}
+
+// torch.optim.Muon as it is runs Newton-Schulz in bfloat16 (8 significant bits); ours runs in fp32, the
+// CPU reference's precision. Each orthogonalized update then differs by about bf16's rounding, 2^-9
+// relative per operation, carried through 15 products: measured, Muon's matrices end 2-4% of their
+// movement apart, the losses 6e-6 and the gradient norms 9e-4 relative. (AdamW's tensors follow
+// gradients that now differ by that much, and AdamW scales up the differences of elements whose
+// gradient is ~0, as test_model.cpp explains: up to 10% of wte's movement; the fp32 test above checks
+// them.) Bounds: losses 1e-4, norms 1e-2, Muon's matrices 0.06 of the distance moved (a learning rate
+// 10% off moves them 0.10-0.12 of it; no orthogonalization, or another coefficient, far more).
+TEST(OptimizerOracle, MuonAgainstTorchsBf16NewtonSchulz) {
+    Agreement a = train_against_oracle("opt_muon_bf16", {"muon", 1e-3, 0.02}, "", 1);
+    EXPECT_LE(a.loss, 1e-4) << "loss";
+    EXPECT_LE(a.norm, 1e-2) << "grad norm";
+    EXPECT_LE(a.matrices, 0.06) << "Muon's matrices";
+}
+
+// Adafactor against torch.optim.Adafactor (float64, with eps1 = fp32's machine epsilon, which is the
+// default torch gives fp32 parameters). Its update divides by a square root of mean squares too, but of a
+// whole row and column, so an element with a ~0 gradient is not scaled up as AdamW's is: parameters
+// within 1e-3 of the distance moved (measured 2.2e-5, qkvb).
+TEST(OptimizerOracle, AdafactorOneProcess) {
+    Agreement a = train_against_oracle("opt_adafactor", {"adafactor", 1e-2, 0.0}, "", 1);
+    expect_agreement(a, 1e-5, 1e-5, 1e-3);
+}
+
+// 3 processes with ZeRO-1 (and Muon with -z 0) follow the oracle accumulating the same global batch (3 x 2
+// micro-batches):
+// Muon's matrices orthogonalized by their owners and shared, AdamW's and Adafactor's updates as in one
+// process. Same tolerances as one process (the sums are ordered differently, fp32 rounding again).
+// Communication per step (llmc/parallel/matrix_owners.h; ring counts of llmc/parallel/comm.h, bytes sent
+// plus received, P = 3, N = 126720 parameters, M = 98304 of them in the 8 matrices): AdamW's -z 1 moves
+// 16 N (P-1)/P (the gradients' reduce-scatter, the parameters' all-gather); Muon adds 8 N (P-1)/P (the
+// Nesterov updates' all-gather) and 8 M (P-1)/P (each matrix's broadcast; 1% for rounding M/P per
+// matrix); Adafactor gathers the gradients instead of the parameters, 16 N (P-1)/P in all.
+TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    Agreement muon = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, " -z 1");
+    expect_agreement(muon, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(muon.matrices, 1e-4) << "Muon's matrices";
+    Agreement adafactor = train_against_oracle("opt_adafactor", {"adafactor", 1e-2, 0.0}, "", 3, " -z 1");
+    expect_agreement(adafactor, 1e-5, 1e-5, 1e-3);
+    // -z 0: the same matrices' owners and broadcasts, after AdamW's all-reduce (16 N (P-1)/P)
+    Agreement muon_z0 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, " -z 0");
+    expect_agreement(muon_z0, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(muon_z0.matrices, 1e-4) << "Muon's matrices";
+    const double N = 126720, M = 98304, ring = 2.0 / 3.0;
+    ASSERT_EQ(muon.comm_bytes.size(), 5u);
+    ASSERT_EQ(muon_z0.comm_bytes.size(), 5u);
+    ASSERT_EQ(adafactor.comm_bytes.size(), 5u);
+    for (int s = 0; s < 5; s++) {
+        EXPECT_NEAR(muon.comm_bytes[s], (24 * N + 8 * M) * ring, 0.01 * (24 * N + 8 * M) * ring) << "step " << s;
+        EXPECT_NEAR(muon_z0.comm_bytes[s], (16 * N + 8 * M) * ring, 0.01 * (16 * N + 8 * M) * ring) << "step " << s;
+        EXPECT_NEAR(adafactor.comm_bytes[s], 16 * N * ring, 0.01 * 16 * N * ring) << "step " << s;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints and refusals
+
+std::string tiny_oracle() { return test::oracle("tiny", std::string(TINY)); }
+
+std::string base_command(int steps) {
+    std::string dir = tiny_oracle();
+    return test::root() + "/train_gpt2 -e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -d 64 -l 1e-3 -u 1 "
+           "-c 0.1 -sh 1 -v 0 -s 0 -x " + std::to_string(steps);
+}
+
+// Run A: 6 steps, checkpoints every 3. Run B: the same, its last checkpoint removed, resumed from step 3:
+// the same bits (the momentum, the factored moments and the update count all come back), on one process
+// and on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file).
+TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
+    for (const char* opt : {"muon", "adafactor"}) {
+        for (int np : {1, 3}) {
+            if (np > 1 && !have_mpirun()) continue;
+            SCOPED_TRACE(std::string(opt) + " on " + std::to_string(np) + " process(es)");
+            std::string launch = np > 1 ? mpirun(np) : "";
+            std::string cmd = launch + base_command(6) + " -n 3 -opt " + opt + (np > 1 ? " -z 1 -d 192" : "");
+            std::string a = test::scratch_dir("opt_resume_a"), b = test::scratch_dir("opt_resume_b");
+            test::CommandResult ra = test::run_command(cmd + " -o " + a);
+            ASSERT_EQ(ra.exit_code, 0) << ra.output;
+            ASSERT_EQ(test::run_command(cmd + " -o " + b).exit_code, 0);
+            ASSERT_EQ(test::run_command("rm " + b + "/model_00000006.bin " + b + "/state_00000006_* " + b + "/DONE_00000006").exit_code, 0);
+            test::CommandResult rb = test::run_command(cmd + " -o " + b + " -y 1");
+            ASSERT_EQ(rb.exit_code, 0) << rb.output;
+            EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
+            EXPECT_EQ(test::read_text(a + "/model_00000006.bin"), test::read_text(b + "/model_00000006.bin"));
+            EXPECT_EQ(test::read_text(a + "/state_00000006_00000.bin"), test::read_text(b + "/state_00000006_00000.bin"));
+            EXPECT_EQ(test::metrics_without_timings(a + "/metrics.jsonl"), test::metrics_without_timings(b + "/metrics.jsonl"));
+        }
+    }
+}
+
+// The state file names its optimizer; resuming with another -opt is refused, naming both.
+TEST(OptimizerCheckpoint, ResumeWithAnotherOptimizerIsRefused) {
+    std::string dir = test::scratch_dir("opt_other");
+    ASSERT_EQ(test::run_command(base_command(2) + " -n 2 -opt muon -o " + dir).exit_code, 0);
+    TrainState state;
+    state_file_read(dir + "/state_00000002_00000.bin", &state);
+    EXPECT_EQ(state.optimizer, OPT_MUON);
+    for (const char* other : {"adamw", "adafactor"}) {
+        test::CommandResult r = test::run_command(base_command(4) + " -opt " + other + " -y 1 -o " + dir);
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_NE(r.output.find("was written with -opt muon; this run has -opt " + std::string(other)), std::string::npos)
+            << r.output;
+    }
+    std::string adamw = test::scratch_dir("opt_other_adamw");
+    ASSERT_EQ(test::run_command(base_command(2) + " -n 2 -o " + adamw).exit_code, 0);
+    test::CommandResult r = test::run_command(base_command(4) + " -opt adafactor -y 1 -o " + adamw);
+    EXPECT_NE(r.output.find("was written with -opt adamw; this run has -opt adafactor"), std::string::npos) << r.output;
+}
+
+// The default is AdamW, and -opt adamw is the same run bit for bit; the start-up names the optimizer and
+// what its state takes (Adafactor: what it saves against AdamW's moments).
+TEST(OptimizerCli, DefaultIsAdamwAndStartupNamesTheState) {
+    std::string d0 = test::scratch_dir("opt_default"), d1 = test::scratch_dir("opt_adamw");
+    test::CommandResult r0 = test::run_command(base_command(2) + " -n 2 -o " + d0);
+    test::CommandResult r1 = test::run_command(base_command(2) + " -n 2 -opt adamw -o " + d1);
+    ASSERT_EQ(r0.exit_code, 0) << r0.output;
+    ASSERT_EQ(r1.exit_code, 0) << r1.output;
+    EXPECT_EQ(test::read_text(d0 + "/model_00000002.bin"), test::read_text(d1 + "/model_00000002.bin"));
+    EXPECT_EQ(test::read_text(d0 + "/state_00000002_00000.bin"), test::read_text(d1 + "/state_00000002_00000.bin"));
+    test::CommandResult af = test::run_command(base_command(1) + " -opt adafactor");
+    ASSERT_EQ(af.exit_code, 0) << af.output;
+    EXPECT_NE(af.output.find("optimizer: Adafactor"), std::string::npos) << af.output;
+    EXPECT_NE(af.output.find("saves"), std::string::npos) << af.output;
+    test::CommandResult mu = test::run_command(base_command(1) + " -opt muon -ml 0.01");
+    ASSERT_EQ(mu.exit_code, 0) << mu.output;
+    EXPECT_NE(mu.output.find("optimizer: Muon"), std::string::npos) << mu.output;
+}
+
+// The flags in-process: -opt and -ml parse, the CUDA trainer refuses the matrix optimizers for now.
+TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesMatrixOptimizers) {
+    auto parse = [](std::vector<std::string> words, bool cuda) {
+        words.insert(words.begin(), "train");
+        std::vector<char*> argv;
+        for (std::string& w : words) argv.push_back(&w[0]);
+        TrainArgs args;
+        parse_args((int)argv.size(), argv.data(), &args, cuda);
+        return args;
+    };
+    TrainArgs defaults = parse({}, false);
+    EXPECT_EQ(defaults.optimizer, "adamw");
+    EXPECT_FLOAT_EQ(defaults.muon_learning_rate, 0.02f);
+    TrainArgs muon = parse({"-opt", "muon", "-ml", "0.05"}, false);
+    EXPECT_EQ(muon.optimizer, "muon");
+    EXPECT_FLOAT_EQ(muon.muon_learning_rate, 0.05f);
+    EXPECT_EQ(parse({"-opt", "adamw"}, true).optimizer, "adamw");
+    EXPECT_EXIT(parse({"-opt", "muon"}, true), testing::ExitedWithCode(1),
+                "flag -opt muon: the CUDA trainer has AdamW only so far");
+    EXPECT_EXIT(parse({"-ml", "-1"}, false), testing::ExitedWithCode(1), "flag -ml: -1 is outside the allowed range");
+}
+
+TEST(OptimizerCli, RefusesWhatItCannotRun) {
+    test::CommandResult bad = test::run_command(base_command(1) + " -opt sgd");
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_NE(bad.output.find("flag -opt: unknown optimizer 'sgd' (adamw, muon or adafactor)"), std::string::npos) << bad.output;
+    if (!have_mpirun()) return;
+    for (const char* opt : {"muon", "adafactor"}) {
+        for (const char* layout : {"-z 2", "-z 3", "-tp 2", "-pp 2"}) {
+            test::CommandResult r = test::run_command(mpirun(2) + base_command(1) + " -opt " + opt + " " + layout);
+            EXPECT_NE(r.exit_code, 0) << opt << " " << layout;
+            EXPECT_NE(r.output.find("-opt " + std::string(opt) + " runs with data parallelism and ZeRO stages 0 and 1 only"),
+                      std::string::npos) << r.output;
+        }
+    }
+}
+
+}  // namespace
