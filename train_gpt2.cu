@@ -2,7 +2,7 @@
 GPT-2 training on NVIDIA GPUs in BF16 mixed precision (or fp32 with PRECISION=FP32): the same model,
 flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
-One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1, -z 2 ZeRO-2):
+One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1, -z 2 ZeRO-2, -z 3 ZeRO-3):
 llmc/parallel/comm_nccl.cuh and doc/data_parallel.md.
 
     tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
@@ -550,7 +550,7 @@ BlockGrads packed_block_grads(GPT2* model, int l) {
 // after the last reader of dst).
 void gather_packed_params(GPT2* model, int b, floatX* dst) {
     const ProcessGroup& dp = model->layout.dp_group;
-    size_t shard_start = (size_t)dp.rank * model->shard.shard_size;
+    size_t shard_start = shard_first(model->shard);
     std::vector<int> counts(dp.size, 0), displs(dp.size, 0);
     std::vector<bool> seen(dp.size, false);
     for (const GradSlice& s : model->grad_buckets[b]) {
@@ -614,7 +614,7 @@ BlockParams block_params(GPT2* model, int l, bool wait) {
 // over processes and micro-steps there.
 void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
     const ProcessGroup& dp = model->layout.dp_group;
-    size_t shard_start = (size_t)dp.rank * model->shard.shard_size;
+    size_t shard_start = shard_first(model->shard);
     for (const GradSlice& s : model->grad_buckets[b]) {
         if (s.owner != dp.rank) continue;
         add_into((floatX*)packed + s.unit_offset, model->grads_memory + (s.offset - shard_start), s.count, model->stream);
@@ -714,8 +714,8 @@ void gpt2_zero_grad(GPT2* model) {
 // Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
 // holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
-// and the compute stream's later work waits for all of those reductions. With -z 2 every micro-step
-// is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
+// and the compute stream's later work waits for all of those reductions. With -z 2 and 3 every
+// micro-step is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
@@ -816,7 +816,7 @@ double gpt2_grad_norm(GPT2* model) {
     const floatX* grads = model->grads_memory;
     size_t n = model->num_parameters;
     if (model->layout.zero_stage >= 1) {
-        if (!model->packed_grads) grads += (size_t)model->shard.rank * model->shard.shard_size;
+        if (!model->packed_grads) grads += shard_first(model->shard);
         n = model->shard.shard_size;
     }
     sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, n, model->stream);
@@ -854,7 +854,7 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
         s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u + (uint32_t)(begin - off) * 2246822519u;
         // -z 2, 3: the gradient (and -z 3 the parameter) array is the shard, whose element 0 is flat
         // element rank * shard_size
-        size_t shard_start = model->shard.rank * model->shard.shard_size;
+        size_t shard_start = shard_first(model->shard);
         const floatX* grads = model->grads_memory + (model->packed_grads ? begin - shard_start : begin);
         floatX* params = model->params_memory + (model->sharded_params ? begin - shard_start : begin);
         adamw_update(params, model->master_memory ? model->master_memory + opt_index : nullptr, grads,

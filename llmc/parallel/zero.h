@@ -25,6 +25,10 @@ struct ShardLayout {
     size_t begin, end;      // this rank's real elements [begin, end), end <= N (begin == end is possible)
 };
 
+// The flat element that is element 0 of this rank's shard: rank * shard_size (begin, unlike this, is
+// clipped to N), so a flat element e of the shard sits at e - shard_first there.
+inline size_t shard_first(const ShardLayout& s) { return (size_t)s.rank * s.shard_size; }
+
 inline ShardLayout shard_layout(size_t num_parameters, int num_processes, int rank) {
     ShardLayout s;
     s.num_parameters = num_parameters;
