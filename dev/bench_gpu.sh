@@ -1,69 +1,140 @@
 #!/usr/bin/env bash
-# Throughput of train_gpt2cu on GPT-2 124M (d12, T=1024, the largest micro-batch B that fits) next to
-# the oracle's PyTorch model (torch.compile, bf16 autocast, scaled_dot_product_attention) on the same
-# GPU in the same run, and their ratio. A benchmark, not a test: it prints numbers and checks nothing.
+# Throughput of train_gpt2cu next to PyTorch (the oracle's model: test/oracle/gpt2_oracle.py --bench)
+# on the same GPU in the same run, and their ratio. A benchmark, not a test: it prints numbers and
+# checks nothing. Default: GPT-2 124M (d12), B=64, T=1024 for both sides; ours at -r 0 and -r 1,
+# PyTorch eager and torch.compile (bf16 autocast, scaled_dot_product_attention, fused AdamW), the
+# compile's time counted apart from the timed steps.
 #
-#   dev/bench_gpu.sh [steps] [extra train_gpt2cu flags, e.g. -ge 1 or -r 0]
+#   dev/bench_gpu.sh [steps]                     d12, B=64 (halved on out-of-memory, for each side alone)
+#   BENCH_MODEL=d24 BENCH_B=32 dev/bench_gpu.sh 20
+#   BENCH_TSV=FILE                               also append one tab-separated line per run to FILE:
+#       side  mode  model  B  T  steps  ms_per_step  tokens_per_s  mfu_pct  peak_mib  warmup_s
+#     (peak_mib: the most GPU memory in use during the run by nvidia-smi, process context included,
+#     for both sides; "-" where nvidia-smi is missing. mfu_pct of PyTorch: ours scaled by the tokens/s
+#     ratio, the same FLOPs per token on the same peak. warmup_s: start to the first timed step.)
 #
-# Needs a GPU, a built ./train_gpt2cu (make train_gpt2cu) and, for the PyTorch side, a python3 (scripts/find_python.sh picks one)
-# with torch >= 2.0 and CUDA. Tokens are random ids in a synthetic shard: speed does not depend on them.
-set -euo pipefail
-steps=${1:-30}
-shift || true
-extra="$*"
+# Environment (for the rehearsal under the emulator, test/gpu/rehearse.sh): TRAINER (default
+# ./train_gpt2cu), BENCH_OURS_MODEL (a -e value, default BENCH_MODEL), BENCH_TORCH_MODEL (oracle model
+# flags, default --model BENCH_MODEL), BENCH_V (token ids drawn below it, default 50257),
+# BENCH_DEVICE (cuda; cpu leaves out bf16 autocast), BENCH_MODES (default "ours-r0 torch-eager ours-r1
+# torch-compile": the order they run in, most wanted first, so a time limit cuts the least wanted).
+# Tokens are random ids in a synthetic shard: speed does not depend on them.
+set -uo pipefail
+steps=${1:-20}
 python=${PYTHON:-$(scripts/find_python.sh)}
-T=1024
+model=${BENCH_MODEL:-d12}
+ours_model=${BENCH_OURS_MODEL:-$model}
+torch_model=${BENCH_TORCH_MODEL:---model $model}
+B0=${BENCH_B:-64}
+T=${BENCH_T:-1024}
+V=${BENCH_V:-50257}
+device=${BENCH_DEVICE:-cuda}
+trainer=${TRAINER:-./train_gpt2cu}
+modes=${BENCH_MODES:-ours-r0 torch-eager ours-r1 torch-compile}
+tsv=${BENCH_TSV:-/dev/null}
 work=build/bench_gpu
 mkdir -p "$work"
 
-[ -x ./train_gpt2cu ] || { echo "bench_gpu.sh: build the trainer first (make train_gpt2cu)"; exit 1; }
-if ! ./train_gpt2cu -h > /dev/null; then echo "bench_gpu.sh: train_gpt2cu does not run"; exit 1; fi
+[ -x "$trainer" ] || { echo "bench_gpu.sh: build the trainer first (make train_gpt2cu)"; exit 1; }
 
-# 2^24 random GPT-2 token ids, enough for dozens of steps at the largest batch
-"$python" - "$work/bench_train_000000.bin" <<'PY'
+# 2^24 random token ids below V (2^16 for a small V): enough for dozens of steps at B=64, T=1024
+"$python" - "$work/bench_train_000000.bin" "$V" <<'PY' || exit 1
 import array, random, sys
-n = 1 << 24
+V = int(sys.argv[2])
+n = 1 << 24 if V > 1000 else 1 << 16
 header = array.array("i", [0] * 256)
 header[0], header[1], header[2] = 20240520, 1, n
 rng = random.Random(0)
-tokens = array.array("H", (rng.randrange(50257) for _ in range(n)))
+tokens = array.array("H", (rng.randrange(V) for _ in range(n)))
 with open(sys.argv[1], "wb") as f:
     header.tofile(f)
     tokens.tofile(f)
 PY
 
-# ours: the largest B (of 128, 64, 32, ...) that trains a step without running out of memory
-B=""
-for b in 128 64 32 16 8 4 2 1; do
-    if ./train_gpt2cu -e d12 -i "$work/bench_train_*.bin" -b $b -t $T -x 1 -v 0 -s 0 $extra > "$work/probe.log" 2>&1; then
-        B=$b
-        break
+# the most GPU memory in use while "$@" runs (MiB, nvidia-smi every 100 ms), into $work/peak
+with_peak_memory() {
+    if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+        echo "-" > "$work/peak"; "$@"; return $?
     fi
-    grep -q "out of memory" "$work/probe.log" || { cat "$work/probe.log"; exit 1; }
-done
-[ -n "$B" ] || { echo "bench_gpu.sh: not even B=1 fits"; exit 1; }
-echo "train_gpt2cu: d12, B=$B, T=$T, $steps steps $extra"
-./train_gpt2cu -e d12 -i "$work/bench_train_*.bin" -b $B -t $T -x "$steps" -v 0 -s 0 $extra | tee "$work/ours.log" | grep -E "^(train_gpt2cu|model|activations|step +[0-9]+/)" | tail -n 4
-# mean over the steps after the first 3 (warm-up: cuBLASLt heuristics, allocator, clocks)
-read -r ours_tps ours_mfu < <(awk '/^step +[0-9]+\// { n++; if (n > 3) { split($0, f, "|"); tps += f[6] + 0; m = f[7]; gsub(/[^0-9.]/, "", m); mfu += m; k++ } }
-    END { if (k == 0) { print "nan nan" } else { printf "%.0f %.1f\n", tps / k, mfu / k } }' "$work/ours.log")
-echo "train_gpt2cu: $ours_tps tokens/s, MFU $ours_mfu%"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi.log" 2> /dev/null &
+    local smi=$! rc
+    "$@"; rc=$?
+    kill $smi 2> /dev/null; wait $smi 2> /dev/null
+    awk 'BEGIN { m = 0 } { if ($1 + 0 > m) m = $1 + 0 } END { print m }' "$work/smi.log" > "$work/peak"
+    return $rc
+}
 
-# PyTorch on the same GPU: the same B if it fits, else the largest that does
-torch_tps=""
-for b in $B $((B / 2)) $((B / 4)) $((B / 8)); do
-    [ "$b" -ge 1 ] || break
-    if "$python" test/oracle/gpt2_oracle.py --model d12 -b $b -t $T --bench "$steps" --device cuda --bf16 --compile --sdpa \
-        > "$work/torch.log" 2> "$work/torch.err"; then
-        ms=$(awk '/^oracle_ms_per_step/ { print $2 }' "$work/torch.log")
-        torch_tps=$(awk -v b=$b -v t=$T -v ms="$ms" 'BEGIN { printf "%.0f", b * t / (ms / 1000) }')
-        echo "pytorch (compile, bf16 autocast, sdpa): d12, B=$b, T=$T: $ms ms/step, $torch_tps tokens/s"
-        break
-    fi
-    if ! grep -qi "out of memory" "$work/torch.err"; then
-        echo "pytorch run failed (see $work/torch.err):"; tail -n 5 "$work/torch.err"; break
-    fi
+ours_tps="" ours_mfu="" ours_B=""
+row() { printf '%s\n' "$*" | tr ' ' '\t' >> "$tsv"; }
+
+run_ours() {  # run_ours RECOMPUTE
+    local r=$1 b log="$work/ours_r$1.log"
+    for b in $B0 $((B0 / 2)) $((B0 / 4)) $((B0 / 8)); do
+        [ "$b" -ge 1 ] || break
+        local start=$SECONDS
+        with_peak_memory "$trainer" -e "$ours_model" -i "$work/bench_train_*.bin" -b $b -t $T -x "$steps" -v 0 -s 0 \
+            -r "$r" > "$log" 2>&1
+        local rc=$?
+        if [ $rc -ne 0 ]; then
+            if grep -qi "out of memory" "$log"; then echo "train_gpt2cu -r $r: B=$b out of memory"; continue; fi
+            echo "train_gpt2cu -r $r failed (exit $rc):"; tail -n 5 "$log"; return 1
+        fi
+        # the mean over the steps after the first 3 (warm-up: cuBLASLt's heuristics, clocks)
+        read -r ms tps mfu < <(awk '/^step +[0-9]+\// { n++; if (n <= 3) next
+                match($0, /\| [0-9.]+ ms \|/); ms += substr($0, RSTART + 2, RLENGTH - 6)
+                match($0, /\| [0-9.]+ tok\/s/); tps += substr($0, RSTART + 2, RLENGTH - 8)
+                if (match($0, /MFU [0-9.]+%/)) mfu += substr($0, RSTART + 4, RLENGTH - 5); k++ }
+            END { if (k == 0) print "nan nan nan"; else printf "%.2f %.0f %.1f\n", ms / k, tps / k, mfu / k }' "$log")
+        grep -m 1 "^device memory" "$log"
+        echo "train_gpt2cu -r $r: $ours_model, B=$b, T=$T, $steps steps: $ms ms/step, $tps tokens/s, MFU $mfu%," \
+             "peak $(cat "$work/peak") MiB in use (nvidia-smi)"
+        row ours "r$r" "$ours_model" $b $T "$steps" "$ms" "$tps" "$mfu" "$(cat "$work/peak")" "-"
+        if [ "$r" = 0 ] || [ -z "$ours_tps" ]; then ours_tps=$tps; ours_mfu=$mfu; ours_B=$b; fi
+        return 0
+    done
+    echo "train_gpt2cu -r $r: not even B=$((B0 / 8)) fits"; return 1
+}
+
+run_torch() {  # run_torch eager|compile
+    local mode=$1 b flags="--bench $steps --device $device --sdpa"
+    [ "$device" = cuda ] && flags="$flags --bf16"
+    [ "$mode" = compile ] && flags="$flags --compile"
+    for b in $B0 $((B0 / 2)) $((B0 / 4)) $((B0 / 8)); do
+        [ "$b" -ge 1 ] || break
+        # shellcheck disable=SC2086
+        with_peak_memory "$python" test/oracle/gpt2_oracle.py $torch_model -b $b -t $T $flags \
+            > "$work/torch_$mode.log" 2> "$work/torch_$mode.err"
+        local rc=$?
+        if [ $rc -ne 0 ]; then
+            if grep -qi "out of memory" "$work/torch_$mode.err"; then echo "pytorch $mode: B=$b out of memory"; continue; fi
+            echo "pytorch $mode failed (exit $rc):"; tail -n 5 "$work/torch_$mode.err"; return 1
+        fi
+        local ms warm tps mfu peak
+        ms=$(awk '/^oracle_ms_per_step/ { print $2 }' "$work/torch_$mode.log")
+        warm=$(awk '/^oracle_warmup_s/ { print $2 }' "$work/torch_$mode.log")
+        tps=$(awk -v b=$b -v t=$T -v ms="$ms" 'BEGIN { printf "%.0f", b * t / (ms / 1000) }')
+        mfu=$(awk -v m="$ours_mfu" -v a="$tps" -v o="$ours_tps" 'BEGIN { if (o + 0 > 0 && m != "" && m != "nan") printf "%.1f", m * a / o; else print "-" }')
+        peak=$(cat "$work/peak")
+        echo "pytorch $mode (bf16 autocast, sdpa, fused AdamW): B=$b, T=$T, $steps steps: $ms ms/step, $tps tokens/s," \
+             "MFU $mfu%, peak $peak MiB in use (nvidia-smi), $(awk '/^oracle_peak_mib/ { print $2 }' "$work/torch_$mode.log") MiB" \
+             "allocated (torch), warm-up (2 steps, compile included) $warm s"
+        row torch "$mode" "$model" $b $T "$steps" "$ms" "$tps" "$mfu" "$peak" "$warm"
+        if [ -n "$ours_tps" ]; then
+            awk -v a="$ours_tps" -v b="$tps" -v m="$mode" 'BEGIN { printf "ratio train_gpt2cu / pytorch %s: %.2fx (tokens/s)\n", m, a / b }'
+        fi
+        return 0
+    done
+    echo "pytorch $mode: not even B=$((B0 / 8)) fits"; return 1
+}
+
+rc=0
+for m in $modes; do
+    case $m in
+        ours-r0) run_ours 0 || rc=1 ;;
+        ours-r1) run_ours 1 || rc=1 ;;
+        torch-eager) run_torch eager || rc=1 ;;
+        torch-compile) run_torch compile || rc=1 ;;
+        *) echo "bench_gpu.sh: no mode $m"; rc=1 ;;
+    esac
 done
-if [ -n "$torch_tps" ]; then
-    awk -v a="$ours_tps" -v b="$torch_tps" 'BEGIN { printf "ratio train_gpt2cu / pytorch: %.2fx\n", a / b }'
-fi
+exit $rc

@@ -18,7 +18,8 @@
 #   the binaries get an rpath to /usr/local/cuda/lib64, and run_on_gpu.sh looks further (the other CUDA
 #   folders, Python's site-packages) for any the loader does not find. This script checks with ldd
 #   that nothing else is dynamic: only libc, libm, libstdc++, libgcc_s, libgomp, the loader, and
-#   libcublas, libcublasLt, libnccl.
+#   libcublas, libcublasLt, libnccl, and libpcre2-8 (the prompt tokenizer's regular expressions; part
+#   of every Ubuntu/Debian base system, grep needs it).
 #   Binaries already there that were built otherwise (with MPI, without the rpath) are rebuilt.
 #
 # Oracle files (build/oracle/, test/oracle/gpt2_oracle.py run by the Python that scripts/find_python.sh
@@ -30,9 +31,9 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 jobs=${JOBS:-2}
 RPATH_FLAG="-Xlinker -rpath=/usr/local/cuda/lib64"
-MAKE_FLAGS=(NO_MPI=1 CPU_ARCH=-march=x86-64-v2 "NVCC_LDLIBS=-lcublasLt -lcublas -lnccl $RPATH_FLAG")
+MAKE_FLAGS=(NO_MPI=1 CPU_ARCH=-march=x86-64-v2 "NVCC_LDLIBS=-lcublasLt -lcublas -lnccl -lpcre2-8 $RPATH_FLAG")
 CUDA_BINARIES=(train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu)
-ALLOWED_LIBS='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libgomp|libpthread|libdl|librt|ld-linux-x86-64|libcublas|libcublasLt|libnccl)\.so'
+ALLOWED_LIBS='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|libgomp|libpthread|libdl|librt|ld-linux-x86-64|libcublas|libcublasLt|libnccl|libpcre2-8)\.so'
 
 command -v "${NVCC:-/usr/local/cuda/bin/nvcc}" > /dev/null || { echo "prepare: nvcc not found (CUDA_HOME/NVCC)"; exit 1; }
 [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/libgtest.a ] || [ -f /usr/local/lib/libgtest.a ] ||
@@ -63,6 +64,8 @@ eval "$cpu_cmd"
 make -j"$jobs" "${MAKE_FLAGS[@]}" train_gpt2cu test_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
 make -C dev/cuda -j"$jobs" "LDLIBS=-lcublasLt -lcublas -lgomp $RPATH_FLAG"
 echo "build: $((SECONDS - start)) s"
+# the commit the binaries were built from (the device gets the files without .git): run_on_gpu.sh prints it
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes') built $(date -u '+%F %T UTC')" > build/gpu/commit.txt
 
 echo "== shared libraries (allowed: the C/C++ runtime, libgomp, cuBLAS, cuBLASLt, NCCL)"
 bad=0
@@ -81,7 +84,7 @@ echo "== oracle files ($python)"
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2cu --prepare-oracle
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2fp32cu --prepare-oracle
 
-CARRY=(build/gpu/train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin build/oracle/tiny build/oracle/tiny_cosine)
+mapfile -t CARRY < <(test/gpu/carry.sh)
 echo "== to carry to the GPU machine (8 paths, the tool's most)"
 du -sh "${CARRY[@]}"
 carry_bytes=$(du -scb "${CARRY[@]}" | tail -n 1 | cut -f1)

@@ -1,43 +1,49 @@
 #!/usr/bin/env bash
-# Runs everything that needs the GPU, in order, on binaries and oracle files made beforehand on a
-# machine without one (test/gpu/prepare_gpu_run.sh), and ends with one table: stage, result, seconds.
+# The GPU session plan: everything that needs the GPU, in priority order, inside one time budget, on
+# binaries and oracle files made beforehand on a machine without one (test/gpu/prepare_gpu_run.sh).
 # Builds nothing and needs no network, googletest, MPI or apt; PyTorch only for the d12 oracle files
-# (too large to carry, made here on the CPU) and the PyTorch side of the benchmark.
+# (too large to carry: made here, with all cores, while the kernel tests run) and the PyTorch side of
+# the benchmark. doc/cuda.md, "A GPU session", gives the exact device commands.
 #
-#   test/gpu/run_on_gpu.sh                  every stage, in the order below
-#   test/gpu/run_on_gpu.sh kernels model-bf16   only these stages (to fit a time limit per call)
-#   test/gpu/run_on_gpu.sh --list           the stages and their time limits
+#   OUT=DIR test/gpu/run_on_gpu.sh --budget 480          every stage that fits in 480 s
+#   OUT=DIR test/gpu/run_on_gpu.sh --budget 200 sanitize ncu   only these stages
+#   test/gpu/run_on_gpu.sh --list                        the stages, their lanes and time limits
+#   PLAN_EMU=1 ...                                       the rehearsal (test/gpu/rehearse.sh): the same
+#       stages on the emulated binaries at tiny sizes, on the CPU machine
 #
-# Every stage runs under its own time limit (timeout; seconds below, or STAGE_TIMEOUT=<s> for all),
-# and a failing stage does not stop the ones after it. Everything goes to one log, $GPU_RUN_LOG
-# (default build/gpu_run/run_on_gpu.log; appended to, so several calls make one log), and the
-# summary to the terminal and the log. A stage's result comes from the closing lines
-# "tests: N passed, N failed, N skipped" its test binaries print (passed: none failed; skipped: all
-# skipped), from "sanitize.sh: SKIPPED (...)", or else from its exit status. Exit status: 1 if any
-# stage failed, else 0.
+# Stages run in the order of STAGES below. Those of the lanes bf16 and fp32 (correctness: the two
+# builds' kernels, model against the oracle, trainer promises) run as two lanes side by side, each
+# lane's stages one after the other, within PLAN_PARALLEL_S (default 200) seconds; the others (lane
+# main) one at a time, the timed ones alone on the GPU. Every stage runs under its own time limit,
+# cut to what is left of the budget; a stage that would get under 15 s is skipped and says so. A
+# failing stage does not stop the others.
+#
+# Everything lands under $OUT (default build/gpu_run) as it happens, so a command killed from outside
+# still returns what it had: main.log, bf16.log, fp32.log (each lane's output), oracle.log,
+# summary.tsv (stage lane result seconds detail, one line per finished stage), bench.tsv
+# (dev/bench_gpu.sh), cuda_dev.md (dev/cuda's table), ncu.md (the costliest kernels). Eight files at
+# most, no subfolders: what the device tool returns. test/gpu/gpu_results.py turns them into
+# doc/gpu_results.md. Exit status: 1 if any stage failed, else 0.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 
-# name | time limit (s) | what it runs
+# name | lane | time limit (s) | what it runs
 STAGES=(
-    "smi|60|nvidia-smi: the GPU, driver, memory"
-    "libs|60|every binary's shared libraries resolve (ldd)"
-    "kernels|600|every kernel against its CPU op, bf16 and fp32 builds (Kernels.*)"
-    "model-bf16|900|bf16 model and 10 training steps against the oracle (ModelOracle.*, TrainOracle.*)"
-    "model-fp32|900|the same for the fp32 build, with CPU-like tolerances"
-    "trainer-bf16|900|the trainer's promises, bf16: -r 0/1/2 and -ge 1 bit-identical, -w 0, determinism, resume, CPU<->GPU checkpoints, NCCL path"
-    "trainer-fp32|900|the same for the fp32 build"
-    "sanitize|1200|compute-sanitizer: memcheck everything, racecheck and synccheck our kernels (test/gpu/sanitize.sh)"
-    "bench|900|dev/bench_gpu.sh 30: train_gpt2cu vs PyTorch at d12, T=1024"
-    "cuda-dev|1200|dev/cuda/run_all.sh: every kernel version checked and timed"
+    "smi|main|30|nvidia-smi; every binary's shared libraries resolve"
+    "kernels-bf16|bf16|120|every kernel against its CPU op, bf16 build (Kernels.*)"
+    "model-bf16|bf16|150|bf16 model (tiny and d12) and 10 training steps against the oracle"
+    "trainer-bf16|bf16|180|the trainer's promises, bf16: -r 0..3, -ge, determinism, resume, checkpoints, fp16 scaling"
+    "kernels-fp32|fp32|120|the same kernels, fp32 build"
+    "model-fp32|fp32|150|the fp32 model against the oracle, CPU-like tolerances"
+    "trainer-fp32|fp32|180|the trainer's promises, fp32 build"
+    "bench|main|150|dev/bench_gpu.sh: d12, B=64, T=1024: ours -r 0/1, PyTorch eager and compiled"
+    "cuda-dev|main|80|dev/cuda/run_all.sh: every kernel version checked and timed"
+    "ncu|main|70|Nsight Compute over a d12 step: the five costliest kernels (test/gpu/ncu_top.sh)"
+    "sanitize|main|600|compute-sanitizer: memcheck everything, racecheck and synccheck ours (test/gpu/sanitize.sh)"
 )
 
-log=${GPU_RUN_LOG:-build/gpu_run/run_on_gpu.log}
-work=build/gpu_run
-mkdir -p "$work" "$(dirname "$log")"
-
-stage_field() {  # stage_field NAME FIELD(1 name, 2 limit, 3 description)
+stage_field() {  # stage_field NAME FIELD(1 name, 2 lane, 3 limit, 4 description)
     local s
     for s in "${STAGES[@]}"; do
         if [ "${s%%|*}" = "$1" ]; then echo "$s" | cut -d'|' -f"$2"; return 0; fi
@@ -45,46 +51,65 @@ stage_field() {  # stage_field NAME FIELD(1 name, 2 limit, 3 description)
     return 1
 }
 
-if [ "${1:-}" = "--list" ]; then
-    for s in "${STAGES[@]}"; do IFS='|' read -r n t d <<< "$s"; printf "%-13s %5s s  %s\n" "$n" "$t" "$d"; done
-    exit 0
-fi
-selected=("$@")
+budget=""
+selected=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --list)
+            for s in "${STAGES[@]}"; do IFS='|' read -r n l t d <<< "$s"; printf "%-13s %-5s %4s s  %s\n" "$n" "$l" "$t" "$d"; done
+            exit 0 ;;
+        --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+        -*) echo "run_on_gpu.sh: unknown option $1"; exit 2 ;;
+        *) stage_field "$1" 1 > /dev/null || { echo "run_on_gpu.sh: no stage '$1' (see --list)"; exit 2; }
+           selected+=("$1"); shift ;;
+    esac
+done
 if [ ${#selected[@]} -eq 0 ]; then
     for s in "${STAGES[@]}"; do selected+=("${s%%|*}"); done
 fi
-for name in "${selected[@]}"; do
-    stage_field "$name" 1 > /dev/null || { echo "run_on_gpu.sh: no stage '$name' (see --list)"; exit 2; }
-done
+is_selected() { local n; for n in "${selected[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
 
-say() { echo "$@" | tee -a "$log"; }
+out=${OUT:-build/gpu_run}
+work=build/gpu_run/work
+mkdir -p "$out" "$work"
+out=$(cd "$out" && pwd)
+rm -f "$out/summary.tsv" "$out/bench.tsv"  # this call's (the logs are appended to)
+start_time=$SECONDS
+deadline=$(( ${budget:-100000} + start_time ))
+emu=${PLAN_EMU:-0}
+
+say() { echo "$@" | tee -a "$out/main.log"; }
 
 # ----------------------------------------------------------------------------
-# environment: the repository root for the tests, the Python that has torch, and the CUDA libraries
+# environment: the binaries, the Python that has torch, the CUDA libraries
 
 export GPT2_ROOT="$root"
 GPT2_PYTHON="$(scripts/find_python.sh 2>/dev/null || command -v python3)"
-export GPT2_PYTHON
-export PYTHON="$GPT2_PYTHON"  # dev/bench_gpu.sh's PyTorch side
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-BINARIES=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu)
-CUDA_DEV_BINARIES=(dev/cuda/bin/*)
+export GPT2_PYTHON PYTHON="$GPT2_PYTHON"
+if [ "$emu" = 1 ]; then
+    # the rehearsal: the emulated builds (make train_gpt2cu_emu test_gpt2cu_emu ...), a few tests per
+    # stage, tiny sizes; what it proves is that every stage, path and file of the plan works
+    TRAIN_BF16=./train_gpt2cu_emu TEST_BF16=./test_gpt2cu_emu TEST_FP32=./test_gpt2fp32cu_emu
+    BINARIES=(train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu)
+    F_KERNELS='Kernels.GeluForwardBackward:Kernels.EncoderForwardBackward'
+    F_MODEL='ModelOracle.TinyForwardBackward'
+    F_TRAINER='TrainDeterminism.*'
+else
+    TRAIN_BF16=./train_gpt2cu TEST_BF16=./test_gpt2cu TEST_FP32=./test_gpt2fp32cu
+    BINARIES=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin/*)
+    F_KERNELS='Kernels.*'
+    F_MODEL='ModelOracle.*:TrainOracle.*'
+    F_TRAINER='Train*:MultiGpu*-TrainOracle.*'
+fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}  # the CPU sides of the tests, two lanes and the oracle at once
 
 # cuBLAS, cuBLASLt and NCCL are linked dynamically (too large to carry; see prepare_gpu_run.sh), with
-# an rpath to /usr/local/cuda/lib64. Where a library is not found there or by the loader's own search,
-# look for it in the CUDA installs and in the Python packages (torch's nvidia-* wheels hold the same
-# libraries) and add its folder to LD_LIBRARY_PATH.
-missing_libraries() {
-    local b
-    for b in "${BINARIES[@]}" "${CUDA_DEV_BINARIES[@]}"; do
-        [ -x "$b" ] && ldd "$b" 2>/dev/null | awk '/not found/ { print $1 }'
-    done | sort -u
-}
+# an rpath to /usr/local/cuda/lib64. A library not found there or by the loader's own search is looked
+# for in the CUDA installs and the Python packages (torch's nvidia-* wheels hold the same libraries).
 resolve_libraries() {
-    local lib dir search_roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu /usr/local/nvidia/lib64)
-    local site
+    local lib dir site b search_roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 /usr/lib/x86_64-linux-gnu /usr/local/nvidia/lib64)
     site=$("$GPT2_PYTHON" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) && search_roots+=($site)
-    for lib in $(missing_libraries); do
+    for lib in $(for b in "${BINARIES[@]}"; do [ -x "$b" ] && ldd "$b" 2>/dev/null | awk '/not found/ { print $1 }'; done | sort -u); do
         dir=$(find "${search_roots[@]}" -name "$lib" -print -quit 2>/dev/null | xargs -r dirname)
         if [ -n "$dir" ]; then
             export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -96,50 +121,62 @@ resolve_libraries() {
 }
 
 # ----------------------------------------------------------------------------
-# the stages (each runs in a subshell under `timeout`; its output goes to the log)
+# the stages (each runs in a shell of its own under `timeout`)
 
 gtest_stage() {  # gtest_stage BINARY FILTER
-    local binary=$1 filter=$2
-    [ -x "$binary" ] || { echo "$binary missing: run test/gpu/prepare_gpu_run.sh and carry it"; return 1; }
-    echo "\$ $binary --gtest_filter='$filter'"
-    "$binary" --gtest_filter="$filter"
+    [ -x "$1" ] || { echo "$1 missing: run test/gpu/prepare_gpu_run.sh and carry it"; return 1; }
+    echo "\$ $1 --gtest_filter='$2'"
+    "$1" --gtest_filter="$2"
 }
 
 run_stage_body() {
     case "$1" in
-        smi) nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv ;;
-        libs)
+        smi)
+            if [ "$emu" = 1 ]; then echo "emulated: no nvidia-smi"; else
+                nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || return 1
+            fi
             local b bad=0
-            for b in "${BINARIES[@]}" "${CUDA_DEV_BINARIES[@]}"; do
+            for b in "${BINARIES[@]}"; do
                 [ -x "$b" ] || { echo "$b: missing"; bad=1; continue; }
                 if ldd "$b" | grep -q "not found"; then echo "$b:"; ldd "$b" | grep "not found"; bad=1; fi
             done
-            ldd ./train_gpt2cu
             echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
             return $bad ;;
-        kernels)
-            local rc=0
-            gtest_stage ./test_gpt2cu 'Kernels.*' || rc=1
-            gtest_stage ./test_gpt2fp32cu 'Kernels.*' || rc=1
-            return $rc ;;
-        model-bf16) gtest_stage ./test_gpt2cu 'ModelOracle.*:TrainOracle.*' ;;
-        model-fp32) gtest_stage ./test_gpt2fp32cu 'ModelOracle.*:TrainOracle.*' ;;
-        trainer-bf16) gtest_stage ./test_gpt2cu 'Train*:MultiGpu*-TrainOracle.*' ;;
-        trainer-fp32) gtest_stage ./test_gpt2fp32cu 'Train*:MultiGpu*-TrainOracle.*' ;;
-        sanitize) SANITIZE_OUT="$work/sanitize" test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu ;;
-        bench) dev/bench_gpu.sh 30 ;;
+        kernels-bf16) gtest_stage "$TEST_BF16" "$F_KERNELS" ;;
+        kernels-fp32) gtest_stage "$TEST_FP32" "$F_KERNELS" ;;
+        model-bf16) gtest_stage "$TEST_BF16" "$F_MODEL" ;;
+        model-fp32) gtest_stage "$TEST_FP32" "$F_MODEL" ;;
+        trainer-bf16) gtest_stage "$TEST_BF16" "$F_TRAINER" ;;
+        trainer-fp32) gtest_stage "$TEST_FP32" "$F_TRAINER" ;;
+        bench)
+            if [ "$emu" = 1 ]; then
+                TRAINER=$TRAIN_BF16 BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
+                BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300" BENCH_MODEL=tiny \
+                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager" \
+                BENCH_TSV="$out/bench.tsv" dev/bench_gpu.sh 4
+            else
+                BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 dev/bench_gpu.sh 20
+            fi ;;
         cuda-dev)
-            # the programs were built on the CPU machine; a copy may have given them older times than
-            # their sources, and run_all.sh's `make` would rebuild them here
-            touch dev/cuda/bin/*
-            LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh ;;
+            if [ "$emu" = 1 ]; then
+                # one program, built by rehearse.sh and carried (test/gpu/carry.sh emu), in its check mode
+                build/emu/devcuda/gelu_forward | tee "$out/cuda_dev.md"
+            else
+                # built on the CPU machine; a copy may have given them older times than their sources,
+                # and run_all.sh's `make` would rebuild them here
+                touch dev/cuda/bin/*
+                LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh | tee "$out/cuda_dev.md"
+            fi ;;
+        ncu) NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh ;;
+        sanitize)
+            if [ "$emu" = 1 ]; then echo "sanitize.sh: SKIPPED (emulated rehearsal: the emulator's own checkers run in make test)"
+            else SANITIZE_OUT="$work/sanitize" test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; fi ;;
     esac
 }
 
 # result of a finished stage from its output and exit status: "passed|failed|skipped<TAB>detail"
 stage_result() {
-    local out=$1 rc=$2
-    local counts
+    local out=$1 rc=$2 counts
     counts=$(awk '/^tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped/ { p += $2; f += $4; s += $6; n++ }
                   END { if (n) printf "%d %d %d", p, f, s }' "$out")
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
@@ -159,58 +196,93 @@ stage_result() {
     fi
 }
 
+# run_stage NAME LOG DEADLINE: runs one stage within min(its limit, DEADLINE - now), output appended
+# to LOG as it comes, one line appended to summary.tsv
+run_stage() {
+    local name=$1 log=$2 stage_deadline=$3 lane limit left
+    lane=$(stage_field "$name" 2)
+    limit=$(stage_field "$name" 3)
+    [ -n "${STAGE_TIMEOUT:-}" ] && limit=$STAGE_TIMEOUT
+    left=$((stage_deadline - SECONDS))
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 15 ]; then
+        echo "==== stage $name: skipped (no time left in the budget)" >> "$log"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$lane" skipped 0 "no time left in the budget" >> "$out/summary.tsv"
+        return 0
+    fi
+    echo "" >> "$log"
+    echo "==== stage $name (limit $limit s, $(date -u +%T)): $(stage_field "$name" 4)" >> "$log"
+    local start=$SECONDS tmp="$work/stage-$name.log"
+    # the lanes' test binaries write under build/test_tmp/<lane>/, not into each other's directories
+    TEST_SCRATCH_TAG=gpu-$lane timeout --kill-after=10 "$limit" bash -c 'BINARIES=($BINARIES_LIST); run_stage_body "$1"' _ "$name" < /dev/null 2>&1 | tee "$tmp" >> "$log"
+    local rc=${PIPESTATUS[0]} seconds=$((SECONDS - start)) result
+    result=$(stage_result "$tmp" "$rc")
+    echo "==== stage $name: ${result%%$'\t'*} (${result#*$'\t'}), $seconds s" >> "$log"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$lane" "${result%%$'\t'*}" "$seconds" "${result#*$'\t'}" >> "$out/summary.tsv"
+}
+
 # ----------------------------------------------------------------------------
 
-say ""
-say "==== run_on_gpu.sh $(date -u '+%F %T UTC') on $(hostname): stages ${selected[*]}"
-commit=unknown
+say "==== run_on_gpu.sh $(date -u '+%F %T UTC') on $(hostname): stages ${selected[*]}; budget ${budget:-none} s$([ "$emu" = 1 ] && echo '; EMULATED rehearsal')"
+commit="$(cat build/gpu/commit.txt 2> /dev/null || echo unknown) (build/gpu/commit.txt)"
 if git rev-parse --short HEAD > /dev/null 2>&1; then
     commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2> /dev/null || echo ' (with local changes)')"
 fi
 say "python: $GPT2_PYTHON; commit: $commit"
 # the CPU trainer prepare_gpu_run.sh built for this machine (no MPI, portable -march) goes where the
-# tests look for it (on a GPU machine only: on the CPU machine ./train_gpt2 is the MPI build the CPU
-# suite needs)
-if [ -x build/gpu/train_gpt2 ] && nvidia-smi -L > /dev/null 2>&1; then
+# tests look for it (on a GPU machine only: on the CPU machine ./train_gpt2 is the MPI build)
+if [ "$emu" != 1 ] && [ -x build/gpu/train_gpt2 ] && nvidia-smi -L > /dev/null 2>&1; then
     cp build/gpu/train_gpt2 ./train_gpt2
     say "train_gpt2: build/gpu/train_gpt2 copied into place"
 fi
 resolve_libraries
+export -f run_stage_body gtest_stage stage_field
+export root work out emu TRAIN_BF16 TEST_BF16 TEST_FP32 F_KERNELS F_MODEL F_TRAINER
+export BINARIES_LIST="${BINARIES[*]}"  # an array does not cross `bash -c`: rebuilt there
 
-export -f run_stage_body gtest_stage
-export root work BINARIES_LIST="${BINARIES[*]}"
-results=()
+# the d12 oracle files (1.4 GB, too large to carry) are made now, with the CPU's cores, while the
+# GPU runs the kernel tests; the model stages wait for them (the tests take the oracle's lock)
+if [ "$emu" != 1 ] && { is_selected model-bf16 || is_selected model-fp32; }; then
+    say "oracle: making build/oracle/d12 in the background (log: oracle.log)"
+    ( OMP_NUM_THREADS=12 timeout 400 "$TEST_BF16" --prepare-oracle > "$out/oracle.log" 2>&1 ) &
+fi
+
 any_failed=0
-for name in "${selected[@]}"; do
-    limit=${STAGE_TIMEOUT:-$(stage_field "$name" 2)}
-    say ""
-    say "==== stage $name (limit ${limit} s): $(stage_field "$name" 3)"
-    out="$work/stage-$name.log"
-    start=$SECONDS
-    # a function run under timeout needs a shell of its own; the arrays are passed as words
-    # (the output goes to the log as it comes, so a run killed from outside still leaves it there)
-    timeout --kill-after=30 "$limit" bash -c '
-        BINARIES=($BINARIES_LIST); CUDA_DEV_BINARIES=(dev/cuda/bin/*)
-        run_stage_body "$1"' _ "$name" < /dev/null 2>&1 | tee "$out" >> "$log"
-    rc=${PIPESTATUS[0]}
-    seconds=$((SECONDS - start))
-    result=$(stage_result "$out" "$rc")
-    status=${result%%$'\t'*}
-    detail=${result#*$'\t'}
-    [ "$status" = failed ] && any_failed=1
-    say "==== stage $name: $status ($detail), $seconds s"
-    results+=("$name|$status|$seconds|$detail")
+i=0
+while [ $i -lt ${#selected[@]} ]; do
+    name=${selected[$i]}
+    lane=$(stage_field "$name" 2)
+    if [ "$lane" = main ]; then
+        run_stage "$name" "$out/main.log" "$deadline"
+        say "$(tail -n 1 "$out/summary.tsv" | tr '\t' ' ')"
+        i=$((i + 1))
+        continue
+    fi
+    # a run of lane stages: the bf16 and fp32 lanes side by side
+    group_deadline=$((SECONDS + ${PLAN_PARALLEL_S:-200}))
+    [ $group_deadline -gt $deadline ] && group_deadline=$deadline
+    bf16=() fp32=()
+    while [ $i -lt ${#selected[@]} ] && [ "$(stage_field "${selected[$i]}" 2)" != main ]; do
+        if [ "$(stage_field "${selected[$i]}" 2)" = bf16 ]; then bf16+=("${selected[$i]}"); else fp32+=("${selected[$i]}"); fi
+        i=$((i + 1))
+    done
+    say "lanes until +$((group_deadline - start_time)) s: bf16 (${bf16[*]:-}) and fp32 (${fp32[*]:-})"
+    ( for s in "${bf16[@]}"; do run_stage "$s" "$out/bf16.log" "$group_deadline"; done ) &
+    lane_a=$!
+    ( for s in "${fp32[@]}"; do run_stage "$s" "$out/fp32.log" "$group_deadline"; done ) &
+    lane_b=$!
+    wait $lane_a $lane_b
+    say "lanes done at +$((SECONDS - start_time)) s"
 done
+wait  # the background oracle, if it outlived every stage that needed it
 
 {
     echo ""
-    echo "| stage | result | seconds | detail |"
-    echo "| --- | --- | ---: | --- |"
-    for r in "${results[@]}"; do
-        IFS='|' read -r n s t d <<< "$r"
-        echo "| $n | $s | $t | $d |"
-    done
+    echo "| stage | lane | result | seconds | detail |"
+    echo "| --- | --- | --- | ---: | --- |"
+    awk -F'\t' '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$out/summary.tsv"
     echo ""
-    echo "log: $log"
-} | tee -a "$log"
+    echo "total: $((SECONDS - start_time)) s; files: $out"
+} | tee -a "$out/main.log"
+grep -q $'\tfailed\t' "$out/summary.tsv" && any_failed=1
 exit $any_failed

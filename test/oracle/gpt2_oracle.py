@@ -789,10 +789,16 @@ def run_bench(args):
     if args.compile:
         loss_impl = torch.compile(loss_impl)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t_start = time.perf_counter()
     for s in range(2 + args.bench):
         if s == 2:
             sync()
             t0, cpu0 = time.perf_counter(), time.process_time()
+            # the first two steps: torch.compile's tracing and code generation (when --compile), warm-up
+            warmup_s = t0 - t_start
         optimizer.zero_grad(set_to_none=True)
         if args.bf16:
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
@@ -810,6 +816,9 @@ def run_bench(args):
           f"threads={torch.get_num_threads()} bf16={args.bf16} compile={args.compile} sdpa={args.sdpa} "
           f"adamw={'fused' if fused else 'foreach'} cpu_ms_per_step={cpu_ms:.1f}", file=sys.stderr)
     print(f"oracle_ms_per_step {ms:.3f}")
+    print(f"oracle_warmup_s {warmup_s:.1f}")  # the two untimed steps, compilation included
+    if args.device == "cuda":
+        print(f"oracle_peak_mib {torch.cuda.max_memory_allocated() / 2**20:.0f}")  # torch's allocator's peak
 
 
 def keep_freed_memory():

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU session plan rehearsed on the CPU machine: test/gpu/run_on_gpu.sh's stages on the emulated
+# binaries (dev/emu) at tiny sizes, in a copy of exactly what a device call would carry (the working
+# tree as git sees it, plus test/gpu/carry.sh emu), writing the same files under $OUT, then
+# test/gpu/gpu_results.py over them. A broken stage, a path missing from the carry list or a file the
+# device tool would not return shows here, before a GPU does. CI runs it.
+#
+#   OUT=DIR test/gpu/rehearse.sh        (default OUT: build/rehearsal/out)
+#
+# Needs the emulated builds (made here: make train_gpt2cu_emu ...) and the tiny oracle files that
+# make test makes (build/oracle/tiny, tiny_cosine). Ends with "rehearsal: N stages, M passed";
+# exits 1 if a stage failed or the files under $OUT break the device tool's rules.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+out=${OUT:-build/rehearsal/out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python=$(scripts/find_python.sh)
+tree=build/rehearsal/tree
+
+make -s -j"${JOBS:-2}" train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu build/emu/devcuda/gelu_forward ||
+    { echo "rehearse.sh: the emulated builds failed"; exit 1; }
+for d in build/oracle/tiny build/oracle/tiny_cosine; do
+    [ -f "$d/stamp" ] || { echo "rehearse.sh: $d missing (make test, or ./test_gpt2cu_emu --prepare-oracle, makes it)"; exit 1; }
+done
+
+# what a device call sends: tracked and untracked-not-ignored files, plus the carried paths
+rm -rf "$tree" && mkdir -p "$tree"
+mapfile -t carry < <(test/gpu/carry.sh emu)
+{ git ls-files -z --cached --others --exclude-standard; printf '%s\0' "${carry[@]}"; } |
+    xargs -0 -I{} sh -c '[ -e "{}" ] && printf "%s\0" "{}"' | tar --null -T - -cf - | tar -C "$tree" -xf - ||
+    { echo "rehearse.sh: copying the tree failed"; exit 1; }
+for c in "${carry[@]}"; do [ -e "$tree/$c" ] || { echo "rehearse.sh: carried path $c is missing"; exit 1; }; done
+
+rm -rf "${out:?}"/*
+( cd "$tree" && GPT2_PYTHON="$python" PLAN_EMU=1 OUT="$out" test/gpu/run_on_gpu.sh --budget "${REHEARSAL_BUDGET:-900}" )
+"$python" test/gpu/gpu_results.py "$out" > build/rehearsal/gpu_results.md || { echo "rehearse.sh: gpu_results.py failed"; exit 1; }
+
+# the device tool returns at most 8 files, 2 folders down, named in letters, digits, '.', '_', '-'
+bad=0
+files=$(cd "$out" && find . -type f | sed 's|^\./||')
+[ "$(echo "$files" | wc -l)" -le 8 ] || { echo "rehearse.sh: more than 8 files under \$OUT:"; echo "$files"; bad=1; }
+while read -r f; do
+    [[ "$f" =~ ^([A-Za-z0-9._-]+/){0,2}[A-Za-z0-9._-]+$ ]] || { echo "rehearse.sh: $f would not come back"; bad=1; }
+done <<< "$files"
+grep -q '^## Stages' build/rehearsal/gpu_results.md || { echo "rehearse.sh: no stage table in gpu_results.md"; bad=1; }
+
+n=$(wc -l < "$out/summary.tsv")
+passed=$(awk -F'\t' '$3 == "passed"' "$out/summary.tsv" | wc -l)
+failed=$(awk -F'\t' '$3 == "failed"' "$out/summary.tsv" | wc -l)
+echo "rehearsal: $n stages, $passed passed ($failed failed, $((n - passed - failed)) skipped; files: $out)"
+[ "$failed" -eq 0 ] && [ "$bad" -eq 0 ]
