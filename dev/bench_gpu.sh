@@ -37,11 +37,14 @@ mkdir -p "$work"
 
 [ -x "$trainer" ] || { echo "bench_gpu.sh: build the trainer first (make train_gpt2cu)"; exit 1; }
 
-# 2^24 random token ids below V (2^16 for a small V): enough for dozens of steps at B=64, T=1024
-"$python" - "$work/bench_train_000000.bin" "$V" <<'PY' || exit 1
+# 2^22 random token ids below V (2^16 for a small V): 64 steps at B=64, T=1024 before they repeat;
+# made once per V
+shard="$work/v$V/train_000000.bin"
+mkdir -p "$work/v$V"
+[ -f "$shard" ] || "$python" - "$shard.tmp" "$V" <<'PY' || exit 1
 import array, random, sys
 V = int(sys.argv[2])
-n = 1 << 24 if V > 1000 else 1 << 16
+n = 1 << 22 if V > 1000 else 1 << 16
 header = array.array("i", [0] * 256)
 header[0], header[1], header[2] = 20240520, 1, n
 rng = random.Random(0)
@@ -50,6 +53,7 @@ with open(sys.argv[1], "wb") as f:
     header.tofile(f)
     tokens.tofile(f)
 PY
+[ -f "$shard" ] || mv "$shard.tmp" "$shard"
 
 # the most GPU memory in use while "$@" runs (MiB, nvidia-smi every 100 ms), into $work/peak
 with_peak_memory() {
@@ -72,7 +76,7 @@ run_ours() {  # run_ours RECOMPUTE
     for b in $B0 $((B0 / 2)) $((B0 / 4)) $((B0 / 8)); do
         [ "$b" -ge 1 ] || break
         local start=$SECONDS
-        with_peak_memory "$trainer" -e "$ours_model" -i "$work/bench_train_*.bin" -b $b -t $T -x "$steps" -v 0 -s 0 \
+        with_peak_memory "$trainer" -e "$ours_model" -i "$work/v$V/train_*.bin" -b $b -t $T -x "$steps" -v 0 -s 0 \
             -r "$r" > "$log" 2>&1
         local rc=$?
         if [ $rc -ne 0 ]; then

@@ -16,9 +16,14 @@
 // race checker (EMU_TSAN); the instructions' reads and writes of shared and global memory are seen.
 //
 // mma arithmetic. Each product of two bf16 values is exact in fp32 (8 + 8 significant bits <= 24), so
-// only the additions round. The order inside a real tensor core is not documented; here it is fixed:
-// d = c, then d += a[k] * b[k] for k = 0, 1, ..., 15, each addition in fp32, rounded to nearest even.
-// Results can differ from a GPU's in the last bits of the accumulator, never more.
+// only the additions round. A tensor core does not add them one by one in fp32: it sums the 16
+// products and c at once, wider than fp32, and rounds the result (its exact alignment and truncation
+// are not documented). Emulated so: the sum in double, rounded once to nearest even. This matters
+// beyond the last bits: a kernel that takes the same dot product once on mma and once in an fp32 loop
+// (flash attention's dP = dout·v and D = dout·out) gets two different roundings on a GPU, and an
+// emulator that summed in the loop's order would hide that (an H100 showed it: dq and dk at T = 1,
+// exactly zero in fp32 order, came out as rounding noise). Results can differ from a GPU's in the last
+// bits of the accumulator, never more.
 //
 // cp.async. The copy is asynchronous: the data may land any time between the cp.async and the
 // cp.async.wait_group that covers its group. Two faithful extremes, chosen with EMU_CP_ASYNC:
@@ -160,9 +165,9 @@ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
     for (int i = 0; i < 4; i++) {
         int row = g + (i >= 2 ? 8 : 0);
         int col = 2 * t + (i % 2);
-        float acc = d[i];
-        for (int k = 0; k < 16; k++) acc += fragment_a(slots, row, k) * fragment_b(slots, k, col);
-        d[i] = acc;
+        double acc = d[i];  // the 16 exact products and c in one wide sum, rounded once (see the top)
+        for (int k = 0; k < 16; k++) acc += (double)fragment_a(slots, row, k) * fragment_b(slots, k, col);
+        d[i] = (float)acc;
     }
 }
 

@@ -19,7 +19,7 @@
 # failing stage does not stop the others.
 #
 # Everything lands under $OUT (default build/gpu_run) as it happens, so a command killed from outside
-# still returns what it had: main.log, bf16.log, fp32.log (each lane's output), oracle.log,
+# still returns what it had: main.log, bf16.log, fp32.log (each lane's output),
 # summary.tsv (stage lane result seconds detail, one line per finished stage), bench.tsv
 # (dev/bench_gpu.sh), cuda_dev.md (dev/cuda's table), ncu.md (the costliest kernels). Eight files at
 # most, no subfolders: what the device tool returns. test/gpu/gpu_results.py turns them into
@@ -38,9 +38,10 @@ STAGES=(
     "model-fp32|fp32|150|the fp32 model against the oracle, CPU-like tolerances"
     "trainer-fp32|fp32|180|the trainer's promises, fp32 build"
     "bench|main|150|dev/bench_gpu.sh: d12, B=64, T=1024: ours -r 0/1, PyTorch eager and compiled"
-    "cuda-dev|main|80|dev/cuda/run_all.sh: every kernel version checked and timed"
-    "ncu|main|70|Nsight Compute over a d12 step: the five costliest kernels (test/gpu/ncu_top.sh)"
-    "sanitize|main|600|compute-sanitizer: memcheck everything, racecheck and synccheck ours (test/gpu/sanitize.sh)"
+    "bench-d24|main|150|dev/bench_gpu.sh at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
+    "cuda-dev|main|150|dev/cuda/run_all.sh: every kernel version checked and timed"
+    "ncu|main|120|Nsight Compute over a d12 step: the five costliest kernels (test/gpu/ncu_top.sh)"
+    "sanitize|main|300|compute-sanitizer: memcheck everything, racecheck and synccheck ours (test/gpu/sanitize.sh)"
 )
 
 stage_field() {  # stage_field NAME FIELD(1 name, 2 lane, 3 limit, 4 description)
@@ -167,6 +168,10 @@ run_stage_body() {
                 touch dev/cuda/bin/*
                 LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh | tee "$out/cuda_dev.md"
             fi ;;
+        bench-d24)
+            if [ "$emu" = 1 ]; then echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"
+            else BENCH_MODEL=d24 BENCH_B=32 BENCH_MODES="ours-r0 torch-compile" BENCH_TSV="$out/bench.tsv" \
+                     OMP_NUM_THREADS=16 dev/bench_gpu.sh 20; fi ;;
         ncu) NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh ;;
         sanitize)
             if [ "$emu" = 1 ]; then echo "sanitize.sh: SKIPPED (emulated rehearsal: the emulator's own checkers run in make test)"
@@ -243,8 +248,8 @@ export BINARIES_LIST="${BINARIES[*]}"  # an array does not cross `bash -c`: rebu
 # the d12 oracle files (1.4 GB, too large to carry) are made now, with the CPU's cores, while the
 # GPU runs the kernel tests; the model stages wait for them (the tests take the oracle's lock)
 if [ "$emu" != 1 ] && { is_selected model-bf16 || is_selected model-fp32; }; then
-    say "oracle: making build/oracle/d12 in the background (log: oracle.log)"
-    ( OMP_NUM_THREADS=12 timeout 400 "$TEST_BF16" --prepare-oracle > "$out/oracle.log" 2>&1 ) &
+    say "oracle: making build/oracle/d12 in the background (its log goes to the end of main.log)"
+    ( OMP_NUM_THREADS=12 timeout 400 "$TEST_BF16" --prepare-oracle > "$work/oracle.log" 2>&1 ) &
 fi
 
 any_failed=0
@@ -275,6 +280,7 @@ while [ $i -lt ${#selected[@]} ]; do
     say "lanes done at +$((SECONDS - start_time)) s"
 done
 wait  # the background oracle, if it outlived every stage that needed it
+[ -f "$work/oracle.log" ] && { say "==== the d12 oracle's log"; tail -n 20 "$work/oracle.log" | tee -a "$out/main.log"; }
 
 {
     echo ""

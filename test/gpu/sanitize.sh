@@ -70,8 +70,18 @@ run() {
 
 short_run=(-e "$oracle/model.bin" -i "$oracle/train.bin" -j "$oracle/train.bin" -b 2 -t 16 -d 64 -x 2 -v 2 -m 1
            -s 2 -g 4 -n 2)
+# racecheck stops with "Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception"
+# as soon as a cuBLASLt kernel runs in the process, even with cuBLASLt's kernels left out by name (an
+# H100 80GB HBM3, driver 580.159.04, CUDA 13.0, 2026-11-26: the first kernel test that calls cuBLASLt,
+# and the model). So racecheck runs our kernels in the kernel tests that call no cuBLAS(Lt) (flash
+# attention's included), and the model and trainer runs go under memcheck and synccheck only.
+NO_CUBLAS_KERNEL_TESTS='Kernels.*-Kernels.Matmul*:Kernels.AttentionForwardBackward'
 for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
+    if [ "$tool" = racecheck ]; then
+        run "$tool" kernels "$tests" --gtest_filter="$NO_CUBLAS_KERNEL_TESTS"
+        continue
+    fi
     run "$tool" kernels "$tests" --gtest_filter='Kernels.*'
     run "$tool" model "$tests" --gtest_filter='ModelOracle.Tiny*'
     for setting in "-r 0 -ge 0" "-r 1 -ge 0" "-r 2 -ge 0" "-r 0 -ge 1" "-r 2 -ge 1"; do
@@ -83,4 +93,4 @@ if [ $failures -gt 0 ]; then
     echo "sanitize.sh: $failures run(s) reported problems"
     exit 1
 fi
-echo "sanitize.sh: memcheck (everything), racecheck and synccheck (our kernels) clean"
+echo "sanitize.sh: memcheck (everything), synccheck (our kernels) and racecheck (our kernels, in the tests without cuBLAS) clean"

@@ -390,7 +390,13 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
             double e_lse = test::max_rel_error(gpu_lse.data(), lse.data(), rows);
             EXPECT_LE(e_out, TOL_ATTENTION) << "out";
             EXPECT_LE(e_lse, TOL_SUM) << "lse";
-            // dq, dk and dv each on its own scale (at T = 1, dq and dk are exactly zero)
+            // dq, dk and dv each on its own scale. At T = 1, dq and dk are exactly zero: dS = P (dP - D) with
+            // P = 1 and dP = dout·v = dout·out = D. The kernel takes dP on mma and D in an fp32 loop, whose
+            // roundings differ (on a GPU and under the emulator's wide mma sum), so dS and then dq, dk are
+            // rounding noise: held to TOL_ATTENTION on the scale of the whole gradient (max |dv| = max |dout|
+            // there), where a wrong mask or padding would still be O(1).
+            double grad_scale = 0;
+            for (float x : dqkv) grad_scale = std::max(grad_scale, (double)std::fabs(x));
             double e_part[3];
             const char* names[3] = {"dq", "dk", "dv"};
             for (int part = 0; part < 3; part++) {
@@ -402,8 +408,9 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
                     }
                 }
                 bool zero = std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; });
-                e_part[part] = zero ? (std::all_of(got.begin(), got.end(), [](float x) { return x == 0.0f; }) ? 0.0 : 1.0)
-                                    : test::max_rel_error(got.data(), want.data(), BTC);
+                double noise = 0;
+                for (float x : got) noise = std::max(noise, (double)std::fabs(x));
+                e_part[part] = zero ? noise / grad_scale : test::max_rel_error(got.data(), want.data(), BTC);
                 EXPECT_LE(e_part[part], TOL_ATTENTION) << names[part];
             }
             double e_dqkv = std::max({e_part[0], e_part[1], e_part[2]});
