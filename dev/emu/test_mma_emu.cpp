@@ -99,10 +99,11 @@ TEST(EmuMma, M16n8k16MatchesThePlainProduct) {
     cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
 }
 
-// the fixed summation order (c first, then k = 0..15 in fp32): 2^24 + 1 + 1 ... shows it. Starting from
-// c = 2^24, each +1 alone is lost to rounding (ties to even), so in this order d stays 2^24; a
-// pairwise or wider sum would give 2^24 + 16. Documents the assumption in mma_emu.h.
-TEST(EmuMma, AccumulatesInFp32InKOrderAfterC) {
+// the summation model (mma_emu.h): c and the 16 products in one wide sum, rounded once. Starting from
+// c = 2^24, fp32 additions one by one would lose each +1 to rounding (ties to even) and leave 2^24; the
+// wide sum gives 2^24 + 16 exactly. Documents the model; that an H100 gives the same here is not checked
+// (its sum is wider than fp32, by how much is not documented).
+TEST(EmuMma, AccumulatesInOneWideSumRoundedOnce) {
     std::vector<uint16_t> A(16 * 16, bf16_bits(1.0f)), B(16 * 8, bf16_bits(1.0f));
     std::vector<float> C(16 * 8, 16777216.0f);
     uint16_t* dA = to_device(A);
@@ -111,7 +112,7 @@ TEST(EmuMma, AccumulatesInFp32InKOrderAfterC) {
     float* dD = to_device(std::vector<float>(16 * 8, 0.0f));
     mma_kernel<<<1, 32>>>(dD, dA, dB, dC);
     std::vector<float> D = to_host(dD, 16 * 8);
-    for (float d : D) EXPECT_EQ(d, 16777216.0f);
+    for (float d : D) EXPECT_EQ(d, 16777232.0f);
     cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
 }
 

@@ -20,10 +20,13 @@ def read(path):
         return ""
 
 
-def device_of(log):
+def device_of(log, cuda_dev):
     m = re.search(r"^NVIDIA [^,\n]+, [0-9.]+, [0-9]+ MiB", log, re.M)  # nvidia-smi --query-gpu ... csv
     if m:
         return m.group(0)
+    m = re.search(r"^(?:device|GPU): (NVIDIA [^,\n]+)", log + "\n" + cuda_dev, re.M)  # the header, dev/cuda's table
+    if m:
+        return m.group(1)
     m = re.search(r"EMULATED rehearsal", log)
     return "the emulator (dev/emu), a rehearsal" if m else "unknown"
 
@@ -41,7 +44,7 @@ def main(dirs):
         log = read(os.path.join(d, "main.log"))
         head = re.search(r"^==== run_on_gpu\.sh (.*)$", log, re.M)
         commit = re.search(r"commit: (.*)$", log, re.M)
-        out.append(f"Call {i}: {head.group(1) if head else '(no header)'}; device: {device_of(log)}; "
+        out.append(f"Call {i}: {head.group(1) if head else '(no header)'}; device: {device_of(log, read(os.path.join(d, 'cuda_dev.md')))}; "
                    f"commit {commit.group(1) if commit else 'unknown'}.")
         out.append("")
         for line in read(os.path.join(d, "summary.tsv")).splitlines():

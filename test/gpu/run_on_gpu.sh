@@ -229,11 +229,16 @@ run_stage() {
 # ----------------------------------------------------------------------------
 
 say "==== run_on_gpu.sh $(date -u '+%F %T UTC') on $(hostname): stages ${selected[*]}; budget ${budget:-none} s$([ "$emu" = 1 ] && echo '; EMULATED rehearsal')"
-commit="$(cat build/gpu/commit.txt 2> /dev/null || echo unknown) (build/gpu/commit.txt)"
-if git rev-parse --short HEAD > /dev/null 2>&1; then
+# the binaries' commit, which prepare_gpu_run.sh wrote (a device's copy of the tree may carry an older .git)
+if [ -f build/gpu/commit.txt ] && [ "$emu" != 1 ]; then
+    commit="binaries $(cat build/gpu/commit.txt)"
+elif git rev-parse --short HEAD > /dev/null 2>&1; then
     commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2> /dev/null || echo ' (with local changes)')"
+else
+    commit=unknown
 fi
 say "python: $GPT2_PYTHON; commit: $commit"
+command -v nvidia-smi > /dev/null && say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2> /dev/null | head -n 1)"
 # the CPU trainer prepare_gpu_run.sh built for this machine (no MPI, portable -march) goes where the
 # tests look for it (on a GPU machine only: on the CPU machine ./train_gpt2 is the MPI build)
 if [ "$emu" != 1 ] && [ -x build/gpu/train_gpt2 ] && nvidia-smi -L > /dev/null 2>&1; then
