@@ -30,6 +30,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/io/output_lock.h"
+#include "llmc/optimizer.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/rand.h"
 #include "llmc/run/args.h"
@@ -51,6 +52,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/gelu.cuh"
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
+#include "llmc/muon.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/run/phase_events.cuh"
 
@@ -272,6 +274,10 @@ struct GPT2 {
     uint64_t gathered_fence[2] = {0, 0};
     bool outer_gathered = false;
     bool use_master_weights = false;
+    OptimizerKind optimizer = OPT_ADAMW;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices
+    std::vector<OptimizerTensor> optimizer_tensors;  // muon: the 4 + 12 L tensors, each layer's on its own
+    void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
+    MuonScratch muon_scratch;
     int recompute = 1;
     bool gelu_fusion = false;
     bool flash_attention = true;  // -fa; always false in the fp32 build
@@ -411,6 +417,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
 #else
     model->use_master_weights = args.master_weights != 0;
 #endif
+    if (!optimizer_from_name(args.optimizer, &model->optimizer)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
     model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
@@ -484,6 +491,16 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
            "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
            model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
+    if (model->optimizer == OPT_MUON) {
+        // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer
+        size_t C = cfg.channels, max_elements = 4 * C * C;
+        size_t bytes = muon_scratch_bytes(max_elements, C);
+        cudaCheck(cudaMalloc(&model->muon_memory, bytes));
+        model->muon_scratch = muon_scratch_at(model->muon_memory, max_elements, C);
+        model->optimizer_tensors = optimizer_tensors(cfg);
+        printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
+               "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch\n", PRECISION_NAME, bytes / 1048576.0);
+    }
     cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
     print_model_state_memory(model, zero_stage, free_before - free_after);
 }
@@ -830,12 +847,22 @@ double gpt2_grad_norm(GPT2* model) {
     return std::sqrt((double)*model->host_norm_sq);
 }
 
+// The seed of a tensor's stochastic rounding: a fixed function of (step, tensor, where this part of the
+// tensor starts), so the rounding bits of a tensor cut between two shards do not repeat, and a whole
+// tensor draws what one GPU draws.
+uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
+    return (uint32_t)t * 2654435761u + (uint32_t)tensor * 40503u + (uint32_t)start_in_tensor * 2246822519u;
+}
+
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), per tensor
 // so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With -z 1 and 2, the
-// updated shards are then all-gathered, so every process has all the new parameters.
-void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t) {
+// updated shards are then all-gathered, so every process has all the new parameters. With
+// skip_muon_matrices, the block matrices are left to Muon.
+void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t,
+                       bool skip_muon_matrices = false) {
     AdamWHyper hyper;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (skip_muon_matrices && muon_param_is_matrix(i)) continue;
         size_t off = model->param_offsets[i];
         size_t begin = std::max(off, model->opt_begin);
         size_t end = std::min(off + model->param_sizes[i], model->opt_end);
@@ -849,9 +876,7 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
         s.weight_decay = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
         s.grad_scale = grad_scale;
         s.t = t;
-        // a fixed function of (step, tensor, where this part of the tensor starts): the rounding bits
-        // of a tensor cut between two shards do not repeat, and a whole tensor draws what one GPU draws
-        s.seed = (uint32_t)t * 2654435761u + (uint32_t)i * 40503u + (uint32_t)(begin - off) * 2246822519u;
+        s.seed = rounding_seed(t, i, begin - off);
         // -z 2, 3: the gradient (and -z 3 the parameter) array is the shard, whose element 0 is flat
         // element rank * shard_size
         size_t shard_start = shard_first(model->shard);
@@ -867,6 +892,31 @@ void gpt2_update(GPT2* model, float learning_rate, float weight_decay, float gra
     }
 }
 
+// One Muon update (llmc/muon.cuh): AdamW on the tensors that are not block matrices, then each layer's
+// block matrices orthogonalized and applied, one after another on the stream. -z 0 only (parse_args):
+// every process holds the whole reduced gradient and makes the same update.
+void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
+    gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    MuonHyper hyper;
+    for (const OptimizerTensor& t : model->optimizer_tensors) {
+        if (!muon_param_is_matrix(t.param)) continue;
+        float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));
+        muon_update_matrix(model->params_memory + t.offset, model->master_memory ? model->master_memory + t.offset : nullptr,
+                           model->grads_memory + t.offset, model->m_memory + t.offset, (int)t.rows, (int)t.cols, hyper,
+                           s.muon_lr, s.weight_decay, adjusted_lr, s.grad_scale,
+                           rounding_seed(s.t, t.param, t.offset - model->param_offsets[t.param]), &model->muon_scratch,
+                           model->stream);
+    }
+}
+
+// One optimizer update of the step (-opt).
+void gpt2_update(GPT2* model, const OptimizerStep& s) {
+    switch (model->optimizer) {
+        case OPT_MUON: gpt2_update_muon(model, s); break;
+        default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
+    }
+}
+
 void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->params_memory));
     cudaCheck(cudaFree(model->grads_memory));
@@ -875,6 +925,7 @@ void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->gathered_outer));
     for (floatX* b : model->gathered_block) cudaCheck(cudaFree(b));
     cudaCheck(cudaFree(model->opt_memory));
+    cudaCheck(cudaFree(model->muon_memory));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));
     cudaCheck(cudaFreeHost(model->host_norm_sq));
@@ -944,6 +995,7 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps,
                                           dp, model->num_parameters, model->opt_begin, model->opt_end);
+    state.optimizer = model->optimizer;
     state.m.resize(opt_n);
     state.v.resize(opt_n);
     cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -964,7 +1016,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
                                            run->data.grad_accum_steps, model->num_parameters, model->opt_begin,
-                                           model->opt_end, &run->data.train, &run->sampler_rng);
+                                           model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer);
     loss_scaler_restore(&run->scaler, state);
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
@@ -1007,8 +1059,8 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
     };
     // the global gradient norm (with several GPUs the gradients were reduced during the backward)
     h.reduce_gradients = [=] { return gpt2_grad_norm(model); };
-    h.update = [=](bool apply, const OptimizerStep& s) {  // AdamW only (parse_args refuses another -opt)
-        if (apply) gpt2_update(model, s.lr, s.weight_decay, s.grad_scale, s.t);
+    h.update = [=](bool apply, const OptimizerStep& s) {
+        if (apply) gpt2_update(model, s);
         gpt2_sync(model, "the parameter update");
     };
     h.sum_over_replicas = [&dp](double x, const char* what) { return all_reduce_sum(dp, x, what); };

@@ -82,10 +82,12 @@ inline uint32_t pointer_alignment(const void* pointer) {
 //   bias (m) or nullptr; gelu_aux (m, n) or nullptr: with backward_gelu false the pre-GELU output is
 //   written there and D gets gelu(...); with backward_gelu true it is read and D gets
 //   op(A)·op(B) * gelu'(gelu_aux).
-inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                            bool trans_a, bool trans_b, bool accumulate, floatX* gelu_aux, bool backward_gelu,
-                            cudaStream_t stream) {
-    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d | (uintptr_t)bias | (uintptr_t)gelu_aux) % 16 != 0) {
+// The general form under it: D = alpha op(A)·op(B) + beta C, where C (m, n) may be D itself (c == d) or
+// another matrix (matmul_scaled); alpha and beta are fp32, and the sum is rounded to floatX once.
+inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b, const floatX* c, float alpha, float beta,
+                                    const floatX* bias, int m, int n, int k, bool trans_a, bool trans_b,
+                                    floatX* gelu_aux, bool backward_gelu, cudaStream_t stream) {
+    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)bias | (uintptr_t)gelu_aux) % 16 != 0) {
         fatal("matmul_cublaslt needs 16-byte aligned pointers");
     }
     cublasLtMatmulDesc_t desc;
@@ -135,14 +137,15 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
                                                      &workspace_bytes, sizeof(workspace_bytes)));
     // Unless told, the heuristic assumes every matrix is 256-byte aligned and may pick a kernel that
     // faults or refuses on a pointer that is not (a parameter tensor after an odd-sized one, a layer of
-    // a short sampling forward). Tell it the real alignment; C is D here.
-    uint32_t align_a = pointer_alignment(a), align_b = pointer_alignment(b), align_d = pointer_alignment(d);
+    // a short sampling forward). Tell it the real alignment.
+    uint32_t align_a = pointer_alignment(a), align_b = pointer_alignment(b), align_c = pointer_alignment(c),
+             align_d = pointer_alignment(d);
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                      &align_a, sizeof(align_a)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                      &align_b, sizeof(align_b)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                     &align_d, sizeof(align_d)));
+                                                     &align_c, sizeof(align_c)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                      &align_d, sizeof(align_d)));
     cublasLtMatmulHeuristicResult_t heuristic;
@@ -154,8 +157,7 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
               "check the shapes are multiples of 8",
               m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
     }
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(cublas_context.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d, d,
+    cublasCheck(cublasLtMatmul(cublas_context.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, c, layout_d, d,
                                layout_d, &heuristic.algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, stream));
 
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
@@ -163,6 +165,19 @@ inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                            bool trans_a, bool trans_b, bool accumulate, floatX* gelu_aux, bool backward_gelu,
+                            cudaStream_t stream) {
+    matmul_cublaslt_general(d, a, b, d, 1.0f, accumulate ? 1.0f : 0.0f, bias, m, n, k, trans_a, trans_b, gelu_aux,
+                            backward_gelu, stream);
+}
+
+// D = alpha op(A)·op(B) + beta C (column-major, as above), C another matrix than D: torch.addmm's form.
+inline void matmul_scaled(floatX* d, const floatX* a, const floatX* b, const floatX* c, float alpha, float beta, int m,
+                          int n, int k, bool trans_a, bool trans_b, cudaStream_t stream) {
+    matmul_cublaslt_general(d, a, b, c, alpha, beta, nullptr, m, n, k, trans_a, trans_b, nullptr, false, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -26,19 +26,7 @@
 
 #include "adamw.h"
 #include "gemm.h"
-
-struct MuonHyper {
-    float momentum = 0.95f;
-    float a = 3.4445f, b = -4.7750f, c = 2.0315f;  // torch.optim._muon's DEFAULT_A, _B, _C
-    float eps = 1e-7f;
-    int ns_steps = 5;
-};
-
-// torch.lerp(start, end, w): start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w), the
-// two forms that keep the result exact at w = 0 and w = 1.
-inline float lerp_as_torch(float start, float end, float w) {
-    return std::fabs(w) < 0.5f ? start + w * (end - start) : end - (end - start) * (1.0f - w);
-}
+#include "muon_hyper.h"
 
 // The momentum step of n elements: momentum (n) updated, grad (n) replaced by the Nesterov update U.
 inline void muon_momentum(float* momentum, float* grad, size_t n, float mu, float grad_scale) {
@@ -94,9 +82,6 @@ inline void newton_schulz(float* x, int rows, int cols, const MuonHyper& h, std:
         std::copy(X, X + nm, x);
     }
 }
-
-// torch.optim.Muon's default learning-rate adjustment for a (rows, cols) matrix.
-inline double muon_lr_ratio(size_t rows, size_t cols) { return std::sqrt(std::max(1.0, (double)rows / (double)cols)); }
 
 // The update of n elements of a matrix from its orthogonalized O: decoupled weight decay at the
 // unadjusted rate, then the step at the adjusted one (adjusted_lr = lr * muon_lr_ratio).

@@ -16,6 +16,7 @@
 #include "../llmc/optimizer.h"
 #include "../llmc/parallel/matrix_owners.h"
 #include "../llmc/run/args.h"
+#include "optimizer_oracle.h"
 #include "test_helpers.h"
 
 namespace {
@@ -264,93 +265,16 @@ TEST(OptimizerOwners, BalancedByWork) {
 // ----------------------------------------------------------------------------
 // the trainer against the PyTorch oracle
 
-const char* TINY = "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 4096";
-
 bool have_mpirun() { return test::run_command("command -v mpirun").exit_code == 0; }
 
 std::string mpirun(int np) {
     return "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
 }
 
-// A run of `steps` steps with accumulation, warmup, a cosine to 10% and weight decay, for the oracle and
-// for the trainer (whose batch is the oracle's accumulation over processes x accum micro-batches).
-struct OptimizerRun {
-    std::string opt;
-    double lr, muon_lr;
-    int steps = 5, accum = 2;
-    std::string oracle_args(int processes) const {
-        char buf[256];
-        snprintf(buf, sizeof(buf), " --steps %d --accum %d --warmup 2 --lr %g --final-frac 0.1 --weight-decay 0.1 "
-                 "--opt %s --muon-lr %g", steps, accum * processes, lr, opt.c_str(), muon_lr);
-        return buf;
-    }
-    std::string trainer_args(const std::string& oracle_dir, int processes) const {
-        char buf[256];
-        snprintf(buf, sizeof(buf), " -b 2 -t 16 -d %d -x %d -u 2 -l %g -q 0.1 -c 0.1 -opt %s -ml %g", 2 * 16 * accum * processes,
-                 steps, lr, opt.c_str(), muon_lr);
-        return test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -sh 0 -v 0 -s 0 -n " +
-               std::to_string(steps) + buf;
-    }
-};
-
-struct Agreement {
-    double loss = 0, norm = 0;         // worst relative loss and gradient-norm error over the steps
-    double params = 0, matrices = 0;   // worst parameter error (see below): all tensors, Muon's four matrices
-    std::vector<double> comm_bytes;    // process 0's, per step (metrics.jsonl)
-};
-
-// Our run in `dir` against the oracle's. Parameters: per tensor, the largest difference from the oracle's
-// final value over the largest distance the oracle moved any element of that tensor from its start
-// (so 1e-3 means "a thousandth of how far training moved the tensor").
-Agreement compare_with_oracle(const std::string& oracle_dir, const std::string& dir, int steps) {
-    Agreement a;
-    std::string run_json = test::read_text(oracle_dir + "/run.json");
-    std::vector<double> want_loss = test::json_array(run_json, "losses"), want_norm = test::json_array(run_json, "grad_norms");
-    std::vector<double> loss = test::jsonl_values(dir + "/metrics.jsonl", "train_loss"),
-                        norm = test::jsonl_values(dir + "/metrics.jsonl", "grad_norm");
-    EXPECT_EQ(want_loss.size(), (size_t)steps);
-    EXPECT_EQ(loss.size(), want_loss.size());
-    EXPECT_EQ(norm.size(), want_norm.size());
-    for (size_t s = 0; s < std::min(loss.size(), want_loss.size()); s++) {
-        a.loss = std::max(a.loss, std::fabs(loss[s] - want_loss[s]) / want_loss[s]);
-        a.norm = std::max(a.norm, std::fabs(norm[s] - want_norm[s]) / want_norm[s]);
-    }
-    GPT2Config cfg;
-    std::vector<float> init, ours, oracle;
-    char name[32];
-    snprintf(name, sizeof(name), "/model_%08d.bin", steps);
-    model_file_read(oracle_dir + "/model.bin", &cfg, &init);
-    model_file_read(dir + name, &cfg, &ours);
-    model_file_read(oracle_dir + "/final.bin", &cfg, &oracle);
-    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
-    param_tensor_sizes(cfg, sizes);
-    param_tensor_offsets(cfg, offsets);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        double diff = 0, moved = 0;
-        for (size_t j = offsets[i]; j < offsets[i] + sizes[i]; j++) {
-            diff = std::max(diff, (double)std::fabs(ours[j] - oracle[j]));
-            moved = std::max(moved, (double)std::fabs(oracle[j] - init[j]));
-        }
-        EXPECT_GT(moved, 0.0) << param_tensor_name(i) << " did not move";
-        a.params = std::max(a.params, diff / moved);
-        if (muon_param_is_matrix(i)) a.matrices = std::max(a.matrices, diff / moved);
-        printf("  %-9s moved %.3e, differs by %.2e of that\n", param_tensor_name(i), moved, diff / moved);
-    }
-    a.comm_bytes = test::jsonl_values(dir + "/metrics.jsonl", "comm_bytes");
-    printf("  worst relative error: loss %.2e, grad norm %.2e, parameters %.2e\n", a.loss, a.norm, a.params);
-    return a;
-}
-
-void expect_agreement(const Agreement& a, double loss, double norm, double params) {
-    EXPECT_LE(a.loss, loss) << "loss";
-    EXPECT_LE(a.norm, norm) << "grad norm";
-    EXPECT_LE(a.params, params) << "final parameters";
-}
-
 Agreement train_against_oracle(const std::string& name, const OptimizerRun& run, const std::string& oracle_extra,
                                int processes, const std::string& trainer_extra = "") {
     std::string oracle_dir = test::oracle(name + "_np" + std::to_string(processes),
-                                          std::string(TINY) + run.oracle_args(processes) + oracle_extra);
+                                          std::string(OPTIMIZER_TINY) + run.oracle_args(processes) + oracle_extra);
     std::string dir = test::scratch_dir(name + "_np" + std::to_string(processes));
     std::string launch = processes > 1 ? mpirun(processes) : "OMP_NUM_THREADS=2 ";
     test::CommandResult r = test::run_command(launch + run.trainer_args(oracle_dir, processes) + trainer_extra + " -o " + dir);
@@ -443,7 +367,7 @@ TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
 // ----------------------------------------------------------------------------
 // checkpoints and refusals
 
-std::string tiny_oracle() { return test::oracle("tiny", std::string(TINY)); }
+std::string tiny_oracle() { return test::oracle("tiny", std::string(OPTIMIZER_TINY)); }
 
 std::string base_command(int steps) {
     std::string dir = tiny_oracle();
@@ -514,8 +438,8 @@ TEST(OptimizerCli, DefaultIsAdamwAndStartupNamesTheState) {
     EXPECT_NE(mu.output.find("optimizer: Muon"), std::string::npos) << mu.output;
 }
 
-// The flags in-process: -opt and -ml parse, the CUDA trainer refuses the matrix optimizers for now.
-TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesMatrixOptimizers) {
+// The flags in-process: -opt and -ml parse; the CUDA trainer takes Muon with -z 0 and refuses Adafactor.
+TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesWhatItLacks) {
     auto parse = [](std::vector<std::string> words, bool cuda) {
         words.insert(words.begin(), "train");
         std::vector<char*> argv;
@@ -531,8 +455,11 @@ TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesMatrixOptimizers) {
     EXPECT_EQ(muon.optimizer, "muon");
     EXPECT_FLOAT_EQ(muon.muon_learning_rate, 0.05f);
     EXPECT_EQ(parse({"-opt", "adamw"}, true).optimizer, "adamw");
-    EXPECT_EXIT(parse({"-opt", "muon"}, true), testing::ExitedWithCode(1),
-                "flag -opt muon: the CUDA trainer has AdamW only so far");
+    EXPECT_EQ(parse({"-opt", "muon"}, true).optimizer, "muon");
+    EXPECT_EXIT(parse({"-opt", "muon", "-z", "1"}, true), testing::ExitedWithCode(1),
+                "flag -opt muon with -z 1: the CUDA trainer runs Muon with -z 0 so far");
+    EXPECT_EXIT(parse({"-opt", "adafactor"}, true), testing::ExitedWithCode(1),
+                "flag -opt adafactor: the CUDA trainer has AdamW and Muon so far");
     EXPECT_EXIT(parse({"-ml", "-1"}, false), testing::ExitedWithCode(1), "flag -ml: -1 is outside the allowed range");
 }
 

@@ -230,9 +230,13 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (!optimizer_from_name(args->optimizer, &optimizer)) {
         fatal("flag -opt: unknown optimizer '%s' (adamw, muon or adafactor)", args->optimizer.c_str());
     }
-    if (cuda && optimizer != OPT_ADAMW) {
-        fatal("flag -opt %s: the CUDA trainer has AdamW only so far (Muon and Adafactor run in the CPU trainer, "
-              "train_gpt2)", args->optimizer.c_str());
+    if (cuda && optimizer == OPT_ADAFACTOR) {
+        fatal("flag -opt adafactor: the CUDA trainer has AdamW and Muon so far (Adafactor runs in the CPU trainer, "
+              "train_gpt2)");
+    }
+    if (cuda && optimizer == OPT_MUON && args->zero_stage != 0) {
+        fatal("flag -opt muon with -z %d: the CUDA trainer runs Muon with -z 0 so far (every process makes the "
+              "whole update; the CPU trainer shares the matrices out under -z 1)", args->zero_stage);
     }
     args->inject_steps.clear();
     if (!args->inject_nonfinite.empty()) {

@@ -13,6 +13,7 @@
 #define TESTING
 #include "../../train_gpt2.cu"
 #include "test_kernels.cuh"
+#include "../optimizer_oracle.h"
 
 #include <fstream>
 #include <regex>
@@ -232,6 +233,66 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
     EXPECT_NE(run.result.output.find("attention: flash (-fa 1); activations with flash"), std::string::npos)
         << "flash attention is the default, and start-up prints the memory of both paths";
 #endif
+}
+
+// -opt muon against torch.optim.Muon (test/optimizer_oracle.h: the tiny model, 5 steps with
+// accumulation, warm-up, a cosine and weight decay; AdamW on the other tensors), held to this suite's
+// per-step bars of TrainOracle for losses and gradient norms. The fp32 build runs Newton-Schulz in fp32
+// against the float64 oracle whose iteration is float64 (--muon-ns-dtype compute): all tensors within
+// 1e-2 of their movement (AdamW's noise on ~0 gradients, as the CPU suite's), Muon's matrices 1e-4
+// (fp32 rounding through 15 products). The bf16 build runs it in bf16 as torch's Muon does, against the
+// oracle run so; its forward and backward are bf16 too, and each matrix's gradient enters its update
+// with its bf16 error (up to TOL_GRAD_MATRIX, 5%, in direction: orthogonalization normalizes the size,
+// not the direction) on top of the bf16 iteration's own (2-4% of the movement, test_optimizers.cpp):
+// Muon's matrices within 0.15 of their movement (no orthogonalization, a transposed Gram matrix or
+// another coefficient is off by O(1)). The other tensors are not checked here: stored in bf16, a
+// layernorm gain near 1 has steps of 2^-8, more than these 5 steps move it. Measured under the
+// emulator: fp32 losses 5e-8 and norms 1e-7 relative, matrices 3e-6 of their movement; bf16 losses
+// 4e-5, norms 9e-4, matrices 0.087.
+TEST(TrainOptimizers, MuonAgainstTorch) {
+#if defined(ENABLE_FP32)
+    const std::string name = "opt_muon", extra = " --muon-ns-dtype compute";
+#else
+    const std::string name = "opt_muon_bf16", extra = "";
+#endif
+    OptimizerRun run{"muon", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1) + extra;
+    REQUIRE_ORACLE(name + "_np1", oracle_args);
+    std::string oracle_dir = test::oracle(name + "_np1", oracle_args);
+    std::string dir = test::scratch_dir("muon_" + name);
+    test::CommandResult r = test::run_command(run.trainer_args(oracle_dir, 1, TRAINER) + " -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("-opt muon: the 4 block matrices of each layer orthogonalized"), std::string::npos) << r.output;
+    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+    const double loss_bar = TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0;  // the losses are above 5
+#if defined(ENABLE_FP32)
+    expect_agreement(a, loss_bar, TOL_STEP_NORM_REL, 1e-2);
+    EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
+#else
+    EXPECT_LE(a.loss, loss_bar) << "loss";
+    EXPECT_LE(a.norm, TOL_STEP_NORM_REL) << "grad norm";
+    EXPECT_LE(a.matrices, 0.15) << "Muon's matrices";
+#endif
+}
+
+// A Muon run resumed from its checkpoint continues bit for bit (the momentum is in the state file's m,
+// beside AdamW's moments of the other tensors), and the state file names Muon: resuming it with AdamW is
+// refused, naming both.
+TEST(TrainOptimizers, MuonResumesBitForBitAndRefusesAnotherOptimizer) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string common = "-e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -d 64 -l 1e-3 -u 1 "
+                         "-c 0.1 -sh 0 -v 0 -s 0 -n 2 -opt muon -ml 0.02";
+    TrainerRun a = run_trainer("gpu_muon_resume_a", common + " -x 4");
+    TrainerRun b = run_trainer("gpu_muon_resume_b", common + " -x 2");
+    test::CommandResult resumed = test::run_command(trainer() + " " + common + " -x 4 -y 1 -o " + b.dir);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(test::read_text(a.dir + "/model_00000004.bin"), test::read_text(b.dir + "/model_00000004.bin"));
+    EXPECT_EQ(test::read_text(a.dir + "/state_00000004_00000.bin"), test::read_text(b.dir + "/state_00000004_00000.bin"));
+    test::CommandResult other = test::run_command(trainer() + " " + common + " -x 6 -y 1 -opt adamw -o " + a.dir);
+    EXPECT_NE(other.exit_code, 0);
+    EXPECT_NE(other.output.find("was written with -opt muon; this run has -opt adamw"), std::string::npos) << other.output;
 }
 
 // Flash attention (the default) and the cuBLAS + softmax path (-fa 0) compute the same function with

@@ -1,0 +1,126 @@
+// Muon on the GPU (llmc/muon.h has the definition and the CPU reference): for one block matrix W
+// (rows, cols), its gradient g and its momentum B (fp32, in AdamW's m buffer):
+//   B = lerp(B, g, 1 - mu),  U = lerp(g, B, mu)         muon_momentum_kernel, U written as floatX
+//   X = U or Uᵀ (whichever is wide), X /= max(‖X‖_F, eps)
+//   five times:  A = X Xᵀ,  A' = b A + c A A,  X = a X + A' X     three cuBLASLt calls, as torch.addmm
+//   W = W (1 - lr wd) - adjusted_lr X(ᵀ)                  muon_apply_kernel, on the master weights
+// Newton-Schulz runs in floatX like torch.optim.Muon's (bf16 GEMMs with fp32 accumulation, each GEMM's
+// alpha·AB + beta·C rounded once, as addmm does): in the bf16 build it is the speedrun's bf16 iteration,
+// in the fp32 build the fp32 one the CPU reference runs.
+//
+// No transposes are copied. A row-major (rows, cols) matrix is, to column-major cuBLASLt, the matrix
+// S = Wᵀ (cols, rows). Wide (rows <= cols): X = U is S's transpose, so X Xᵀ = Sᵀ S and the new X, seen
+// column-major, is a S + S A'. Tall: X = Uᵀ is S itself, X Xᵀ = S Sᵀ and the new X is a S + A' S.
+// Either way the Gram matrix is (n, n) with n = min(rows, cols), which is C for all four block matrices.
+#pragma once
+
+#include <cmath>
+
+#include "adamw.cuh"
+#include "cuda_common.cuh"
+#include "matmul.cuh"
+#include "muon_hyper.h"
+
+// ----------------------------------------------------------------------------
+// kernels
+
+// x (n) = U, the Nesterov update, from the gradient (times the clipping scale) and the momentum (updated).
+__global__ void muon_momentum_kernel(floatX* x, float* momentum, const floatX* grads, size_t n, float mu,
+                                     float one_minus_mu, float grad_scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = (float)grads[i] * grad_scale;
+    float b = lerp_as_torch(momentum[i], g, one_minus_mu);
+    momentum[i] = b;
+    x[i] = (floatX)lerp_as_torch(g, b, mu);
+}
+
+// x (n) /= max(sqrt(*sum_sq), eps): the Frobenius norm, read from the device
+__global__ void muon_normalize_kernel(floatX* x, const float* sum_sq, size_t n, float eps) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float norm = fmaxf(sqrtf(*sum_sq), eps);
+    x[i] = (floatX)((float)x[i] / norm);
+}
+
+// W = W (1 - lr wd) + step X on the master weights (or on the parameters under -w 0), rounded to the
+// floatX parameters stochastically as AdamW's are
+__global__ void muon_apply_kernel(floatX* params, float* master, const floatX* ortho, size_t n, float keep, float step,
+                                  uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float p = master != nullptr ? master[i] : (float)params[i];
+    p = p * keep + step * (float)ortho[i];
+    if (master != nullptr) master[i] = p;
+    stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+}
+
+// ----------------------------------------------------------------------------
+// launchers
+
+// The scratch of one matrix's Newton-Schulz iteration, sized for the largest block matrix.
+struct MuonScratch {
+    floatX* x = nullptr;     // (max_elements): X, ping
+    floatX* y = nullptr;     // (max_elements): X, pong
+    floatX* gram = nullptr;  // (n, n): A
+    floatX* poly = nullptr;  // (n, n): b A + c A A
+    float* sum_sq = nullptr;    // 1 float: ‖X‖²
+    float* partials = nullptr;  // NORM_BLOCKS floats
+};
+
+inline size_t muon_scratch_bytes(size_t max_elements, size_t n) {
+    return (2 * max_elements + 2 * n * n) * sizeof(floatX) + (1 + NORM_BLOCKS) * sizeof(float) + 4 * 256;
+}
+
+// Carves the scratch out of one allocation of muon_scratch_bytes, each piece 256-byte aligned (cuBLASLt).
+inline MuonScratch muon_scratch_at(void* memory, size_t max_elements, size_t n) {
+    char* p = (char*)memory;
+    auto take = [&](size_t bytes) {
+        char* at = p;
+        p += (bytes + 255) / 256 * 256;
+        return at;
+    };
+    MuonScratch s;
+    s.x = (floatX*)take(max_elements * sizeof(floatX));
+    s.y = (floatX*)take(max_elements * sizeof(floatX));
+    s.gram = (floatX*)take(n * n * sizeof(floatX));
+    s.poly = (floatX*)take(n * n * sizeof(floatX));
+    s.sum_sq = (float*)take((1 + NORM_BLOCKS) * sizeof(float));
+    s.partials = s.sum_sq + 1;
+    return s;
+}
+
+// One Muon update of a (rows, cols) block matrix: params, master (or nullptr), grads and momentum
+// each point at the matrix's first element. adjusted_lr = lr * muon_lr_ratio(rows, cols).
+inline void muon_update_matrix(floatX* params, float* master, const floatX* grads, float* momentum, int rows, int cols,
+                               const MuonHyper& h, float lr, float weight_decay, float adjusted_lr, float grad_scale,
+                               uint32_t seed, MuonScratch* s, cudaStream_t stream) {
+    const size_t count = (size_t)rows * cols;
+    const int block_size = 512, grid = ceil_div_int(count, block_size);
+    const bool tall = rows > cols;
+    const int n = tall ? cols : rows, m = tall ? rows : cols;  // X is (n, m), n <= m
+    muon_momentum_kernel<<<grid, block_size, 0, stream>>>(s->x, momentum, grads, count, h.momentum,
+                                                          (float)(1.0 - (double)h.momentum), grad_scale);
+    cudaCheckLaunch();
+    sum_of_squares(s->sum_sq, s->partials, s->x, count, stream);
+    muon_normalize_kernel<<<grid, block_size, 0, stream>>>(s->x, s->sum_sq, count, h.eps);
+    cudaCheckLaunch();
+    floatX *x = s->x, *next = s->y;  // column-major S: (m, n) when wide, (n, m) when tall
+    for (int step = 0; step < h.ns_steps; step++) {
+        if (tall) {
+            matmul_scaled(s->gram, x, x, s->gram, 1.0f, 0.0f, n, n, m, false, true, stream);  // S Sᵀ
+        } else {
+            matmul_scaled(s->gram, x, x, s->gram, 1.0f, 0.0f, n, n, m, true, false, stream);  // Sᵀ S
+        }
+        matmul_scaled(s->poly, s->gram, s->gram, s->gram, h.c, h.b, n, n, n, false, false, stream);  // c A A + b A
+        if (tall) {
+            matmul_scaled(next, s->poly, x, x, 1.0f, h.a, n, m, n, false, false, stream);  // A' S + a S
+        } else {
+            matmul_scaled(next, x, s->poly, x, 1.0f, h.a, m, n, n, false, false, stream);  // S A' + a S
+        }
+        std::swap(x, next);
+    }
+    muon_apply_kernel<<<grid, block_size, 0, stream>>>(params, master, x, count, (float)(1.0 - (double)lr * weight_decay),
+                                                       -adjusted_lr, seed);
+    cudaCheckLaunch();
+}
