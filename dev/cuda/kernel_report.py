@@ -89,46 +89,43 @@ def short(name):
     return s.replace("void ", "")
 
 
-def resource_usage(cuobjdump, binary):
-    """{arch: {mangled: (regs, stack, shared)}}"""
-    text = subprocess.run([cuobjdump, "-res-usage", binary], capture_output=True, text=True).stdout
-    usage, arch, fn = collections.defaultdict(dict), None, None
+def functions(cuobjdump, option, binary):
+    """cuobjdump's output for `option`, as (arch, mangled function name, line) for each line inside a
+    function's section."""
+    text = subprocess.run([cuobjdump, option, binary], capture_output=True, text=True).stdout
+    arch, fn = None, None
     for line in text.splitlines():
         m = re.match(r"\s*arch = (sm_\d+a?)", line)
         if m:
-            arch = m.group(1)
-        m = re.match(r"\s*Function (\S+):", line)
+            arch, fn = m.group(1), None
+            continue
+        m = re.match(r"\s*Function :? ?(\S+?):?$", line.rstrip())
         if m:
             fn = m.group(1)
             continue
+        if arch and fn:
+            yield arch, fn, line
+
+
+def resource_usage(cuobjdump, binary):
+    """{arch: {mangled: (regs, stack, shared)}}"""
+    usage = collections.defaultdict(dict)
+    for arch, fn, line in functions(cuobjdump, "-res-usage", binary):
         m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", line)
-        if m and fn and arch:
+        if m:
             usage[arch][fn] = tuple(int(x) for x in m.groups())
-            fn = None
     return usage
 
 
 def instruction_mix(cuobjdump, binary):
     """{arch: {mangled: Counter of opcode -> count, plus 'g128' and 'gall'}}"""
-    text = subprocess.run([cuobjdump, "-sass", binary], capture_output=True, text=True).stdout
-    mix, arch, fn = collections.defaultdict(dict), None, None
-    for line in text.splitlines():
-        m = re.match(r"\s*arch = (sm_\d+a?)", line)
-        if m:
-            arch = m.group(1)
-            continue
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            fn = m.group(1)
-            mix[arch][fn] = collections.Counter()
-            continue
+    mix = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    for arch, fn, line in functions(cuobjdump, "-sass", binary):
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]*)?", line)
-        if not m or fn is None:
+        if not m or m.group(1) == "NOP":
             continue
         op, mods = m.group(1), m.group(2) or ""
         c = mix[arch][fn]
-        if op in ("NOP",):
-            continue
         c[op] += 1
         if op in ("LDG", "STG", "LDGSTS"):
             c["gall"] += 1
