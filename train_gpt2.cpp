@@ -269,20 +269,8 @@ void gpt2_setup_optimizer(GPT2* model) {
     }
     model->opt_begin = zero_stage >= 1 ? sh.begin : 0;
     model->opt_end = zero_stage >= 1 ? sh.end : model->num_parameters;
-    OptimizerPlan& opt = model->optimizer;
-    opt.tensors = opt.kind == OPT_ADAMW ? std::vector<OptimizerTensor>() : optimizer_tensors(model->config);
-    opt.owner.assign(opt.tensors.size(), -1);
-    if (opt.kind == OPT_MUON) {
-        std::vector<double> work;
-        std::vector<size_t> matrices;
-        for (size_t k = 0; k < opt.tensors.size(); k++) {
-            if (!muon_param_is_matrix(opt.tensors[k].param)) continue;
-            work.push_back(newton_schulz_flops(opt.tensors[k].rows, opt.tensors[k].cols, MuonHyper().ns_steps));
-            matrices.push_back(k);
-        }
-        std::vector<int> owner = balance_owners(work, pg.size);
-        for (size_t i = 0; i < matrices.size(); i++) opt.owner[matrices[i]] = owner[i];
-    }
+    model->optimizer = optimizer_plan(model->optimizer.kind, model->config, pg.size);
+    const OptimizerPlan& opt = model->optimizer;
     // new vectors, not assign(): a shrunk vector would keep (and the process keep resident) its old size
     size_t moments = model->opt_end - model->opt_begin;
     size_t second = opt.kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : moments;

@@ -32,6 +32,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/io/output_lock.h"
 #include "llmc/optimizer.h"
 #include "llmc/parallel/layout.h"
+#include "llmc/parallel/matrix_owners.h"
 #include "llmc/rand.h"
 #include "llmc/run/args.h"
 #include "llmc/run/hellaswag.h"
@@ -274,8 +275,7 @@ struct GPT2 {
     uint64_t gathered_fence[2] = {0, 0};
     bool outer_gathered = false;
     bool use_master_weights = false;
-    OptimizerKind optimizer = OPT_ADAMW;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices
-    std::vector<OptimizerTensor> optimizer_tensors;  // muon: the 4 + 12 L tensors, each layer's on its own
+    OptimizerPlan optimizer;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices, with their owners
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     int recompute = 1;
@@ -388,9 +388,16 @@ double predicted_comm_bytes(const GPT2* model, int A) {
     const double S = (double)model->shard.shard_size, f = (P - 1) / P;
     if (P == 1) return 0.0;
     const int z = model->layout.zero_stage;
-    if (z == 0) return 2 * 2 * N * X * f;
+    // -opt muon (llmc/parallel/matrix_owners.h): each matrix broadcast by its owner; -z 1 first gathers U
+    double muon = 0;
+    const OptimizerPlan& opt = model->optimizer;
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        if (opt.owner[k] >= 0) muon += 2.0 * (double)(opt.tensors[k].size() - opt.tensors[k].size() / (size_t)P) * X;
+    }
+    if (opt.kind == OPT_MUON && z == 1) muon += 2 * S * (P - 1) * X;
+    if (z == 0) return 2 * 2 * N * X * f + muon;
     double reduce = 2 * N * X * f, all_gather = 2 * S * (P - 1) * X, norm = 16;
-    if (z == 1) return reduce + all_gather + norm;
+    if (z == 1) return reduce + all_gather + norm + muon;
     if (z == 2) return A * reduce + all_gather + norm;
     const int L = model->config.num_layers;
     double outer = (double)packed_size(model->grad_buckets[L]), outer_mine = 0;
@@ -417,7 +424,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
 #else
     model->use_master_weights = args.master_weights != 0;
 #endif
-    if (!optimizer_from_name(args.optimizer, &model->optimizer)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
+    OptimizerKind optimizer_kind;
+    if (!optimizer_from_name(args.optimizer, &optimizer_kind)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
     model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
@@ -431,6 +439,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
     model->layout = parallel_layout_init(world, 1, 1, distributed ? args.zero_stage : 0, cfg);
     int zero_stage = model->layout.zero_stage;
+    model->optimizer = optimizer_plan(optimizer_kind, cfg, model->layout.dp);
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
     model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
@@ -491,18 +500,19 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
            "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
            model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
-    if (model->optimizer == OPT_MUON) {
-        // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer
+    cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
+    print_model_state_memory(model, zero_stage, free_before - free_after);
+    if (model->optimizer.kind == OPT_MUON) {
+        // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer;
+        // its scratch is not model state (allocated after the measurement above)
         size_t C = cfg.channels, max_elements = 4 * C * C;
         size_t bytes = muon_scratch_bytes(max_elements, C);
         cudaCheck(cudaMalloc(&model->muon_memory, bytes));
         model->muon_scratch = muon_scratch_at(model->muon_memory, max_elements, C);
-        model->optimizer_tensors = optimizer_tensors(cfg);
         printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
-               "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch\n", PRECISION_NAME, bytes / 1048576.0);
+               "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
+               model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");
     }
-    cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
-    print_model_state_memory(model, zero_stage, free_before - free_after);
 }
 
 // Builds the model from a checkpoint file, or (for a descriptor) from a random initialization;
@@ -855,8 +865,7 @@ uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
 }
 
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), per tensor
-// so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With -z 1 and 2, the
-// updated shards are then all-gathered, so every process has all the new parameters. With
+// so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With
 // skip_muon_matrices, the block matrices are left to Muon.
 void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t,
                        bool skip_muon_matrices = false) {
@@ -885,35 +894,66 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
         adamw_update(params, model->master_memory ? model->master_memory + opt_index : nullptr, grads,
                      model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s, model->stream);
     }
+}
+
+// The part [begin, end) of matrix tensor t in this process's optimizer range; false if none.
+bool opt_range_of(const GPT2* model, const OptimizerTensor& t, size_t* begin, size_t* end) {
+    *begin = std::max(t.offset, model->opt_begin);
+    *end = std::min(t.offset + t.size(), model->opt_end);
+    return *begin < *end;
+}
+
+// One Muon update (llmc/muon.cuh, in the steps of llmc/parallel/matrix_owners.h): AdamW on the tensors
+// that are not block matrices; momentum and the Nesterov update U of this process's matrix elements
+// (all, or its -z 1 shard), written over the gradient; -z 1 all-gathers U; each matrix orthogonalized by
+// its owner and broadcast; then applied to this process's elements.
+void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
+    const OptimizerPlan& opt = model->optimizer;
+    const ProcessGroup& dp = model->layout.dp_group;
+    MuonHyper hyper;
+    floatX* grads = model->grads_memory;  // -z 0, 1: every gradient has its place
+    gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    size_t begin, end;
+    for (const OptimizerTensor& t : opt.tensors) {
+        if (muon_param_is_matrix(t.param) && opt_range_of(model, t, &begin, &end)) {
+            muon_momentum(grads + begin, model->m_memory + (begin - model->opt_begin), end - begin, hyper, s.grad_scale,
+                          model->stream);
+        }
+    }
+    if (model->layout.zero_stage == 1) {
+        all_gather(dp, grads, model->shard.shard_size, COMM_FLOATX);
+        comm_join(dp);  // the owners' Newton-Schulz, on the model's stream, reads what the gather brought
+    }
+    for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
+        const OptimizerTensor& t = opt.tensors[k];
+        if (opt.owner[k] == dp.rank) {
+            muon_orthogonalize(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
+        }
+    }
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        if (opt.owner[k] >= 0) broadcast(dp, grads + opt.tensors[k].offset, opt.tensors[k].size(), COMM_FLOATX, opt.owner[k]);
+    }
+    comm_join(dp);
+    for (const OptimizerTensor& t : opt.tensors) {
+        if (!muon_param_is_matrix(t.param) || !opt_range_of(model, t, &begin, &end)) continue;
+        size_t opt_index = begin - model->opt_begin;
+        muon_apply(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
+                   grads + begin, end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),
+                   rounding_seed(s.t, t.param, begin - model->param_offsets[t.param]), model->stream);
+    }
+}
+
+// One optimizer update of the step (-opt). With -z 1 and 2, the updated shards are then all-gathered, so
+// every process has all the new parameters.
+void gpt2_update(GPT2* model, const OptimizerStep& s) {
+    switch (model->optimizer.kind) {
+        case OPT_MUON: gpt2_update_muon(model, s); break;
+        default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
+    }
     model->outer_gathered = false;  // -z 3: the next pass gathers the new values
     if (model->layout.zero_stage == 1 || model->layout.zero_stage == 2) {
         all_gather(model->layout.dp_group, model->params_memory, model->shard.shard_size, COMM_FLOATX);
         comm_join(model->layout.dp_group);
-    }
-}
-
-// One Muon update (llmc/muon.cuh): AdamW on the tensors that are not block matrices, then each layer's
-// block matrices orthogonalized and applied, one after another on the stream. -z 0 only (parse_args):
-// every process holds the whole reduced gradient and makes the same update.
-void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
-    gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
-    MuonHyper hyper;
-    for (const OptimizerTensor& t : model->optimizer_tensors) {
-        if (!muon_param_is_matrix(t.param)) continue;
-        float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));
-        muon_update_matrix(model->params_memory + t.offset, model->master_memory ? model->master_memory + t.offset : nullptr,
-                           model->grads_memory + t.offset, model->m_memory + t.offset, (int)t.rows, (int)t.cols, hyper,
-                           s.muon_lr, s.weight_decay, adjusted_lr, s.grad_scale,
-                           rounding_seed(s.t, t.param, t.offset - model->param_offsets[t.param]), &model->muon_scratch,
-                           model->stream);
-    }
-}
-
-// One optimizer update of the step (-opt).
-void gpt2_update(GPT2* model, const OptimizerStep& s) {
-    switch (model->optimizer) {
-        case OPT_MUON: gpt2_update_muon(model, s); break;
-        default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
     }
 }
 
@@ -995,7 +1035,7 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps,
                                           dp, model->num_parameters, model->opt_begin, model->opt_end);
-    state.optimizer = model->optimizer;
+    state.optimizer = model->optimizer.kind;
     state.m.resize(opt_n);
     state.v.resize(opt_n);
     cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -1016,7 +1056,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
                                            run->data.grad_accum_steps, model->num_parameters, model->opt_begin,
-                                           model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer);
+                                           model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer.kind);
     loss_scaler_restore(&run->scaler, state);
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));

@@ -1,9 +1,11 @@
 // Muon on the GPU (llmc/muon.h has the definition and the CPU reference): for one block matrix W
-// (rows, cols), its gradient g and its momentum B (fp32, in AdamW's m buffer):
-//   B = lerp(B, g, 1 - mu),  U = lerp(g, B, mu)         muon_momentum_kernel, U written as floatX
+// (rows, cols), its gradient g and its momentum B (fp32, in AdamW's m buffer), in the steps of
+// llmc/parallel/matrix_owners.h (which process does what under data parallelism):
+//   B = lerp(B, g, 1 - mu),  U = lerp(g, B, mu)         muon_momentum: U over g, as floatX
 //   X = U or Uᵀ (whichever is wide), X /= max(‖X‖_F, eps)
-//   five times:  A = X Xᵀ,  A' = b A + c A A,  X = a X + A' X     three cuBLASLt calls, as torch.addmm
-//   W = W (1 - lr wd) - adjusted_lr X(ᵀ)                  muon_apply_kernel, on the master weights
+//   five times:  A = X Xᵀ,  A' = b A + c A A,  X = a X + A' X     muon_orthogonalize: three cuBLASLt
+//                                                                  calls per step, as torch.addmm
+//   W = W (1 - lr wd) - adjusted_lr X(ᵀ)                  muon_apply, on the master weights
 // Newton-Schulz runs in floatX like torch.optim.Muon's (bf16 GEMMs with fp32 accumulation, each GEMM's
 // alpha·AB + beta·C rounded once, as addmm does): in the bf16 build it is the speedrun's bf16 iteration,
 // in the fp32 build the fp32 one the CPU reference runs.
@@ -90,20 +92,25 @@ inline MuonScratch muon_scratch_at(void* memory, size_t max_elements, size_t n) 
     return s;
 }
 
-// One Muon update of a (rows, cols) block matrix: params, master (or nullptr), grads and momentum
-// each point at the matrix's first element. adjusted_lr = lr * muon_lr_ratio(rows, cols).
-inline void muon_update_matrix(floatX* params, float* master, const floatX* grads, float* momentum, int rows, int cols,
-                               const MuonHyper& h, float lr, float weight_decay, float adjusted_lr, float grad_scale,
-                               uint32_t seed, MuonScratch* s, cudaStream_t stream) {
+// Step 1 (llmc/parallel/matrix_owners.h): the momentum of n elements of a matrix updated, and its
+// Nesterov update U written over the gradient (as floatX: what Newton-Schulz starts from).
+inline void muon_momentum(floatX* grads, float* momentum, size_t n, const MuonHyper& h, float grad_scale,
+                          cudaStream_t stream) {
+    const int block_size = 512;
+    muon_momentum_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(
+        grads, momentum, grads, n, h.momentum, (float)(1.0 - (double)h.momentum), grad_scale);
+    cudaCheckLaunch();
+}
+
+// Step 3: a whole (rows, cols) matrix's U orthogonalized in place (row-major, in the gradient buffer).
+inline void muon_orthogonalize(floatX* u, int rows, int cols, const MuonHyper& h, MuonScratch* s, cudaStream_t stream) {
     const size_t count = (size_t)rows * cols;
-    const int block_size = 512, grid = ceil_div_int(count, block_size);
+    const int block_size = 512;
     const bool tall = rows > cols;
     const int n = tall ? cols : rows, m = tall ? rows : cols;  // X is (n, m), n <= m
-    muon_momentum_kernel<<<grid, block_size, 0, stream>>>(s->x, momentum, grads, count, h.momentum,
-                                                          (float)(1.0 - (double)h.momentum), grad_scale);
-    cudaCheckLaunch();
+    cudaCheck(cudaMemcpyAsync(s->x, u, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
     sum_of_squares(s->sum_sq, s->partials, s->x, count, stream);
-    muon_normalize_kernel<<<grid, block_size, 0, stream>>>(s->x, s->sum_sq, count, h.eps);
+    muon_normalize_kernel<<<ceil_div_int(count, block_size), block_size, 0, stream>>>(s->x, s->sum_sq, count, h.eps);
     cudaCheckLaunch();
     floatX *x = s->x, *next = s->y;  // column-major S: (m, n) when wide, (n, m) when tall
     for (int step = 0; step < h.ns_steps; step++) {
@@ -120,7 +127,15 @@ inline void muon_update_matrix(floatX* params, float* master, const floatX* grad
         }
         std::swap(x, next);
     }
-    muon_apply_kernel<<<grid, block_size, 0, stream>>>(params, master, x, count, (float)(1.0 - (double)lr * weight_decay),
-                                                       -adjusted_lr, seed);
+    cudaCheck(cudaMemcpyAsync(u, x, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+}
+
+// Step 4: n elements of a matrix moved by its orthogonalized O: W = W (1 - lr wd) - adjusted_lr O, with
+// adjusted_lr = lr * muon_lr_ratio(rows, cols). master: the elements' fp32 master weights, or nullptr.
+inline void muon_apply(floatX* params, float* master, const floatX* ortho, size_t n, float lr, float weight_decay,
+                       float adjusted_lr, uint32_t seed, cudaStream_t stream) {
+    const int block_size = 512;
+    muon_apply_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(
+        params, master, ortho, n, (float)(1.0 - (double)lr * weight_decay), -adjusted_lr, seed);
     cudaCheckLaunch();
 }

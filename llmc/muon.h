@@ -40,12 +40,6 @@ inline void muon_momentum(float* momentum, float* grad, size_t n, float mu, floa
     }
 }
 
-// Multiply-adds of NS5 on a (rows, cols) matrix, for balancing the work between processes.
-inline double newton_schulz_flops(size_t rows, size_t cols, int steps) {
-    double n = (double)std::min(rows, cols), m = (double)std::max(rows, cols);
-    return 2.0 * steps * (2.0 * n * n * m + n * n * n);
-}
-
 // Orthogonalizes x (rows, cols) in place: NS5 above. scratch is resized as needed and may be reused.
 inline void newton_schulz(float* x, int rows, int cols, const MuonHyper& h, std::vector<float>* scratch) {
     const bool tall = rows > cols;

@@ -27,3 +27,9 @@ MUON_HOST_DEVICE inline float lerp_as_torch(float start, float end, float w) {
 
 // torch.optim.Muon's default learning-rate adjustment for a (rows, cols) matrix.
 inline double muon_lr_ratio(size_t rows, size_t cols) { return std::sqrt(std::max(1.0, (double)rows / (double)cols)); }
+
+// Multiply-adds of NS5 on a (rows, cols) matrix, for balancing the work between processes.
+inline double newton_schulz_flops(size_t rows, size_t cols, int steps) {
+    double n = (double)std::min(rows, cols), m = (double)std::max(rows, cols);
+    return 2.0 * steps * (2.0 * n * n * m + n * n * n);
+}

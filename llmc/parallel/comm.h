@@ -188,10 +188,11 @@ inline void all_gather(const ProcessGroup& g, float* data, size_t count) { all_g
 // Process `root`'s data[n] to every process of the group. Counted as a ring pipelines it (the data passes
 // from process to process: each receives it once and sends it on once, but the root receives nothing
 // and its predecessor sends nothing): 2n(P-1)/P elements per process on average, an all-gather's count.
-inline void broadcast(const ProcessGroup& g, float* data, size_t n, int root) {
-    comm_count(g, n, n / g.size, sizeof(float));
-    if (comm_active(g)) g.backend->broadcast(g, data, n, COMM_FLOAT32, root);
+inline void broadcast(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
+    comm_count(g, n, n / g.size, comm_type_bytes(type));
+    if (comm_active(g)) g.backend->broadcast(g, data, n, type, root);
 }
+inline void broadcast(const ProcessGroup& g, float* data, size_t n, int root) { broadcast(g, data, n, COMM_FLOAT32, root); }
 
 // Every process's mine[n] to process 0, which receives them in rank order in all[size * n].
 inline void gather(const ProcessGroup& g, const float* mine, size_t n, float* all) {

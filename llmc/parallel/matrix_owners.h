@@ -29,6 +29,9 @@
 #include <numeric>
 #include <vector>
 
+#include "../muon_hyper.h"
+#include "../optimizer.h"
+
 // The owner of each item (0 .. processes-1) for the given work: largest first, each to the process with
 // the least work so far (the lowest rank on ties). Deterministic, so every process computes the same
 // assignment; no process ends with more than the average plus one item's work.
@@ -44,4 +47,26 @@ inline std::vector<int> balance_owners(const std::vector<double>& work, int proc
         load[least] += work[k];
     }
     return owner;
+}
+
+// A run's optimizer plan (llmc/optimizer.h) for `processes` data-parallel processes: the tensors a matrix
+// optimizer updates one by one and, for Muon, each block matrix's owner. Both trainers build it so.
+inline OptimizerPlan optimizer_plan(OptimizerKind kind, const GPT2Config& cfg, int processes) {
+    OptimizerPlan opt;
+    opt.kind = kind;
+    if (kind == OPT_ADAMW) return opt;
+    opt.tensors = optimizer_tensors(cfg);
+    opt.owner.assign(opt.tensors.size(), -1);
+    if (kind == OPT_MUON) {
+        std::vector<double> work;
+        std::vector<size_t> matrices;
+        for (size_t k = 0; k < opt.tensors.size(); k++) {
+            if (!muon_param_is_matrix(opt.tensors[k].param)) continue;
+            work.push_back(newton_schulz_flops(opt.tensors[k].rows, opt.tensors[k].cols, MuonHyper().ns_steps));
+            matrices.push_back(k);
+        }
+        std::vector<int> owner = balance_owners(work, processes);
+        for (size_t i = 0; i < matrices.size(); i++) opt.owner[matrices[i]] = owner[i];
+    }
+    return opt;
 }

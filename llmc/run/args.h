@@ -234,9 +234,8 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         fatal("flag -opt adafactor: the CUDA trainer has AdamW and Muon so far (Adafactor runs in the CPU trainer, "
               "train_gpt2)");
     }
-    if (cuda && optimizer == OPT_MUON && args->zero_stage != 0) {
-        fatal("flag -opt muon with -z %d: the CUDA trainer runs Muon with -z 0 so far (every process makes the "
-              "whole update; the CPU trainer shares the matrices out under -z 1)", args->zero_stage);
+    if (cuda && optimizer == OPT_MUON && args->zero_stage >= 2) {
+        fatal("flag -opt muon with -z %d: the CUDA trainer runs Muon with -z 0 and 1 so far", args->zero_stage);
     }
     args->inject_steps.clear();
     if (!args->inject_nonfinite.empty()) {

@@ -436,6 +436,31 @@ TEST(MultiGpuMpirun, ThreeProcessesZero1MatchTheCpuTrainer) {
     expect_same_training(cpu.dir, dir, steps, 1e-3);
 }
 
+// -opt muon over 3 processes, with -z 1 (each process's shard of the momentum; the Nesterov updates
+// all-gathered, each matrix orthogonalized by its owner and broadcast) and with -z 0 (owners and
+// broadcasts after the all-reduce), against torch.optim.Muon accumulating the same global batch (3 x 2
+// micro-batches), with the one-process test's bars (TrainOptimizers.MuonAgainstTorch, fp32); and the
+// bytes counted per step as the start-up line predicts them (Muon's gather and broadcasts included).
+TEST(MultiGpuMpirun, ThreeProcessesMuonZero0And1MatchTorch) {
+    REQUIRE_MPIRUN_GPUS(3);
+    OptimizerRun run{"muon", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(3) + " --muon-ns-dtype compute";
+    REQUIRE_ORACLE("opt_muon_np3", oracle_args);
+    std::string oracle_dir = test::oracle("opt_muon_np3", oracle_args);
+    for (int z : {1, 0}) {
+        SCOPED_TRACE("-z " + std::to_string(z));
+        std::string dir = test::scratch_dir("mpi_3_muon_z" + std::to_string(z));
+        test::CommandResult r = test::run_command(mpirun_command(3) + run.trainer_args(oracle_dir, 3, TRAINER) + " -z " +
+                                                  std::to_string(z) + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("each matrix by its owner, then broadcast"), std::string::npos) << r.output;
+        Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+        expect_agreement(a, TOL_STEP_LOSS_REL, TOL_STEP_NORM_REL, 1e-2);
+        EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
+        expect_comm_bytes_as_predicted(r.output, dir);
+    }
+}
+
 // ZeRO-2 and ZeRO-3 with gradient accumulation (2 micro-steps on each of 3 processes: every
 // micro-step's packed gradients are reduced into the owners' shards and added to their running sums;
 // -z 3 gathers each block before its forward and again before its backward, and the model file from
