@@ -644,13 +644,6 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
     }
 }
 
-// The part [begin, end) of matrix tensor t that lies in this process's optimizer range; false if none.
-bool opt_range_of(const GPT2* model, const OptimizerTensor& t, size_t* begin, size_t* end) {
-    *begin = std::max(t.offset, model->opt_begin);
-    *end = std::min(t.offset + t.size(), model->opt_end);
-    return *begin < *end;
-}
-
 // One Muon update (llmc/muon.h; the data-parallel steps 1-4 of llmc/parallel/matrix_owners.h): AdamW on
 // the tensors that are not block matrices, momentum and the Nesterov update of this process's matrix
 // elements (left in the gradient buffer), gathered under -z 1, each matrix orthogonalized by its owner and
@@ -663,7 +656,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && opt_range_of(model, t, &begin, &end)) {
+        if (muon_param_is_matrix(t.param) && tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) {
             muon_momentum(model->m_memory.data() + (begin - model->opt_begin), grads + begin, end - begin,
                           hyper.momentum, s.grad_scale);
         }
@@ -678,7 +671,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
         if (opt.owner[k] >= 0) broadcast(dp, grads + opt.tensors[k].offset, opt.tensors[k].size(), opt.owner[k]);
     }
     for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && opt_range_of(model, t, &begin, &end)) {
+        if (muon_param_is_matrix(t.param) && tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) {
             float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));
             muon_apply(model->params_memory.data() + begin, grads + begin, end - begin, s.muon_lr, s.weight_decay,
                        adjusted_lr);

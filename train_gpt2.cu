@@ -896,13 +896,6 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
     }
 }
 
-// The part [begin, end) of matrix tensor t in this process's optimizer range; false if none.
-bool opt_range_of(const GPT2* model, const OptimizerTensor& t, size_t* begin, size_t* end) {
-    *begin = std::max(t.offset, model->opt_begin);
-    *end = std::min(t.offset + t.size(), model->opt_end);
-    return *begin < *end;
-}
-
 // One Muon update (llmc/muon.cuh, in the steps of llmc/parallel/matrix_owners.h): AdamW on the tensors
 // that are not block matrices; momentum and the Nesterov update U of this process's matrix elements
 // (all, or its -z 1 shard), written over the gradient; -z 1 all-gathers U; each matrix orthogonalized by
@@ -915,7 +908,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && opt_range_of(model, t, &begin, &end)) {
+        if (muon_param_is_matrix(t.param) && tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) {
             muon_momentum(grads + begin, model->m_memory + (begin - model->opt_begin), end - begin, hyper, s.grad_scale,
                           model->stream);
         }
@@ -935,7 +928,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     }
     comm_join(dp);
     for (const OptimizerTensor& t : opt.tensors) {
-        if (!muon_param_is_matrix(t.param) || !opt_range_of(model, t, &begin, &end)) continue;
+        if (!muon_param_is_matrix(t.param) || !tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) continue;
         size_t opt_index = begin - model->opt_begin;
         muon_apply(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
                    grads + begin, end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),

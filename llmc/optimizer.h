@@ -56,6 +56,14 @@ struct OptimizerTensor {
     size_t size() const { return rows * cols; }
 };
 
+// The part [begin, end) of tensor t that lies in a process's optimizer range [opt_begin, opt_end)
+// (all of it, or its ZeRO shard's piece); false if none.
+inline bool tensor_part_in(const OptimizerTensor& t, size_t opt_begin, size_t opt_end, size_t* begin, size_t* end) {
+    *begin = t.offset > opt_begin ? t.offset : opt_begin;
+    *end = t.offset + t.size() < opt_end ? t.offset + t.size() : opt_end;
+    return *begin < *end;
+}
+
 // Adafactor's state of one tensor: rows + cols factors for a matrix, one variance per element for a vector.
 inline size_t adafactor_state_of(const OptimizerTensor& t) { return t.is_matrix() ? t.rows + t.cols : t.cols; }
 
