@@ -506,9 +506,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
         // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer;
         // its scratch is not model state (allocated after the measurement above)
         size_t C = cfg.channels, max_elements = 4 * C * C;
-        size_t bytes = muon_scratch_bytes(max_elements, C);
+        size_t bytes = muon_scratch_layout(nullptr, max_elements, C, &model->muon_scratch);
         cudaCheck(cudaMalloc(&model->muon_memory, bytes));
-        model->muon_scratch = muon_scratch_at(model->muon_memory, max_elements, C);
+        muon_scratch_layout(model->muon_memory, max_elements, C, &model->muon_scratch);
         printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
                "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
                model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");

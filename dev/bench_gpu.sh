@@ -41,19 +41,11 @@ mkdir -p "$work"
 # made once per V
 shard="$work/v$V/train_000000.bin"
 mkdir -p "$work/v$V"
-[ -f "$shard" ] || "$python" - "$shard.tmp" "$V" <<'PY' || exit 1
-import array, random, sys
-V = int(sys.argv[2])
-n = 1 << 22 if V > 1000 else 1 << 16
-header = array.array("i", [0] * 256)
-header[0], header[1], header[2] = 20240520, 1, n
-rng = random.Random(0)
-tokens = array.array("H", (rng.randrange(V) for _ in range(n)))
-with open(sys.argv[1], "wb") as f:
-    header.tofile(f)
-    tokens.tofile(f)
-PY
-[ -f "$shard" ] || mv "$shard.tmp" "$shard"
+if [ ! -f "$shard" ]; then  # dev/bench_cpu.py's writer, the format of llmc/io/dataloader.h
+    n=$([ "$V" -gt 1000 ] && echo $((1 << 22)) || echo $((1 << 16)))
+    "$python" -c 'import sys; sys.path.insert(0, "dev"); from bench_cpu import write_shard; write_shard(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))' \
+        "$shard.tmp" "$n" "$V" && mv "$shard.tmp" "$shard" || exit 1
+fi
 
 # the most GPU memory in use while "$@" runs (MiB, nvidia-smi every 100 ms), into $work/peak
 with_peak_memory() {

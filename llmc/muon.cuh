@@ -37,12 +37,12 @@ __global__ void muon_momentum_kernel(floatX* x, float* momentum, const floatX* g
     x[i] = (floatX)lerp_as_torch(g, b, mu);
 }
 
-// x (n) /= max(sqrt(*sum_sq), eps): the Frobenius norm, read from the device
-__global__ void muon_normalize_kernel(floatX* x, const float* sum_sq, size_t n, float eps) {
+// x (n) = u / max(sqrt(*sum_sq), eps): u over its Frobenius norm, read from the device
+__global__ void muon_normalize_kernel(floatX* x, const floatX* u, const float* sum_sq, size_t n, float eps) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float norm = fmaxf(sqrtf(*sum_sq), eps);
-    x[i] = (floatX)((float)x[i] / norm);
+    x[i] = (floatX)((float)u[i] / norm);
 }
 
 // W = W (1 - lr wd) + step X on the master weights (or on the parameters under -w 0), rounded to the
@@ -70,26 +70,22 @@ struct MuonScratch {
     float* partials = nullptr;  // NORM_BLOCKS floats
 };
 
-inline size_t muon_scratch_bytes(size_t max_elements, size_t n) {
-    return (2 * max_elements + 2 * n * n) * sizeof(floatX) + (1 + NORM_BLOCKS) * sizeof(float) + 4 * 256;
-}
-
-// Carves the scratch out of one allocation of muon_scratch_bytes, each piece 256-byte aligned (cuBLASLt).
-inline MuonScratch muon_scratch_at(void* memory, size_t max_elements, size_t n) {
-    char* p = (char*)memory;
+// Lays the scratch out in `memory` (256-byte aligned pieces, for cuBLASLt) and returns the bytes it
+// takes; with memory null it only measures, so the caller allocates exactly that.
+inline size_t muon_scratch_layout(void* memory, size_t max_elements, size_t n, MuonScratch* s) {
+    size_t at = 0;
     auto take = [&](size_t bytes) {
-        char* at = p;
-        p += (bytes + 255) / 256 * 256;
-        return at;
+        char* piece = memory ? (char*)memory + at : nullptr;
+        at += (bytes + 255) / 256 * 256;
+        return piece;
     };
-    MuonScratch s;
-    s.x = (floatX*)take(max_elements * sizeof(floatX));
-    s.y = (floatX*)take(max_elements * sizeof(floatX));
-    s.gram = (floatX*)take(n * n * sizeof(floatX));
-    s.poly = (floatX*)take(n * n * sizeof(floatX));
-    s.sum_sq = (float*)take((1 + NORM_BLOCKS) * sizeof(float));
-    s.partials = s.sum_sq + 1;
-    return s;
+    s->x = (floatX*)take(max_elements * sizeof(floatX));
+    s->y = (floatX*)take(max_elements * sizeof(floatX));
+    s->gram = (floatX*)take(n * n * sizeof(floatX));
+    s->poly = (floatX*)take(n * n * sizeof(floatX));
+    s->sum_sq = (float*)take((1 + NORM_BLOCKS) * sizeof(float));
+    s->partials = memory ? s->sum_sq + 1 : nullptr;
+    return at;
 }
 
 // Step 1 (llmc/parallel/matrix_owners.h): the momentum of n elements of a matrix updated, and its
@@ -108,9 +104,8 @@ inline void muon_orthogonalize(floatX* u, int rows, int cols, const MuonHyper& h
     const int block_size = 512;
     const bool tall = rows > cols;
     const int n = tall ? cols : rows, m = tall ? rows : cols;  // X is (n, m), n <= m
-    cudaCheck(cudaMemcpyAsync(s->x, u, count * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
-    sum_of_squares(s->sum_sq, s->partials, s->x, count, stream);
-    muon_normalize_kernel<<<ceil_div_int(count, block_size), block_size, 0, stream>>>(s->x, s->sum_sq, count, h.eps);
+    sum_of_squares(s->sum_sq, s->partials, u, count, stream);
+    muon_normalize_kernel<<<ceil_div_int(count, block_size), block_size, 0, stream>>>(s->x, u, s->sum_sq, count, h.eps);
     cudaCheckLaunch();
     floatX *x = s->x, *next = s->y;  // column-major S: (m, n) when wide, (n, m) when tall
     for (int step = 0; step < h.ns_steps; step++) {

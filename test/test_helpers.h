@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -61,7 +62,6 @@ inline CommandResult run_command(const std::string& cmd) {
     return result;
 }
 
-// `text` with every POSIX extended-regex metacharacter escaped, to match a path literally.
 // Runs `launch` (an mpirun command line, output to `log`) in the background until `log` holds
 // `ready` (a step line), stops MPI rank `rank` (SIGSTOP; found by its OMPI_COMM_WORLD_RANK among the
 // processes whose command line holds `marker`), waits up to `limit_s` for the job to end (else kills
@@ -80,6 +80,18 @@ inline CommandResult run_and_stop_rank(const std::string& launch, const std::str
     return run_command(script);
 }
 
+// What both trainers' watchdog tests require of a run_and_stop_rank result `r` whose rank 1 was
+// stopped (log: the job's output): the job ended with an error within limit_s seconds of the stop,
+// and the watchdog's report names process 1 as not answering.
+inline void expect_watchdog_ended_run(const CommandResult& r, const std::string& log, double limit_s) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;
+    EXPECT_NE(std::stoi(m[1]), 0) << log;
+    EXPECT_LT(std::stod(m[2]) / 1000, limit_s) << "the watchdog took too long\n" << log;
+    EXPECT_NE(log.find("process 1: no answer within"), std::string::npos) << log;
+}
+
+// `text` with every POSIX extended-regex metacharacter escaped, to match a path literally.
 inline std::string re_escape(const std::string& text) {
     std::string out;
     for (char c : text) {

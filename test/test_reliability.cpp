@@ -130,14 +130,10 @@ TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
                          test::root() + "/train_gpt2' " + tiny_args() + " -z 1 -x 1000000 -n 2 -wt 4 -o " + out;
     test::CommandResult r = test::run_and_stop_rank(launch, out + ".log", "step    5/", out, 1, 60);
     std::string log = test::read_text(out + ".log");
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;
-    EXPECT_NE(std::stoi(m[1]), 0) << log;
-    EXPECT_LT(std::stod(m[2]) / 1000, 4 + WATCHDOG_ANSWER_S + 15) << "the watchdog took too long\n" << log;
+    test::expect_watchdog_ended_run(r, log, 4 + WATCHDOG_ANSWER_S + 15);
     EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process [02]\\): watchdog: .* \\(group [a-z -]+, its wait #[0-9]+\\) "
                                                   "at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 process\\(es\\) had not arrived:")))
         << log;
-    EXPECT_NE(log.find("process 1: no answer within"), std::string::npos) << log;
     int last = checkpoint_find_latest(out);
     EXPECT_GE(last, 2) << log;
     for (int rank = 0; rank < 3; rank++) EXPECT_TRUE(file_exists(checkpoint_state_path(out, last, rank))) << rank;

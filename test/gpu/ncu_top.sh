@@ -21,18 +21,10 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 [ -n "$ncu" ] && [ -x "$ncu" ] || { echo "ncu_top.sh: SKIPPED (ncu not found)"; exit 0; }
 
 shard=build/bench_gpu/v50257/train_000000.bin  # dev/bench_gpu.sh's random tokens; else made here
-if [ ! -f "$shard" ]; then
+if [ ! -f "$shard" ]; then  # what dev/bench_gpu.sh writes: 2^22 token ids by dev/bench_cpu.py's writer
     mkdir -p build/bench_gpu/v50257
-    "$python" - "$shard" <<'PY' || exit 1
-import array, random, sys
-header = array.array("i", [0] * 256)
-header[0], header[1], header[2] = 20240520, 1, 1 << 22
-rng = random.Random(0)
-tokens = array.array("H", (rng.randrange(50257) for _ in range(1 << 22)))
-with open(sys.argv[1], "wb") as f:
-    header.tofile(f)
-    tokens.tofile(f)
-PY
+    "$python" -c 'import sys; sys.path.insert(0, "dev"); from bench_cpu import write_shard; write_shard(sys.argv[1], 1 << 22)' \
+        "$shard.tmp" && mv "$shard.tmp" "$shard" || exit 1
 fi
 
 # Pass 1: each kernel's duration only (one counter pass, so no kernel is replayed: a replay saves and

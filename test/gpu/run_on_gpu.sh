@@ -246,7 +246,7 @@ if [ "$emu" != 1 ] && [ -x build/gpu/train_gpt2 ] && nvidia-smi -L > /dev/null 2
     say "train_gpt2: build/gpu/train_gpt2 copied into place"
 fi
 resolve_libraries
-export -f run_stage_body gtest_stage stage_field
+export -f run_stage_body gtest_stage
 export root work out emu TRAIN_BF16 TEST_BF16 TEST_FP32 F_KERNELS F_MODEL F_TRAINER
 export BINARIES_LIST="${BINARIES[*]}"  # an array does not cross `bash -c`: rebuilt there
 

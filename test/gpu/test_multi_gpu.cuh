@@ -408,13 +408,9 @@ TEST(MultiGpuMpirun, WatchdogEndsARunWhoseProcessStopped) {
     test::CommandResult r = test::run_and_stop_rank(mpirun_command(2) + trainer() + " " + flags, out + ".log", "step    3/",
                                                      out, 1, 90);
     std::string log = test::read_text(out + ".log");
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("exit ([0-9]+) after ([0-9]+) ms"))) << r.output << log;
-    EXPECT_NE(std::stoi(m[1]), 0) << log;
-    EXPECT_LT(std::stod(m[2]) / 1000, 8 + WATCHDOG_ANSWER_S + 30) << "the watchdog took too long\n" << log;
+    test::expect_watchdog_ended_run(r, log, 8 + WATCHDOG_ANSWER_S + 30);
     EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process 0\\): watchdog: .* at step [0-9]+ has waited [0-9]+ s "
                                                   "\\(-wt 8\\); 1 process\\(es\\) had not arrived:"))) << log;
-    EXPECT_NE(log.find("process 1: no answer within"), std::string::npos) << log;
 }
 #endif
 
