@@ -26,15 +26,16 @@
 // ----------------------------------------------------------------------------
 // kernels
 
-// x (n) = U, the Nesterov update, from the gradient (times the clipping scale) and the momentum (updated).
-__global__ void muon_momentum_kernel(floatX* x, float* momentum, const floatX* grads, size_t n, float mu,
-                                     float one_minus_mu, float grad_scale) {
+// grads (n) replaced by U, the Nesterov update, from the gradient (times the clipping scale) and the
+// momentum (updated).
+__global__ void muon_momentum_kernel(floatX* grads, float* momentum, size_t n, float mu, float one_minus_mu,
+                                     float grad_scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = (float)grads[i] * grad_scale;
     float b = lerp_as_torch(momentum[i], g, one_minus_mu);
     momentum[i] = b;
-    x[i] = (floatX)lerp_as_torch(g, b, mu);
+    grads[i] = (floatX)lerp_as_torch(g, b, mu);
 }
 
 // x (n) = u / max(sqrt(*sum_sq), eps): u over its Frobenius norm, read from the device
@@ -94,7 +95,7 @@ inline void muon_momentum(floatX* grads, float* momentum, size_t n, const MuonHy
                           cudaStream_t stream) {
     const int block_size = 512;
     muon_momentum_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(
-        grads, momentum, grads, n, h.momentum, (float)(1.0 - (double)h.momentum), grad_scale);
+        grads, momentum, n, h.momentum, (float)(1.0 - (double)h.momentum), grad_scale);
     cudaCheckLaunch();
 }
 

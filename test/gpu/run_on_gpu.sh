@@ -59,7 +59,8 @@ while [ $# -gt 0 ]; do
         --list)
             for s in "${STAGES[@]}"; do IFS='|' read -r n l t d <<< "$s"; printf "%-13s %-5s %4s s  %s\n" "$n" "$l" "$t" "$d"; done
             exit 0 ;;
-        --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+        --budget) budget=${2:-}; [[ "$budget" =~ ^[0-9]+$ ]] || { echo "run_on_gpu.sh: --budget needs whole seconds, not '$budget'"; exit 2; }
+                  shift 2 ;;
         -*) echo "run_on_gpu.sh: unknown option $1"; exit 2 ;;
         *) stage_field "$1" 1 > /dev/null || { echo "run_on_gpu.sh: no stage '$1' (see --list)"; exit 2; }
            selected+=("$1"); shift ;;
