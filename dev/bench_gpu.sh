@@ -65,7 +65,8 @@ ours_tps="" ours_mfu="" ours_B=""
 row() { printf '%s\n' "$*" | tr ' ' '\t' >> "$tsv"; }
 
 run_ours() {  # run_ours RECOMPUTE [OPTIMIZER]
-    local r=$1 opt=${2:-adamw} b log="$work/ours_r$1_$opt.log" mode="r$1"
+    local r=$1 opt=${2:-adamw} b
+    local log="$work/ours_r${r}_$opt.log" mode="r$r"
     [ "$opt" = adamw ] || mode="$opt-r$r"
     for b in $B0 $((B0 / 2)) $((B0 / 4)) $((B0 / 8)); do
         [ "$b" -ge 1 ] || break
