@@ -16,6 +16,16 @@
 // Every output element is owned by one warp and summed in a fixed order: no atomics, so two runs give
 // the same bits. The price is recomputing two of the products for dq (7 products instead of 5).
 //
+// Two versions of the three kernels, a template argument (dev/cuda/attention_forward.cu and
+// attention_backward.cu time both; the trainer runs v4):
+//   v3, as first written: the forward scales every score into log2 units before the max; the backward
+//     masks every tile (an index computation and a compare per score); exp2f.
+//   v4: fewer instructions per score, the tensor cores' share of the issue slots larger. The forward
+//     keeps the scores raw and folds the scale into the exponent's one FFMA, 2^(s·c - m·c); the
+//     backward masks only the tiles that need it (the diagonal one, and the last query tile when T is
+//     not a multiple of 64) and keeps the log-sum-exps in log2 units from the start; every exponential is ex2.approx (mma.cuh), one MUFU instruction instead of exp2f's
+//     range scaling around it (the error, of the order of 2^-22 relative, is far under bf16's 2^-8).
+//
 // Shapes: any T (the last tile is padded with zero rows; queries past T are masked and never stored)
 // and any head size hs that is a multiple of 8 up to 128. The kernels are compiled for D = hs rounded
 // up to 16 (mma's k step), the extra columns zero in shared memory: zeros add nothing to q·kᵀ, and the
@@ -39,6 +49,33 @@ constexpr int FLASH_THREADS = 128;
 constexpr int FLASH_MAX_HEAD_SIZE = 128;
 constexpr float FLASH_LOG2E = 1.4426950408889634f;
 
+enum class FlashVersion { v3, v4 };
+
+template <FlashVersion V>
+__device__ inline float flash_exp2(float x) {
+    if constexpr (V == FlashVersion::v4) {
+        return exp2_approx(x);
+    } else {
+        return exp2f(x);
+    }
+}
+
+// Scores of keys after their query to -inf (so 2^score is 0) in a warp's 16 x 64 tile of accumulator
+// fragments: the lane's rows are row0 and row0 + 8, its columns col0 + nt*8 + (lane%4)*2 + {0, 1}.
+// keys_are_rows: the backward's transposed frame (rows are keys, columns queries), where a query at or
+// past T (a padded row) is masked too.
+__device__ inline void flash_mask_causal(float (*s)[4], int row0, int col0, bool keys_are_rows, int T, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = row0 + 8 * (e / 2), col = col0 + nt * 8 + (lane % 4) * 2 + e % 2;
+            bool masked = keys_are_rows ? (row > col || col >= T) : col > row;
+            if (masked) s[nt][e] = -INFINITY;
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // kernels
 
@@ -49,16 +86,35 @@ struct FlashTile {
 
 // Rows row0 .. row0+63 of a (T, row_stride) head view into a tile; rows past T and columns past hs
 // become zeros. One 16-byte cp.async per 8 values (hs and the row starts are multiples of 8 values).
-template <int D>
+// v3: a loop over the tile's chunks whose trip count the compiler cannot see, and a 64-bit product
+// per chunk. v4: each thread's D/16 chunks unrolled (their rows and columns depend only on threadIdx.x
+// and are hoisted out of the tile loop), one 64-bit product per tile and 32-bit offsets from it.
+template <int D, FlashVersion V>
 __device__ inline void flash_load_tile(FlashTile<D>& tile, const floatX* src, size_t row_stride, int row0, int T,
                                        int hs) {
     constexpr int chunks_per_row = D / 8;
-    for (int chunk = threadIdx.x; chunk < FLASH_TILE * chunks_per_row; chunk += FLASH_THREADS) {
-        int r = chunk / chunks_per_row, col = (chunk % chunks_per_row) * 8;
-        if (row0 + r < T && col < hs) {
-            cp_async16(&tile.rows[r][col], src + (size_t)(row0 + r) * row_stride + col);
-        } else {
-            *reinterpret_cast<int4*>(&tile.rows[r][col]) = make_int4(0, 0, 0, 0);
+    if constexpr (V == FlashVersion::v4) {
+        static_assert(FLASH_TILE * chunks_per_row % FLASH_THREADS == 0, "every thread loads as many chunks");
+        const floatX* base = src + (size_t)row0 * row_stride;
+        int rows_left = T - row0;
+#pragma unroll
+        for (int i = 0; i < FLASH_TILE * chunks_per_row / FLASH_THREADS; i++) {
+            int chunk = threadIdx.x + i * FLASH_THREADS;
+            int r = chunk / chunks_per_row, col = (chunk % chunks_per_row) * 8;
+            if (r < rows_left && col < hs) {
+                cp_async16(&tile.rows[r][col], base + (r * (int)row_stride + col));
+            } else {
+                *reinterpret_cast<int4*>(&tile.rows[r][col]) = make_int4(0, 0, 0, 0);
+            }
+        }
+    } else {
+        for (int chunk = threadIdx.x; chunk < FLASH_TILE * chunks_per_row; chunk += FLASH_THREADS) {
+            int r = chunk / chunks_per_row, col = (chunk % chunks_per_row) * 8;
+            if (row0 + r < T && col < hs) {
+                cp_async16(&tile.rows[r][col], src + (size_t)(row0 + r) * row_stride + col);
+            } else {
+                *reinterpret_cast<int4*>(&tile.rows[r][col]) = make_int4(0, 0, 0, 0);
+            }
         }
     }
 }
@@ -132,7 +188,7 @@ struct FlashForwardShared {
     FlashTile<D> q, k[2], v[2];
 };
 
-template <int D>
+template <int D, FlashVersion V>
 __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
     floatX* out, float* lse, const floatX* qkv, int T, int NH, int hs) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
@@ -144,12 +200,14 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
     const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;  // q of (b, t = 0, h); k at + C, v at + 2C
     size_t stride = 3 * (size_t)C;
 
-    flash_load_tile(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
-    flash_load_tile(sh.k[0], q_head + C, stride, 0, T, hs);
-    flash_load_tile(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
+    flash_load_tile<D, V>(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
+    flash_load_tile<D, V>(sh.k[0], q_head + C, stride, 0, T, hs);
+    flash_load_tile<D, V>(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
     cp_async_commit();
 
     const float scale_log2 = (1.0f / sqrtf((float)hs)) * FLASH_LOG2E;  // as the backward computes it
+    // log2 units per unit of the running scores: v3 scales each score first, v4 folds it into the FFMA
+    const float step = V == FlashVersion::v4 ? scale_log2 : 1.0f;
     int query0 = q_tile * FLASH_TILE + warp * 16 + lane / 4;  // the lane's rows: query0 and query0 + 8
     uint32_t q_frag[D / 16][4];
     float o[D / 8][4] = {};
@@ -159,8 +217,8 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
     for (int j = 0; j <= q_tile; j++) {
         int stage = j % 2;
         if (j + 1 <= q_tile) {
-            flash_load_tile(sh.k[1 - stage], q_head + C, stride, (j + 1) * FLASH_TILE, T, hs);
-            flash_load_tile(sh.v[1 - stage], q_head + 2 * C, stride, (j + 1) * FLASH_TILE, T, hs);
+            flash_load_tile<D, V>(sh.k[1 - stage], q_head + C, stride, (j + 1) * FLASH_TILE, T, hs);
+            flash_load_tile<D, V>(sh.v[1 - stage], q_head + 2 * C, stride, (j + 1) * FLASH_TILE, T, hs);
         }
         cp_async_commit();
         cp_async_wait<1>();  // all but the group just committed: tile j (and q) have landed
@@ -169,35 +227,38 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
 
         float s[FLASH_TILE / 8][4] = {};
         flash_mma_abt(s, q_frag, sh.k[stage], lane);
-        // scale; on the diagonal tile mask keys after the query (that covers the zero rows past T too)
+        if constexpr (V == FlashVersion::v3) {
+#pragma unroll
+            for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] *= scale_log2;
+            }
+        }
+        // on the diagonal tile mask keys after the query (that covers the zero rows past T too)
+        if (j == q_tile) flash_mask_causal(s, query0, j * FLASH_TILE, false, T, lane);
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = j * FLASH_TILE + nt * 8 + (lane % 4) * 2 + e % 2;
-                float x = s[nt][e] * scale_log2;
-                if (j == q_tile && key > query0 + 8 * (e / 2)) x = -INFINITY;
-                s[nt][e] = x;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-            }
+            for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
         }
-        float alpha[2];
+        float alpha[2], max_log2[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             // the 4 lanes holding a row are 4g .. 4g+3
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-            float new_max = fmaxf(row_max[r], tile_max[r]);  // finite: key 0 is in every row's first tile
-            alpha[r] = exp2f(row_max[r] - new_max);           // 0 on the first tile
+            float new_max = fmaxf(row_max[r], tile_max[r]);          // finite: key 0 is in every row's first tile
+            alpha[r] = flash_exp2<V>((row_max[r] - new_max) * step);  // 0 on the first tile
             row_max[r] = new_max;
             row_sum[r] *= alpha[r];
+            max_log2[r] = new_max * step;
         }
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[nt][e] - row_max[e / 2]);
+                float p = flash_exp2<V>(fmaf(s[nt][e], step, -max_log2[e / 2]));  // v3: s - max exactly
                 s[nt][e] = p;
                 row_sum[e / 2] += p;
             }
@@ -219,7 +280,9 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
         inv_sum[r] = 1.0f / row_sum[r];
         int query = query0 + 8 * r;
         // lse in natural-log units: (max + log2(sum)) / log2(e)
-        if (lane % 4 == 0 && query < T) lse[(size_t)blockIdx.y * T + query] = (row_max[r] + log2f(row_sum[r])) / FLASH_LOG2E;
+        if (lane % 4 == 0 && query < T) {
+            lse[(size_t)blockIdx.y * T + query] = (row_max[r] * step + log2f(row_sum[r])) / FLASH_LOG2E;
+        }
     }
     flash_store_rows<D>(out + (size_t)b * T * C + h * hs, C, o, query0, inv_sum, T, hs, lane);
 }
@@ -249,7 +312,7 @@ struct FlashKVShared {
 };
 
 // kernel 1: dk and dv for 64 keys of one head
-template <int D>
+template <int D, FlashVersion V>
 __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_kernel(
     floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
                                         const float* delta, int T, int NH, int hs) {
@@ -266,19 +329,21 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
     size_t stride = 3 * (size_t)C;
     int num_q_tiles = (T + FLASH_TILE - 1) / FLASH_TILE;
 
-    // lse and D with plain loads: a head's rows start at any float offset, too unaligned for cp.async
+    // lse and D with plain loads: a head's rows start at any float offset, too unaligned for cp.async.
+    // v4 keeps lse in log2 units.
+    const float lse_unit = V == FlashVersion::v4 ? FLASH_LOG2E : 1.0f;
     auto load_query_tile = [&](int stage, int q_tile) {
-        flash_load_tile(sh.q[stage], q_head, stride, q_tile * FLASH_TILE, T, hs);
-        flash_load_tile(sh.dout[stage], dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
+        flash_load_tile<D, V>(sh.q[stage], q_head, stride, q_tile * FLASH_TILE, T, hs);
+        flash_load_tile<D, V>(sh.dout[stage], dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
         int i = threadIdx.x % FLASH_TILE, query = q_tile * FLASH_TILE + i;
         if (threadIdx.x < FLASH_TILE) {
-            sh.lse[stage][i] = query < T ? lse_head[query] : 0.0f;
+            sh.lse[stage][i] = query < T ? lse_head[query] * lse_unit : 0.0f;
         } else {
             sh.delta[stage][i] = query < T ? delta_head[query] : 0.0f;
         }
     };
-    flash_load_tile(sh.k, q_head + C, stride, k_tile * FLASH_TILE, T, hs);
-    flash_load_tile(sh.v, q_head + 2 * C, stride, k_tile * FLASH_TILE, T, hs);
+    flash_load_tile<D, V>(sh.k, q_head + C, stride, k_tile * FLASH_TILE, T, hs);
+    flash_load_tile<D, V>(sh.v, q_head + 2 * C, stride, k_tile * FLASH_TILE, T, hs);
     load_query_tile(0, k_tile);
     cp_async_commit();
 
@@ -298,18 +363,25 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
             flash_load_a(k_frag, sh.k, warp * 16, lane);
             flash_load_a(v_frag, sh.v, warp * 16, lane);
         }
-        // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse); 0 for a key after the query, or a query past T
+        // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse); 0 for a key after the query, or a query past
+        // T (v4: only the diagonal tile and a partial last tile have such pairs)
         float p[FLASH_TILE / 8][4] = {};
         flash_mma_abt(p, k_frag, sh.q[stage], lane);
+        if (V == FlashVersion::v3 || q_tile == k_tile || (q_tile + 1) * FLASH_TILE > T) {
+            flash_mask_causal(p, key0, q_tile * FLASH_TILE, true, T, lane);
+        }
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+            int query_in_tile = nt * 8 + (lane % 4) * 2;  // and + 1
+            float2 row_lse = *reinterpret_cast<const float2*>(&sh.lse[stage][query_in_tile]);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int query_in_tile = nt * 8 + (lane % 4) * 2 + e % 2;
-                int query = q_tile * FLASH_TILE + query_in_tile;
-                int key = key0 + 8 * (e / 2);
-                float x = p[nt][e] * scale_log2 - sh.lse[stage][query_in_tile] * FLASH_LOG2E;
-                p[nt][e] = key > query || query >= T ? 0.0f : exp2f(x);
+                float lse_e = e % 2 ? row_lse.y : row_lse.x;
+                if constexpr (V == FlashVersion::v4) {
+                    p[nt][e] = flash_exp2<V>(fmaf(p[nt][e], scale_log2, -lse_e));
+                } else {
+                    p[nt][e] = flash_exp2<V>(p[nt][e] * scale_log2 - lse_e * FLASH_LOG2E);
+                }
             }
         }
         flash_mma_pb(dv, p, sh.dout[stage], lane);  // dv += Pᵀ·dout
@@ -318,11 +390,9 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
         flash_mma_abt(ds, v_frag, sh.dout[stage], lane);
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+            float2 row_delta = *reinterpret_cast<const float2*>(&sh.delta[stage][nt * 8 + (lane % 4) * 2]);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int query_in_tile = nt * 8 + (lane % 4) * 2 + e % 2;
-                ds[nt][e] = p[nt][e] * (ds[nt][e] - sh.delta[stage][query_in_tile]);
-            }
+            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - (e % 2 ? row_delta.y : row_delta.x));
         }
         flash_mma_pb(dk, ds, sh.q[stage], lane);  // dk += dSᵀ·q
         __syncthreads();  // every warp is done with this stage before it is refilled
@@ -340,7 +410,7 @@ struct FlashQShared {
 };
 
 // kernel 2: dq for 64 queries of one head
-template <int D>
+template <int D, FlashVersion V>
 __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_kernel(
     floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
                                        const float* delta, int T, int NH, int hs) {
@@ -354,10 +424,10 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_ker
     const floatX* dout_head = dout + (size_t)b * T * C + h * hs;
     size_t stride = 3 * (size_t)C;
 
-    flash_load_tile(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
-    flash_load_tile(sh.dout, dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
-    flash_load_tile(sh.k[0], q_head + C, stride, 0, T, hs);
-    flash_load_tile(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
+    flash_load_tile<D, V>(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
+    flash_load_tile<D, V>(sh.dout, dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
+    flash_load_tile<D, V>(sh.k[0], q_head + C, stride, 0, T, hs);
+    flash_load_tile<D, V>(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
     cp_async_commit();
 
     const float scale = 1.0f / sqrtf((float)hs);
@@ -376,8 +446,8 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_ker
     for (int k_tile = 0; k_tile <= q_tile; k_tile++) {
         int stage = k_tile % 2;
         if (k_tile + 1 <= q_tile) {
-            flash_load_tile(sh.k[1 - stage], q_head + C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
-            flash_load_tile(sh.v[1 - stage], q_head + 2 * C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
+            flash_load_tile<D, V>(sh.k[1 - stage], q_head + C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
+            flash_load_tile<D, V>(sh.v[1 - stage], q_head + 2 * C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -386,17 +456,14 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_ker
             flash_load_a(q_frag, sh.q, warp * 16, lane);
             flash_load_a(dout_frag, sh.dout, warp * 16, lane);
         }
-        // P = exp(q·kᵀ scale - lse), 0 for a key after the query
+        // P = exp(q·kᵀ scale - lse), 0 for a key after the query (v4: only the diagonal tile has them)
         float p[FLASH_TILE / 8][4] = {};
         flash_mma_abt(p, q_frag, sh.k[stage], lane);
+        if (V == FlashVersion::v3 || k_tile == q_tile) flash_mask_causal(p, query0, k_tile * FLASH_TILE, false, T, lane);
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k_tile * FLASH_TILE + nt * 8 + (lane % 4) * 2 + e % 2;
-                float x = p[nt][e] * scale_log2 - row_lse_log2[e / 2];
-                p[nt][e] = key > query0 + 8 * (e / 2) ? 0.0f : exp2f(x);
-            }
+            for (int e = 0; e < 4; e++) p[nt][e] = flash_exp2<V>(fmaf(p[nt][e], scale_log2, -row_lse_log2[e / 2]));
         }
         // dP = dout·vᵀ, then dS = P * (dP - D) in its place
         float ds[FLASH_TILE / 8][4] = {};
@@ -433,65 +500,68 @@ inline void flash_allow_shared(Kernel kernel, size_t bytes, int hs, bool* done) 
     *done = true;
 }
 
-template <int D>
+template <int D, FlashVersion V>
 inline void attention_flash_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
                                            cudaStream_t stream) {
     static bool configured = false;
     size_t shared = sizeof(FlashForwardShared<D>);
-    flash_allow_shared(attention_flash_forward_kernel<D>, shared, hs, &configured);
+    flash_allow_shared(attention_flash_forward_kernel<D, V>, shared, hs, &configured);
     dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
-    attention_flash_forward_kernel<D><<<grid, FLASH_THREADS, shared, stream>>>(out, lse, qkv, T, NH, hs);
+    attention_flash_forward_kernel<D, V><<<grid, FLASH_THREADS, shared, stream>>>(out, lse, qkv, T, NH, hs);
     cudaCheckLaunch();
 }
 
-template <int D>
+template <int D, FlashVersion V>
 inline void attention_flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                                             const float* delta, int B, int T, int NH, int hs, cudaStream_t stream) {
     static bool kv_configured = false, q_configured = false;
     size_t kv_shared = sizeof(FlashKVShared<D>), q_shared = sizeof(FlashQShared<D>);
-    flash_allow_shared(attention_flash_backward_dkv_kernel<D>, kv_shared, hs, &kv_configured);
-    flash_allow_shared(attention_flash_backward_dq_kernel<D>, q_shared, hs, &q_configured);
+    flash_allow_shared(attention_flash_backward_dkv_kernel<D, V>, kv_shared, hs, &kv_configured);
+    flash_allow_shared(attention_flash_backward_dq_kernel<D, V>, q_shared, hs, &q_configured);
     dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
-    attention_flash_backward_dkv_kernel<D><<<grid, FLASH_THREADS, kv_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
+    attention_flash_backward_dkv_kernel<D, V><<<grid, FLASH_THREADS, kv_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
                                                                                       NH, hs);
     cudaCheckLaunch();
-    attention_flash_backward_dq_kernel<D><<<grid, FLASH_THREADS, q_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
+    attention_flash_backward_dq_kernel<D, V><<<grid, FLASH_THREADS, q_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
                                                                                     NH, hs);
     cudaCheckLaunch();
 }
 
 // The launchers for the head size rounded up to 16 (shapes checked by the caller: hs a multiple of 8,
-// at most FLASH_MAX_HEAD_SIZE). lse: (B, NH, T) fp32; delta: (B, NH, T) fp32 scratch.
+// at most FLASH_MAX_HEAD_SIZE). lse: (B, NH, T) fp32; delta: (B, NH, T) fp32 scratch. V: the version
+// (above); only dev/cuda asks for v3.
+template <FlashVersion V = FlashVersion::v4>
 inline void attention_flash_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
                                     cudaStream_t stream) {
     switch ((hs + 15) / 16) {
-        case 1: attention_flash_forward_launch<16>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 2: attention_flash_forward_launch<32>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 3: attention_flash_forward_launch<48>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 4: attention_flash_forward_launch<64>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 5: attention_flash_forward_launch<80>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 6: attention_flash_forward_launch<96>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 7: attention_flash_forward_launch<112>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 8: attention_flash_forward_launch<128>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 1: attention_flash_forward_launch<16, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 2: attention_flash_forward_launch<32, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 3: attention_flash_forward_launch<48, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 4: attention_flash_forward_launch<64, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 5: attention_flash_forward_launch<80, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 6: attention_flash_forward_launch<96, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 7: attention_flash_forward_launch<112, V>(out, lse, qkv, B, T, NH, hs, stream); break;
+        case 8: attention_flash_forward_launch<128, V>(out, lse, qkv, B, T, NH, hs, stream); break;
         default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, hs);
     }
 }
 
-// dqkv overwritten. out and lse: what attention_flash_forward wrote.
+// dqkv overwritten. out and lse: what attention_flash_forward wrote (either version).
+template <FlashVersion V = FlashVersion::v4>
 inline void attention_flash_backward(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                      const floatX* out, const float* lse, int B, int T, int NH, int hs,
                                      cudaStream_t stream) {
     attention_flash_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256, 0, stream>>>(delta, dout, out, B, T, NH, hs);
     cudaCheckLaunch();
     switch ((hs + 15) / 16) {
-        case 1: attention_flash_backward_launch<16>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 2: attention_flash_backward_launch<32>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 3: attention_flash_backward_launch<48>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 4: attention_flash_backward_launch<64>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 5: attention_flash_backward_launch<80>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 6: attention_flash_backward_launch<96>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 7: attention_flash_backward_launch<112>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 8: attention_flash_backward_launch<128>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 1: attention_flash_backward_launch<16, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 2: attention_flash_backward_launch<32, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 3: attention_flash_backward_launch<48, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 4: attention_flash_backward_launch<64, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 5: attention_flash_backward_launch<80, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 6: attention_flash_backward_launch<96, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 7: attention_flash_backward_launch<112, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
+        case 8: attention_flash_backward_launch<128, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
         default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, hs);
     }
 }

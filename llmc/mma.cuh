@@ -1,6 +1,7 @@
 // Warp-level tensor-core primitives (sm_80+) for the flash attention kernels (attention.cuh) and the
 // dev/cuda matmul: the asynchronous global->shared copy, ldmatrix, and the bf16 mma.sync m16n8k16 with
-// fp32 accumulators.
+// fp32 accumulators; and the one special-function instruction flash attention's softmax leans on,
+// ex2.approx.
 //
 // mma.sync.m16n8k16.row.col: D (16x8, fp32) = A (16x16, bf16, row-major) · B (16x8, bf16, "col": stored
 // as 8 rows of 16 k values) + C. With g = lane / 4 and i = lane % 4, each lane holds:
@@ -14,7 +15,11 @@
 // [lane/4][2(lane%4), 2(lane%4)+1], which is exactly the A/B fragment layout above. With .trans each
 // lane receives [2(lane%4), 2(lane%4)+1][lane/4] instead: a matrix stored k-major serves as B.
 //
-// Under the CPU emulator (CUDA_EMULATION, dev/emu) these five wrappers are not defined here: the
+// ex2.approx.ftz.f32 is 2^x in one MUFU instruction, not correctly rounded (relative error of the order
+// of 2^-22) and with subnormal results flushed to zero; exp2f without -use_fast_math wraps the same
+// instruction in a few more to scale subnormal results, which a softmax never needs.
+//
+// Under the CPU emulator (CUDA_EMULATION, dev/emu) these six wrappers are not defined here: the
 // emulator supplies functions of the same names with emulated bodies from the PTX ISA's definitions
 // (dev/emu/mma_emu.h, tested one warp at a time by dev/emu/test_mma_emu.cpp).
 #pragma once
@@ -61,6 +66,13 @@ __device__ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// 2^x, approximately (above); 2^-inf = +0
+__device__ inline float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 #endif  // !CUDA_EMULATION

@@ -127,7 +127,7 @@ void attention_backward_v1(floatX* dqkv, float* dscore /* (B, NH, T, T) fp32 */,
 // what remains is the traffic of att and datt (B, NH, T, T) through memory, and twice the causal work.
 
 // ----------------------------------------------------------------------------
-// v3 is llmc's flash backward (llmc/attention_flash.cuh, the trainer's default), fused on the tensor
+// v3 is llmc's flash backward (llmc/attention_flash.cuh) as first written, fused on the tensor
 // cores (mma.sync, llmc/mma.cuh). att is never read: each tile of probabilities is recomputed from q, k
 // and the forward's log-sum-exp per row, P = exp(scale q·kᵀ - lse), which the forward saves instead of
 // att (B·NH·T floats instead of B·NH·T² bf16). With D = rowsum(dout * out) (a small first kernel),
@@ -143,6 +143,15 @@ void attention_backward_v1(floatX* dqkv, float* dscore /* (B, NH, T, T) fp32 */,
 // fragments are reused as the next product's A operand; an operand stored with its k dimension
 // across rows (dout and q as B of dv and dk, k as B of dq) is read with ldmatrix.trans. Any T and
 // head sizes that are multiples of 8 up to 128, as the forward.
+
+// ----------------------------------------------------------------------------
+// v4 is llmc's flash backward today (FlashVersion::v4, the trainer's default): v3 with fewer
+// instructions per score. v3 computes every score's key and query index and compares them on every
+// tile, though only the diagonal tile (and, for kernel 1, a partial last query tile) has a masked
+// pair; v4 masks those tiles alone. Kernel 1 keeps the log-sum-exps in log2 units in shared memory (a
+// multiply fewer per score), and every exponential is ex2.approx instead of exp2f. Should be faster
+// where the kernels are issue-bound (the H100's first run: 95 TFLOP/s, dkv and dq the two costliest
+// kernels after the GEMMs).
 
 // ----------------------------------------------------------------------------
 
@@ -217,7 +226,13 @@ static int check_and_time(int T) {
              attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_att.ptr, d_scratch.ptr, B, T, C, NH,
                                 false, 0);
          }},
-        {"v3 llmc flash: recompute P, mma.sync", {0},
+        {"v3 flash: recompute P, mma.sync", {0},
+         [&](int) {
+             attention_flash_backward<FlashVersion::v3>(d_dqkv.ptr, reinterpret_cast<float*>(d_scratch.ptr),
+                                                        d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, NH,
+                                                        C / NH, 0);
+         }},
+        {"v4 llmc flash: v3, mask only where needed, ex2.approx", {0},
          [&](int) {
              attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, reinterpret_cast<floatX*>(d_lse.ptr),
                                 d_scratch.ptr, B, T, C, NH, true, 0);

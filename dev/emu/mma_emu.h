@@ -245,6 +245,25 @@ inline void cp_async_wait(int pending) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// ex2.approx.ftz.f32, d = 2^a on the MUFU unit: not correctly rounded. Modeled as 2^a rounded to
+// float, then moved by 2^-22 of itself up or down (the sign from a hash of a's bits, so it differs from
+// element to element and from run to run of nothing), about the size of the hardware's error; a kernel
+// whose tolerances only hold for the precise exp2f fails here. .ftz: a subnormal result is +0 (and a
+// subnormal a is 0, which changes nothing: 2^0 and 2^tiny are both 1). -inf gives +0, +inf gives +inf,
+// NaN gives NaN.
+inline float ex2_approx_ftz(float a) {
+    if (std::isnan(a)) return a;
+    if (std::isinf(a)) return a > 0 ? a : 0.0f;
+    float exact = (float)std::exp2((double)a);
+    uint32_t bits;
+    memcpy(&bits, &a, sizeof(bits));
+    uint32_t hash = bits * 2654435761u;
+    float moved = exact * (1.0f + ((hash >> 31) ? 1.0f : -1.0f) * 0x1p-22f);
+    if (std::isfinite(exact) && std::fabs(moved) < 0x1p-126f) return 0.0f;  // flush to zero
+    return moved;
+}
+
 }  // namespace emu_mma
 
 // llmc/mma.cuh's wrappers (the names its kernels call), with the emulated bodies above.
@@ -257,3 +276,4 @@ inline void cp_async_wait() {
 inline void ldmatrix_x4(uint32_t* r, const void* shared) { emu_mma::ldmatrix_x4(r, shared, false); }
 inline void ldmatrix_x4_trans(uint32_t* r, const void* shared) { emu_mma::ldmatrix_x4(r, shared, true); }
 inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) { emu_mma::mma_bf16_16816(d, a, b); }
+inline float exp2_approx(float x) { return emu_mma::ex2_approx_ftz(x); }

@@ -117,6 +117,41 @@ TEST(EmuMma, AccumulatesInOneWideSumRoundedOnce) {
 }
 
 // ----------------------------------------------------------------------------
+// ex2.approx.ftz.f32 (exp2_approx): within 2^-22 of 2^x (plus two float roundings, 2^-23), not the
+// correctly rounded value everywhere (a model that is never off would let a kernel's tolerance rely
+// on exactness), subnormal results flushed to +0, and the softmax's special values.
+
+__global__ void exp2_approx_kernel(float* out, const float* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = exp2_approx(in[i]);
+}
+
+TEST(EmuEx2Approx, WithinItsBoundFlushesSubnormalsAndIsNotCorrectlyRounded) {
+    std::vector<float> in;
+    for (int i = 0; i < 2000; i++) in.push_back(-100.0f + 0.1f * (float)i + 0.0123f);  // -100 .. 100
+    in.push_back(-INFINITY), in.push_back(INFINITY), in.push_back(0.0f), in.push_back(-130.0f);
+    in.push_back(-126.5f);
+    float* d_in = to_device(in);
+    float* d_out = to_device(std::vector<float>(in.size(), 0.0f));
+    int n = (int)in.size();
+    exp2_approx_kernel<<<(n + 127) / 128, 128>>>(d_out, d_in, n);
+    std::vector<float> out = to_host(d_out, in.size());
+    int inexact = 0;
+    for (int i = 0; i < 2000; i++) {
+        double exact = std::exp2((double)in[i]);
+        EXPECT_LE(std::fabs(out[i] - exact), (0x1p-22 + 0x1p-23) * exact) << "2^" << in[i];
+        if (out[i] != (float)exact) inexact++;
+    }
+    EXPECT_GT(inexact, 500);                // most results are off by the modeled error
+    EXPECT_EQ(out[2000], 0.0f);             // 2^-inf
+    EXPECT_TRUE(std::isinf(out[2001]));     // 2^inf
+    EXPECT_NEAR(out[2002], 1.0f, 0x1p-22);  // 2^0
+    EXPECT_EQ(out[2003], 0.0f);             // 2^-130: subnormal, flushed (exp2f gives 7.3e-40)
+    EXPECT_EQ(out[2004], 0.0f);             // 2^-126.5 < 2^-126, the smallest normal float
+    cudaFree(d_in), cudaFree(d_out);
+}
+
+// ----------------------------------------------------------------------------
 // ldmatrix.x4: four 8x8 b16 matrices in shared memory, at scattered places with a padded row stride;
 // lane 8m + r gives the address of row r of matrix m. out[lane][m] is register m of each lane.
 
