@@ -10,6 +10,8 @@
 #   test/gpu/run_on_gpu.sh --list                        the stages, their lanes and time limits
 #   PLAN_EMU=1 ...                                       the rehearsal (test/gpu/rehearse.sh): the same
 #       stages on the emulated binaries at tiny sizes, on the CPU machine
+#   BENCH_MODES="ours-r0 torch-compile" CUDA_DEV_PROGRAMS="attention_forward attention_backward" ...
+#       a later call's narrower bench (dev/bench_gpu.sh's modes) and cuda-dev (some programs only)
 #
 # Stages run in the order of STAGES below. Those of the lanes bf16 and fp32 (correctness: the two
 # builds' kernels, model against the oracle, trainer promises) run as two lanes side by side, each
@@ -167,7 +169,8 @@ run_stage_body() {
                 # built on the CPU machine; a copy may have given them older times than their sources,
                 # and run_all.sh's `make` would rebuild them here
                 touch dev/cuda/bin/*
-                LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh | tee "$out/cuda_dev.md"
+                # shellcheck disable=SC2086  # CUDA_DEV_PROGRAMS: a few of them (default: all)
+                LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh ${CUDA_DEV_PROGRAMS:-} | tee "$out/cuda_dev.md"
             fi ;;
         bench-d24)
             if [ "$emu" = 1 ]; then echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"
