@@ -156,7 +156,7 @@ run_stage_body() {
             if [ "$emu" = 1 ]; then
                 TRAINER=$TRAIN_BF16 BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
                 BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300" BENCH_MODEL=tiny \
-                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon" \
+                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon ours-ge1" \
                 BENCH_TSV="$out/bench.tsv" dev/bench_gpu.sh 4
             else
                 BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 dev/bench_gpu.sh 20
@@ -171,6 +171,12 @@ run_stage_body() {
                 touch dev/cuda/bin/*
                 # shellcheck disable=SC2086  # CUDA_DEV_PROGRAMS: a few of them (default: all)
                 LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh ${CUDA_DEV_PROGRAMS:-} | tee "$out/cuda_dev.md"
+                # for a few programs, every version's time too (the ratios of one run), not only the best
+                for program in ${CUDA_DEV_PROGRAMS:-}; do
+                    printf '\n%s, every version:\n\n```\n' "$program" >> "$out/cuda_dev.md"
+                    grep -E '^(op:|version|v[0-9]+ )' "$work/cuda_logs/$program.log" >> "$out/cuda_dev.md"
+                    printf '```\n' >> "$out/cuda_dev.md"
+                done
             fi ;;
         bench-d24)
             if [ "$emu" = 1 ]; then echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"
