@@ -357,23 +357,55 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
 // gathering buffers), predicted for each ZeRO stage from the shard arithmetic, beside what the
 // allocations took (cudaMemGetInfo before and after): the ZeRO paper's Ψ(2 + 2 + 12)/N ladder with
 // this trainer's buffers.
-void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured) {
+size_t predicted_model_state_bytes(const GPT2* model, int z) {
     const size_t n = model->num_parameters, P = (size_t)model->layout.dp, X = sizeof(floatX);
     const size_t padded = model->shard.padded_size, S = model->shard.shard_size;
     const size_t buffers = model->grad_buckets.empty() ? 0 : X * (packed_size(model->grad_buckets.back()) +
                                                                   2 * packed_size(model->grad_buckets[0]));
     const size_t opt_per = (model->use_master_weights ? 3 : 2) * sizeof(float);
-    auto predicted = [&](int z) {
-        if (P == 1) z = 0;
-        size_t params = z == 3 ? X * S + buffers : X * padded;
-        size_t grads = z >= 2 ? X * S + buffers : X * padded;
-        size_t opt = opt_per * (z >= 1 ? model->shard.end - model->shard.begin : n);
-        return params + grads + opt;
-    };
+    if (P == 1) z = 0;
+    size_t params = z == 3 ? X * S + buffers : X * padded;
+    size_t grads = z >= 2 ? X * S + buffers : X * padded;
+    size_t opt = opt_per * (z >= 1 ? model->shard.end - model->shard.begin : n);
+    return params + grads + opt;
+}
+
+void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured) {
     printf("model state per process: %.1f MiB allocated (cudaMemGetInfo), %.1f MiB predicted for -z %d; -z 0/1/2/3 "
-           "with %zu process(es):", measured / 1048576.0, predicted(zero_stage) / 1048576.0, zero_stage, P);
-    for (int z = 0; z <= 3; z++) printf(" %.1f", predicted(z) / 1048576.0);
+           "with %d process(es):", measured / 1048576.0, predicted_model_state_bytes(model, zero_stage) / 1048576.0,
+           zero_stage, model->layout.dp);
+    for (int z = 0; z <= 3; z++) printf(" %.1f", predicted_model_state_bytes(model, z) / 1048576.0);
     printf(" MiB\n");
+}
+
+// What is kept free beside the planned allocations for what the run allocates later or lazily (kernel
+// modules loaded at their first launch, cuBLASLt and NCCL internals): 512 MiB, or a 32nd of a smaller
+// device's memory (the emulator's EMU_DEVICE_MEMORY in tests).
+size_t memory_headroom(size_t total_bytes) { return std::min<size_t>(512ull << 20, total_bytes / 32); }
+
+// Stops the run before allocating when the model state would not fit the free device memory, with the
+// flags that shrink it (nothing has run yet: no out-of-memory error halfway through a step).
+void check_model_state_fits(const GPT2* model, const TrainArgs& args) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    size_t need = predicted_model_state_bytes(model, model->layout.zero_stage) + memory_headroom(total_bytes);
+    if (need <= free_bytes) return;
+    const double MiB = 1048576.0;
+    const int z = model->layout.zero_stage;
+    char ways[256] = "";
+    if (model->use_master_weights) {
+        size_t master = (z >= 1 ? model->shard.end - model->shard.begin : model->num_parameters) * sizeof(float);
+        snprintf(ways, sizeof(ways), " -w 0 (no fp32 master weights: %.1f MiB),",
+                 (predicted_model_state_bytes(model, z) - master) / MiB);
+    }
+    snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " or more GPUs with -z 3 (%.1f MiB each on 8)",
+             (double)predicted_model_state_bytes(model, 3) * model->layout.dp / 8 / MiB);
+    fatal("the model state (%zu parameters: weights, gradients, AdamW's moments%s) needs %.1f MiB per process with "
+          "-z %d and %d process(es), and %.1f MiB of the device's %.1f are free (%.1f MiB kept for the run's later "
+          "allocations): nothing was allocated. Ways to fit:%s",
+          model->num_parameters, model->use_master_weights ? ", master weights" : "",
+          predicted_model_state_bytes(model, z) / MiB, z,
+          model->layout.dp, free_bytes / MiB, total_bytes / MiB, memory_headroom(total_bytes) / MiB, ways);
 }
 
 // Bytes one process moves per training step (sent plus received, as llmc/parallel/comm.h counts a ring:
@@ -451,6 +483,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
     size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
     size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
+    check_model_state_fits(model, args);
     size_t free_before = 0, free_after = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
@@ -531,8 +564,47 @@ size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute, bool
     return layout_activations(&unused, nullptr, cfg, B, T, recompute, flash);
 }
 
+// -r auto: the least recomputation whose activations fit the free device memory (all levels give the
+// same bits, so the choice changes the speed and the memory, never the results). A level that does
+// not fit, chosen or forced, stops the run here, before the activations are allocated, with the
+// levels and batch sizes that would fit.
+int choose_recompute(const GPT2* model, int B, int T, int asked) {
+    bool flash = model->flash_attention;
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    size_t room = free_bytes > memory_headroom(total_bytes) ? free_bytes - memory_headroom(total_bytes) : 0;
+    auto fits = [&](int r, int b) { return activation_bytes(model->config, b, T, r, flash) <= room; };
+    int least = -1;
+    for (int r = 0; r <= 3 && least < 0; r++) least = fits(r, B) ? r : -1;
+    const double MiB = 1048576.0;
+    if (asked == RECOMPUTE_AUTO && least >= 0) {
+        printf("recompute: -r auto chose -r %d: its activations, %.1f MiB, fit the %.1f MiB free (less %.1f MiB kept "
+               "for later allocations)%s\n", least, activation_bytes(model->config, B, T, least, flash) / MiB,
+               free_bytes / MiB, memory_headroom(total_bytes) / MiB, least == 0 ? "" : "; less recomputation does not");
+        return least;
+    }
+    if (asked != RECOMPUTE_AUTO && fits(asked, B)) return asked;
+    std::string ways;
+    if (least >= 0) {
+        ways = " -r " + std::to_string(least) + " (or -r auto)";
+    } else {
+        int b = B;
+        while (b > 1 && !fits(3, b)) b /= 2;
+        if (fits(3, b)) ways = " -b " + std::to_string(b) + " with -r 3 (-d keeps the total batch by accumulation)";
+        ways += std::string(ways.empty() ? "" : ",") + " or a shorter -t, or more GPUs with -z 2 or 3 (less model state each)";
+    }
+    fatal("activations for B=%d T=%d need %.1f MiB at -r %s (-r 0/1/2/3: %.1f %.1f %.1f %.1f MiB), and %.1f MiB "
+          "are free after the model state (less %.1f MiB kept for later allocations): nothing was run. Ways to "
+          "fit:%s", B, T, activation_bytes(model->config, B, T, asked == RECOMPUTE_AUTO ? 3 : asked, flash) / MiB,
+          asked == RECOMPUTE_AUTO ? "3 (the least -r auto can reach)" : std::to_string(asked).c_str(),
+          activation_bytes(model->config, B, T, 0, flash) / MiB, activation_bytes(model->config, B, T, 1, flash) / MiB,
+          activation_bytes(model->config, B, T, 2, flash) / MiB, activation_bytes(model->config, B, T, 3, flash) / MiB,
+          free_bytes / MiB, memory_headroom(total_bytes) / MiB, ways.c_str());
+}
+
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
     bool flash = model->flash_attention;
+    model->recompute = choose_recompute(model, B, T, model->recompute);
     size_t bytes = activation_bytes(model->config, B, T, model->recompute, flash);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     layout_activations(&model->acts, model->acts_memory, model->config, B, T, model->recompute, flash);
@@ -1128,8 +1200,8 @@ double describe_device(const DataParallel& dp, const TrainArgs& args) {
         printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
                dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
     }
-    printf("settings: recompute -r %d, master weights -w %d%s, GELU fusion -ge %d, flash attention -fa %d%s\n",
-           args.recompute, args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
+    printf("settings: recompute -r %s, master weights -w %d%s, GELU fusion -ge %d, flash attention -fa %d%s\n",
+           args.recompute == RECOMPUTE_AUTO ? "auto" : std::to_string(args.recompute).c_str(), args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
            args.gelu_fusion, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (this build: cuBLAS path)");
     return peak_flops;
 }

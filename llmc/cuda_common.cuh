@@ -268,7 +268,14 @@ inline void cublas_use_stream(cudaStream_t stream) {
 inline void cublas_setup() {
     cublasCheck(cublasLtCreate(&cublas_context.lt));
     cublasCheck(cublasCreate(&cublas_context.blas));
-    cudaCheck(cudaMalloc(&cublas_context.workspace, CUBLAS_WORKSPACE_BYTES));
+    cudaError_t allocated = cudaMalloc(&cublas_context.workspace, CUBLAS_WORKSPACE_BYTES);
+    if (allocated == cudaErrorMemoryAllocation) {
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+        fatal("the GPU has %.1f MiB free of %.1f MiB, less than cuBLAS's %d MiB workspace: nothing else can run",
+              free_bytes / 1048576.0, total_bytes / 1048576.0, (int)(CUBLAS_WORKSPACE_BYTES >> 20));
+    }
+    cudaCheck(allocated);
     cublasCheck(cublasSetWorkspace(cublas_context.blas, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES));
     // fp32 builds stay fp32 (no TF32), since they exist for tight checks against the oracle
     cublasCheck(cublasSetMathMode(cublas_context.blas, CUBLAS_DEFAULT_MATH));

@@ -188,6 +188,8 @@ TEST(CliTrainer, RefusesBadFlagsAndCombinations) {
         {"-e d13", "flag -e: unknown model descriptor 'd13'"},
         {"-n 10", "flag -n needs an output directory \\(-o\\)"},
         {"-y 1", "flag -y 1 needs the output directory \\(-o\\)"},
+        {"-r auto", "flag -r auto: only the CUDA trainer chooses by itself"},
+        {"-r 4", "flag -r"},
     });
 }
 

@@ -23,6 +23,11 @@ struct DeviceLimits {
 };
 inline constexpr DeviceLimits H100{};
 
+// The emulated device's memory: H100.global_memory, or EMU_DEVICE_MEMORY (bytes, or with a K, M or G
+// suffix, powers of 1024: "24G" for a 24 GiB card). cudaMalloc beyond it fails with
+// cudaErrorMemoryAllocation, and cudaMemGetInfo and the device properties report against it.
+size_t device_memory_bytes();
+
 // Records `error` as this host thread's last error (cudaGetLastError) and returns it.
 cudaError_t set_error(cudaError_t error);
 

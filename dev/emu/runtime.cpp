@@ -526,6 +526,24 @@ int device_count() {
 thread_local int current_device = 0;
 }  // namespace
 
+size_t emu::device_memory_bytes() {
+    static const size_t bytes = [] {
+        const char* env = getenv("EMU_DEVICE_MEMORY");
+        if (!env || !*env) return H100.global_memory;
+        char* end = nullptr;
+        double value = strtod(env, &end);
+        double unit = 1;
+        if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+        else if (*end == 'M' || *end == 'm') unit = 1048576.0, end++;
+        else if (*end == 'G' || *end == 'g') unit = 1073741824.0, end++;
+        if (end == env || *end != '\0' || !(value > 0) || value * unit > 1e15) {
+            emu::fail("EMU_DEVICE_MEMORY must be a size in bytes, optionally with K, M or G (e.g. 24G), not '%s'", env);
+        }
+        return (size_t)(value * unit);
+    }();
+    return bytes;
+}
+
 cudaError_t cudaGetDeviceCount(int* count) {
     if (!count) return set_error(cudaErrorInvalidValue);
     *count = device_count();
@@ -552,7 +570,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     *prop = cudaDeviceProp{};
     // no GPU model in the name: the trainer's MFU table must not mistake the emulator for one
     snprintf(prop->name, sizeof(prop->name), "CUDA emulator (sm_90 limits, on the CPU)");
-    prop->totalGlobalMem = h.global_memory;
+    prop->totalGlobalMem = emu::device_memory_bytes();
     prop->sharedMemPerBlock = h.max_shared_per_block;
     prop->sharedMemPerBlockOptin = h.max_shared_per_block_optin;
     prop->sharedMemPerMultiprocessor = h.shared_per_sm;
@@ -624,8 +642,9 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     std::lock_guard<std::mutex> lock(emu::allocations().mutex);
     size_t used = emu::allocations().device_bytes;
-    if (total_bytes) *total_bytes = emu::H100.global_memory;
-    if (free_bytes) *free_bytes = used < emu::H100.global_memory ? emu::H100.global_memory - used : 0;
+    size_t total = emu::device_memory_bytes();
+    if (total_bytes) *total_bytes = total;
+    if (free_bytes) *free_bytes = used < total ? total - used : 0;
     return cudaSuccess;
 }
 
@@ -649,7 +668,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     auto& a = emu::allocations();
     {
         std::lock_guard<std::mutex> lock(a.mutex);
-        if (a.device_bytes + bytes > emu::H100.global_memory) return set_error(cudaErrorMemoryAllocation);
+        if (a.device_bytes + bytes > emu::device_memory_bytes()) return set_error(cudaErrorMemoryAllocation);
     }
     void* p = emu::device_memory_allocate(bytes);
     if (!p) return set_error(cudaErrorMemoryAllocation);

@@ -66,7 +66,7 @@ struct TrainArgs {
     int tensor_parallel = 1;
     int pipeline_parallel = 1;
     std::string pipeline_schedule = "1f1b";  // gpipe|1f1b
-    int recompute = 1;  // activation recomputation level, both trainers (-r)
+    int recompute = 1;  // activation recomputation level, both trainers (-r); RECOMPUTE_AUTO: -r auto (CUDA)
     float peak_gflops = 0;  // MFU's denominator (-pk); 0: CPU measures it, CUDA uses its table
     // CUDA trainer only
     int master_weights = 1;
@@ -86,6 +86,9 @@ struct TrainArgs {
 };
 
 enum class FlagKind { Int, Long, Float, String };
+
+// -r auto (the CUDA trainer): the least recomputation whose activations fit the GPU's free memory
+constexpr int RECOMPUTE_AUTO = -1;
 
 struct FlagSpec {
     const char* name;  // "-b"
@@ -142,7 +145,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-lw", FlagKind::Int, &a->loss_scale_window, 1, INT_MAX, true, "FP16 build: clean steps before S grows"},
         {"-lg", FlagKind::Float, &a->loss_scale_growth, 1, 1024, true, "FP16 build: factor S grows by"},
         {"-lb", FlagKind::Float, &a->loss_scale_backoff, 1e-6, 1, true, "FP16 build: factor S shrinks by on overflow"},
-        {"-r", FlagKind::Int, &a->recompute, 0, 3, false, "recompute: 0 none, 1 GELU, 2 GELU and layernorms, 3 whole blocks (keep block inputs)"},
+        {"-r", FlagKind::Int, &a->recompute, 0, 3, false, "recompute: 0 none, 1 GELU, 2 GELU and layernorms, 3 whole blocks (keep block inputs); CUDA: auto, the least that fits the GPU"},
         {"-pk", FlagKind::Float, &a->peak_gflops, 0, 1e9, false, "peak GFLOP/s for MFU (0: CPU measures its FMA peak, CUDA its table)"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
@@ -163,7 +166,10 @@ inline std::string flag_value_text(const FlagSpec& spec) {
     const char* field = (const char*)spec.field;
     char value[64];
     switch (spec.kind) {
-        case FlagKind::Int: snprintf(value, sizeof(value), "%d", *(const int*)field); break;
+        case FlagKind::Int:
+            if (strcmp(spec.name, "-r") == 0 && *(const int*)field == RECOMPUTE_AUTO) return "auto";
+            snprintf(value, sizeof(value), "%d", *(const int*)field);
+            break;
         case FlagKind::Long: snprintf(value, sizeof(value), "%ld", *(const long*)field); break;
         case FlagKind::Float: snprintf(value, sizeof(value), "%g", *(const float*)field); break;
         case FlagKind::String: return *(const std::string*)field;
@@ -213,7 +219,14 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         const char* value = argv[++i];
         void* field = spec->field;
         switch (spec->kind) {
-            case FlagKind::Int: *(int*)field = (int)parse_number(flag, value, true, spec->min, spec->max); break;
+            case FlagKind::Int:
+                if (field == &args->recompute && strcmp(value, "auto") == 0) {
+                    if (!cuda) fatal("flag -r auto: only the CUDA trainer chooses by itself (it asks the GPU's free memory)");
+                    args->recompute = RECOMPUTE_AUTO;
+                    break;
+                }
+                *(int*)field = (int)parse_number(flag, value, true, spec->min, spec->max);
+                break;
             case FlagKind::Long: *(long*)field = (long)parse_number(flag, value, true, spec->min, spec->max); break;
             case FlagKind::Float: *(float*)field = (float)parse_number(flag, value, false, spec->min, spec->max); break;
             case FlagKind::String:

@@ -353,6 +353,60 @@ TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
     }
 }
 
+// Device memory (EMU_DEVICE_MEMORY under the emulator, which fails a cudaMalloc past it as a GPU
+// does). -r auto takes the least recomputation whose activations fit; the same memory with -r 0 forced
+// is refused before anything runs, naming -r 1; a model state or a cuBLAS workspace that does not fit
+// is refused with its sizes, never a crash mid-run. The memory for the middle case comes from a first
+// run's own report (free MiB before the activations, and each level's activations): what the test
+// checks is the choice made from those numbers and that the emulator then lets the run through.
+TEST(TrainMemory, RecomputeAutoTakesTheLeastThatFitsAndWhatCannotFitIsRefused) {
+#if !defined(CUDA_EMULATION)
+    GTEST_SKIP() << "sets the device's memory with EMU_DEVICE_MEMORY: emulator only";
+#endif
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    // B=64, T=32 on the tiny model (its shard has 4096 tokens): the levels differ by half a MiB and more
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -sh 0 -v 0 -s 0 -b 64 -t 32 -x 1 -n 1";
+    TrainerRun ample = run_trainer("gpu_mem_ample", flags + " -r auto");
+    const std::string& out = ample.result.output;
+    ASSERT_NE(out.find("-r auto chose -r 0"), std::string::npos) << out;
+    double free_mib = 0, act[4] = {};
+    size_t at = out.find("fit the ");
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(sscanf(out.c_str() + at, "fit the %lf MiB free", &free_mib), 1);
+    at = out.find("-r 0/1/2/3:");
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(sscanf(out.c_str() + at, "-r 0/1/2/3: %lf %lf %lf %lf", &act[0], &act[1], &act[2], &act[3]), 4);
+    ASSERT_GT(act[0] - act[1], 0.3) << "the levels must differ for the test to mean anything";
+    // memory M where the room left for activations, free - M/32 (the headroom kept), lies halfway
+    // between -r 1's and -r 0's: used = total - free before the activations, the same at any M
+    double total_mib = 81920.0;  // the emulator's default 80 GiB
+    double used_mib = total_mib - free_mib, target = (act[0] + act[1]) / 2;
+    double memory_mib = (target + used_mib) * 32.0 / 31.0;
+    std::string env = "EMU_DEVICE_MEMORY=" + std::to_string((long long)(memory_mib * 1048576.0)) + " ";
+    TrainerRun tight = run_trainer("gpu_mem_tight", flags + " -r auto", env + trainer());
+    EXPECT_NE(tight.result.output.find("-r auto chose -r 1"), std::string::npos) << tight.result.output;
+    // every level gives the same bits: the tight run trained exactly as the ample one
+    EXPECT_EQ(test::read_text(tight.dir + "/model_00000001.bin"), test::read_text(ample.dir + "/model_00000001.bin"));
+
+    auto refused = [&](const std::string& name, const std::string& env_flags, const std::string& more) {
+        std::string run_dir = test::scratch_dir(name);
+        test::CommandResult r = test::run_command(env_flags + trainer() + " " + flags + more + " -o " + run_dir);
+        EXPECT_NE(r.exit_code, 0) << r.output;
+        EXPECT_EQ(r.output.find("step "), std::string::npos) << "no step may run:\n" << r.output;
+        return r.output;
+    };
+    std::string forced = refused("gpu_mem_forced", env, " -r 0");
+    EXPECT_NE(forced.find("need"), std::string::npos) << forced;
+    EXPECT_NE(forced.find("Ways to fit: -r 1"), std::string::npos) << forced;
+    // 33 MiB: cuBLAS's 32 MiB workspace fits, the model state (1.9 MiB) and its headroom do not
+    std::string state = refused("gpu_mem_state", "EMU_DEVICE_MEMORY=33M ", " -r auto");
+    EXPECT_NE(state.find("the model state"), std::string::npos) << state;
+    EXPECT_NE(state.find("nothing was allocated"), std::string::npos) << state;
+    std::string workspace = refused("gpu_mem_workspace", "EMU_DEVICE_MEMORY=16M ", " -r auto");
+    EXPECT_NE(workspace.find("cuBLAS's 32 MiB workspace"), std::string::npos) << workspace;
+}
+
 TEST(TrainDeterminism, SameSeedSameRun) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
