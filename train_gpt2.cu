@@ -38,6 +38,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/logger.h"
 #include "llmc/run/loss_scaler.h"
+#include "llmc/run/memory_plan.h"
 #include "llmc/run/run_loop.h"
 #include "llmc/run/sampler.h"
 #include "llmc/run/schedulers.h"
@@ -277,6 +278,7 @@ struct GPT2 {
     bool use_master_weights = false;
     OptimizerPlan optimizer;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices, with their owners
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
+    size_t in_use_before = 0;     // device bytes in use before the model's allocations (context, cuBLAS)
     MuonScratch muon_scratch;
     int recompute = 1;
     bool gelu_fusion = false;
@@ -408,6 +410,51 @@ void check_model_state_fits(const GPT2* model, const TrainArgs& args) {
           model->layout.dp, free_bytes / MiB, total_bytes / MiB, memory_headroom(total_bytes) / MiB, ways);
 }
 
+// Muon's Newton-Schulz scratch, bytes (0 for another optimizer)
+size_t muon_scratch_bytes(const GPT2* model) {
+    if (model->optimizer.kind != OPT_MUON) return 0;
+    MuonScratch unused;
+    size_t C = model->config.channels;
+    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused);
+}
+
+// The run's device memory, predicted (-P 1 prints it and exits; the start-up compares it with
+// cudaMemGetInfo): what was in use before the model (the CUDA context, cuBLAS's workspace), the model
+// state, Muon's scratch, and the activations at `recompute` (RECOMPUTE_AUTO: the least that fits, as
+// gpt2_allocate_activations will choose).
+MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    MemoryPlan plan;
+    plan.capacity = total_bytes;
+    plan.headroom = memory_headroom(total_bytes);
+    const double MiB = 1048576.0;
+    const int z = model->layout.zero_stage;
+    char note[160];
+    plan.add("in use before the model", model->in_use_before, "the CUDA context, cuBLAS's 32 MiB workspace");
+    snprintf(note, sizeof(note), "-z %d of %d process(es); -z 0/1/2/3: %.1f %.1f %.1f %.1f MiB", z, model->layout.dp,
+             predicted_model_state_bytes(model, 0) / MiB, predicted_model_state_bytes(model, 1) / MiB,
+             predicted_model_state_bytes(model, 2) / MiB, predicted_model_state_bytes(model, 3) / MiB);
+    plan.add(model->use_master_weights ? "model state (w, grads, m, v, master)" : "model state (w, grads, m, v)",
+             predicted_model_state_bytes(model, z), note);
+    if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
+    size_t act[4];
+    ActivationTensors unused;
+    for (int r = 0; r <= 3; r++) act[r] = layout_activations(&unused, nullptr, model->config, B, T, r, model->flash_attention);
+    int level = recompute;
+    if (level == RECOMPUTE_AUTO) {
+        level = 3;
+        for (int r = 3; r >= 0; r--) {
+            if (plan.total() + act[r] + plan.headroom <= plan.capacity) level = r;
+        }
+    }
+    snprintf(note, sizeof(note), "B=%d T=%d%s; -r 0/1/2/3: %.1f %.1f %.1f %.1f MiB", B, T,
+             recompute == RECOMPUTE_AUTO ? ", the least -r that fits" : "", act[0] / MiB, act[1] / MiB, act[2] / MiB,
+             act[3] / MiB);
+    plan.add("activations at -r " + std::to_string(level), act[level], note);
+    return plan;
+}
+
 // Bytes one process moves per training step (sent plus received, as llmc/parallel/comm.h counts a ring:
 // 2(P-1)/P of a collective's size for a reduce-scatter or an all-gather, twice that for an all-reduce),
 // with A micro-steps, for the model's ZeRO stage; X bytes per element, S the padded shard. A gather
@@ -483,9 +530,14 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
     size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
     size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
-    check_model_state_fits(model, args);
     size_t free_before = 0, free_after = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
+    model->in_use_before = total_bytes - free_before;
+    if (args.plan) {  // -P 1: the plan, and nothing allocated
+        print_memory_plan(gpt2_memory_plan(model, args.B, args.T, args.recompute));
+        exit(EXIT_SUCCESS);
+    }
+    check_model_state_fits(model, args);
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
@@ -1244,6 +1296,11 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
            total_bytes / 1073741824.0);
+    {
+        size_t planned = gpt2_memory_plan(&model, args.B, args.T, model.recompute).total(), used = total_bytes - free_bytes;
+        printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%\n", planned, used,
+               100.0 * ((double)used - (double)planned) / (double)planned);
+    }
     if (resume_step >= 0) gpt2_resume(&model, &run);
     if (run.scaler.dynamic) {
         printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", run.scaler.scale, run.scaler.growth,

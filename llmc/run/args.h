@@ -71,6 +71,7 @@ struct TrainArgs {
     // CUDA trainer only
     int master_weights = 1;
     int gelu_fusion = 0;
+    int plan = 0;  // -P 1: print the memory plan and exit without allocating (CUDA trainer; doc/memory.md)
     int flash_attention = 1;
     // non-finite steps and loss scaling (llmc/run/loss_scaler.h); -l? are used by the FP16 build only
     int max_skipped_steps = 8;         // consecutive skipped (non-finite) steps before the run stops
@@ -149,6 +150,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-pk", FlagKind::Float, &a->peak_gflops, 0, 1e9, false, "peak GFLOP/s for MFU (0: CPU measures its FMA peak, CUDA its table)"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
+        {"-P", FlagKind::Int, &a->plan, 0, 1, true, "1: print the memory plan (per process) and exit without allocating"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},
         {"-pi", FlagKind::String, &a->launch.init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
         {"-pn", FlagKind::Int, &a->launch.num_processes, 1, 1 << 16, true, "number of processes (-pi tcp|file; mpirun sets it)"},

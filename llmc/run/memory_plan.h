@@ -1,0 +1,43 @@
+// A run's memory, predicted before anything is allocated: named rows of bytes, printed as a table whose
+// last line scripts read (`plan: total N bytes per process`, N a plain integer). The CUDA trainer fills
+// it (train_gpt2.cu, gpt2_memory_plan) for -P 1 and compares it with cudaMemGetInfo at start-up; the
+// rows are host-side arithmetic, so the CPU trainer can fill the same table (not yet: doc/memory.md).
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+struct MemoryPlanRow {
+    std::string what;  // "parameters (bf16)"
+    size_t bytes;
+    std::string note;  // how it was counted, or what would change it
+};
+
+struct MemoryPlan {
+    std::vector<MemoryPlanRow> rows;
+    size_t capacity = 0;  // the device's memory, bytes (0: unknown)
+    size_t headroom = 0;  // kept free beside the rows for lazy allocations
+
+    void add(const std::string& what, size_t bytes, const std::string& note = "") { rows.push_back({what, bytes, note}); }
+    size_t total() const {
+        size_t sum = 0;
+        for (const MemoryPlanRow& r : rows) sum += r.bytes;
+        return sum;
+    }
+    bool fits() const { return capacity == 0 || total() + headroom <= capacity; }
+};
+
+inline void print_memory_plan(const MemoryPlan& plan) {
+    const double MiB = 1048576.0;
+    printf("memory plan, per process:\n");
+    for (const MemoryPlanRow& r : plan.rows) {
+        printf("  %-38s %10.1f MiB%s%s\n", r.what.c_str(), r.bytes / MiB, r.note.empty() ? "" : "  ", r.note.c_str());
+    }
+    printf("  %-38s %10.1f MiB\n", "total", plan.total() / MiB);
+    if (plan.capacity > 0) {
+        printf("  the device has %.1f MiB; with %.1f MiB kept free for later allocations this %s\n",
+               plan.capacity / MiB, plan.headroom / MiB, plan.fits() ? "fits" : "DOES NOT FIT");
+    }
+    printf("plan: total %zu bytes per process\n", plan.total());
+}
