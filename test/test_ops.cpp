@@ -3,6 +3,7 @@
 //    are templates over the scalar type, so this is the very code the trainer runs in fp32);
 //  - the fp32 forward against the float64 forward at GPT-2 small's widths.
 // The objective for an op y = f(x) is J = sum(y * w) with random w, so dJ/dy = w is the dout we pass.
+#include <algorithm>
 #include <omp.h>
 
 #include <cmath>
@@ -591,18 +592,25 @@ TEST(OpsAdamW, SumOfSquaresHasTheBitsOfItsDefinition) {
 
 }  // namespace
 
-// The MFU denominator}  // namespace
-
 // The MFU denominator (llmc/cpu_peak.h) adds per-thread rates measured in CPU time, which would count
 // twice a core shared by two threads if nothing capped it: with twice as many threads as CPUs it must
 // still read about what one thread per CPU reads. 25% allows for the run-to-run spread of a shared
-// machine; counting every thread would read about 2x.
+// machine; counting every thread would read about 2x. A busy machine (CI's other jobs) can depress
+// one measurement of the single thread by more than that (one CI run read 3.1x with 2 CPUs), so each
+// side is measured three times, interleaved: the single thread's best (its peak, what the MFU uses)
+// against the oversubscribed run's least for the cap, the other way round for the floor. A trainer
+// counting every thread would still read about 2x in all three.
 TEST(CpuPeak, MoreThreadsThanCpusAddNothing) {
     cpu_set_t allowed;
     ASSERT_EQ(0, sched_getaffinity(0, sizeof(allowed), &allowed));
     int cpus = CPU_COUNT(&allowed);
-    double one = cpu_fma_peak_flops(1), over = cpu_fma_peak_flops(2 * cpus);
-    EXPECT_GT(one, 1e9) << "an FMA loop below 1 GFLOP/s: the measurement is broken";
-    EXPECT_LE(over, 1.25 * cpus * one) << cpus << " CPUs, " << 2 * cpus << " threads";
-    EXPECT_GE(over, 0.75 * one);
+    double one_best = 0, one_least = 1e300, over_best = 0, over_least = 1e300;
+    for (int i = 0; i < 3; i++) {
+        double one = cpu_fma_peak_flops(1), over = cpu_fma_peak_flops(2 * cpus);
+        one_best = std::max(one_best, one), one_least = std::min(one_least, one);
+        over_best = std::max(over_best, over), over_least = std::min(over_least, over);
+    }
+    EXPECT_GT(one_best, 1e9) << "an FMA loop below 1 GFLOP/s: the measurement is broken";
+    EXPECT_LE(over_least, 1.25 * cpus * one_best) << cpus << " CPUs, " << 2 * cpus << " threads";
+    EXPECT_GE(over_best, 0.75 * one_least);
 }
