@@ -455,6 +455,39 @@ MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
     return plan;
 }
 
+// -b auto: the largest micro-batch B dividing the sequences each process takes per step (-d / (T x
+// processes)) whose activations fit what the plan leaves (at -r, or with -r auto at whichever level
+// fits: a larger micro-batch first, then the least recomputation). Bigger micro-batches keep the GPU
+// busier; the step computes the same -d tokens either way (accumulation makes up the rest).
+int choose_batch(const GPT2* model, const TrainArgs& args, int processes) {
+    long per_process = (long)args.T * processes;
+    if (args.total_batch_tokens % per_process != 0) {
+        fatal("flag -b auto: total batch -d %ld is not a multiple of T*(data-parallel processes) = %d*%d", args.total_batch_tokens,
+              args.T, processes);
+    }
+    long sequences = args.total_batch_tokens / per_process;
+    MemoryPlan base = gpt2_memory_plan(model, 1, args.T, 3);
+    base.rows.pop_back();  // everything but the activations
+    size_t room = base.capacity > base.total() + base.headroom ? base.capacity - base.total() - base.headroom : 0;
+    ActivationTensors unused;
+    for (long b = std::min<long>(sequences, 1 << 20); b >= 1; b--) {
+        if (sequences % b != 0) continue;
+        for (int r = 0; r <= 3; r++) {
+            if (args.recompute != RECOMPUTE_AUTO && r != args.recompute) continue;
+            size_t need = layout_activations(&unused, nullptr, model->config, (int)b, args.T, r, model->flash_attention);
+            if (need <= room) {
+                printf("batch: -b auto chose B=%ld (%ld micro-step(s) of -d %ld tokens): its activations at -r %d, %.1f "
+                       "MiB, fit the %.1f MiB the model leaves\n", b, sequences / b, args.total_batch_tokens, r,
+                       need / 1048576.0, room / 1048576.0);
+                return (int)b;
+            }
+        }
+    }
+    fatal("flag -b auto: not even B=1 at T=%d fits the %.1f MiB the model leaves (-r %s): a shorter -t, -r 3, or more "
+          "GPUs with -z 2 or 3", args.T, room / 1048576.0,
+          args.recompute == RECOMPUTE_AUTO ? "auto" : std::to_string(args.recompute).c_str());
+}
+
 // Bytes one process moves per training step (sent plus received, as llmc/parallel/comm.h counts a ring:
 // 2(P-1)/P of a collective's size for a reduce-scatter or an all-gather, twice that for an all-reduce),
 // with A micro-steps, for the model's ZeRO stage; X bytes per element, S the padded shard. A gather
@@ -534,7 +567,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
     model->in_use_before = total_bytes - free_before;
     if (args.plan) {  // -P 1: the plan, and nothing allocated
-        print_memory_plan(gpt2_memory_plan(model, args.B, args.T, args.recompute));
+        int B = args.B == BATCH_AUTO ? choose_batch(model, args, model->layout.dp) : args.B;
+        print_memory_plan(gpt2_memory_plan(model, B, args.T, args.recompute));
         exit(EXIT_SUCCESS);
     }
     check_model_state_fits(model, args);
@@ -1282,6 +1316,10 @@ int main(int argc, char** argv) {
     check_same_config(model.layout.dp_group,
                       run_description(args, cfg, initial.data(), model.num_parameters, resume_step) + extra);
     std::vector<float>().swap(initial);
+    if (args.B == BATCH_AUTO) {
+        if (dp.size > 1) fatal("flag -b auto: one process so far (each process could choose differently); give -b");
+        args.B = choose_batch(&model, args, dp.size);
+    }
 
     // the run: data of this process, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;

@@ -189,6 +189,7 @@ TEST(CliTrainer, RefusesBadFlagsAndCombinations) {
         {"-n 10", "flag -n needs an output directory \\(-o\\)"},
         {"-y 1", "flag -y 1 needs the output directory \\(-o\\)"},
         {"-r auto", "flag -r auto: only the CUDA trainer chooses by itself"},
+        {"-b auto", "flag -b auto: only the CUDA trainer chooses by itself"},
         {"-r 4", "flag -r"},
     });
 }

@@ -90,6 +90,8 @@ enum class FlagKind { Int, Long, Float, String };
 
 // -r auto (the CUDA trainer): the least recomputation whose activations fit the GPU's free memory
 constexpr int RECOMPUTE_AUTO = -1;
+// -b auto (the CUDA trainer, with -d): the largest micro-batch that fits, accumulation making up -d
+constexpr int BATCH_AUTO = -1;
 
 struct FlagSpec {
     const char* name;  // "-b"
@@ -107,7 +109,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-j", FlagKind::String, &a->val_pattern, NAN, NAN, false, "val data shards (glob pattern)"},
         {"-e", FlagKind::String, &a->model, NAN, NAN, false, "model: checkpoint .bin, or d6|d12|d24|d36|d48 for random init"},
         {"-o", FlagKind::String, &a->output_dir, NAN, NAN, false, "output dir for main.log, metrics.jsonl, checkpoints"},
-        {"-b", FlagKind::Int, &a->B, 1, 1 << 20, false, "micro-batch size B"},
+        {"-b", FlagKind::Int, &a->B, 1, 1 << 20, false, "micro-batch size B; CUDA with -d: auto, the largest that fits the GPU"},
         {"-t", FlagKind::Int, &a->T, 1, 1 << 20, false, "sequence length T (at most the model's maxT)"},
         {"-d", FlagKind::Long, &a->total_batch_tokens, -1, 1e15, false, "total batch in tokens, a multiple of B*T (-1: B*T)"},
         {"-x", FlagKind::Int, &a->max_steps, -1, INT_MAX, false, "max steps (-1: one epoch; 0: no training, only evaluate and sample)"},
@@ -170,6 +172,7 @@ inline std::string flag_value_text(const FlagSpec& spec) {
     switch (spec.kind) {
         case FlagKind::Int:
             if (strcmp(spec.name, "-r") == 0 && *(const int*)field == RECOMPUTE_AUTO) return "auto";
+            if (strcmp(spec.name, "-b") == 0 && *(const int*)field == BATCH_AUTO) return "auto";
             snprintf(value, sizeof(value), "%d", *(const int*)field);
             break;
         case FlagKind::Long: snprintf(value, sizeof(value), "%ld", *(const long*)field); break;
@@ -222,6 +225,11 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         void* field = spec->field;
         switch (spec->kind) {
             case FlagKind::Int:
+                if (field == &args->B && strcmp(value, "auto") == 0) {
+                    if (!cuda) fatal("flag -b auto: only the CUDA trainer chooses by itself (it asks the GPU's free memory)");
+                    args->B = BATCH_AUTO;
+                    break;
+                }
                 if (field == &args->recompute && strcmp(value, "auto") == 0) {
                     if (!cuda) fatal("flag -r auto: only the CUDA trainer chooses by itself (it asks the GPU's free memory)");
                     args->recompute = RECOMPUTE_AUTO;
@@ -272,6 +280,10 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
               "trainer (train_gpt2)");
     }
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
+    if (args->B == BATCH_AUTO && args->total_batch_tokens < 0) {
+        fatal("flag -b auto needs -d, the total batch in tokens: -d fixes what a step computes, -b auto only how much "
+              "of it runs at once");
+    }
     // every process of a -z 3 forward gathers each block, so all must run the same forwards: HellaSwag
     // gives each its own examples
     if (args->zero_stage == 3 && args->hellaswag_every > 0) {

@@ -433,6 +433,45 @@ TEST(TrainMemory, PlanPredictsTheAllocationsWithoutAllocating) {
     }
 }
 
+// -b auto with -d: the largest micro-batch dividing -d's sequences whose activations fit, gradient
+// accumulation making up the rest. The memory is set between what the plans (-P 1) of B=32 and B=64
+// need, so B=64 (one micro-step) no longer fits and B=32 (two) does; the step computes the same 64
+// sequences, so its loss equals the ample run's within the oracle tolerance (a different summation
+// order, not a different step).
+TEST(TrainMemory, BatchAutoTakesTheLargestMicroBatchThatFits) {
+#if !defined(CUDA_EMULATION)
+    GTEST_SKIP() << "sets the device's memory with EMU_DEVICE_MEMORY: emulator only";
+#endif
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string model = "-e " + dir + "/model.bin -t 32 -r 3";
+    auto planned = [&](int B) {
+        test::CommandResult r = test::run_command(trainer() + " " + model + " -b " + std::to_string(B) + " -P 1");
+        EXPECT_EQ(r.exit_code, 0) << r.output;
+        unsigned long long total = 0;
+        size_t at = r.output.rfind("plan: total ");
+        if (at != std::string::npos) sscanf(r.output.c_str() + at, "plan: total %llu", &total);
+        return (double)total;
+    };
+    double need32 = planned(32), need64 = planned(64);
+    ASSERT_GT(need64, need32 + 1048576.0) << "the two batches must differ for the test to mean anything";
+    // the room for everything is memory - memory/32 (the headroom kept): put it halfway between
+    long long memory = (long long)((need32 + need64) / 2 * 32.0 / 31.0);
+    std::string flags = model + " -i " + dir + "/train.bin -sh 0 -v 0 -s 0 -b auto -d 2048 -x 1";
+    TrainerRun ample = run_trainer("gpu_batch_ample", flags);
+    EXPECT_NE(ample.result.output.find("-b auto chose B=64 (1 micro-step(s)"), std::string::npos) << ample.result.output;
+    TrainerRun tight = run_trainer("gpu_batch_tight", flags, "EMU_DEVICE_MEMORY=" + std::to_string(memory) + " " + trainer());
+    EXPECT_NE(tight.result.output.find("-b auto chose B=32 (2 micro-step(s)"), std::string::npos) << tight.result.output;
+    std::vector<double> a = train_losses(ample), t = train_losses(tight);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_NEAR(t[0], a[0], step_loss_tolerance(a[0]));
+    // without -d there is nothing to keep fixed: refused
+    test::CommandResult no_d = test::run_command(trainer() + " " + model + " -b auto");
+    EXPECT_NE(no_d.exit_code, 0);
+    EXPECT_NE(no_d.output.find("flag -b auto needs -d"), std::string::npos) << no_d.output;
+}
+
 TEST(TrainDeterminism, SameSeedSameRun) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
