@@ -355,6 +355,20 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
             at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
 }
 
+// Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the start-up report).
+size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
+    ActivationTensors unused;
+    return layout_activations(&unused, nullptr, cfg, B, T, recompute, flash);
+}
+
+// The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
+int least_recompute_that_fits(const GPT2* model, int B, int T, size_t room) {
+    for (int r = 0; r <= 3; r++) {
+        if (activation_bytes(model->config, B, T, r, model->flash_attention) <= room) return r;
+    }
+    return -1;
+}
+
 // Model state per process (parameters, gradients, AdamW's m and v, master weights, and the packed and
 // gathering buffers), predicted for each ZeRO stage from the shard arithmetic, beside what the
 // allocations took (cudaMemGetInfo before and after): the ZeRO paper's Ψ(2 + 2 + 12)/N ladder with
@@ -387,7 +401,7 @@ size_t memory_headroom(size_t total_bytes) { return std::min<size_t>(512ull << 2
 
 // Stops the run before allocating when the model state would not fit the free device memory, with the
 // flags that shrink it (nothing has run yet: no out-of-memory error halfway through a step).
-void check_model_state_fits(const GPT2* model, const TrainArgs& args) {
+void check_model_state_fits(const GPT2* model) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     size_t need = predicted_model_state_bytes(model, model->layout.zero_stage) + memory_headroom(total_bytes);
@@ -410,7 +424,7 @@ void check_model_state_fits(const GPT2* model, const TrainArgs& args) {
           model->layout.dp, free_bytes / MiB, total_bytes / MiB, memory_headroom(total_bytes) / MiB, ways);
 }
 
-// Muon's Newton-Schulz scratch, bytes (0 for another optimizer)
+// Muon's Newton-Schulz scratch, bytes (0 for another optimizer): for the largest block matrix, fcw's 4C·C
 size_t muon_scratch_bytes(const GPT2* model) {
     if (model->optimizer.kind != OPT_MUON) return 0;
     MuonScratch unused;
@@ -418,11 +432,9 @@ size_t muon_scratch_bytes(const GPT2* model) {
     return muon_scratch_layout(nullptr, 4 * C * C, C, &unused);
 }
 
-// The run's device memory, predicted (-P 1 prints it and exits; the start-up compares it with
-// cudaMemGetInfo): what was in use before the model (the CUDA context, cuBLAS's workspace), the model
-// state, Muon's scratch, and the activations at `recompute` (RECOMPUTE_AUTO: the least that fits, as
-// gpt2_allocate_activations will choose).
-MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
+// The run's device memory before the activations: what was in use before the model (the CUDA context,
+// cuBLAS's workspace), the model state, Muon's scratch.
+MemoryPlan gpt2_memory_plan_before_activations(const GPT2* model) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     MemoryPlan plan;
@@ -438,16 +450,28 @@ MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
     plan.add(model->use_master_weights ? "model state (w, grads, m, v, master)" : "model state (w, grads, m, v)",
              predicted_model_state_bytes(model, z), note);
     if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
+    return plan;
+}
+
+// What a plan leaves for the activations: the device's memory less the plan's rows and the headroom.
+size_t memory_room(const MemoryPlan& plan) {
+    return plan.capacity > plan.total() + plan.headroom ? plan.capacity - plan.total() - plan.headroom : 0;
+}
+
+// The run's device memory, predicted (-P 1 prints it and exits; the start-up compares it with
+// cudaMemGetInfo): the rows above and the activations at `recompute` (RECOMPUTE_AUTO: the least that
+// fits, as gpt2_allocate_activations will choose; -r 3 when none does).
+MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
+    MemoryPlan plan = gpt2_memory_plan_before_activations(model);
+    const double MiB = 1048576.0;
     size_t act[4];
-    ActivationTensors unused;
-    for (int r = 0; r <= 3; r++) act[r] = layout_activations(&unused, nullptr, model->config, B, T, r, model->flash_attention);
+    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model->config, B, T, r, model->flash_attention);
     int level = recompute;
     if (level == RECOMPUTE_AUTO) {
-        level = 3;
-        for (int r = 3; r >= 0; r--) {
-            if (plan.total() + act[r] + plan.headroom <= plan.capacity) level = r;
-        }
+        level = least_recompute_that_fits(model, B, T, memory_room(plan));
+        if (level < 0) level = 3;
     }
+    char note[160];
     snprintf(note, sizeof(note), "B=%d T=%d%s; -r 0/1/2/3: %.1f %.1f %.1f %.1f MiB", B, T,
              recompute == RECOMPUTE_AUTO ? ", the least -r that fits" : "", act[0] / MiB, act[1] / MiB, act[2] / MiB,
              act[3] / MiB);
@@ -466,21 +490,21 @@ int choose_batch(const GPT2* model, const TrainArgs& args, int processes) {
               args.T, processes);
     }
     long sequences = args.total_batch_tokens / per_process;
-    MemoryPlan base = gpt2_memory_plan(model, 1, args.T, 3);
-    base.rows.pop_back();  // everything but the activations
-    size_t room = base.capacity > base.total() + base.headroom ? base.capacity - base.total() - base.headroom : 0;
-    ActivationTensors unused;
+    size_t room = memory_room(gpt2_memory_plan_before_activations(model));
     for (long b = std::min<long>(sequences, 1 << 20); b >= 1; b--) {
         if (sequences % b != 0) continue;
-        for (int r = 0; r <= 3; r++) {
-            if (args.recompute != RECOMPUTE_AUTO && r != args.recompute) continue;
-            size_t need = layout_activations(&unused, nullptr, model->config, (int)b, args.T, r, model->flash_attention);
-            if (need <= room) {
-                printf("batch: -b auto chose B=%ld (%ld micro-step(s) of -d %ld tokens): its activations at -r %d, %.1f "
-                       "MiB, fit the %.1f MiB the model leaves\n", b, sequences / b, args.total_batch_tokens, r,
-                       need / 1048576.0, room / 1048576.0);
-                return (int)b;
-            }
+        int r = args.recompute;  // the level asked, or -r auto's choice at this B; -1: none fits
+        if (r == RECOMPUTE_AUTO) {
+            r = least_recompute_that_fits(model, (int)b, args.T, room);
+        } else if (activation_bytes(model->config, (int)b, args.T, r, model->flash_attention) > room) {
+            r = -1;
+        }
+        if (r >= 0) {
+            printf("batch: -b auto chose B=%ld (%ld micro-step(s) of -d %ld tokens): its activations at -r %d, %.1f "
+                   "MiB, fit the %.1f MiB the model leaves\n", b, sequences / b, args.total_batch_tokens, r,
+                   activation_bytes(model->config, (int)b, args.T, r, model->flash_attention) / 1048576.0,
+                   room / 1048576.0);
+            return (int)b;
         }
     }
     fatal("flag -b auto: not even B=1 at T=%d fits the %.1f MiB the model leaves (-r %s): a shorter -t, -r 3, or more "
@@ -571,7 +595,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
         print_memory_plan(gpt2_memory_plan(model, B, args.T, args.recompute));
         exit(EXIT_SUCCESS);
     }
-    check_model_state_fits(model, args);
+    check_model_state_fits(model);
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
@@ -624,10 +648,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     if (model->optimizer.kind == OPT_MUON) {
         // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer;
         // its scratch is not model state (allocated after the measurement above)
-        size_t C = cfg.channels, max_elements = 4 * C * C;
-        size_t bytes = muon_scratch_layout(nullptr, max_elements, C, &model->muon_scratch);
+        size_t C = cfg.channels, bytes = muon_scratch_bytes(model);
         cudaCheck(cudaMalloc(&model->muon_memory, bytes));
-        muon_scratch_layout(model->muon_memory, max_elements, C, &model->muon_scratch);
+        muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
         printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
                "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
                model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");
@@ -644,12 +667,6 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
     return params;
 }
 
-// Bytes of activations at a recompute level and attention path (for the start-up report).
-size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
-    ActivationTensors unused;
-    return layout_activations(&unused, nullptr, cfg, B, T, recompute, flash);
-}
-
 // -r auto: the least recomputation whose activations fit the free device memory (all levels give the
 // same bits, so the choice changes the speed and the memory, never the results). A level that does
 // not fit, chosen or forced, stops the run here, before the activations are allocated, with the
@@ -660,8 +677,7 @@ int choose_recompute(const GPT2* model, int B, int T, int asked) {
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     size_t room = free_bytes > memory_headroom(total_bytes) ? free_bytes - memory_headroom(total_bytes) : 0;
     auto fits = [&](int r, int b) { return activation_bytes(model->config, b, T, r, flash) <= room; };
-    int least = -1;
-    for (int r = 0; r <= 3 && least < 0; r++) least = fits(r, B) ? r : -1;
+    int least = least_recompute_that_fits(model, B, T, room);
     const double MiB = 1048576.0;
     if (asked == RECOMPUTE_AUTO && least >= 0) {
         printf("recompute: -r auto chose -r %d: its activations, %.1f MiB, fit the %.1f MiB free (less %.1f MiB kept "

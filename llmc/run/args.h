@@ -171,8 +171,10 @@ inline std::string flag_value_text(const FlagSpec& spec) {
     char value[64];
     switch (spec.kind) {
         case FlagKind::Int:
-            if (strcmp(spec.name, "-r") == 0 && *(const int*)field == RECOMPUTE_AUTO) return "auto";
-            if (strcmp(spec.name, "-b") == 0 && *(const int*)field == BATCH_AUTO) return "auto";
+            if ((strcmp(spec.name, "-r") == 0 && *(const int*)field == RECOMPUTE_AUTO) ||
+                (strcmp(spec.name, "-b") == 0 && *(const int*)field == BATCH_AUTO)) {
+                return "auto";
+            }
             snprintf(value, sizeof(value), "%d", *(const int*)field);
             break;
         case FlagKind::Long: snprintf(value, sizeof(value), "%ld", *(const long*)field); break;
@@ -225,14 +227,9 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         void* field = spec->field;
         switch (spec->kind) {
             case FlagKind::Int:
-                if (field == &args->B && strcmp(value, "auto") == 0) {
-                    if (!cuda) fatal("flag -b auto: only the CUDA trainer chooses by itself (it asks the GPU's free memory)");
-                    args->B = BATCH_AUTO;
-                    break;
-                }
-                if (field == &args->recompute && strcmp(value, "auto") == 0) {
-                    if (!cuda) fatal("flag -r auto: only the CUDA trainer chooses by itself (it asks the GPU's free memory)");
-                    args->recompute = RECOMPUTE_AUTO;
+                if ((field == &args->B || field == &args->recompute) && strcmp(value, "auto") == 0) {
+                    if (!cuda) fatal("flag %s auto: only the CUDA trainer chooses by itself (it asks the GPU's free memory)", flag);
+                    *(int*)field = field == &args->B ? BATCH_AUTO : RECOMPUTE_AUTO;
                     break;
                 }
                 *(int*)field = (int)parse_number(flag, value, true, spec->min, spec->max);

@@ -185,6 +185,12 @@ TrainerRun run_trainer(const std::string& name, const std::string& flags, const 
     return run;
 }
 
+// the total of a -P 1 plan (its last line, `plan: total N bytes per process`); false if missing
+bool read_plan_total(const std::string& output, unsigned long long* total) {
+    size_t at = output.rfind("plan: total ");
+    return at != std::string::npos && sscanf(output.c_str() + at, "plan: total %llu bytes per process", total) == 1;
+}
+
 std::vector<double> train_losses(const TrainerRun& run) { return test::jsonl_values(run.dir + "/metrics.jsonl", "train_loss"); }
 
 std::string tiny_cosine_flags(const std::string& oracle_dir) {
@@ -419,13 +425,11 @@ TEST(TrainMemory, PlanPredictsTheAllocationsWithoutAllocating) {
         test::CommandResult plan = test::run_command(trainer() + " " + flags + " -P 1 -i /nonexistent_*.bin");
         ASSERT_EQ(plan.exit_code, 0) << plan.output;
         EXPECT_EQ(plan.output.find("step "), std::string::npos) << plan.output;
-        size_t at = plan.output.rfind("plan: total ");
-        ASSERT_NE(at, std::string::npos) << plan.output;
         unsigned long long planned = 0;
-        ASSERT_EQ(sscanf(plan.output.c_str() + at, "plan: total %llu bytes per process", &planned), 1);
+        ASSERT_TRUE(read_plan_total(plan.output, &planned)) << plan.output;
         TrainerRun run = run_trainer(std::string("gpu_plan_") + optimizer,
                                      flags + " -i " + dir + "/train.bin -sh 0 -v 0 -s 0 -x 1");
-        at = run.result.output.find("bytes planned (-P 1), ");
+        size_t at = run.result.output.find("bytes planned (-P 1), ");
         ASSERT_NE(at, std::string::npos) << run.result.output;
         unsigned long long in_use = 0;
         ASSERT_EQ(sscanf(run.result.output.c_str() + at, "bytes planned (-P 1), %llu in use", &in_use), 1);
@@ -449,8 +453,7 @@ TEST(TrainMemory, BatchAutoTakesTheLargestMicroBatchThatFits) {
         test::CommandResult r = test::run_command(trainer() + " " + model + " -b " + std::to_string(B) + " -P 1");
         EXPECT_EQ(r.exit_code, 0) << r.output;
         unsigned long long total = 0;
-        size_t at = r.output.rfind("plan: total ");
-        if (at != std::string::npos) sscanf(r.output.c_str() + at, "plan: total %llu", &total);
+        EXPECT_TRUE(read_plan_total(r.output, &total)) << r.output;
         return (double)total;
     };
     double need32 = planned(32), need64 = planned(64);
