@@ -832,7 +832,7 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
                                        int bad_micro) {
     size_t BT = (size_t)B * T, BTC = BT * model->config.channels, L = model->config.num_layers;
     PipelineStageHooks h;
-    h.boundary_floats = BTC;
+    h.boundary_elements = BTC;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
     h.forward = [=](int micro) { return (double)gpt2_forward(model, inputs + micro * BT, targets + micro * BT, B, T); };
     h.backward = [=](int micro) {
@@ -952,31 +952,6 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     model->m_memory = state.m;
     model->v_memory = state.v;
     loss_scaler_restore(&run->scaler, state);
-}
-
-// Flags this trainer cannot combine with the layout: fatal, with the reason.
-void check_layout_flags(const ParallelLayout& layout, const TrainArgs& args) {
-    if (layout.tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
-        fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
-              "by vocabulary; run with -s 0 (and no -he)", layout.tp);
-    }
-    // ZeRO-2/3 (llmc/parallel/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
-    // pipeline parallelism split the same parameters another way
-    if (args.zero_stage >= 2 && (layout.tp > 1 || layout.pp > 1)) {
-        fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
-              args.zero_stage);
-    }
-    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout: a
-    // tensor-parallel rank holds a slice of each, and ZeRO-2/3 hold a shard of the gradients only
-    if (args.optimizer != "adamw" && (args.zero_stage >= 2 || layout.tp > 1 || layout.pp > 1)) {
-        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only (this run has -z %d, -tp %d, -pp %d); "
-              "use -z 0 or -z 1 without -tp and -pp, or -opt adamw", args.optimizer.c_str(), args.zero_stage,
-              layout.tp, layout.pp);
-    }
-    if (layout.pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
-        fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
-              "has logits); run with -s 0 (and no -he)", layout.pp);
-    }
 }
 
 // What the optimizer keeps and does on this process (-opt): its state's memory, and for Muon which
@@ -1109,7 +1084,6 @@ int main(int argc, char** argv) {
     ParallelLayout layout =
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
-    check_layout_flags(layout, args);
     OptimizerKind optimizer = OPT_ADAMW;
     optimizer_from_name(args.optimizer, &optimizer);  // checked by parse_args
     gpt2_distribute(&model, layout, optimizer);

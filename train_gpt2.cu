@@ -33,6 +33,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/optimizer.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
+#include "llmc/parallel/model_state.h"
 #include "llmc/rand.h"
 #include "llmc/run/args.h"
 #include "llmc/run/hellaswag.h"
@@ -189,9 +190,11 @@ BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t 
 }
 
 // Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
-// counts bytes.
+// counts bytes. A pipeline stage (llmc/parallel/pipeline.h) keeps `slots` sets of what a micro-batch's
+// forward leaves for its backward, a[0 .. slots), all sharing one backward scratch; a stage before the
+// last (head false) has no logits.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
-                          bool flash) {
+                          bool flash, int slots = 1, bool head = true) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
     size_t BT = (size_t)B * T;
     LayerStrides all = layer_strides(cfg, B, T, 0, flash);  // a kept tensor holds L of these
@@ -204,37 +207,52 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         *ptr = base ? reinterpret_cast<Elem*>(base + offset) : nullptr;
         offset += align_up_256(count * sizeof(Elem));
     };
-    take(&a->encoded, BT * C);
-    take(&a->ln1, L_ln * all.ln);
-    take(&a->ln1_mean, L * BT);
-    take(&a->ln1_rstd, L * BT);
-    take(&a->qkv, L_block * all.qkv);
-    take(&a->atty, L_block * all.atty);
-    take(&a->att, L_block * all.att);
-    take(&a->residual2, L_block * all.residual2);
-    take(&a->ln2, L_ln * all.ln);
-    take(&a->ln2_mean, L * BT);
-    take(&a->ln2_rstd, L * BT);
-    take(&a->fch, L_block * all.fch);
-    take(&a->fch_gelu, L_gelu * all.fch_gelu);
-    take(&a->residual3, L * all.residual3);
-    take(&a->lnf, BT * C);
-    take(&a->lnf_mean, BT);
-    take(&a->lnf_rstd, BT);
-    take(&a->logits, BT * Vp);
-    take(&a->losses, BT);
-    take(&a->proj, BT * C);
-    take(&a->attn_scratch, attention_scratch_elements(B, T, C, NH, flash));
-    take(&a->dresidual, BT * C);
-    take(&a->dln, BT * C);
-    take(&a->datty, BT * C);
-    take(&a->dqkv, BT * 3 * C);
-    take(&a->dfch, BT * 4 * C);
-    take(&a->reduce_scratch, reduce_floats);
-    take(&a->grad_norm_sq, 1);
-    take(&a->inputs, BT);
-    take(&a->targets, BT);
-    take(&a->encoder_buckets, encoder_buckets_ints(B, T));
+    for (int k = 0; k < slots; k++) {
+        ActivationTensors* s = &a[k];
+        take(&s->encoded, BT * C);
+        take(&s->ln1, L_ln * all.ln);
+        take(&s->ln1_mean, L * BT);
+        take(&s->ln1_rstd, L * BT);
+        take(&s->qkv, L_block * all.qkv);
+        take(&s->atty, L_block * all.atty);
+        take(&s->att, L_block * all.att);
+        take(&s->residual2, L_block * all.residual2);
+        take(&s->ln2, L_ln * all.ln);
+        take(&s->ln2_mean, L * BT);
+        take(&s->ln2_rstd, L * BT);
+        take(&s->fch, L_block * all.fch);
+        take(&s->fch_gelu, L_gelu * all.fch_gelu);
+        take(&s->residual3, L * all.residual3);
+        take(&s->lnf, BT * C);
+        take(&s->lnf_mean, BT);
+        take(&s->lnf_rstd, BT);
+        take(&s->logits, head ? BT * Vp : 0);
+        take(&s->losses, BT);
+        take(&s->inputs, BT);
+        take(&s->targets, BT);
+        take(&s->encoder_buckets, encoder_buckets_ints(B, T));
+    }
+    ActivationTensors* s = &a[0];
+    take(&s->proj, BT * C);
+    take(&s->attn_scratch, attention_scratch_elements(B, T, C, NH, flash));
+    take(&s->dresidual, BT * C);
+    take(&s->dln, BT * C);
+    take(&s->datty, BT * C);
+    take(&s->dqkv, BT * 3 * C);
+    take(&s->dfch, BT * 4 * C);
+    take(&s->reduce_scratch, reduce_floats);
+    take(&s->grad_norm_sq, 1);
+    for (int k = 1; k < slots; k++) {  // the scratch is shared
+        a[k].proj = s->proj;
+        a[k].attn_scratch = s->attn_scratch;
+        a[k].dresidual = s->dresidual;
+        a[k].dln = s->dln;
+        a[k].datty = s->datty;
+        a[k].dqkv = s->dqkv;
+        a[k].dfch = s->dfch;
+        a[k].reduce_scratch = s->reduce_scratch;
+        a[k].grad_norm_sq = s->grad_norm_sq;
+    }
     return offset;
 }
 
@@ -283,11 +301,23 @@ struct GPT2 {
     int recompute = 1;
     bool gelu_fusion = false;
     bool flash_attention = true;  // -fa; always false in the fp32 build
-    // activations, allocated once for the run's (B, T)
+    // pipeline parallelism (llmc/parallel/pipeline.h): config is this stage's (num_layers = its layers;
+    // the whole model's is model_config); every stage keeps wte, wpe, lnfw and lnfb. tensor_origin[i]:
+    // where this process's tensor i starts in the whole model's tensor i (0 without a pipeline)
+    GPT2Config model_config;
+    size_t tensor_origin[NUM_PARAMETER_TENSORS] = {};
+    bool first_stage() const { return layout.pp_rank == 0; }
+    bool last_stage() const { return layout.pp_rank == layout.pp - 1; }
+    floatX* pipe_grad_in = nullptr;  // (B, T, C): d(loss)/d(this stage's output), received from the next
+    // activations, allocated once for the run's (B, T): act_slots sets (a pipeline stage keeps one per
+    // micro-batch in flight), acts the current one, with its encoder buckets
     int batch_size = 0, seq_len = 0;
     char* acts_memory = nullptr;
+    int act_slots = 1;
+    std::vector<ActivationTensors> slots;
+    std::vector<EncoderBuckets> slot_buckets;
     ActivationTensors acts;
-    EncoderBuckets buckets;
+    EncoderBuckets* buckets = nullptr;
     float* host_losses = nullptr;   // (B, T), pinned: copies into it do not block the host
     float* host_norm_sq = nullptr;  // (1), pinned
     cudaStream_t stream = nullptr;
@@ -355,16 +385,19 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
             at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
 }
 
-// Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the start-up report).
-size_t activation_bytes(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
-    ActivationTensors unused;
-    return layout_activations(&unused, nullptr, cfg, B, T, recompute, flash);
+// Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the
+// start-up report): with a pipeline, this stage's layers and its slots.
+size_t activation_bytes(const GPT2* model, int B, int T, int recompute, bool flash) {
+    std::vector<ActivationTensors> unused(model->act_slots);
+    size_t pipe = model->layout.pp > 1 ? align_up_256((size_t)B * T * model->config.channels * sizeof(floatX)) : 0;
+    return layout_activations(unused.data(), nullptr, model->config, B, T, recompute, flash, model->act_slots,
+                              model->last_stage()) + pipe;
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
 int least_recompute_that_fits(const GPT2* model, int B, int T, size_t room) {
     for (int r = 0; r <= 3; r++) {
-        if (activation_bytes(model->config, B, T, r, model->flash_attention) <= room) return r;
+        if (activation_bytes(model, B, T, r, model->flash_attention) <= room) return r;
     }
     return -1;
 }
@@ -465,7 +498,7 @@ MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
     MemoryPlan plan = gpt2_memory_plan_before_activations(model);
     const double MiB = 1048576.0;
     size_t act[4];
-    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model->config, B, T, r, model->flash_attention);
+    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model, B, T, r, model->flash_attention);
     int level = recompute;
     if (level == RECOMPUTE_AUTO) {
         level = least_recompute_that_fits(model, B, T, memory_room(plan));
@@ -496,13 +529,13 @@ int choose_batch(const GPT2* model, const TrainArgs& args, int processes) {
         int r = args.recompute;  // the level asked, or -r auto's choice at this B; -1: none fits
         if (r == RECOMPUTE_AUTO) {
             r = least_recompute_that_fits(model, (int)b, args.T, room);
-        } else if (activation_bytes(model->config, (int)b, args.T, r, model->flash_attention) > room) {
+        } else if (activation_bytes(model, (int)b, args.T, r, model->flash_attention) > room) {
             r = -1;
         }
         if (r >= 0) {
             printf("batch: -b auto chose B=%ld (%ld micro-step(s) of -d %ld tokens): its activations at -r %d, %.1f "
                    "MiB, fit the %.1f MiB the model leaves\n", b, sequences / b, args.total_batch_tokens, r,
-                   activation_bytes(model->config, (int)b, args.T, r, model->flash_attention) / 1048576.0,
+                   activation_bytes(model, (int)b, args.T, r, model->flash_attention) / 1048576.0,
                    room / 1048576.0);
             return (int)b;
         }
@@ -519,7 +552,7 @@ int choose_batch(const GPT2* model, const TrainArgs& args, int processes) {
 // tensors once per step, and this process holds `mine` of each (its shard's part, rank 0's wte and
 // wpe in full). The scalar sums (losses) go uncounted, the gradient norm's one float is 16 bytes. A
 // step right after an evaluation or a sample moves less with -z 3 (the outer tensors are gathered).
-double predicted_comm_bytes(const GPT2* model, int A) {
+double predicted_data_parallel_bytes(const GPT2* model, int A) {
     const double P = model->layout.dp, X = sizeof(floatX), N = (double)model->num_parameters;
     const double S = (double)model->shard.shard_size, f = (P - 1) / P;
     if (P == 1) return 0.0;
@@ -542,19 +575,51 @@ double predicted_comm_bytes(const GPT2* model, int A) {
     return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm;
 }
 
+// With a pipeline, add the stages' sums of the shared tensors' gradients (two all-reduces: wte and wpe,
+// lnfw and lnfb, counted as comm.h counts them, each process's 1/p share rounded down) and of the
+// gradient norm (one float). The activations and gradients sent between stages go uncounted.
+double predicted_comm_bytes(const GPT2* model, int A) {
+    double bytes = predicted_data_parallel_bytes(model, A);
+    const size_t p = model->layout.pp, X = sizeof(floatX);
+    if (p == 1) return bytes;
+    size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
+    for (size_t n : outer) bytes += 2.0 * (double)(n - n / p) * 2 * X;
+    return bytes + 16;
+}
+
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
 // arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1 and 2, AdamW's moments and
 // master weights cover this process's shard only; with -z 2 the gradient array is that shard only.
-void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataParallel* dp = nullptr) {
-    validate_config(cfg, "model");
-    if (cfg.channels % 8 != 0 || (cfg.channels / cfg.num_heads) % 8 != 0) {
-        fatal("the CUDA trainer needs channels and head size divisible by 8 (C %d, NH %d)", cfg.channels,
-              cfg.num_heads);
+void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, DataParallel* dp = nullptr) {
+    validate_config(whole, "model");
+    if (whole.channels % 8 != 0 || (whole.channels / whole.num_heads) % 8 != 0) {
+        fatal("the CUDA trainer needs channels and head size divisible by 8 (C %d, NH %d)", whole.channels,
+              whole.num_heads);
     }
+    bool distributed = dp != nullptr && dp->nccl;
+    model->dp = dp;
+    cudaCheck(cudaStreamCreate(&model->stream));
+    // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
+    // ordered after this stream's work; the layout (llmc/parallel/layout.h) splits them into pipeline stages
+    // and data-parallel replicas
+    ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
+    model->layout = parallel_layout_init(world, 1, distributed ? args.pipeline_parallel : 1,
+                                         distributed ? args.zero_stage : 0, whole);
+    if (args.pipeline_parallel > 1 && !distributed) fatal("flag -pp %d: pipeline stages are processes; launch %d or more",
+                                                          args.pipeline_parallel, args.pipeline_parallel);
+    model->model_config = whole;
+    const GPT2Config cfg = layout_stage_config(model->layout, whole);
     model->config = cfg;
     param_tensor_sizes(cfg, model->param_sizes);
     param_tensor_offsets(cfg, model->param_offsets);
     model->num_parameters = num_parameters(cfg);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // a stage's layers start at layer_begin of each stacked tensor
+        model->tensor_origin[i] = pp_param_is_shared(i) ? 0 : model->param_sizes[i] / cfg.num_layers * model->layout.layer_begin;
+    }
+    if (model->layout.pp > 1) {  // the activation slots of this stage's schedule over a step's micro-batches
+        int m = args.B == BATCH_AUTO ? 1 : validate_batch_args(args, whole, model->layout.dp);
+        model->act_slots = pp_activation_slots(args.pipeline_schedule, model->layout.pp, model->layout.pp_rank, m);
+    }
 #if defined(ENABLE_FP32)
     model->use_master_weights = false;  // the parameters are fp32 already
 #else
@@ -567,13 +632,6 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
     check_attention_shape(cfg.channels, cfg.num_heads, model->flash_attention);
     size_t n = model->num_parameters;
-    bool distributed = dp != nullptr && dp->nccl;
-    model->dp = dp;
-    cudaCheck(cudaStreamCreate(&model->stream));
-    // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
-    // ordered after this stream's work
-    ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
-    model->layout = parallel_layout_init(world, 1, 1, distributed ? args.zero_stage : 0, cfg);
     int zero_stage = model->layout.zero_stage;
     model->optimizer = optimizer_plan(optimizer_kind, cfg, model->layout.dp);
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
@@ -657,13 +715,17 @@ void gpt2_setup(GPT2* model, const GPT2Config& cfg, const TrainArgs& args, DataP
     }
 }
 
-// Builds the model from a checkpoint file, or (for a descriptor) from a random initialization;
-// returns the fp32 parameters it was built from.
+// Builds the model (this process's pipeline stage of it) from a checkpoint file, or (for a descriptor)
+// from a random initialization; returns the whole model's fp32 parameters it was built from.
 std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args, DataParallel* dp = nullptr) {
     GPT2Config cfg;
     std::vector<float> params = gpt2_parameters_from_flag(name, (unsigned)args.seed, &cfg);
     gpt2_setup(model, cfg, args, dp);
-    gpt2_upload_parameters(model, params);
+    if (model->layout.pp > 1) {  // this stage's layers and the shared tensors (llmc/parallel/model_state.h)
+        gpt2_upload_parameters(model, layout_local_part(model->layout, cfg, params, 0, model->num_parameters));
+    } else {
+        gpt2_upload_parameters(model, params);
+    }
     return params;
 }
 
@@ -676,12 +738,12 @@ int choose_recompute(const GPT2* model, int B, int T, int asked) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     size_t room = free_bytes > memory_headroom(total_bytes) ? free_bytes - memory_headroom(total_bytes) : 0;
-    auto fits = [&](int r, int b) { return activation_bytes(model->config, b, T, r, flash) <= room; };
+    auto fits = [&](int r, int b) { return activation_bytes(model, b, T, r, flash) <= room; };
     int least = least_recompute_that_fits(model, B, T, room);
     const double MiB = 1048576.0;
     if (asked == RECOMPUTE_AUTO && least >= 0) {
         printf("recompute: -r auto chose -r %d: its activations, %.1f MiB, fit the %.1f MiB free (less %.1f MiB kept "
-               "for later allocations)%s\n", least, activation_bytes(model->config, B, T, least, flash) / MiB,
+               "for later allocations)%s\n", least, activation_bytes(model, B, T, least, flash) / MiB,
                free_bytes / MiB, memory_headroom(total_bytes) / MiB, least == 0 ? "" : "; less recomputation does not");
         return least;
     }
@@ -697,32 +759,44 @@ int choose_recompute(const GPT2* model, int B, int T, int asked) {
     }
     fatal("activations for B=%d T=%d need %.1f MiB at -r %s (-r 0/1/2/3: %.1f %.1f %.1f %.1f MiB), and %.1f MiB "
           "are free after the model state (less %.1f MiB kept for later allocations): nothing was run. Ways to "
-          "fit:%s", B, T, activation_bytes(model->config, B, T, asked == RECOMPUTE_AUTO ? 3 : asked, flash) / MiB,
+          "fit:%s", B, T, activation_bytes(model, B, T, asked == RECOMPUTE_AUTO ? 3 : asked, flash) / MiB,
           asked == RECOMPUTE_AUTO ? "3 (the least -r auto can reach)" : std::to_string(asked).c_str(),
-          activation_bytes(model->config, B, T, 0, flash) / MiB, activation_bytes(model->config, B, T, 1, flash) / MiB,
-          activation_bytes(model->config, B, T, 2, flash) / MiB, activation_bytes(model->config, B, T, 3, flash) / MiB,
+          activation_bytes(model, B, T, 0, flash) / MiB, activation_bytes(model, B, T, 1, flash) / MiB,
+          activation_bytes(model, B, T, 2, flash) / MiB, activation_bytes(model, B, T, 3, flash) / MiB,
           free_bytes / MiB, memory_headroom(total_bytes) / MiB, ways.c_str());
+}
+
+// Makes activation slot k the current one (a pipeline's micro-batch, llmc/parallel/pipeline.h).
+void gpt2_use_activation_slot(GPT2* model, int k) {
+    model->acts = model->slots[k];
+    model->buckets = &model->slot_buckets[k];
 }
 
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
     bool flash = model->flash_attention;
     model->recompute = choose_recompute(model, B, T, model->recompute);
-    size_t bytes = activation_bytes(model->config, B, T, model->recompute, flash);
+    size_t bytes = activation_bytes(model, B, T, model->recompute, flash);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
-    layout_activations(&model->acts, model->acts_memory, model->config, B, T, model->recompute, flash);
-    model->buckets.device = model->acts.encoder_buckets;
+    model->slots.resize(model->act_slots);
+    model->slot_buckets.resize(model->act_slots);
+    size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T,
+                                            model->recompute, flash, model->act_slots, model->last_stage());
+    for (int k = 0; k < model->act_slots; k++) model->slot_buckets[k].device = model->slots[k].encoder_buckets;
+    gpt2_use_activation_slot(model, 0);
+    // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
+    if (model->layout.pp > 1) model->pipe_grad_in = reinterpret_cast<floatX*>(model->acts_memory + slots_bytes);
     model->batch_size = B;
     model->seq_len = T;
     cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
     cudaCheck(cudaMallocHost(&model->host_norm_sq, sizeof(float)));
-    size_t none = activation_bytes(model->config, B, T, 0, flash);
+    size_t none = activation_bytes(model, B, T, 0, flash);
     printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB; -r 0/1/2/3:", bytes / 1048576.0, B,
            T, model->recompute, (none - bytes) / 1048576.0);
-    for (int r = 0; r <= 3; r++) printf(" %.1f", activation_bytes(model->config, B, T, r, flash) / 1048576.0);
+    for (int r = 0; r <= 3; r++) printf(" %.1f", activation_bytes(model, B, T, r, flash) / 1048576.0);
     printf(" MiB)\n");
     if (FLASH_ATTENTION_AVAILABLE) {
-        size_t with_flash = activation_bytes(model->config, B, T, model->recompute, true);
-        size_t with_cublas = activation_bytes(model->config, B, T, model->recompute, false);
+        size_t with_flash = activation_bytes(model, B, T, model->recompute, true);
+        size_t with_cublas = activation_bytes(model, B, T, model->recompute, false);
         printf("attention: %s; activations with flash (-fa 1) %.1f MiB, with cuBLAS + softmax (-fa 0) %.1f MiB\n",
                flash ? "flash (-fa 1)" : "cuBLAS + softmax (-fa 0)", with_flash / 1048576.0, with_cublas / 1048576.0);
     } else {
@@ -869,10 +943,11 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
 
     cudaCheck(cudaMemcpyAsync(a.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (dloss > 0.0f) encoder_prepare_backward(&model->buckets, inputs, B, T, V, stream);
+    if (dloss > 0.0f && model->first_stage()) encoder_prepare_backward(model->buckets, inputs, B, T, V, stream);
 
     gather_pass_begin(model, 0);  // -z 3: the outer tensors and block 0 (each later block is prefetched)
-    encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream);
+    // a pipeline stage after the first has the previous stage's output in a.encoded (llmc/parallel/pipeline.h)
+    if (model->first_stage()) encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream);
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     BlockParams first = block_params(model, 0, false);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)BT, C, stream);
@@ -892,6 +967,8 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
                                              p.lnfb, (int)BT, C, stream);
         }
     }
+    // a stage before the last ends with its residual3 (its lnf, computed by the fused kernel, goes unused)
+    if (!model->last_stage()) return;
     matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
     if (targets) fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream);
 }
@@ -912,8 +989,8 @@ void gpt2_zero_grad(GPT2* model) {
     cudaCheck(cudaMemsetAsync(model->grads_memory, 0, n * sizeof(floatX), model->stream));
 }
 
-// Backward pass of the last forward, which must have been called with dloss > 0 (so acts.logits
-// holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
+// Backward pass of the current activation slot's forward (the last forward, without a pipeline), which
+// must have been called with dloss > 0 (so acts.logits holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
 // and the compute stream's later work waits for all of those reductions. With -z 2 and 3 every
 // micro-step is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
@@ -934,11 +1011,16 @@ void gpt2_backward(GPT2* model, int B, int T) {
 
     // logits -> lnf -> the residual stream
     gather_pass_begin(model, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
-    matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
-    cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
-    const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
-    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
-                       (int)BT, C, stream);
+    if (model->last_stage()) {
+        matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
+        cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
+        const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
+        layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
+                           (int)BT, C, stream);
+    } else {  // a pipeline stage before the last: d(loss)/d(its output), received from the next stage
+        cudaCheck(cudaMemcpyAsync(a.dresidual, model->pipe_grad_in, BT * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                  stream));
+    }
 
     for (int l = L - 1; l >= 0; l--) {
         gather_prefetch(model, l - 1);
@@ -999,7 +1081,8 @@ void gpt2_backward(GPT2* model, int B, int T) {
             reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[l]);
         }
     }
-    encoder_backward(g.wte, g.wpe, a.dresidual, model->buckets, B, T, C, stream);
+    // a stage after the first sends a.dresidual, d(loss)/d(its input), to the previous stage
+    if (model->first_stage()) encoder_backward(g.wte, g.wpe, a.dresidual, *model->buckets, B, T, C, stream);
     if (packed) {
         reduce_packed_bucket(model, L, model->packed_outer);
         comm_join(model->layout.dp_group);
@@ -1012,18 +1095,27 @@ void gpt2_backward(GPT2* model, int B, int T) {
 
 // L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1 and 2
 // each process holds the reduced gradient of its shard only: it sums the squares over its shard
-// (padding included, which is zero) and the processes add their sums.
+// (padding included, which is zero) and the processes add their sums. A pipeline stage after the first
+// leaves out the tensors every stage holds (wte, wpe first in the vector, lnfw, lnfb last: stage 0
+// counts them) and the stages add their sums.
 double gpt2_grad_norm(GPT2* model) {
-    const floatX* grads = model->grads_memory;
-    size_t n = model->num_parameters;
+    size_t begin = 0, end = model->num_parameters;  // of the flat vector
     if (model->layout.zero_stage >= 1) {
-        if (!model->packed_grads) grads += shard_first(model->shard);
-        n = model->shard.shard_size;
+        begin = shard_first(model->shard);
+        end = begin + model->shard.shard_size;
     }
-    sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, n, model->stream);
-    if (model->layout.zero_stage >= 1) {
-        all_reduce_sum(model->layout.dp_group, model->acts.grad_norm_sq, 1);
-        comm_join(model->layout.dp_group);
+    if (!model->first_stage()) {
+        begin = std::max(begin, model->param_offsets[P_LN1W]);
+        end = std::min(end, model->param_offsets[P_LNFW]);
+    }
+    // -z 2, 3: the gradient array is the shard (and there is no pipeline)
+    const floatX* grads = model->packed_grads ? model->grads_memory : model->grads_memory + begin;
+    sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, end > begin ? end - begin : 0,
+                   model->stream);
+    for (const ProcessGroup* g : {&model->layout.dp_group, &model->layout.pp_group}) {
+        if (g == &model->layout.dp_group && model->layout.zero_stage == 0) continue;
+        all_reduce_sum(*g, model->acts.grad_norm_sq, 1);
+        comm_join(*g);
     }
     cudaCheck(cudaMemcpyAsync(model->host_norm_sq, model->acts.grad_norm_sq, sizeof(float), cudaMemcpyDeviceToHost,
                               model->stream));
@@ -1059,7 +1151,7 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
         s.weight_decay = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
         s.grad_scale = grad_scale;
         s.t = t;
-        s.seed = rounding_seed(t, i, begin - off);
+        s.seed = rounding_seed(t, i, model->tensor_origin[i] + begin - off);
         // -z 2, 3: the gradient (and -z 3 the parameter) array is the shard, whose element 0 is flat
         // element rank * shard_size
         size_t shard_start = shard_first(model->shard);
@@ -1192,7 +1284,102 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
 // Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
 // master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
 // once all are written.
+// A pipeline stage's fp32 vector (of this stage's n parameters) from device array `mine`, which holds
+// [opt_begin, opt_end) of it: whole already, or (-z 1) this process's shard, all-gathered over the
+// data-parallel group through a padded device buffer.
+std::vector<float> stage_vector(GPT2* model, const float* mine) {
+    size_t n = model->num_parameters, own = model->opt_end - model->opt_begin;
+    std::vector<float> host(n);
+    if (own == n) {
+        cudaCheck(cudaMemcpy(host.data(), mine, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return host;
+    }
+    const ProcessGroup& dp = model->layout.dp_group;
+    float* padded = nullptr;
+    cudaCheck(cudaMalloc(&padded, model->shard.padded_size * sizeof(float)));
+    cudaCheck(cudaMemsetAsync(padded, 0, model->shard.padded_size * sizeof(float), model->stream));
+    cudaCheck(cudaMemcpyAsync(padded + model->opt_begin, mine, own * sizeof(float), cudaMemcpyDeviceToDevice, model->stream));
+    all_gather(dp, padded, model->shard.shard_size, COMM_FLOAT32);
+    comm_join(dp);
+    gpt2_sync(model, "the optimizer state's gather for a checkpoint");
+    cudaCheck(cudaMemcpy(host.data(), padded, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(padded));
+    return host;
+}
+
+// The whole model's vector, on the first stage of the first data-parallel replica (world rank 0; empty
+// elsewhere), from every stage's vector: the later stages send theirs to stage 0 one at a time (through
+// a device buffer: NCCL moves device memory), which puts the layers back in place (pp_copy_stage,
+// stage 0's copy of the shared tensors last, so it stays). The other replicas hold the same vectors
+// and send nothing.
+std::vector<float> pipeline_whole_vector(GPT2* model, const std::vector<float>& mine) {
+    const ParallelLayout& lay = model->layout;
+    const GPT2Config& whole_cfg = model->model_config;
+    std::vector<float> whole;
+    if (lay.dp_rank != 0) return whole;
+    const ProcessGroup& pp = lay.pp_group;
+    std::vector<std::vector<float>> stages(pp.size);
+    stages[pp.rank] = mine;
+    float* buffer = nullptr;
+    size_t largest = 0;
+    for (int s = 0; s < pp.size; s++) {
+        GPT2Config c = whole_cfg;
+        int l0, l1;
+        pp_stage_layers(whole_cfg.num_layers, pp.size, s, &l0, &l1);
+        c.num_layers = l1 - l0;
+        largest = std::max(largest, num_parameters(c));
+        if (pp.rank == 0) stages[s].resize(num_parameters(c));
+    }
+    cudaCheck(cudaMalloc(&buffer, largest * sizeof(float)));
+    if (pp.rank != 0) {
+        cudaCheck(cudaMemcpy(buffer, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+        comm_send(pp, buffer, mine.size(), COMM_FLOAT32, 0, 0);
+        comm_finish_sends(pp);
+        gpt2_sync(model, "a checkpoint's stage vector, sent to stage 0");
+    } else {
+        for (int s = 1; s < pp.size; s++) {
+            comm_recv(pp, buffer, stages[s].size(), COMM_FLOAT32, s, 0);
+            gpt2_sync(model, "a checkpoint's stage vector, from a later stage");
+            cudaCheck(cudaMemcpy(stages[s].data(), buffer, stages[s].size() * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+        whole.resize(num_parameters(whole_cfg));
+        for (int s = pp.size - 1; s >= 0; s--) {
+            int l0, l1;
+            pp_stage_layers(whole_cfg.num_layers, pp.size, s, &l0, &l1);
+            pp_copy_stage(whole_cfg, l0, l1, whole.data(), stages[s].data(), false);
+        }
+    }
+    cudaCheck(cudaFree(buffer));
+    return whole;
+}
+
+// A pipeline's checkpoint (as the CPU trainer writes one, llmc/parallel/model_state.h): world rank 0
+// writes the whole model and the whole optimizer state (one segment [0, N)), the others state files with
+// empty segments, so that any layout of either trainer can resume it.
+void save_checkpoint_pipeline(GPT2* model, const TrainRun& run, int step) {
+    const ProcessGroup& world = model->layout.world;
+    const std::string& dir = run.args.output_dir;
+    size_t N = num_parameters(model->model_config);
+    std::vector<float> params = pipeline_whole_vector(model, gpt2_download_parameters(model));
+    std::vector<float> m = pipeline_whole_vector(model, stage_vector(model, model->m_memory));
+    std::vector<float> v = pipeline_whole_vector(model, stage_vector(model, model->v_memory));
+    std::vector<float> master;
+    if (model->master_memory) master = pipeline_whole_vector(model, stage_vector(model, model->master_memory));
+    bool writer = world.rank == 0;
+    if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_NATIVE);
+    TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, N,
+                                          0, writer ? N : 0);
+    state.optimizer = model->optimizer.kind;
+    if (writer) {
+        state.m = m;
+        state.v = v;
+        state.master = master;
+    }
+    checkpoint_finish(dir, step, world.rank, &state, run.scaler, [&](const char* what) { barrier(world, what); });
+}
+
 void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
+    if (model->layout.pp > 1) return save_checkpoint_pipeline(model, run, step);
     const ProcessGroup& dp = model->layout.dp_group;
     const std::string& dir = run.args.output_dir;
     if (dp.rank == 0 || model->sharded_params) {  // -z 3: every process takes part in the gathers
@@ -1221,15 +1408,91 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
 // (a CPU trainer's checkpoint, whose model file is fp32).
 void gpt2_resume(GPT2* model, TrainRun* run) {
     size_t opt_n = model->opt_end - model->opt_begin;
-    TrainState state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
-                                           run->data.grad_accum_steps, model->num_parameters, model->opt_begin,
-                                           model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer.kind);
+    TrainState state;
+    if (model->layout.pp > 1) {  // the whole state, then this stage's part and its -z 1 shard of that
+        size_t N = num_parameters(model->model_config);
+        state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
+                                    run->data.grad_accum_steps, N, 0, N, &run->data.train, &run->sampler_rng,
+                                    model->optimizer.kind);
+        for (std::vector<float>* v : {&state.m, &state.v, &state.master}) {
+            if (!v->empty()) *v = layout_local_part(model->layout, model->model_config, *v, model->opt_begin, model->opt_end);
+        }
+    } else {
+        state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
+                                    run->data.grad_accum_steps, model->num_parameters, model->opt_begin,
+                                    model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer.kind);
+    }
     loss_scaler_restore(&run->scaler, state);
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     if (model->master_memory && !state.master.empty()) {
         cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
     }
+}
+
+// ----------------------------------------------------------------------------
+// Pipeline parallelism (-pp, llmc/parallel/pipeline.h): this process runs one stage's layers over the
+// step's micro-batches in the order of the schedule (-pm), receiving the (B, T, C) residual stream from
+// the previous stage and d(loss)/d(output) from the next over NCCL, in the build's floatX.
+
+// The model's side of a pipeline schedule over micro-batches of (B, T) tokens, micro-batch i at
+// inputs + i * B * T (and targets likewise): each in its own activation slot; with dloss > 0 the
+// forward also leaves the last stage's dlogits (INFINITY for bad_micro: -ni, testing). The output sent
+// on is the micro-batch's own residual3; the gradient sent back is the backward's scratch dresidual,
+// which the next exchange sends before any later backward writes it (and a received gradient lands in
+// pipe_grad_in, never in the buffer being sent).
+PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss,
+                                       int bad_micro) {
+    size_t BT = (size_t)B * T, L = model->config.num_layers;
+    LayerStrides ls = layer_strides(model->config, B, T, model->recompute, model->flash_attention);
+    PipelineStageHooks h;
+    h.boundary_elements = BT * model->config.channels;
+    h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
+    h.forward = [=](int micro) {
+        float d = dloss > 0.0f && micro == bad_micro ? INFINITY : dloss;
+        gpt2_forward(model, inputs + micro * BT, targets + micro * BT, B, T, d);
+        return model->last_stage() ? (double)gpt2_mean_loss(model, B, T) : 0.0;
+    };
+    h.backward = [=](int) { gpt2_backward(model, B, T); };
+    h.activation_in = [=] { return (void*)model->acts.encoded; };
+    h.activation_out = [=] { return (void*)(model->acts.residual3 + (L - 1) * ls.residual3); };
+    h.gradient_in = [=] { return (void*)model->pipe_grad_in; };
+    h.gradient_out = [=] { return (void*)model->acts.dresidual; };
+    return h;
+}
+
+// The gradients of a pipeline step, complete on this stage: the tensors every stage holds summed over
+// the stages (wte: the embedding's gradient from stage 0 plus the LM head's from the last; wpe, lnfw,
+// lnfb: one stage's plus zeros), then over the data-parallel replicas (-z 0 all-reduce, -z 1 to the
+// shards' owners), bucket by bucket as llmc/parallel/grad_buckets.h cuts them. Done after the
+// schedule, not during the last backward: the stage sum must come first, as -z 1's shards of stages of
+// different sizes do not line up.
+void gpt2_pipeline_reduce_gradients(GPT2* model) {
+    const ProcessGroup& pp = model->layout.pp_group;
+    const ProcessGroup& dp = model->layout.dp_group;
+    floatX* g = model->grads_memory;
+    const size_t* off = model->param_offsets;
+    all_reduce(pp, g, off[P_LN1W], COMM_FLOATX, COMM_SUM);  // wte, wpe
+    all_reduce(pp, g + off[P_LNFW], model->num_parameters - off[P_LNFW], COMM_FLOATX, COMM_SUM);  // lnfw, lnfb
+    comm_join(pp);
+    if (!comm_active(dp)) return;
+    for (const std::vector<GradSlice>& bucket : model->grad_buckets) reduce_gradient_bucket(dp, g, COMM_FLOATX, bucket);
+    comm_join(dp);
+}
+
+// A pipeline step's forwards and backwards through the schedule (timed by the host as the forward
+// phase, as the forwards and backwards interleave); *note gets the measured bubble.
+double gpt2_pipeline_forward_backward(GPT2* model, PipelineComm* pipe, const std::string& schedule,
+                                      const StepBatches& b, float dloss, int bad_micro, PhaseTimer* timer,
+                                      std::string* note) {
+    phase_begin(timer, PHASE_FORWARD);
+    PipelineStepResult r = pipeline_run(pipe, schedule, b.count,
+                                        gpt2_pipeline_hooks(model, b.inputs.data(), b.targets.data(), b.B, b.T, dloss, bad_micro));
+    gpt2_pipeline_reduce_gradients(model);
+    gpt2_sync(model, "the pipeline's gradient reductions");
+    phase_end(timer);
+    *note = r.note;
+    return r.loss_sum;
 }
 
 // A step's forwards and backwards (llmc/run/run_loop.h's forward_backward), timed on the GPU by events.
@@ -1253,15 +1516,20 @@ double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int
     return loss_sum;
 }
 
-// The run loop's hooks (llmc/run/run_loop.h) for this model on this process.
-RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
+// The run loop's hooks (llmc/run/run_loop.h) for this model on this process. pipe and note live as long
+// as the hooks: a pipeline's transfers and the last step's measured bubble.
+RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, PipelineComm* pipe, std::string* note) {
     const ProcessGroup& dp = model->layout.dp_group;
+    const ProcessGroup& pp = model->layout.pp_group;
+    std::string schedule = args.pipeline_schedule;
+    bool pipeline = model->layout.pp > 1;
     RunHooks h;
     h.zero_grad = [=] {
         gpt2_sync(model, "the previous step");
         gpt2_zero_grad(model);
     };
     h.forward_backward = [=](const StepBatches& b, float dloss, int bad_micro, PhaseTimer* timer) {
+        if (pipeline) return gpt2_pipeline_forward_backward(model, pipe, schedule, b, dloss, bad_micro, timer, note);
         return gpt2_forward_backward(model, b, dloss, bad_micro, phases, timer);
     };
     // the global gradient norm (with several GPUs the gradients were reduced during the backward)
@@ -1270,8 +1538,10 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
         if (apply) gpt2_update(model, s);
         gpt2_sync(model, "the parameter update");
     };
-    h.sum_over_replicas = [&dp](double x, const char* what) { return all_reduce_sum(dp, x, what); };
+    // over the data-parallel replicas and the stages (where only the last has a loss)
+    h.sum_over_replicas = [&dp, &pp](double x, const char* what) { return all_reduce_sum(dp, all_reduce_sum(pp, x, what), what); };
     h.eval_loss = [=](const int* inputs, const int* targets, int B, int T) {
+        if (pipeline) return pipeline_forward_only(pipe, gpt2_pipeline_hooks(model, inputs, targets, B, T, 0.0f, -1));
         gpt2_forward(model, inputs, targets, B, T);
         return (double)gpt2_mean_loss(model, B, T);
     };
@@ -1286,6 +1556,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases) {
     };
     h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
+    if (pipeline) h.step_note = [=] { return *note; };
     return h;
 }
 
@@ -1324,27 +1595,38 @@ int main(int argc, char** argv) {
     GPT2 model;
     std::vector<float> initial =
         gpt2_build(&model, resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model, args, &dp);
-    const GPT2Config& cfg = model.config;
-    print_model_summary(cfg, model.num_parameters);
+    const GPT2Config& cfg = model.model_config;  // the whole model (model.config: this pipeline stage's)
+    const ParallelLayout& layout = model.layout;
+    print_model_summary(cfg, initial.size());
     // what all processes must agree on: the shared description, plus what only this trainer has
     char extra[64];
     snprintf(extra, sizeof(extra), "\nprecision=%s", PRECISION_NAME);
-    check_same_config(model.layout.dp_group,
-                      run_description(args, cfg, initial.data(), model.num_parameters, resume_step) + extra);
+    check_same_config(layout.world, run_description(args, cfg, initial.data(), initial.size(), resume_step) + extra);
     std::vector<float>().swap(initial);
     if (args.B == BATCH_AUTO) {
         if (dp.size > 1) fatal("flag -b auto: one process so far (each process could choose differently); give -b");
         args.B = choose_batch(&model, args, dp.size);
     }
 
-    // the run: data of this process, schedules, evaluation, sampling (llmc/run/run_loop.h)
+    // the run: data of this data-parallel replica (every stage of a pipeline reads the same), schedules,
+    // evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
-    train_run_init(&run, args, cfg, dp.rank, dp.rank, dp.size, resume_step, USE_LOSS_SCALING);
+    train_run_init(&run, args, cfg, dp.rank, layout.dp_rank, layout.dp, resume_step, USE_LOSS_SCALING);
+    int m = run.data.grad_accum_steps;
+    if (layout.pp > 1) {
+        printf("layout: %s\n", parallel_layout_describe(layout).c_str());
+        printf("pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d micro-batches, "
+               "%d activation slot(s) (GPipe %d, 1F1B %d); bubble formula (p-1)/(m+p-1) = %d/%d = %.3f\n", layout.pp,
+               layout.pp_rank, layout.layer_begin, layout.layer_end, cfg.num_layers, args.pipeline_schedule.c_str(), m,
+               model.act_slots, pp_activation_slots("gpipe", layout.pp, layout.pp_rank, m),
+               pp_activation_slots("1f1b", layout.pp, layout.pp_rank, m), layout.pp - 1, m + layout.pp - 1,
+               pp_bubble_formula(layout.pp, m));
+    }
     gpt2_allocate_activations(&model, args.B, args.T);
-    if (model.layout.dp > 1) {
-        printf("communication: %.0f bytes per step predicted for -z %d, %d processes, %d micro-step(s) (counted in "
-               "metrics.jsonl's comm_bytes)\n", predicted_comm_bytes(&model, run.data.grad_accum_steps),
-               model.layout.zero_stage, model.layout.dp, run.data.grad_accum_steps);
+    if (layout.dp > 1 || layout.pp > 1) {
+        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), %d stage(s), %d "
+               "micro-step(s) (counted in metrics.jsonl's comm_bytes%s)\n", predicted_comm_bytes(&model, m),
+               layout.zero_stage, layout.dp, layout.pp, m, layout.pp > 1 ? "; stage-to-stage sends uncounted" : "");
     }
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1361,14 +1643,20 @@ int main(int argc, char** argv) {
                run.scaler.growth_interval, run.scaler.backoff);
     }
     run.peak_flops = peak_flops;
-    run.flops_per_step = flops_per_token(cfg, args.T) * args.B * args.T * run.data.grad_accum_steps;  // per GPU
-    run.injects_bad_micro = dp.rank == 0;  // -ni (testing): rank 0's last micro-batch stands for a bad one
+    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * m;  // per GPU (its stage's layers)
+    // -ni (testing): the last micro-batch of rank 0, or of the first pipeline's last stage, stands for a bad one
+    run.injects_bad_micro = layout.dp_rank == 0 && model.last_stage();
     // the step breakdown (llmc/run/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both
     run.timer.on_begin = nvtx_phase_begin;
     run.timer.on_end = nvtx_phase_end;
     GpuPhases gpu_phases;
     gpu_phases_create(&gpu_phases);
-    int status = train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases));
+    PipelineComm pipe;
+    pipe.pp = layout.pp_group;
+    pipe.type = COMM_FLOATX;
+    pipe.drain = [&model] { gpt2_sync(&model, "a pipeline stage's exchange with its neighbours"); };
+    std::string note;
+    int status = train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases, &pipe, &note));
     gpu_phases_destroy(&gpu_phases);
     gpt2_free(&model);
     cublas_teardown();

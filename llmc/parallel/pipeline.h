@@ -102,25 +102,51 @@ inline int pp_activation_slots(const std::string& kind, int p, int s, int m) {
 inline double pp_bubble_formula(int p, int m) { return (double)(p - 1) / (m + p - 1); }
 
 // ----------------------------------------------------------------------------
-// Point-to-point transfers along the PP group (llmc/parallel/comm.h's comm_send and comm_recv). Sends return at once
-// (from a copy, so no schedule can deadlock on two stages sending to each other); receives block, and
-// the time they wait is the idle time of the stage: its share of the step is the measured bubble.
+// Point-to-point transfers along the PP group (llmc/parallel/comm.h's comm_send and comm_recv), in the
+// element type of the boundary tensors (fp32 on the CPU, the CUDA build's floatX on GPUs).
+//
+// Two stages exchange in both directions (activations down, gradients up), and under NCCL a send holds
+// the communication stream until its peer receives. Sent alone, the 1F1B steady state would deadlock:
+// stage s's send of activation i+1 waits for s+1 to receive it, while s+1 first sends gradient i and
+// waits for s to receive that, behind the send. So each send is put off until this stage's next
+// receive and the two go in one group (Megatron-LM's send_forward_recv_backward): the peer's matching
+// group holds the matching pair, and every pair of neighbours then issues its groups in the same order.
+// (MPI copies a send and returns, so there the grouping changes nothing.)
+//
+// The time a stage waits for its received data is its idle time, the measured bubble. A queued backend
+// (NCCL) returns from a receive at once, so the runner first drains the stage's compute (busy time),
+// then times the exchange until its data is there (idle time): the stage computes and communicates in
+// turn, not overlapped.
 
 struct PipelineComm {
     ProcessGroup pp;
-    double wait_seconds = 0.0;  // time spent blocked in receives since the last reset
+    CommType type = COMM_FLOAT32;  // the boundary tensors' element type
+    std::function<void()> drain;   // a queued backend: waits until this stage's queued work is done
+    double wait_seconds = 0.0;     // time spent waiting for received data since the last reset
 };
 
 enum { PP_TAG_ACTIVATION = 1, PP_TAG_GRADIENT = 2 };
 
-inline void pp_send(PipelineComm* c, const float* data, size_t n, int to_stage, int tag) {
-    comm_send(c->pp, data, n, to_stage, tag);
-}
+// A send put off until the next exchange (see above).
+struct PipelineSend {
+    const void* data = nullptr;
+    int to_stage = -1, tag = 0;
+};
 
-inline void pp_recv(PipelineComm* c, float* data, size_t n, int from_stage, int tag) {
+// Issues the pending send (if any) and a receive into data from from_stage (if from_stage >= 0) as one
+// group, and waits until the received data is there; the wait counts as idle.
+inline void pp_exchange(PipelineComm* c, PipelineSend* pending, size_t n, void* data, int from_stage, int tag) {
+    if (pending->to_stage < 0 && from_stage < 0) return;
+    if (c->drain) c->drain();
     auto start = std::chrono::steady_clock::now();
-    comm_recv(c->pp, data, n, from_stage, tag);
+    comm_group_start(c->pp);
+    if (pending->to_stage >= 0) comm_send(c->pp, pending->data, n, c->type, pending->to_stage, pending->tag);
+    if (from_stage >= 0) comm_recv(c->pp, data, n, c->type, from_stage, tag);
+    comm_group_end(c->pp);
+    comm_join(c->pp);
+    if (c->drain) c->drain();
     c->wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    pending->to_stage = -1;
 }
 
 // Waits for this stage's sends to complete (end of a step's schedule).
@@ -131,14 +157,16 @@ inline void pp_finish_sends(PipelineComm* c) { comm_finish_sends(c->pp); }
 // the order of the schedule, moves the boundary tensors and measures the bubble.
 
 struct PipelineStageHooks {
-    size_t boundary_floats = 0;  // what crosses between stages per micro-batch: the (B, T, C) residual stream
+    size_t boundary_elements = 0;  // what crosses between stages per micro-batch: the (B, T, C) residual stream
     std::function<void(int micro)> select;     // makes micro-batch `micro`'s activations the current ones
     std::function<double(int micro)> forward;  // its forward; returns its mean loss on the last stage, else 0
     std::function<void(int micro)> backward;   // its backward
-    // buffers of the current micro-batch: the forward's input (received from the previous stage) and
-    // output (sent to the next); the backward's d(loss)/d(output) (received from the next stage) and
-    // d(loss)/d(input) (sent to the previous)
-    std::function<float*()> activation_in, activation_out, gradient_in, gradient_out;
+    // buffers of the current micro-batch (PipelineComm::type elements): the forward's input (received
+    // from the previous stage) and output (sent to the next); the backward's d(loss)/d(output)
+    // (received from the next stage) and d(loss)/d(input) (sent to the previous). An output must stay
+    // unchanged until the next exchange has sent it (the micro-batch's own slot, or scratch that no
+    // later hook writes before then).
+    std::function<void*()> activation_in, activation_out, gradient_in, gradient_out;
 };
 
 struct PipelineStepResult {
@@ -147,42 +175,52 @@ struct PipelineStepResult {
     std::string note;          // " | bubble 0.333 0.334 (formula 0.333)" for the step line
 };
 
+// Every stage's value of a host number, in stage order (host memory on any backend).
+inline std::vector<double> pp_gather_host(const ProcessGroup& pp, double mine) {
+    std::vector<double> all(pp.size, mine);
+    if (!comm_active(pp)) return all;
+    uint64_t bits;
+    memcpy(&bits, &mine, sizeof(bits));
+    std::vector<uint64_t> words(pp.size);
+    pp.backend->all_gather_host_u64(pp, bits, words.data(), "the pipeline's timings");
+    for (int s = 0; s < pp.size; s++) memcpy(&all[s], &words[s], sizeof(double));
+    return all;
+}
+
 // One step's forwards and backwards of m micro-batches on this stage, in the order of `schedule`.
-// Every stage of the PP group calls it. The measured bubble: a stage's time blocked in receives (or
-// done early) as a share of the span of the slowest stage.
+// Every stage of the PP group calls it. The measured bubble: a stage's time waiting for received data
+// (or done early) as a share of the span of the slowest stage.
 inline PipelineStepResult pipeline_run(PipelineComm* comm, const std::string& schedule, int m,
                                        const PipelineStageHooks& h) {
     const ProcessGroup& pp = comm->pp;
     bool first = pp.rank == 0, last = pp.rank == pp.size - 1;
-    size_t n = h.boundary_floats;
+    size_t n = h.boundary_elements;
     PipelineStepResult result;
+    PipelineSend pending;
     comm->wait_seconds = 0.0;
     auto start = std::chrono::steady_clock::now();
     for (const PipelineOp& op : pp_schedule(schedule, pp.size, pp.rank, m)) {
         h.select(op.micro);
         if (op.forward) {
-            if (!first) pp_recv(comm, h.activation_in(), n, pp.rank - 1, PP_TAG_ACTIVATION);
+            pp_exchange(comm, &pending, n, first ? nullptr : h.activation_in(), first ? -1 : pp.rank - 1, PP_TAG_ACTIVATION);
             result.loss_sum += h.forward(op.micro);
-            if (!last) pp_send(comm, h.activation_out(), n, pp.rank + 1, PP_TAG_ACTIVATION);
+            if (!last) pending = {h.activation_out(), pp.rank + 1, PP_TAG_ACTIVATION};
         } else {
-            if (!last) pp_recv(comm, h.gradient_in(), n, pp.rank + 1, PP_TAG_GRADIENT);
+            pp_exchange(comm, &pending, n, last ? nullptr : h.gradient_in(), last ? -1 : pp.rank + 1, PP_TAG_GRADIENT);
             h.backward(op.micro);
-            if (!first) pp_send(comm, h.gradient_out(), n, pp.rank - 1, PP_TAG_GRADIENT);
+            if (!first) pending = {h.gradient_out(), pp.rank - 1, PP_TAG_GRADIENT};
         }
     }
+    pp_exchange(comm, &pending, n, nullptr, -1, 0);
     pp_finish_sends(comm);
     double span_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int p = pp.size;
-    std::vector<float> busy(p, 0.0f), span(p, 0.0f);
-    busy[pp.rank] = (float)(span_s - comm->wait_seconds);
-    span[pp.rank] = (float)span_s;
-    all_reduce_sum(pp, busy.data(), p);
-    all_reduce_max(pp, span.data(), p);
-    float longest = *std::max_element(span.begin(), span.end());
+    std::vector<double> busy = pp_gather_host(pp, span_s - comm->wait_seconds), span = pp_gather_host(pp, span_s);
+    double longest = *std::max_element(span.begin(), span.end());
     result.idle.resize(p);
     result.note = " | bubble";
     for (int s = 0; s < p; s++) {
-        result.idle[s] = 1.0f - busy[s] / longest;
+        result.idle[s] = (float)(1.0 - busy[s] / longest);
         result.note += " " + std::to_string(result.idle[s]).substr(0, 5);
     }
     result.note += " (formula " + std::to_string(pp_bubble_formula(p, m)).substr(0, 5) + ")";
@@ -193,10 +231,14 @@ inline PipelineStepResult pipeline_run(PipelineComm* comm, const std::string& sc
 // last stage, else 0.
 inline double pipeline_forward_only(PipelineComm* comm, const PipelineStageHooks& h) {
     const ProcessGroup& pp = comm->pp;
+    bool first = pp.rank == 0, last = pp.rank == pp.size - 1;
+    PipelineSend pending;
     h.select(0);
-    if (pp.rank > 0) pp_recv(comm, h.activation_in(), h.boundary_floats, pp.rank - 1, PP_TAG_ACTIVATION);
+    pp_exchange(comm, &pending, h.boundary_elements, first ? nullptr : h.activation_in(), first ? -1 : pp.rank - 1,
+                PP_TAG_ACTIVATION);
     double loss = h.forward(0);
-    if (pp.rank < pp.size - 1) pp_send(comm, h.activation_out(), h.boundary_floats, pp.rank + 1, PP_TAG_ACTIVATION);
+    if (!last) pending = {h.activation_out(), pp.rank + 1, PP_TAG_ACTIVATION};
+    pp_exchange(comm, &pending, h.boundary_elements, nullptr, -1, 0);
     pp_finish_sends(comm);
     return loss;
 }

@@ -131,7 +131,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
         {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
         {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (CPU trainer; divides the processes and the heads)"},
-        {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (CPU trainer; at most the layers)"},
+        {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (at most the layers)"},
         {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
         {"-st", FlagKind::Float, &a->temperature, 0, 100, false, "sampling temperature (0: greedy)"},
         {"-sk", FlagKind::Int, &a->top_k, 0, INT_MAX, false, "sample from the K most likely tokens only (0: all)"},
@@ -208,6 +208,31 @@ inline double parse_number(const char* flag, const char* text, bool integer, dou
     return value;
 }
 
+// Flags that cannot be combined with the process layout (-tp, -pp), in either trainer: fatal, with the reason.
+inline void check_layout_flags(const TrainArgs& args) {
+    int tp = args.tensor_parallel, pp = args.pipeline_parallel;
+    if (tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
+        fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
+              "by vocabulary; run with -s 0 (and no -he)", tp);
+    }
+    // ZeRO-2/3 (llmc/parallel/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
+    // pipeline parallelism split the same parameters another way
+    if (args.zero_stage >= 2 && (tp > 1 || pp > 1)) {
+        fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
+              args.zero_stage);
+    }
+    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout: a
+    // tensor-parallel rank holds a slice of each, and ZeRO-2/3 hold a shard of the gradients only
+    if (args.optimizer != "adamw" && (args.zero_stage >= 2 || tp > 1 || pp > 1)) {
+        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only (this run has -z %d, -tp %d, -pp %d); "
+              "use -z 0 or -z 1 without -tp and -pp, or -opt adamw", args.optimizer.c_str(), args.zero_stage, tp, pp);
+    }
+    if (pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
+        fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
+              "has logits); run with -s 0 (and no -he)", pp);
+    }
+}
+
 // Parses argv into args. Prints usage and exits 0 on -h; exits 1 on anything it cannot accept.
 inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     for (int i = 1; i < argc; i++) {
@@ -272,10 +297,11 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
         fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
     }
-    if (cuda && (args->tensor_parallel > 1 || args->pipeline_parallel > 1)) {
-        fatal("flags -tp/-pp: the CUDA trainer is data parallel only; tensor and pipeline parallelism are in the CPU "
-              "trainer (train_gpt2)");
+    if (cuda && args->tensor_parallel > 1) {
+        fatal("flag -tp: the CUDA trainer has data and pipeline parallelism (-pp) so far; tensor parallelism is in "
+              "the CPU trainer (train_gpt2)");
     }
+    check_layout_flags(*args);
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
     if (args->B == BATCH_AUTO && args->total_batch_tokens < 0) {
         fatal("flag -b auto needs -d, the total batch in tokens: -d fixes what a step computes, -b auto only how much "

@@ -414,6 +414,69 @@ TEST(MultiGpuMpirun, WatchdogEndsARunWhoseProcessStopped) {
 }
 #endif
 
+// Pipeline tests: 5 layers, which 2 and 3 stages split unevenly (3+2, 2+2+1).
+const char* FIVE_MODEL = "--layers 5 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 --seed 1";
+std::string five_args() { return std::string(FIVE_MODEL) + " " + TINY_DATA; }
+
+// Parameters of pipeline stage s of p of the oracle's model: its layers and the shared wte, wpe, lnf.
+size_t stage_parameters(const std::string& oracle_dir, int p, int s) {
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+    int l0, l1;
+    pp_stage_layers(cfg.num_layers, p, s, &l0, &l1);
+    cfg.num_layers = l1 - l0;
+    return num_parameters(cfg);
+}
+
+// Pipeline parallelism (-pp, llmc/parallel/pipeline.h) over NCCL send/recv follows one process on the
+// same global batch (4 micro-batches of B=2, T=16 a step): 5 layers as 3+2 stages under 1F1B, as 2+2+1
+// under GPipe, and pp 2 x dp 2 with ZeRO-1 (2 micro-batches per replica). The bars are
+// expect_same_training's: the stages add the tied wte gradient (the embedding's on stage 0, the LM
+// head's on the last) at the end of the step instead of accumulating it in place, a different rounding
+// of the same sum. Also: stage 0 (process 0 prints) allocates its layers and the shared tensors only;
+// the activation slots are the schedule's (1F1B p - s, GPipe m); the step line carries the measured
+// bubble and the formula (p-1)/(m+p-1); the bytes counted per step are the start-up line's prediction.
+TEST(MultiGpuMpirun, PipelineStagesMatchOneProcess) {
+    REQUIRE_MPIRUN_GPUS(4);
+    REQUIRE_ORACLE("tiny_five", five_args());
+    std::string oracle_dir = test::oracle("tiny_five", five_args());
+    const int steps = 3;
+    std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * 4);
+    TrainerRun one = run_trainer("pp_one", flags);
+    struct Case { int np, p; std::string flags, formula; int slots; };
+    for (const Case& c : {Case{2, 2, "-pp 2 -pm 1f1b", "(formula 0.200)", 2}, Case{3, 3, "-pp 3 -pm gpipe", "(formula 0.333)", 4},
+                          Case{4, 2, "-pp 2 -z 1", "(formula 0.333)", 2}}) {
+        SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
+        std::string dir = test::scratch_dir("pp_" + std::to_string(c.np));
+        test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("| bubble "), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find(c.formula), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find(", " + std::to_string(c.slots) + " activation slot(s)"), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("\nparameters: " + std::to_string(stage_parameters(oracle_dir, c.p, 0)) + " ("),
+                  std::string::npos) << r.output;
+        expect_comm_bytes_as_predicted(r.output, dir);
+        expect_same_training(one.dir, dir, steps, 1e-3);
+    }
+}
+
+// -ni 2 with pp 2: only the last stage's loss gradient is non-finite; it reaches stage 0 through the sent
+// gradients and the norm is summed over the stages, so both skip step 2: the weights after it are those
+// before it, and step 3 updates them again (the model files are gathered from both stages).
+TEST(MultiGpuMpirun, PipelineNonFiniteStepSkippedByEveryStage) {
+    REQUIRE_MPIRUN_GPUS(2);
+    REQUIRE_ORACLE("tiny_five", five_args());
+    std::string oracle_dir = test::oracle("tiny_five", five_args());
+    std::string dir = test::scratch_dir("pp_nonfinite");
+    test::CommandResult r = test::run_command(mpirun_command(2) + trainer() + " " + dp_flags(oracle_dir, 4, 128) +
+                                              " -n 1 -ni 2 -pp 2 -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("SKIPPED"), std::string::npos) << r.output;
+    EXPECT_EQ(test::read_text(dir + "/model_00000002.bin"), test::read_text(dir + "/model_00000003.bin"));
+    EXPECT_NE(test::read_text(dir + "/model_00000003.bin"), test::read_text(dir + "/model_00000004.bin"));
+}
+
 #if defined(ENABLE_FP32)
 // The issue's acceptance check: `mpirun -np 3 train_gpt2fp32cu -z 1` on a small model follows the CPU
 // trainer (one process, 3-fold accumulation, the same global batch) to fp32 noise.
@@ -515,6 +578,49 @@ TEST(MultiGpuMpirun, CheckpointsMoveBetweenTrainersAndLayouts) {
         ASSERT_EQ(want.size(), 4u);
         std::vector<float> want_weights = checkpoint_weights(dir, 4);
         // forget step 4: the second trainer continues from step 2
+        std::remove(checkpoint_done_path(dir, 4).c_str());
+        std::remove(checkpoint_model_path(dir, 4).c_str());
+        for (int r = 0; r < leg.first_processes; r++) std::remove(checkpoint_state_path(dir, 4, r).c_str());
+        test::CommandResult second = test::run_command(leg.second + " -y 1 -o " + dir);
+        ASSERT_EQ(second.exit_code, 0) << second.output;
+        EXPECT_NE(second.output.find("continuing from step 2"), std::string::npos) << second.output;
+        std::vector<double> got = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
+        ASSERT_GE(got.size(), 2u);
+        for (int s = 2; s < 4; s++) {
+            double g = got[got.size() - 4 + s];
+            EXPECT_NEAR(g, want[s], step_loss_tolerance(want[s])) << "loss at step " << s;
+        }
+        std::vector<float> got_weights = checkpoint_weights(dir, 4);
+        ASSERT_EQ(got_weights.size(), want_weights.size());
+        double worst = 0;
+        for (size_t i = 0; i < got_weights.size(); i++) worst = std::max(worst, (double)std::fabs(got_weights[i] - want_weights[i]));
+        EXPECT_LE(worst, 0.01 * 2 * 1e-3) << "final weights";
+        printf("  %s: losses at steps 2, 3 within %.1e and %.1e, weights %.1e\n", leg.name,
+               std::fabs(got[got.size() - 2] - want[2]), std::fabs(got.back() - want[3]), worst);
+    }
+}
+
+// A pipeline's checkpoint is the whole model and state, like any other (issue 29, item 6): a CUDA
+// -pp 2 run's step-2 checkpoint resumed by one CUDA process, and a CPU -pp 2 run's by the CUDA trainer
+// as -pp 3 (GPipe), each following the first run's steps 2 and 3 with the bars of the test above.
+TEST(MultiGpuMpirun, PipelineCheckpointsResumeInOtherLayouts) {
+    REQUIRE_MPIRUN_GPUS(3);
+    REQUIRE_ORACLE("tiny_five", five_args());
+    std::string cpu_trainer = test::root() + "/train_gpt2";
+    if (!file_exists(cpu_trainer)) GTEST_SKIP() << "needs the CPU trainer (make train_gpt2)";
+    std::string flags = " " + dp_flags(test::oracle("tiny_five", five_args()), 4, 128) + " -n 2";
+    struct Leg { const char* name; std::string first, second; int first_processes; };
+    for (const Leg& leg : {Leg{"CUDA pp 2, then 1 CUDA process", mpirun_command(2) + trainer() + flags + " -pp 2",
+                               trainer() + flags, 2},
+                           Leg{"CPU pp 2, then CUDA pp 3 (GPipe)", "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -pp 2",
+                               mpirun_command(3) + trainer() + flags + " -pp 3 -pm gpipe", 2}}) {
+        SCOPED_TRACE(leg.name);
+        std::string dir = test::scratch_dir(std::string("pp_resume_") + (leg.second.find("-pp 3") == std::string::npos ? "a" : "b"));
+        test::CommandResult first = test::run_command(leg.first + " -o " + dir);
+        ASSERT_EQ(first.exit_code, 0) << first.output;
+        std::vector<double> want = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
+        ASSERT_EQ(want.size(), 4u);
+        std::vector<float> want_weights = checkpoint_weights(dir, 4);
         std::remove(checkpoint_done_path(dir, 4).c_str());
         std::remove(checkpoint_model_path(dir, 4).c_str());
         for (int r = 0; r < leg.first_processes; r++) std::remove(checkpoint_state_path(dir, 4, r).c_str());
