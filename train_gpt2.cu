@@ -3,7 +3,8 @@ GPT-2 training on NVIDIA GPUs in BF16 mixed precision (or fp32 with PRECISION=FP
 flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
 One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1, -z 2 ZeRO-2, -z 3 ZeRO-3):
-llmc/parallel/comm_nccl.cuh and doc/data_parallel.md.
+llmc/parallel/comm_nccl.cuh and doc/data_parallel.md; pipeline stages (-pp, -pm) over NCCL send/receive:
+llmc/parallel/pipeline.h and doc/model_parallel.md.
 
     tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
                                ln2 -> fc -> gelu -> fcproj -> +residual ] -> lnf -> logits (x wteᵀ) -> loss
@@ -89,6 +90,8 @@ using BlockGrads = BlockTensorsOf<floatX>;
 //   -r 1: fch_gelu is recomputed from fch;  -r 2: also ln1 and ln2 from the residual stream;
 //   -r 3: every block tensor but residual3 (the next block's input): the backward reruns the block's
 //         forward from its input first (about one more forward pass of compute).
+// With tensor parallelism (-tp) the channels of qkv, atty, att, fch (and their gradients) are this
+// process's C/tp (its NH/tp heads) and the logits its Vp/tp vocabulary columns.
 
 struct ActivationTensors {
     floatX* encoded;     // (B, T, C)
@@ -119,7 +122,8 @@ struct ActivationTensors {
     floatX* dqkv;        // (B, T, 3C)
     floatX* dfch;        // (B, T, 4C)
     float* reduce_scratch;  // partial sums of dbias/dweight/grad norm
-    float* grad_norm_sq;    // (1)
+    float* grad_norm_sq;    // (NUM_PARAMETER_TENSORS): the gradient norm's sum of squares, per tensor with -tp
+    float* classifier_stats;// (3, B, T) with -tp: the vocabulary-parallel classifier's row max, sum, target logit
     int* inputs;         // (B, T)
     int* targets;        // (B, T)
     int* encoder_buckets;// encoder_buckets_ints(B, T)
@@ -157,18 +161,19 @@ struct BlockActs {
 
 inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
 
-LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash) {
-    size_t C = cfg.channels, BT = (size_t)B * T;
+// With tensor parallelism (tp > 1) qkv, atty, att and fch hold this process's C/tp channels (NH/tp heads).
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1) {
+    size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T;
     LayerStrides s;
     bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
     s.ln = recompute >= 2 ? 0 : aligned_elements(BT * C);
-    s.qkv = block ? 0 : aligned_elements(BT * 3 * C);
-    s.atty = block ? 0 : aligned_elements(BT * C);
-    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads, flash));
+    s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
+    s.atty = block ? 0 : aligned_elements(BT * Cl);
+    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads / tp, flash));
     s.residual2 = block ? 0 : aligned_elements(BT * C);
     s.residual3 = aligned_elements(BT * C);
-    s.fch = block ? 0 : aligned_elements(BT * 4 * C);
-    s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * C);
+    s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
+    s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * Cl);
     return s;
 }
 
@@ -192,12 +197,14 @@ BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t 
 // Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
 // counts bytes. A pipeline stage (llmc/parallel/pipeline.h) keeps `slots` sets of what a micro-batch's
 // forward leaves for its backward, a[0 .. slots), all sharing one backward scratch; a stage before the
-// last (head false) has no logits.
+// last (head false) has no logits. With tensor parallelism (tp > 1) the split tensors hold this
+// process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
+// vocabulary-parallel classifier's statistics.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
-                          bool flash, int slots = 1, bool head = true) {
-    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
-    size_t BT = (size_t)B * T;
-    LayerStrides all = layer_strides(cfg, B, T, 0, flash);  // a kept tensor holds L of these
+                          bool flash, int slots = 1, bool head = true, int tp = 1) {
+    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
+    size_t BT = (size_t)B * T, Cl = C / tp;
+    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp);  // a kept tensor holds L of these
     size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
@@ -234,14 +241,15 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     }
     ActivationTensors* s = &a[0];
     take(&s->proj, BT * C);
-    take(&s->attn_scratch, attention_scratch_elements(B, T, C, NH, flash));
+    take(&s->attn_scratch, attention_scratch_elements(B, T, Cl, NH, flash));
     take(&s->dresidual, BT * C);
     take(&s->dln, BT * C);
-    take(&s->datty, BT * C);
-    take(&s->dqkv, BT * 3 * C);
-    take(&s->dfch, BT * 4 * C);
+    take(&s->datty, BT * Cl);
+    take(&s->dqkv, BT * 3 * Cl);
+    take(&s->dfch, BT * 4 * Cl);
     take(&s->reduce_scratch, reduce_floats);
-    take(&s->grad_norm_sq, 1);
+    take(&s->grad_norm_sq, NUM_PARAMETER_TENSORS);
+    take(&s->classifier_stats, tp > 1 ? 3 * BT : 0);
     for (int k = 1; k < slots; k++) {  // the scratch is shared
         a[k].proj = s->proj;
         a[k].attn_scratch = s->attn_scratch;
@@ -252,6 +260,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         a[k].dfch = s->dfch;
         a[k].reduce_scratch = s->reduce_scratch;
         a[k].grad_norm_sq = s->grad_norm_sq;
+        a[k].classifier_stats = s->classifier_stats;
     }
     return offset;
 }
@@ -319,7 +328,7 @@ struct GPT2 {
     ActivationTensors acts;
     EncoderBuckets* buckets = nullptr;
     float* host_losses = nullptr;   // (B, T), pinned: copies into it do not block the host
-    float* host_norm_sq = nullptr;  // (1), pinned
+    float* host_norm_sq = nullptr;  // (NUM_PARAMETER_TENSORS), pinned
     cudaStream_t stream = nullptr;
 };
 
@@ -391,7 +400,7 @@ size_t activation_bytes(const GPT2* model, int B, int T, int recompute, bool fla
     std::vector<ActivationTensors> unused(model->act_slots);
     size_t pipe = model->layout.pp > 1 ? align_up_256((size_t)B * T * model->config.channels * sizeof(floatX)) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T, recompute, flash, model->act_slots,
-                              model->last_stage()) + pipe;
+                              model->last_stage(), model->layout.tp) + pipe;
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
@@ -575,16 +584,36 @@ double predicted_data_parallel_bytes(const GPT2* model, int A) {
     return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm;
 }
 
-// With a pipeline, add the stages' sums of the shared tensors' gradients (two all-reduces: wte and wpe,
-// lnfw and lnfb, counted as comm.h counts them, each process's 1/p share rounded down) and of the
-// gradient norm (one float). The activations and gradients sent between stages go uncounted.
+// With tensor or pipeline parallelism, add (as comm.h counts them, each process's 1/P share rounded
+// down) tensor parallelism's all-reduces of (B, T, C) per micro-step (the embedding on the first stage,
+// two per layer forward, two backward, one more with -r 3's recomputation, the LM head's input
+// gradient and the classifier's two sums of B·T floats on the last stage; its max goes uncounted) and
+// its broadcasts of the replicated gradients per step, and the stages' sums of the shared tensors'
+// gradients (two all-reduces: wte and wpe, lnfw and lnfb). The gradient norm is then summed on the
+// host (uncounted), and the activations and gradients sent between stages go uncounted.
 double predicted_comm_bytes(const GPT2* model, int A) {
+    const ParallelLayout& lay = model->layout;
     double bytes = predicted_data_parallel_bytes(model, A);
-    const size_t p = model->layout.pp, X = sizeof(floatX);
-    if (p == 1) return bytes;
-    size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
-    for (size_t n : outer) bytes += 2.0 * (double)(n - n / p) * 2 * X;
-    return bytes + 16;
+    if (lay.tp == 1 && lay.pp == 1) return bytes;
+    if (lay.zero_stage >= 1 && lay.dp > 1) bytes -= 16;  // the norm's float, summed on the host instead
+    const size_t X = sizeof(floatX);
+    auto all_reduce_bytes = [](size_t n, size_t P, size_t x) { return 2.0 * (double)(n - n / P) * 2 * x; };
+    if (lay.tp > 1) {
+        size_t BT = (size_t)model->batch_size * model->seq_len, BTC = BT * model->config.channels, P = lay.tp;
+        double micro = model->config.num_layers * (4 + (model->recompute >= 3 ? 1 : 0)) * all_reduce_bytes(BTC, P, X);
+        if (model->first_stage()) micro += all_reduce_bytes(BTC, P, X);
+        if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + all_reduce_bytes(2 * BT, P, sizeof(float));
+        bytes += A * micro;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            size_t n = model->param_sizes[i];
+            if (tp_param_is_replicated(i)) bytes += 2.0 * (double)(n - n / P) * X;
+        }
+    }
+    if (lay.pp > 1) {
+        size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
+        for (size_t n : outer) bytes += all_reduce_bytes(n, lay.pp, X);
+    }
+    return bytes;
 }
 
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
@@ -600,21 +629,38 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     model->dp = dp;
     cudaCheck(cudaStreamCreate(&model->stream));
     // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
-    // ordered after this stream's work; the layout (llmc/parallel/layout.h) splits them into pipeline stages
-    // and data-parallel replicas
+    // ordered after this stream's work; the layout (llmc/parallel/layout.h) splits them into tensor-parallel
+    // groups, pipeline stages and data-parallel replicas
     ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
-    model->layout = parallel_layout_init(world, 1, distributed ? args.pipeline_parallel : 1,
-                                         distributed ? args.zero_stage : 0, whole);
-    if (args.pipeline_parallel > 1 && !distributed) fatal("flag -pp %d: pipeline stages are processes; launch %d or more",
-                                                          args.pipeline_parallel, args.pipeline_parallel);
+    if (!distributed && (args.pipeline_parallel > 1 || args.tensor_parallel > 1)) {
+        fatal("flag -%s %d: %s are processes; launch %d or more", args.pipeline_parallel > 1 ? "pp" : "tp",
+              std::max(args.pipeline_parallel, args.tensor_parallel),
+              args.pipeline_parallel > 1 ? "pipeline stages" : "tensor-parallel ranks",
+              args.pipeline_parallel * args.tensor_parallel);
+    }
+    model->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1,
+                                         distributed ? args.pipeline_parallel : 1, distributed ? args.zero_stage : 0, whole);
+    const int tp = model->layout.tp;
+    if (tp > 1 && (whole.padded_vocab_size / tp) % 8 != 0) {
+        fatal("-tp %d: each process's %d vocabulary rows must be a multiple of 8 (16-byte loads)", tp,
+              whole.padded_vocab_size / tp);
+    }
     model->model_config = whole;
     const GPT2Config cfg = layout_stage_config(model->layout, whole);
     model->config = cfg;
-    param_tensor_sizes(cfg, model->param_sizes);
-    param_tensor_offsets(cfg, model->param_offsets);
-    model->num_parameters = num_parameters(cfg);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // a stage's layers start at layer_begin of each stacked tensor
-        model->tensor_origin[i] = pp_param_is_shared(i) ? 0 : model->param_sizes[i] / cfg.num_layers * model->layout.layer_begin;
+    // this process's tensors: its stage's layers, and with -tp its slices of them (llmc/parallel/tensor_parallel.h)
+    tp_param_sizes(cfg, tp, model->param_sizes);
+    model->num_parameters = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        model->param_offsets[i] = model->num_parameters;
+        model->num_parameters += model->param_sizes[i];
+    }
+    // where this process's part of tensor i starts in the whole tensor (its stochastic rounding's seed):
+    // a stage's layers start at layer_begin; a tensor-parallel slice is counted as the tp_rank-th block
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t whole_layer = model->param_sizes[i] / cfg.num_layers * (tp_param_is_replicated(i) ? 1 : tp);
+        model->tensor_origin[i] = pp_param_is_shared(i) ? 0 : whole_layer * model->layout.layer_begin;
+        if (!tp_param_is_replicated(i)) model->tensor_origin[i] += (size_t)model->layout.tp_rank * model->param_sizes[i];
     }
     if (model->layout.pp > 1) {  // the activation slots of this stage's schedule over a step's micro-batches
         int m = args.B == BATCH_AUTO ? 1 : validate_batch_args(args, whole, model->layout.dp);
@@ -630,7 +676,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
     model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
-    check_attention_shape(cfg.channels, cfg.num_heads, model->flash_attention);
+    check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, model->flash_attention);
     size_t n = model->num_parameters;
     int zero_stage = model->layout.zero_stage;
     model->optimizer = optimizer_plan(optimizer_kind, cfg, model->layout.dp);
@@ -639,7 +685,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
     model->opt_begin = zero_stage >= 1 ? model->shard.begin : 0;
     model->opt_end = zero_stage >= 1 ? model->shard.end : n;
-    if (distributed) model->grad_buckets = gradient_buckets(cfg, zero_stage, model->shard.shard_size);
+    if (distributed) model->grad_buckets = gradient_buckets(cfg, zero_stage, model->shard.shard_size, tp);
     model->packed_grads = zero_stage >= 2;
     model->sharded_params = zero_stage == 3;
     size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
@@ -679,12 +725,12 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     if (model->sharded_params) {
         point_outer_packed(&model->params, model->gathered_outer, model->param_sizes);
     } else {
-        point_parameters(&model->params, model->params_memory, cfg);
+        point_parameters_at(&model->params, model->params_memory, model->param_offsets);
     }
     if (model->packed_grads) {
         point_outer_packed(&model->grads, model->packed_outer, model->param_sizes);
     } else {
-        point_parameters(&model->grads, model->grads_memory, cfg);
+        point_parameters_at(&model->grads, model->grads_memory, model->param_offsets);
     }
     printf("parameters: %zu (%s), %.1f MiB per process", n, PRECISION_NAME, (param_n + gathered_n) * sizeof(floatX) / 1048576.0);
     if (model->sharded_params) {
@@ -721,7 +767,7 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
     GPT2Config cfg;
     std::vector<float> params = gpt2_parameters_from_flag(name, (unsigned)args.seed, &cfg);
     gpt2_setup(model, cfg, args, dp);
-    if (model->layout.pp > 1) {  // this stage's layers and the shared tensors (llmc/parallel/model_state.h)
+    if (model->layout.tp > 1 || model->layout.pp > 1) {  // this process's part (llmc/parallel/model_state.h)
         gpt2_upload_parameters(model, layout_local_part(model->layout, cfg, params, 0, model->num_parameters));
     } else {
         gpt2_upload_parameters(model, params);
@@ -780,7 +826,8 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->slots.resize(model->act_slots);
     model->slot_buckets.resize(model->act_slots);
     size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T,
-                                            model->recompute, flash, model->act_slots, model->last_stage());
+                                            model->recompute, flash, model->act_slots, model->last_stage(),
+                                            model->layout.tp);
     for (int k = 0; k < model->act_slots; k++) model->slot_buckets[k].device = model->slots[k].encoder_buckets;
     gpt2_use_activation_slot(model, 0);
     // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
@@ -788,7 +835,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->batch_size = B;
     model->seq_len = T;
     cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
-    cudaCheck(cudaMallocHost(&model->host_norm_sq, sizeof(float)));
+    cudaCheck(cudaMallocHost(&model->host_norm_sq, NUM_PARAMETER_TENSORS * sizeof(float)));
     size_t none = activation_bytes(model, B, T, 0, flash);
     printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB; -r 0/1/2/3:", bytes / 1048576.0, B,
            T, model->recompute, (none - bytes) / 1048576.0);
@@ -879,7 +926,7 @@ void gather_prefetch(GPT2* model, int l) {
 // Block l's parameters: the stacked tensors' slices, or (-z 3) the gathered copy, waited for if it was
 // prefetched (wait = true).
 BlockParams block_params(GPT2* model, int l, bool wait) {
-    if (!model->sharded_params) return block_tensors<const floatX>(model->params, l, model->config.channels);
+    if (!model->sharded_params) return block_tensors<const floatX>(model->params, l, model->config.channels, model->layout.tp);
     if (wait) comm_wait_fence(model->layout.dp_group, model->gathered_fence[l % 2]);
     return packed_block<const floatX>(model->gathered_block[l % 2], model);
 }
@@ -900,24 +947,40 @@ void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
 // ----------------------------------------------------------------------------
 // forward, backward, update
 
+// Tensor parallelism: x (n elements, this process's term) becomes the sum over the tensor-parallel group,
+// and the compute stream waits for it (nothing without -tp).
+void tp_sum(GPT2* model, floatX* x, size_t n) {
+    const ProcessGroup& tp = model->layout.tp_group;
+    if (!comm_active(tp)) return;
+    all_reduce(tp, x, n, COMM_FLOATX, COMM_SUM);
+    comm_join(tp);
+}
+
+// A row-parallel matmul's replicated bias: added by tensor-parallel rank 0 only, so the sum has it once.
+const floatX* row_parallel_bias(const GPT2* model, const floatX* bias) { return model->layout.tp_rank == 0 ? bias : nullptr; }
+
 // One block's forward from its ln1 (already computed) to its fch_gelu, everything but the fcproj matmul
 // and the residual add that end it: qkv, attention, attproj, residual2 = residual + attproj fused with
 // ln2, fc and GELU (fused into the fc matmul with -ge 1). The forward runs it for every block, and -r 3's
 // recomputation again in the backward, with the same kernels on the same inputs: the same bits.
+// With tensor parallelism (llmc/parallel/tensor_parallel.h) qkv and fc are this process's columns
+// (its heads, its 4C/tp hidden units) and attproj its rows: attproj's output is one term of a sum over
+// the processes, all-reduced before the residual add (replicated bias added by tp rank 0 only).
 void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, int B, int T) {
     const ActivationTensors& a = model->acts;
-    int C = model->config.channels, NH = model->config.num_heads, BT = B * T;
+    int tp = model->layout.tp, C = model->config.channels, Cl = C / tp, NH = model->config.num_heads / tp, BT = B * T;
     cudaStream_t stream = model->stream;
-    matmul_forward(b.qkv, nullptr, b.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
-    attention_forward(b.atty, b.att, b.qkv, a.attn_scratch, B, T, C, NH, model->flash_attention, stream);
-    matmul_forward(a.proj, nullptr, b.atty, w.attprojw, w.attprojb, BT, C, C, stream);
+    matmul_forward(b.qkv, nullptr, b.ln1, w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
+    attention_forward(b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH, model->flash_attention, stream);
+    matmul_forward(a.proj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
+    tp_sum(model, a.proj, (size_t)BT * C);
     fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, a.proj, w.ln2w, w.ln2b, BT,
                                      C, stream);
     if (model->gelu_fusion) {
-        matmul_forward(b.fch_gelu, b.fch, b.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream);
+        matmul_forward(b.fch_gelu, b.fch, b.ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
     } else {
-        matmul_forward(b.fch, nullptr, b.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream);
-        gelu_forward(b.fch_gelu, b.fch, (size_t)BT * 4 * C, stream);
+        matmul_forward(b.fch, nullptr, b.ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
+        gelu_forward(b.fch_gelu, b.fch, (size_t)BT * 4 * Cl, stream);
     }
 }
 
@@ -926,7 +989,8 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
 // acts.logits, scaled by dloss, ready for gpt2_backward. Nothing here waits for the GPU.
 void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss = 0.0f) {
     const GPT2Config& cfg = model->config;
-    int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size, tp = model->layout.tp;
+    int Vl = Vp / tp, v_begin = model->layout.tp_rank * Vl;  // this process's vocabulary rows of wte (all without -tp)
     if ((size_t)B * T > (size_t)model->batch_size * model->seq_len || T > model->seq_len) {
         fatal("gpt2_forward: B=%d T=%d exceeds the allocated B=%d T=%d", B, T, model->batch_size, model->seq_len);
     }
@@ -939,15 +1003,19 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     size_t BT = (size_t)B * T;
-    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, model->layout.tp);
 
     cudaCheck(cudaMemcpyAsync(a.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (dloss > 0.0f && model->first_stage()) encoder_prepare_backward(model->buckets, inputs, B, T, V, stream);
+    if (dloss > 0.0f && model->first_stage()) encoder_prepare_backward(model->buckets, inputs, B, T, V, stream, v_begin, Vl);
 
     gather_pass_begin(model, 0);  // -z 3: the outer tensors and block 0 (each later block is prefetched)
-    // a pipeline stage after the first has the previous stage's output in a.encoded (llmc/parallel/pipeline.h)
-    if (model->first_stage()) encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream);
+    // a pipeline stage after the first has the previous stage's output in a.encoded (llmc/parallel/pipeline.h);
+    // with -tp each process embeds the tokens of its vocabulary rows and the sum is the embedding
+    if (model->first_stage()) {
+        encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream, v_begin, Vl);
+        tp_sum(model, a.encoded, BT * C);
+    }
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     BlockParams first = block_params(model, 0, false);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)BT, C, stream);
@@ -956,7 +1024,9 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
         BlockParams w = block_params(model, l, false);  // waited for by the previous block's end
         BlockActs b = block_acts(a, ls, l, BT);
         block_forward_to_fc(model, w, b, B, T);
-        matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, w.fcprojb, (int)BT, 4 * C, C, stream);
+        matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), (int)BT, 4 * C / tp, C,
+                       stream);
+        tp_sum(model, a.proj, BT * C);
         if (l + 1 < L) {  // residual3 = residual2 + proj, fused with the next block's ln1
             BlockParams next = block_params(model, l + 1, true);
             BlockActs nb = block_acts(a, ls, l + 1, BT);
@@ -969,8 +1039,25 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     }
     // a stage before the last ends with its residual3 (its lnf, computed by the fused kernel, goes unused)
     if (!model->last_stage()) return;
-    matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
-    if (targets) fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream);
+    matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
+    if (!targets) return;
+    if (tp == 1) {
+        fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream);
+        return;
+    }
+    // vocabulary-parallel cross-entropy (llmc/classifier.cuh): the rows' max, sum of exponentials and
+    // target logit combined over the tensor-parallel group, 3 B·T floats, never the logits
+    const ProcessGroup& g = model->layout.tp_group;
+    float *row_max = a.classifier_stats, *row_sum = row_max + BT, *target_logit = row_sum + BT;
+    int valid = std::max(0, std::min(Vl, V - v_begin));
+    classifier_slice_max(a.logits, row_max, (int)BT, valid, Vl, stream);
+    all_reduce(g, row_max, BT, COMM_FLOAT32, COMM_MAX);
+    comm_join(g);
+    classifier_slice_sum(a.logits, row_max, row_sum, target_logit, a.targets, (int)BT, v_begin, valid, Vl, stream);
+    all_reduce(g, row_sum, 2 * BT, COMM_FLOAT32, COMM_SUM);  // row_sum and target_logit lie together
+    comm_join(g);
+    classifier_slice_loss(a.logits, a.losses, row_max, row_sum, target_logit, a.targets, dloss, (int)BT, v_begin, valid,
+                          Vl, dloss > 0.0f, stream);
 }
 
 // Mean of the per-position losses of the last forward with targets; waits for the GPU.
@@ -996,7 +1083,10 @@ void gpt2_zero_grad(GPT2* model) {
 // micro-step is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
-    int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
+    // -tp: the split tensors' C/tp channels (Cl), NH/tp heads, Vp/tp vocabulary rows (Vl); the input
+    // gradient of a column-parallel matmul (qkv, fc, the LM head) is one term of a sum over the processes
+    int tp = model->layout.tp, L = cfg.num_layers, C = cfg.channels, Cl = C / tp, NH = cfg.num_heads / tp;
+    int Vl = cfg.padded_vocab_size / tp;
     const ParameterTensors& p = model->params;
     const ParameterTensors& g = model->grads;
     const ActivationTensors& a = model->acts;
@@ -1006,13 +1096,14 @@ void gpt2_backward(GPT2* model, int B, int T) {
         cudaCheck(cudaMemsetAsync(model->packed_outer, 0, packed_size(model->grad_buckets[L]) * sizeof(floatX), stream));
     }
     size_t BT = (size_t)B * T;
-    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, model->layout.tp);
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
     gather_pass_begin(model, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
     if (model->last_stage()) {
-        matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vp, stream);
+        matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
+        tp_sum(model, a.dln, BT * C);
         cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
         const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
         layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
@@ -1025,7 +1116,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     for (int l = L - 1; l >= 0; l--) {
         gather_prefetch(model, l - 1);
         BlockParams w = block_params(model, l, l < L - 1);
-        BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C);
+        BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C, model->layout.tp);
         BlockActs b = block_acts(a, ls, l, BT);
 
         // recompute what the forward did not keep (same kernels, same inputs: the same bits)
@@ -1047,30 +1138,32 @@ void gpt2_backward(GPT2* model, int B, int T) {
             // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
             // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
             // matmul per layer, a third more forward matmul flops, about 11% of a step's.
-            matmul_forward(b.fch_gelu, a.dfch, b.ln2, w.fcw, w.fcb, (int)BT, C, 4 * C, stream);
+            matmul_forward(b.fch_gelu, a.dfch, b.ln2, w.fcw, w.fcb, (int)BT, C, 4 * Cl, stream);
         } else if (model->recompute >= 1) {
-            gelu_forward(b.fch_gelu, b.fch, BT * 4 * C, stream);
+            gelu_forward(b.fch_gelu, b.fch, BT * 4 * Cl, stream);
         }
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         if (model->gelu_fusion) {  // dfch straight from the matmul's DGELU epilogue
             matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, a.dresidual, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
-                            4 * C, C, stream);
+                            4 * Cl, C, stream);
         } else {
             matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, a.dresidual, b.fch_gelu, w.fcprojw, nullptr,
-                            (int)BT, 4 * C, C, stream);
-            gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * C, stream);
+                            (int)BT, 4 * Cl, C, stream);
+            gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * Cl, stream);
         }
-        matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, b.ln2, w.fcw, nullptr, (int)BT, C, 4 * C, stream);
+        matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, b.ln2, w.fcw, nullptr, (int)BT, C, 4 * Cl, stream);
+        tp_sum(model, a.dln, BT * C);
         layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, a.dln, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
                            (int)BT, C, stream);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, a.dresidual, b.atty, w.attprojw, nullptr, (int)BT, C,
+        matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, a.dresidual, b.atty, w.attprojw, nullptr, (int)BT, Cl,
                         C, stream);
-        attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, C, NH, model->flash_attention,
+        attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH, model->flash_attention,
                            stream);
-        matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, b.ln1, w.qkvw, nullptr, (int)BT, C, 3 * C, stream);
+        matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, b.ln1, w.qkvw, nullptr, (int)BT, C, 3 * Cl, stream);
+        tp_sum(model, a.dln, BT * C);
         layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, a.dln, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
                            (int)BT, C, stream);
         if (packed) {
@@ -1095,32 +1188,56 @@ void gpt2_backward(GPT2* model, int B, int T) {
 
 // L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1 and 2
 // each process holds the reduced gradient of its shard only: it sums the squares over its shard
-// (padding included, which is zero) and the processes add their sums. A pipeline stage after the first
-// leaves out the tensors every stage holds (wte, wpe first in the vector, lnfw, lnfb last: stage 0
-// counts them) and the stages add their sums.
+// (padding included, which is zero) and the processes add their sums. Under tensor or pipeline
+// parallelism each tensor is counted once: tensor by tensor, a tensor every tensor-parallel rank holds
+// whole by tp rank 0 only, one every stage holds (wte, wpe, lnfw, lnfb) by stage 0 only; the sums of
+// these ranges are added on the host in order, then over the groups.
 double gpt2_grad_norm(GPT2* model) {
+    const ParallelLayout& lay = model->layout;
     size_t begin = 0, end = model->num_parameters;  // of the flat vector
-    if (model->layout.zero_stage >= 1) {
+    if (lay.zero_stage >= 1) {
         begin = shard_first(model->shard);
         end = begin + model->shard.shard_size;
     }
-    if (!model->first_stage()) {
-        begin = std::max(begin, model->param_offsets[P_LN1W]);
-        end = std::min(end, model->param_offsets[P_LNFW]);
+    float* sums = model->acts.grad_norm_sq;
+    if (lay.tp == 1 && lay.pp == 1) {
+        // -z 2, 3: the gradient array is the shard
+        const floatX* grads = model->packed_grads ? model->grads_memory : model->grads_memory + begin;
+        sum_of_squares(sums, model->acts.reduce_scratch, grads, end - begin, model->stream);
+        if (lay.zero_stage >= 1) {
+            all_reduce_sum(lay.dp_group, sums, 1);
+            comm_join(lay.dp_group);
+        }
+        cudaCheck(cudaMemcpyAsync(model->host_norm_sq, sums, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
+        gpt2_sync(model, "the gradient norm");
+        return std::sqrt((double)model->host_norm_sq[0]);
     }
-    // -z 2, 3: the gradient array is the shard (and there is no pipeline)
-    const floatX* grads = model->packed_grads ? model->grads_memory : model->grads_memory + begin;
-    sum_of_squares(model->acts.grad_norm_sq, model->acts.reduce_scratch, grads, end > begin ? end - begin : 0,
-                   model->stream);
-    for (const ProcessGroup* g : {&model->layout.dp_group, &model->layout.pp_group}) {
-        if (g == &model->layout.dp_group && model->layout.zero_stage == 0) continue;
-        all_reduce_sum(*g, model->acts.grad_norm_sq, 1);
-        comm_join(*g);
+    // the counted tensors, neighbours merged into one range (one reduction each)
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if ((tp_param_is_replicated(i) && lay.tp_rank != 0) || (pp_param_is_shared(i) && lay.pp_rank != 0)) continue;
+        size_t lo = std::max(begin, model->param_offsets[i]), hi = std::min(end, model->param_offsets[i] + model->param_sizes[i]);
+        if (lo >= hi) continue;
+        if (!ranges.empty() && ranges.back().second == lo) {
+            ranges.back().second = hi;
+        } else {
+            ranges.push_back({lo, hi});
+        }
     }
-    cudaCheck(cudaMemcpyAsync(model->host_norm_sq, model->acts.grad_norm_sq, sizeof(float), cudaMemcpyDeviceToHost,
+    cudaCheck(cudaMemsetAsync(sums, 0, NUM_PARAMETER_TENSORS * sizeof(float), model->stream));
+    for (size_t k = 0; k < ranges.size(); k++) {
+        sum_of_squares(sums + k, model->acts.reduce_scratch, model->grads_memory + ranges[k].first,
+                       ranges[k].second - ranges[k].first, model->stream);
+    }
+    cudaCheck(cudaMemcpyAsync(model->host_norm_sq, sums, NUM_PARAMETER_TENSORS * sizeof(float), cudaMemcpyDeviceToHost,
                               model->stream));
     gpt2_sync(model, "the gradient norm");
-    return std::sqrt((double)*model->host_norm_sq);
+    double sum_sq = 0.0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) sum_sq += model->host_norm_sq[i];
+    if (lay.zero_stage >= 1) sum_sq = all_reduce_sum(lay.dp_group, sum_sq, "the gradient norm");
+    sum_sq = all_reduce_sum(lay.tp_group, sum_sq, "the gradient norm");
+    sum_sq = all_reduce_sum(lay.pp_group, sum_sq, "the gradient norm");
+    return std::sqrt(sum_sq);
 }
 
 // The seed of a tensor's stochastic rounding: a fixed function of (step, tensor, where this part of the
@@ -1284,10 +1401,10 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
 // Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
 // master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
 // once all are written.
-// A pipeline stage's fp32 vector (of this stage's n parameters) from device array `mine`, which holds
-// [opt_begin, opt_end) of it: whole already, or (-z 1) this process's shard, all-gathered over the
-// data-parallel group through a padded device buffer.
-std::vector<float> stage_vector(GPT2* model, const float* mine) {
+// This process's fp32 vector (of its n parameters: its stage's layers, its tensor-parallel slices) from
+// device array `mine`, which holds [opt_begin, opt_end) of it: whole already, or (-z 1) this process's
+// shard, all-gathered over the data-parallel group through a padded device buffer.
+std::vector<float> local_vector(GPT2* model, const float* mine) {
     size_t n = model->num_parameters, own = model->opt_end - model->opt_begin;
     std::vector<float> host(n);
     if (own == n) {
@@ -1307,16 +1424,39 @@ std::vector<float> stage_vector(GPT2* model, const float* mine) {
     return host;
 }
 
-// The whole model's vector, on the first stage of the first data-parallel replica (world rank 0; empty
-// elsewhere), from every stage's vector: the later stages send theirs to stage 0 one at a time (through
-// a device buffer: NCCL moves device memory), which puts the layers back in place (pp_copy_stage,
-// stage 0's copy of the shared tensors last, so it stays). The other replicas hold the same vectors
-// and send nothing.
-std::vector<float> pipeline_whole_vector(GPT2* model, const std::vector<float>& mine) {
+// The whole model's vector on world rank 0 (empty elsewhere) from every process's local vector (its
+// tensor-parallel slices of its stage's layers, llmc/parallel/model_state.h): the slices are gathered to
+// tp rank 0 (through device buffers: NCCL moves device memory), which puts its stage's tensors together
+// (tp_copy_slices); then the later stages send theirs to stage 0 one at a time, which puts the layers
+// back in place (pp_copy_stage, stage 0's copy of the shared tensors last, so it stays). The other
+// data-parallel replicas hold the same vectors and send nothing.
+std::vector<float> whole_model_vector(GPT2* model, const std::vector<float>& local) {
     const ParallelLayout& lay = model->layout;
     const GPT2Config& whole_cfg = model->model_config;
     std::vector<float> whole;
     if (lay.dp_rank != 0) return whole;
+    std::vector<float> mine = local;  // this stage's vector, once the slices are together
+    if (lay.tp > 1) {
+        const ProcessGroup& tp = lay.tp_group;
+        size_t n = local.size();
+        float *slice = nullptr, *slices = nullptr;
+        cudaCheck(cudaMalloc(&slice, n * sizeof(float)));
+        cudaCheck(cudaMalloc(&slices, (tp.rank == 0 ? tp.size * n : 1) * sizeof(float)));
+        cudaCheck(cudaMemcpy(slice, local.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        gather(tp, slice, n, slices, COMM_FLOAT32);
+        comm_join(tp);
+        gpt2_sync(model, "a checkpoint's tensor-parallel slices, gathered");
+        if (tp.rank == 0) {
+            std::vector<float> all(tp.size * n);
+            cudaCheck(cudaMemcpy(all.data(), slices, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
+            mine.assign(num_parameters(model->config), 0.0f);
+            for (int t = 0; t < tp.size; t++) tp_copy_slices(model->config, tp.size, t, mine.data(), all.data() + t * n, false);
+        }
+        cudaCheck(cudaFree(slice));
+        cudaCheck(cudaFree(slices));
+        if (tp.rank != 0) return whole;
+    }
+    if (lay.pp == 1) return mine;
     const ProcessGroup& pp = lay.pp_group;
     std::vector<std::vector<float>> stages(pp.size);
     stages[pp.rank] = mine;
@@ -1353,18 +1493,18 @@ std::vector<float> pipeline_whole_vector(GPT2* model, const std::vector<float>& 
     return whole;
 }
 
-// A pipeline's checkpoint (as the CPU trainer writes one, llmc/parallel/model_state.h): world rank 0
-// writes the whole model and the whole optimizer state (one segment [0, N)), the others state files with
-// empty segments, so that any layout of either trainer can resume it.
-void save_checkpoint_pipeline(GPT2* model, const TrainRun& run, int step) {
+// A tensor- or pipeline-parallel checkpoint (as the CPU trainer writes one, llmc/parallel/model_state.h):
+// world rank 0 writes the whole model and the whole optimizer state (one segment [0, N)), the others
+// state files with empty segments, so that any layout of either trainer can resume it.
+void save_checkpoint_model_parallel(GPT2* model, const TrainRun& run, int step) {
     const ProcessGroup& world = model->layout.world;
     const std::string& dir = run.args.output_dir;
     size_t N = num_parameters(model->model_config);
-    std::vector<float> params = pipeline_whole_vector(model, gpt2_download_parameters(model));
-    std::vector<float> m = pipeline_whole_vector(model, stage_vector(model, model->m_memory));
-    std::vector<float> v = pipeline_whole_vector(model, stage_vector(model, model->v_memory));
+    std::vector<float> params = whole_model_vector(model, gpt2_download_parameters(model));
+    std::vector<float> m = whole_model_vector(model, local_vector(model, model->m_memory));
+    std::vector<float> v = whole_model_vector(model, local_vector(model, model->v_memory));
     std::vector<float> master;
-    if (model->master_memory) master = pipeline_whole_vector(model, stage_vector(model, model->master_memory));
+    if (model->master_memory) master = whole_model_vector(model, local_vector(model, model->master_memory));
     bool writer = world.rank == 0;
     if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_NATIVE);
     TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, N,
@@ -1379,7 +1519,7 @@ void save_checkpoint_pipeline(GPT2* model, const TrainRun& run, int step) {
 }
 
 void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
-    if (model->layout.pp > 1) return save_checkpoint_pipeline(model, run, step);
+    if (model->layout.tp > 1 || model->layout.pp > 1) return save_checkpoint_model_parallel(model, run, step);
     const ProcessGroup& dp = model->layout.dp_group;
     const std::string& dir = run.args.output_dir;
     if (dp.rank == 0 || model->sharded_params) {  // -z 3: every process takes part in the gathers
@@ -1409,7 +1549,8 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
 void gpt2_resume(GPT2* model, TrainRun* run) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state;
-    if (model->layout.pp > 1) {  // the whole state, then this stage's part and its -z 1 shard of that
+    if (model->layout.tp > 1 || model->layout.pp > 1) {  // the whole state, then this process's part (its stage's
+                                                         // layers, its slices) and its -z 1 shard of that
         size_t N = num_parameters(model->model_config);
         state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
                                     run->data.grad_accum_steps, N, 0, N, &run->data.train, &run->sampler_rng,
@@ -1444,7 +1585,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
 PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss,
                                        int bad_micro) {
     size_t BT = (size_t)B * T, L = model->config.num_layers;
-    LayerStrides ls = layer_strides(model->config, B, T, model->recompute, model->flash_attention);
+    LayerStrides ls = layer_strides(model->config, B, T, model->recompute, model->flash_attention, model->layout.tp);
     PipelineStageHooks h;
     h.boundary_elements = BT * model->config.channels;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
@@ -1461,20 +1602,33 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
     return h;
 }
 
-// The gradients of a pipeline step, complete on this stage: the tensors every stage holds summed over
-// the stages (wte: the embedding's gradient from stage 0 plus the LM head's from the last; wpe, lnfw,
-// lnfb: one stage's plus zeros), then over the data-parallel replicas (-z 0 all-reduce, -z 1 to the
-// shards' owners), bucket by bucket as llmc/parallel/grad_buckets.h cuts them. Done after the
-// schedule, not during the last backward: the stage sum must come first, as -z 1's shards of stages of
+// The gradients of a step under tensor or pipeline parallelism, made complete: the tensors every
+// tensor-parallel rank holds whole (layernorms, wpe, the row-parallel biases) take tp rank 0's values,
+// so the replicas never drift apart by rounding; the tensors every stage holds are summed over the
+// stages (wte: the embedding's gradient from stage 0 plus the LM head's from the last; wpe, lnfw, lnfb:
+// one stage's plus zeros); then the sum over the data-parallel replicas (-z 0 all-reduce, -z 1 to the
+// shards' owners), bucket by bucket as llmc/parallel/grad_buckets.h cuts them. Done after the step's
+// last backward, not during it: the stage sum must come first, as -z 1's shards of stages of
 // different sizes do not line up.
-void gpt2_pipeline_reduce_gradients(GPT2* model) {
+void gpt2_model_parallel_reduce_gradients(GPT2* model) {
+    const ProcessGroup& tp = model->layout.tp_group;
     const ProcessGroup& pp = model->layout.pp_group;
     const ProcessGroup& dp = model->layout.dp_group;
     floatX* g = model->grads_memory;
     const size_t* off = model->param_offsets;
-    all_reduce(pp, g, off[P_LN1W], COMM_FLOATX, COMM_SUM);  // wte, wpe
-    all_reduce(pp, g + off[P_LNFW], model->num_parameters - off[P_LNFW], COMM_FLOATX, COMM_SUM);  // lnfw, lnfb
-    comm_join(pp);
+    if (comm_active(tp)) {
+        comm_group_start(tp);
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (tp_param_is_replicated(i)) broadcast(tp, g + off[i], model->param_sizes[i], COMM_FLOATX, 0);
+        }
+        comm_group_end(tp);
+        comm_join(tp);
+    }
+    if (comm_active(pp)) {
+        all_reduce(pp, g, off[P_LN1W], COMM_FLOATX, COMM_SUM);  // wte, wpe
+        all_reduce(pp, g + off[P_LNFW], model->num_parameters - off[P_LNFW], COMM_FLOATX, COMM_SUM);  // lnfw, lnfb
+        comm_join(pp);
+    }
     if (!comm_active(dp)) return;
     for (const std::vector<GradSlice>& bucket : model->grad_buckets) reduce_gradient_bucket(dp, g, COMM_FLOATX, bucket);
     comm_join(dp);
@@ -1488,7 +1642,7 @@ double gpt2_pipeline_forward_backward(GPT2* model, PipelineComm* pipe, const std
     phase_begin(timer, PHASE_FORWARD);
     PipelineStepResult r = pipeline_run(pipe, schedule, b.count,
                                         gpt2_pipeline_hooks(model, b.inputs.data(), b.targets.data(), b.B, b.T, dloss, bad_micro));
-    gpt2_pipeline_reduce_gradients(model);
+    gpt2_model_parallel_reduce_gradients(model);
     gpt2_sync(model, "the pipeline's gradient reductions");
     phase_end(timer);
     *note = r.note;
@@ -1501,14 +1655,16 @@ double gpt2_pipeline_forward_backward(GPT2* model, PipelineComm* pipe, const std
 double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int bad_micro, GpuPhases* phases,
                              PhaseTimer* timer) {
     double loss_sum = 0.0;
+    bool tensor_parallel = model->layout.tp > 1;  // its reductions follow the last backward
     for (int micro = 0; micro < b.count; micro++) {
-        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1;
+        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1 && !tensor_parallel;
         gpu_phase_begin(phases, PHASE_FORWARD, model->stream);
         gpt2_forward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T, micro == bad_micro ? INFINITY : dloss);
         gpu_phase_end(phases, PHASE_FORWARD, model->stream);
         gpu_phase_begin(phases, PHASE_BACKWARD, model->stream);
         gpt2_backward(model, b.B, b.T);
         gpu_phase_end(phases, PHASE_BACKWARD, model->stream);
+        if (tensor_parallel && micro == b.count - 1) gpt2_model_parallel_reduce_gradients(model);
         loss_sum += gpt2_mean_loss(model, b.B, b.T);  // waits for the stream: the events are done
         gpu_phases_collect(phases, &timer->times);
     }
@@ -1613,8 +1769,8 @@ int main(int argc, char** argv) {
     TrainRun run;
     train_run_init(&run, args, cfg, dp.rank, layout.dp_rank, layout.dp, resume_step, USE_LOSS_SCALING);
     int m = run.data.grad_accum_steps;
+    if (layout.tp > 1 || layout.pp > 1) printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     if (layout.pp > 1) {
-        printf("layout: %s\n", parallel_layout_describe(layout).c_str());
         printf("pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d micro-batches, "
                "%d activation slot(s) (GPipe %d, 1F1B %d); bubble formula (p-1)/(m+p-1) = %d/%d = %.3f\n", layout.pp,
                layout.pp_rank, layout.layer_begin, layout.layer_end, cfg.num_layers, args.pipeline_schedule.c_str(), m,
@@ -1623,10 +1779,10 @@ int main(int argc, char** argv) {
                pp_bubble_formula(layout.pp, m));
     }
     gpt2_allocate_activations(&model, args.B, args.T);
-    if (layout.dp > 1 || layout.pp > 1) {
-        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), %d stage(s), %d "
-               "micro-step(s) (counted in metrics.jsonl's comm_bytes%s)\n", predicted_comm_bytes(&model, m),
-               layout.zero_stage, layout.dp, layout.pp, m, layout.pp > 1 ? "; stage-to-stage sends uncounted" : "");
+    if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {
+        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
+               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes%s)\n", predicted_comm_bytes(&model, m),
+               layout.zero_stage, layout.dp, layout.tp, layout.pp, m, layout.pp > 1 ? "; stage-to-stage sends uncounted" : "");
     }
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1643,7 +1799,8 @@ int main(int argc, char** argv) {
                run.scaler.growth_interval, run.scaler.backoff);
     }
     run.peak_flops = peak_flops;
-    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * m;  // per GPU (its stage's layers)
+    // per GPU: its stage's layers, 1/tp of them
+    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * m / layout.tp;
     // -ni (testing): the last micro-batch of rank 0, or of the first pipeline's last stage, stands for a bad one
     run.injects_bad_micro = layout.dp_rank == 0 && model.last_stage();
     // the step breakdown (llmc/run/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both

@@ -61,6 +61,77 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     }
 }
 
+// Vocabulary-parallel cross-entropy (tensor parallelism, llmc/parallel/tensor_parallel.h): this process
+// holds the logits of vocabulary columns [v_begin, v_begin + Vl), of which the first `valid` are real
+// tokens (the rest padding). The row's max, sum of exponentials and target logit are combined across the
+// processes between these kernels (the caller's all-reduces), so no process holds a whole row.
+
+// row_max[n] = the max of this process's valid columns (-inf if none)
+__global__ void classifier_slice_max_kernel(const floatX* logits, float* row_max, int valid, int Vl) {
+    const floatX* row = logits + (size_t)blockIdx.x * Vl;
+    float m = -INFINITY;
+    for (int v = threadIdx.x * x128::size; v < valid; v += blockDim.x * x128::size) {
+        x128 x = load128(row + v);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            if (v + k < valid) m = fmaxf(m, (float)x[k]);
+        }
+    }
+    m = block_reduce_max(m);
+    if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+// row_sum[n] = the sum of exp(x - row_max[n]) over this process's valid columns (row_max: the max over
+// all processes); target_logit[n] = the target's logit if this process holds its column, else 0
+__global__ void classifier_slice_sum_kernel(const floatX* logits, const float* row_max, float* row_sum,
+                                            float* target_logit, const int* targets, int v_begin, int valid, int Vl) {
+    int n = blockIdx.x;
+    const floatX* row = logits + (size_t)n * Vl;
+    float m = row_max[n], sum = 0.0f;
+    for (int v = threadIdx.x * x128::size; v < valid; v += blockDim.x * x128::size) {
+        x128 x = load128(row + v);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            if (v + k < valid) sum += expf((float)x[k] - m);
+        }
+    }
+    sum = block_reduce_sum(sum);
+    if (threadIdx.x == 0) {
+        row_sum[n] = sum;
+        int t = targets[n] - v_begin;
+        target_logit[n] = t >= 0 && t < valid ? (float)row[t] : 0.0f;
+    }
+}
+
+// losses[n] from the combined statistics; with write_dlogits this process's columns of the logits are
+// overwritten by their gradient (as fused_classifier_kernel, on a slice)
+__global__ void classifier_slice_loss_kernel(floatX* logits, float* losses, const float* row_max, const float* row_sum,
+                                             const float* target_logit, const int* targets, float dloss, int v_begin,
+                                             int valid, int Vl, bool write_dlogits) {
+    int n = blockIdx.x;
+    floatX* row = logits + (size_t)n * Vl;
+    float m = row_max[n], sum = row_sum[n];
+    if (threadIdx.x == 0) losses[n] = logf(sum) + m - target_logit[n];
+    if (!write_dlogits) return;
+    float inv_sum = 1.0f / sum;
+    int target = targets[n] - v_begin;
+    for (int v = threadIdx.x * x128::size; v < Vl; v += blockDim.x * x128::size) {
+        x128 x = load128(row + v);
+        x128 d;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            int col = v + k;
+            float grad = 0.0f;
+            if (col < valid) {
+                float prob = expf((float)x[k] - m) * inv_sum;
+                grad = (prob - (col == target ? 1.0f : 0.0f)) * dloss;
+            }
+            d[k] = (floatX)grad;
+        }
+        store128(row + v, d);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -75,5 +146,25 @@ inline void fused_classifier(floatX* logits,      // (N, Vp)
     }
     const int block_size = 1024;
     fused_classifier_kernel<<<N, block_size, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    cudaCheckLaunch();
+}
+
+// The vocabulary-parallel classifier's three steps (see the kernels); between them the caller combines
+// row_max by a max and row_sum, target_logit by sums over the tensor-parallel processes.
+inline void classifier_slice_max(const floatX* logits, float* row_max, int N, int valid, int Vl, cudaStream_t stream) {
+    classifier_slice_max_kernel<<<N, 1024, 0, stream>>>(logits, row_max, valid, Vl);
+    cudaCheckLaunch();
+}
+inline void classifier_slice_sum(const floatX* logits, const float* row_max, float* row_sum, float* target_logit,
+                                 const int* targets, int N, int v_begin, int valid, int Vl, cudaStream_t stream) {
+    classifier_slice_sum_kernel<<<N, 1024, 0, stream>>>(logits, row_max, row_sum, target_logit, targets, v_begin, valid, Vl);
+    cudaCheckLaunch();
+}
+inline void classifier_slice_loss(floatX* logits, float* losses, const float* row_max, const float* row_sum,
+                                  const float* target_logit, const int* targets, float dloss, int N, int v_begin,
+                                  int valid, int Vl, bool write_dlogits, cudaStream_t stream) {
+    if (Vl % x128::size != 0) fatal("the vocabulary-parallel classifier needs a slice divisible by %d, got %d", x128::size, Vl);
+    classifier_slice_loss_kernel<<<N, 1024, 0, stream>>>(logits, losses, row_max, row_sum, target_logit, targets, dloss,
+                                                         v_begin, valid, Vl, write_dlogits);
     cudaCheckLaunch();
 }

@@ -10,6 +10,8 @@
 // owns (t, 8 channels) and sums over b.
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <vector>
 
 #include "cuda_common.cuh"
@@ -17,19 +19,26 @@
 // ----------------------------------------------------------------------------
 // kernels
 
-// one thread per 16 bytes of output
+// one thread per 16 bytes of output. wte holds the vocabulary rows [v_begin, v_begin + v_count) (all of
+// them without tensor parallelism); a token outside them gives a zero row (another process has it).
 __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
-                                       int B, int T, int C) {
+                                       int B, int T, int C, int v_begin, int v_count) {
     int idx = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (idx >= B * T * C) return;
     int bt = idx / C;
     int t = bt % T;
     int c = idx % C;
-    x128 token_row = load128(wte + (size_t)inp[bt] * C + c);
-    x128 position_row = load128(wpe + (size_t)t * C + c);
+    int row = inp[bt] - v_begin;
     x128 result;
+    if (row < 0 || row >= v_count) {
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)token_row[k] + (float)position_row[k]);
+        for (int k = 0; k < x128::size; k++) result[k] = (floatX)0.0f;
+    } else {
+        x128 token_row = load128(wte + (size_t)row * C + c);
+        x128 position_row = load128(wpe + (size_t)t * C + c);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)token_row[k] + (float)position_row[k]);
+    }
     store128(out + idx, result);
 }
 
@@ -95,15 +104,18 @@ inline void check_encoder_shape(int C) {
     }
 }
 
+// With tensor parallelism (llmc/parallel/tensor_parallel.h) wte is this process's vocabulary rows
+// [v_begin, v_begin + v_count): the rows of tokens outside them are zero here, and the sum over the
+// processes (each token has one owner, which adds wpe too) is the embedding.
 inline void encoder_forward(floatX* out,       // (B, T, C)
                             const int* inp,    // (B, T) on the device
-                            const floatX* wte, // (Vp, C)
+                            const floatX* wte, // (Vp, C), or (v_count, C)
                             const floatX* wpe, // (maxT, C)
-                            int B, int T, int C, cudaStream_t stream) {
+                            int B, int T, int C, cudaStream_t stream, int v_begin = 0, int v_count = INT_MAX) {
     check_encoder_shape(C);
     const int block_size = 256;
     int grid_size = ceil_div_int((long)B * T * C / x128::size, block_size);
-    encoder_forward_kernel<<<grid_size, block_size, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+    encoder_forward_kernel<<<grid_size, block_size, 0, stream>>>(out, inp, wte, wpe, B, T, C, v_begin, v_count);
     cudaCheckLaunch();
 }
 
@@ -118,9 +130,11 @@ struct EncoderBuckets {
 inline size_t encoder_buckets_ints(int B, int T) { return 3 * (size_t)B * T + 1; }
 
 // Groups the positions of inp_host (B, T) by token and uploads the groups to buckets->device.
-// Call it whenever the batch changes (the trainer does so when it uploads the inputs).
+// Call it whenever the batch changes (the trainer does so when it uploads the inputs). With tensor
+// parallelism only the tokens of this process's rows [v_begin, v_begin + v_count) are grouped, by
+// their row in its slice of wte.
 inline void encoder_prepare_backward(EncoderBuckets* buckets, const int* inp_host, int B, int T, int V,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, int v_begin = 0, int v_count = INT_MAX) {
     int N = B * T;
     buckets->counts.assign(V, 0);
     for (int i = 0; i < N; i++) {
@@ -128,6 +142,10 @@ inline void encoder_prepare_backward(EncoderBuckets* buckets, const int* inp_hos
             fatal("token %d at position %d is outside the vocabulary [0, %d)", inp_host[i], i, V);
         }
         buckets->counts[inp_host[i]]++;
+    }
+    int v_end = (int)std::min<long>(V, (long)v_begin + v_count);
+    for (int v = 0; v < V; v++) {
+        if (v < v_begin || v >= v_end) buckets->counts[v] = 0;
     }
     int U = 0;
     for (int v = 0; v < V; v++) U += buckets->counts[v] > 0;
@@ -140,14 +158,16 @@ inline void encoder_prepare_backward(EncoderBuckets* buckets, const int* inp_hos
     int u = 0, offset = 0;
     for (int v = 0; v < V; v++) {
         if (buckets->counts[v] == 0) continue;
-        tokens[u] = v;
+        tokens[u] = v - v_begin;
         starts[u] = offset;
         offset += buckets->counts[v];
         buckets->counts[v] = starts[u];
         u++;
     }
-    starts[U] = N;
-    for (int i = 0; i < N; i++) positions[buckets->counts[inp_host[i]]++] = i;
+    starts[U] = offset;
+    for (int i = 0; i < N; i++) {
+        if (inp_host[i] >= v_begin && inp_host[i] < v_end) positions[buckets->counts[inp_host[i]]++] = i;
+    }
     cudaCheck(cudaMemcpyAsync(buckets->device, buckets->host.data(), buckets->host.size() * sizeof(int),
                               cudaMemcpyHostToDevice, stream));
 }
@@ -165,6 +185,7 @@ inline void encoder_backward(floatX* dwte,                  // (Vp, C)
     cudaCheckLaunch();
 
     int U = buckets.num_buckets;
+    if (U == 0) return;  // none of this process's vocabulary rows (tensor parallelism) is in the batch
     const int* tokens = buckets.device;
     const int* starts = tokens + U;
     const int* positions = starts + U + 1;

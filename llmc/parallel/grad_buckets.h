@@ -29,6 +29,7 @@
 
 #include "../gpt2_config.h"
 #include "comm.h"
+#include "tensor_parallel.h"
 #include "zero.h"
 
 // ShardLayout of llmc/parallel/zero.h with shard_size a multiple of `align`; begin/end still clip to N.
@@ -73,10 +74,14 @@ inline size_t packed_size(const std::vector<GradSlice>& bucket) {
 
 // Buckets 0..L-1: the slices of layer l; bucket L: wte, wpe, lnfw, lnfb. The backward completes them
 // in the order L-1, ..., 1, 0, L.
-inline std::vector<std::vector<GradSlice>> gradient_buckets(const GPT2Config& cfg, int zero_stage, size_t shard_size) {
-    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
-    param_tensor_sizes(cfg, sizes);
-    param_tensor_offsets(cfg, offsets);
+inline std::vector<std::vector<GradSlice>> gradient_buckets(const GPT2Config& cfg, int zero_stage, size_t shard_size,
+                                                           int tp = 1) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS], offset = 0;
+    tp_param_sizes(cfg, tp, sizes);  // a tensor-parallel process's slices (tp = 1: the whole tensors)
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        offsets[i] = offset;
+        offset += sizes[i];
+    }
     int L = cfg.num_layers;
     std::vector<std::vector<GradSlice>> buckets(L + 1);
     for (int l = 0; l < L; l++) {

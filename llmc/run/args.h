@@ -130,7 +130,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
         {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
-        {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (CPU trainer; divides the processes and the heads)"},
+        {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (divides the processes, the heads and the padded vocabulary)"},
         {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (at most the layers)"},
         {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
         {"-st", FlagKind::Float, &a->temperature, 0, 100, false, "sampling temperature (0: greedy)"},
@@ -296,10 +296,6 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     }
     if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
         fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
-    }
-    if (cuda && args->tensor_parallel > 1) {
-        fatal("flag -tp: the CUDA trainer has data and pipeline parallelism (-pp) so far; tensor parallelism is in "
-              "the CPU trainer (train_gpt2)");
     }
     check_layout_flags(*args);
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");

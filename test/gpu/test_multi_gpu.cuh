@@ -13,6 +13,8 @@
 
 #include <unistd.h>
 
+#include <map>
+
 namespace gpu_test {
 
 int visible_gpus() {
@@ -121,6 +123,27 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
     }
     // the file of the id is removed once the communicator is formed
     EXPECT_FALSE(file_exists(id_dir + "/nccl_id"));
+}
+
+// Layouts the CUDA trainer cannot run are refused before anything runs, each with its reason: tensor-
+// parallel ranks or stages without the processes, and what they cannot combine with (ZeRO-2/3, Muon,
+// sampling), the same checks and messages as the CPU trainer's.
+TEST(MultiGpuOneProcess, LayoutFlagsThatCannotRunAreRefused) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string flags = " -e " + tiny_oracle() + "/model.bin -i " + tiny_oracle() + "/train.bin -b 2 -t 16 -x 1 -v 0";
+    struct Case { std::string flags, message; };
+    for (const Case& c : {Case{" -s 0 -tp 2", "flag -tp 2: tensor-parallel ranks are processes; launch 2 or more"},
+                          Case{" -s 0 -tp 2 -z 3", "flag -z 3: ZeRO stages 2 and 3 run with data parallelism alone"},
+                          Case{" -s 5 -tp 2", "-tp 2: sampling (-s) and HellaSwag (-he) need the whole logits"},
+                          Case{" -s 0 -pp 2", "flag -pp 2: pipeline stages are processes; launch 2 or more"},
+                          Case{" -s 0 -pp 2 -z 2", "flag -z 2: ZeRO stages 2 and 3 run with data parallelism alone"},
+                          Case{" -s 0 -pp 2 -opt muon", "-opt muon runs with data parallelism and ZeRO stages 0 and 1 only"},
+                          Case{" -s 5 -pp 2", "-pp 2: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline"}}) {
+        SCOPED_TRACE(c.flags);
+        test::CommandResult r = test::run_command(trainer() + flags + c.flags);
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+    }
 }
 
 #ifdef USE_MPI
@@ -461,6 +484,58 @@ TEST(MultiGpuMpirun, PipelineStagesMatchOneProcess) {
     }
 }
 
+// Tensor parallelism: 6 heads and a padded vocabulary of 384, which 3 processes split into 2 heads and
+// 128 rows each; 3 layers, which 2 stages split 2+1.
+const char* SIX_HEADS_MODEL = "--layers 3 --channels 96 --heads 6 --max-seq-len 32 --vocab 300 --seed 1";
+std::string six_heads_args() { return std::string(SIX_HEADS_MODEL) + " " + TINY_DATA; }
+
+// Parameters of tensor-parallel rank 0 of pipeline stage 0 (what process 0 allocates).
+size_t local_parameters(const std::string& oracle_dir, int tp, int pp) {
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+    int l0, l1;
+    pp_stage_layers(cfg.num_layers, pp, 0, &l0, &l1);
+    cfg.num_layers = l1 - l0;
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    tp_param_sizes(cfg, tp, sizes);
+    for (size_t k : sizes) n += k;
+    return n;
+}
+
+// Tensor parallelism (-tp, Megatron's split: llmc/parallel/tensor_parallel.h) over NCCL follows one
+// process on the same global batch (4 micro-batches of B=2, T=16 a step): tp 2 with -r 3 (the block's
+// forward, and its all-reduce, again in the backward), tp 2 x pp 2 under 1F1B, tp 2 x dp 2 with ZeRO-1,
+// and tp 3 x pp 2 under GPipe on a model of 6 heads (2 per process) and 3 layers (2+1). The bars are
+// expect_same_training's: the row-parallel matmuls' terms and the embedding are summed across the
+// processes in bf16 (in the fp32 build, in another order than one matmul sums them). Also: process 0
+// allocates exactly its slices of its stage, and the bytes counted per step are the start-up line's
+// prediction (the all-reduces of every layer, the classifier's statistics, the replicated gradients'
+// broadcasts).
+TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
+    REQUIRE_MPIRUN_GPUS(6);
+    REQUIRE_ORACLE("tiny_five", five_args());
+    REQUIRE_ORACLE("tiny_six_heads", six_heads_args());
+    const int steps = 3;
+    struct Case { std::string oracle; int np, tp, pp; std::string flags; };
+    std::string five = test::oracle("tiny_five", five_args()), six = test::oracle("tiny_six_heads", six_heads_args());
+    std::map<std::string, std::string> one;  // oracle -> the one-process run's directory
+    for (const Case& c : {Case{five, 2, 2, 1, "-tp 2 -r 3"}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm 1f1b"},
+                          Case{five, 4, 2, 1, "-tp 2 -z 1"}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe"}}) {
+        SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
+        std::string flags = dp_flags(c.oracle, steps, 2 * 16 * 4);
+        if (!one.count(c.oracle)) one[c.oracle] = run_trainer("tp_one_" + std::to_string(one.size()), flags).dir;
+        std::string dir = test::scratch_dir("tp_" + std::to_string(c.np) + "_" + std::to_string(c.pp));
+        test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("layout: tp " + std::to_string(c.tp) + " x pp " + std::to_string(c.pp)), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("\nparameters: " + std::to_string(local_parameters(c.oracle, c.tp, c.pp)) + " ("),
+                  std::string::npos) << r.output;
+        expect_comm_bytes_as_predicted(r.output, dir);
+        expect_same_training(one[c.oracle], dir, steps, 1e-3);
+    }
+}
+
 // -ni 2 with pp 2: only the last stage's loss gradient is non-finite; it reaches stage 0 through the sent
 // gradients and the norm is summed over the stages, so both skip step 2: the weights after it are those
 // before it, and step 3 updates them again (the model files are gathered from both stages).
@@ -600,22 +675,26 @@ TEST(MultiGpuMpirun, CheckpointsMoveBetweenTrainersAndLayouts) {
     }
 }
 
-// A pipeline's checkpoint is the whole model and state, like any other (issue 29, item 6): a CUDA
-// -pp 2 run's step-2 checkpoint resumed by one CUDA process, and a CPU -pp 2 run's by the CUDA trainer
-// as -pp 3 (GPipe), each following the first run's steps 2 and 3 with the bars of the test above.
-TEST(MultiGpuMpirun, PipelineCheckpointsResumeInOtherLayouts) {
-    REQUIRE_MPIRUN_GPUS(3);
+// A tensor- or pipeline-parallel checkpoint is the whole model and state, like any other (issue 29,
+// item 6): a CUDA -pp 2 run's step-2 checkpoint resumed by one CUDA process, a CPU -pp 2 run's by the
+// CUDA trainer as -pp 3 (GPipe), and a CUDA tp 2 x pp 2 run's by the CPU trainer as tp 2, each following
+// the first run's steps 2 and 3 (fp32 step tolerance, weights within 1% of AdamW's largest movement).
+TEST(MultiGpuMpirun, ModelParallelCheckpointsResumeInOtherLayouts) {
+    REQUIRE_MPIRUN_GPUS(4);
     REQUIRE_ORACLE("tiny_five", five_args());
     std::string cpu_trainer = test::root() + "/train_gpt2";
     if (!file_exists(cpu_trainer)) GTEST_SKIP() << "needs the CPU trainer (make train_gpt2)";
     std::string flags = " " + dp_flags(test::oracle("tiny_five", five_args()), 4, 128) + " -n 2";
     struct Leg { const char* name; std::string first, second; int first_processes; };
+    int legs_run = 0;
     for (const Leg& leg : {Leg{"CUDA pp 2, then 1 CUDA process", mpirun_command(2) + trainer() + flags + " -pp 2",
                                trainer() + flags, 2},
                            Leg{"CPU pp 2, then CUDA pp 3 (GPipe)", "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -pp 2",
-                               mpirun_command(3) + trainer() + flags + " -pp 3 -pm gpipe", 2}}) {
+                               mpirun_command(3) + trainer() + flags + " -pp 3 -pm gpipe", 2},
+                           Leg{"CUDA tp 2 x pp 2, then CPU tp 2", mpirun_command(4) + trainer() + flags + " -tp 2 -pp 2",
+                               "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -tp 2", 4}}) {
         SCOPED_TRACE(leg.name);
-        std::string dir = test::scratch_dir(std::string("pp_resume_") + (leg.second.find("-pp 3") == std::string::npos ? "a" : "b"));
+        std::string dir = test::scratch_dir("mp_resume_" + std::to_string(legs_run++));
         test::CommandResult first = test::run_command(leg.first + " -o " + dir);
         ASSERT_EQ(first.exit_code, 0) << first.output;
         std::vector<double> want = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
