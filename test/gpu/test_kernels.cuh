@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -473,6 +474,117 @@ TEST(Kernels, FusedClassifier) {
         for (int v = V; v < Vp; v++) ASSERT_EQ(got[(size_t)n * Vp + v], 0.0f) << "padded column " << v;
     }
   }
+}
+
+// The vocabulary-parallel classifier (tensor parallelism): tp slices of the logits' columns, each
+// through classifier_slice_max, _sum and _loss, their row statistics combined between the kernels as
+// the trainer's all-reduces combine them (max, then sums), against the CPU cross-entropy: the same
+// bars as FusedClassifier; the padded columns (in the last slice, or a whole slice) get zero gradient.
+TEST(Kernels, VocabularyParallelClassifier) {
+  for (int tp : {2, 3}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    std::mt19937 rng(19);
+    int N = 24, V = 301, Vp = 384, Vl = Vp / tp;
+    std::vector<float> logits = random_values((size_t)N * Vp, rng, -4.0f, 4.0f);
+    std::vector<int> targets = random_tokens(N, V, rng);
+    float dloss = 1.0f / N;
+    std::vector<float> losses(N), dlogits(logits.size());
+    crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
+    crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+
+    using Logits = std::unique_ptr<DeviceArray<floatX>>;  // (no ">>>": the emulator's converter reads it as a launch)
+    using Stats = std::unique_ptr<DeviceArray<float>>;
+    std::vector<Logits> slices;
+    std::vector<Stats> stats;  // per slice (3, N): max, sum, target logit
+    DeviceArray<int> d_targets(N);
+    upload_raw(d_targets, targets);
+    std::vector<float> row_max(N, -INFINITY), row_sum(N, 0.0f), target_logit(N, 0.0f);
+    for (int t = 0; t < tp; t++) {
+        std::vector<float> part((size_t)N * Vl);
+        for (int n = 0; n < N; n++) {
+            std::copy(logits.begin() + (size_t)n * Vp + t * Vl, logits.begin() + (size_t)n * Vp + (t + 1) * Vl,
+                      part.begin() + (size_t)n * Vl);
+        }
+        slices.emplace_back(new DeviceArray<floatX>(part.size()));
+        stats.emplace_back(new DeviceArray<float>(3 * N));
+        upload(*slices[t], part);
+        int valid = std::max(0, std::min(Vl, V - t * Vl));
+        classifier_slice_max(slices[t]->ptr, stats[t]->ptr, N, valid, Vl, 0);
+        std::vector<float> m(N);
+        cudaCheck(cudaMemcpy(m.data(), stats[t]->ptr, N * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int n = 0; n < N; n++) row_max[n] = std::max(row_max[n], m[n]);
+    }
+    for (int t = 0; t < tp; t++) {  // every slice gets the combined max, then adds its part of the sums
+        int valid = std::max(0, std::min(Vl, V - t * Vl));
+        float* st = stats[t]->ptr;
+        cudaCheck(cudaMemcpy(st, row_max.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+        classifier_slice_sum(slices[t]->ptr, st, st + N, st + 2 * N, d_targets.ptr, N, t * Vl, valid, Vl, 0);
+        std::vector<float> part(2 * N);
+        cudaCheck(cudaMemcpy(part.data(), st + N, 2 * N * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int n = 0; n < N; n++) row_sum[n] += part[n], target_logit[n] += part[N + n];
+    }
+    std::vector<float> got_dlogits(logits.size());
+    for (int t = 0; t < tp; t++) {
+        int valid = std::max(0, std::min(Vl, V - t * Vl));
+        float* st = stats[t]->ptr;
+        cudaCheck(cudaMemcpy(st + N, row_sum.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(st + 2 * N, target_logit.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+        DeviceArray<float> d_losses(N);
+        classifier_slice_loss(slices[t]->ptr, d_losses.ptr, st, st + N, st + 2 * N, d_targets.ptr, dloss, N, t * Vl, valid,
+                              Vl, true, 0);
+        std::vector<float> got_losses(N);
+        cudaCheck(cudaMemcpy(got_losses.data(), d_losses.ptr, N * sizeof(float), cudaMemcpyDeviceToHost));
+        expect_close("slice losses (fp32)", got_losses, losses, 1e-5);
+        std::vector<float> part = download(*slices[t]);
+        for (int n = 0; n < N; n++) {
+            std::copy(part.begin() + (size_t)n * Vl, part.begin() + (size_t)(n + 1) * Vl,
+                      got_dlogits.begin() + (size_t)n * Vp + t * Vl);
+        }
+    }
+    expect_close("slice dlogits", got_dlogits, dlogits, TOL_ELEMENTWISE);
+    for (int n = 0; n < N; n++) {
+        for (int v = V; v < Vp; v++) ASSERT_EQ(got_dlogits[(size_t)n * Vp + v], 0.0f) << "padded column " << v;
+    }
+  }
+}
+
+// The vocabulary-parallel embedding: 3 processes' slices of wte's rows. Each position's token has one
+// owner, which alone writes wte + wpe (the others zeros), so the sum over the slices is the whole
+// encoder's output bit for bit; each slice's backward writes its rows of dwte, together the whole
+// dwte bit for bit (the same positions, summed in the same order), and dwpe as the whole one does.
+TEST(Kernels, EncoderVocabularySlices) {
+    std::mt19937 rng(12);
+    int B = 4, T = 32, C = 64, V = 24, maxT = 64, tp = 3, Vl = V / tp;
+    std::vector<int> inp = random_tokens(B * T, V - 2, rng);  // the last rows unused: a bucket-free slice part
+    std::vector<float> wte = random_values((size_t)V * C, rng), wpe = random_values((size_t)maxT * C, rng);
+    std::vector<float> dout = random_values((size_t)B * T * C, rng);
+    DeviceArray<floatX> d_wte(wte.size()), d_wpe(wpe.size()), d_out((size_t)B * T * C), d_dout(dout.size());
+    DeviceArray<floatX> d_dwte(wte.size()), d_dwpe(wpe.size());
+    DeviceArray<int> d_inp(inp.size()), d_buckets(encoder_buckets_ints(B, T));
+    upload(d_wte, wte), upload(d_wpe, wpe), upload(d_dout, dout), upload_raw(d_inp, inp);
+    encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, B, T, C, 0);
+    EncoderBuckets buckets;
+    buckets.device = d_buckets.ptr;
+    encoder_prepare_backward(&buckets, inp.data(), B, T, V, 0);
+    encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, buckets, B, T, C, 0);
+    std::vector<float> whole_out = download(d_out), whole_dwte = download(d_dwte), whole_dwpe = download(d_dwpe);
+
+    std::vector<float> sum_out(whole_out.size(), 0.0f), sliced_dwte(wte.size(), 0.0f);
+    for (int t = 0; t < tp; t++) {
+        DeviceArray<floatX> s_out(whole_out.size()), s_dwte((size_t)Vl * C), s_dwpe(wpe.size());
+        encoder_forward(s_out.ptr, d_inp.ptr, d_wte.ptr + (size_t)t * Vl * C, d_wpe.ptr, B, T, C, 0, t * Vl, Vl);
+        std::vector<float> part = download(s_out);
+        for (size_t i = 0; i < part.size(); i++) sum_out[i] += part[i];
+        EncoderBuckets mine;
+        mine.device = d_buckets.ptr;
+        encoder_prepare_backward(&mine, inp.data(), B, T, V, 0, t * Vl, Vl);
+        encoder_backward(s_dwte.ptr, s_dwpe.ptr, d_dout.ptr, mine, B, T, C, 0);
+        std::vector<float> rows = download(s_dwte);
+        std::copy(rows.begin(), rows.end(), sliced_dwte.begin() + (size_t)t * Vl * C);
+        EXPECT_TRUE(same_bits(download(s_dwpe), whole_dwpe)) << "dwpe of slice " << t;
+    }
+    EXPECT_TRUE(same_bits(sum_out, whole_out)) << "the slices' embeddings do not add up to the whole";
+    EXPECT_TRUE(same_bits(sliced_dwte, whole_dwte)) << "the slices' dwte rows differ from the whole";
 }
 
 TEST(Kernels, AdamWAndGradNorm) {
