@@ -4,7 +4,8 @@ flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward an
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
 One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1, -z 2 ZeRO-2, -z 3 ZeRO-3):
 llmc/parallel/comm_nccl.cuh and doc/data_parallel.md; pipeline stages (-pp, -pm) over NCCL send/receive:
-llmc/parallel/pipeline.h and doc/model_parallel.md.
+llmc/parallel/pipeline.h and doc/model_parallel.md; tensor parallelism (-tp) over NCCL all-reduces:
+llmc/parallel/tensor_parallel.h.
 
     tokens -> encoder -> L x [ ln1 -> qkv -> attention -> attproj -> +residual
                                ln2 -> fc -> gelu -> fcproj -> +residual ] -> lnf -> logits (x wteᵀ) -> loss
@@ -589,8 +590,9 @@ double predicted_data_parallel_bytes(const GPT2* model, int A) {
 // two per layer forward, two backward, one more with -r 3's recomputation, the LM head's input
 // gradient and the classifier's two sums of B·T floats on the last stage; its max goes uncounted) and
 // its broadcasts of the replicated gradients per step, and the stages' sums of the shared tensors'
-// gradients (two all-reduces: wte and wpe, lnfw and lnfb). The gradient norm is then summed on the
-// host (uncounted), and the activations and gradients sent between stages go uncounted.
+// gradients (two all-reduces: wte and wpe, lnfw and lnfb) and the stage-to-stage messages (per
+// micro-step a (B, T, C) tensor in and a gradient out to the previous stage, one out and one in from
+// the next). The gradient norm is then summed on the host (uncounted).
 double predicted_comm_bytes(const GPT2* model, int A) {
     const ParallelLayout& lay = model->layout;
     double bytes = predicted_data_parallel_bytes(model, A);
@@ -612,6 +614,9 @@ double predicted_comm_bytes(const GPT2* model, int A) {
     if (lay.pp > 1) {
         size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
         for (size_t n : outer) bytes += all_reduce_bytes(n, lay.pp, X);
+        size_t BTC = (size_t)model->batch_size * model->seq_len * model->config.channels;
+        int neighbours = (model->first_stage() ? 0 : 1) + (model->last_stage() ? 0 : 1);
+        bytes += (double)A * neighbours * 2 * BTC * X;
     }
     return bytes;
 }
@@ -1781,8 +1786,8 @@ int main(int argc, char** argv) {
     gpt2_allocate_activations(&model, args.B, args.T);
     if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {
         printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
-               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes%s)\n", predicted_comm_bytes(&model, m),
-               layout.zero_stage, layout.dp, layout.tp, layout.pp, m, layout.pp > 1 ? "; stage-to-stage sends uncounted" : "");
+               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n", predicted_comm_bytes(&model, m),
+               layout.zero_stage, layout.dp, layout.tp, layout.pp, m);
     }
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));

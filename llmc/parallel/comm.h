@@ -281,13 +281,15 @@ inline void reduce_scatter_v_sum(const ProcessGroup& g, const float* full, float
 
 // Under NCCL a send holds the group's communication stream until the peer receives it (NCCL's
 // rule), so two processes that send to each other put their sends and receives in one
-// comm_group_start/comm_group_end.
+// comm_group_start/comm_group_end. Each side counts its bytes in comm_bytes_moved (sent or received).
 inline void comm_send(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int tag) {
     if (g.backend == nullptr) fatal("send to process %d: this process is alone (pipeline parallelism needs MPI)", peer);
+    comm_bytes_moved += (uint64_t)n * comm_type_bytes(type);
     g.backend->send(g, data, n, type, peer, tag);
 }
 inline void comm_recv(const ProcessGroup& g, void* data, size_t n, CommType type, int peer, int tag) {
     if (g.backend == nullptr) fatal("receive from process %d: this process is alone (pipeline parallelism needs MPI)", peer);
+    comm_bytes_moved += (uint64_t)n * comm_type_bytes(type);
     g.backend->recv(g, data, n, type, peer, tag);
 }
 template <typename T>
