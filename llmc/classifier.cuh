@@ -13,6 +13,28 @@
 // ----------------------------------------------------------------------------
 // kernels
 
+// The block overwrites a row of n logits with their gradient: (softmax - one-hot(target)) * dloss for
+// the first `valid` columns (row_max and inv_sum: the whole row's max and 1 / sum of exponentials), 0 for
+// the padding after them.
+__device__ inline void write_dlogits_row(floatX* row, int n, int valid, int target, float row_max, float inv_sum,
+                                         float dloss) {
+    for (int v = threadIdx.x * x128::size; v < n; v += blockDim.x * x128::size) {
+        x128 x = load128(row + v);
+        x128 d;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            int col = v + k;
+            float grad = 0.0f;
+            if (col < valid) {
+                float prob = expf((float)x[k] - row_max) * inv_sum;
+                grad = (prob - (col == target ? 1.0f : 0.0f)) * dloss;
+            }
+            d[k] = (floatX)grad;
+        }
+        store128(row + v, d);
+    }
+}
+
 __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V,
                                         int Vp, bool write_dlogits) {
     int n = blockIdx.x;
@@ -41,24 +63,7 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     float rescaled = thread_max == -INFINITY ? 0.0f : thread_sum * expf(thread_max - row_max);
     float row_sum = block_reduce_sum(rescaled);
     if (threadIdx.x == 0) losses[n] = logf(row_sum) + row_max - target_logit;
-    if (!write_dlogits) return;
-
-    float inv_sum = 1.0f / row_sum;
-    for (int v = threadIdx.x * x128::size; v < Vp; v += blockDim.x * x128::size) {
-        x128 x = load128(row + v);
-        x128 d;
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            int col = v + k;
-            float grad = 0.0f;
-            if (col < V) {
-                float prob = expf((float)x[k] - row_max) * inv_sum;
-                grad = (prob - (col == target ? 1.0f : 0.0f)) * dloss;
-            }
-            d[k] = (floatX)grad;
-        }
-        store128(row + v, d);
-    }
+    if (write_dlogits) write_dlogits_row(row, Vp, V, target, row_max, 1.0f / row_sum, dloss);
 }
 
 // Vocabulary-parallel cross-entropy (tensor parallelism, llmc/parallel/tensor_parallel.h): this process
@@ -112,24 +117,7 @@ __global__ void classifier_slice_loss_kernel(floatX* logits, float* losses, cons
     floatX* row = logits + (size_t)n * Vl;
     float m = row_max[n], sum = row_sum[n];
     if (threadIdx.x == 0) losses[n] = logf(sum) + m - target_logit[n];
-    if (!write_dlogits) return;
-    float inv_sum = 1.0f / sum;
-    int target = targets[n] - v_begin;
-    for (int v = threadIdx.x * x128::size; v < Vl; v += blockDim.x * x128::size) {
-        x128 x = load128(row + v);
-        x128 d;
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            int col = v + k;
-            float grad = 0.0f;
-            if (col < valid) {
-                float prob = expf((float)x[k] - m) * inv_sum;
-                grad = (prob - (col == target ? 1.0f : 0.0f)) * dloss;
-            }
-            d[k] = (floatX)grad;
-        }
-        store128(row + v, d);
-    }
+    if (write_dlogits) write_dlogits_row(row, Vl, valid, targets[n] - v_begin, m, 1.0f / sum, dloss);
 }
 
 // ----------------------------------------------------------------------------

@@ -627,6 +627,39 @@ TEST(MultiGpuMpirun, ThreeProcessesZero2And3WithAccumulationMatchTheCpuTrainer) 
     }
 }
 
+// A run of 4 steps (leg.first, leg.first_processes processes, checkpoints every 2 steps in dir) is cut
+// back to its step-2 checkpoint and resumed by leg.second: its steps 2 and 3 follow the first run's,
+// losses within the suite's fp32 step tolerance and weights within 1% of AdamW's largest movement (2
+// steps of lr 1e-3), not bit for bit (another trainer or layout: other summation orders).
+struct ResumeLeg { const char* name; std::string first, second; int first_processes; };
+void expect_resume_follows(const ResumeLeg& leg, const std::string& dir) {
+    test::CommandResult first = test::run_command(leg.first + " -o " + dir);
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    std::vector<double> want = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
+    ASSERT_EQ(want.size(), 4u);
+    std::vector<float> want_weights = checkpoint_weights(dir, 4);
+    // forget step 4: the second trainer continues from step 2
+    std::remove(checkpoint_done_path(dir, 4).c_str());
+    std::remove(checkpoint_model_path(dir, 4).c_str());
+    for (int r = 0; r < leg.first_processes; r++) std::remove(checkpoint_state_path(dir, 4, r).c_str());
+    test::CommandResult second = test::run_command(leg.second + " -y 1 -o " + dir);
+    ASSERT_EQ(second.exit_code, 0) << second.output;
+    EXPECT_NE(second.output.find("continuing from step 2"), std::string::npos) << second.output;
+    std::vector<double> got = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
+    ASSERT_GE(got.size(), 2u);
+    for (int s = 2; s < 4; s++) {
+        double g = got[got.size() - 4 + s];
+        EXPECT_NEAR(g, want[s], step_loss_tolerance(want[s])) << "loss at step " << s;
+    }
+    std::vector<float> got_weights = checkpoint_weights(dir, 4);
+    ASSERT_EQ(got_weights.size(), want_weights.size());
+    double worst = 0;
+    for (size_t i = 0; i < got_weights.size(); i++) worst = std::max(worst, (double)std::fabs(got_weights[i] - want_weights[i]));
+    EXPECT_LE(worst, 0.01 * 2 * 1e-3) << "final weights";
+    printf("  %s: losses at steps 2, 3 within %.1e and %.1e, weights %.1e\n", leg.name,
+           std::fabs(got[got.size() - 2] - want[2]), std::fabs(got.back() - want[3]), worst);
+}
+
 // Checkpoints depend on neither the layout nor the trainer (issue 29, item 6). A CPU run under tp 2 x
 // pp 2 (4 processes) checkpoints at step 2 and goes on to step 4; the CUDA trainer (fp32) resumes its
 // step-2 checkpoint under ZeRO-3 with 2 processes and trains the steps 2 and 3 the CPU run trained. The
@@ -643,35 +676,10 @@ TEST(MultiGpuMpirun, CheckpointsMoveBetweenTrainersAndLayouts) {
     std::string flags = " " + dp_flags(tiny_oracle(), 4, 64) + " -n 2";
     std::string cpu = "OMP_NUM_THREADS=1 " + mpirun_command(4) + cpu_trainer + flags + " -tp 2 -pp 2";
     std::string gpu = mpirun_command(2) + trainer() + flags + " -z 3";
-    struct Leg { const char* name; std::string first, second; int first_processes; };
-    for (const Leg& leg : {Leg{"CPU tp2 x pp2, then CUDA -z 3", cpu, gpu, 4}, Leg{"CUDA -z 3, then CPU tp2 x pp2", gpu, cpu, 2}}) {
+    for (const ResumeLeg& leg : {ResumeLeg{"CPU tp2 x pp2, then CUDA -z 3", cpu, gpu, 4},
+                                 ResumeLeg{"CUDA -z 3, then CPU tp2 x pp2", gpu, cpu, 2}}) {
         SCOPED_TRACE(leg.name);
-        std::string dir = test::scratch_dir(std::string("xtrain_") + (leg.first_processes == 4 ? "cpu_gpu" : "gpu_cpu"));
-        test::CommandResult first = test::run_command(leg.first + " -o " + dir);
-        ASSERT_EQ(first.exit_code, 0) << first.output;
-        std::vector<double> want = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
-        ASSERT_EQ(want.size(), 4u);
-        std::vector<float> want_weights = checkpoint_weights(dir, 4);
-        // forget step 4: the second trainer continues from step 2
-        std::remove(checkpoint_done_path(dir, 4).c_str());
-        std::remove(checkpoint_model_path(dir, 4).c_str());
-        for (int r = 0; r < leg.first_processes; r++) std::remove(checkpoint_state_path(dir, 4, r).c_str());
-        test::CommandResult second = test::run_command(leg.second + " -y 1 -o " + dir);
-        ASSERT_EQ(second.exit_code, 0) << second.output;
-        EXPECT_NE(second.output.find("continuing from step 2"), std::string::npos) << second.output;
-        std::vector<double> got = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
-        ASSERT_GE(got.size(), 2u);
-        for (int s = 2; s < 4; s++) {
-            double g = got[got.size() - 4 + s];
-            EXPECT_NEAR(g, want[s], step_loss_tolerance(want[s])) << "loss at step " << s;
-        }
-        std::vector<float> got_weights = checkpoint_weights(dir, 4);
-        ASSERT_EQ(got_weights.size(), want_weights.size());
-        double worst = 0;
-        for (size_t i = 0; i < got_weights.size(); i++) worst = std::max(worst, (double)std::fabs(got_weights[i] - want_weights[i]));
-        EXPECT_LE(worst, 0.01 * 2 * 1e-3) << "final weights";
-        printf("  %s: losses at steps 2, 3 within %.1e and %.1e, weights %.1e\n", leg.name,
-               std::fabs(got[got.size() - 2] - want[2]), std::fabs(got.back() - want[3]), worst);
+        expect_resume_follows(leg, test::scratch_dir(std::string("xtrain_") + (leg.first_processes == 4 ? "cpu_gpu" : "gpu_cpu")));
     }
 }
 
@@ -685,40 +693,16 @@ TEST(MultiGpuMpirun, ModelParallelCheckpointsResumeInOtherLayouts) {
     std::string cpu_trainer = test::root() + "/train_gpt2";
     if (!file_exists(cpu_trainer)) GTEST_SKIP() << "needs the CPU trainer (make train_gpt2)";
     std::string flags = " " + dp_flags(test::oracle("tiny_five", five_args()), 4, 128) + " -n 2";
-    struct Leg { const char* name; std::string first, second; int first_processes; };
     int legs_run = 0;
-    for (const Leg& leg : {Leg{"CUDA pp 2, then 1 CUDA process", mpirun_command(2) + trainer() + flags + " -pp 2",
-                               trainer() + flags, 2},
-                           Leg{"CPU pp 2, then CUDA pp 3 (GPipe)", "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -pp 2",
-                               mpirun_command(3) + trainer() + flags + " -pp 3 -pm gpipe", 2},
-                           Leg{"CUDA tp 2 x pp 2, then CPU tp 2", mpirun_command(4) + trainer() + flags + " -tp 2 -pp 2",
-                               "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -tp 2", 4}}) {
+    for (const ResumeLeg& leg : {ResumeLeg{"CUDA pp 2, then 1 CUDA process", mpirun_command(2) + trainer() + flags + " -pp 2",
+                                           trainer() + flags, 2},
+                                 ResumeLeg{"CPU pp 2, then CUDA pp 3 (GPipe)",
+                                           "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -pp 2",
+                                           mpirun_command(3) + trainer() + flags + " -pp 3 -pm gpipe", 2},
+                                 ResumeLeg{"CUDA tp 2 x pp 2, then CPU tp 2", mpirun_command(4) + trainer() + flags + " -tp 2 -pp 2",
+                                           "OMP_NUM_THREADS=1 " + mpirun_command(2) + cpu_trainer + flags + " -tp 2", 4}}) {
         SCOPED_TRACE(leg.name);
-        std::string dir = test::scratch_dir("mp_resume_" + std::to_string(legs_run++));
-        test::CommandResult first = test::run_command(leg.first + " -o " + dir);
-        ASSERT_EQ(first.exit_code, 0) << first.output;
-        std::vector<double> want = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
-        ASSERT_EQ(want.size(), 4u);
-        std::vector<float> want_weights = checkpoint_weights(dir, 4);
-        std::remove(checkpoint_done_path(dir, 4).c_str());
-        std::remove(checkpoint_model_path(dir, 4).c_str());
-        for (int r = 0; r < leg.first_processes; r++) std::remove(checkpoint_state_path(dir, 4, r).c_str());
-        test::CommandResult second = test::run_command(leg.second + " -y 1 -o " + dir);
-        ASSERT_EQ(second.exit_code, 0) << second.output;
-        EXPECT_NE(second.output.find("continuing from step 2"), std::string::npos) << second.output;
-        std::vector<double> got = test::jsonl_values(dir + "/metrics.jsonl", "train_loss");
-        ASSERT_GE(got.size(), 2u);
-        for (int s = 2; s < 4; s++) {
-            double g = got[got.size() - 4 + s];
-            EXPECT_NEAR(g, want[s], step_loss_tolerance(want[s])) << "loss at step " << s;
-        }
-        std::vector<float> got_weights = checkpoint_weights(dir, 4);
-        ASSERT_EQ(got_weights.size(), want_weights.size());
-        double worst = 0;
-        for (size_t i = 0; i < got_weights.size(); i++) worst = std::max(worst, (double)std::fabs(got_weights[i] - want_weights[i]));
-        EXPECT_LE(worst, 0.01 * 2 * 1e-3) << "final weights";
-        printf("  %s: losses at steps 2, 3 within %.1e and %.1e, weights %.1e\n", leg.name,
-               std::fabs(got[got.size() - 2] - want[2]), std::fabs(got.back() - want[3]), worst);
+        expect_resume_follows(leg, test::scratch_dir("mp_resume_" + std::to_string(legs_run++)));
     }
 }
 #endif
