@@ -343,6 +343,13 @@ void gpt2_sync(GPT2* model, const char* what) {
     }
 }
 
+// The part [*begin, *end) of the flat gradient vector that grads_memory holds from its element 0: all of
+// it, or with -z 2 and 3 this process's shard.
+void held_gradient_range(const GPT2* model, size_t* begin, size_t* end) {
+    *begin = model->packed_grads ? shard_first(model->shard) : 0;
+    *end = model->packed_grads ? *begin + model->shard.shard_size : model->num_parameters;
+}
+
 // Uploads fp32 host parameters (checkpoint order) to the device as floatX, and this process's part
 // [opt_begin, opt_end) of them to the master weights.
 void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
@@ -606,8 +613,11 @@ double predicted_comm_bytes(const GPT2* model, int A) {
         if (model->first_stage()) micro += all_reduce_bytes(BTC, P, X);
         if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + all_reduce_bytes(2 * BT, P, sizeof(float));
         bytes += A * micro;
+        size_t begin, end;  // -z 2, 3: the replicated tensors' parts in this process's shard
+        held_gradient_range(model, &begin, &end);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t n = model->param_sizes[i];
+            size_t lo = std::max(begin, model->param_offsets[i]), hi = std::min(end, model->param_offsets[i] + model->param_sizes[i]);
+            size_t n = lo < hi ? hi - lo : 0;
             if (tp_param_is_replicated(i)) bytes += 2.0 * (double)(n - n / P) * X;
         }
     }
@@ -1230,8 +1240,10 @@ double gpt2_grad_norm(GPT2* model) {
         }
     }
     cudaCheck(cudaMemsetAsync(sums, 0, NUM_PARAMETER_TENSORS * sizeof(float), model->stream));
+    size_t held_begin, held_end;  // -z 2, 3: the gradient array is the shard
+    held_gradient_range(model, &held_begin, &held_end);
     for (size_t k = 0; k < ranges.size(); k++) {
-        sum_of_squares(sums + k, model->acts.reduce_scratch, model->grads_memory + ranges[k].first,
+        sum_of_squares(sums + k, model->acts.reduce_scratch, model->grads_memory + (ranges[k].first - held_begin),
                        ranges[k].second - ranges[k].first, model->stream);
     }
     cudaCheck(cudaMemcpyAsync(model->host_norm_sq, sums, NUM_PARAMETER_TENSORS * sizeof(float), cudaMemcpyDeviceToHost,
@@ -1621,10 +1633,13 @@ void gpt2_model_parallel_reduce_gradients(GPT2* model) {
     const ProcessGroup& dp = model->layout.dp_group;
     floatX* g = model->grads_memory;
     const size_t* off = model->param_offsets;
-    if (comm_active(tp)) {
+    if (comm_active(tp)) {  // (-z 2, 3: the replicated tensors' parts in this process's shard, which its tp peers' shards match)
+        size_t begin, end;
+        held_gradient_range(model, &begin, &end);
         comm_group_start(tp);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (tp_param_is_replicated(i)) broadcast(tp, g + off[i], model->param_sizes[i], COMM_FLOATX, 0);
+            size_t lo = std::max(begin, off[i]), hi = std::min(end, off[i] + model->param_sizes[i]);
+            if (tp_param_is_replicated(i) && lo < hi) broadcast(tp, g + (lo - begin), hi - lo, COMM_FLOATX, 0);
         }
         comm_group_end(tp);
         comm_join(tp);
@@ -1634,7 +1649,8 @@ void gpt2_model_parallel_reduce_gradients(GPT2* model) {
         all_reduce(pp, g + off[P_LNFW], model->num_parameters - off[P_LNFW], COMM_FLOATX, COMM_SUM);  // lnfw, lnfb
         comm_join(pp);
     }
-    if (!comm_active(dp)) return;
+    // -z 2, 3: each micro-step's gradients were reduced into the shards during its backward
+    if (!comm_active(dp) || model->packed_grads) return;
     for (const std::vector<GradSlice>& bucket : model->grad_buckets) reduce_gradient_bucket(dp, g, COMM_FLOATX, bucket);
     comm_join(dp);
 }

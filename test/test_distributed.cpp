@@ -579,6 +579,8 @@ TEST(Distributed, BadLayoutsAreRefused) {
         {1, "-pm zigzag", "unknown pipeline schedule 'zigzag'"},
         {2, "-tp 2 -s 5", "need the whole logits"},
         {2, "-pp 2 -s 5", "not implemented through a pipeline"},
+        {1, "-tp 2 -z 2", "the CPU trainer runs ZeRO stages 2 and 3 with data parallelism alone"},
+        {1, "-pp 2 -z 3", "ZeRO stages 2 and 3 do not run with pipeline stages"},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE("np " + std::to_string(c.np) + " " + c.flags);

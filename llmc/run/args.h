@@ -208,8 +208,10 @@ inline double parse_number(const char* flag, const char* text, bool integer, dou
     return value;
 }
 
-// Flags that cannot be combined with the process layout (-tp, -pp), in either trainer: fatal, with the reason.
-inline void check_layout_flags(const TrainArgs& args) {
+// Flags that cannot be combined with the process layout (-tp, -pp): fatal, with the reason. The CUDA
+// trainer (cuda) also runs ZeRO-2/3 with tensor parallelism (2-D: the data-parallel group shards each
+// tensor-parallel rank's slices).
+inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     int tp = args.tensor_parallel, pp = args.pipeline_parallel;
     if (tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
@@ -217,9 +219,12 @@ inline void check_layout_flags(const TrainArgs& args) {
     }
     // ZeRO-2/3 (llmc/parallel/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
     // pipeline parallelism split the same parameters another way
-    if (args.zero_stage >= 2 && (tp > 1 || pp > 1)) {
-        fatal("flag -z %d: ZeRO stages 2 and 3 run with data parallelism alone; with -tp or -pp use -z 0 or -z 1",
-              args.zero_stage);
+    if (args.zero_stage >= 2 && pp > 1) {
+        fatal("flag -z %d: ZeRO stages 2 and 3 do not run with pipeline stages; with -pp use -z 0 or -z 1", args.zero_stage);
+    }
+    if (args.zero_stage >= 2 && tp > 1 && !cuda) {
+        fatal("flag -z %d: the CPU trainer runs ZeRO stages 2 and 3 with data parallelism alone; with -tp use -z 0 or "
+              "-z 1 (the CUDA trainer has -z 2 and 3 with -tp)", args.zero_stage);
     }
     // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout: a
     // tensor-parallel rank holds a slice of each, and ZeRO-2/3 hold a shard of the gradients only
@@ -297,7 +302,7 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
         fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
     }
-    check_layout_flags(*args);
+    check_layout_flags(*args, cuda);
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");
     if (args->B == BATCH_AUTO && args->total_batch_tokens < 0) {
         fatal("flag -b auto needs -d, the total batch in tokens: -d fixes what a step computes, -b auto only how much "

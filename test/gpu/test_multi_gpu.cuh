@@ -126,17 +126,16 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
 }
 
 // Layouts the CUDA trainer cannot run are refused before anything runs, each with its reason: tensor-
-// parallel ranks or stages without the processes, and what they cannot combine with (ZeRO-2/3, Muon,
-// sampling), the same checks and messages as the CPU trainer's.
+// parallel ranks or stages without the processes, and what they cannot combine with (ZeRO-2/3 with
+// stages, Muon, sampling), the same checks and messages as the CPU trainer's.
 TEST(MultiGpuOneProcess, LayoutFlagsThatCannotRunAreRefused) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string flags = " -e " + tiny_oracle() + "/model.bin -i " + tiny_oracle() + "/train.bin -b 2 -t 16 -x 1 -v 0";
     struct Case { std::string flags, message; };
     for (const Case& c : {Case{" -s 0 -tp 2", "flag -tp 2: tensor-parallel ranks are processes; launch 2 or more"},
-                          Case{" -s 0 -tp 2 -z 3", "flag -z 3: ZeRO stages 2 and 3 run with data parallelism alone"},
                           Case{" -s 5 -tp 2", "-tp 2: sampling (-s) and HellaSwag (-he) need the whole logits"},
                           Case{" -s 0 -pp 2", "flag -pp 2: pipeline stages are processes; launch 2 or more"},
-                          Case{" -s 0 -pp 2 -z 2", "flag -z 2: ZeRO stages 2 and 3 run with data parallelism alone"},
+                          Case{" -s 0 -pp 2 -z 2", "flag -z 2: ZeRO stages 2 and 3 do not run with pipeline stages"},
                           Case{" -s 0 -pp 2 -opt muon", "-opt muon runs with data parallelism and ZeRO stages 0 and 1 only"},
                           Case{" -s 5 -pp 2", "-pp 2: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline"}}) {
         SCOPED_TRACE(c.flags);
@@ -506,7 +505,9 @@ size_t local_parameters(const std::string& oracle_dir, int tp, int pp) {
 // Tensor parallelism (-tp, Megatron's split: llmc/parallel/tensor_parallel.h) over NCCL follows one
 // process on the same global batch (4 micro-batches of B=2, T=16 a step): tp 2 with -r 3 (the block's
 // forward, and its all-reduce, again in the backward), tp 2 x pp 2 under 1F1B, tp 2 x dp 2 with ZeRO-1,
-// and tp 3 x pp 2 under GPipe on a model of 6 heads (2 per process) and 3 layers (2+1). The bars are
+// ZeRO-2 and ZeRO-3 (2-D: the data-parallel pair shards each tensor-parallel rank's slices; -z 3
+// gathers them block by block), and tp 3 x pp 2 under GPipe on a model of 6 heads (2 per process) and 3
+// layers (2+1). The bars are
 // expect_same_training's: the row-parallel matmuls' terms and the embedding are summed across the
 // processes in bf16 (in the fp32 build, in another order than one matmul sums them). Also: process 0
 // allocates exactly its slices of its stage, and the bytes counted per step are the start-up line's
@@ -521,11 +522,13 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
     std::string five = test::oracle("tiny_five", five_args()), six = test::oracle("tiny_six_heads", six_heads_args());
     std::map<std::string, std::string> one;  // oracle -> the one-process run's directory
     for (const Case& c : {Case{five, 2, 2, 1, "-tp 2 -r 3"}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm 1f1b"},
-                          Case{five, 4, 2, 1, "-tp 2 -z 1"}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe"}}) {
+                          Case{five, 4, 2, 1, "-tp 2 -z 1"}, Case{five, 4, 2, 1, "-tp 2 -z 2"}, Case{five, 4, 2, 1, "-tp 2 -z 3"},
+                          Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe"}}) {
         SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
         std::string flags = dp_flags(c.oracle, steps, 2 * 16 * 4);
         if (!one.count(c.oracle)) one[c.oracle] = run_trainer("tp_one_" + std::to_string(one.size()), flags).dir;
-        std::string dir = test::scratch_dir("tp_" + std::to_string(c.np) + "_" + std::to_string(c.pp));
+        std::string dir = test::scratch_dir("tp_" + std::to_string(c.np) + "_" + std::to_string(c.pp) + "_" +
+                                            std::to_string(c.flags.size()));
         test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
         ASSERT_EQ(r.exit_code, 0) << r.output;
         EXPECT_NE(r.output.find("layout: tp " + std::to_string(c.tp) + " x pp " + std::to_string(c.pp)), std::string::npos) << r.output;
