@@ -835,7 +835,15 @@ void gpt2_use_activation_slot(GPT2* model, int k) {
 
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
     bool flash = model->flash_attention;
+    bool automatic = model->recompute == RECOMPUTE_AUTO;
     model->recompute = choose_recompute(model, B, T, model->recompute);
+    if (automatic) {  // every process the same level: -r 3 recomputes a block's tensor-parallel all-reduce
+        int mine = model->recompute;
+        model->recompute = (int)all_reduce_extreme(model->layout.world, (uint64_t)mine, false, "-r auto's choice");
+        if (model->recompute != mine) {
+            printf("recompute: -r %d, the most any process needs (this one: -r %d)\n", model->recompute, mine);
+        }
+    }
     size_t bytes = activation_bytes(model, B, T, model->recompute, flash);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     model->slots.resize(model->act_slots);
@@ -1780,9 +1788,11 @@ int main(int argc, char** argv) {
     snprintf(extra, sizeof(extra), "\nprecision=%s", PRECISION_NAME);
     check_same_config(layout.world, run_description(args, cfg, initial.data(), initial.size(), resume_step) + extra);
     std::vector<float>().swap(initial);
-    if (args.B == BATCH_AUTO) {
-        if (dp.size > 1) fatal("flag -b auto: one process so far (each process could choose differently); give -b");
-        args.B = choose_batch(&model, args, dp.size);
+    if (args.B == BATCH_AUTO) {  // every process's choice divides the sequences a step takes: the least fits all
+        if (layout.pp > 1) fatal("flag -b auto with -pp: a stage's activation slots depend on the batch; give -b");
+        int mine = choose_batch(&model, args, layout.dp);
+        args.B = (int)all_reduce_extreme(layout.world, (uint64_t)mine, true, "-b auto's choice");
+        if (args.B != mine) printf("batch: -b auto: B=%d, the least any process could take (this one: %d)\n", args.B, mine);
     }
 
     // the run: data of this data-parallel replica (every stage of a pipeline reads the same), schedules,

@@ -151,6 +151,15 @@ inline double all_reduce_sum(const ProcessGroup& g, double value, const char* wh
     return comm_active(g) ? g.backend->sum_host(g, value, what) : value;
 }
 
+// The greatest (or, with least, the smallest) of every process's host value (a choice all must share:
+// a recompute level, a micro-batch); waits for it.
+inline uint64_t all_reduce_extreme(const ProcessGroup& g, uint64_t value, bool least, const char* what) {
+    if (!comm_active(g)) return value;
+    std::vector<uint64_t> all(g.size);
+    g.backend->all_gather_host_u64(g, value, all.data(), what);
+    return least ? *std::min_element(all.begin(), all.end()) : *std::max_element(all.begin(), all.end());
+}
+
 // data[n] on process root = the sum over processes (the gradients' owner under ZeRO-1).
 inline void reduce_sum(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
     comm_count(g, n, n / g.size, comm_type_bytes(type));

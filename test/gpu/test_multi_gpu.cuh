@@ -518,12 +518,15 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
     REQUIRE_ORACLE("tiny_five", five_args());
     REQUIRE_ORACLE("tiny_six_heads", six_heads_args());
     const int steps = 3;
-    struct Case { std::string oracle; int np, tp, pp; std::string flags; };
+    // the bf16 build runs two of the layouts (their bf16 sums; the paths do not depend on the precision),
+    // to keep the suite's time on 2 cores
+    struct Case { std::string oracle; int np, tp, pp; std::string flags; bool bf16; };
     std::string five = test::oracle("tiny_five", five_args()), six = test::oracle("tiny_six_heads", six_heads_args());
     std::map<std::string, std::string> one;  // oracle -> the one-process run's directory
-    for (const Case& c : {Case{five, 2, 2, 1, "-tp 2 -r 3"}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm 1f1b"},
-                          Case{five, 4, 2, 1, "-tp 2 -z 1"}, Case{five, 4, 2, 1, "-tp 2 -z 2"}, Case{five, 4, 2, 1, "-tp 2 -z 3"},
-                          Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe"}}) {
+    for (const Case& c : {Case{five, 2, 2, 1, "-tp 2 -r 3", false}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm 1f1b", true},
+                          Case{five, 4, 2, 1, "-tp 2 -z 1", false}, Case{five, 4, 2, 1, "-tp 2 -z 2", false},
+                          Case{five, 4, 2, 1, "-tp 2 -z 3", true}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe", false}}) {
+        if (sizeof(floatX) == 2 && !c.bf16) continue;
         SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
         std::string flags = dp_flags(c.oracle, steps, 2 * 16 * 4);
         if (!one.count(c.oracle)) one[c.oracle] = run_trainer("tp_one_" + std::to_string(one.size()), flags).dir;
@@ -554,6 +557,41 @@ TEST(MultiGpuMpirun, PipelineNonFiniteStepSkippedByEveryStage) {
     EXPECT_EQ(test::read_text(dir + "/model_00000002.bin"), test::read_text(dir + "/model_00000003.bin"));
     EXPECT_NE(test::read_text(dir + "/model_00000003.bin"), test::read_text(dir + "/model_00000004.bin"));
 }
+
+// -b auto with 2 processes whose devices differ (MPMD: process 1's emulated device has less memory,
+// between what B=32 and B=64 need, as in TrainMemory.BatchAutoTakesTheLargestMicroBatchThatFits):
+// process 0 alone would take B=64, process 1 B=32; all must run the same micro-batch, so both take the
+// least, and the step is 2 micro-steps of 32 on each. (bf16 build only: the path is the precision's
+// neither; emulator only: it sets the device's memory.)
+#if !defined(ENABLE_FP32)
+TEST(MultiGpuMpirun, BatchAutoTakesTheLeastChoiceOfAllProcesses) {
+#if !defined(CUDA_EMULATION)
+    GTEST_SKIP() << "sets the device's memory with EMU_DEVICE_MEMORY: emulator only";
+#endif
+    REQUIRE_MPIRUN_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string model = " -e " + dir + "/model.bin -t 32 -r 3";
+    auto planned = [&](int B) {
+        test::CommandResult r = test::run_command(trainer() + model + " -b " + std::to_string(B) + " -P 1");
+        EXPECT_EQ(r.exit_code, 0) << r.output;
+        unsigned long long total = 0;
+        EXPECT_TRUE(read_plan_total(r.output, &total)) << r.output;
+        return (double)total;
+    };
+    long long memory = (long long)((planned(32) + planned(64)) / 2 * 32.0 / 31.0);
+    std::string flags = model + " -i " + dir + "/train.bin -sh 0 -v 0 -s 0 -b auto -d 4096 -x 1 -o " +
+                        test::scratch_dir("mpi_batch_auto");
+    std::string cmd = "timeout 600 env EMU_DEVICE_COUNT=2 ASAN_OPTIONS=detect_leaks=0 mpirun --allow-run-as-root "
+                      "--oversubscribe --bind-to none -x EMU_DEVICE_COUNT -x ASAN_OPTIONS -np 1 " + trainer() + flags +
+                      " : -np 1 env EMU_DEVICE_MEMORY=" + std::to_string(memory) + " " + trainer() + flags;
+    test::CommandResult r = test::run_command(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("-b auto chose B=64"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("batch: -b auto: B=32, the least any process could take (this one: 64)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("batch: B=32 T=32 x 2 accumulation step(s) x 2 process(es)"), std::string::npos) << r.output;
+}
+#endif
 
 #if defined(ENABLE_FP32)
 // The issue's acceptance check: `mpirun -np 3 train_gpt2fp32cu -z 1` on a small model follows the CPU
