@@ -50,6 +50,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/utils.h"
 
 #include "llmc/cuda_common.cuh"  // first: floatX and the checks the kernels use
+#include "llmc/adafactor.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/classifier.cuh"
@@ -423,17 +424,27 @@ int least_recompute_that_fits(const GPT2* model, int B, int T, size_t room) {
 // gathering buffers), predicted for each ZeRO stage from the shard arithmetic, beside what the
 // allocations took (cudaMemGetInfo before and after): the ZeRO paper's Ψ(2 + 2 + 12)/N ladder with
 // this trainer's buffers.
+// The optimizer's fp32 state for opt_n parameters (all, or a ZeRO shard): AdamW's m and v (Muon's
+// momentum in m) and the master weights (-w 1); Adafactor's factors (the whole state on every process;
+// no m, no master weights).
+void optimizer_state_floats(const GPT2* model, size_t opt_n, size_t* m, size_t* v, size_t* master) {
+    bool adafactor = model->optimizer.kind == OPT_ADAFACTOR;
+    *m = adafactor ? 0 : opt_n;
+    *v = adafactor ? adafactor_state_size(model->optimizer.tensors) : opt_n;
+    *master = model->use_master_weights ? opt_n : 0;
+}
+
 size_t predicted_model_state_bytes(const GPT2* model, int z) {
     const size_t n = model->num_parameters, P = (size_t)model->layout.dp, X = sizeof(floatX);
     const size_t padded = model->shard.padded_size, S = model->shard.shard_size;
     const size_t buffers = model->grad_buckets.empty() ? 0 : X * (packed_size(model->grad_buckets.back()) +
                                                                   2 * packed_size(model->grad_buckets[0]));
-    const size_t opt_per = (model->use_master_weights ? 3 : 2) * sizeof(float);
     if (P == 1) z = 0;
     size_t params = z == 3 ? X * S + buffers : X * padded;
     size_t grads = z >= 2 ? X * S + buffers : X * padded;
-    size_t opt = opt_per * (z >= 1 ? model->shard.end - model->shard.begin : n);
-    return params + grads + opt;
+    size_t m, v, master;
+    optimizer_state_floats(model, z >= 1 ? model->shard.end - model->shard.begin : n, &m, &v, &master);
+    return params + grads + (m + v + master) * sizeof(float);
 }
 
 void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured) {
@@ -695,6 +706,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     size_t n = model->num_parameters;
     int zero_stage = model->layout.zero_stage;
     model->optimizer = optimizer_plan(optimizer_kind, cfg, model->layout.dp);
+    if (optimizer_kind == OPT_ADAFACTOR) model->use_master_weights = false;  // its state is its factors alone
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
     model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
@@ -731,12 +743,14 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
             gathered_n = outer + 2 * block;
         }
     }
-    size_t opt_floats = (model->use_master_weights ? 3 : 2) * opt_n;
+    size_t m_n, v_n, master_n;
+    optimizer_state_floats(model, opt_n, &m_n, &v_n, &master_n);
+    size_t opt_floats = m_n + v_n + master_n;
     cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
     cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
     model->m_memory = model->opt_memory;
-    model->v_memory = model->opt_memory + opt_n;
-    model->master_memory = model->use_master_weights ? model->opt_memory + 2 * opt_n : nullptr;
+    model->v_memory = model->opt_memory + m_n;
+    model->master_memory = model->use_master_weights ? model->opt_memory + m_n + v_n : nullptr;
     if (model->sharded_params) {
         point_outer_packed(&model->params, model->gathered_outer, model->param_sizes);
     } else {
@@ -759,9 +773,15 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     }
     printf("\n");
     double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
-    printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
-           "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
-           model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
+    if (model->optimizer.kind == OPT_ADAFACTOR) {
+        printf("optimizer: Adafactor over %zu tensors (each layer's its own), factored second moments of %zu floats "
+               "(%.2f MiB; AdamW's m and v would take %.1f MiB), no master weights (stochastic rounding)\n",
+               model->optimizer.tensors.size(), v_n, v_n * sizeof(float) / 1048576.0, 2 * n * sizeof(float) / 1048576.0);
+    } else {
+        printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
+               "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
+               model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
+    }
     cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
     print_model_state_memory(model, zero_stage, free_before - free_after);
     if (model->optimizer.kind == OPT_MUON) {
@@ -1344,11 +1364,26 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     }
 }
 
+// One Adafactor update (llmc/adafactor.cuh) of every tensor, each layer's its own: factored for the 2-D
+// ones (which -c decays), per element for the vectors. Every process holds the whole (small) state and
+// the whole reduced gradient (-z 0), so all compute the same bits. The scratch is the gradient norm's,
+// done with by now.
+void gpt2_update_adafactor(GPT2* model, const OptimizerStep& s) {
+    AdafactorScratch scratch{model->acts.grad_norm_sq, model->acts.reduce_scratch};
+    for (const OptimizerTensor& t : model->optimizer.tensors) {
+        uint32_t seed = rounding_seed(s.t, t.param, model->tensor_origin[t.param] + t.offset - model->param_offsets[t.param]);
+        adafactor_update(model->params_memory + t.offset, model->grads_memory + t.offset, model->v_memory + t.state_offset,
+                         (int)t.rows, (int)t.cols, s.lr, t.is_matrix() ? s.weight_decay : 0.0f, s.grad_scale, s.t, seed,
+                         scratch, model->stream);
+    }
+}
+
 // One optimizer update of the step (-opt). With -z 1 and 2, the updated shards are then all-gathered, so
 // every process has all the new parameters.
 void gpt2_update(GPT2* model, const OptimizerStep& s) {
     switch (model->optimizer.kind) {
         case OPT_MUON: gpt2_update_muon(model, s); break;
+        case OPT_ADAFACTOR: gpt2_update_adafactor(model, s); break;
         default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
     }
     model->outer_gathered = false;  // -z 3: the next pass gathers the new values
@@ -1552,6 +1587,16 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
         if (dp.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
     }
     size_t opt_n = model->opt_end - model->opt_begin;
+    if (model->optimizer.kind == OPT_ADAFACTOR) {  // the whole state vector (as the CPU trainer's): process 0 writes it
+        size_t length = dp.rank == 0 ? adafactor_state_size(model->optimizer.tensors) : 0;
+        TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, dp,
+                                              model->num_parameters, 0, length);
+        state.optimizer = OPT_ADAFACTOR;
+        state.v.resize(length);
+        cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, length * sizeof(float), cudaMemcpyDeviceToHost));
+        checkpoint_finish(dir, step, dp.rank, &state, run.scaler, [&](const char* what) { barrier(dp, what); });
+        return;
+    }
     TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps,
                                           dp, model->num_parameters, model->opt_begin, model->opt_end);
     state.optimizer = model->optimizer.kind;
@@ -1574,6 +1619,15 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
 void gpt2_resume(GPT2* model, TrainRun* run) {
     size_t opt_n = model->opt_end - model->opt_begin;
     TrainState state;
+    if (model->optimizer.kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
+        size_t length = adafactor_state_size(model->optimizer.tensors);
+        state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
+                                    run->data.grad_accum_steps, model->num_parameters, 0, length, &run->data.train,
+                                    &run->sampler_rng, OPT_ADAFACTOR);
+        loss_scaler_restore(&run->scaler, state);
+        cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), length * sizeof(float), cudaMemcpyHostToDevice));
+        return;
+    }
     if (model->layout.tp > 1 || model->layout.pp > 1) {  // the whole state, then this process's part (its stage's
                                                          // layers, its slices) and its -z 1 shard of that
         size_t N = num_parameters(model->model_config);

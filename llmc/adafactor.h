@@ -26,15 +26,10 @@
 #include <cstddef>
 #include <vector>
 
+#include "adafactor_hyper.h"
 #include "adamw.h"
 #include "muon.h"
 
-struct AdafactorHyper {
-    double beta2_decay = -0.8;
-    float eps1 = 1.0f / (1 << 23);  // torch.finfo(torch.float32).eps
-    float eps2 = 1e-3f;
-    float d = 1.0f;
-};
 
 // The scalars of one tensor's step, from its parameters before the update.
 struct AdafactorStep {

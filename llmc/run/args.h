@@ -280,9 +280,9 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (!optimizer_from_name(args->optimizer, &optimizer)) {
         fatal("flag -opt: unknown optimizer '%s' (adamw, muon or adafactor)", args->optimizer.c_str());
     }
-    if (cuda && optimizer == OPT_ADAFACTOR) {
-        fatal("flag -opt adafactor: the CUDA trainer has AdamW and Muon so far (Adafactor runs in the CPU trainer, "
-              "train_gpt2)");
+    if (cuda && optimizer == OPT_ADAFACTOR && args->zero_stage >= 1) {
+        fatal("flag -opt adafactor with -z %d: the CUDA trainer runs Adafactor with -z 0 so far (its state is small: "
+              "every process keeps all of it)", args->zero_stage);
     }
     if (cuda && optimizer == OPT_MUON && args->zero_stage >= 2) {
         fatal("flag -opt muon with -z %d: the CUDA trainer runs Muon with -z 0 and 1 so far", args->zero_stage);

@@ -281,6 +281,74 @@ TEST(TrainOptimizers, MuonAgainstTorch) {
 #endif
 }
 
+// -opt adafactor against torch.optim.Adafactor (float64 oracle, eps1 = fp32's machine epsilon, as
+// the CPU suite's OptimizerOracle.AdafactorOneProcess), 5 steps on the tiny model, with this suite's
+// per-step bars for losses and gradient norms. fp32 build: the parameters within 1e-3 of their movement
+// (the CPU's bar; the GPU sums its squares in fp32 where the CPU sums in double). bf16 build: the
+// parameters are bf16, updated with stochastic rounding and no master weights. A step moves every
+// element of a tensor by about the same amount (alpha is per tensor), which for its larger elements is
+// about one bf16 step (2^-7 of the element) or less: each update then adds a random rounding error of up
+// to one such step, and 5 of them add up to a few (the largest of ~10^5 elements: under 5). So the bf16
+// check is per element of the factored (2-D) tensors: the difference from the oracle, less 5 bf16 steps
+// of the element, within 0.1 of the tensor's movement (a missing factor, a wrong mean or a transposed
+// column index moves elements, small ones included, by O(1) of it; measured: the whole difference
+// reaches 0.88 of the movement on attprojw's largest elements, the excess over the allowance 0.01).
+// The vectors are not checked: their second moment is per element, so an element whose true gradient
+// is 0 (the key biases': softmax ignores them) but whose bf16 gradient is rounding noise takes full
+// steps, as AdamW's do, where the float64 oracle's stays put.
+// The resume half: a run resumed at step 2 ends with the bits of the uninterrupted one (the state file
+// holds the whole factor vector and names Adafactor).
+TEST(TrainOptimizers, AdafactorAgainstTorchAndResumesBitForBit) {
+    OptimizerRun run{"adafactor", 1e-2, 0.0};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1);
+    REQUIRE_ORACLE("opt_adafactor_np1", oracle_args);
+    std::string oracle_dir = test::oracle("opt_adafactor_np1", oracle_args);
+    std::string dir = test::scratch_dir("adafactor_torch");
+    test::CommandResult r = test::run_command(run.trainer_args(oracle_dir, 1, TRAINER) + " -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("optimizer: Adafactor over 28 tensors"), std::string::npos) << r.output;
+    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+    const double loss_bar = TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0;  // the losses are above 5
+#if defined(ENABLE_FP32)
+    expect_agreement(a, loss_bar, TOL_STEP_NORM_REL, 1e-3);
+#else
+    EXPECT_LE(a.loss, loss_bar) << "loss";
+    EXPECT_LE(a.norm, TOL_STEP_NORM_REL) << "grad norm";
+    GPT2Config cfg;
+    std::vector<float> init, ours, want;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &init);
+    model_file_read(dir + "/model_00000005.bin", &cfg, &ours);
+    model_file_read(oracle_dir + "/final.bin", &cfg, &want);
+    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    param_tensor_offsets(cfg, offsets);
+    double worst = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (!muon_param_is_matrix(i) && i != P_WTE && i != P_WPE) continue;  // the factored tensors
+        double moved = 0, excess = 0;
+        for (size_t j = offsets[i]; j < offsets[i] + sizes[i]; j++) moved = std::max(moved, (double)std::fabs(want[j] - init[j]));
+        for (size_t j = offsets[i]; j < offsets[i] + sizes[i]; j++) {
+            double rounding = 5 * std::ldexp(std::max(std::fabs(ours[j]), std::fabs(want[j])), -7);
+            excess = std::max(excess, (double)std::fabs(ours[j] - want[j]) - rounding);
+        }
+        worst = std::max(worst, excess / moved);
+    }
+    EXPECT_LE(worst, 0.1) << "factored parameters beyond 5 bf16 steps of rounding, as a share of the movement";
+    printf("  factored parameters beyond the rounding allowance: %.2e of their movement\n", worst);
+#endif
+    printf("  losses %.1e, norms %.1e, parameters %.1e of their movement\n", a.loss, a.norm, a.params);
+
+    std::string common = run.trainer_args(oracle_dir, 1, TRAINER) + " -n 2";
+    std::string full = test::scratch_dir("adafactor_full"), cut = test::scratch_dir("adafactor_cut");
+    ASSERT_EQ(test::run_command(common + " -o " + full).exit_code, 0);
+    ASSERT_EQ(test::run_command(common + " -x 2 -o " + cut).exit_code, 0);
+    test::CommandResult resumed = test::run_command(common + " -y 1 -o " + cut);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(test::read_text(full + "/model_00000004.bin"), test::read_text(cut + "/model_00000004.bin"));
+    EXPECT_EQ(test::read_text(full + "/state_00000004_00000.bin"), test::read_text(cut + "/state_00000004_00000.bin"));
+}
+
 // A Muon run resumed from its checkpoint continues bit for bit (the momentum is in the state file's m,
 // beside AdamW's moments of the other tensors), and the state file names Muon: resuming it with AdamW is
 // refused, naming both.
