@@ -506,15 +506,15 @@ size_t local_parameters(const std::string& oracle_dir, int tp, int pp) {
 // process on the same global batch (4 micro-batches of B=2, T=16 a step): tp 2 with -r 3 (the block's
 // forward, and its all-reduce, again in the backward), tp 2 x pp 2 under 1F1B, tp 2 x dp 2 with ZeRO-1,
 // ZeRO-2 and ZeRO-3 (2-D: the data-parallel pair shards each tensor-parallel rank's slices; -z 3
-// gathers them block by block), and tp 3 x pp 2 under GPipe on a model of 6 heads (2 per process) and 3
-// layers (2+1). The bars are
+// gathers them block by block), tp 3 x pp 2 under GPipe on a model of 6 heads (2 per process) and 3
+// layers (2+1), and all three at once: tp 2 x pp 2 x dp 2 with ZeRO-1 (8 processes). The bars are
 // expect_same_training's: the row-parallel matmuls' terms and the embedding are summed across the
 // processes in bf16 (in the fp32 build, in another order than one matmul sums them). Also: process 0
 // allocates exactly its slices of its stage, and the bytes counted per step are the start-up line's
 // prediction (the all-reduces of every layer, the classifier's statistics, the replicated gradients'
 // broadcasts).
 TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
-    REQUIRE_MPIRUN_GPUS(6);
+    REQUIRE_MPIRUN_GPUS(8);
     REQUIRE_ORACLE("tiny_five", five_args());
     REQUIRE_ORACLE("tiny_six_heads", six_heads_args());
     const int steps = 3;
@@ -525,7 +525,8 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
     std::map<std::string, std::string> one;  // oracle -> the one-process run's directory
     for (const Case& c : {Case{five, 2, 2, 1, "-tp 2 -r 3", false}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm 1f1b", true},
                           Case{five, 4, 2, 1, "-tp 2 -z 1", false}, Case{five, 4, 2, 1, "-tp 2 -z 2", false},
-                          Case{five, 4, 2, 1, "-tp 2 -z 3", true}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe", false}}) {
+                          Case{five, 4, 2, 1, "-tp 2 -z 3", true}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe", false},
+                          Case{five, 8, 2, 2, "-tp 2 -pp 2 -z 1", false}}) {
         if (sizeof(floatX) == 2 && !c.bf16) continue;
         SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
         std::string flags = dp_flags(c.oracle, steps, 2 * 16 * 4);
