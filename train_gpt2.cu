@@ -508,8 +508,10 @@ MemoryPlan gpt2_memory_plan_before_activations(const GPT2* model) {
     snprintf(note, sizeof(note), "-z %d of %d process(es); -z 0/1/2/3: %.1f %.1f %.1f %.1f MiB", z, model->layout.dp,
              predicted_model_state_bytes(model, 0) / MiB, predicted_model_state_bytes(model, 1) / MiB,
              predicted_model_state_bytes(model, 2) / MiB, predicted_model_state_bytes(model, 3) / MiB);
-    plan.add(model->use_master_weights ? "model state (w, grads, m, v, master)" : "model state (w, grads, m, v)",
-             predicted_model_state_bytes(model, z), note);
+    const char* state = model->optimizer.kind == OPT_ADAFACTOR ? "model state (w, grads, factors)"
+                        : model->use_master_weights              ? "model state (w, grads, m, v, master)"
+                                                                 : "model state (w, grads, m, v)";
+    plan.add(state, predicted_model_state_bytes(model, z), note);
     if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
     return plan;
 }
