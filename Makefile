@@ -6,6 +6,7 @@
 #   make test                  googletest suites + PyTorch oracle (scripts/install_deps.sh makes .venv)
 #   make bench-cpu             step time of train_gpt2 vs PyTorch eager and torch.compile, same machine
 #   make bench-gemm            llmc/gemm.h's GEMM vs OpenBLAS and the FMA peak (needs libopenblas-dev)
+#   make bench-offload         -oo 1's AdamW on the CPU vs the CPU trainer's AdamW (nvcc, no GPU needed)
 #   make train_gpt2cu test_gpt2cu   CUDA trainer and its test (PRECISION=BF16|FP32|FP16)
 #   make cuda-all              compile every CUDA target for sm_80 and sm_90 (CI does this)
 
@@ -128,7 +129,10 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCC_FLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler "-Wall -Wno-unknown-pragmas" -diag-suppress 1675
-NVCC_LDLIBS = -lcublasLt -lcublas -lnccl $(TOKENIZER_LIBS)
+# the host code with OpenMP and the machine's vector instructions, as CXXFLAGS: -oo 1's AdamW runs on
+# the CPU (llmc/optimizer_offload.cuh), and without -fno-math-errno its loop (sqrtf) stays scalar
+NVCC_HOST_FLAGS = -Xcompiler "-fopenmp $(CPU_ARCH) -fno-math-errno -fno-trapping-math"
+NVCC_LDLIBS = -lcublasLt -lcublas -lnccl -lgomp $(TOKENIZER_LIBS)
 # Multi-GPU (llmc/parallel/comm_nccl.cuh, doc/data_parallel.md): NCCL always; MPI too when Open MPI's mpicxx is
 # found (as for train_gpt2), so `mpirun -np 8 ./train_gpt2cu` works. Without it the processes are
 # started with -pi tcp or -pi file. `make NO_MPI=1` leaves MPI out.
@@ -156,25 +160,25 @@ endif
 CUDA_HEADERS = $(wildcard llmc/*.cuh llmc/*/*.cuh) $(LLMC_HEADERS)
 GPU_TEST_SOURCES = test/gpu/test_gpt2.cu test/gpu/test_kernels.cuh test/gpu/test_multi_gpu.cuh test/test_helpers.h train_gpt2.cu
 # the tests build in the CPU reference ops (OpenMP) to check each kernel against
-GPU_TEST_FLAGS = -Xcompiler -fopenmp
+GPU_TEST_FLAGS = $(NVCC_HOST_FLAGS)
 
 .PHONY: test-gpu test-gpu-oracle cuda-all
 
 # configuration stamps (see config_stamp): switching PRECISION, MPI or the NCCL/MPI libraries rebuilds
-CUDA_CONFIG = $(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(NVCC_LDLIBS)
+CUDA_CONFIG = $(NVCC) $(NVCC_FLAGS) $(NVCC_HOST_FLAGS) $(NVCC_MPI_FLAGS) $(NVCC_LDLIBS)
 train_gpt2cu: train_gpt2.cu $(CUDA_HEADERS) $(call config_stamp,train_gpt2cu,$(CUDA_CONFIG) $(PRECISION_FLAG))
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(PRECISION_FLAG) $< $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_HOST_FLAGS) $(NVCC_MPI_FLAGS) $(PRECISION_FLAG) $< $(NVCC_LDLIBS) -o $@
 
 train_gpt2fp32cu: train_gpt2.cu $(CUDA_HEADERS) $(call config_stamp,train_gpt2fp32cu,$(CUDA_CONFIG))
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_HOST_FLAGS) $(NVCC_MPI_FLAGS) -DENABLE_FP32 $< $(NVCC_LDLIBS) -o $@
 
 test_gpt2cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(call config_stamp,test_gpt2cu,$(CUDA_CONFIG) $(PRECISION_FLAG))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(GPU_TEST_FLAGS) $(PRECISION_FLAG) -DGPT2_TRAINER='"train_gpt2cu"' $< \
-		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
+		$(GTEST_LIBS) $(NVCC_LDLIBS) -o $@
 
 test_gpt2fp32cu: $(GPU_TEST_SOURCES) $(CUDA_HEADERS) $(call config_stamp,test_gpt2fp32cu,$(CUDA_CONFIG))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI_FLAGS) $(GPU_TEST_FLAGS) -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu"' $< \
-		$(GTEST_LIBS) -lgomp $(NVCC_LDLIBS) -o $@
+		$(GTEST_LIBS) $(NVCC_LDLIBS) -o $@
 
 # Oracle files for the GPU suite, made with PyTorch on any machine (no GPU needed).
 test-gpu-oracle: test_gpt2cu
@@ -185,6 +189,14 @@ test-gpu: train_gpt2cu test_gpt2cu train_gpt2
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) ./test_gpt2cu $(TEST_ARGS)
 	@if ./test_gpt2cu --has-gpu; then CUDA_HOME=$(CUDA_HOME) test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; \
 	else echo "test-gpu: no CUDA GPU visible, compute-sanitizer runs skipped"; fi
+
+# the CPU side of -oo 1 (AdamW on the host) against the CPU trainer's AdamW; host code only, no GPU needed
+.PHONY: bench-offload
+$(BUILD)/bench_offload_adamw: dev/bench_offload_adamw.cu $(CUDA_HEADERS)
+	@mkdir -p $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_HOST_FLAGS) $< $(NVCC_LDLIBS) -o $@
+bench-offload: $(BUILD)/bench_offload_adamw
+	$(BUILD)/bench_offload_adamw
 
 .PHONY: gpu-prepare
 gpu-prepare:

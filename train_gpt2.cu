@@ -59,6 +59,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/muon.cuh"
+#include "llmc/optimizer_offload.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/run/phase_events.cuh"
 
@@ -276,6 +277,10 @@ struct GPT2 {
     floatX* grads_memory = nullptr;   // one allocation: their gradients
     float* opt_memory = nullptr;      // one allocation: AdamW m, v, and the master weights if kept
     float *m_memory = nullptr, *v_memory = nullptr, *master_memory = nullptr;
+    // -oo 1 (llmc/optimizer_offload.cuh): opt_memory is pinned host memory and AdamW runs on the CPU;
+    // every copy to or from m, v and master says cudaMemcpyDefault, so it is right for either place
+    bool offload = false;
+    OptimizerOffload offloaded;
     ParameterTensors params, grads;
     // data parallelism (llmc/parallel/layout.h: its groups over llmc/parallel/comm.h's NCCL backend, and the ZeRO
     // stage, 1 only with an NCCL communicator; llmc/parallel/grad_buckets.h); dp (the NCCL start-up and its
@@ -364,7 +369,7 @@ void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
     model->outer_gathered = false;
     if (model->master_memory) {
         cudaCheck(cudaMemcpy(model->master_memory, params.data() + model->opt_begin,
-                             (model->opt_end - model->opt_begin) * sizeof(float), cudaMemcpyHostToDevice));
+                             (model->opt_end - model->opt_begin) * sizeof(float), cudaMemcpyDefault));
     }
 }
 
@@ -444,7 +449,21 @@ size_t predicted_model_state_bytes(const GPT2* model, int z) {
     size_t grads = z >= 2 ? X * S + buffers : X * padded;
     size_t m, v, master;
     optimizer_state_floats(model, z >= 1 ? model->shard.end - model->shard.begin : n, &m, &v, &master);
+    if (model->offload) return params + grads;  // -oo 1: the optimizer's state is in host memory
     return params + grads + (m + v + master) * sizeof(float);
+}
+
+// The device memory -oo 1 would free: AdamW's state (0 when offloaded already, or for another optimizer)
+size_t offload_saving_bytes(const GPT2* model) {
+    if (model->offload || model->optimizer.kind != OPT_ADAMW) return 0;
+    size_t m, v, master;
+    optimizer_state_floats(model, model->opt_end - model->opt_begin, &m, &v, &master);
+    return (m + v + master) * sizeof(float);
+}
+
+// -oo 1: the pinned host memory of this process's offloaded AdamW (its state and the copies' staging)
+size_t offload_host_bytes(const GPT2* model) {
+    return model->offload ? offload_host_bytes(model->opt_end - model->opt_begin, model->use_master_weights) : 0;
 }
 
 void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured) {
@@ -474,6 +493,10 @@ void check_model_state_fits(const GPT2* model) {
         size_t master = (z >= 1 ? model->shard.end - model->shard.begin : model->num_parameters) * sizeof(float);
         snprintf(ways, sizeof(ways), " -w 0 (no fp32 master weights: %.1f MiB),",
                  (predicted_model_state_bytes(model, z) - master) / MiB);
+    }
+    if (offload_saving_bytes(model) > 0) {
+        snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " -oo 1 (AdamW's state in host memory: %.1f MiB),",
+                 (predicted_model_state_bytes(model, z) - offload_saving_bytes(model)) / MiB);
     }
     snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " or more GPUs with -z 3 (%.1f MiB each on 8)",
              (double)predicted_model_state_bytes(model, 3) * model->layout.dp / 8 / MiB);
@@ -508,10 +531,15 @@ MemoryPlan gpt2_memory_plan_before_activations(const GPT2* model) {
     snprintf(note, sizeof(note), "-z %d of %d process(es); -z 0/1/2/3: %.1f %.1f %.1f %.1f MiB", z, model->layout.dp,
              predicted_model_state_bytes(model, 0) / MiB, predicted_model_state_bytes(model, 1) / MiB,
              predicted_model_state_bytes(model, 2) / MiB, predicted_model_state_bytes(model, 3) / MiB);
-    const char* state = model->optimizer.kind == OPT_ADAFACTOR ? "model state (w, grads, factors)"
+    const char* state = model->offload                            ? "model state (w, grads; -oo 1)"
+                        : model->optimizer.kind == OPT_ADAFACTOR ? "model state (w, grads, factors)"
                         : model->use_master_weights              ? "model state (w, grads, m, v, master)"
                                                                  : "model state (w, grads, m, v)";
     plan.add(state, predicted_model_state_bytes(model, z), note);
+    if (model->offload) {
+        plan.add_host(model->use_master_weights ? "AdamW m, v, master (-oo 1)" : "AdamW m, v (-oo 1)",
+                      offload_host_bytes(model), "pinned; with the gradient and parameter staging copies");
+    }
     if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
     return plan;
 }
@@ -644,6 +672,16 @@ double predicted_comm_bytes(const GPT2* model, int A) {
     return bytes;
 }
 
+// -oo 1: stops the run before allocating when the pinned host memory it needs is more than the host
+// has available (pinned pages cannot be swapped out).
+void check_offload_fits_host(const GPT2* model) {
+    size_t need = offload_host_bytes(model), available = host_available_bytes();
+    if (need == 0 || available == 0 || need <= available) return;
+    fatal("-oo 1: AdamW's offloaded state and its copies need %.1f MiB of pinned host memory per process, and the "
+          "host has %.1f MiB available: nothing was allocated. Ways to fit: -z 1 or more with more processes (each "
+          "offloads its shard), or -oo 0", need / 1048576.0, available / 1048576.0);
+}
+
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
 // arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1 and 2, AdamW's moments and
 // master weights cover this process's shard only; with -z 2 the gradient array is that shard only.
@@ -709,6 +747,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     int zero_stage = model->layout.zero_stage;
     model->optimizer = optimizer_plan(optimizer_kind, cfg, model->layout.dp);
     if (optimizer_kind == OPT_ADAFACTOR) model->use_master_weights = false;  // its state is its factors alone
+    model->offload = args.offload_optimizer != 0;
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
     model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
@@ -729,6 +768,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
         exit(EXIT_SUCCESS);
     }
     check_model_state_fits(model);
+    check_offload_fits_host(model);
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
@@ -748,8 +788,14 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     size_t m_n, v_n, master_n;
     optimizer_state_floats(model, opt_n, &m_n, &v_n, &master_n);
     size_t opt_floats = m_n + v_n + master_n;
-    cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
-    cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
+    if (model->offload) {  // -oo 1: pinned host memory, AdamW on the CPU
+        cudaCheck(cudaMallocHost(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
+        memset(model->opt_memory, 0, opt_floats * sizeof(float));
+        offload_init(&model->offloaded, opt_n);
+    } else {
+        cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
+        cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
+    }
     model->m_memory = model->opt_memory;
     model->v_memory = model->opt_memory + m_n;
     model->master_memory = model->use_master_weights ? model->opt_memory + m_n + v_n : nullptr;
@@ -781,8 +827,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
                model->optimizer.tensors.size(), v_n, v_n * sizeof(float) / 1048576.0, 2 * n * sizeof(float) / 1048576.0);
     } else {
         printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
-               "unsharded)\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
-               model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib);
+               "unsharded)%s\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
+               model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib,
+               model->offload ? ", offloaded (-oo 1): in pinned host memory, updated by the CPU" : "");
     }
     cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
     print_model_state_memory(model, zero_stage, free_before - free_after);
@@ -837,8 +884,13 @@ int choose_recompute(const GPT2* model, int B, int T, int asked) {
     } else {
         int b = B;
         while (b > 1 && !fits(3, b)) b /= 2;
-        if (fits(3, b)) ways = " -b " + std::to_string(b) + " with -r 3 (-d keeps the total batch by accumulation)";
-        ways += std::string(ways.empty() ? "" : ",") + " or a shorter -t, or more GPUs with -z 2 or 3 (less model state each)";
+        if (fits(3, b)) ways = " -b " + std::to_string(b) + " with -r 3 (-d keeps the total batch by accumulation),";
+        if (offload_saving_bytes(model) > 0) {
+            char freed[96];
+            snprintf(freed, sizeof(freed), " -oo 1 (AdamW's state in host memory frees %.1f MiB),", offload_saving_bytes(model) / MiB);
+            ways += freed;
+        }
+        ways += std::string(ways.empty() ? "" : " or") + " a shorter -t, or more GPUs with -z 2 or 3 (less model state each)";
     }
     fatal("activations for B=%d T=%d need %.1f MiB at -r %s (-r 0/1/2/3: %.1f %.1f %.1f %.1f MiB), and %.1f MiB "
           "are free after the model state (less %.1f MiB kept for later allocations): nothing was run. Ways to "
@@ -1300,6 +1352,7 @@ uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
 void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t,
                        bool skip_muon_matrices = false) {
     AdamWHyper hyper;
+    std::vector<OffloadPart> parts;  // -oo 1: the tensors' parts, updated on the host after the loop
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (skip_muon_matrices && muon_param_is_matrix(i)) continue;
         size_t off = model->param_offsets[i];
@@ -1321,8 +1374,19 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
         size_t shard_start = shard_first(model->shard);
         const floatX* grads = model->grads_memory + (model->packed_grads ? begin - shard_start : begin);
         floatX* params = model->params_memory + (model->sharded_params ? begin - shard_start : begin);
+        if (model->offload) {
+            parts.push_back({opt_index, opt_index + (end - begin), s});
+            continue;
+        }
         adamw_update(params, model->master_memory ? model->master_memory + opt_index : nullptr, grads,
                      model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s, model->stream);
+    }
+    if (model->offload) {  // the range [opt_begin, opt_end) is contiguous in the device arrays too
+        size_t shard_start = shard_first(model->shard), begin = model->opt_begin;
+        offload_adamw_step(&model->offloaded, parts,
+                           model->params_memory + (model->sharded_params ? begin - shard_start : begin),
+                           model->grads_memory + (model->packed_grads ? begin - shard_start : begin),
+                           model->m_memory, model->v_memory, model->master_memory, model->stream);
     }
 }
 
@@ -1402,7 +1466,12 @@ void gpt2_free(GPT2* model) {
     for (floatX* b : model->packed_block) cudaCheck(cudaFree(b));
     cudaCheck(cudaFree(model->gathered_outer));
     for (floatX* b : model->gathered_block) cudaCheck(cudaFree(b));
-    cudaCheck(cudaFree(model->opt_memory));
+    if (model->offload) {
+        cudaCheck(cudaFreeHost(model->opt_memory));
+        offload_free(&model->offloaded);
+    } else {
+        cudaCheck(cudaFree(model->opt_memory));
+    }
     cudaCheck(cudaFree(model->muon_memory));
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));
@@ -1470,14 +1539,14 @@ std::vector<float> local_vector(GPT2* model, const float* mine) {
     size_t n = model->num_parameters, own = model->opt_end - model->opt_begin;
     std::vector<float> host(n);
     if (own == n) {
-        cudaCheck(cudaMemcpy(host.data(), mine, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(host.data(), mine, n * sizeof(float), cudaMemcpyDefault));
         return host;
     }
     const ProcessGroup& dp = model->layout.dp_group;
     float* padded = nullptr;
     cudaCheck(cudaMalloc(&padded, model->shard.padded_size * sizeof(float)));
     cudaCheck(cudaMemsetAsync(padded, 0, model->shard.padded_size * sizeof(float), model->stream));
-    cudaCheck(cudaMemcpyAsync(padded + model->opt_begin, mine, own * sizeof(float), cudaMemcpyDeviceToDevice, model->stream));
+    cudaCheck(cudaMemcpyAsync(padded + model->opt_begin, mine, own * sizeof(float), cudaMemcpyDefault, model->stream));
     all_gather(dp, padded, model->shard.shard_size, COMM_FLOAT32);
     comm_join(dp);
     gpt2_sync(model, "the optimizer state's gather for a checkpoint");
@@ -1604,11 +1673,11 @@ void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
     state.optimizer = model->optimizer.kind;
     state.m.resize(opt_n);
     state.v.resize(opt_n);
-    cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDefault));
+    cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, opt_n * sizeof(float), cudaMemcpyDefault));
     if (model->master_memory) {
         state.master.resize(opt_n);
-        cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, opt_n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, opt_n * sizeof(float), cudaMemcpyDefault));
     }
     checkpoint_finish(dir, step, dp.rank, &state, run.scaler, [&](const char* what) { barrier(dp, what); });
 }
@@ -1645,10 +1714,10 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
                                     model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer.kind);
     }
     loss_scaler_restore(&run->scaler, state);
-    cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyDefault));
+    cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyDefault));
     if (model->master_memory && !state.master.empty()) {
-        cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), opt_n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), opt_n * sizeof(float), cudaMemcpyDefault));
     }
 }
 
@@ -1901,6 +1970,13 @@ int main(int argc, char** argv) {
     pipe.drain = [&model] { gpt2_sync(&model, "a pipeline stage's exchange with its neighbours"); };
     std::string note;
     int status = train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases, &pipe, &note));
+    if (model.offload && model.offloaded.steps > 0) {
+        const OptimizerOffload& off = model.offloaded;
+        printf("offload: %d AdamW updates on the host, %.2f ms each: %.2f ms waiting for the gradients' copies, %.2f ms "
+               "of arithmetic (%.2f ns a parameter)\n", off.steps, 1e3 * (off.wait_seconds + off.update_seconds) / off.steps,
+               1e3 * off.wait_seconds / off.steps, 1e3 * off.update_seconds / off.steps,
+               1e9 * off.update_seconds / off.steps / (double)std::max<size_t>(off.n, 1));
+    }
     gpu_phases_destroy(&gpu_phases);
     gpt2_free(&model);
     cublas_teardown();

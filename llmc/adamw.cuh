@@ -22,20 +22,32 @@ constexpr int NORM_BLOCKS = 512;  // fixed, not taken from the device, so the su
 // ----------------------------------------------------------------------------
 // kernels
 
+// One element's update, on the GPU (adamw_kernel) and on the CPU (-oo 1, llmc/optimizer_offload.cuh):
+// one body, so the two give the same bits. Every multiply-add is an explicit fmaf and nothing else
+// can be contracted, so no compiler (nvcc, g++, with FMA or without) is free to fuse differently; the
+// division and sqrtf are IEEE-rounded on both (no --use_fast_math). Returns the new fp32 value of p.
+__host__ __device__ inline float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1,
+                                               float beta2, float bias_correction1, float bias_correction2,
+                                               float eps, float weight_decay, float grad_scale) {
+    float g = grad * grad_scale;
+    float mi = fmaf(beta1, *m, (1.0f - beta1) * g);
+    float vi = fmaf(beta2, *v, (1.0f - beta2) * g * g);
+    *m = mi;
+    *v = vi;
+    float m_hat = mi / bias_correction1;
+    float v_hat = vi / bias_correction2;
+    float step = m_hat / (sqrtf(v_hat) + eps);
+    return fmaf(-lr, fmaf(weight_decay, p, step), p);  // p - lr (step + wd p)
+}
+
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float bias_correction1, float bias_correction2,
                              float eps, float weight_decay, float grad_scale, uint32_t seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = (float)grads[i] * grad_scale;
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
     float p = master != nullptr ? master[i] : (float)params[i];
-    float m_hat = mi / bias_correction1;
-    float v_hat = vi / bias_correction2;
-    p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    p = adamw_element(p, (float)grads[i], &m[i], &v[i], lr, beta1, beta2, bias_correction1, bias_correction2, eps,
+                      weight_decay, grad_scale);
     if (master != nullptr) master[i] = p;
     stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
 }
@@ -80,6 +92,12 @@ struct AdamWSettings {
     uint32_t seed;     // stochastic rounding seed: derive from (step, tensor)
 };
 
+// 1 - beta^t, in double on the host as the CPU trainer computes them, then rounded to float
+inline void adamw_bias_corrections(const AdamWSettings& s, float* bias_correction1, float* bias_correction2) {
+    *bias_correction1 = (float)(1.0 - pow((double)s.beta1, s.t));
+    *bias_correction2 = (float)(1.0 - pow((double)s.beta2, s.t));
+}
+
 // Updates one tensor of n elements. master may be nullptr (no master weights; then params hold the
 // only copy). m and v are fp32.
 inline void adamw_update(floatX* params,       // (n)
@@ -87,9 +105,8 @@ inline void adamw_update(floatX* params,       // (n)
                          const floatX* grads,  // (n)
                          float* m, float* v,   // (n)
                          size_t n, const AdamWSettings& s, cudaStream_t stream) {
-    // the bias corrections in double on the host, as the CPU trainer computes them
-    float bias_correction1 = (float)(1.0 - pow((double)s.beta1, s.t));
-    float bias_correction2 = (float)(1.0 - pow((double)s.beta2, s.t));
+    float bias_correction1, bias_correction2;
+    adamw_bias_corrections(s, &bias_correction1, &bias_correction2);
     const int block_size = 512;
     adamw_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(params, master, grads, m, v, n, s.lr,
                                                                          s.beta1, s.beta2, bias_correction1,

@@ -155,8 +155,21 @@ __device__ inline float block_reduce_max(float value) { return block_reduce<warp
 // steps on bf16 weights vanish. Rounding up with probability equal to the discarded fraction makes
 // the stored value right on average. The random bits come from a hash of (element index, seed), so a
 // run is reproducible and needs no random-number state.
+// Host and device both: the optimizer offload (-oo 1, llmc/optimizer_offload.cuh) rounds on the CPU with
+// the same bits as the GPU kernels.
 
-__device__ inline uint32_t hash_u32(uint32_t x, uint32_t seed) {
+// a float's bits as an integer (the device's reinterpretation; memcpy on the host)
+__host__ __device__ inline uint32_t float_bits(float value) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(value);
+#else
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof(bits));
+    return bits;
+#endif
+}
+
+__host__ __device__ inline uint32_t hash_u32(uint32_t x, uint32_t seed) {
     // an integer mixing function (xorshift-multiply rounds); good enough to decorrelate neighbours
     x ^= seed * 0x9E3779B9u;
     x ^= x >> 16;
@@ -167,23 +180,22 @@ __device__ inline uint32_t hash_u32(uint32_t x, uint32_t seed) {
     return x;
 }
 
-__device__ inline void stochastic_round(float value, __nv_bfloat16* out, uint32_t random_bits) {
-    if (isnan(value)) {
-        *out = __float2bfloat16(value);
-        return;
-    }
+__host__ __device__ inline void stochastic_round(float value, __nv_bfloat16* out, uint32_t random_bits) {
     // adding r in [0, 2^16) to the 16 bits that bf16 drops carries into the kept bits with
-    // probability (dropped bits) / 2^16; works for either sign since floats are sign-magnitude
-    uint32_t bits = __float_as_uint(value);
-    uint32_t rounded = (bits + (random_bits & 0xFFFFu)) & 0xFFFF0000u;
-    *out = __ushort_as_bfloat16((unsigned short)(rounded >> 16));
+    // probability (dropped bits) / 2^16; works for either sign since floats are sign-magnitude. A NaN
+    // becomes bf16's canonical NaN, as round-to-nearest gives it. No branch: the CPU's loop over this
+    // (-oo 1) vectorizes.
+    uint32_t bits = float_bits(value);
+    uint32_t rounded = (bits + (random_bits & 0xFFFFu)) >> 16;
+    bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    *out = __ushort_as_bfloat16((unsigned short)(nan ? 0x7FFFu : rounded));
 }
 
-__device__ inline void stochastic_round(float value, float* out, uint32_t random_bits) { *out = value; }
+__host__ __device__ inline void stochastic_round(float value, float* out, uint32_t random_bits) { *out = value; }
 
 // fp16 is not the top half of an fp32, so no bit trick: take the two fp16 neighbours lo <= value < hi
 // and pick hi with probability (value - lo) / (hi - lo). Infinities and NaN round to nearest.
-__device__ inline void stochastic_round(float value, half* out, uint32_t random_bits) {
+__host__ __device__ inline void stochastic_round(float value, half* out, uint32_t random_bits) {
     half nearest = __float2half_rn(value);
     float nearest_value = __half2float(nearest);
     if (nearest_value == value || !isfinite(value) || !isfinite(nearest_value)) {

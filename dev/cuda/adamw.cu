@@ -28,9 +28,10 @@ constexpr double TOL_FP32 = 1e-5;
 
 // ----------------------------------------------------------------------------
 // v2: 8 parameters per thread, every tensor moved in 16-byte accesses (one for the 8 bf16 values, two
-// for each fp32 tensor's 8 values), all loads issued before the arithmetic. The same formula and the
-// same random bits per element (hash of the element index and the seed), so the results are identical
-// to v1's; the memory instructions are 4 to 8 times fewer and more bytes are in flight per thread.
+// for each fp32 tensor's 8 values), all loads issued before the arithmetic. The same element body
+// (adamw_element) and the same random bits per element (hash of the element index and the seed), so
+// the results are identical to v1's; the memory instructions are 4 to 8 times fewer and more bytes
+// are in flight per thread.
 
 __global__ void adamw_v2_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float bias_correction1, float bias_correction2,
@@ -53,15 +54,8 @@ __global__ void adamw_v2_kernel(floatX* params, float* master, const floatX* gra
     x128 p_out;
 #pragma unroll
     for (int k = 0; k < x128::size; k++) {
-        float gk = (float)g[k] * grad_scale;
-        float mk = beta1 * m_in[k / F][k % F] + (1.0f - beta1) * gk;
-        float vk = beta2 * v_in[k / F][k % F] + (1.0f - beta2) * gk * gk;
-        m_in[k / F][k % F] = mk;
-        v_in[k / F][k % F] = vk;
-        float p = p_in[k / F][k % F];
-        float m_hat = mk / bias_correction1;
-        float v_hat = vk / bias_correction2;
-        p -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+        float p = adamw_element(p_in[k / F][k % F], (float)g[k], &m_in[k / F][k % F], &v_in[k / F][k % F], lr, beta1,
+                                beta2, bias_correction1, bias_correction2, eps, weight_decay, grad_scale);
         p_in[k / F][k % F] = p;
         stochastic_round(p, &p_out[k], hash_u32((uint32_t)(i0 + k), seed));
     }

@@ -71,6 +71,7 @@ struct TrainArgs {
     // CUDA trainer only
     int master_weights = 1;
     int gelu_fusion = 0;
+    int offload_optimizer = 0;  // -oo 1: AdamW's state in pinned host memory, updated by the CPU (doc/memory.md)
     int plan = 0;  // -P 1: print the memory plan and exit without allocating (CUDA trainer; doc/memory.md)
     int flash_attention = 1;
     // non-finite steps and loss scaling (llmc/run/loss_scaler.h); -l? are used by the FP16 build only
@@ -152,6 +153,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-pk", FlagKind::Float, &a->peak_gflops, 0, 1e9, false, "peak GFLOP/s for MFU (0: CPU measures its FMA peak, CUDA its table)"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
+        {"-oo", FlagKind::Int, &a->offload_optimizer, 0, 1, true, "1: AdamW's state (m, v, master weights) in host memory, updated by the CPU"},
         {"-P", FlagKind::Int, &a->plan, 0, 1, true, "1: print the memory plan (per process) and exit without allocating"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},
         {"-pi", FlagKind::String, &a->launch.init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
@@ -283,6 +285,10 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (cuda && optimizer == OPT_ADAFACTOR && args->zero_stage >= 1) {
         fatal("flag -opt adafactor with -z %d: the CUDA trainer runs Adafactor with -z 0 so far (its state is small: "
               "every process keeps all of it)", args->zero_stage);
+    }
+    if (cuda && optimizer != OPT_ADAMW && args->offload_optimizer) {
+        fatal("flag -oo 1 with -opt %s: the optimizer offload runs AdamW (Muon and Adafactor keep their state on the "
+              "GPU); use -opt adamw or -oo 0", args->optimizer.c_str());
     }
     if (cuda && optimizer == OPT_MUON && args->zero_stage >= 2) {
         fatal("flag -opt muon with -z %d: the CUDA trainer runs Muon with -z 0 and 1 so far", args->zero_stage);

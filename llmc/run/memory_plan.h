@@ -1,6 +1,7 @@
 // A run's memory, predicted before anything is allocated: named rows of bytes, printed as a table whose
 // last line scripts read (`plan: total N bytes per process`, N a plain integer). The CUDA trainer fills
 // it (train_gpt2.cu, gpt2_memory_plan) for -P 1 and compares it with cudaMemGetInfo at start-up; the
+// host rows (pinned memory, -oo 1) are printed below the total, which is the device's; the
 // rows are host-side arithmetic, so the CPU trainer can fill the same table (not yet: doc/memory.md).
 #pragma once
 
@@ -16,10 +17,12 @@ struct MemoryPlanRow {
 
 struct MemoryPlan {
     std::vector<MemoryPlanRow> rows;
+    std::vector<MemoryPlanRow> host_rows;  // host memory the run pins (-oo 1's optimizer), not in the total
     size_t capacity = 0;  // the device's memory, bytes (0: unknown)
     size_t headroom = 0;  // kept free beside the rows for lazy allocations
 
     void add(const std::string& what, size_t bytes, const std::string& note = "") { rows.push_back({what, bytes, note}); }
+    void add_host(const std::string& what, size_t bytes, const std::string& note = "") { host_rows.push_back({what, bytes, note}); }
     size_t total() const {
         size_t sum = 0;
         for (const MemoryPlanRow& r : rows) sum += r.bytes;
@@ -39,5 +42,21 @@ inline void print_memory_plan(const MemoryPlan& plan) {
         printf("  the device has %.1f MiB; with %.1f MiB kept free for later allocations this %s\n",
                plan.capacity / MiB, plan.headroom / MiB, plan.fits() ? "fits" : "DOES NOT FIT");
     }
+    for (const MemoryPlanRow& r : plan.host_rows) {
+        printf("  host: %-32s %10.1f MiB%s%s\n", r.what.c_str(), r.bytes / MiB, r.note.empty() ? "" : "  ", r.note.c_str());
+    }
     printf("plan: total %zu bytes per process\n", plan.total());
+}
+
+// The host memory available for new allocations (MemAvailable of /proc/meminfo), bytes; 0 if unknown.
+inline size_t host_available_bytes() {
+    FILE* f = fopen("/proc/meminfo", "r");
+    if (f == nullptr) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    }
+    fclose(f);
+    return (size_t)kib * 1024;
 }

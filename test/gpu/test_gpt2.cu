@@ -543,6 +543,67 @@ TEST(TrainMemory, BatchAutoTakesTheLargestMicroBatchThatFits) {
     EXPECT_NE(no_d.output.find("flag -b auto needs -d"), std::string::npos) << no_d.output;
 }
 
+// -oo 1 (llmc/optimizer_offload.cuh): AdamW's state in pinned host memory, updated by the CPU with the
+// GPU kernel's own element body and rounding seeds, so the run is the -oo 0 run bit for bit: the same
+// metrics and the same checkpoint files (weights, m, v, master weights). A -oo 0 checkpoint resumed with
+// -oo 1 ends in the same files too (the state goes to host memory). Under the emulator, a device whose
+// memory lies between the two plans (-P 1 of each) refuses -oo 0 before allocating, naming -oo 1, and
+// runs -oo 1 to the same bits; -oo 1 with another optimizer is refused.
+TEST(TrainMemory, OptimizerOffloadTrainsTheSameBitsInLessDeviceMemory) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string model = "-e " + dir + "/model.bin -b 2 -t 16";
+    std::string flags = model + " -i " + dir + "/train.bin -sh 0 -v 0 -s 0 -x 4 -n 2 -l 1e-3 -c 0.1";
+    TrainerRun device = run_trainer("gpu_offload_0", flags + " -oo 0");
+    TrainerRun host = run_trainer("gpu_offload_1", flags + " -oo 1");
+    EXPECT_NE(host.result.output.find("offloaded (-oo 1)"), std::string::npos) << host.result.output;
+    EXPECT_NE(host.result.output.find("offload: 4 AdamW updates on the host"), std::string::npos) << host.result.output;
+    EXPECT_EQ(test::metrics_without_timings(device.dir + "/metrics.jsonl"), test::metrics_without_timings(host.dir + "/metrics.jsonl"));
+    for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin"}) {
+        EXPECT_EQ(test::read_text(device.dir + f), test::read_text(host.dir + f)) << f;
+    }
+    // the -oo 0 run cut back to step 2, resumed with -oo 1
+    TrainerRun resumed = run_trainer("gpu_offload_resume", flags + " -oo 0");
+    for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin", "/DONE_00000004"}) {
+        ASSERT_EQ(remove((resumed.dir + f).c_str()), 0) << f;
+    }
+    test::CommandResult r = test::run_command(trainer() + " " + flags + " -oo 1 -y 1 -o " + resumed.dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("continuing from step 2"), std::string::npos) << r.output;
+    for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin"}) {
+        EXPECT_EQ(test::read_text(device.dir + f), test::read_text(resumed.dir + f)) << f;
+    }
+    test::CommandResult muon = test::run_command(trainer() + " " + flags + " -opt muon -oo 1 -o " + test::scratch_dir("gpu_offload_muon"));
+    EXPECT_NE(muon.exit_code, 0);
+    EXPECT_NE(muon.output.find("flag -oo 1 with -opt muon"), std::string::npos) << muon.output;
+#if defined(CUDA_EMULATION)
+    auto planned = [&](const std::string& more) {
+        test::CommandResult p = test::run_command(trainer() + " " + model + more + " -P 1");
+        EXPECT_EQ(p.exit_code, 0) << p.output;
+        unsigned long long total = 0;
+        EXPECT_TRUE(read_plan_total(p.output, &total)) << p.output;
+        return std::make_pair((double)total, p.output);
+    };
+    auto [need_device, plan_device] = planned(" -oo 0");
+    auto [need_host, plan_host] = planned(" -oo 1");
+    EXPECT_NE(plan_host.find("host: AdamW m, v"), std::string::npos) << plan_host;
+    // the state moves 12 of its 16 bytes a parameter to the host (fp32 build: 8 of 12, no master weights)
+    ASSERT_GT(need_device, need_host + 0.5 * 1048576.0) << "the plans must differ for the test to mean anything";
+    // a memory whose room (memory - memory/32, the headroom kept) lies halfway between the two plans
+    std::string env = "EMU_DEVICE_MEMORY=" + std::to_string((long long)((need_device + need_host) / 2 * 32.0 / 31.0)) + " ";
+    test::CommandResult refused = test::run_command(env + trainer() + " " + flags + " -oo 0 -o " + test::scratch_dir("gpu_offload_refused"));
+    EXPECT_NE(refused.exit_code, 0) << refused.output;
+    EXPECT_EQ(refused.output.find("step "), std::string::npos) << "no step may run:\n" << refused.output;
+    // refused for the model state (bf16) or, once it is placed, for the activations (fp32): either names -oo 1
+    EXPECT_NE(refused.output.find("nothing was"), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find("-oo 1 (AdamW's state in host memory"), std::string::npos) << refused.output;
+    TrainerRun fits = run_trainer("gpu_offload_fits", flags + " -oo 1", env + trainer());
+    for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin"}) {
+        EXPECT_EQ(test::read_text(device.dir + f), test::read_text(fits.dir + f)) << f;
+    }
+#endif
+}
+
 TEST(TrainDeterminism, SameSeedSameRun) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();

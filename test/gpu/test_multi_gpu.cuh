@@ -612,6 +612,31 @@ TEST(MultiGpuMpirun, ThreeProcessesZero1MatchTheCpuTrainer) {
     expect_same_training(cpu.dir, dir, steps, 1e-3);
 }
 
+// -oo 1 with ZeRO over 2 processes: each process offloads its shard of AdamW's state (-z 1), and with
+// -z 3 its shard of the parameters' updates too; the runs equal their -oo 0 twins bit for bit (the
+// CPU runs the GPU kernel's element body, llmc/optimizer_offload.cuh): the model file and both
+// processes' state files.
+TEST(MultiGpuMpirun, OptimizerOffloadOfEachShardEqualsTheDeviceOptimizer) {
+    REQUIRE_MPIRUN_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string flags = dp_flags(oracle_dir, 3, 2 * 16 * 2 * 2);
+    for (int zero : {1, 3}) {
+        SCOPED_TRACE("-z " + std::to_string(zero));
+        std::string dirs[2];
+        for (int oo : {0, 1}) {
+            dirs[oo] = test::scratch_dir("mpi_offload_z" + std::to_string(zero) + "_oo" + std::to_string(oo));
+            test::CommandResult r = test::run_command(mpirun_command(2) + trainer() + " " + flags + " -z " +
+                                                      std::to_string(zero) + " -oo " + std::to_string(oo) + " -o " + dirs[oo]);
+            ASSERT_EQ(r.exit_code, 0) << r.output;
+            if (oo == 1) EXPECT_NE(r.output.find("offload: 3 AdamW updates on the host"), std::string::npos) << r.output;
+        }
+        for (const char* f : {"/model_00000003.bin", "/state_00000003_00000.bin", "/state_00000003_00001.bin"}) {
+            EXPECT_EQ(test::read_text(dirs[0] + f), test::read_text(dirs[1] + f)) << f;
+        }
+    }
+}
+
 // -opt muon over 3 processes, with -z 1 (each process's shard of the momentum; the Nesterov updates
 // all-gathered, each matrix orthogonalized by its owner and broadcast) and with -z 0 (owners and
 // broadcasts after the all-reduce), against torch.optim.Muon accumulating the same global batch (3 x 2
