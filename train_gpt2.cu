@@ -1435,9 +1435,14 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
 
 // One Adafactor update (llmc/adafactor.cuh) of every tensor, each layer's its own: factored for the 2-D
 // ones (which -c decays), per element for the vectors. Every process holds the whole (small) state and
-// the whole reduced gradient (-z 0), so all compute the same bits. The scratch is the gradient norm's,
-// done with by now.
+// the whole reduced gradient (-z 1: the reduce-scatter's shards all-gathered first, the bytes of the
+// parameters' all-gather it replaces; llmc/parallel/matrix_owners.h), so all compute the same bits and
+// no parameters are gathered afterwards. The scratch is the gradient norm's, done with by now.
 void gpt2_update_adafactor(GPT2* model, const OptimizerStep& s) {
+    if (model->layout.zero_stage == 1) {
+        all_gather(model->layout.dp_group, model->grads_memory, model->shard.shard_size, COMM_FLOATX);
+        comm_join(model->layout.dp_group);
+    }
     AdafactorScratch scratch{model->acts.grad_norm_sq, model->acts.reduce_scratch};
     for (const OptimizerTensor& t : model->optimizer.tensors) {
         uint32_t seed = rounding_seed(s.t, t.param, model->tensor_origin[t.param] + t.offset - model->param_offsets[t.param]);
@@ -1456,7 +1461,8 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
         default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
     }
     model->outer_gathered = false;  // -z 3: the next pass gathers the new values
-    if (model->layout.zero_stage == 1 || model->layout.zero_stage == 2) {
+    bool sharded_update = model->optimizer.kind != OPT_ADAFACTOR;  // Adafactor updated every parameter
+    if ((model->layout.zero_stage == 1 || model->layout.zero_stage == 2) && sharded_update) {
         all_gather(model->layout.dp_group, model->params_memory, model->shard.shard_size, COMM_FLOATX);
         comm_join(model->layout.dp_group);
     }

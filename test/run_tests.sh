@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test driver of `make test`: the CPU suite, then the CUDA code's suites under the CPU emulator
+# The test driver of `make test`: the CPU suite and the CUDA code's suites under the CPU emulator
 # (dev/emu). Each suite runs even when an earlier one failed; each logs to build/test_logs/<suite>.log.
 # At the end: a table (suite, passed, failed, skipped, seconds) and one closing line
 #   tests: N passed, N failed, N skipped
@@ -145,16 +145,16 @@ devcuda_asan_programs="adamw attention_backward attention_forward encoder_backwa
 devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce"
 start_all=$(date +%s)
 
-run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
-# llmc/parallel/comm.h's calls checked against their definitions on the MPI backend (needs mpirun)
-if command -v mpirun >/dev/null && [ -x build/comm_check ]; then
-    run_suite comm-mpi-np3 cpu "$(mpirun_np 3) build/comm_check"
-fi
-
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
-# their time on two cores): the emulator's own tests and the bf16 build in one, the fp32 and fp16
-# builds and dev/cuda in the other. TEST_LANES=1 runs them one after the other.
+# their time on two cores): the CPU suite, the emulator's own tests and the bf16 build in one, the
+# fp32 and fp16 builds and dev/cuda in the other. The CPU suite keeps about one core busy (its trainer
+# runs go one at a time), so it no longer runs alone first. TEST_LANES=1 runs them one after the other.
 lane_a() {
+    run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
+    # llmc/parallel/comm.h's calls checked against their definitions on the MPI backend (needs mpirun)
+    if command -v mpirun >/dev/null && [ -x build/comm_check ]; then
+        run_suite comm-mpi-np3 cpu "$(mpirun_np 3) build/comm_check"
+    fi
     run_suite emu-core emulated "$emu_build/test_emu_core"
     run_suite emu-seeded-bugs emulated "$emu_build/test_emu_seeded_bugs"
     # AddressSanitizer with initcheck, and the race checker (ThreadSanitizer): dev/emu/README.md
@@ -171,24 +171,26 @@ lane_a() {
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
     run_kernels_both_orders bf16 test_gpt2cu_emu
     run_suite gpu-suite-bf16 emulated "run_gtest_each ./test_gpt2cu_emu '-Kernels.*'"
-    # the GPU suite's kernel tests under the sanitizers (dev/emu/README.md): AddressSanitizer with
-    # initcheck (a report ends its test's process with status 67: that test fails), and the race
-    # checker with flash attention at a few shapes (all of them take it 4 minutes). OMP_NUM_THREADS=1:
-    # the tests' CPU reference runs on OpenMP, whose synchronization ThreadSanitizer does not see.
-    run_suite kernels-asan emulated "ASAN_OPTIONS=detect_leaks=0 run_gtest_each $emu_asan_build/test_gpt2cu_emu 'Kernels.*'"
+    # the GPU suite's kernel tests under the race checker (dev/emu/README.md), flash attention at a few
+    # shapes (all of them take it 4 minutes). OMP_NUM_THREADS=1: the tests' CPU reference runs on
+    # OpenMP, whose synchronization ThreadSanitizer does not see. (AddressSanitizer's: lane b.)
     run_suite kernels-tsan emulated "OMP_NUM_THREADS=1 TEST_FLASH_SHAPES=few run_gtest_each $emu_tsan_build/test_gpt2cu_emu 'Kernels.*'"
 }
 lane_b() {
+    # the GPU suite's kernel tests under AddressSanitizer with initcheck (a report ends its test's
+    # process with status 67: that test fails)
+    run_suite kernels-asan emulated "ASAN_OPTIONS=detect_leaks=0 run_gtest_each $emu_asan_build/test_gpt2cu_emu 'Kernels.*'"
     run_kernels_both_orders fp32 test_gpt2fp32cu_emu
     run_suite gpu-suite-fp32 emulated "run_gtest_each ./test_gpt2fp32cu_emu '-Kernels.*'"
     # the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
     run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
     run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
     run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
-    # under the sanitizers: every program with AddressSanitizer and initcheck; with the race checker the
+    # under the sanitizers: every program with AddressSanitizer and initcheck (each version at one block
+    # size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE); with the race checker the
     # quick ones (the others take one to several minutes each under it: attention, the classifier,
     # matmul_forward, softmax, global_norm; their llmc kernels are in kernels-tsan)
-    run_suite devcuda-check-asan emulated "$make_cmd --no-print-directory -f dev/emu/asan.mk emu-devcuda-check EMU_DEVCUDA_ENV=ASAN_OPTIONS=detect_leaks=0 \"EMU_DEVCUDA_PROGRAMS=$devcuda_asan_programs\""
+    run_suite devcuda-check-asan emulated "$make_cmd --no-print-directory -f dev/emu/asan.mk emu-devcuda-check \"EMU_DEVCUDA_ENV=ASAN_OPTIONS=detect_leaks=0 DEV_CHECK_ONE_BLOCK_SIZE=1\" \"EMU_DEVCUDA_PROGRAMS=$devcuda_asan_programs\""
     run_suite devcuda-check-tsan emulated "$make_cmd --no-print-directory -f dev/emu/tsan.mk emu-devcuda-check EMU_DEVCUDA_ENV=OMP_NUM_THREADS=1 \"EMU_DEVCUDA_PROGRAMS=$devcuda_tsan_programs\""
 }
 if [ "${TEST_LANES:-2}" = 1 ]; then

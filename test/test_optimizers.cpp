@@ -438,7 +438,8 @@ TEST(OptimizerCli, DefaultIsAdamwAndStartupNamesTheState) {
     EXPECT_NE(mu.output.find("optimizer: Muon"), std::string::npos) << mu.output;
 }
 
-// The flags in-process: -opt and -ml parse; the CUDA trainer takes Muon with -z 0 and 1, Adafactor with -z 0.
+// The flags in-process: -opt and -ml parse; the CUDA trainer takes Muon and Adafactor with -z 0 and 1, and
+// -oo 1 (its flag alone: the CPU trainer's optimizer state is in host memory already) with AdamW only.
 TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesWhatItLacks) {
     auto parse = [](std::vector<std::string> words, bool cuda) {
         words.insert(words.begin(), "train");
@@ -460,8 +461,11 @@ TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesWhatItLacks) {
     EXPECT_EXIT(parse({"-opt", "muon", "-z", "2"}, true), testing::ExitedWithCode(1),
                 "flag -opt muon with -z 2: the CUDA trainer runs Muon with -z 0 and 1 so far");
     EXPECT_EQ(parse({"-opt", "adafactor"}, true).optimizer, "adafactor");
-    EXPECT_EXIT(parse({"-opt", "adafactor", "-z", "1"}, true), testing::ExitedWithCode(1),
-                "flag -opt adafactor with -z 1: the CUDA trainer runs Adafactor with -z 0 so far");
+    EXPECT_EQ(parse({"-opt", "adafactor", "-z", "1"}, true).zero_stage, 1);
+    EXPECT_EQ(parse({"-oo", "1"}, true).offload_optimizer, 1);
+    EXPECT_EXIT(parse({"-opt", "adafactor", "-oo", "1"}, true), testing::ExitedWithCode(1),
+                "flag -oo 1 with -opt adafactor: the optimizer offload runs AdamW");
+    EXPECT_EXIT(parse({"-oo", "1"}, false), testing::ExitedWithCode(1), "unknown flag '-oo'");
     EXPECT_EXIT(parse({"-ml", "-1"}, false), testing::ExitedWithCode(1), "flag -ml: -1 is outside the allowed range");
 }
 

@@ -282,10 +282,6 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (!optimizer_from_name(args->optimizer, &optimizer)) {
         fatal("flag -opt: unknown optimizer '%s' (adamw, muon or adafactor)", args->optimizer.c_str());
     }
-    if (cuda && optimizer == OPT_ADAFACTOR && args->zero_stage >= 1) {
-        fatal("flag -opt adafactor with -z %d: the CUDA trainer runs Adafactor with -z 0 so far (its state is small: "
-              "every process keeps all of it)", args->zero_stage);
-    }
     if (cuda && optimizer != OPT_ADAMW && args->offload_optimizer) {
         fatal("flag -oo 1 with -opt %s: the optimizer offload runs AdamW (Muon and Adafactor keep their state on the "
               "GPU); use -opt adamw or -oo 0", args->optimizer.c_str());

@@ -612,6 +612,30 @@ TEST(MultiGpuMpirun, ThreeProcessesZero1MatchTheCpuTrainer) {
     expect_same_training(cpu.dir, dir, steps, 1e-3);
 }
 
+// -opt adafactor over 3 processes, -z 1 (the reduce-scatter's shards all-gathered: every process
+// holds the whole reduced gradient and the whole factored state, and updates every parameter, as the
+// CPU trainer does; llmc/parallel/matrix_owners.h) and -z 0, against torch.optim.Adafactor accumulating
+// the same global batch, with the one-process test's bars (TrainOptimizers.AdafactorAgainstTorch...,
+// fp32), and the bytes per step as predicted (the gradients' all-gather in place of the parameters').
+TEST(MultiGpuMpirun, ThreeProcessesAdafactorZero0And1MatchTorch) {
+    REQUIRE_MPIRUN_GPUS(3);
+    OptimizerRun run{"adafactor", 1e-2, 0.0};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(3);
+    REQUIRE_ORACLE("opt_adafactor_np3", oracle_args);
+    std::string oracle_dir = test::oracle("opt_adafactor_np3", oracle_args);
+    for (int z : {1, 0}) {
+        SCOPED_TRACE("-z " + std::to_string(z));
+        std::string dir = test::scratch_dir("mpi_3_adafactor_z" + std::to_string(z));
+        test::CommandResult r = test::run_command(mpirun_command(3) + run.trainer_args(oracle_dir, 3, TRAINER) + " -z " +
+                                                  std::to_string(z) + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("optimizer: Adafactor over 28 tensors"), std::string::npos) << r.output;
+        Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+        expect_agreement(a, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-3);
+        expect_comm_bytes_as_predicted(r.output, dir);
+    }
+}
+
 // -oo 1 with ZeRO over 2 processes: each process offloads its shard of AdamW's state (-z 1), and with
 // -z 3 its shard of the parameters' updates too; the runs equal their -oo 0 twins bit for bit (the
 // CPU runs the GPU kernel's element body, llmc/optimizer_offload.cuh): the model file and both
