@@ -47,6 +47,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/logger.h"
 #include "llmc/run/loss_scaler.h"
+#include "llmc/run/memory_plan.h"
 #include "llmc/run/phase_timer.h"
 #include "llmc/run/run_loop.h"
 #include "llmc/run/sampler.h"
@@ -363,13 +364,21 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
 // slot's cross-entropy statistics with it.
 void gpt2_use_activation_slot(GPT2* model, int slot);
 
+// The backward scratch's tensors, floats each: dresidual, dln (B, T, C); datty (B, T, C/tp); dqkv; dfch
+// and dfch_gelu; dlogits (B, T, Vp/tp) on the last pipeline stage only.
+constexpr int NUM_SCRATCH_TENSORS = 7;
+void backward_scratch_sizes(const GPT2Config& cfg, int B, int T, size_t tp, bool last_stage,
+                            size_t sizes[NUM_SCRATCH_TENSORS]) {
+    size_t BT = (size_t)B * T, C = cfg.channels, Cl = C / tp, Vp = cfg.padded_vocab_size / tp;
+    size_t s[NUM_SCRATCH_TENSORS] = {BT * C, BT * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl, last_stage ? BT * Vp : 0};
+    std::copy(s, s + NUM_SCRATCH_TENSORS, sizes);
+}
+
 // The activations for (B, T), `slots` sets of them (a pipeline stage keeps one per micro-batch in
 // flight, llmc/parallel/pipeline.h), and the backward scratch.
 void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     const GPT2Config& cfg = model->config;
     size_t tp = model->layout.tp;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
-    size_t C = cfg.channels, Vp = cfg.padded_vocab_size / tp, Cl = C / tp;
-    size_t BT = (size_t)B * T;
     size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp, model->last_stage());
     model->acts_memory.assign(total * slots, 0.0f);
     layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp, model->last_stage());
@@ -381,13 +390,13 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     float** scratch_ptrs[] = {&model->scratch.dresidual, &model->scratch.dln, &model->scratch.datty,
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
                               &model->scratch.dlogits};
-    size_t scratch_sizes[] = {BT * C, BT * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl, BT * Vp};
-    if (!model->last_stage()) scratch_sizes[6] = 0;  // dlogits
+    size_t scratch_sizes[NUM_SCRATCH_TENSORS];
+    backward_scratch_sizes(cfg, B, T, tp, model->last_stage(), scratch_sizes);
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
     float* p = model->scratch_memory.data();
-    for (size_t i = 0; i < sizeof(scratch_sizes) / sizeof(scratch_sizes[0]); i++) {
+    for (int i = 0; i < NUM_SCRATCH_TENSORS; i++) {
         *scratch_ptrs[i] = p;
         p += scratch_sizes[i];
     }
@@ -1009,6 +1018,62 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
     zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory);
 }
 
+// The run's memory per process, from the shapes alone (llmc/run/memory_plan.h; -P 1 prints it before
+// anything is allocated): this process's parameters and gradients (its stage's layers, its tensor-
+// parallel slices, padded or sharded as gpt2_setup_optimizer does), the optimizer's state, ZeRO-2/3's
+// unit buffers (llmc/parallel/zero_sharded.h), the activation sets (layout_activations) and the
+// backward scratch. Every one is a float vector the trainer allocates, so the plan is exact; the
+// process's other memory (the program, OpenMP and MPI, the data loader's shard) is not in it.
+MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& lay, OptimizerKind kind,
+                            const TrainArgs& args, int m) {
+    GPT2Config cfg = layout_stage_config(lay, model_cfg);
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    tp_param_sizes(cfg, lay.tp, sizes);
+    for (size_t s : sizes) n += s;
+    const ShardLayout sh = shard_layout(n, lay.dp, lay.dp_rank);
+    const int z = lay.zero_stage;
+    const size_t F = sizeof(float), opt_n = z >= 1 ? sh.end - sh.begin : n;
+    OptimizerPlan opt = optimizer_plan(kind, cfg, lay.dp);
+    size_t moments = kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : 2 * opt_n;
+    size_t gathers = 0;
+    if (z >= 2) {  // the outer unit and a block's, for the gradients (and a reduce-scatter piece); -z 3 params too
+        std::vector<ZeroUnit> units = zero_units(cfg);
+        size_t outer = units[ZERO_OUTER_UNIT].size, block = units.size() > 1 ? units[1].size : 0;
+        gathers = (outer + 2 * block) * (z == 3 ? 2 : 1);
+    }
+    bool last = lay.pp_rank == lay.pp - 1;
+    int slots = lay.pp > 1 ? pp_activation_slots(args.pipeline_schedule, lay.pp, lay.pp_rank, m) : 1;
+    size_t set = layout_activations(nullptr, nullptr, cfg, args.B, args.T, args.recompute, lay.tp, last);
+    size_t scratch_sizes[NUM_SCRATCH_TENSORS], scratch = 0;
+    backward_scratch_sizes(cfg, args.B, args.T, lay.tp, last, scratch_sizes);
+    for (size_t n_i : scratch_sizes) scratch += n_i;
+    char note[160];
+    MemoryPlan plan;
+    snprintf(note, sizeof(note), "fp32, %zu of this process's %zu; %s", z == 3 ? sh.shard_size : sh.padded_size, n,
+             z == 3 ? "-z 3: its shard" : "padded to whole shards");
+    plan.add("parameters", (z == 3 ? sh.shard_size : sh.padded_size) * F, note);
+    plan.add("gradients", (z >= 2 ? sh.shard_size : sh.padded_size) * F, z >= 2 ? "-z 2, 3: its shard" : "");
+    snprintf(note, sizeof(note), "%s over %zu parameters%s", optimizer_name(kind), opt_n, z >= 1 ? " (its ZeRO shard)" : "");
+    plan.add(kind == OPT_ADAFACTOR ? "optimizer state (factors)" : "optimizer state (m, v)", moments * F, note);
+    if (gathers > 0) plan.add("ZeRO unit buffers", gathers * F, "a block's and the outer tensors' gathers and reductions");
+    snprintf(note, sizeof(note), "B=%d T=%d at -r %d, %d set(s); -r 0/1/2/3 a set: %.1f %.1f %.1f %.1f MiB", args.B,
+             args.T, args.recompute, slots,
+             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 0, lay.tp, last) * F / 1048576.0,
+             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 1, lay.tp, last) * F / 1048576.0,
+             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 2, lay.tp, last) * F / 1048576.0,
+             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 3, lay.tp, last) * F / 1048576.0);
+    plan.add("activations", set * slots * F, note);
+    plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
+    return plan;
+}
+
+// Bytes of the arrays the plan counts, as allocated (their sizes, not the process's resident memory).
+size_t gpt2_allocated_bytes(const GPT2* model) {
+    size_t floats = model->params_memory.size() + model->grads_memory.size() + model->m_memory.size() +
+                    model->v_memory.size() + model->acts_memory.size() + model->scratch_memory.size();
+    return floats * sizeof(float) + model->memory.gather_params + model->memory.gather_grads;
+}
+
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
 // in flight (llmc/parallel/pipeline.h), with the stage's report; then this process's memory.
 void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
@@ -1071,10 +1136,30 @@ int main(int argc, char** argv) {
 
     // the model: from the newest complete checkpoint when resuming (-y 1), else from -e
     int resume_step = resume_step_from_args(args, world.rank);
+    OptimizerKind optimizer = OPT_ADAMW;
+    optimizer_from_name(args.optimizer, &optimizer);  // checked by parse_args
+    std::string model_name = resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model;
+    {  // the memory plan from the shapes alone, before anything is read or allocated: -P 1 prints it and
+       // stops; a run whose arrays alone exceed the host's available memory stops here
+        GPT2Config shape = gpt2_config_from_flag(model_name);
+        ParallelLayout layout = parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, shape);
+        MemoryPlan plan = gpt2_memory_plan(shape, layout, optimizer, args, validate_batch_args(args, shape, layout.dp));
+        plan.capacity = host_available_bytes();
+        plan.place = "the host (MemAvailable, shared by the processes on it)";
+        if (args.plan) {
+            print_memory_plan(plan);
+            process_group_finalize(world);
+            return EXIT_SUCCESS;
+        }
+        if (!plan.fits()) {
+            fatal("the run's arrays need %.1f MiB per process (-P 1 shows them) and the host has %.1f MiB available: "
+                  "nothing was allocated. Ways to fit: a smaller -b (-d keeps the total batch by accumulation), -r 3, "
+                  "or more processes with -z 1, 2 or 3, -tp or -pp", plan.total() / 1048576.0, plan.capacity / 1048576.0);
+        }
+    }
     GPT2 model;
     GPT2Config cfg;
-    std::vector<float> params = gpt2_parameters_from_flag(
-        resume_step >= 0 ? checkpoint_model_path(args.output_dir, resume_step) : args.model, (unsigned)args.seed, &cfg);
+    std::vector<float> params = gpt2_parameters_from_flag(model_name, (unsigned)args.seed, &cfg);
     gpt2_init_from(&model, cfg, params);
     print_model_summary(cfg, model.num_parameters);
     check_same_config(world, run_description(args, cfg, params.data(), model.num_parameters, resume_step));
@@ -1084,14 +1169,18 @@ int main(int argc, char** argv) {
     ParallelLayout layout =
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
-    OptimizerKind optimizer = OPT_ADAMW;
-    optimizer_from_name(args.optimizer, &optimizer);  // checked by parse_args
     gpt2_distribute(&model, layout, optimizer);
 
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
     train_run_init(&run, args, cfg, world.rank, layout.dp_rank, layout.dp, resume_step, false);
     gpt2_allocate_for_run(&model, args, run.data.grad_accum_steps);
+    {
+        size_t planned = gpt2_memory_plan(cfg, layout, optimizer, args, run.data.grad_accum_steps).total();
+        size_t allocated = gpt2_allocated_bytes(&model);
+        printf("memory: %zu bytes planned (-P 1), %zu allocated (the model's arrays): %+.2f%%\n", planned, allocated,
+               100.0 * ((double)allocated - (double)planned) / (double)planned);
+    }
     // MFU's denominator: this process's threads' FMA peak (llmc/cpu_peak.h), or -pk; the numerator its
     // share of the model's FLOPs (its stage's layers, 1/tp of them)
     run.peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();

@@ -849,9 +849,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
 // from a random initialization; returns the whole model's fp32 parameters it was built from.
 std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args, DataParallel* dp = nullptr) {
     GPT2Config cfg;
-    // -P 1 prints the plan and exits in gpt2_setup: a descriptor's shape is all it needs (d48's random
-    // weights take a minute to draw)
-    if (args.plan && config_from_descriptor(name.c_str(), &cfg)) gpt2_setup(model, cfg, args, dp);
+    // -P 1 prints the plan and exits in gpt2_setup: the shape is all it needs (d48's random weights take
+    // a minute to draw, a checkpoint's to read)
+    if (args.plan) gpt2_setup(model, gpt2_config_from_flag(name), args, dp);
     std::vector<float> params = gpt2_parameters_from_flag(name, (unsigned)args.seed, &cfg);
     gpt2_setup(model, cfg, args, dp);
     if (model->layout.tp > 1 || model->layout.pp > 1) {  // this process's part (llmc/parallel/model_state.h)

@@ -234,6 +234,44 @@ TEST(Distributed, Zero2And3MatchZero0WithAccumulation) {
     }
 }
 
+// The memory plan (-P 1, llmc/run/memory_plan.h) from the shapes alone: it reads no data (the -i
+// pattern matches nothing) and allocates nothing, and its total is exactly what the run then allocates
+// for the same layout (the printed count of the arrays' bytes: the vectors' sizes, counted apart from
+// the plan's arithmetic), for one process and for 2 with -z 3 (shards and unit buffers), -tp 2 and -pp 2
+// (that those allocations follow the ZeRO formula is Zero2And3MatchZero0WithAccumulation's). A run whose arrays
+// exceed the host's available memory (d48 at B=64, T=1024: its model state alone is 25 GB) stops before
+// reading its model, with the sizes.
+TEST(Distributed, MemoryPlanIsWhatTheRunAllocates) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string odd_dir = test::oracle("tiny_odd", ODD), tiny_dir = test::oracle("tiny", TINY);
+    struct Case { int np, dp; const char* flags; bool odd; };
+    const Case cases[] = {{1, 1, "-z 0", true}, {2, 2, "-z 3", true}, {2, 1, "-tp 2", false}, {2, 1, "-pp 2", false}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(std::to_string(c.np) + " process(es), " + c.flags);
+        std::string run_flags = train_args(c.odd ? odd_dir : tiny_dir, 1, 2 * 16 * c.dp) + " " + c.flags;
+        test::CommandResult plan = test::run_command(mpirun(c.np) + run_flags + " -n 0 -P 1 -i '/nonexistent/*.bin'");
+        ASSERT_EQ(plan.exit_code, 0) << plan.output;
+        EXPECT_EQ(plan.output.find("step "), std::string::npos) << plan.output;
+        size_t at = plan.output.rfind("plan: total ");
+        ASSERT_NE(at, std::string::npos) << plan.output;
+        unsigned long long planned = 0;
+        ASSERT_EQ(sscanf(plan.output.c_str() + at, "plan: total %llu bytes per process", &planned), 1);
+        std::string dir = test::scratch_dir("plan_case" + std::to_string(&c - cases));
+        test::CommandResult run = test::run_command(mpirun(c.np) + run_flags + " -o " + dir);
+        ASSERT_EQ(run.exit_code, 0) << run.output;
+        at = run.output.find("bytes planned (-P 1), ");
+        ASSERT_NE(at, std::string::npos) << run.output;
+        unsigned long long allocated = 0;
+        ASSERT_EQ(sscanf(run.output.c_str() + at, "bytes planned (-P 1), %llu allocated", &allocated), 1);
+        EXPECT_EQ(planned, allocated);
+    }
+    std::string big = test::root() + "/train_gpt2 -e d48 -b 64 -t 1024 -i " + tiny_dir + "/train.bin -x 1 -v 0 -s 0";
+    test::CommandResult refused = test::run_command(big + " -o " + test::scratch_dir("plan_refused"));
+    EXPECT_NE(refused.exit_code, 0) << refused.output;
+    EXPECT_NE(refused.output.find("nothing was allocated"), std::string::npos) << refused.output;
+    EXPECT_EQ(refused.output.find("step "), std::string::npos) << refused.output;
+}
+
 // A checkpoint written with -z 3 resumes as -z 0 and the other way round (3 processes, so the state
 // files hold shards in one run and all moments in the other), and a 2-process -z 3 checkpoint resumes
 // as 3 processes with -z 2 (other shards, assembled from the files that cover them; the data order does

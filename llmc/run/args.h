@@ -72,7 +72,7 @@ struct TrainArgs {
     int master_weights = 1;
     int gelu_fusion = 0;
     int offload_optimizer = 0;  // -oo 1: AdamW's state in pinned host memory, updated by the CPU (doc/memory.md)
-    int plan = 0;  // -P 1: print the memory plan and exit without allocating (CUDA trainer; doc/memory.md)
+    int plan = 0;  // -P 1: print the memory plan and exit without allocating (both trainers; doc/memory.md)
     int flash_attention = 1;
     // non-finite steps and loss scaling (llmc/run/loss_scaler.h); -l? are used by the FP16 build only
     int max_skipped_steps = 8;         // consecutive skipped (non-finite) steps before the run stops
@@ -154,7 +154,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
         {"-oo", FlagKind::Int, &a->offload_optimizer, 0, 1, true, "1: AdamW's state (m, v, master weights) in host memory, updated by the CPU"},
-        {"-P", FlagKind::Int, &a->plan, 0, 1, true, "1: print the memory plan (per process) and exit without allocating"},
+        {"-P", FlagKind::Int, &a->plan, 0, 1, false, "1: print the memory plan (per process) and exit without allocating"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},
         {"-pi", FlagKind::String, &a->launch.init_method, NAN, NAN, true, "multi-GPU start: auto|mpi|tcp|file (auto: mpi under mpirun)"},
         {"-pn", FlagKind::Int, &a->launch.num_processes, 1, 1 << 16, true, "number of processes (-pi tcp|file; mpirun sets it)"},

@@ -1,8 +1,8 @@
 // A run's memory, predicted before anything is allocated: named rows of bytes, printed as a table whose
 // last line scripts read (`plan: total N bytes per process`, N a plain integer). The CUDA trainer fills
 // it (train_gpt2.cu, gpt2_memory_plan) for -P 1 and compares it with cudaMemGetInfo at start-up; the
-// host rows (pinned memory, -oo 1) are printed below the total, which is the device's; the
-// rows are host-side arithmetic, so the CPU trainer can fill the same table (not yet: doc/memory.md).
+// host rows (pinned memory, -oo 1) are printed below the total, which is the device's. The CPU trainer
+// fills the same table with its arrays (train_gpt2.cpp, gpt2_memory_plan), against the host's memory.
 #pragma once
 
 #include <cstdio>
@@ -19,6 +19,7 @@ struct MemoryPlan {
     std::vector<MemoryPlanRow> rows;
     std::vector<MemoryPlanRow> host_rows;  // host memory the run pins (-oo 1's optimizer), not in the total
     size_t capacity = 0;  // the device's memory, bytes (0: unknown)
+    std::string place = "the device";  // whose memory capacity is
     size_t headroom = 0;  // kept free beside the rows for lazy allocations
 
     void add(const std::string& what, size_t bytes, const std::string& note = "") { rows.push_back({what, bytes, note}); }
@@ -39,8 +40,10 @@ inline void print_memory_plan(const MemoryPlan& plan) {
     }
     printf("  %-38s %10.1f MiB\n", "total", plan.total() / MiB);
     if (plan.capacity > 0) {
-        printf("  the device has %.1f MiB; with %.1f MiB kept free for later allocations this %s\n",
-               plan.capacity / MiB, plan.headroom / MiB, plan.fits() ? "fits" : "DOES NOT FIT");
+        char kept[96] = "";
+        if (plan.headroom > 0) snprintf(kept, sizeof(kept), "; with %.1f MiB kept free for later allocations", plan.headroom / MiB);
+        printf("  %s has %.1f MiB%s: this %s\n", plan.place.c_str(), plan.capacity / MiB, kept,
+               plan.fits() ? "fits" : "DOES NOT FIT");
     }
     for (const MemoryPlanRow& r : plan.host_rows) {
         printf("  host: %-32s %10.1f MiB%s%s\n", r.what.c_str(), r.bytes / MiB, r.note.empty() ? "" : "  ", r.note.c_str());
