@@ -1082,14 +1082,9 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
     model->recompute = args.recompute;
     gpt2_allocate_activations(model, args.B, args.T, pp > 1 ? pp_activation_slots(schedule, pp, stage, m) : 1);
     if (pp > 1) {
-        printf("pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d micro-batches\n", pp,
-               stage, model->layout.layer_begin, model->layout.layer_end, model->model_config.num_layers,
-               schedule.c_str(), m);
-        double slot_mib = model->acts_per_slot * sizeof(float) / 1048576.0;
-        printf("pipeline: activations on stage %d: GPipe keeps %d micro-batches (%.2f MiB), 1F1B %d (%.2f MiB)\n",
-               stage, pp_activation_slots("gpipe", pp, stage, m), pp_activation_slots("gpipe", pp, stage, m) * slot_mib,
-               pp_activation_slots("1f1b", pp, stage, m), pp_activation_slots("1f1b", pp, stage, m) * slot_mib);
-        printf("pipeline: bubble formula (p-1)/(m+p-1) = %d/%d = %.3f\n", pp - 1, m + pp - 1, pp_bubble_formula(pp, m));
+        printf("%s\n", pipeline_describe(pp, stage, model->layout.layer_begin, model->layout.layer_end,
+                                         model->model_config.num_layers, schedule, m,
+                                         model->acts_per_slot * sizeof(float)).c_str());
     }
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     const char* state = model->optimizer.kind == OPT_ADAMW ? "AdamW moments" : "optimizer state";

@@ -1355,7 +1355,9 @@ uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
 void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t,
                        bool skip_muon_matrices = false) {
     AdamWHyper hyper;
-    std::vector<OffloadPart> parts;  // -oo 1: the tensors' parts, updated on the host after the loop
+    std::vector<OffloadPart> parts;   // -oo 1: the tensors' parts, updated on the host after the loop
+    std::vector<AdamWTensor> tensors;  // else: on the device, in one launch (llmc/adamw.cuh)
+    AdamWSettings common{};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (skip_muon_matrices && muon_param_is_matrix(i)) continue;
         size_t off = model->param_offsets[i];
@@ -1377,13 +1379,15 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
         size_t shard_start = shard_first(model->shard);
         const floatX* grads = model->grads_memory + (model->packed_grads ? begin - shard_start : begin);
         floatX* params = model->params_memory + (model->sharded_params ? begin - shard_start : begin);
+        common = s;
         if (model->offload) {
             parts.push_back({opt_index, opt_index + (end - begin), s});
             continue;
         }
-        adamw_update(params, model->master_memory ? model->master_memory + opt_index : nullptr, grads,
-                     model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s, model->stream);
+        tensors.push_back({params, model->master_memory ? model->master_memory + opt_index : nullptr, grads,
+                           model->m_memory + opt_index, model->v_memory + opt_index, end - begin, s.weight_decay, s.seed});
     }
+    adamw_update_many(tensors, common, model->stream);
     if (model->offload) {  // the range [opt_begin, opt_end) is contiguous in the device arrays too
         size_t shard_start = shard_first(model->shard), begin = model->opt_begin;
         offload_adamw_step(&model->offloaded, parts,
@@ -1936,12 +1940,8 @@ int main(int argc, char** argv) {
     int m = run.data.grad_accum_steps;
     if (layout.tp > 1 || layout.pp > 1) printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     if (layout.pp > 1) {
-        printf("pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d micro-batches, "
-               "%d activation slot(s) (GPipe %d, 1F1B %d); bubble formula (p-1)/(m+p-1) = %d/%d = %.3f\n", layout.pp,
-               layout.pp_rank, layout.layer_begin, layout.layer_end, cfg.num_layers, args.pipeline_schedule.c_str(), m,
-               model.act_slots, pp_activation_slots("gpipe", layout.pp, layout.pp_rank, m),
-               pp_activation_slots("1f1b", layout.pp, layout.pp_rank, m), layout.pp - 1, m + layout.pp - 1,
-               pp_bubble_formula(layout.pp, m));
+        printf("%s\n", pipeline_describe(layout.pp, layout.pp_rank, layout.layer_begin, layout.layer_end, cfg.num_layers,
+                                         args.pipeline_schedule, m).c_str());
     }
     gpt2_allocate_activations(&model, args.B, args.T);
     if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include "cuda_common.cuh"
 
@@ -50,6 +51,82 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
                       weight_decay, grad_scale);
     if (master != nullptr) master[i] = p;
     stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+}
+
+// Many tensors in one launch (adamw_update_many): each thread takes x128::size consecutive elements of
+// one tensor (8 in bf16) and moves every array in 16-byte accesses; block b works on the tensor whose
+// range of blocks holds b. The element body, the element index (counted from the tensor's start) and
+// the seed are adamw_kernel's, so the bits are the same as one launch per tensor.
+struct AdamWTensor {
+    floatX* params;
+    float* master;  // or nullptr
+    const floatX* grads;
+    float *m, *v;
+    size_t n;
+    float weight_decay;
+    uint32_t seed;
+};
+constexpr int ADAMW_MAX_TENSORS = 16;  // a launch's share: the trainer's parameter tensors
+struct AdamWBatch {
+    AdamWTensor tensor[ADAMW_MAX_TENSORS];
+    unsigned first_block[ADAMW_MAX_TENSORS + 1];  // tensor k's blocks: [first_block[k], first_block[k + 1])
+    int count;
+};
+
+__global__ void adamw_many_kernel(const AdamWBatch batch, float lr, float beta1, float beta2, float bias_correction1,
+                                  float bias_correction2, float eps, float grad_scale) {
+    // the last tensor whose blocks begin at or before this one (constant indices only: the parameter
+    // struct stays in the constant bank, no copy of it to local memory)
+    AdamWTensor t = batch.tensor[0];
+    unsigned first = 0;
+#pragma unroll
+    for (int k = 1; k < ADAMW_MAX_TENSORS; k++) {
+        if (k < batch.count && blockIdx.x >= batch.first_block[k]) {
+            t = batch.tensor[k];
+            first = batch.first_block[k];
+        }
+    }
+    constexpr int X = x128::size, F = f128::size, NF = X / F;  // floatX and fp32 elements per 16 bytes
+    size_t i0 = ((size_t)(blockIdx.x - first) * blockDim.x + threadIdx.x) * X;
+    if (i0 >= t.n) return;
+    if (i0 + X > t.n) {  // the tensor's last few elements: one at a time
+        for (size_t i = i0; i < t.n; i++) {
+            float p = t.master != nullptr ? t.master[i] : (float)t.params[i];
+            p = adamw_element(p, (float)t.grads[i], &t.m[i], &t.v[i], lr, beta1, beta2, bias_correction1,
+                              bias_correction2, eps, t.weight_decay, grad_scale);
+            if (t.master != nullptr) t.master[i] = p;
+            stochastic_round(p, &t.params[i], hash_u32((uint32_t)i, t.seed));
+        }
+        return;
+    }
+    x128 g = load128cs(t.grads + i0);
+    f128 m_in[NF], v_in[NF], p_in[NF];
+#pragma unroll
+    for (int q = 0; q < NF; q++) {
+        m_in[q] = load128cs(t.m + i0 + q * F);
+        v_in[q] = load128cs(t.v + i0 + q * F);
+        if (t.master != nullptr) p_in[q] = load128cs(t.master + i0 + q * F);
+    }
+    if (t.master == nullptr) {
+        x128 p_old = load128cs(t.params + i0);
+#pragma unroll
+        for (int j = 0; j < X; j++) p_in[j / F][j % F] = (float)p_old[j];
+    }
+    x128 p_out;
+#pragma unroll
+    for (int j = 0; j < X; j++) {
+        float p = adamw_element(p_in[j / F][j % F], (float)g[j], &m_in[j / F][j % F], &v_in[j / F][j % F], lr, beta1,
+                                beta2, bias_correction1, bias_correction2, eps, t.weight_decay, grad_scale);
+        p_in[j / F][j % F] = p;
+        stochastic_round(p, &p_out[j], hash_u32((uint32_t)(i0 + j), t.seed));
+    }
+#pragma unroll
+    for (int q = 0; q < NF; q++) {
+        store128cs(t.m + i0 + q * F, m_in[q]);
+        store128cs(t.v + i0 + q * F, v_in[q]);
+        if (t.master != nullptr) store128cs(t.master + i0 + q * F, p_in[q]);
+    }
+    store128(t.params + i0, p_out);
 }
 
 __global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n) {
@@ -113,6 +190,41 @@ inline void adamw_update(floatX* params,       // (n)
                                                                          bias_correction2, s.eps, s.weight_decay,
                                                                          s.grad_scale, s.seed);
     cudaCheckLaunch();
+}
+
+// Updates many tensors, ADAMW_MAX_TENSORS to a launch, with the settings s (but for each tensor's weight
+// decay and seed). Every array must start 16 bytes aligned (the trainer's tensors and ZeRO shards start
+// at multiples of 8 elements); a tensor that does not is updated by adamw_update instead.
+inline void adamw_update_many(const std::vector<AdamWTensor>& tensors, const AdamWSettings& s, cudaStream_t stream) {
+    float bias_correction1, bias_correction2;
+    adamw_bias_corrections(s, &bias_correction1, &bias_correction2);
+    const int block_size = 256;
+    auto aligned = [](const void* p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
+    AdamWBatch batch;
+    batch.count = 0;
+    batch.first_block[0] = 0;
+    auto launch = [&] {
+        if (batch.count == 0) return;
+        adamw_many_kernel<<<batch.first_block[batch.count], block_size, 0, stream>>>(
+            batch, s.lr, s.beta1, s.beta2, bias_correction1, bias_correction2, s.eps, s.grad_scale);
+        cudaCheckLaunch();
+        batch.count = 0;
+    };
+    for (const AdamWTensor& t : tensors) {
+        if (t.n == 0) continue;
+        if (!aligned(t.params) || !aligned(t.master) || !aligned(t.grads) || !aligned(t.m) || !aligned(t.v)) {
+            AdamWSettings one = s;
+            one.weight_decay = t.weight_decay;
+            one.seed = t.seed;
+            adamw_update(t.params, t.master, t.grads, t.m, t.v, t.n, one, stream);
+            continue;
+        }
+        batch.tensor[batch.count] = t;
+        batch.first_block[batch.count + 1] = batch.first_block[batch.count] + ceil_div_int(ceil_div(t.n, (size_t)x128::size), block_size);
+        batch.count++;
+        if (batch.count == ADAMW_MAX_TENSORS) launch();
+    }
+    launch();
 }
 
 // dst += src, rounded to floatX (ZeRO-2's running gradient sum over micro-steps, train_gpt2.cu).

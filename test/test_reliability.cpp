@@ -139,6 +139,22 @@ TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
     for (int rank = 0; rank < 3; rank++) EXPECT_TRUE(file_exists(checkpoint_state_path(out, last, rank))) << rank;
 }
 
+// The same in a pipeline (-pp 2): stage 1 is stopped, and stage 0 waits for it in a point-to-point
+// exchange (an activation's gradient, or the stages' sums): its watchdog ends the run, naming the wait,
+// the step and stage 1 as not arrived.
+TEST(Reliability, WatchdogEndsAPipelineWhoseStageStopped) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string out = test::scratch_dir("rel_watchdog_pp");
+    std::string launch = "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 '" +
+                         test::root() + "/train_gpt2' " + tiny_args() + " -pp 2 -x 1000000 -wt 4 -o " + out;
+    test::CommandResult r = test::run_and_stop_rank(launch, out + ".log", "step    5/", out, 1, 60);
+    std::string log = test::read_text(out + ".log");
+    test::expect_watchdog_ended_run(r, log, 4 + WATCHDOG_ANSWER_S + 15);
+    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process 0\\): watchdog: .* \\(group [a-z -]+, its wait #[0-9]+\\) "
+                                                  "at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 process\\(es\\) had not arrived:")))
+        << log;
+}
+
 // Slurm's --signal sends SIGUSR1 to every process: the collective decision (run_stop_signal, a sum over
 // the processes) once added two processes' SIGUSR1s and took them for a SIGTERM. Checked on the
 // decision itself, with the sum over P processes that all hold this process's signal (P * value),

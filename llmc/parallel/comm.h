@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -151,12 +152,28 @@ inline double all_reduce_sum(const ProcessGroup& g, double value, const char* wh
     return comm_active(g) ? g.backend->sum_host(g, value, what) : value;
 }
 
+// Every process's host value, in rank order (one 8-byte word each, on any backend; waits for all of
+// them). A group of one gets its own value back.
+inline std::vector<uint64_t> all_gather_host(const ProcessGroup& g, uint64_t value, const char* what) {
+    std::vector<uint64_t> all(g.size, value);
+    if (comm_active(g)) g.backend->all_gather_host_u64(g, value, all.data(), what);
+    return all;
+}
+
+// The same for a double (its bits travel as the word): the pipeline's timings.
+inline std::vector<double> all_gather_host_f64(const ProcessGroup& g, double value, const char* what) {
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof(bits));
+    std::vector<uint64_t> words = all_gather_host(g, bits, what);
+    std::vector<double> all(words.size());
+    for (size_t r = 0; r < words.size(); r++) memcpy(&all[r], &words[r], sizeof(double));
+    return all;
+}
+
 // The greatest (or, with least, the smallest) of every process's host value (a choice all must share:
 // a recompute level, a micro-batch); waits for it.
 inline uint64_t all_reduce_extreme(const ProcessGroup& g, uint64_t value, bool least, const char* what) {
-    if (!comm_active(g)) return value;
-    std::vector<uint64_t> all(g.size);
-    g.backend->all_gather_host_u64(g, value, all.data(), what);
+    std::vector<uint64_t> all = all_gather_host(g, value, what);
     return least ? *std::min_element(all.begin(), all.end()) : *std::max_element(all.begin(), all.end());
 }
 
@@ -364,15 +381,13 @@ inline uint64_t config_hash(const std::string& text) {
 
 // every process's copy of `text` (collective; eight bytes per all-gather)
 inline std::vector<std::string> config_gather_text(const ProcessGroup& g, const std::string& text) {
-    std::vector<uint64_t> lengths(g.size);
-    g.backend->all_gather_host_u64(g, text.size(), lengths.data(), "the configuration check at start-up");
+    std::vector<uint64_t> lengths = all_gather_host(g, text.size(), "the configuration check at start-up");
     size_t longest = *std::max_element(lengths.begin(), lengths.end());
     std::vector<std::string> texts(g.size);
-    std::vector<uint64_t> words(g.size);
     for (size_t at = 0; at < longest; at += 8) {
         uint64_t word = 0;
         for (size_t i = 0; i < 8 && at + i < text.size(); i++) word |= (uint64_t)(unsigned char)text[at + i] << (8 * i);
-        g.backend->all_gather_host_u64(g, word, words.data(), "the configuration check at start-up");
+        std::vector<uint64_t> words = all_gather_host(g, word, "the configuration check at start-up");
         for (int r = 0; r < g.size; r++)
             for (size_t i = 0; i < 8 && at + i < lengths[r]; i++) texts[r] += (char)(words[r] >> (8 * i));
     }
@@ -381,8 +396,7 @@ inline std::vector<std::string> config_gather_text(const ProcessGroup& g, const 
 
 inline void check_same_config(const ProcessGroup& g, const std::string& description) {
     if (!comm_active(g)) return;
-    std::vector<uint64_t> hashes(g.size);
-    g.backend->all_gather_host_u64(g, config_hash(description), hashes.data(), "the configuration check at start-up");
+    std::vector<uint64_t> hashes = all_gather_host(g, config_hash(description), "the configuration check at start-up");
     bool same = true;
     for (int r = 1; r < g.size; r++) same = same && hashes[r] == hashes[0];
     if (same) return;
@@ -394,15 +408,14 @@ inline void check_same_config(const ProcessGroup& g, const std::string& descript
         lines.push_back(description.substr(begin, end - begin));
         begin = end + 1;
     }
-    std::vector<uint64_t> counts(g.size);
-    g.backend->all_gather_host_u64(g, lines.size(), counts.data(), "the configuration check at start-up");
+    std::vector<uint64_t> counts = all_gather_host(g, lines.size(), "the configuration check at start-up");
     std::string differences;
     for (int r = 1; r < g.size; r++) {
         if (counts[r] != counts[0]) comm_abort(g, "the processes run different builds of the trainer (their start-up "
                                                   "descriptions have different fields); stopping");
     }
     for (const std::string& line : lines) {
-        g.backend->all_gather_host_u64(g, config_hash(line), hashes.data(), "the configuration check at start-up");
+        hashes = all_gather_host(g, config_hash(line), "the configuration check at start-up");
         std::vector<int> differing;
         for (int r = 1; r < g.size; r++)
             if (hashes[r] != hashes[0]) differing.push_back(r);

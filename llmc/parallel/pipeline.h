@@ -101,6 +101,25 @@ inline int pp_activation_slots(const std::string& kind, int p, int s, int m) {
 
 inline double pp_bubble_formula(int p, int m) { return (double)(p - 1) / (m + p - 1); }
 
+// The start-up line of a pipeline stage, for both trainers: its layers [l0, l1) of L, the schedule over
+// m micro-batches, the activation sets it keeps (and those of each schedule, with their size when
+// set_bytes, one set's, is known) and the bubble formula.
+inline std::string pipeline_describe(int p, int s, int l0, int l1, int L, const std::string& schedule, int m,
+                                     size_t set_bytes = 0) {
+    int gpipe = pp_activation_slots("gpipe", p, s, m), one_f_one_b = pp_activation_slots("1f1b", p, s, m);
+    char sizes[2][48] = {"", ""};
+    if (set_bytes > 0) {
+        snprintf(sizes[0], sizeof(sizes[0]), ", %.2f MiB", gpipe * (double)set_bytes / 1048576.0);
+        snprintf(sizes[1], sizeof(sizes[1]), ", %.2f MiB", one_f_one_b * (double)set_bytes / 1048576.0);
+    }
+    char line[400];
+    snprintf(line, sizeof(line), "pipeline: %d stages, stage %d holds layers [%d, %d) of %d; schedule %s over m = %d "
+             "micro-batches, %d activation slot(s) (GPipe %d%s, 1F1B %d%s); bubble formula (p-1)/(m+p-1) = %d/%d = %.3f",
+             p, s, l0, l1, L, schedule.c_str(), m, pp_activation_slots(schedule, p, s, m), gpipe, sizes[0],
+             one_f_one_b, sizes[1], p - 1, m + p - 1, pp_bubble_formula(p, m));
+    return line;
+}
+
 // ----------------------------------------------------------------------------
 // Point-to-point transfers along the PP group (llmc/parallel/comm.h's comm_send and comm_recv), in the
 // element type of the boundary tensors (fp32 on the CPU, the CUDA build's floatX on GPUs).
@@ -175,18 +194,6 @@ struct PipelineStepResult {
     std::string note;          // " | bubble 0.333 0.334 (formula 0.333)" for the step line
 };
 
-// Every stage's value of a host number, in stage order (host memory on any backend).
-inline std::vector<double> pp_gather_host(const ProcessGroup& pp, double mine) {
-    std::vector<double> all(pp.size, mine);
-    if (!comm_active(pp)) return all;
-    uint64_t bits;
-    memcpy(&bits, &mine, sizeof(bits));
-    std::vector<uint64_t> words(pp.size);
-    pp.backend->all_gather_host_u64(pp, bits, words.data(), "the pipeline's timings");
-    for (int s = 0; s < pp.size; s++) memcpy(&all[s], &words[s], sizeof(double));
-    return all;
-}
-
 // One step's forwards and backwards of m micro-batches on this stage, in the order of `schedule`.
 // Every stage of the PP group calls it. The measured bubble: a stage's time waiting for received data
 // (or done early) as a share of the span of the slowest stage.
@@ -215,7 +222,8 @@ inline PipelineStepResult pipeline_run(PipelineComm* comm, const std::string& sc
     pp_finish_sends(comm);
     double span_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int p = pp.size;
-    std::vector<double> busy = pp_gather_host(pp, span_s - comm->wait_seconds), span = pp_gather_host(pp, span_s);
+    std::vector<double> busy = all_gather_host_f64(pp, span_s - comm->wait_seconds, "the pipeline's timings");
+    std::vector<double> span = all_gather_host_f64(pp, span_s, "the pipeline's timings");
     double longest = *std::max_element(span.begin(), span.end());
     result.idle.resize(p);
     result.note = " | bubble";

@@ -624,6 +624,65 @@ TEST(Kernels, AdamWAndGradNorm) {
     }
 }
 
+// adamw_update_many (the trainer's launch: every tensor in one, 16-byte accesses) gives exactly the
+// bits of adamw_update launched once per tensor (the definition it must keep: the same element body,
+// index and seed), with and without master weights, for tensors of unequal sizes: one with a tail of
+// fewer than 8 elements, one of fewer than 8 in all, one starting 16-byte misaligned (its own launch),
+// and more than a launch's ADAMW_MAX_TENSORS of them.
+TEST(Kernels, AdamWManyTensorsInOneLaunchEqualsOneLaunchEach) {
+    std::mt19937 rng(23);
+    const size_t sizes[] = {4096, 1003, 5, 2048, 776, 8, 5, 3, 3000, 640, 96, 1536, 24, 400, 1000, 72, 256, 512, 1200, 88, 64, 128, 8};
+    std::vector<size_t> offsets;
+    size_t n = 0;
+    for (size_t size : sizes) {
+        offsets.push_back(n);
+        n += size;  // unequal, some not multiples of 8: the next tensor then starts misaligned
+    }
+    std::vector<float> params = random_values(n, rng), grads = random_values(n, rng, -0.1f, 0.1f);
+    std::vector<float> m0 = random_values(n, rng, -0.01f, 0.01f), v0 = random_values(n, rng, 0.0f, 1e-4f);
+    for (bool master : {true, false}) {
+        SCOPED_TRACE(master ? "master weights" : "no master weights");
+        DeviceArray<floatX> d_params[2] = {DeviceArray<floatX>(n), DeviceArray<floatX>(n)}, d_grads(n);
+        DeviceArray<float> d_master[2] = {DeviceArray<float>(n), DeviceArray<float>(n)};
+        DeviceArray<float> d_m[2] = {DeviceArray<float>(n), DeviceArray<float>(n)}, d_v[2] = {DeviceArray<float>(n), DeviceArray<float>(n)};
+        upload(d_grads, grads);
+        for (int w = 0; w < 2; w++) {
+            upload(d_params[w], params);
+            cudaCheck(cudaMemcpy(d_master[w].ptr, params.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(d_m[w].ptr, m0.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(d_v[w].ptr, v0.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        }
+        AdamWHyper hyper;
+        for (int t = 1; t <= 2; t++) {
+            AdamWSettings s{1e-2f, hyper.beta1, hyper.beta2, hyper.eps, 0.1f, 0.5f, t, 0};
+            std::vector<AdamWTensor> tensors;
+            for (size_t k = 0; k < offsets.size(); k++) {
+                size_t o = offsets[k];
+                float wd = k % 2 ? 0.0f : 0.1f;
+                uint32_t seed = 1000u * t + (uint32_t)k;
+                AdamWSettings one = s;
+                one.weight_decay = wd;
+                one.seed = seed;
+                adamw_update(d_params[0].ptr + o, master ? d_master[0].ptr + o : nullptr, d_grads.ptr + o, d_m[0].ptr + o,
+                             d_v[0].ptr + o, sizes[k], one, 0);
+                tensors.push_back({d_params[1].ptr + o, master ? d_master[1].ptr + o : nullptr, d_grads.ptr + o,
+                                   d_m[1].ptr + o, d_v[1].ptr + o, sizes[k], wd, seed});
+            }
+            adamw_update_many(tensors, s, 0);
+        }
+        std::vector<float> a = download(d_params[0]), b = download(d_params[1]);
+        for (size_t i = 0; i < n; i++) ASSERT_EQ(float_bits(a[i]), float_bits(b[i])) << "parameter " << i;
+        DeviceArray<float>* arrays[3][2] = {{&d_m[0], &d_m[1]}, {&d_v[0], &d_v[1]}, {&d_master[0], &d_master[1]}};
+        for (auto& pair : arrays) {
+            std::vector<float> x(n), y(n);
+            cudaCheck(cudaMemcpy(x.data(), pair[0]->ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(y.data(), pair[1]->ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < n; i++) ASSERT_EQ(float_bits(x[i]), float_bits(y[i])) << i;
+        }
+        record_output_hash(master ? "adamw many, master" : "adamw many, no master", b);
+    }
+}
+
 #if !defined(ENABLE_FP32)
 // Stochastic rounding is unbiased: x = 1 + 0.3 ulp rounds up 30% of the time, so the mean of many
 // roundings is x. With n = 2^20 the standard error of the mean is ulp * sqrt(0.21 / n) ~ 3.5e-6.
