@@ -121,6 +121,7 @@ struct BackwardScratch {
     float* dfch;       // (B, T, 4C)
     float* dfch_gelu;  // (B, T, 4C)
     float* dlogits;    // (B, T, Vp)
+    float* gathered;   // (tp·R, C)   -sq 1: the gathers' and reduce-scatters' buffer (tensor_parallel.h)
 };
 
 using BlockParams = BlockTensorsOf<const float>;  // llmc/gpt2_config.h
@@ -164,27 +165,30 @@ struct BlockActs {
     float* residual3;       // (B, T, C)   the block's output
 };
 
-// With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns (NH/tp heads).
-// A tensor that recomputation keeps for one layer only is the same storage for every l.
-BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH, size_t tp = 1) {
-    size_t BT = (size_t)B * T, Cl = C / tp;
+// With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns (NH/tp heads);
+// with sequence parallelism the residual stream, the layernorms and attproj, fcproj hold R of the B·T rows
+// (rows; llmc/parallel/tensor_parallel.h). A tensor that recomputation keeps for one layer only is the
+// same storage for every l.
+BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH, size_t tp = 1,
+                     size_t rows = 0) {
+    size_t BT = (size_t)B * T, Cl = C / tp, R = rows ? rows : BT;
     size_t lb = a.recompute >= 3 ? 0 : l, lln = a.recompute >= 2 ? 0 : lb, lg = a.recompute >= 1 ? 0 : lb;
-    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C,
-            a.ln1 + lln * BT * C,
-            a.ln1_mean + lb * BT,
-            a.ln1_rstd + lb * BT,
+    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * R * C,
+            a.ln1 + lln * R * C,
+            a.ln1_mean + lb * R,
+            a.ln1_rstd + lb * R,
             a.qkv + lb * BT * 3 * Cl,
             a.atty + lb * BT * Cl,
             a.att + lb * B * (NH / tp) * T * T,
-            a.attproj + lb * BT * C,
-            a.residual2 + lb * BT * C,
-            a.ln2 + lln * BT * C,
-            a.ln2_mean + lb * BT,
-            a.ln2_rstd + lb * BT,
+            a.attproj + lb * R * C,
+            a.residual2 + lb * R * C,
+            a.ln2 + lln * R * C,
+            a.ln2_mean + lb * R,
+            a.ln2_rstd + lb * R,
             a.fch + lb * BT * 4 * Cl,
             a.fch_gelu + lg * BT * 4 * Cl,
-            a.fcproj + lb * BT * C,
-            a.residual3 + l * BT * C};
+            a.fcproj + lb * R * C,
+            a.residual3 + l * R * C};
 }
 
 struct GPT2 {
@@ -332,12 +336,14 @@ void gpt2_keep_local_part(GPT2* model) {
 
 // Floats of the activations for (B, T) at a recompute level; with acts, also points its tensors into
 // `memory` (which holds that many floats). With tensor parallelism (tp > 1), this rank's columns:
-// C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits; a pipeline stage before the last has no lnf,
-// logits or losses.
+// C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits; with sequence parallelism (sp) also R = ceil(B·T/tp)
+// of the rows of the (B, T, C) tensors and their layernorm statistics, but lnf gathered whole (tp·R
+// rows, the LM head's input). A pipeline stage before the last has no lnf, logits or losses.
 size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Config& cfg, int B, int T, int recompute,
-                          size_t tp = 1, bool last_stage = true) {
+                          size_t tp = 1, bool last_stage = true, bool sp = false) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
+    size_t R = sp_rows_per_rank(BT, tp, sp && tp > 1), lnf_rows = sp && tp > 1 ? tp * R : BT;
     RecomputeLayers k = recompute_layers(L, recompute);
     ActivationTensors unused;
     ActivationTensors* a = acts ? acts : &unused;
@@ -345,10 +351,10 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
     float** act_ptrs[] = {&a->encoded, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
                           &a->attproj, &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
                           &a->fcproj, &a->residual3, &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->losses};
-    size_t act_sizes[] = {BT * C, k.layernorm * BT * C, k.block * BT, k.block * BT, k.block * BT * 3 * Cl,
-                          k.block * BT * Cl, k.block * B * NH * T * T, k.block * BT * C, k.block * BT * C,
-                          k.layernorm * BT * C, k.block * BT, k.block * BT, k.block * BT * 4 * Cl, k.gelu * BT * 4 * Cl,
-                          k.block * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT};
+    size_t act_sizes[] = {R * C, k.layernorm * R * C, k.block * R, k.block * R, k.block * BT * 3 * Cl,
+                          k.block * BT * Cl, k.block * B * NH * T * T, k.block * R * C, k.block * R * C,
+                          k.layernorm * R * C, k.block * R, k.block * R, k.block * BT * 4 * Cl, k.gelu * BT * 4 * Cl,
+                          k.block * R * C, L * R * C, lnf_rows * C, R, R, BT * Vp, BT};
     if (!last_stage) {
         for (int i = 16; i <= 20; i++) act_sizes[i] = 0;
     }
@@ -365,12 +371,16 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
 void gpt2_use_activation_slot(GPT2* model, int slot);
 
 // The backward scratch's tensors, floats each: dresidual, dln (B, T, C); datty (B, T, C/tp); dqkv; dfch
-// and dfch_gelu; dlogits (B, T, Vp/tp) on the last pipeline stage only.
-constexpr int NUM_SCRATCH_TENSORS = 7;
+// and dfch_gelu; dlogits (B, T, Vp/tp) on the last pipeline stage only; with sequence parallelism (sp)
+// dresidual has this rank's R rows, dln and the gather buffer tp·R.
+constexpr int NUM_SCRATCH_TENSORS = 8;
 void backward_scratch_sizes(const GPT2Config& cfg, int B, int T, size_t tp, bool last_stage,
-                            size_t sizes[NUM_SCRATCH_TENSORS]) {
+                            size_t sizes[NUM_SCRATCH_TENSORS], bool sp = false) {
     size_t BT = (size_t)B * T, C = cfg.channels, Cl = C / tp, Vp = cfg.padded_vocab_size / tp;
-    size_t s[NUM_SCRATCH_TENSORS] = {BT * C, BT * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl, last_stage ? BT * Vp : 0};
+    bool on = sp && tp > 1;
+    size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;
+    size_t s[NUM_SCRATCH_TENSORS] = {R * C, full * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl,
+                                     last_stage ? BT * Vp : 0, on ? full * C : 0};
     std::copy(s, s + NUM_SCRATCH_TENSORS, sizes);
 }
 
@@ -379,9 +389,10 @@ void backward_scratch_sizes(const GPT2Config& cfg, int B, int T, size_t tp, bool
 void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     const GPT2Config& cfg = model->config;
     size_t tp = model->layout.tp;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
-    size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp, model->last_stage());
+    bool sp = model->layout.sequence_parallel;
+    size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp, model->last_stage(), sp);
     model->acts_memory.assign(total * slots, 0.0f);
-    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp, model->last_stage());
+    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp, model->last_stage(), sp);
     model->acts_per_slot = total;
     model->act_slots = slots;
     model->act_slot = 0;
@@ -389,9 +400,9 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     model->slot_ce_sum.assign(slots, {});
     float** scratch_ptrs[] = {&model->scratch.dresidual, &model->scratch.dln, &model->scratch.datty,
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
-                              &model->scratch.dlogits};
+                              &model->scratch.dlogits, &model->scratch.gathered};
     size_t scratch_sizes[NUM_SCRATCH_TENSORS];
-    backward_scratch_sizes(cfg, B, T, tp, model->last_stage(), scratch_sizes);
+    backward_scratch_sizes(cfg, B, T, tp, model->last_stage(), scratch_sizes, sp);
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
@@ -405,7 +416,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d (-r 0/1/2/3:", total * slots * 4.0 / (1 << 20), B,
            T, model->recompute);
     for (int r = 0; r <= 3; r++) {
-        printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp, model->last_stage()) * 4.0 / (1 << 20));
+        printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp, model->last_stage(), sp) * 4.0 / (1 << 20));
     }
     printf(" MiB a set), %d set(s), backward scratch %.1f MiB\n", slots, scratch_total * 4.0 / (1 << 20));
 }
@@ -417,7 +428,8 @@ void gpt2_use_activation_slot(GPT2* model, int slot) {
     model->ce_max.swap(model->slot_ce_max[slot]);
     model->ce_sum.swap(model->slot_ce_sum[slot]);
     layout_activations(&model->acts, model->acts_memory.data() + (size_t)slot * model->acts_per_slot, model->config,
-                       model->batch_size, model->seq_len, model->recompute, model->layout.tp, model->last_stage());
+                       model->batch_size, model->seq_len, model->recompute, model->layout.tp, model->last_stage(),
+                       model->layout.sequence_parallel);
     model->act_slot = slot;
 }
 
@@ -425,19 +437,21 @@ void gpt2_use_activation_slot(GPT2* model, int slot) {
 // residual2 = a.residual + attproj(attention(qkv(ln1(a.residual)))). Fills every view of `a`.
 // With a TP group of tp > 1 (llmc/parallel/tensor_parallel.h), w and the qkv..fch views are this rank's slices:
 // qkv and fc produce C/tp columns (NH/tp heads), attproj and fcproj are row-parallel, one all-reduce each.
+// With sequence parallelism (sq on) the residual stream and the layernorms hold this rank's sq.rows rows:
+// each layernorm's output is all-gathered for the matmul after it, and each all-reduce is a reduce-scatter.
 void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH,
-                   const ProcessGroup& tp = ProcessGroup()) {
-    int BT = B * T, Cl = C / tp.size;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, BT, C);
-    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * Cl);
+                   const ProcessGroup& tp = ProcessGroup(), const SequenceShard& sq = SequenceShard()) {
+    int BT = B * T, Cl = C / tp.size, N = sq.on ? (int)sq.rows : BT;  // N: rows of the residual stream here
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, N, C);
+    matmul_forward(a.qkv, sp_all_gather(a.ln1, sq, C, tp), w.qkvw, w.qkvb, BT, C, 3 * Cl);
     attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NH / tp.size);
-    row_parallel_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, Cl, C, tp);
-    residual_forward(a.residual2, a.residual, a.attproj, (size_t)BT * C);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
-    matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * Cl);
+    row_parallel_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, Cl, C, tp, sq);
+    residual_forward(a.residual2, a.residual, a.attproj, (size_t)N * C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
+    matmul_forward(a.fch, sp_all_gather(a.ln2, sq, C, tp), w.fcw, w.fcb, BT, C, 4 * Cl);
     gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * Cl);
-    row_parallel_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * Cl, C, tp);
-    residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)BT * C);
+    row_parallel_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * Cl, C, tp, sq);
+    residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)N * C);
 }
 
 // Forward pass over inputs (B, T). With targets, also the per-position losses and their mean, which
@@ -470,18 +484,22 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     }
 
     // tensor parallel: this rank holds vocabulary rows [v0, v0 + Vl) of wte and computes those logits
+    // (sequence parallel: this rank's rows of the residual stream, llmc/parallel/tensor_parallel.h)
     const ProcessGroup& tp = model->layout.tp_group;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
-    if (model->first_stage()) tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp);
+    SequenceShard sq = sequence_shard(BT, tp, model->layout.sequence_parallel, model->scratch.gathered);
+    if (model->first_stage()) tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp, sq);
     for (int l = 0; l < L; l++) {
         BlockParams w = zs ? block_tensors_in_unit(zero_gather_block(zs, l, l + 1 < L ? l + 1 : -1, shard_params),
                                                    zs->units[zero_block_unit(l)])
                            : block_tensors<const float>(p, l, C, tp.size);
-        block_forward(w, block_acts(a, l, B, T, C, NH, tp.size), B, T, C, NH, tp);
+        block_forward(w, block_acts(a, l, B, T, C, NH, tp.size, sq.rows_per_rank), B, T, C, NH, tp, sq);
     }
     if (!model->last_stage()) return 0.0f;
-    const float* final_residual = a.residual3 + (L - 1) * BT * C;
-    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)BT, C);
+    const float* final_residual = a.residual3 + (L - 1) * sq.rows_per_rank * C;
+    float* lnf_mine = a.lnf + (sq.on ? tp.rank * sq.rows_per_rank * C : 0);  // gathered in place below
+    layernorm_forward(lnf_mine, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)sq.rows, C);
+    if (sq.on) all_gather(tp, a.lnf, sq.rows_per_rank * C);
     matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vl);
 
     if (targets == nullptr) return -1.0f;
@@ -527,42 +545,53 @@ void gpt2_zero_grad(GPT2* model) {
 // With set_grads, the four weights' and biases' gradients are set (=) rather than accumulated
 // (gpt2_zero_grad); the layernorms' are always accumulated. The matrix products set the scratch
 // gradients they produce, so those need no clearing either.
+// With sequence parallelism (sq on) s.dresidual holds this rank's sq.rows rows: it is all-gathered for
+// each row-parallel matmul's backward, the layernorm outputs again for the weight gradients after them,
+// and each column-parallel input gradient is reduce-scattered back to this rank's rows.
 void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& a, const BackwardScratch& s, int B,
-                    int T, int C, int NH, const ProcessGroup& tp = ProcessGroup(), bool set_grads = false) {
-    int BT = B * T, Cl = C / tp.size;
+                    int T, int C, int NH, const ProcessGroup& tp = ProcessGroup(), bool set_grads = false,
+                    const SequenceShard& sq = SequenceShard()) {
+    int BT = B * T, Cl = C / tp.size, N = sq.on ? (int)sq.rows : BT;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
     const bool set = true;  // set_dinp: the scratch gradient starts with this product
+    // the conjugate of a row-parallel matmul's all-reduce (or, with sq, its reduce-scatter): this rank's
+    // rows of d(layernorm input), summed over the group
+    auto sum_dln = [&]() -> const float* {
+        if (sq.on) return sp_reduce_scatter(s.dln, sq, C, tp);
+        column_parallel_input_grad(s.dln, (size_t)BT * C, tp);
+        return s.dln;
+    };
 
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, s.dresidual, a.fch_gelu, w.fcprojw, BT, 4 * Cl, C, set, set_grads);
+    matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, sp_all_gather(s.dresidual, sq, C, tp), a.fch_gelu, w.fcprojw,
+                    BT, 4 * Cl, C, set, set_grads);
     zero(s.dfch, (size_t)BT * 4 * Cl);
     gelu_backward(s.dfch, a.fch, s.dfch_gelu, (size_t)BT * 4 * Cl);
-    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, a.ln2, w.fcw, BT, C, 4 * Cl, set, set_grads);
-    column_parallel_input_grad(s.dln, (size_t)BT * C, tp);  // the conjugate of fcproj's all-reduce
-    layernorm_backward(s.dresidual, g.ln2w, g.ln2b, s.dln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
+    matmul_backward(s.dln, g.fcw, g.fcb, s.dfch, sp_all_gather(a.ln2, sq, C, tp), w.fcw, BT, C, 4 * Cl, set, set_grads);
+    layernorm_backward(s.dresidual, g.ln2w, g.ln2b, sum_dln(), a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
 
     // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-    matmul_backward(s.datty, g.attprojw, g.attprojb, s.dresidual, a.atty, w.attprojw, BT, Cl, C, set, set_grads);
+    matmul_backward(s.datty, g.attprojw, g.attprojb, sp_all_gather(s.dresidual, sq, C, tp), a.atty, w.attprojw, BT,
+                    Cl, C, set, set_grads);
     zero(s.dqkv, (size_t)BT * 3 * Cl);
     attention_backward(s.dqkv, s.datty, a.qkv, a.att, B, T, Cl, NH / tp.size);
-    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, a.ln1, w.qkvw, BT, C, 3 * Cl, set, set_grads);
-    column_parallel_input_grad(s.dln, (size_t)BT * C, tp);  // the conjugate of attproj's all-reduce
-    layernorm_backward(s.dresidual, g.ln1w, g.ln1b, s.dln, a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+    matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, sp_all_gather(a.ln1, sq, C, tp), w.qkvw, BT, C, 3 * Cl, set, set_grads);
+    layernorm_backward(s.dresidual, g.ln1w, g.ln1b, sum_dln(), a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }
 
 // Refills what -r did not keep of one block's activations, with the forward's own functions on the
 // same inputs: the same bits as the forward produced. -r 3 reruns the whole block (residual3 comes
 // out as stored); -r 2 the layernorms (their mean and rstd come out as stored); -r 1 the GELU.
 void block_recompute(const BlockParams& w, const BlockActs& a, int recompute, int B, int T, int C, int NH,
-                     const ProcessGroup& tp = ProcessGroup()) {
-    int BT = B * T, Cl = C / tp.size;
+                     const ProcessGroup& tp = ProcessGroup(), const SequenceShard& sq = SequenceShard()) {
+    int BT = B * T, Cl = C / tp.size, N = sq.on ? (int)sq.rows : BT;
     if (recompute >= 3) {
-        block_forward(w, a, B, T, C, NH, tp);
+        block_forward(w, a, B, T, C, NH, tp, sq);
         return;
     }
     if (recompute >= 2) {
-        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, BT, C);
-        layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
+        layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, N, C);
+        layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
     }
     if (recompute >= 1) gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * Cl);
 }
@@ -599,6 +628,8 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     // loss -> logits -> lnf (tensor parallel: this rank's vocabulary rows, then the sum over ranks)
     const ProcessGroup& tp = model->layout.tp_group;
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
+    SequenceShard sq = sequence_shard(BT, tp, model->layout.sequence_parallel, s.gathered);
+    size_t R = sq.rows_per_rank;  // rows of each layer's residual-stream tensors (B·T without -sq)
     if (model->last_stage()) {  // else the next stage sent d(loss)/d(output) into s.dresidual
         if (model->ce_exps_kept) {
             crossentropy_backward_from_exps(s.dlogits, model->ce_sum.data(), targets, dloss, (int)BT, V, Vp);
@@ -610,10 +641,16 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         }
         // the LM head's is wte's first contribution (the encoder's comes last)
         matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl, true, set_grads);
-        column_parallel_input_grad(s.dln, BT * C, tp);
-        zero(s.dresidual, BT * C);
-        const float* final_residual = a.residual3 + (L - 1) * BT * C;
-        layernorm_backward(s.dresidual, g.lnfw, g.lnfb, s.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, (int)BT, C);
+        const float* dlnf = s.dln;
+        if (sq.on) {
+            dlnf = sp_reduce_scatter(s.dln, sq, C, tp);
+        } else {
+            column_parallel_input_grad(s.dln, BT * C, tp);
+        }
+        zero(s.dresidual, sq.rows * C);
+        const float* final_residual = a.residual3 + (L - 1) * R * C;
+        layernorm_backward(s.dresidual, g.lnfw, g.lnfb, dlnf, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
+                           (int)sq.rows, C);
     }
 
     // the blocks, last to first; dresidual holds d(loss)/d(residual stream) at the block's output
@@ -623,13 +660,15 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                             ? block_tensors_in_unit(zero_gather_block(zs, l, l - 1, shard_params), *unit)
                             : block_tensors<const float>(p, l, C, tp.size);
         BlockGrads gl = zs ? block_tensors_in_unit(zs->block_grads.data(), *unit) : block_tensors<float>(g, l, C, tp.size);
-        BlockActs ba = block_acts(a, l, B, T, C, NH, tp.size);
-        block_recompute(w, ba, model->recompute, B, T, C, NH, tp);
+        BlockActs ba = block_acts(a, l, B, T, C, NH, tp.size, R);
+        block_recompute(w, ba, model->recompute, B, T, C, NH, tp, sq);
         if (zs) zero(zs->block_grads.data(), zs->block_grads.size());
-        block_backward(gl, w, ba, s, B, T, C, NH, tp, set_grads);
+        block_backward(gl, w, ba, s, B, T, C, NH, tp, set_grads, sq);
         if (zs) zero_reduce_scatter_unit(zs, zero_block_unit(l), zs->block_grads.data(), shard_grads);
     }
-    if (model->first_stage()) tp_encoder_backward(g.wte, g.wpe, s.dresidual, inputs, B, T, C, v0, Vl, tp);
+    if (model->first_stage()) {  // with -sq every row's gradient: wte's rows and wpe see them all
+        tp_encoder_backward(g.wte, g.wpe, sp_all_gather(s.dresidual, sq, C, tp), inputs, B, T, C, v0, Vl, tp);
+    }
     if (zs) zero_reduce_scatter_unit(zs, ZERO_OUTER_UNIT, zs->outer_grads.data(), shard_grads);
 }
 
@@ -728,8 +767,12 @@ double gpt2_reduce_gradients(GPT2* model) {
     int zero_stage = model->layout.zero_stage;
     float* grads = model->grads_memory.data();
     const ProcessGroup& tp = model->layout.tp_group;
-    if (tp.size > 1) {  // the replicated tensors' gradients: TP rank 0's, so the replicas never drift apart
+    if (tp.size > 1) {  // the replicated tensors' gradients: TP rank 0's, so the replicas never drift apart;
+                        // with -sq the layernorms' are first summed over the ranks' rows
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (model->layout.sequence_parallel && sp_param_is_partial(i)) {
+                all_reduce_sum(tp, grads + model->param_offsets[i], model->param_sizes[i]);
+            }
             if (tp_param_is_replicated(i)) broadcast(tp, grads + model->param_offsets[i], model->param_sizes[i], 0);
         }
     }
@@ -839,7 +882,9 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
 // activation slot, with dloss, or INFINITY for bad_micro (-ni, testing).
 PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss,
                                        int bad_micro) {
-    size_t BT = (size_t)B * T, BTC = BT * model->config.channels, L = model->config.num_layers;
+    size_t BT = (size_t)B * T, L = model->config.num_layers;
+    // a stage's input and output: its rows of the residual stream (all B·T without -sq)
+    size_t BTC = sp_rows_per_rank(BT, model->layout.tp, model->layout.sequence_parallel) * model->config.channels;
     PipelineStageHooks h;
     h.boundary_elements = BTC;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
@@ -1043,9 +1088,12 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     }
     bool last = lay.pp_rank == lay.pp - 1;
     int slots = lay.pp > 1 ? pp_activation_slots(args.pipeline_schedule, lay.pp, lay.pp_rank, m) : 1;
-    size_t set = layout_activations(nullptr, nullptr, cfg, args.B, args.T, args.recompute, lay.tp, last);
+    auto activations = [&](int r) {
+        return layout_activations(nullptr, nullptr, cfg, args.B, args.T, r, lay.tp, last, lay.sequence_parallel);
+    };
+    size_t set = activations(args.recompute);
     size_t scratch_sizes[NUM_SCRATCH_TENSORS], scratch = 0;
-    backward_scratch_sizes(cfg, args.B, args.T, lay.tp, last, scratch_sizes);
+    backward_scratch_sizes(cfg, args.B, args.T, lay.tp, last, scratch_sizes, lay.sequence_parallel);
     for (size_t n_i : scratch_sizes) scratch += n_i;
     char note[160];
     MemoryPlan plan;
@@ -1058,10 +1106,8 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     if (gathers > 0) plan.add("ZeRO unit buffers", gathers * F, "a block's and the outer tensors' gathers and reductions");
     snprintf(note, sizeof(note), "B=%d T=%d at -r %d, %d set(s); -r 0/1/2/3 a set: %.1f %.1f %.1f %.1f MiB", args.B,
              args.T, args.recompute, slots,
-             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 0, lay.tp, last) * F / 1048576.0,
-             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 1, lay.tp, last) * F / 1048576.0,
-             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 2, lay.tp, last) * F / 1048576.0,
-             layout_activations(nullptr, nullptr, cfg, args.B, args.T, 3, lay.tp, last) * F / 1048576.0);
+             activations(0) * F / 1048576.0, activations(1) * F / 1048576.0, activations(2) * F / 1048576.0,
+             activations(3) * F / 1048576.0);
     plan.add("activations", set * slots * F, note);
     plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
     return plan;
@@ -1088,8 +1134,8 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
     }
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     const char* state = model->optimizer.kind == OPT_ADAMW ? "AdamW moments" : "optimizer state";
-    printf("memory per process: parameters %.2f MiB, gradients %.2f MiB, %s %.2f MiB, activations %.2f "
-           "MiB, backward scratch %.2f MiB\n", mib(model->params_memory.size()), mib(model->grads_memory.size()), state,
+    printf("memory per process: parameters %.3f MiB, gradients %.3f MiB, %s %.3f MiB, activations %.3f "
+           "MiB, backward scratch %.3f MiB\n", mib(model->params_memory.size()), mib(model->grads_memory.size()), state,
            mib(model->m_memory.size() + model->v_memory.size()), mib(model->acts_memory.size()),
            mib(model->scratch_memory.size()));
 }
@@ -1138,6 +1184,7 @@ int main(int argc, char** argv) {
        // stops; a run whose arrays alone exceed the host's available memory stops here
         GPT2Config shape = gpt2_config_from_flag(model_name);
         ParallelLayout layout = parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, shape);
+        layout.sequence_parallel = args.sequence_parallel;
         MemoryPlan plan = gpt2_memory_plan(shape, layout, optimizer, args, validate_batch_args(args, shape, layout.dp));
         plan.capacity = host_available_bytes();
         plan.place = "the host (MemAvailable, shared by the processes on it)";
@@ -1163,6 +1210,7 @@ int main(int argc, char** argv) {
     // the process layout (llmc/parallel/layout.h) and this process's part of the model
     ParallelLayout layout =
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
+    layout.sequence_parallel = args.sequence_parallel;
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     gpt2_distribute(&model, layout, optimizer);
 

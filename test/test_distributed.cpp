@@ -237,7 +237,8 @@ TEST(Distributed, Zero2And3MatchZero0WithAccumulation) {
 // The memory plan (-P 1, llmc/run/memory_plan.h) from the shapes alone: it reads no data (the -i
 // pattern matches nothing) and allocates nothing, and its total is exactly what the run then allocates
 // for the same layout (the printed count of the arrays' bytes: the vectors' sizes, counted apart from
-// the plan's arithmetic), for one process and for 2 with -z 3 (shards and unit buffers), -tp 2 and -pp 2
+// the plan's arithmetic), for one process and for 2 with -z 3 (shards and unit buffers), -tp 2 (with and
+// without -sq 1) and -pp 2
 // (that those allocations follow the ZeRO formula is Zero2And3MatchZero0WithAccumulation's). A run whose arrays
 // exceed the host's available memory (d48 at B=64, T=1024: its model state alone is 25 GB) stops before
 // reading its model, with the sizes.
@@ -245,7 +246,7 @@ TEST(Distributed, MemoryPlanIsWhatTheRunAllocates) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string odd_dir = test::oracle("tiny_odd", ODD), tiny_dir = test::oracle("tiny", TINY);
     struct Case { int np, dp; const char* flags; bool odd; };
-    const Case cases[] = {{1, 1, "-z 0", true}, {2, 2, "-z 3", true}, {2, 1, "-tp 2", false}, {2, 1, "-pp 2", false}};
+    const Case cases[] = {{1, 1, "-z 0", true}, {2, 2, "-z 3", true}, {2, 1, "-tp 2", false}, {2, 1, "-tp 2 -sq 1", false}, {2, 1, "-pp 2", false}};
     for (const Case& c : cases) {
         SCOPED_TRACE(std::to_string(c.np) + " process(es), " + c.flags);
         std::string run_flags = train_args(c.odd ? odd_dir : tiny_dir, 1, 2 * 16 * c.dp) + " " + c.flags;
@@ -421,6 +422,10 @@ TEST(Distributed, GlobalBatchAcrossShardAndEpochBoundaries) {
 // rounding (expect_same_training: the all-reduces order the sums differently): tp 2; tp 3 on a model
 // whose 3 heads it divides (C = 21: 7 columns per rank; Vp 384: 128 vocabulary rows per rank); and
 // tp 2 x dp 2 with ZeRO-1. Each process must also hold only its slices: the printed parameter memory.
+// With sequence parallelism (-sq 1): tp 2; tp 3, whose B·T = 32 rows split 11, 11, 10 (the last rank's
+// block padded); tp 2 x dp 2 with ZeRO-1 at -r 2 (the layernorms recomputed on this rank's rows). Their
+// activations must shrink: the (B·T, C) tensors are held by rows (the test model's T x T attention
+// maps and 4C columns are not, so well under the -sq 0 figure, not 1/tp of it).
 TEST(ModelParallel, TensorParallelMatchesOneProcess) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     struct Case { const char* model; std::string name; int np; std::string flags; };
@@ -428,7 +433,15 @@ TEST(ModelParallel, TensorParallelMatchesOneProcess) {
         {TINY, "tiny", 2, "-tp 2"},
         {ODD, "tiny_odd", 3, "-tp 3"},
         {TINY, "tiny", 4, "-tp 2 -z 1"},
+        {TINY, "tiny", 2, "-tp 2 -sq 1"},
+        {ODD, "tiny_odd", 3, "-tp 3 -sq 1"},
+        {TINY, "tiny", 4, "-tp 2 -z 1 -sq 1 -r 2"},
     };
+    auto mib_after = [](const std::string& out, const std::string& label) {
+        size_t at = out.find(label);
+        return at == std::string::npos ? -1.0 : atof(out.c_str() + at + label.size());
+    };
+    std::map<std::string, double> activations;
     int steps = 4, total = 2 * 16 * 4;  // 4 micro-batches per step: 4 x 1 process, 2 x 2 DP ranks
     for (const Case& c : cases) {
         SCOPED_TRACE(c.name + " np " + std::to_string(c.np) + " " + c.flags);
@@ -450,6 +463,14 @@ TEST(ModelParallel, TensorParallelMatchesOneProcess) {
         };
         EXPECT_GT(param_mib(rn.output), 0.0) << rn.output;
         EXPECT_LT(param_mib(rn.output), param_mib(r1.output) * (1.0 / tp + 0.25)) << rn.output << r1.output;
+        bool sp = c.flags.find("-sq 1") != std::string::npos;
+        if (sp) EXPECT_NE(rn.output.find(", sequence parallel"), std::string::npos) << rn.output;
+        activations[c.flags] = mib_after(rn.output, "MiB, activations ");
+    }
+    for (const char* flags : {"-tp 2", "-tp 3"}) {
+        SCOPED_TRACE(flags);
+        EXPECT_GT(activations[std::string(flags) + " -sq 1"], 0.0);
+        EXPECT_LT(activations[std::string(flags) + " -sq 1"], 0.9 * activations[flags]);
     }
 }
 
@@ -552,6 +573,7 @@ TEST(ModelParallel, PipelineParallelMatchesOneProcess) {
         {3, "-pp 3 -pm gpipe", "(formula 0.333)"},
         {4, "-pp 2 -z 1", "(formula 0.333)"},  // dp 2: m = 2, 1/3
         {4, "-tp 2 -pp 2 -pm gpipe", "(formula 0.200)"},
+        {4, "-tp 2 -pp 2 -sq 1", "(formula 0.200)"},  // the stages send their rows of the residual stream
     };
     std::string oracle_dir = test::oracle("tiny_five", FIVE);
     std::string one = test::scratch_dir("pp_one");
@@ -618,6 +640,7 @@ TEST(Distributed, BadLayoutsAreRefused) {
         {2, "-tp 2 -s 5", "need the whole logits"},
         {2, "-pp 2 -s 5", "not implemented through a pipeline"},
         {1, "-tp 2 -z 2", "the CPU trainer runs ZeRO stages 2 and 3 with data parallelism alone"},
+        {1, "-sq 1", "it needs -tp 2 or more"},
         {1, "-pp 2 -z 3", "ZeRO stages 2 and 3 do not run with pipeline stages"},
     };
     for (const Case& c : cases) {

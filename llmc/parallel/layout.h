@@ -39,6 +39,7 @@ struct ParallelLayout {
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;  // this process's coordinates
     ProcessGroup world;
     ProcessGroup tp_group, pp_group, dp_group;  // the processes differing only in that coordinate
+    bool sequence_parallel = false;             // -sq 1: rows of the residual stream split over tp_group
     int zero_stage = 0;                         // -z: what the data-parallel group shards (llmc/parallel/zero.h)
     int layer_begin = 0, layer_end = 0;         // this pipeline stage's layers [layer_begin, layer_end)
 };
@@ -111,7 +112,8 @@ inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, in
 // "tp 2 x pp 2 x dp 2" and this process's coordinates, for the start-up line.
 inline std::string parallel_layout_describe(const ParallelLayout& lay) {
     char text[160];
-    snprintf(text, sizeof(text), "tp %d x pp %d x dp %d (rank %d: tp_rank %d, pp_rank %d, dp_rank %d)", lay.tp, lay.pp,
-             lay.dp, lay.world.rank, lay.tp_rank, lay.pp_rank, lay.dp_rank);
+    snprintf(text, sizeof(text), "tp %d x pp %d x dp %d%s (rank %d: tp_rank %d, pp_rank %d, dp_rank %d)", lay.tp, lay.pp,
+             lay.dp, lay.sequence_parallel ? ", sequence parallel" : "", lay.world.rank, lay.tp_rank, lay.pp_rank,
+             lay.dp_rank);
     return text;
 }

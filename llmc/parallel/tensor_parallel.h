@@ -21,8 +21,22 @@
 //
 // The cross-entropy over logits split by vocabulary never gathers the logits: each row's max, sum of
 // exponentials and target logit are reduced across the group (B·T numbers each).
+//
+// Sequence parallelism (-sq 1; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+// Transformer Models"). Without it every rank of the group holds the same (B·T, C) tensors between the
+// matmuls: the residual stream, the layernorms, the row-parallel outputs. With it, rank t holds rows
+// [t·R, t·R + rows) of the B·T rows (R = ceil(B·T / tp); the last ranks may hold fewer, or none): the
+// all-reduce after a row-parallel matmul becomes a reduce-scatter (each rank receives the sum of its
+// own rows), and a layernorm's output is all-gathered just before the column-parallel matmul that needs
+// every row. A reduce-scatter and an all-gather move an all-reduce's bytes, so the traffic is the same,
+// and those activations shrink by tp. The backward is the conjugate: the gradient at a row-parallel
+// output is all-gathered (its matmul's backward needs every row), the one at a column-parallel input
+// reduce-scattered. The layernorms' parameter gradients then sum this rank's rows only and are
+// all-reduced over the group; the biases of attproj and fcproj and wpe see the gathered gradient of
+// every row, so theirs are whole on every rank as without -sq.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -89,20 +103,74 @@ inline void tp_copy_slices(const GPT2Config& cfg, int tp, int t, float* full, fl
     }
 }
 
+// The layernorms' parameter gradients, which sequence parallelism leaves partial (a sum over this
+// rank's rows): all-reduced over the group at the end of the step.
+inline bool sp_param_is_partial(int i) {
+    return i == P_LN1W || i == P_LN1B || i == P_LN2W || i == P_LN2B || i == P_LNFW || i == P_LNFB;
+}
+
+// ----------------------------------------------------------------------------
+// Sequence parallelism: this rank's rows of the (B·T, C) tensors between the matmuls
+
+struct SequenceShard {
+    bool on = false;            // -sq 1 (and tp > 1); off: every rank holds all B·T rows
+    size_t rows_per_rank = 0;   // R = ceil(B·T / tp): each rank's block of a gathered (tp·R, C) buffer
+    size_t begin = 0, rows = 0; // this rank's rows [begin, begin + rows) of the B·T (rows = B·T when off)
+    float* gathered = nullptr;  // (tp·R, C) scratch for the gathers and the row-parallel partial sums
+};
+
+// Rows per rank of B·T rows split over tp ranks (B·T itself without sequence parallelism).
+inline size_t sp_rows_per_rank(size_t BT, size_t tp, bool on) { return on ? (BT + tp - 1) / tp : BT; }
+
+inline SequenceShard sequence_shard(size_t BT, const ProcessGroup& tp, bool on, float* gathered) {
+    SequenceShard sq;
+    sq.on = on && tp.size > 1;
+    sq.rows_per_rank = sp_rows_per_rank(BT, tp.size, sq.on);
+    sq.begin = sq.on ? std::min(BT, (size_t)tp.rank * sq.rows_per_rank) : 0;
+    sq.rows = sq.on ? std::min(BT, sq.begin + sq.rows_per_rank) - sq.begin : BT;
+    sq.gathered = gathered;
+    return sq;
+}
+
+// Every rank's rows of `mine` (rows x C), in order, into sq.gathered (B·T rows, then padding); returns
+// it. Off, `mine` already holds every row.
+inline const float* sp_all_gather(const float* mine, const SequenceShard& sq, size_t C, const ProcessGroup& tp) {
+    if (!sq.on) return mine;
+    float* block = sq.gathered + tp.rank * sq.rows_per_rank * C;
+    if (mine != block) memcpy(block, mine, sq.rows * C * sizeof(float));
+    all_gather(tp, sq.gathered, sq.rows_per_rank * C);
+    return sq.gathered;
+}
+
+// full (tp·R, C) holds this rank's term of every row; afterwards this rank's block of it, returned,
+// holds the sum over ranks of its own rows.
+inline float* sp_reduce_scatter(float* full, const SequenceShard& sq, size_t C, const ProcessGroup& tp) {
+    reduce_scatter_sum(tp, full, sq.rows_per_rank * C);
+    return full + tp.rank * sq.rows_per_rank * C;
+}
+
 // ----------------------------------------------------------------------------
 // The two halves of a Megatron MLP or attention block
 
 // Row-parallel matmul: out (N, OC) = Σ_t inp_t (N, IC) · weight_tᵀ + bias, one all-reduce. With one
-// rank it is matmul_forward itself.
+// rank it is matmul_forward itself. With sequence parallelism (sq on), one reduce-scatter instead and
+// out holds this rank's sq.rows rows.
 inline void row_parallel_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
-                                 int OC, const ProcessGroup& tp) {
+                                 int OC, const ProcessGroup& tp, const SequenceShard& sq = SequenceShard()) {
     if (tp.size == 1) {
         matmul_forward(out, inp, weight, bias, N, IC, OC);
         return;
     }
-    matmul_forward(out, inp, weight, (const float*)nullptr, N, IC, OC);
-    all_reduce_sum(tp, out, (size_t)N * OC);
-    for (size_t n = 0; n < (size_t)N; n++) {
+    size_t rows = N;
+    if (sq.on) {
+        matmul_forward(sq.gathered, inp, weight, (const float*)nullptr, N, IC, OC);
+        memcpy(out, sp_reduce_scatter(sq.gathered, sq, OC, tp), sq.rows * OC * sizeof(float));
+        rows = sq.rows;
+    } else {
+        matmul_forward(out, inp, weight, (const float*)nullptr, N, IC, OC);
+        all_reduce_sum(tp, out, (size_t)N * OC);
+    }
+    for (size_t n = 0; n < rows; n++) {
         for (int o = 0; o < OC; o++) out[n * OC + o] += bias[o];
     }
 }
@@ -113,21 +181,30 @@ inline void column_parallel_input_grad(float* dinp, size_t n, const ProcessGroup
 // ----------------------------------------------------------------------------
 // Vocabulary-parallel embedding and cross-entropy; this rank holds vocabulary rows [v0, v0 + Vl)
 
-// out (B, T, C) = wte[inp] + wpe: the rank holding a token's row contributes it, the others zero.
+// out (B, T, C) = wte[inp] + wpe: the rank holding a token's row contributes it, the others zero. With
+// sequence parallelism, a reduce-scatter instead of the all-reduce: out holds this rank's sq.rows rows.
 inline void tp_encoder_forward(float* out, const int* inp, const float* wte_local, const float* wpe, int B, int T,
-                               int C, int v0, int Vl, const ProcessGroup& tp) {
+                               int C, int v0, int Vl, const ProcessGroup& tp, const SequenceShard& sq = SequenceShard()) {
     if (tp.size == 1) {
         encoder_forward(out, inp, wte_local, wpe, B, T, C);
         return;
     }
     size_t BT = (size_t)B * T;
+    float* terms = sq.on ? sq.gathered : out;
     for (size_t n = 0; n < BT; n++) {
         int row = inp[n] - v0;
-        for (int c = 0; c < C; c++) out[n * C + c] = row >= 0 && row < Vl ? wte_local[(size_t)row * C + c] : 0.0f;
+        for (int c = 0; c < C; c++) terms[n * C + c] = row >= 0 && row < Vl ? wte_local[(size_t)row * C + c] : 0.0f;
     }
-    all_reduce_sum(tp, out, BT * C);  // one non-zero term per element: exact
-    for (size_t n = 0; n < BT; n++) {
-        const float* wpe_t = wpe + (n % T) * C;
+    size_t first = 0, rows = BT;  // one non-zero term per element: the sum is exact
+    if (sq.on) {
+        memcpy(out, sp_reduce_scatter(terms, sq, C, tp), sq.rows * C * sizeof(float));
+        first = sq.begin;
+        rows = sq.rows;
+    } else {
+        all_reduce_sum(tp, out, BT * C);
+    }
+    for (size_t n = 0; n < rows; n++) {
+        const float* wpe_t = wpe + ((first + n) % T) * C;
         for (int c = 0; c < C; c++) out[n * C + c] += wpe_t[c];
     }
 }

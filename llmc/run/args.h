@@ -65,6 +65,7 @@ struct TrainArgs {
     // model parallelism (CPU trainer; llmc/parallel/layout.h): the rest of the processes are data parallel
     int tensor_parallel = 1;
     int pipeline_parallel = 1;
+    int sequence_parallel = 0;  // -sq 1: with -tp, the residual stream split by rows (tensor_parallel.h)
     std::string pipeline_schedule = "1f1b";  // gpipe|1f1b
     int recompute = 1;  // activation recomputation level, both trainers (-r); RECOMPUTE_AUTO: -r auto (CUDA)
     float peak_gflops = 0;  // MFU's denominator (-pk); 0: CPU measures it, CUDA uses its table
@@ -132,6 +133,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
         {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
         {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (divides the processes, the heads and the padded vocabulary)"},
+        {"-sq", FlagKind::Int, &a->sequence_parallel, 0, 1, false, "1: sequence parallelism with -tp (layernorms and residuals split by rows across the TP group)"},
         {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (at most the layers)"},
         {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
         {"-st", FlagKind::Float, &a->temperature, 0, 100, false, "sampling temperature (0: greedy)"},
@@ -218,6 +220,13 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     if (tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
               "by vocabulary; run with -s 0 (and no -he)", tp);
+    }
+    if (args.sequence_parallel && tp == 1) {
+        fatal("flag -sq 1: sequence parallelism splits the rows of the tensor-parallel group; it needs -tp 2 or more");
+    }
+    if (args.sequence_parallel && cuda) {
+        fatal("flag -sq 1: the CUDA trainer does not have sequence parallelism yet (the CPU trainer does); run "
+              "-tp without it");
     }
     // ZeRO-2/3 (llmc/parallel/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
     // pipeline parallelism split the same parameters another way
