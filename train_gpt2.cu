@@ -94,7 +94,9 @@ using BlockGrads = BlockTensorsOf<floatX>;
 //   -r 3: every block tensor but residual3 (the next block's input): the backward reruns the block's
 //         forward from its input first (about one more forward pass of compute).
 // With tensor parallelism (-tp) the channels of qkv, atty, att, fch (and their gradients) are this
-// process's C/tp (its NH/tp heads) and the logits its Vp/tp vocabulary columns.
+// process's C/tp (its NH/tp heads) and the logits its Vp/tp vocabulary columns. With sequence
+// parallelism (-sq 1) the (B, T, C) tensors of the residual stream, the layernorms and their statistics
+// hold this process's R = ceil(B·T/tp) rows (llmc/parallel/tensor_parallel.h), lnf is gathered whole.
 
 struct ActivationTensors {
     floatX* encoded;     // (B, T, C)
@@ -117,7 +119,8 @@ struct ActivationTensors {
     floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
     float* losses;       // (B, T)
     // scratch, reused by every layer
-    floatX* proj;        // (B, T, C) output of attproj or fcproj before the residual add
+    floatX* proj;        // (B, T, C) output of attproj or fcproj before the residual add (-sq 1: tp·R rows)
+    floatX* gathered;    // -sq 1: (tp·R, C) every process's rows of a layernorm output or of dresidual
     floatX* attn_scratch;// attention_scratch_elements
     floatX* dresidual;   // (B, T, C) gradient flowing down the residual stream
     floatX* dln;         // (B, T, C) gradient of a layernorm output
@@ -164,34 +167,36 @@ struct BlockActs {
 
 inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
 
-// With tensor parallelism (tp > 1) qkv, atty, att and fch hold this process's C/tp channels (NH/tp heads).
-LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1) {
-    size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T;
+// With tensor parallelism (tp > 1) qkv, atty, att and fch hold this process's C/tp channels (NH/tp heads);
+// with sequence parallelism (sp) ln1, ln2, residual2 and residual3 R of the B·T rows.
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false) {
+    size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T, R = sp_rows_per_rank(BT, tp, sp && tp > 1);
     LayerStrides s;
     bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
-    s.ln = recompute >= 2 ? 0 : aligned_elements(BT * C);
+    s.ln = recompute >= 2 ? 0 : aligned_elements(R * C);
     s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
     s.atty = block ? 0 : aligned_elements(BT * Cl);
     s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads / tp, flash));
-    s.residual2 = block ? 0 : aligned_elements(BT * C);
-    s.residual3 = aligned_elements(BT * C);
+    s.residual2 = block ? 0 : aligned_elements(R * C);
+    s.residual3 = aligned_elements(R * C);
     s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
     s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * Cl);
     return s;
 }
 
-BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t l, size_t BT) {
+// R: rows of the layernorm statistics per layer (B·T, or this process's rows with -sq 1)
+BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t l, size_t R) {
     return {l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3,
             a.ln1 + l * ls.ln,
-            a.ln1_mean + l * BT,
-            a.ln1_rstd + l * BT,
+            a.ln1_mean + l * R,
+            a.ln1_rstd + l * R,
             a.qkv + l * ls.qkv,
             a.atty + l * ls.atty,
             a.att + l * ls.att,
             a.residual2 + l * ls.residual2,
             a.ln2 + l * ls.ln,
-            a.ln2_mean + l * BT,
-            a.ln2_rstd + l * BT,
+            a.ln2_mean + l * R,
+            a.ln2_rstd + l * R,
             a.fch + l * ls.fch,
             a.fch_gelu + l * ls.fch_gelu,
             a.residual3 + l * ls.residual3};
@@ -202,12 +207,15 @@ BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t 
 // forward leaves for its backward, a[0 .. slots), all sharing one backward scratch; a stage before the
 // last (head false) has no logits. With tensor parallelism (tp > 1) the split tensors hold this
 // process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
-// vocabulary-parallel classifier's statistics.
+// vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
+// tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
-                          bool flash, int slots = 1, bool head = true, int tp = 1) {
+                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
-    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp);  // a kept tensor holds L of these
+    bool on = sp && tp > 1;
+    size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;  // rows here; rows of a gathered tensor
+    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on);  // a kept tensor holds L of these
     size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
@@ -219,23 +227,23 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     };
     for (int k = 0; k < slots; k++) {
         ActivationTensors* s = &a[k];
-        take(&s->encoded, BT * C);
+        take(&s->encoded, R * C);
         take(&s->ln1, L_ln * all.ln);
-        take(&s->ln1_mean, L * BT);
-        take(&s->ln1_rstd, L * BT);
+        take(&s->ln1_mean, L * R);
+        take(&s->ln1_rstd, L * R);
         take(&s->qkv, L_block * all.qkv);
         take(&s->atty, L_block * all.atty);
         take(&s->att, L_block * all.att);
         take(&s->residual2, L_block * all.residual2);
         take(&s->ln2, L_ln * all.ln);
-        take(&s->ln2_mean, L * BT);
-        take(&s->ln2_rstd, L * BT);
+        take(&s->ln2_mean, L * R);
+        take(&s->ln2_rstd, L * R);
         take(&s->fch, L_block * all.fch);
         take(&s->fch_gelu, L_gelu * all.fch_gelu);
         take(&s->residual3, L * all.residual3);
-        take(&s->lnf, BT * C);
-        take(&s->lnf_mean, BT);
-        take(&s->lnf_rstd, BT);
+        take(&s->lnf, full * C);
+        take(&s->lnf_mean, R);
+        take(&s->lnf_rstd, R);
         take(&s->logits, head ? BT * Vp : 0);
         take(&s->losses, BT);
         take(&s->inputs, BT);
@@ -243,10 +251,11 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         take(&s->encoder_buckets, encoder_buckets_ints(B, T));
     }
     ActivationTensors* s = &a[0];
-    take(&s->proj, BT * C);
+    take(&s->proj, full * C);
+    take(&s->gathered, on ? full * C : 0);
     take(&s->attn_scratch, attention_scratch_elements(B, T, Cl, NH, flash));
-    take(&s->dresidual, BT * C);
-    take(&s->dln, BT * C);
+    take(&s->dresidual, R * C);
+    take(&s->dln, full * C);
     take(&s->datty, BT * Cl);
     take(&s->dqkv, BT * 3 * Cl);
     take(&s->dfch, BT * 4 * Cl);
@@ -255,6 +264,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&s->classifier_stats, tp > 1 ? 3 * BT : 0);
     for (int k = 1; k < slots; k++) {  // the scratch is shared
         a[k].proj = s->proj;
+        a[k].gathered = s->gathered;
         a[k].attn_scratch = s->attn_scratch;
         a[k].dresidual = s->dresidual;
         a[k].dln = s->dln;
@@ -412,9 +422,11 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
 // start-up report): with a pipeline, this stage's layers and its slots.
 size_t activation_bytes(const GPT2* model, int B, int T, int recompute, bool flash) {
     std::vector<ActivationTensors> unused(model->act_slots);
-    size_t pipe = model->layout.pp > 1 ? align_up_256((size_t)B * T * model->config.channels * sizeof(floatX)) : 0;
+    const ParallelLayout& lay = model->layout;
+    size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
+    size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T, recompute, flash, model->act_slots,
-                              model->last_stage(), model->layout.tp) + pipe;
+                              model->last_stage(), lay.tp, lay.sequence_parallel) + pipe;
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
@@ -641,6 +653,12 @@ double predicted_data_parallel_bytes(const GPT2* model, int A) {
 // gradients (two all-reduces: wte and wpe, lnfw and lnfb) and the stage-to-stage messages (per
 // micro-step a (B, T, C) tensor in and a gradient out to the previous stage, one out and one in from
 // the next). The gradient norm is then summed on the host (uncounted).
+// With -sq 1 each all-reduce of a (B, T, C) sum is a reduce-scatter and each layernorm output is
+// gathered, G = 2(P-1)·R·C elements each (R rows per process): per layer 4 in the forward (2 gathers,
+// 2 reduce-scatters), 6 in the backward (d(residual) and the layernorm output gathered twice each, 2
+// reduce-scatters), 3 more with -r 3 (block_forward_to_fc again), 1 more with -ge 1 at -r 1 or 2 (ln2 for the fc matmul again); the
+// embedding's reduce-scatter and its gradient's gather on the first stage; lnf's gather and its
+// gradient's reduce-scatter on the last; and per step the all-reduce of the layernorms' gradients.
 double predicted_comm_bytes(const GPT2* model, int A) {
     const ParallelLayout& lay = model->layout;
     double bytes = predicted_data_parallel_bytes(model, A);
@@ -648,11 +666,22 @@ double predicted_comm_bytes(const GPT2* model, int A) {
     if (lay.zero_stage >= 1 && lay.dp > 1) bytes -= 16;  // the norm's float, summed on the host instead
     const size_t X = sizeof(floatX);
     auto all_reduce_bytes = [](size_t n, size_t P, size_t x) { return 2.0 * (double)(n - n / P) * 2 * x; };
+    size_t BT = (size_t)model->batch_size * model->seq_len, C = model->config.channels;
+    size_t R = sp_rows_per_rank(BT, lay.tp, lay.sequence_parallel);  // a process's rows of the residual stream
     if (lay.tp > 1) {
-        size_t BT = (size_t)model->batch_size * model->seq_len, BTC = BT * model->config.channels, P = lay.tp;
-        double micro = model->config.num_layers * (4 + (model->recompute >= 3 ? 1 : 0)) * all_reduce_bytes(BTC, P, X);
-        if (model->first_stage()) micro += all_reduce_bytes(BTC, P, X);
-        if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + all_reduce_bytes(2 * BT, P, sizeof(float));
+        size_t BTC = BT * C, P = lay.tp;
+        double micro = 0, classifier = all_reduce_bytes(2 * BT, P, sizeof(float));
+        if (lay.sequence_parallel) {
+            double G = 2.0 * (double)((P - 1) * R * C) * X;
+            int r = model->recompute, per_layer = 10 + (r >= 3 ? 3 : 0) + (r >= 1 && r < 3 && model->gelu_fusion ? 1 : 0);
+            micro = model->config.num_layers * per_layer * G;
+            if (model->first_stage()) micro += 2 * G;
+            if (model->last_stage()) micro += 2 * G + classifier;
+        } else {
+            micro = model->config.num_layers * (4 + (model->recompute >= 3 ? 1 : 0)) * all_reduce_bytes(BTC, P, X);
+            if (model->first_stage()) micro += all_reduce_bytes(BTC, P, X);
+            if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + classifier;
+        }
         bytes += A * micro;
         size_t begin, end;  // -z 2, 3: the replicated tensors' parts in this process's shard
         held_gradient_range(model, &begin, &end);
@@ -660,14 +689,14 @@ double predicted_comm_bytes(const GPT2* model, int A) {
             size_t lo = std::max(begin, model->param_offsets[i]), hi = std::min(end, model->param_offsets[i] + model->param_sizes[i]);
             size_t n = lo < hi ? hi - lo : 0;
             if (tp_param_is_replicated(i)) bytes += 2.0 * (double)(n - n / P) * X;
+            if (lay.sequence_parallel && sp_param_is_partial(i)) bytes += all_reduce_bytes(n, P, X);
         }
     }
     if (lay.pp > 1) {
         size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
         for (size_t n : outer) bytes += all_reduce_bytes(n, lay.pp, X);
-        size_t BTC = (size_t)model->batch_size * model->seq_len * model->config.channels;
         int neighbours = (model->first_stage() ? 0 : 1) + (model->last_stage() ? 0 : 1);
-        bytes += (double)A * neighbours * 2 * BTC * X;
+        bytes += (double)A * neighbours * 2 * (R * C) * X;  // its rows of the residual stream (all without -sq)
     }
     return bytes;
 }
@@ -706,6 +735,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     }
     model->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1,
                                          distributed ? args.pipeline_parallel : 1, distributed ? args.zero_stage : 0, whole);
+    model->layout.sequence_parallel = args.sequence_parallel && model->layout.tp > 1;
     const int tp = model->layout.tp;
     if (tp > 1 && (whole.padded_vocab_size / tp) % 8 != 0) {
         fatal("-tp %d: each process's %d vocabulary rows must be a multiple of 8 (16-byte loads)", tp,
@@ -927,7 +957,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->slot_buckets.resize(model->act_slots);
     size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T,
                                             model->recompute, flash, model->act_slots, model->last_stage(),
-                                            model->layout.tp);
+                                            model->layout.tp, model->layout.sequence_parallel);
     for (int k = 0; k < model->act_slots; k++) model->slot_buckets[k].device = model->slots[k].encoder_buckets;
     gpt2_use_activation_slot(model, 0);
     // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
@@ -1056,6 +1086,40 @@ void tp_sum(GPT2* model, floatX* x, size_t n) {
     comm_join(tp);
 }
 
+// Sequence parallelism (-sq 1, llmc/parallel/tensor_parallel.h): this process's rows of a pass over B·T
+// (all of them, and no collectives, without it).
+SequenceShard gpt2_sequence_shard(const GPT2* model, size_t BT) {
+    return sequence_shard(BT, model->layout.tp_group, model->layout.sequence_parallel, nullptr);
+}
+
+// Every process's rows of `mine` (sq.rows x C) into acts.gathered, in order; returns it, or `mine` itself
+// without -sq. The compute stream waits for the gather.
+const floatX* sp_gather(GPT2* model, const floatX* mine, const SequenceShard& sq, size_t C) {
+    if (!sq.on) return mine;
+    const ProcessGroup& tp = model->layout.tp_group;
+    floatX* all = model->acts.gathered;
+    floatX* block = all + tp.rank * sq.rows_per_rank * C;
+    if (sq.rows > 0) {
+        cudaCheck(cudaMemcpyAsync(block, mine, sq.rows * C * sizeof(floatX), cudaMemcpyDeviceToDevice, model->stream));
+    }
+    all_gather(tp, all, sq.rows_per_rank * C, COMM_FLOATX);
+    comm_join(tp);
+    return all;
+}
+
+// full (tp·R, C) holds this process's term of every row: with -sq 1, reduce-scattered, and its block
+// (this process's rows, summed over the group) returned; without, all-reduced and returned whole.
+floatX* sp_sum(GPT2* model, floatX* full, const SequenceShard& sq, size_t C) {
+    const ProcessGroup& tp = model->layout.tp_group;
+    if (!sq.on) {
+        tp_sum(model, full, sq.rows * C);
+        return full;
+    }
+    reduce_scatter_sum(tp, full, sq.rows_per_rank * C, COMM_FLOATX);
+    comm_join(tp);
+    return full + tp.rank * sq.rows_per_rank * C;
+}
+
 // A row-parallel matmul's replicated bias: added by tensor-parallel rank 0 only, so the sum has it once.
 const floatX* row_parallel_bias(const GPT2* model, const floatX* bias) { return model->layout.tp_rank == 0 ? bias : nullptr; }
 
@@ -1066,20 +1130,24 @@ const floatX* row_parallel_bias(const GPT2* model, const floatX* bias) { return 
 // With tensor parallelism (llmc/parallel/tensor_parallel.h) qkv and fc are this process's columns
 // (its heads, its 4C/tp hidden units) and attproj its rows: attproj's output is one term of a sum over
 // the processes, all-reduced before the residual add (replicated bias added by tp rank 0 only).
+// With sequence parallelism (-sq 1) ln1, the residuals and ln2 hold this process's rows: each layernorm
+// output is gathered for the matmul after it, attproj's terms reduce-scattered instead of all-reduced.
 void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, int B, int T) {
     const ActivationTensors& a = model->acts;
     int tp = model->layout.tp, C = model->config.channels, Cl = C / tp, NH = model->config.num_heads / tp, BT = B * T;
+    SequenceShard sq = gpt2_sequence_shard(model, BT);
     cudaStream_t stream = model->stream;
-    matmul_forward(b.qkv, nullptr, b.ln1, w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
+    matmul_forward(b.qkv, nullptr, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
     attention_forward(b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH, model->flash_attention, stream);
     matmul_forward(a.proj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
-    tp_sum(model, a.proj, (size_t)BT * C);
-    fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, a.proj, w.ln2w, w.ln2b, BT,
-                                     C, stream);
+    const floatX* proj = sp_sum(model, a.proj, sq, C);
+    fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, proj, w.ln2w, w.ln2b,
+                                     (int)sq.rows, C, stream);
+    const floatX* ln2 = sp_gather(model, b.ln2, sq, C);
     if (model->gelu_fusion) {
-        matmul_forward(b.fch_gelu, b.fch, b.ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
+        matmul_forward(b.fch_gelu, b.fch, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
     } else {
-        matmul_forward(b.fch, nullptr, b.ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
+        matmul_forward(b.fch, nullptr, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
         gelu_forward(b.fch_gelu, b.fch, (size_t)BT * 4 * Cl, stream);
     }
 }
@@ -1103,7 +1171,14 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     size_t BT = (size_t)B * T;
-    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, model->layout.tp);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
+                                    model->layout.sequence_parallel);
+    SequenceShard sq = gpt2_sequence_shard(model, BT);  // -sq 1: this process's rows of the residual stream
+    const size_t R = sq.rows_per_rank, N = sq.rows;
+    if (sq.on && (size_t)(tp - 1) * R >= BT) {
+        fatal("-sq 1: B*T = %zu rows leave tensor-parallel rank %d of %d none (each takes ceil(B*T/tp) = %zu); use "
+              "a larger -b or -t, or -sq 0", BT, tp - 1, tp, R);
+    }
 
     cudaCheck(cudaMemcpyAsync(a.inputs, inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -1112,33 +1187,44 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     gather_pass_begin(model, 0);  // -z 3: the outer tensors and block 0 (each later block is prefetched)
     // a pipeline stage after the first has the previous stage's output in a.encoded (llmc/parallel/pipeline.h);
     // with -tp each process embeds the tokens of its vocabulary rows and the sum is the embedding
+    // (-sq 1: each process's rows of the sum: a reduce-scatter)
     if (model->first_stage()) {
-        encoder_forward(a.encoded, a.inputs, p.wte, p.wpe, B, T, C, stream, v_begin, Vl);
-        tp_sum(model, a.encoded, BT * C);
+        floatX* terms = sq.on ? a.proj : a.encoded;
+        encoder_forward(terms, a.inputs, p.wte, p.wpe, B, T, C, stream, v_begin, Vl);
+        const floatX* mine = sp_sum(model, terms, sq, C);
+        if (sq.on && N > 0) {
+            cudaCheck(cudaMemcpyAsync(a.encoded, mine, N * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+        }
     }
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     BlockParams first = block_params(model, 0, false);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)BT, C, stream);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)N, C, stream);
+    // lnf: this process's rows, gathered in place below for the LM head (which needs every row)
+    floatX* lnf_mine = a.lnf + (sq.on ? model->layout.tp_rank * R * C : 0);
     for (int l = 0; l < L; l++) {
         gather_prefetch(model, l + 1);
         BlockParams w = block_params(model, l, false);  // waited for by the previous block's end
-        BlockActs b = block_acts(a, ls, l, BT);
+        BlockActs b = block_acts(a, ls, l, R);
         block_forward_to_fc(model, w, b, B, T);
         matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), (int)BT, 4 * C / tp, C,
                        stream);
-        tp_sum(model, a.proj, BT * C);
+        const floatX* proj = sp_sum(model, a.proj, sq, C);
         if (l + 1 < L) {  // residual3 = residual2 + proj, fused with the next block's ln1
             BlockParams next = block_params(model, l + 1, true);
-            BlockActs nb = block_acts(a, ls, l + 1, BT);
-            fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, a.proj,
-                                             next.ln1w, next.ln1b, (int)BT, C, stream);
+            BlockActs nb = block_acts(a, ls, l + 1, R);
+            fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, proj,
+                                             next.ln1w, next.ln1b, (int)N, C, stream);
         } else {
-            fused_residual_layernorm_forward(b.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, b.residual2, a.proj, p.lnfw,
-                                             p.lnfb, (int)BT, C, stream);
+            fused_residual_layernorm_forward(b.residual3, lnf_mine, a.lnf_mean, a.lnf_rstd, b.residual2, proj, p.lnfw,
+                                             p.lnfb, (int)N, C, stream);
         }
     }
     // a stage before the last ends with its residual3 (its lnf, computed by the fused kernel, goes unused)
     if (!model->last_stage()) return;
+    if (sq.on) {
+        all_gather(model->layout.tp_group, a.lnf, R * C, COMM_FLOATX);
+        comm_join(model->layout.tp_group);
+    }
     matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
     if (!targets) return;
     if (tp == 1) {
@@ -1196,20 +1282,26 @@ void gpt2_backward(GPT2* model, int B, int T) {
         cudaCheck(cudaMemsetAsync(model->packed_outer, 0, packed_size(model->grad_buckets[L]) * sizeof(floatX), stream));
     }
     size_t BT = (size_t)B * T;
-    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, model->layout.tp);
+    LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
+                                    model->layout.sequence_parallel);
+    // -sq 1: dresidual, the residuals and the layernorms hold this process's N rows; d(residual) is
+    // gathered for each row-parallel matmul's backward, the layernorm outputs for the weight gradients
+    // of the matmuls after them, and each column-parallel input gradient is reduce-scattered (sp_sum)
+    SequenceShard sq = gpt2_sequence_shard(model, BT);
+    const size_t R = sq.rows_per_rank, N = sq.rows;
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
     gather_pass_begin(model, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
     if (model->last_stage()) {
         matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
-        tp_sum(model, a.dln, BT * C);
-        cudaCheck(cudaMemsetAsync(a.dresidual, 0, BT * C * sizeof(floatX), stream));
+        const floatX* dlnf = sp_sum(model, a.dln, sq, C);
+        cudaCheck(cudaMemsetAsync(a.dresidual, 0, N * C * sizeof(floatX), stream));
         const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
-        layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, a.dln, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
-                           (int)BT, C, stream);
+        layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, dlnf, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
+                           (int)N, C, stream);
     } else {  // a pipeline stage before the last: d(loss)/d(its output), received from the next stage
-        cudaCheck(cudaMemcpyAsync(a.dresidual, model->pipe_grad_in, BT * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+        cudaCheck(cudaMemcpyAsync(a.dresidual, model->pipe_grad_in, N * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   stream));
     }
 
@@ -1217,17 +1309,17 @@ void gpt2_backward(GPT2* model, int B, int T) {
         gather_prefetch(model, l - 1);
         BlockParams w = block_params(model, l, l < L - 1);
         BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C, model->layout.tp);
-        BlockActs b = block_acts(a, ls, l, BT);
+        BlockActs b = block_acts(a, ls, l, R);
 
         // recompute what the forward did not keep (same kernels, same inputs: the same bits)
         if (model->recompute >= 3) {
             // the whole block again, from its input, as the forward ran it (whose ln1 came out of the
             // previous block's fused residual + layernorm: the same bits, as -r 2 relies on too)
-            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)BT, C, stream);
+            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)N, C, stream);
             block_forward_to_fc(model, w, b, B, T);
         } else if (model->recompute >= 2) {  // ln2 before the GELU: with -ge 1 that is recomputed from it
-            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)BT, C, stream);
-            layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, w.ln2w, w.ln2b, (int)BT, C, stream);
+            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)N, C, stream);
+            layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, w.ln2w, w.ln2b, (int)N, C, stream);
         }
         if (model->recompute >= 3) {
             // done above
@@ -1238,34 +1330,38 @@ void gpt2_backward(GPT2* model, int B, int T) {
             // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
             // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
             // matmul per layer, a third more forward matmul flops, about 11% of a step's.
-            matmul_forward(b.fch_gelu, a.dfch, b.ln2, w.fcw, w.fcb, (int)BT, C, 4 * Cl, stream);
+            matmul_forward(b.fch_gelu, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, w.fcb, (int)BT, C, 4 * Cl, stream);
         } else if (model->recompute >= 1) {
             gelu_forward(b.fch_gelu, b.fch, BT * 4 * Cl, stream);
         }
 
         // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+        const floatX* dout = sp_gather(model, a.dresidual, sq, C);  // every row's (a.dresidual without -sq)
         if (model->gelu_fusion) {  // dfch straight from the matmul's DGELU epilogue
-            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, a.dresidual, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
+            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
                             4 * Cl, C, stream);
         } else {
-            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, a.dresidual, b.fch_gelu, w.fcprojw, nullptr,
+            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, nullptr,
                             (int)BT, 4 * Cl, C, stream);
             gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * Cl, stream);
         }
-        matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, b.ln2, w.fcw, nullptr, (int)BT, C, 4 * Cl, stream);
-        tp_sum(model, a.dln, BT * C);
-        layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, a.dln, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
-                           (int)BT, C, stream);
+        matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, nullptr, (int)BT,
+                        C, 4 * Cl, stream);
+        const floatX* dln2 = sp_sum(model, a.dln, sq, C);
+        layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, dln2, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
+                           (int)N, C, stream);
 
         // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, a.dresidual, b.atty, w.attprojw, nullptr, (int)BT, Cl,
+        dout = sp_gather(model, a.dresidual, sq, C);
+        matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
                         C, stream);
         attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH, model->flash_attention,
                            stream);
-        matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, b.ln1, w.qkvw, nullptr, (int)BT, C, 3 * Cl, stream);
-        tp_sum(model, a.dln, BT * C);
-        layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, a.dln, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
-                           (int)BT, C, stream);
+        matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
+                        (int)BT, C, 3 * Cl, stream);
+        const floatX* dln1 = sp_sum(model, a.dln, sq, C);
+        layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, dln1, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
+                           (int)N, C, stream);
         if (packed) {
             reduce_packed_bucket(model, l, gl.ln1w);
             model->packed_block_fence[l % 2] = comm_fence(model->layout.dp_group);
@@ -1275,7 +1371,10 @@ void gpt2_backward(GPT2* model, int B, int T) {
         }
     }
     // a stage after the first sends a.dresidual, d(loss)/d(its input), to the previous stage
-    if (model->first_stage()) encoder_backward(g.wte, g.wpe, a.dresidual, *model->buckets, B, T, C, stream);
+    // (-sq 1: the embedding's gradients need every row's)
+    if (model->first_stage()) {
+        encoder_backward(g.wte, g.wpe, sp_gather(model, a.dresidual, sq, C), *model->buckets, B, T, C, stream);
+    }
     if (packed) {
         reduce_packed_bucket(model, L, model->packed_outer);
         comm_join(model->layout.dp_group);
@@ -1748,9 +1847,11 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
 PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss,
                                        int bad_micro) {
     size_t BT = (size_t)B * T, L = model->config.num_layers;
-    LayerStrides ls = layer_strides(model->config, B, T, model->recompute, model->flash_attention, model->layout.tp);
-    PipelineStageHooks h;
-    h.boundary_elements = BT * model->config.channels;
+    const ParallelLayout& lay = model->layout;
+    LayerStrides ls = layer_strides(model->config, B, T, model->recompute, model->flash_attention, lay.tp,
+                                    lay.sequence_parallel);
+    PipelineStageHooks h;  // a stage's input and output: its rows of the residual stream (B·T without -sq)
+    h.boundary_elements = sp_rows_per_rank(BT, lay.tp, lay.sequence_parallel) * model->config.channels;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
     h.forward = [=](int micro) {
         float d = dloss > 0.0f && micro == bad_micro ? INFINITY : dloss;
@@ -1766,7 +1867,8 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
 }
 
 // The gradients of a step under tensor or pipeline parallelism, made complete: the tensors every
-// tensor-parallel rank holds whole (layernorms, wpe, the row-parallel biases) take tp rank 0's values,
+// tensor-parallel rank holds whole (layernorms, wpe, the row-parallel biases) take tp rank 0's values
+// (with -sq 1 the layernorms' are first summed over the group: each process's rows' part),
 // so the replicas never drift apart by rounding; the tensors every stage holds are summed over the
 // stages (wte: the embedding's gradient from stage 0 plus the LM head's from the last; wpe, lnfw, lnfb:
 // one stage's plus zeros); then the sum over the data-parallel replicas (-z 0 all-reduce, -z 1 to the
@@ -1782,6 +1884,14 @@ void gpt2_model_parallel_reduce_gradients(GPT2* model) {
     if (comm_active(tp)) {  // (-z 2, 3: the replicated tensors' parts in this process's shard, which its tp peers' shards match)
         size_t begin, end;
         held_gradient_range(model, &begin, &end);
+        if (model->layout.sequence_parallel) {  // -sq 1: the layernorms' gradients, each process's rows, summed
+            comm_group_start(tp);
+            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                size_t lo = std::max(begin, off[i]), hi = std::min(end, off[i] + model->param_sizes[i]);
+                if (sp_param_is_partial(i) && lo < hi) all_reduce(tp, g + (lo - begin), hi - lo, COMM_FLOATX, COMM_SUM);
+            }
+            comm_group_end(tp);
+        }
         comm_group_start(tp);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             size_t lo = std::max(begin, off[i]), hi = std::min(end, off[i] + model->param_sizes[i]);

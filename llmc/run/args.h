@@ -224,10 +224,6 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     if (args.sequence_parallel && tp == 1) {
         fatal("flag -sq 1: sequence parallelism splits the rows of the tensor-parallel group; it needs -tp 2 or more");
     }
-    if (args.sequence_parallel && cuda) {
-        fatal("flag -sq 1: the CUDA trainer does not have sequence parallelism yet (the CPU trainer does); run "
-              "-tp without it");
-    }
     // ZeRO-2/3 (llmc/parallel/zero_sharded.h) shard the flat parameter vector of a data-parallel layout; tensor and
     // pipeline parallelism split the same parameters another way
     if (args.zero_stage >= 2 && pp > 1) {

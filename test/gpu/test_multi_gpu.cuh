@@ -523,12 +523,15 @@ size_t local_parameters(const std::string& oracle_dir, int tp, int pp) {
 // forward, and its all-reduce, again in the backward), tp 2 x pp 2 under 1F1B, tp 2 x dp 2 with ZeRO-1,
 // ZeRO-2 and ZeRO-3 (2-D: the data-parallel pair shards each tensor-parallel rank's slices; -z 3
 // gathers them block by block), tp 3 x pp 2 under GPipe on a model of 6 heads (2 per process) and 3
-// layers (2+1), and all three at once: tp 2 x pp 2 x dp 2 with ZeRO-1 (8 processes). The bars are
+// layers (2+1), and all three at once: tp 2 x pp 2 x dp 2 with ZeRO-1 (8 processes); with sequence
+// parallelism (-sq 1): tp 2; tp 3 with -r 3, whose B·T = 32 rows split 11, 11, 10; tp 2 x pp 2 (the
+// stages send their rows); tp 2 x dp 2 with ZeRO-3 and -r 2 (the layernorms' partial gradients summed
+// within each shard). The bars are
 // expect_same_training's: the row-parallel matmuls' terms and the embedding are summed across the
 // processes in bf16 (in the fp32 build, in another order than one matmul sums them). Also: process 0
 // allocates exactly its slices of its stage, and the bytes counted per step are the start-up line's
-// prediction (the all-reduces of every layer, the classifier's statistics, the replicated gradients'
-// broadcasts).
+// prediction (the all-reduces of every layer, or with -sq 1 the gathers and reduce-scatters, the
+// classifier's statistics, the replicated gradients' broadcasts).
 TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
     REQUIRE_MPIRUN_GPUS(8);
     REQUIRE_ORACLE("tiny_five", five_args());
@@ -542,7 +545,9 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
     for (const Case& c : {Case{five, 2, 2, 1, "-tp 2 -r 3", false}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm 1f1b", true},
                           Case{five, 4, 2, 1, "-tp 2 -z 1", false}, Case{five, 4, 2, 1, "-tp 2 -z 2", false},
                           Case{five, 4, 2, 1, "-tp 2 -z 3", true}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe", false},
-                          Case{five, 8, 2, 2, "-tp 2 -pp 2 -z 1", false}}) {
+                          Case{five, 8, 2, 2, "-tp 2 -pp 2 -z 1", false}, Case{five, 2, 2, 1, "-tp 2 -sq 1", true},
+                          Case{six, 3, 3, 1, "-tp 3 -sq 1 -r 3", false}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -sq 1", false},
+                          Case{five, 4, 2, 1, "-tp 2 -z 3 -sq 1 -r 2", false}}) {
         if (sizeof(floatX) == 2 && !c.bf16) continue;
         SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
         std::string flags = dp_flags(c.oracle, steps, 2 * 16 * 4);
@@ -552,6 +557,9 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
         test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
         ASSERT_EQ(r.exit_code, 0) << r.output;
         EXPECT_NE(r.output.find("layout: tp " + std::to_string(c.tp) + " x pp " + std::to_string(c.pp)), std::string::npos) << r.output;
+        if (c.flags.find("-sq 1") != std::string::npos) {
+            EXPECT_NE(r.output.find(", sequence parallel"), std::string::npos) << r.output;
+        }
         EXPECT_NE(r.output.find("\nparameters: " + std::to_string(local_parameters(c.oracle, c.tp, c.pp)) + " ("),
                   std::string::npos) << r.output;
         expect_comm_bytes_as_predicted(r.output, dir);
