@@ -771,6 +771,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     if (!optimizer_from_name(args.optimizer, &optimizer_kind)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
+    matmul_algorithms.autotune = args.matmul_autotune != 0;  // -at 1 (llmc/matmul.cuh)
     model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
     check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, model->flash_attention);
     size_t n = model->num_parameters;
@@ -2096,6 +2097,7 @@ int main(int argc, char** argv) {
                1e3 * off.wait_seconds / off.steps, 1e3 * off.update_seconds / off.steps,
                1e9 * off.update_seconds / off.steps / (double)std::max<size_t>(off.n, 1));
     }
+    if (matmul_algorithms.autotune) printf("%s\n", matmul_autotune_report().c_str());
     gpu_phases_destroy(&gpu_phases);
     gpt2_free(&model);
     cublas_teardown();

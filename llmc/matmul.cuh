@@ -15,9 +15,21 @@
 // GELU to the fp32 accumulator, our kernel to the rounded bf16 value, so the two differ in the last bit:
 // with -ge 1 a recomputation (-r 1, 2) re-runs the fused matmul rather than our GELU kernel.
 // The heuristic is told each matrix's real alignment (pointer_alignment); it would otherwise assume 256
-// bytes. Same shapes, epilogue and alignments give the same algorithm, so the same bits, every call.
+// bytes. Same shapes, epilogue and alignments give the same algorithm, so the same bits, every call:
+// the choice is made once per problem and kept (matmul_algorithms). It is the heuristic's first
+// candidate, or with autotuning (-at 1) the fastest of its first few, each timed on the problem's own
+// buffers the first time the problem comes (the auto-tuning of a kernel's variants, done by cuBLASLt's
+// kernels). Autotuning gives up one thing: two runs may time differently and choose different kernels,
+// whose sums can differ in the last bits, so it is off by default.
 // The bias gradient is our own two-stage column sum (fixed order, no atomics), like LayerNorm's.
 #pragma once
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "cuda_common.cuh"
 
@@ -75,6 +87,54 @@ inline uint32_t pointer_alignment(const void* pointer) {
     uintptr_t address = (uintptr_t)pointer;
     uintptr_t lowest_bit = address & (~address + 1);  // 0 for a null pointer
     return lowest_bit == 0 || lowest_bit > 256 ? 256u : (uint32_t)lowest_bit;
+}
+
+// ----------------------------------------------------------------------------
+// which algorithm: the heuristic's first or (-at 1) the fastest of its first few, once per problem
+
+// What the heuristic is asked about a product. Equal keys get the same algorithm for the whole run.
+struct MatmulKey {
+    int m, n, k, trans_a, trans_b, epilogue;
+    uint32_t align[6];  // A, B, C, D, bias, aux
+    bool operator<(const MatmulKey& o) const {
+        return std::tie(m, n, k, trans_a, trans_b, epilogue, align[0], align[1], align[2], align[3], align[4], align[5]) <
+               std::tie(o.m, o.n, o.k, o.trans_a, o.trans_b, o.epilogue, o.align[0], o.align[1], o.align[2], o.align[3],
+                        o.align[4], o.align[5]);
+    }
+};
+
+struct MatmulChoice {
+    cublasLtMatmulAlgo_t algo;
+    int chosen = 0, candidates = 1;      // the heuristic's candidate taken, of how many it offered
+    float ms_first = 0, ms_chosen = 0;   // -at 1: one call's time with its first and with the chosen
+    long calls = 0;
+};
+
+struct MatmulAlgorithms {
+    bool autotune = false;     // -at 1
+    int max_candidates = 8;    // of the heuristic's, in its order
+    int timed_calls = 5;       // per candidate, after an untimed one
+    std::map<MatmulKey, MatmulChoice> chosen;
+    std::function<float(int)> test_timer;  // testing: candidate i's time, instead of the GPU's
+};
+inline MatmulAlgorithms matmul_algorithms;
+
+// One line on what autotuning chose, weighting each problem by its calls so far ("" without -at 1).
+inline std::string matmul_autotune_report() {
+    if (!matmul_algorithms.autotune) return "";
+    size_t problems = 0, changed = 0;
+    double first = 0, chosen = 0;
+    for (const auto& [key, c] : matmul_algorithms.chosen) {
+        problems++;
+        changed += c.chosen != 0;
+        first += (double)c.calls * c.ms_first;
+        chosen += (double)c.calls * c.ms_chosen;
+    }
+    char text[320];
+    snprintf(text, sizeof(text), "matmul autotune (-at 1): %zu problems, %zu took another than the heuristic's first "
+             "candidate; their calls so far timed %.3f ms with the first, %.3f ms with the chosen (%+.1f%%)", problems,
+             changed, first, chosen, first > 0 ? 100.0 * (chosen - first) / first : 0.0);
+    return text;
 }
 
 // D (m, n) = op(A)·op(B) [+ D if accumulate] with an epilogue, all column-major:
@@ -148,17 +208,63 @@ inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b,
                                                      &align_c, sizeof(align_c)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                      &align_d, sizeof(align_d)));
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d, layout_d,
-                                               preference, 1, &heuristic, &found));
-    if (found == 0) {
-        fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s); "
-              "check the shapes are multiples of 8",
-              m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
+    MatmulKey key{m, n, k, (int)trans_a, (int)trans_b, (int)epilogue,
+                  {align_a, align_b, align_c, align_d, pointer_alignment(bias), pointer_alignment(gelu_aux)}};
+    auto run = [&](const cublasLtMatmulAlgo_t& algo, floatX* d_out) {
+        return cublasLtMatmul(cublas_context.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, c, layout_d, d_out,
+                              layout_d, &algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, stream);
+    };
+    auto known = matmul_algorithms.chosen.find(key);
+    if (known == matmul_algorithms.chosen.end()) {
+        int want = matmul_algorithms.autotune ? matmul_algorithms.max_candidates : 1, found = 0;
+        std::vector<cublasLtMatmulHeuristicResult_t> results(want);
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d, layout_d,
+                                                   preference, want, results.data(), &found));
+        if (found == 0) {
+            fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s); "
+                  "check the shapes are multiples of 8",
+                  m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
+        }
+        MatmulChoice choice;
+        choice.algo = results[0].algo;
+        choice.candidates = found;
+        if (matmul_algorithms.autotune && found > 1) {
+            // Each candidate once untimed, then timed_calls times between two events. A product that
+            // adds into D (C = D, beta != 0) writes a scratch D instead, so the trials never add into
+            // the real one; any other product is computed again below, after the trials, by the chosen
+            // candidate, which overwrites what they wrote (in D and the GELU aux output).
+            floatX* trial_d = d;
+            if (c == d && beta != 0.0f) cudaCheck(cudaMalloc(&trial_d, (size_t)m * n * sizeof(floatX)));
+            cudaEvent_t start, stop;
+            cudaCheck(cudaEventCreate(&start));
+            cudaCheck(cudaEventCreate(&stop));
+            std::vector<float> ms(found, INFINITY);
+            for (int i = 0; i < found; i++) {
+                if (run(results[i].algo, trial_d) != CUBLAS_STATUS_SUCCESS) continue;  // this kernel refuses: skip it
+                cudaCheck(cudaEventRecord(start, stream));
+                for (int r = 0; r < matmul_algorithms.timed_calls; r++) cublasCheck(run(results[i].algo, trial_d));
+                cudaCheck(cudaEventRecord(stop, stream));
+                cudaCheck(cudaEventSynchronize(stop));
+                float elapsed = 0;
+                cudaCheck(cudaEventElapsedTime(&elapsed, start, stop));
+                ms[i] = matmul_algorithms.test_timer ? matmul_algorithms.test_timer(i)
+                                                     : elapsed / matmul_algorithms.timed_calls;
+            }
+            for (int i = 1; i < found; i++) {
+                if (ms[i] < ms[choice.chosen]) choice.chosen = i;  // ties keep the heuristic's order
+            }
+            if (std::isinf(ms[choice.chosen])) fatal("cuBLASLt: none of %d candidate algorithms ran for m=%d n=%d k=%d", found, m, n, k);
+            choice.algo = results[choice.chosen].algo;
+            choice.ms_first = std::isinf(ms[0]) ? ms[choice.chosen] : ms[0];
+            choice.ms_chosen = ms[choice.chosen];
+            cudaCheck(cudaEventDestroy(start));
+            cudaCheck(cudaEventDestroy(stop));
+            if (trial_d != d) cudaCheck(cudaFree(trial_d));
+        }
+        known = matmul_algorithms.chosen.emplace(key, choice).first;
     }
-    cublasCheck(cublasLtMatmul(cublas_context.lt, desc, &alpha, a, layout_a, b, layout_b, &beta, c, layout_d, d,
-                               layout_d, &heuristic.algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, stream));
+    known->second.calls++;
+    cublasCheck(run(known->second.algo, d));
 
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));

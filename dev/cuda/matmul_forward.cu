@@ -11,6 +11,13 @@
 // measured in the same run, and at the end our tensor-core kernel (v3) is set against cuBLAS and
 // cuBLASLt at each shape.
 //
+// v6 is the trainer's cuBLASLt call with autotuning (-at 1, llmc/matmul.cuh): the first call of a shape
+// times the heuristic's first 8 candidates on these buffers and keeps the fastest, where v5 keeps the
+// heuristic's first. Why it can be faster: the heuristic ranks kernels by a model of the GPU, not by
+// running them, and its first is not always the fastest at a given shape. The AUTOTUNE lines at the
+// end set v6 against v5, measured in the same run (on a GPU; under the emulator every candidate is the
+// same CPU product, so the times only show the harness works).
+//
 //   make -C dev/cuda bin/matmul_forward && dev/cuda/bin/matmul_forward
 #include "harness.cuh"
 #include "../../llmc/mma.cuh"
@@ -272,7 +279,7 @@ struct Shape {
 
 struct ShapeTimes {
     std::string name;
-    double mma_ms = 0.0, cublas_ms = 0.0, cublaslt_ms = 0.0;
+    double mma_ms = 0.0, cublas_ms = 0.0, cublaslt_ms = 0.0, autotuned_ms = 0.0;
 };
 
 int run_shape(const Shape& shape, std::vector<ShapeTimes>* times) {
@@ -320,6 +327,17 @@ int run_shape(const Shape& shape, std::vector<ShapeTimes>* times) {
                         [&](int) { matmul_forward_v4(d_out.ptr, d_inp.ptr, d_weight.ptr, b, N, C, OC); }});
     versions.push_back({"v5 llmc: cuBLASLt, bias epilogue", {0},
                         [&](int) { matmul_forward(d_out.ptr, nullptr, d_inp.ptr, d_weight.ptr, b, N, C, OC, 0); }});
+    // its own choices, apart from v5's (which the trainer without -at 1 keeps)
+    static MatmulAlgorithms autotuned = [] {
+        MatmulAlgorithms m;
+        m.autotune = true;
+        return m;
+    }();
+    versions.push_back({"v6 llmc: cuBLASLt, autotuned (-at 1)", {0}, [&](int) {
+                            std::swap(matmul_algorithms, autotuned);
+                            matmul_forward(d_out.ptr, nullptr, d_inp.ptr, d_weight.ptr, b, N, C, OC, 0);
+                            std::swap(matmul_algorithms, autotuned);
+                        }});
 
     dev::run_versions(&report, versions, [&] { dev::poison(d_out); },
                       [&] {
@@ -341,6 +359,7 @@ int run_shape(const Shape& shape, std::vector<ShapeTimes>* times) {
         if (row.version.rfind("v3", 0) == 0) t.mma_ms = row.timing.median_ms;
         if (row.version.rfind("v4", 0) == 0) t.cublas_ms = row.timing.median_ms;
         if (row.version.rfind("v5", 0) == 0) t.cublaslt_ms = row.timing.median_ms;
+        if (row.version.rfind("v6", 0) == 0) t.autotuned_ms = row.timing.median_ms;
     }
     times->push_back(t);
     return dev::finish(report);
@@ -368,6 +387,11 @@ int main(int argc, char** argv) {
     for (const ShapeTimes& t : times) {
         printf("RATIO|%s|%.1f|%.1f|%.1f|%.1f\n", t.name.c_str(), t.mma_ms * 1e3, t.cublas_ms * 1e3,
                t.cublaslt_ms * 1e3, 100.0 * t.cublaslt_ms / t.mma_ms);
+    }
+    printf("\ncuBLASLt autotuned (v6) against the heuristic's first (v5), median us, ratio v6/v5:\n");
+    for (const ShapeTimes& t : times) {
+        printf("AUTOTUNE|%s|%.1f|%.1f|%.3f\n", t.name.c_str(), t.cublaslt_ms * 1e3, t.autotuned_ms * 1e3,
+               t.autotuned_ms / t.cublaslt_ms);
     }
     return status;
 }

@@ -1,5 +1,10 @@
-// cuBLASLt on the CPU: descriptors, layouts, preferences, a one-algorithm heuristic and cublasLtMatmul
-// with the epilogues this project uses. The product is the kernel in cublas_gemm.cpp.
+// cuBLASLt on the CPU: descriptors, layouts, preferences, a heuristic and cublasLtMatmul with the
+// epilogues this project uses. The product is the kernel in cublas_gemm.cpp.
+//
+// The heuristic returns up to EMU_LT_ALGORITHMS candidates, as a GPU returns several kernels for one
+// problem; they differ only in their index (algo slot SLOT_INDEX) and all compute the same arithmetic,
+// so an autotuner (llmc/matmul.cuh, -at 1) can time and choose among them here, and what it chooses
+// cannot change a result under emulation (on a GPU it can: other kernels, other summation orders).
 //
 // cublasLtMatmul computes, per NVIDIA's cuBLASLt documentation (column-major, fp32 compute and scale):
 //   D = epilogue(alpha·op(A)·op(B) + beta·C), one rounding to D's type
@@ -22,6 +27,7 @@
 // that needs that alignment; given a less aligned pointer it fails or misbehaves. The emulator's algo
 // remembers the promise and cublasLtMatmul refuses a pointer that breaks it (CUBLAS_STATUS_NOT_SUPPORTED,
 // with the pointer, its alignment and the promised one printed).
+#include <algorithm>
 #include <cstring>
 
 #include "cublas_gemm.h"
@@ -66,7 +72,8 @@ constexpr uint64_t ALGO_MAGIC = 0x656d752d616c676full;  // "emu-algo"
 constexpr uint32_t DEFAULT_ALIGNMENT = 256;             // MIN_ALIGNMENT_*_BYTES default
 
 // The algo records the alignments it was chosen for.
-enum AlgoSlot { SLOT_MAGIC = 0, SLOT_A, SLOT_B, SLOT_C, SLOT_D, SLOT_BIAS, SLOT_AUX };
+enum AlgoSlot { SLOT_MAGIC = 0, SLOT_A, SLOT_B, SLOT_C, SLOT_D, SLOT_BIAS, SLOT_AUX, SLOT_INDEX };
+constexpr int EMU_LT_ALGORITHMS = 4;
 
 // Largest power of two (up to 256) dividing the address; 256 for nullptr.
 uint64_t pointer_alignment(const void* p) {
@@ -398,16 +405,20 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     Problem problem;
     cublasStatus_t status = check_problem(fn, desc, Adesc, Bdesc, Cdesc, Ddesc, &problem);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
-    cublasLtMatmulHeuristicResult_t& result = heuristic_results[0];
-    std::memset(&result, 0, sizeof(result));
-    result.algo.data[SLOT_MAGIC] = ALGO_MAGIC;
-    for (int i = 0; i < 4; i++) result.algo.data[SLOT_A + i] = pref->min_alignment[i];
-    result.algo.data[SLOT_BIAS] = pointer_alignment(desc->bias);
-    result.algo.data[SLOT_AUX] = pointer_alignment(desc->aux);
-    result.workspaceSize = 0;  // the CPU kernel needs none, so any MAX_WORKSPACE_BYTES fits
-    result.state = CUBLAS_STATUS_SUCCESS;
-    result.wavesCount = 1.0f;
-    *return_algo_count = 1;
+    int count = std::min(requested_algo_count, EMU_LT_ALGORITHMS);
+    for (int r = 0; r < count; r++) {
+        cublasLtMatmulHeuristicResult_t& result = heuristic_results[r];
+        std::memset(&result, 0, sizeof(result));
+        result.algo.data[SLOT_MAGIC] = ALGO_MAGIC;
+        for (int i = 0; i < 4; i++) result.algo.data[SLOT_A + i] = pref->min_alignment[i];
+        result.algo.data[SLOT_BIAS] = pointer_alignment(desc->bias);
+        result.algo.data[SLOT_AUX] = pointer_alignment(desc->aux);
+        result.algo.data[SLOT_INDEX] = (uint64_t)r;
+        result.workspaceSize = 0;  // the CPU kernel needs none, so any MAX_WORKSPACE_BYTES fits
+        result.state = CUBLAS_STATUS_SUCCESS;
+        result.wavesCount = 1.0f;
+    }
+    *return_algo_count = count;
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -156,7 +156,7 @@ run_stage_body() {
             if [ "$emu" = 1 ]; then
                 TRAINER=$TRAIN_BF16 BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
                 BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300" BENCH_MODEL=tiny \
-                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon ours-ge1" \
+                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon ours-ge1 ours-at1" \
                 BENCH_TSV="$out/bench.tsv" dev/bench_gpu.sh 4
             else
                 BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 dev/bench_gpu.sh 20

@@ -614,6 +614,24 @@ TEST(TrainDeterminism, SameSeedSameRun) {
     EXPECT_EQ(test::read_text(a.dir + "/state_00000003_00000.bin"), test::read_text(b.dir + "/state_00000003_00000.bin"));
 }
 
+// -at 1 (matmul autotuning, llmc/matmul.cuh) in a training run: every problem timed once, the report
+// printed at the end; under the emulator every candidate computes the same arithmetic, so the run must be
+// the -at 0 run bit for bit (on a GPU the kernels it picks may sum in another order: then only the
+// report is checked).
+TEST(TrainDeterminism, MatmulAutotuneRunsAndReports) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e d6 -sd 5 -i " + dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0 -n 2";
+    TrainerRun plain = run_trainer("gpu_at0", flags), tuned = run_trainer("gpu_at1", flags + " -at 1");
+    ASSERT_EQ(tuned.result.exit_code, 0) << tuned.result.output;
+    EXPECT_NE(tuned.result.output.find("matmul autotune (-at 1): "), std::string::npos) << tuned.result.output;
+    EXPECT_EQ(plain.result.output.find("matmul autotune"), std::string::npos) << plain.result.output;
+#ifdef CUDA_EMULATION
+    EXPECT_EQ(test::metrics_without_timings(plain.dir + "/metrics.jsonl"), test::metrics_without_timings(tuned.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::read_text(plain.dir + "/model_00000002.bin"), test::read_text(tuned.dir + "/model_00000002.bin"));
+#endif
+}
+
 // As the CPU suite's resume test: run A goes 12 steps checkpointing every 4; run B is the same run
 // "killed" after step 8 (later files deleted, a half-written one left) and resumed with -y 1.
 // Shuffled shards, accumulation, validation and sampling are on; the master weights travel in the

@@ -270,6 +270,77 @@ TEST(Kernels, MatmulForwardBackward) {
     EXPECT_TRUE(same_bits(download(d_db), got_db)) << "dbias is not deterministic";
 }
 
+// -at 1 (llmc/matmul.cuh): the first call of a problem times the heuristic's candidates and keeps the
+// fastest, ties going to the heuristic's order; the choice is kept (a problem is timed once); and the
+// trials leave nothing behind: an accumulating product (dweight, C = D) adds its product once, not once
+// per trial, and every output holds the product alone. The times come from a test timer (the emulator's
+// are CPU times; the emulated heuristic offers 4 candidates that all compute the same arithmetic, so
+// there the tuned results must also equal the untuned ones bit for bit; on a GPU other kernels may sum
+// in another order, and the CPU reference's tolerance is the bar).
+TEST(Kernels, MatmulAutotuneTakesTheFastestAndLeavesTheResultsAlone) {
+    std::mt19937 rng(31);
+    int N = 64, C = 128, OC = 192;
+    std::vector<float> inp = random_values((size_t)N * C, rng), weight = random_values((size_t)OC * C, rng);
+    std::vector<float> bias = random_values(OC, rng), dout = random_values((size_t)N * OC, rng);
+    std::vector<float> dw0 = random_values((size_t)OC * C, rng);
+    DeviceArray<floatX> d_inp(inp.size()), d_w(weight.size()), d_bias(OC), d_out((size_t)N * OC), d_dout(dout.size());
+    DeviceArray<floatX> d_dinp(inp.size()), d_dw(weight.size());
+    DeviceArray<float> d_scratch(1);
+    upload(d_inp, inp), upload(d_w, weight), upload(d_bias, bias), upload(d_dout, dout);
+    std::vector<float> out((size_t)N * OC), dinp((size_t)N * C, 0.0f), dw = dw0;
+    matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    matmul_backward(dinp.data(), dw.data(), (float*)nullptr, dout.data(), inp.data(), weight.data(), N, C, OC);
+    // one forward and one backward (dinp overwritten, dweight accumulated onto dw0)
+    auto pass = [&](std::vector<float>* got_out, std::vector<float>* got_dinp, std::vector<float>* got_dw) {
+        upload(d_dw, dw0);
+        matmul_forward(d_out.ptr, nullptr, d_inp.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+        matmul_backward(d_dinp.ptr, d_dw.ptr, nullptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, nullptr, N, C, OC, 0);
+        *got_out = download(d_out), *got_dinp = download(d_dinp), *got_dw = download(d_dw);
+    };
+    MatmulAlgorithms saved;
+    std::swap(matmul_algorithms, saved);  // a fresh choice per problem here; the process's own put back at the end
+    std::vector<float> plain_out, plain_dinp, plain_dw;
+    pass(&plain_out, &plain_dinp, &plain_dw);
+
+    matmul_algorithms = MatmulAlgorithms();
+    matmul_algorithms.autotune = true;
+    int timed = 0;
+    matmul_algorithms.test_timer = [&](int i) {
+        timed++;
+        return i == 2 ? 1.0f : 2.0f;
+    };
+    std::vector<float> tuned_out, tuned_dinp, tuned_dw;
+    pass(&tuned_out, &tuned_dinp, &tuned_dw);
+    expect_close("autotuned out", tuned_out, out, TOL_SUM);
+    expect_close("autotuned dinp", tuned_dinp, dinp, TOL_SUM);
+    expect_close("autotuned dweight, accumulated once", tuned_dw, dw, TOL_SUM);
+#ifdef CUDA_EMULATION
+    EXPECT_TRUE(same_bits(tuned_out, plain_out));
+    EXPECT_TRUE(same_bits(tuned_dinp, plain_dinp));
+    EXPECT_TRUE(same_bits(tuned_dw, plain_dw));
+#endif
+    EXPECT_EQ(matmul_algorithms.chosen.size(), 3u);  // forward, dinp, dweight
+    EXPECT_GT(timed, 0);
+    for (const auto& [key, c] : matmul_algorithms.chosen) {
+        EXPECT_EQ(c.chosen, c.candidates > 2 ? 2 : 0) << "m " << key.m << " n " << key.n << " k " << key.k;
+#ifdef CUDA_EMULATION
+        EXPECT_EQ(c.candidates, 4);
+#endif
+    }
+    int timed_once = timed;
+    pass(&tuned_out, &tuned_dinp, &tuned_dw);
+    EXPECT_EQ(timed, timed_once) << "a problem already chosen was timed again";
+    EXPECT_NE(matmul_autotune_report().find("3 problems"), std::string::npos) << matmul_autotune_report();
+
+    // equal times: the heuristic's first
+    matmul_algorithms = MatmulAlgorithms();
+    matmul_algorithms.autotune = true;
+    matmul_algorithms.test_timer = [](int) { return 1.0f; };
+    pass(&tuned_out, &tuned_dinp, &tuned_dw);
+    for (const auto& [key, c] : matmul_algorithms.chosen) EXPECT_EQ(c.chosen, 0);
+    std::swap(matmul_algorithms, saved);
+}
+
 // -ge 1: GELU fused into the forward (GELU_AUX_BIAS) and into the input gradient (DGELU)
 TEST(Kernels, MatmulGeluEpilogues) {
     std::mt19937 rng(15);
