@@ -1873,10 +1873,13 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
 // so the replicas never drift apart by rounding; the tensors every stage holds are summed over the
 // stages (wte: the embedding's gradient from stage 0 plus the LM head's from the last; wpe, lnfw, lnfb:
 // one stage's plus zeros); then the sum over the data-parallel replicas (-z 0 all-reduce, -z 1 to the
-// shards' owners), bucket by bucket as llmc/parallel/grad_buckets.h cuts them. Done after the step's
-// last backward, not during it: the stage sum must come first, as -z 1's shards of stages of
-// different sizes do not line up.
-void gpt2_model_parallel_reduce_gradients(GPT2* model) {
+// shards' owners), bucket by bucket as llmc/parallel/grad_buckets.h cuts them. With pipeline stages
+// all of it after the step's last backward, not during it: the stage sum must come first, as -z 1's
+// shards of stages of different sizes do not line up. With tensor parallelism alone the data-parallel
+// sum runs during the last backward (reduced_in_backward; gpt2_forward_backward) and the tp broadcast
+// after it: broadcasting tp rank 0's sum over the replicas gives every rank the same bits as summing
+// tp rank 0's broadcast values (the layernorms' -sq sums are then taken in the other order).
+void gpt2_model_parallel_reduce_gradients(GPT2* model, bool reduced_in_backward = false) {
     const ProcessGroup& tp = model->layout.tp_group;
     const ProcessGroup& pp = model->layout.pp_group;
     const ProcessGroup& dp = model->layout.dp_group;
@@ -1907,7 +1910,7 @@ void gpt2_model_parallel_reduce_gradients(GPT2* model) {
         comm_join(pp);
     }
     // -z 2, 3: each micro-step's gradients were reduced into the shards during its backward
-    if (!comm_active(dp) || model->packed_grads) return;
+    if (!comm_active(dp) || model->packed_grads || reduced_in_backward) return;
     for (const std::vector<GradSlice>& bucket : model->grad_buckets) reduce_gradient_bucket(dp, g, COMM_FLOATX, bucket);
     comm_join(dp);
 }
@@ -1928,21 +1931,22 @@ double gpt2_pipeline_forward_backward(GPT2* model, PipelineComm* pipe, const std
 }
 
 // A step's forwards and backwards (llmc/run/run_loop.h's forward_backward), timed on the GPU by events.
-// The last micro-batch completes the gradients: with several GPUs each layer's are reduced while the
-// backward goes on (and the backward's time includes the wait for the last bucket).
+// The last micro-batch completes the gradients: with several GPUs each layer's are reduced over the
+// data-parallel group while the backward goes on (and the backward's time includes the wait for the
+// last bucket); with -tp the tensor-parallel group's sums and broadcasts follow.
 double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int bad_micro, GpuPhases* phases,
                              PhaseTimer* timer) {
     double loss_sum = 0.0;
     bool tensor_parallel = model->layout.tp > 1;  // its reductions follow the last backward
     for (int micro = 0; micro < b.count; micro++) {
-        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1 && !tensor_parallel;
+        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1;
         gpu_phase_begin(phases, PHASE_FORWARD, model->stream);
         gpt2_forward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T, micro == bad_micro ? INFINITY : dloss);
         gpu_phase_end(phases, PHASE_FORWARD, model->stream);
         gpu_phase_begin(phases, PHASE_BACKWARD, model->stream);
         gpt2_backward(model, b.B, b.T);
         gpu_phase_end(phases, PHASE_BACKWARD, model->stream);
-        if (tensor_parallel && micro == b.count - 1) gpt2_model_parallel_reduce_gradients(model);
+        if (tensor_parallel && micro == b.count - 1) gpt2_model_parallel_reduce_gradients(model, model->reduce_in_backward);
         loss_sum += gpt2_mean_loss(model, b.B, b.T);  // waits for the stream: the events are done
         gpu_phases_collect(phases, &timer->times);
     }
