@@ -10,14 +10,14 @@
 // value*, so recomputing the LayerNorm later from the stored residual (-r 2) gives the same bits.
 //
 // dw and db are sums over all B·T rows. Rather than atomics (run-to-run noise), the backward does it
-// in two deterministic stages: a fixed grid of LN_ROW_BLOCKS blocks each sums a fixed subset of rows
-// into its own fp32 partial, then one kernel adds the partials in block order into dw and db.
+// in two deterministic stages: a fixed grid of LN_BWD_BLOCKS blocks each sums a fixed subset of rows
+// into its own fp32 partial (in the same pass that computes dinp: layernorm_backward_kernel), then one
+// kernel adds the partials in block order into dw and db.
 #pragma once
 
 #include "cuda_common.cuh"
 
 constexpr float LAYERNORM_EPS_F = 1e-5f;
-constexpr int LN_ROW_BLOCKS = 128;  // partial sums for dw, db; fixed so the summation order is too
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -84,102 +84,117 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     layernorm_row(out + offset, mean + n, rstd + n, residual + offset, weight, bias, C, lane);
 }
 
-// dinp += ...: one warp per row
-__global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
-                                               const floatX* weight, const float* mean, const float* rstd,
-                                               int N, int C) {
-    int n = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    if (n >= N) return;
-    int lane = threadIdx.x % WARP_SIZE;
-    size_t offset = (size_t)n * C;
-    float m = mean[n], s = rstd[n];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-        x128 dy = load128(dout + offset + c);
-        x128 x = load128(inp + offset + c);
-        x128 w = load128(weight + c);
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            float g = (float)dy[k] * (float)w[k];
-            sum_g += g;
-            sum_gx += g * ((float)x[k] - m) * s;
-        }
-    }
-    float mean_g = warp_reduce_sum(sum_g) / C;
-    float mean_gx = warp_reduce_sum(sum_gx) / C;
-    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-        x128 dy = load128(dout + offset + c);
-        x128 x = load128(inp + offset + c);
-        x128 w = load128(weight + c);
-        x128 dx = load128(dinp + offset + c);
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            float g = (float)dy[k] * (float)w[k];
-            float xhat = ((float)x[k] - m) * s;
-            dx[k] = (floatX)((float)dx[k] + s * (g - mean_g - xhat * mean_gx));
-        }
-        store128(dinp + offset + c, dx);
-    }
-}
+// The backward in one pass over the rows. A fixed grid of LN_BWD_BLOCKS blocks of LN_BWD_WARPS warps;
+// each warp takes whole rows (row n goes to warp n mod (LN_BWD_BLOCKS * LN_BWD_WARPS), a function of n
+// alone) and computes dinp as a warp per row does, with 16-byte loads: a first pass over the row for
+// the two means, a second (from L1) for dinp. In the first pass it also adds dout * xhat and dout into
+// its own fp32 slice of shared memory, in which each word belongs to one lane (lane l owns the same
+// channels in every row): no atomics, and the order of every sum is fixed. At the end the block adds
+// its warps' slices in warp order into its fp32 partial row. dout and inp come from DRAM once.
+// A slice word is laid out lane-fastest, (chunk, k, lane) for channel (chunk·32 + lane)·8 + k, so a
+// warp's 32 lanes touch 32 consecutive words: no bank conflicts.
+constexpr int LN_BWD_BLOCKS = 512;  // fixed, so the summation order of dweight and dbias is fixed too
+constexpr int LN_BWD_WARPS = 8;
 
-// Stage 1 of dw, db. Block (32, 8) covers 256 channels (32 lanes x 8) of grid column blockIdx.x;
-// row block blockIdx.y of LN_ROW_BLOCKS takes rows blockIdx.y*8 + threadIdx.y, stepping 8*LN_ROW_BLOCKS.
-constexpr int LN_BWD_ROWS_PER_BLOCK = 8;
+__host__ __device__ inline int layernorm_backward_chunks(int C) { return (C + WARP_SIZE * x128::size - 1) / (WARP_SIZE * x128::size); }
 
-__global__ void layernorm_backward_partials_kernel(float* partials,  // (LN_ROW_BLOCKS, 2, C)
-                                                   const floatX* dout, const floatX* inp, const float* mean,
-                                                   const float* rstd, int N, int C) {
-    __shared__ float shared_dw[LN_BWD_ROWS_PER_BLOCK][WARP_SIZE][x128::size];
-    __shared__ float shared_db[LN_BWD_ROWS_PER_BLOCK][WARP_SIZE][x128::size];
-    int c = (blockIdx.x * WARP_SIZE + threadIdx.x) * x128::size;
-    bool active = c < C;
-    float dw[x128::size] = {}, db[x128::size] = {};
-    if (active) {
-        for (int n = blockIdx.y * blockDim.y + threadIdx.y; n < N; n += gridDim.y * blockDim.y) {
-            x128 dy = load128(dout + (size_t)n * C + c);
-            x128 x = load128(inp + (size_t)n * C + c);
-            float m = mean[n], s = rstd[n];
+__global__ void __launch_bounds__(LN_BWD_WARPS * WARP_SIZE)
+    layernorm_backward_kernel(floatX* dinp, float* partials,  // (LN_BWD_BLOCKS, 2, C)
+                              const floatX* dout, const floatX* inp, const floatX* weight, const float* mean,
+                              const float* rstd, int N, int C) {
+    extern __shared__ float warp_sums[];  // (LN_BWD_WARPS, 2, S): dweight's sums, then dbias's
+    const int S = layernorm_backward_chunks(C) * WARP_SIZE * x128::size;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    float* dw = warp_sums + (size_t)warp * 2 * S;
+    float* db = dw + S;
+    for (int q = lane; q < S; q += WARP_SIZE) dw[q] = db[q] = 0.0f;  // this lane's words only
+    for (int n = blockIdx.x * LN_BWD_WARPS + warp; n < N; n += gridDim.x * LN_BWD_WARPS) {
+        size_t offset = (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float sum_g = 0.0f, sum_gx = 0.0f;
+        for (int chunk = 0, c = lane * x128::size; c < C; chunk++, c += WARP_SIZE * x128::size) {
+            x128 dy = load128(dout + offset + c);
+            x128 x = load128(inp + offset + c);
+            x128 w = load128(weight + c);
+            int q = chunk * WARP_SIZE * x128::size + lane;
 #pragma unroll
             for (int k = 0; k < x128::size; k++) {
-                dw[k] += (float)dy[k] * ((float)x[k] - m) * s;
-                db[k] += (float)dy[k];
+                float d = (float)dy[k];
+                float xhat = ((float)x[k] - m) * s;
+                float g = d * (float)w[k];
+                sum_g += g;
+                sum_gx += g * xhat;
+                dw[q + k * WARP_SIZE] += d * xhat;
+                db[q + k * WARP_SIZE] += d;
             }
         }
-    }
+        float mean_g = warp_reduce_sum(sum_g) / C;
+        float mean_gx = warp_reduce_sum(sum_gx) / C;
+        for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+            x128 dy = load128(dout + offset + c);
+            x128 x = load128(inp + offset + c);
+            x128 w = load128(weight + c);
+            x128 dx = load128(dinp + offset + c);
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-        shared_dw[threadIdx.y][threadIdx.x][k] = dw[k];
-        shared_db[threadIdx.y][threadIdx.x][k] = db[k];
-    }
-    __syncthreads();
-    if (threadIdx.y != 0 || !active) return;
-    for (int y = 1; y < blockDim.y; y++) {
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            dw[k] += shared_dw[y][threadIdx.x][k];
-            db[k] += shared_db[y][threadIdx.x][k];
+            for (int k = 0; k < x128::size; k++) {
+                float g = (float)dy[k] * (float)w[k];
+                float xhat = ((float)x[k] - m) * s;
+                dx[k] = (floatX)((float)dx[k] + s * (g - mean_g - xhat * mean_gx));
+            }
+            store128(dinp + offset + c, dx);
         }
     }
-    float* out = partials + (size_t)blockIdx.y * 2 * C;
-#pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-        out[c + k] = dw[k];
-        out[C + c + k] = db[k];
+    __syncthreads();
+    // the block's partial row: its warps' sums, added in warp order
+    float* out = partials + (size_t)blockIdx.x * 2 * C;
+    for (int q = threadIdx.x; q < S; q += blockDim.x) {
+        int chunk = q / (WARP_SIZE * x128::size), k = q / WARP_SIZE % x128::size, l = q % WARP_SIZE;
+        int c = (chunk * WARP_SIZE + l) * x128::size + k;
+        if (c >= C) continue;
+        float sum_dw = 0.0f, sum_db = 0.0f;
+        for (int w = 0; w < LN_BWD_WARPS; w++) {
+            sum_dw += warp_sums[(size_t)w * 2 * S + q];
+            sum_db += warp_sums[(size_t)w * 2 * S + S + q];
+        }
+        out[c] = sum_dw;
+        out[C + c] = sum_db;
     }
 }
 
-// Stage 2: dweight[c] += sum of the partials in row-block order (same for dbias).
+// Stage 2: dweight[c] += the sum of the partial rows (likewise dbias), in a fixed order: thread (x, y) of
+// a (32, LN_SUM_ROWS) block sums partial rows y, y + LN_SUM_ROWS, ... of channel blockIdx.x·32 + x (32
+// neighbouring channels: coalesced), then the y = 0 row of threads adds the LN_SUM_ROWS sums in y order.
+// A thread per channel alone would wait on its partial rows' loads one after another.
+constexpr int LN_SUM_ROWS = 16;
+
 __global__ void layernorm_backward_sum_partials_kernel(floatX* dweight, floatX* dbias, const float* partials,
                                                        int num_row_blocks, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float sums[2][LN_SUM_ROWS][WARP_SIZE];
+    int c = blockIdx.x * WARP_SIZE + threadIdx.x;
     float dw = 0.0f, db = 0.0f;
-    for (int r = 0; r < num_row_blocks; r++) {
-        dw += partials[(size_t)r * 2 * C + c];
-        db += partials[(size_t)r * 2 * C + C + c];
+    if (c < C) {
+        for (int r = threadIdx.y; r < num_row_blocks; r += LN_SUM_ROWS) {
+            dw += partials[(size_t)r * 2 * C + c];
+            db += partials[(size_t)r * 2 * C + C + c];
+        }
+    }
+    sums[0][threadIdx.y][threadIdx.x] = dw;
+    sums[1][threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int y = 1; y < LN_SUM_ROWS; y++) {
+        dw += sums[0][y][threadIdx.x];
+        db += sums[1][y][threadIdx.x];
     }
     dweight[c] = (floatX)((float)dweight[c] + dw);
     dbias[c] = (floatX)((float)dbias[c] + db);
+}
+
+inline void layernorm_backward_sum_partials(floatX* dweight, floatX* dbias, const float* partials, int num_row_blocks,
+                                            int C, cudaStream_t stream) {
+    layernorm_backward_sum_partials_kernel<<<ceil_div_int(C, WARP_SIZE), dim3(WARP_SIZE, LN_SUM_ROWS), 0, stream>>>(
+        dweight, dbias, partials, num_row_blocks, C);
+    cudaCheckLaunch();
 }
 
 // ----------------------------------------------------------------------------
@@ -225,9 +240,10 @@ inline void fused_residual_layernorm_forward(floatX* residual,     // (N, C)
 }
 
 // fp32 scratch the backward needs for its dw/db partial sums
-inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)LN_ROW_BLOCKS * 2 * C; }
+inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)LN_BWD_BLOCKS * 2 * C; }
 
-// Accumulates (+=) into dinp, dweight and dbias.
+// Accumulates (+=) into dinp, dweight and dbias: layernorm_backward_kernel, then the partials summed in
+// block order.
 inline void layernorm_backward(floatX* dinp,         // (N, C)
                                floatX* dweight,      // (C)
                                floatX* dbias,        // (C)
@@ -239,17 +255,22 @@ inline void layernorm_backward(floatX* dinp,         // (N, C)
                                const float* rstd,    // (N)
                                int N, int C, cudaStream_t stream) {
     check_layernorm_shape(C);
-    int grid_size = ceil_div_int(N, LN_WARPS_PER_BLOCK);
-    layernorm_backward_dinp_kernel<<<grid_size, LN_WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
+    size_t shared_bytes = (size_t)LN_BWD_WARPS * 2 * layernorm_backward_chunks(C) * WARP_SIZE * x128::size * sizeof(float);
+    static size_t allowed = 48 * 1024;  // what a launch may take without asking
+    if (shared_bytes > allowed) {
+        int device = 0, limit = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        if (shared_bytes > (size_t)limit) {
+            fatal("layernorm backward at C=%d needs %zu bytes of shared memory per block, this GPU allows %d", C,
+                  shared_bytes, limit);
+        }
+        cudaCheck(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared_bytes));
+        allowed = shared_bytes;
+    }
+    layernorm_backward_kernel<<<LN_BWD_BLOCKS, LN_BWD_WARPS * WARP_SIZE, shared_bytes, stream>>>(
+        dinp, scratch, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
-
-    dim3 partial_grid(ceil_div_int(C / x128::size, WARP_SIZE), LN_ROW_BLOCKS);
-    dim3 partial_block(WARP_SIZE, LN_BWD_ROWS_PER_BLOCK);
-    layernorm_backward_partials_kernel<<<partial_grid, partial_block, 0, stream>>>(scratch, dout, inp, mean, rstd,
-                                                                                   N, C);
-    cudaCheckLaunch();
-    layernorm_backward_sum_partials_kernel<<<ceil_div_int(C, 256), 256, 0, stream>>>(dweight, dbias, scratch,
-                                                                                    LN_ROW_BLOCKS, C);
-    cudaCheckLaunch();
+    layernorm_backward_sum_partials(dweight, dbias, scratch, LN_BWD_BLOCKS, C, stream);
 }
