@@ -15,6 +15,8 @@
 // kernel adds the partials in block order into dw and db.
 #pragma once
 
+#include <algorithm>
+
 #include "cuda_common.cuh"
 
 constexpr float LAYERNORM_EPS_F = 1e-5f;
@@ -84,9 +86,9 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     layernorm_row(out + offset, mean + n, rstd + n, residual + offset, weight, bias, C, lane);
 }
 
-// The backward in one pass over the rows. A fixed grid of LN_BWD_BLOCKS blocks of LN_BWD_WARPS warps;
-// each warp takes whole rows (row n goes to warp n mod (LN_BWD_BLOCKS * LN_BWD_WARPS), a function of n
-// alone) and computes dinp as a warp per row does, with 16-byte loads: a first pass over the row for
+// The backward in one pass over the rows. A fixed grid of LN_BWD_BLOCKS blocks of LN_BWD_WARPS warps
+// (fewer when N is smaller than that many warps); each warp takes whole rows (row n goes to warp n mod
+// the grid's warps, a function of n and N alone) and computes dinp as a warp per row does, with 16-byte loads: a first pass over the row for
 // the two means, a second (from L1) for dinp. In the first pass it also adds dout * xhat and dout into
 // its own fp32 slice of shared memory, in which each word belongs to one lane (lane l owns the same
 // channels in every row): no atomics, and the order of every sum is fixed. At the end the block adds
@@ -269,8 +271,11 @@ inline void layernorm_backward(floatX* dinp,         // (N, C)
                                        (int)shared_bytes));
         allowed = shared_bytes;
     }
-    layernorm_backward_kernel<<<LN_BWD_BLOCKS, LN_BWD_WARPS * WARP_SIZE, shared_bytes, stream>>>(
-        dinp, scratch, dout, inp, weight, mean, rstd, N, C);
+    // fewer blocks only when there are fewer rows than warps (a short sampling or test pass): the grid,
+    // and so every sum's order, is still a function of N alone
+    int blocks = std::max(1, std::min(LN_BWD_BLOCKS, ceil_div_int(N, LN_BWD_WARPS)));
+    layernorm_backward_kernel<<<blocks, LN_BWD_WARPS * WARP_SIZE, shared_bytes, stream>>>(dinp, scratch, dout, inp,
+                                                                                         weight, mean, rstd, N, C);
     cudaCheckLaunch();
-    layernorm_backward_sum_partials(dweight, dbias, scratch, LN_BWD_BLOCKS, C, stream);
+    layernorm_backward_sum_partials(dweight, dbias, scratch, blocks, C, stream);
 }
