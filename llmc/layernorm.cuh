@@ -86,6 +86,26 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     layernorm_row(out + offset, mean + n, rstd + n, residual + offset, weight, bias, C, lane);
 }
 
+// The second pass of a row's backward, one warp: dinp += rstd · (g - mean(g) - xhat · mean(g · xhat)), the
+// two means already reduced (g = dout · w, xhat = (x - mean) · rstd).
+__device__ inline void layernorm_row_dinp(floatX* dinp_row, const floatX* dout_row, const floatX* inp_row,
+                                          const floatX* weight, float m, float s, float mean_g, float mean_gx, int C,
+                                          int lane) {
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+        x128 dy = load128(dout_row + c);
+        x128 x = load128(inp_row + c);
+        x128 w = load128(weight + c);
+        x128 dx = load128(dinp_row + c);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            float g = (float)dy[k] * (float)w[k];
+            float xhat = ((float)x[k] - m) * s;
+            dx[k] = (floatX)((float)dx[k] + s * (g - mean_g - xhat * mean_gx));
+        }
+        store128(dinp_row + c, dx);
+    }
+}
+
 // The backward in one pass over the rows. A fixed grid of LN_BWD_BLOCKS blocks of LN_BWD_WARPS warps
 // (fewer when N is smaller than that many warps); each warp takes whole rows (row n goes to warp n mod
 // the grid's warps, a function of n and N alone) and computes dinp as a warp per row does, with 16-byte loads: a first pass over the row for
@@ -130,21 +150,8 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * WARP_SIZE)
                 db[q + k * WARP_SIZE] += d;
             }
         }
-        float mean_g = warp_reduce_sum(sum_g) / C;
-        float mean_gx = warp_reduce_sum(sum_gx) / C;
-        for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-            x128 dy = load128(dout + offset + c);
-            x128 x = load128(inp + offset + c);
-            x128 w = load128(weight + c);
-            x128 dx = load128(dinp + offset + c);
-#pragma unroll
-            for (int k = 0; k < x128::size; k++) {
-                float g = (float)dy[k] * (float)w[k];
-                float xhat = ((float)x[k] - m) * s;
-                dx[k] = (floatX)((float)dx[k] + s * (g - mean_g - xhat * mean_gx));
-            }
-            store128(dinp + offset + c, dx);
-        }
+        layernorm_row_dinp(dinp + offset, dout + offset, inp + offset, weight, m, s, warp_reduce_sum(sum_g) / C,
+                           warp_reduce_sum(sum_gx) / C, C, lane);
     }
     __syncthreads();
     // the block's partial row: its warps' sums, added in warp order

@@ -99,21 +99,9 @@ __global__ void layernorm_backward_v2_dinp_kernel(floatX* dinp, const floatX* do
             sum_gx += g * ((float)x[k] - m) * s;
         }
     }
-    float mean_g = warp_reduce_sum(sum_g) / C;
-    float mean_gx = warp_reduce_sum(sum_gx) / C;
-    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-        x128 dy = load128(dout + offset + c);
-        x128 x = load128(inp + offset + c);
-        x128 w = load128(weight + c);
-        x128 dx = load128(dinp + offset + c);
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) {
-            float g = (float)dy[k] * (float)w[k];
-            float xhat = ((float)x[k] - m) * s;
-            dx[k] = (floatX)((float)dx[k] + s * (g - mean_g - xhat * mean_gx));
-        }
-        store128(dinp + offset + c, dx);
-    }
+    // the second pass, as llmc's kernel does it
+    layernorm_row_dinp(dinp + offset, dout + offset, inp + offset, weight, m, s, warp_reduce_sum(sum_g) / C,
+                       warp_reduce_sum(sum_gx) / C, C, lane);
 }
 
 // Stage 1 of dw, db. Block (32, 8) covers 256 channels (32 lanes x 8) of grid column blockIdx.x;
