@@ -123,19 +123,30 @@ TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {
 // within the limit, the answer time and a margin, with a non-zero status and one message that names the
 // operation, its group, the step, and process 1 as not arrived (no answer). The last complete
 // checkpoint stays complete.
-TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
-    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    std::string out = test::scratch_dir("rel_watchdog");
-    std::string launch = "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 '" +
-                         test::root() + "/train_gpt2' " + tiny_args() + " -z 1 -x 1000000 -n 2 -wt 4 -o " + out;
+// `np` processes of the tiny run with `flags`, process 1 stopped after step 5: the watchdog (-wt 4) must
+// end the run, one process naming the wait, its group and step and process 1 as not arrived. Returns the
+// output directory.
+std::string expect_watchdog_ends_run_with_process_1_stopped(const std::string& name, int np, const std::string& flags,
+                                                            const std::string& reporters) {
+    std::string out = test::scratch_dir(name);
+    std::string launch = "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
+                         std::to_string(np) + " '" + test::root() + "/train_gpt2' " + tiny_args() + " " + flags +
+                         " -x 1000000 -wt 4 -o " + out;
     test::CommandResult r = test::run_and_stop_rank(launch, out + ".log", "step    5/", out, 1, 60);
     std::string log = test::read_text(out + ".log");
     test::expect_watchdog_ended_run(r, log, 4 + WATCHDOG_ANSWER_S + 15);
-    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process [02]\\): watchdog: .* \\(group [a-z -]+, its wait #[0-9]+\\) "
-                                                  "at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 process\\(es\\) had not arrived:")))
+    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process " + reporters + "\\): watchdog: .* \\(group [a-z -]+, "
+                                                  "its wait #[0-9]+\\) at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 "
+                                                  "process\\(es\\) had not arrived:")))
         << log;
+    return out;
+}
+
+TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string out = expect_watchdog_ends_run_with_process_1_stopped("rel_watchdog", 3, "-z 1 -n 2", "[02]");
     int last = checkpoint_find_latest(out);
-    EXPECT_GE(last, 2) << log;
+    EXPECT_GE(last, 2);
     for (int rank = 0; rank < 3; rank++) EXPECT_TRUE(file_exists(checkpoint_state_path(out, last, rank))) << rank;
 }
 
@@ -144,15 +155,7 @@ TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
 // the step and stage 1 as not arrived.
 TEST(Reliability, WatchdogEndsAPipelineWhoseStageStopped) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    std::string out = test::scratch_dir("rel_watchdog_pp");
-    std::string launch = "OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 '" +
-                         test::root() + "/train_gpt2' " + tiny_args() + " -pp 2 -x 1000000 -wt 4 -o " + out;
-    test::CommandResult r = test::run_and_stop_rank(launch, out + ".log", "step    5/", out, 1, 60);
-    std::string log = test::read_text(out + ".log");
-    test::expect_watchdog_ended_run(r, log, 4 + WATCHDOG_ANSWER_S + 15);
-    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process 0\\): watchdog: .* \\(group [a-z -]+, its wait #[0-9]+\\) "
-                                                  "at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 process\\(es\\) had not arrived:")))
-        << log;
+    expect_watchdog_ends_run_with_process_1_stopped("rel_watchdog_pp", 2, "-pp 2", "0");
 }
 
 // Slurm's --signal sends SIGUSR1 to every process: the collective decision (run_stop_signal, a sum over
