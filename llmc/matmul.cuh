@@ -113,9 +113,9 @@ struct MatmulChoice {
 struct MatmulAlgorithms {
     bool autotune = false;     // -at 1
     int max_candidates = 8;    // of the heuristic's, in its order
-    int timed_calls = 5;       // per candidate, after an untimed one
+    int timed_rounds = 5;      // each candidate timed once per round, after an untimed round
     std::map<MatmulKey, MatmulChoice> chosen;
-    std::function<float(int)> test_timer;  // testing: candidate i's time, instead of the GPU's
+    std::function<float(int)> test_timer;  // testing: one call of candidate i, its time instead of the GPU's
 };
 inline MatmulAlgorithms matmul_algorithms;
 
@@ -229,26 +229,37 @@ inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b,
         choice.algo = results[0].algo;
         choice.candidates = found;
         if (matmul_algorithms.autotune && found > 1) {
-            // Each candidate once untimed, then timed_calls times between two events. A product that
-            // adds into D (C = D, beta != 0) writes a scratch D instead, so the trials never add into
-            // the real one; any other product is computed again below, after the trials, by the chosen
-            // candidate, which overwrites what they wrote (in D and the GELU aux output).
+            // One untimed round over the candidates, then timed_rounds rounds, each candidate once per
+            // round between two events, the order reversed every other round; a candidate's time is its
+            // fastest round. Rounds rather than each candidate's calls back to back: a device whose
+            // clocks are still rising (the first step of a run) would otherwise make the first
+            // candidates look slow and the later ones fast, and a wrong choice (seen on an H200,
+            // 2026-11-27: -at 1 chose another kernel for 10 of 15 problems, its trials said 9.6% faster,
+            // the steps were not). A product that adds into D (C = D, beta != 0) writes a scratch D
+            // instead, so the trials never add into the real one; any other product is computed again
+            // below, after the trials, by the chosen candidate, which overwrites what they wrote (in D
+            // and the GELU aux output).
             floatX* trial_d = d;
             if (c == d && beta != 0.0f) cudaCheck(cudaMalloc(&trial_d, (size_t)m * n * sizeof(floatX)));
             cudaEvent_t start, stop;
             cudaCheck(cudaEventCreate(&start));
             cudaCheck(cudaEventCreate(&stop));
             std::vector<float> ms(found, INFINITY);
-            for (int i = 0; i < found; i++) {
-                if (run(results[i].algo, trial_d) != CUBLAS_STATUS_SUCCESS) continue;  // this kernel refuses: skip it
-                cudaCheck(cudaEventRecord(start, stream));
-                for (int r = 0; r < matmul_algorithms.timed_calls; r++) cublasCheck(run(results[i].algo, trial_d));
-                cudaCheck(cudaEventRecord(stop, stream));
-                cudaCheck(cudaEventSynchronize(stop));
-                float elapsed = 0;
-                cudaCheck(cudaEventElapsedTime(&elapsed, start, stop));
-                ms[i] = matmul_algorithms.test_timer ? matmul_algorithms.test_timer(i)
-                                                     : elapsed / matmul_algorithms.timed_calls;
+            std::vector<bool> runs(found, false);
+            for (int i = 0; i < found; i++) runs[i] = run(results[i].algo, trial_d) == CUBLAS_STATUS_SUCCESS;  // some refuse
+            for (int round = 0; round < matmul_algorithms.timed_rounds; round++) {
+                for (int j = 0; j < found; j++) {
+                    int i = round % 2 == 0 ? j : found - 1 - j;
+                    if (!runs[i]) continue;
+                    cudaCheck(cudaEventRecord(start, stream));
+                    cublasCheck(run(results[i].algo, trial_d));
+                    cudaCheck(cudaEventRecord(stop, stream));
+                    cudaCheck(cudaEventSynchronize(stop));
+                    float elapsed = 0;
+                    cudaCheck(cudaEventElapsedTime(&elapsed, start, stop));
+                    if (matmul_algorithms.test_timer) elapsed = matmul_algorithms.test_timer(i);
+                    ms[i] = std::min(ms[i], elapsed);
+                }
             }
             for (int i = 1; i < found; i++) {
                 if (ms[i] < ms[choice.chosen]) choice.chosen = i;  // ties keep the heuristic's order

@@ -82,14 +82,78 @@ void adamw_v2(floatX* params, float* master, const floatX* grads, float* m, floa
 }
 
 // ----------------------------------------------------------------------------
-// v3 is llmc's adamw_update_many (llmc/adamw.cuh), what the trainer runs: v2's 16-byte accesses, for
-// all of a model's tensors in one launch (each block finds its tensor in a table passed as the kernel's
-// parameter) instead of one launch per tensor: GPT-2 has 16 parameter tensors, some of them small
-// (the biases and layernorms, C or 4C elements per layer), whose launches would each leave the GPU
-// mostly idle. Here the n parameters are cut into 16 parts of unequal size, one the GPU's tail path
-// (a size not a multiple of 8) takes, with a seed each; checked against the same CPU update.
+// v3: all of a model's tensors in one launch instead of one launch per tensor (GPT-2 has 16 parameter
+// tensors, some of them small: the biases and layernorms, C or 4C elements per layer, whose launches
+// would each leave the GPU mostly idle). Each block finds its tensor in a table passed as the kernel's
+// parameter (llmc's AdamWBatch), then does v2's 8 parameters per thread. This was llmc's kernel until
+// an H200 measured it (2026-11-27): 1072 us against v1's 899 and v2's 955, at 76% of a device copy.
+// Its fp32 loads are the reason v2 lags too: a thread's 8 fp32 values of m are two 16-byte loads, so
+// each warp-wide load covers every other 16 bytes of a 1 KB span and the next one the rest.
+//
+// v4 is llmc's adamw_update_many (llmc/adamw.cuh), what the trainer runs: v3's table, 4 parameters per
+// thread, so that every warp-wide access is one contiguous run (512 bytes of each fp32 array, 256 of
+// each bf16 one).
+//
+// Both are checked on the n parameters cut into 16 parts of unequal size, one the tail path (a size
+// not a multiple of 8) takes, one starting misaligned (the one-tensor adamw_update's path), a seed each.
 
-void adamw_v3(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, const AdamWSettings& s) {
+__global__ void adamw_v3_kernel(const AdamWBatch batch, float lr, float beta1, float beta2, float bias_correction1,
+                                float bias_correction2, float eps, float grad_scale) {
+    AdamWTensor t = batch.tensor[0];
+    unsigned first = 0;
+#pragma unroll
+    for (int k = 1; k < ADAMW_MAX_TENSORS; k++) {
+        if (k < batch.count && blockIdx.x >= batch.first_block[k]) {
+            t = batch.tensor[k];
+            first = batch.first_block[k];
+        }
+    }
+    constexpr int X = x128::size, F = f128::size, NF = X / F;
+    size_t i0 = ((size_t)(blockIdx.x - first) * blockDim.x + threadIdx.x) * X;
+    if (i0 >= t.n) return;
+    if (i0 + X > t.n) {
+        for (size_t i = i0; i < t.n; i++) {
+            float p = t.master != nullptr ? t.master[i] : (float)t.params[i];
+            p = adamw_element(p, (float)t.grads[i], &t.m[i], &t.v[i], lr, beta1, beta2, bias_correction1,
+                              bias_correction2, eps, t.weight_decay, grad_scale);
+            if (t.master != nullptr) t.master[i] = p;
+            stochastic_round(p, &t.params[i], hash_u32((uint32_t)i, t.seed));
+        }
+        return;
+    }
+    x128 g = load128cs(t.grads + i0);
+    f128 m_in[NF], v_in[NF], p_in[NF];
+#pragma unroll
+    for (int q = 0; q < NF; q++) {
+        m_in[q] = load128cs(t.m + i0 + q * F);
+        v_in[q] = load128cs(t.v + i0 + q * F);
+        if (t.master != nullptr) p_in[q] = load128cs(t.master + i0 + q * F);
+    }
+    if (t.master == nullptr) {
+        x128 p_old = load128cs(t.params + i0);
+#pragma unroll
+        for (int j = 0; j < X; j++) p_in[j / F][j % F] = (float)p_old[j];
+    }
+    x128 p_out;
+#pragma unroll
+    for (int j = 0; j < X; j++) {
+        float p = adamw_element(p_in[j / F][j % F], (float)g[j], &m_in[j / F][j % F], &v_in[j / F][j % F], lr, beta1,
+                                beta2, bias_correction1, bias_correction2, eps, t.weight_decay, grad_scale);
+        p_in[j / F][j % F] = p;
+        stochastic_round(p, &p_out[j], hash_u32((uint32_t)(i0 + j), t.seed));
+    }
+#pragma unroll
+    for (int q = 0; q < NF; q++) {
+        store128cs(t.m + i0 + q * F, m_in[q]);
+        store128cs(t.v + i0 + q * F, v_in[q]);
+        if (t.master != nullptr) store128cs(t.master + i0 + q * F, p_in[q]);
+    }
+    store128(t.params + i0, p_out);
+}
+
+// the 16 parts (see above)
+std::vector<AdamWTensor> adamw_parts(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                     const AdamWSettings& s) {
     std::vector<AdamWTensor> tensors;
     size_t begin = 0;
     for (int k = 0; k < 16 && begin < n; k++) {
@@ -99,7 +163,36 @@ void adamw_v3(floatX* params, float* master, const floatX* grads, float* m, floa
                            s.weight_decay, s.seed + (uint32_t)k});
         begin += size;
     }
-    adamw_update_many(tensors, s, 0);
+    return tensors;
+}
+
+void adamw_v3(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, const AdamWSettings& s,
+              int block_size) {
+    float bias_correction1, bias_correction2;
+    adamw_bias_corrections(s, &bias_correction1, &bias_correction2);
+    AdamWBatch batch;
+    batch.count = 0;
+    batch.first_block[0] = 0;
+    for (const AdamWTensor& t : adamw_parts(params, master, grads, m, v, n, s)) {
+        if ((uintptr_t)t.params % 16 != 0) {  // misaligned: one launch of its own, as llmc does
+            AdamWSettings one = s;
+            one.weight_decay = t.weight_decay;
+            one.seed = t.seed;
+            adamw_update(t.params, t.master, t.grads, t.m, t.v, t.n, one, 0);
+            continue;
+        }
+        batch.tensor[batch.count] = t;
+        batch.first_block[batch.count + 1] =
+            batch.first_block[batch.count] + ceil_div_int(ceil_div(t.n, (size_t)x128::size), block_size);
+        batch.count++;
+    }
+    adamw_v3_kernel<<<batch.first_block[batch.count], block_size>>>(batch, s.lr, s.beta1, s.beta2, bias_correction1,
+                                                                    bias_correction2, s.eps, s.grad_scale);
+    cudaCheckLaunch();
+}
+
+void adamw_v4(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, const AdamWSettings& s) {
+    adamw_update_many(adamw_parts(params, master, grads, m, v, n, s), s, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -159,8 +252,10 @@ int main(int argc, char** argv) {
              [&](int) { adamw_update(d_params.ptr, master, d_grads.ptr, d_m.ptr, d_v.ptr, n, settings, 0); }},
             {"v2 8 parameters per thread, 16-byte accesses", {128, 256, 512, 1024},
              [&](int bs) { adamw_v2(d_params.ptr, master, d_grads.ptr, d_m.ptr, d_v.ptr, n, settings, bs); }},
-            {"v3 llmc: v2 for all tensors in one launch", {0},
-             [&](int) { adamw_v3(d_params.ptr, master, d_grads.ptr, d_m.ptr, d_v.ptr, n, settings); }},
+            {"v3 v2 for all tensors in one launch", {256},
+             [&](int bs) { adamw_v3(d_params.ptr, master, d_grads.ptr, d_m.ptr, d_v.ptr, n, settings, bs); }},
+            {"v4 llmc: v3, 4 per thread, contiguous warps", {0},
+             [&](int) { adamw_v4(d_params.ptr, master, d_grads.ptr, d_m.ptr, d_v.ptr, n, settings); }},
         };
         dev::run_versions(&report, versions, prepare, [&] {
             dev::CheckResult result;
