@@ -695,32 +695,53 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
 // One Muon update (llmc/muon.h; the data-parallel steps 1-4 of llmc/parallel/matrix_owners.h): AdamW on
 // the tensors that are not block matrices, momentum and the Nesterov update of this process's matrix
 // elements (left in the gradient buffer), gathered under -z 1, each matrix orthogonalized by its owner and
-// sent to every process, then applied to this process's elements.
+// sent to every process, then applied to this process's elements. With -tp each process holds a slice of
+// each matrix (llmc/parallel/tensor_parallel.h): the owner's TP group gathers the matrix whole, each of
+// its ranks orthogonalizes it (the same bits on each) and keeps its slice; the slices travel as before.
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const OptimizerPlan& opt = model->optimizer;
     const ProcessGroup& dp = model->layout.dp_group;
+    const ProcessGroup& tp = model->layout.tp_group;
+    size_t L = model->config.num_layers, C = model->config.channels;
     MuonHyper hyper;
     float* grads = model->grads_memory.data();  // -z 0, 1: every gradient has its place (grads_base is 0)
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
+    auto local = [&](const OptimizerTensor& t) {
+        OptimizerTensor mine = t;
+        size_t per_layer = model->param_sizes[t.param] / L;
+        mine.offset = model->param_offsets[t.param] + (size_t)t.layer * per_layer;
+        mine.rows = 1, mine.cols = per_layer;
+        return mine;
+    };
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) {
+        if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
             muon_momentum(model->m_memory.data() + (begin - model->opt_begin), grads + begin, end - begin,
                           hyper.momentum, s.grad_scale);
         }
     }
     if (model->layout.zero_stage == 1) all_gather(dp, grads, model->shard.shard_size);
-    std::vector<float> scratch;
+    std::vector<float> scratch, whole, gathered;
     for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
         const OptimizerTensor& t = opt.tensors[k];
-        if (opt.owner[k] == dp.rank) newton_schulz(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &scratch);
+        if (opt.owner[k] != dp.rank) continue;
+        if (tp.size == 1) {
+            newton_schulz(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &scratch);
+            continue;
+        }
+        OptimizerTensor mine = local(t);
+        whole.resize(t.size());
+        tp_gather_matrix(tp, t.param, C, grads + mine.offset, mine.size(), &gathered, whole.data());
+        newton_schulz(whole.data(), (int)t.rows, (int)t.cols, hyper, &scratch);
+        tp_take_slice(tp, t.param, C, whole.data(), grads + mine.offset);
     }
     for (size_t k = 0; k < opt.tensors.size(); k++) {
-        if (opt.owner[k] >= 0) broadcast(dp, grads + opt.tensors[k].offset, opt.tensors[k].size(), opt.owner[k]);
+        if (opt.owner[k] >= 0) broadcast(dp, grads + local(opt.tensors[k]).offset, local(opt.tensors[k]).size(), opt.owner[k]);
     }
     for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) {
-            float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));
+        if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
+            float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));  // the whole matrix's shape
             muon_apply(model->params_memory.data() + begin, grads + begin, end - begin, s.muon_lr, s.weight_decay,
                        adjusted_lr);
         }
@@ -975,6 +996,7 @@ void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
             state.m = m;
             state.v = v;
         }
+        state.optimizer = model->optimizer.kind;  // AdamW or Muon (its momentum where AdamW's m is)
     }
     checkpoint_finish(dir, step, pg.rank, &state, run.scaler, [&](const char*) { barrier(pg); });
 }
@@ -998,7 +1020,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
                                     &run->data.train, &run->sampler_rng, kind);
     } else {
         size_t N = num_parameters(model->model_config);
-        state = train_state_restore(dir, step, dp, accum, N, 0, N, &run->data.train, &run->sampler_rng);
+        state = train_state_restore(dir, step, dp, accum, N, 0, N, &run->data.train, &run->sampler_rng, kind);
         for (std::vector<float>* moment : {&state.m, &state.v}) {
             *moment = layout_local_part(model->layout, model->model_config, *moment, model->opt_begin, model->opt_end);
         }
@@ -1013,6 +1035,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
 void optimizer_print(const GPT2* model) {
     const OptimizerPlan& opt = model->optimizer;
     const ProcessGroup& dp = model->layout.dp_group;
+    const ProcessGroup& tp = model->layout.tp_group;
     const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
     const char* range = zero_names[model->layout.zero_stage];
     size_t n = model->opt_end - model->opt_begin;
@@ -1035,7 +1058,7 @@ void optimizer_print(const GPT2* model) {
     for (size_t k = 0; k < opt.tensors.size(); k++) {
         if (opt.owner[k] < 0) continue;
         double w = newton_schulz_flops(opt.tensors[k].rows, opt.tensors[k].cols, MuonHyper().ns_steps);
-        matrices++, work += w, matrix_floats += opt.tensors[k].size();
+        matrices++, work += w, matrix_floats += opt.tensors[k].size() / tp.size;  // this process's slices
         if (opt.owner[k] == dp.rank) mine++, my_work += w;
     }
     printf("optimizer: Muon on %zu block matrices (each layer's its own), AdamW on the other tensors; momentum and "
@@ -1048,6 +1071,13 @@ void optimizer_print(const GPT2* model) {
                (gather + 8.0 * matrix_floats * (P - 1) / P) / 1048576.0,
                model->layout.zero_stage == 1 ? "the Nesterov updates' all-gather, " : "",
                8.0 * matrix_floats * (P - 1) / P / 1048576.0);
+    }
+    if (tp.size > 1) {  // each owned matrix gathered whole over the TP group (gpt2_update_muon)
+        size_t owned = 0;
+        for (size_t k = 0; k < opt.tensors.size(); k++) owned += opt.owner[k] == dp.rank ? opt.tensors[k].size() : 0;
+        printf("optimizer: -tp %d: this process's TP group gathers the %zu matrices its data-parallel rank owns whole for "
+               "Newton-Schulz, %.1f MiB per step (each of its ranks orthogonalizes them and keeps its slice)\n", tp.size,
+               mine, 8.0 * owned * (tp.size - 1) / tp.size / 1048576.0);
     }
 }
 

@@ -324,6 +324,8 @@ struct GPT2 {
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     size_t in_use_before = 0;     // device bytes in use before the model's allocations (context, cuBLAS)
     MuonScratch muon_scratch;
+    floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
+    floatX* muon_whole = nullptr;     // -tp: (rows, cols), that matrix put together
     int recompute = 1;
     bool gelu_fusion = false;
     bool flash_attention = true;  // -fa; always false in the fp32 build
@@ -521,11 +523,13 @@ void check_model_state_fits(const GPT2* model) {
 }
 
 // Muon's Newton-Schulz scratch, bytes (0 for another optimizer): for the largest block matrix, fcw's 4C·C
+// (C: the whole model's channels), and with -tp the slices gathered and the matrix put together
 size_t muon_scratch_bytes(const GPT2* model) {
     if (model->optimizer.kind != OPT_MUON) return 0;
     MuonScratch unused;
     size_t C = model->config.channels;
-    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused);
+    size_t gather = model->layout.tp > 1 ? 2 * 4 * C * C * sizeof(floatX) : 0;
+    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused) + gather;
 }
 
 // The run's device memory before the activations: what was in use before the model (the CUDA context,
@@ -631,7 +635,8 @@ double predicted_data_parallel_bytes(const GPT2* model, int A) {
     double muon = 0;
     const OptimizerPlan& opt = model->optimizer;
     for (size_t k = 0; k < opt.tensors.size(); k++) {
-        if (opt.owner[k] >= 0) muon += 2.0 * (double)(opt.tensors[k].size() - opt.tensors[k].size() / (size_t)P) * X;
+        size_t n = opt.tensors[k].size() / model->layout.tp;  // with -tp this process's slice
+        if (opt.owner[k] >= 0) muon += 2.0 * (double)(n - n / (size_t)P) * X;
     }
     if (opt.kind == OPT_MUON && z == 1) muon += 2 * S * (P - 1) * X;
     if (z == 0) return 2 * 2 * N * X * f + muon;
@@ -683,6 +688,10 @@ double predicted_comm_bytes(const GPT2* model, int A) {
             if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + classifier;
         }
         bytes += A * micro;
+        const OptimizerPlan& opt = model->optimizer;  // -opt muon: the owned matrices' slices gathered
+        for (size_t k = 0; k < opt.tensors.size(); k++) {
+            if (opt.owner[k] == lay.dp_rank) bytes += 2.0 * (double)((P - 1) * (opt.tensors[k].size() / P)) * X;
+        }
         size_t begin, end;  // -z 2, 3: the replicated tensors' parts in this process's shard
         held_gradient_range(model, &begin, &end);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -869,7 +878,11 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
         // its scratch is not model state (allocated after the measurement above)
         size_t C = cfg.channels, bytes = muon_scratch_bytes(model);
         cudaCheck(cudaMalloc(&model->muon_memory, bytes));
-        muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
+        size_t own = muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
+        if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (gpt2_update_muon)
+            model->muon_gathered = (floatX*)((char*)model->muon_memory + own);
+            model->muon_whole = model->muon_gathered + 4 * C * C;
+        }
         printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
                "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
                model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");
@@ -1504,12 +1517,22 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const OptimizerPlan& opt = model->optimizer;
     const ProcessGroup& dp = model->layout.dp_group;
+    const ProcessGroup& tp = model->layout.tp_group;
+    size_t L = model->config.num_layers, C = model->config.channels;  // Muon runs without -pp: the whole model
     MuonHyper hyper;
     floatX* grads = model->grads_memory;  // -z 0, 1: every gradient has its place
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
+    auto local = [&](const OptimizerTensor& t) {
+        OptimizerTensor mine = t;
+        size_t per_layer = model->param_sizes[t.param] / L;
+        mine.offset = model->param_offsets[t.param] + (size_t)t.layer * per_layer;
+        mine.rows = 1, mine.cols = per_layer;
+        return mine;
+    };
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) {
+        if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
             muon_momentum(grads + begin, model->m_memory + (begin - model->opt_begin), end - begin, hyper, s.grad_scale,
                           model->stream);
         }
@@ -1520,16 +1543,36 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     }
     for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
         const OptimizerTensor& t = opt.tensors[k];
-        if (opt.owner[k] == dp.rank) {
+        if (opt.owner[k] != dp.rank) continue;
+        if (tp.size == 1) {
             muon_orthogonalize(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
+            continue;
         }
+        // -tp: the slices gathered over the TP group and put in place, the whole matrix orthogonalized
+        // by each rank (the same bits on each), this rank's slice taken back (llmc/parallel/tensor_parallel.h)
+        OptimizerTensor mine = local(t);
+        size_t n = mine.size(), x = sizeof(floatX);
+        cudaCheck(cudaMemcpyAsync(model->muon_gathered + n * tp.rank, grads + mine.offset, n * x, cudaMemcpyDeviceToDevice,
+                                  model->stream));
+        all_gather(tp, model->muon_gathered, n, COMM_FLOATX);
+        comm_join(tp);
+        for (int r = 0; r < tp.size; r++) {
+            MatrixSlice m = tp_matrix_slice(t.param, C, tp.size, r);
+            cudaCheck(cudaMemcpy2DAsync(model->muon_whole + m.full_offset, m.full_pitch * x, model->muon_gathered + n * r,
+                                        m.local_pitch * x, m.width * x, m.height, cudaMemcpyDeviceToDevice, model->stream));
+        }
+        muon_orthogonalize(model->muon_whole, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
+        MatrixSlice m = tp_matrix_slice(t.param, C, tp.size, tp.rank);
+        cudaCheck(cudaMemcpy2DAsync(grads + mine.offset, m.local_pitch * x, model->muon_whole + m.full_offset,
+                                    m.full_pitch * x, m.width * x, m.height, cudaMemcpyDeviceToDevice, model->stream));
     }
     for (size_t k = 0; k < opt.tensors.size(); k++) {
-        if (opt.owner[k] >= 0) broadcast(dp, grads + opt.tensors[k].offset, opt.tensors[k].size(), COMM_FLOATX, opt.owner[k]);
+        OptimizerTensor mine = local(opt.tensors[k]);
+        if (opt.owner[k] >= 0) broadcast(dp, grads + mine.offset, mine.size(), COMM_FLOATX, opt.owner[k]);
     }
     comm_join(dp);
     for (const OptimizerTensor& t : opt.tensors) {
-        if (!muon_param_is_matrix(t.param) || !tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end)) continue;
+        if (!muon_param_is_matrix(t.param) || !tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) continue;
         size_t opt_index = begin - model->opt_begin;
         muon_apply(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
                    grads + begin, end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),

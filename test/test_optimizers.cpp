@@ -271,13 +271,17 @@ std::string mpirun(int np) {
     return "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
 }
 
+// processes: data-parallel ones (the oracle accumulates their micro-batches); tp: each of them a group of
+// that many tensor-parallel processes (mpirun -np processes x tp)
 Agreement train_against_oracle(const std::string& name, const OptimizerRun& run, const std::string& oracle_extra,
-                               int processes, const std::string& trainer_extra = "") {
+                               int processes, const std::string& trainer_extra = "", int tp = 1) {
     std::string oracle_dir = test::oracle(name + "_np" + std::to_string(processes),
                                           std::string(OPTIMIZER_TINY) + run.oracle_args(processes) + oracle_extra);
-    std::string dir = test::scratch_dir(name + "_np" + std::to_string(processes));
-    std::string launch = processes > 1 ? mpirun(processes) : "OMP_NUM_THREADS=2 ";
-    test::CommandResult r = test::run_command(launch + run.trainer_args(oracle_dir, processes) + trainer_extra + " -o " + dir);
+    std::string dir = test::scratch_dir(name + "_np" + std::to_string(processes) + "_tp" + std::to_string(tp));
+    std::string launch = processes * tp > 1 ? mpirun(processes * tp) : "OMP_NUM_THREADS=2 ";
+    std::string layout = tp > 1 ? " -tp " + std::to_string(tp) : "";
+    test::CommandResult r =
+        test::run_command(launch + run.trainer_args(oracle_dir, processes) + layout + trainer_extra + " -o " + dir);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (r.exit_code != 0) {
         Agreement failed;
@@ -364,6 +368,28 @@ TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
     }
 }
 
+// Muon under tensor parallelism (-tp 2: each process holds half of each matrix, train_gpt2.cpp's
+// gpt2_update_muon gathers it whole for Newton-Schulz): the same oracle and tolerances as one process,
+// alone and with 2 data-parallel groups under ZeRO-1. Communication: a matrix's gather moves
+// 8 (tp-1)/tp of its elements per TP rank, once per step for each matrix this process's data-parallel
+// rank owns (here all of them: dp 1, M/tp = 49152 elements per rank).
+TEST(OptimizerOracle, MuonTensorParallel) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    Agreement tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, "", 2);
+    expect_agreement(tp2, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(tp2.matrices, 1e-4) << "Muon's matrices, -tp 2";
+    Agreement adamw_tp2 = train_against_oracle("opt_adamw_tp", {"adamw", 1e-3, 0.02}, "", 1, "", 2);
+    ASSERT_EQ(tp2.comm_bytes.size(), 5u);
+    ASSERT_EQ(adamw_tp2.comm_bytes.size(), 5u);
+    const double M = 98304, tp = 2;
+    for (int s = 0; s < 5; s++) {
+        EXPECT_NEAR(tp2.comm_bytes[s] - adamw_tp2.comm_bytes[s], 8 * (M / tp) * (tp - 1), 1e-6 * M) << "step " << s;
+    }
+    Agreement dp2_tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 2, " -z 1", 2);
+    expect_agreement(dp2_tp2, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(dp2_tp2.matrices, 1e-4) << "Muon's matrices, -tp 2 x 2 data-parallel, -z 1";
+}
+
 // ----------------------------------------------------------------------------
 // checkpoints and refusals
 
@@ -376,27 +402,34 @@ std::string base_command(int steps) {
 }
 
 // Run A: 6 steps, checkpoints every 3. Run B: the same, its last checkpoint removed, resumed from step 3:
-// the same bits (the momentum, the factored moments and the update count all come back), on one process
-// and on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file).
+// the same bits (the momentum, the factored moments and the update count all come back), on one process,
+// on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file),
+// and Muon on 2 tensor-parallel processes (the state put together whole in process 0's file).
 TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
-    for (const char* opt : {"muon", "adafactor"}) {
-        for (int np : {1, 3}) {
-            if (np > 1 && !have_mpirun()) continue;
-            SCOPED_TRACE(std::string(opt) + " on " + std::to_string(np) + " process(es)");
-            std::string launch = np > 1 ? mpirun(np) : "";
-            std::string cmd = launch + base_command(6) + " -n 3 -opt " + opt + (np > 1 ? " -z 1 -d 192" : "");
-            std::string a = test::scratch_dir("opt_resume_a"), b = test::scratch_dir("opt_resume_b");
-            test::CommandResult ra = test::run_command(cmd + " -o " + a);
-            ASSERT_EQ(ra.exit_code, 0) << ra.output;
-            ASSERT_EQ(test::run_command(cmd + " -o " + b).exit_code, 0);
-            ASSERT_EQ(test::run_command("rm " + b + "/model_00000006.bin " + b + "/state_00000006_* " + b + "/DONE_00000006").exit_code, 0);
-            test::CommandResult rb = test::run_command(cmd + " -o " + b + " -y 1");
-            ASSERT_EQ(rb.exit_code, 0) << rb.output;
-            EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
-            EXPECT_EQ(test::read_text(a + "/model_00000006.bin"), test::read_text(b + "/model_00000006.bin"));
-            EXPECT_EQ(test::read_text(a + "/state_00000006_00000.bin"), test::read_text(b + "/state_00000006_00000.bin"));
-            EXPECT_EQ(test::metrics_without_timings(a + "/metrics.jsonl"), test::metrics_without_timings(b + "/metrics.jsonl"));
-        }
+    struct Case {
+        const char* opt;
+        int np;
+        const char* layout;
+    };
+    for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 2, " -tp 2"},
+                          Case{"adafactor", 1, ""}, Case{"adafactor", 3, " -z 1 -d 192"}}) {
+        const char* opt = c.opt;
+        int np = c.np;
+        if (np > 1 && !have_mpirun()) continue;
+        SCOPED_TRACE(std::string(opt) + " on " + std::to_string(np) + " process(es)" + c.layout);
+        std::string launch = np > 1 ? mpirun(np) : "";
+        std::string cmd = launch + base_command(6) + " -n 3 -opt " + opt + c.layout;
+        std::string a = test::scratch_dir("opt_resume_a"), b = test::scratch_dir("opt_resume_b");
+        test::CommandResult ra = test::run_command(cmd + " -o " + a);
+        ASSERT_EQ(ra.exit_code, 0) << ra.output;
+        ASSERT_EQ(test::run_command(cmd + " -o " + b).exit_code, 0);
+        ASSERT_EQ(test::run_command("rm " + b + "/model_00000006.bin " + b + "/state_00000006_* " + b + "/DONE_00000006").exit_code, 0);
+        test::CommandResult rb = test::run_command(cmd + " -o " + b + " -y 1");
+        ASSERT_EQ(rb.exit_code, 0) << rb.output;
+        EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
+        EXPECT_EQ(test::read_text(a + "/model_00000006.bin"), test::read_text(b + "/model_00000006.bin"));
+        EXPECT_EQ(test::read_text(a + "/state_00000006_00000.bin"), test::read_text(b + "/state_00000006_00000.bin"));
+        EXPECT_EQ(test::metrics_without_timings(a + "/metrics.jsonl"), test::metrics_without_timings(b + "/metrics.jsonl"));
     }
 }
 
@@ -417,6 +450,15 @@ TEST(OptimizerCheckpoint, ResumeWithAnotherOptimizerIsRefused) {
     ASSERT_EQ(test::run_command(base_command(2) + " -n 2 -o " + adamw).exit_code, 0);
     test::CommandResult r = test::run_command(base_command(4) + " -opt adafactor -y 1 -o " + adamw);
     EXPECT_NE(r.output.find("was written with -opt adamw; this run has -opt adafactor"), std::string::npos) << r.output;
+    // a tensor-parallel run's checkpoint (put together on process 0) names its optimizer too
+    if (!have_mpirun()) return;
+    std::string tp = test::scratch_dir("opt_other_tp");
+    ASSERT_EQ(test::run_command(mpirun(2) + base_command(2) + " -n 2 -opt muon -tp 2 -o " + tp).exit_code, 0);
+    state_file_read(tp + "/state_00000002_00000.bin", &state);
+    EXPECT_EQ(state.optimizer, OPT_MUON);
+    r = test::run_command(mpirun(2) + base_command(4) + " -tp 2 -y 1 -o " + tp);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("was written with -opt muon; this run has -opt adamw"), std::string::npos) << r.output;
 }
 
 // The default is AdamW, and -opt adamw is the same run bit for bit; the start-up names the optimizer and
@@ -476,6 +518,7 @@ TEST(OptimizerCli, RefusesWhatItCannotRun) {
     if (!have_mpirun()) return;
     for (const char* opt : {"muon", "adafactor"}) {
         for (const char* layout : {"-z 2", "-z 3", "-tp 2", "-pp 2"}) {
+            if (std::string(opt) == "muon" && std::string(layout) == "-tp 2") continue;  // runs (MuonTensorParallel)
             test::CommandResult r = test::run_command(mpirun(2) + base_command(1) + " -opt " + opt + " " + layout);
             EXPECT_NE(r.exit_code, 0) << opt << " " << layout;
             EXPECT_NE(r.output.find("-opt " + std::string(opt) + " runs with data parallelism and ZeRO stages 0 and 1 only"),

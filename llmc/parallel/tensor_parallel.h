@@ -65,6 +65,27 @@ inline void tp_param_sizes(const GPT2Config& cfg, int tp, size_t sizes[NUM_PARAM
     sizes[P_FCPROJW] = L * C * 4 * Cl;
 }
 
+// Rank t's slice of one layer's block matrix (qkvw (3C, C), attprojw (C, C), fcw (4C, C), fcprojw
+// (C, 4C), row-major), as `height` runs of `width` elements: run r is at full_offset + r full_pitch of the
+// whole matrix and at r local_pitch of the slice (cudaMemcpy2D's shape, in elements).
+struct MatrixSlice {
+    size_t full_offset, full_pitch, local_pitch, width, height;
+};
+inline MatrixSlice tp_matrix_slice(int i, size_t C, int tp, int t) {
+    size_t Cl = C / tp;
+    if (i == P_QKVW) return {t * Cl * C, C * C, Cl * C, Cl * C, 3};  // q, k and v: Cl rows each
+    if (i == P_FCW) return {t * 4 * Cl * C, 4 * Cl * C, 4 * Cl * C, 4 * Cl * C, 1};
+    size_t width = i == P_ATTPROJW ? C : 4 * C, lw = width / tp;  // attprojw, fcprojw: columns
+    return {t * lw, width, lw, lw, C};
+}
+
+// The same as runs: fn(full_offset, local_offset, n) for each.
+template <typename Fn>
+void tp_matrix_slice_runs(int i, size_t C, int tp, int t, Fn fn) {
+    MatrixSlice m = tp_matrix_slice(i, C, tp, t);
+    for (size_t r = 0; r < m.height; r++) fn(m.full_offset + r * m.full_pitch, r * m.local_pitch, m.width);
+}
+
 // Copies between the full parameter vector (checkpoint order) and rank t's local one: full -> local
 // when to_local, else local -> full (the slices of rank t only).
 inline void tp_copy_slices(const GPT2Config& cfg, int tp, int t, float* full, float* local, bool to_local) {
@@ -84,23 +105,46 @@ inline void tp_copy_slices(const GPT2Config& cfg, int tp, int t, float* full, fl
             run(f, l, full_sizes[i]);
         } else if (i == P_WTE) {
             run(f + t * (Vp / tp) * C, l, (Vp / tp) * C);
-        } else if (i == P_QKVW || i == P_QKVB) {  // per layer, per q/k/v: Cl rows of width w
-            size_t w = i == P_QKVW ? C : 1;
+        } else if (i == P_QKVB) {  // per layer, per q/k/v: Cl entries
             for (size_t layer = 0; layer < L; layer++) {
-                for (size_t part = 0; part < 3; part++) {
-                    run(f + (layer * 3 * C + part * C + t * Cl) * w, l + (layer * 3 * Cl + part * Cl) * w, Cl * w);
-                }
+                for (size_t part = 0; part < 3; part++) run(f + layer * 3 * C + part * C + t * Cl, l + layer * 3 * Cl + part * Cl, Cl);
             }
-        } else if (i == P_FCW || i == P_FCB) {  // per layer: 4Cl rows of width w
-            size_t w = i == P_FCW ? C : 1;
-            for (size_t layer = 0; layer < L; layer++) run(f + (layer * 4 * C + t * 4 * Cl) * w, l + layer * 4 * Cl * w, 4 * Cl * w);
-        } else {  // attprojw (L, C, C) and fcprojw (L, C, 4C): every row, a slice of its columns
-            size_t width = i == P_ATTPROJW ? C : 4 * C, lw = width / tp;
-            for (size_t row = 0; row < L * C; row++) run(f + row * width + t * lw, l + row * lw, lw);
+        } else if (i == P_FCB) {  // per layer: 4Cl entries
+            for (size_t layer = 0; layer < L; layer++) run(f + layer * 4 * C + t * 4 * Cl, l + layer * 4 * Cl, 4 * Cl);
+        } else {  // the block matrices, layer by layer
+            size_t whole = full_sizes[i] / L, mine = local_sizes[i] / L;
+            for (size_t layer = 0; layer < L; layer++) {
+                tp_matrix_slice_runs(i, C, tp, t, [&](size_t fo, size_t lo, size_t n) {
+                    run(f + layer * whole + fo, l + layer * mine + lo, n);
+                });
+            }
         }
         f += full_sizes[i];
         l += local_sizes[i];
     }
+}
+
+// One layer's block matrix whole on every rank of the TP group, from each rank's slice (-opt muon:
+// Newton-Schulz needs it whole): all-gathers the slices (local_n each) into `gathered` (tp x local_n),
+// then puts them in place in `full`.                                     8 local_n (tp-1) bytes
+inline void tp_gather_matrix(const ProcessGroup& tp, int i, size_t C, const float* mine, size_t local_n,
+                             std::vector<float>* gathered, float* full) {
+    gathered->resize(local_n * tp.size);
+    memcpy(gathered->data() + local_n * tp.rank, mine, local_n * sizeof(float));
+    all_gather(tp, gathered->data(), local_n);
+    for (int t = 0; t < tp.size; t++) {
+        const float* slice = gathered->data() + local_n * t;
+        tp_matrix_slice_runs(i, C, tp.size, t, [&](size_t fo, size_t lo, size_t n) {
+            memcpy(full + fo, slice + lo, n * sizeof(float));
+        });
+    }
+}
+
+// The other way: this rank's slice of a whole matrix.
+inline void tp_take_slice(const ProcessGroup& tp, int i, size_t C, const float* full, float* mine) {
+    tp_matrix_slice_runs(i, C, tp.size, tp.rank, [&](size_t fo, size_t lo, size_t n) {
+        memcpy(mine + lo, full + fo, n * sizeof(float));
+    });
 }
 
 // The layernorms' parameter gradients, which sequence parallelism leaves partial (a sum over this

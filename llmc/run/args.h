@@ -235,11 +235,14 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
         fatal("flag -z %d: the CPU trainer runs ZeRO stages 2 and 3 with data parallelism alone; with -tp use -z 0 or "
               "-z 1 (the CUDA trainer has -z 2 and 3 with -tp)", args.zero_stage);
     }
-    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout: a
-    // tensor-parallel rank holds a slice of each, and ZeRO-2/3 hold a shard of the gradients only
-    if (args.optimizer != "adamw" && (args.zero_stage >= 2 || tp > 1 || pp > 1)) {
-        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only (this run has -z %d, -tp %d, -pp %d); "
-              "use -z 0 or -z 1 without -tp and -pp, or -opt adamw", args.optimizer.c_str(), args.zero_stage, tp, pp);
+    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout:
+    // ZeRO-2/3 hold a shard of the gradients only, a pipeline stage other offsets; a tensor-parallel rank
+    // holds a slice of each matrix, which Muon gathers (gpt2_update_muon in both trainers)
+    bool muon_tp = args.optimizer == "muon";
+    if (args.optimizer != "adamw" && (args.zero_stage >= 2 || (tp > 1 && !muon_tp) || pp > 1)) {
+        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only%s (this run has -z %d, -tp %d, -pp %d); "
+              "use -z 0 or -z 1 without %s-pp, or -opt adamw", args.optimizer.c_str(),
+              muon_tp ? ", and with -tp" : "", args.zero_stage, tp, pp, muon_tp ? "" : "-tp and ");
     }
     if (pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "

@@ -707,6 +707,24 @@ TEST(MultiGpuMpirun, ThreeProcessesMuonZero0And1MatchTorch) {
     }
 }
 
+// Muon under tensor parallelism (-tp 2: each process holds half of every block matrix; the owner's TP
+// group gathers the slices, each rank orthogonalizes the whole matrix and keeps its slice): the one-process
+// oracle's run, with the one-process bars, and the bytes as predicted (the gathers counted).
+TEST(MultiGpuMpirun, MuonTensorParallelMatchesTorch) {
+    REQUIRE_MPIRUN_GPUS(2);
+    OptimizerRun run{"muon", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1) + " --muon-ns-dtype compute";
+    REQUIRE_ORACLE("opt_muon_np1", oracle_args);
+    std::string oracle_dir = test::oracle("opt_muon_np1", oracle_args);
+    std::string dir = test::scratch_dir("mpi_2_muon_tp2");
+    test::CommandResult r = test::run_command(mpirun_command(2) + run.trainer_args(oracle_dir, 1, TRAINER) + " -tp 2 -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+    expect_agreement(a, TOL_STEP_LOSS_REL, TOL_STEP_NORM_REL, 1e-2);
+    EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
+    expect_comm_bytes_as_predicted(r.output, dir);
+}
+
 // ZeRO-2 and ZeRO-3 with gradient accumulation (2 micro-steps on each of 3 processes: every
 // micro-step's packed gradients are reduced into the owners' shards and added to their running sums;
 // -z 3 gathers each block before its forward and again before its backward, and the model file from
