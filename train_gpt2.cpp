@@ -707,13 +707,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     float* grads = model->grads_memory.data();  // -z 0, 1: every gradient has its place (grads_base is 0)
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
     // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
-    auto local = [&](const OptimizerTensor& t) {
-        OptimizerTensor mine = t;
-        size_t per_layer = model->param_sizes[t.param] / L;
-        mine.offset = model->param_offsets[t.param] + (size_t)t.layer * per_layer;
-        mine.rows = 1, mine.cols = per_layer;
-        return mine;
-    };
+    auto local = [&](const OptimizerTensor& t) { return local_tensor(t, model->param_offsets, model->param_sizes, L); };
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
         if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {

@@ -82,30 +82,43 @@ struct alignas(ADAMW_MANY_ELEMENTS * sizeof(floatX)) AdamWParams4 {
     floatX e[ADAMW_MANY_ELEMENTS];  // 8 bytes in bf16, 16 in fp32: one load or store
 };
 
-__global__ void adamw_many_kernel(const AdamWBatch batch, float lr, float beta1, float beta2, float bias_correction1,
-                                  float bias_correction2, float eps, float grad_scale) {
-    // the last tensor whose blocks begin at or before this one (constant indices only: the parameter
-    // struct stays in the constant bank, no copy of it to local memory)
+// The tensor of a batch this block works on: the last whose blocks begin at or before this one, and its
+// first block (constant indices only: the parameter struct stays in the constant bank, no copy of it to
+// local memory).
+__device__ __forceinline__ AdamWTensor adamw_block_tensor(const AdamWBatch& batch, unsigned* first) {
     AdamWTensor t = batch.tensor[0];
-    unsigned first = 0;
+    *first = 0;
 #pragma unroll
     for (int k = 1; k < ADAMW_MAX_TENSORS; k++) {
         if (k < batch.count && blockIdx.x >= batch.first_block[k]) {
             t = batch.tensor[k];
-            first = batch.first_block[k];
+            *first = batch.first_block[k];
         }
     }
+    return t;
+}
+
+// Elements [i0, t.n) of a tensor, one at a time (its last few, fewer than a thread's share).
+__device__ inline void adamw_tensor_tail(const AdamWTensor& t, size_t i0, float lr, float beta1, float beta2,
+                                         float bias_correction1, float bias_correction2, float eps, float grad_scale) {
+    for (size_t i = i0; i < t.n; i++) {
+        float p = t.master != nullptr ? t.master[i] : (float)t.params[i];
+        p = adamw_element(p, (float)t.grads[i], &t.m[i], &t.v[i], lr, beta1, beta2, bias_correction1,
+                          bias_correction2, eps, t.weight_decay, grad_scale);
+        if (t.master != nullptr) t.master[i] = p;
+        stochastic_round(p, &t.params[i], hash_u32((uint32_t)i, t.seed));
+    }
+}
+
+__global__ void adamw_many_kernel(const AdamWBatch batch, float lr, float beta1, float beta2, float bias_correction1,
+                                  float bias_correction2, float eps, float grad_scale) {
+    unsigned first;
+    AdamWTensor t = adamw_block_tensor(batch, &first);
     constexpr int E = ADAMW_MANY_ELEMENTS;
     size_t i0 = ((size_t)(blockIdx.x - first) * blockDim.x + threadIdx.x) * E;
     if (i0 >= t.n) return;
     if (i0 + E > t.n) {  // the tensor's last few elements: one at a time
-        for (size_t i = i0; i < t.n; i++) {
-            float p = t.master != nullptr ? t.master[i] : (float)t.params[i];
-            p = adamw_element(p, (float)t.grads[i], &t.m[i], &t.v[i], lr, beta1, beta2, bias_correction1,
-                              bias_correction2, eps, t.weight_decay, grad_scale);
-            if (t.master != nullptr) t.master[i] = p;
-            stochastic_round(p, &t.params[i], hash_u32((uint32_t)i, t.seed));
-        }
+        adamw_tensor_tail(t, i0, lr, beta1, beta2, bias_correction1, bias_correction2, eps, grad_scale);
         return;
     }
     AdamWParams4 g = *reinterpret_cast<const AdamWParams4*>(t.grads + i0);

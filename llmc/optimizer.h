@@ -64,6 +64,18 @@ inline bool tensor_part_in(const OptimizerTensor& t, size_t opt_begin, size_t op
     return *begin < *end;
 }
 
+// A stacked tensor's layer as this process holds it, as one run (rows 1): its place in the local flat
+// vector of param_offsets and param_sizes (with -tp this rank's slice, llmc/parallel/tensor_parallel.h;
+// without, t itself as a run). L: the layers the local vector holds.
+inline OptimizerTensor local_tensor(const OptimizerTensor& t, const size_t* param_offsets, const size_t* param_sizes,
+                                    size_t L) {
+    OptimizerTensor mine = t;
+    size_t per_layer = param_sizes[t.param] / L;
+    mine.offset = param_offsets[t.param] + (size_t)t.layer * per_layer;
+    mine.rows = 1, mine.cols = per_layer;
+    return mine;
+}
+
 // Adafactor's state of one tensor: rows + cols factors for a matrix, one variance per element for a vector.
 inline size_t adafactor_state_of(const OptimizerTensor& t) { return t.is_matrix() ? t.rows + t.cols : t.cols; }
 

@@ -99,26 +99,13 @@ void adamw_v2(floatX* params, float* master, const floatX* grads, float* m, floa
 
 __global__ void adamw_v3_kernel(const AdamWBatch batch, float lr, float beta1, float beta2, float bias_correction1,
                                 float bias_correction2, float eps, float grad_scale) {
-    AdamWTensor t = batch.tensor[0];
-    unsigned first = 0;
-#pragma unroll
-    for (int k = 1; k < ADAMW_MAX_TENSORS; k++) {
-        if (k < batch.count && blockIdx.x >= batch.first_block[k]) {
-            t = batch.tensor[k];
-            first = batch.first_block[k];
-        }
-    }
+    unsigned first;
+    AdamWTensor t = adamw_block_tensor(batch, &first);
     constexpr int X = x128::size, F = f128::size, NF = X / F;
     size_t i0 = ((size_t)(blockIdx.x - first) * blockDim.x + threadIdx.x) * X;
     if (i0 >= t.n) return;
     if (i0 + X > t.n) {
-        for (size_t i = i0; i < t.n; i++) {
-            float p = t.master != nullptr ? t.master[i] : (float)t.params[i];
-            p = adamw_element(p, (float)t.grads[i], &t.m[i], &t.v[i], lr, beta1, beta2, bias_correction1,
-                              bias_correction2, eps, t.weight_decay, grad_scale);
-            if (t.master != nullptr) t.master[i] = p;
-            stochastic_round(p, &t.params[i], hash_u32((uint32_t)i, t.seed));
-        }
+        adamw_tensor_tail(t, i0, lr, beta1, beta2, bias_correction1, bias_correction2, eps, grad_scale);
         return;
     }
     x128 g = load128cs(t.grads + i0);
