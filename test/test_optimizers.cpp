@@ -271,17 +271,15 @@ std::string mpirun(int np) {
     return "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(np) + " ";
 }
 
-// processes: data-parallel ones (the oracle accumulates their micro-batches); tp: each of them a group of
-// that many tensor-parallel processes (mpirun -np processes x tp)
+// processes: data-parallel ones (the oracle accumulates their micro-batches); group: each of them that
+// many model-parallel processes (mpirun -np processes x group; trainer_extra says how: -tp, -pp)
 Agreement train_against_oracle(const std::string& name, const OptimizerRun& run, const std::string& oracle_extra,
-                               int processes, const std::string& trainer_extra = "", int tp = 1) {
+                               int processes, const std::string& trainer_extra = "", int group = 1) {
     std::string oracle_dir = test::oracle(name + "_np" + std::to_string(processes),
                                           std::string(OPTIMIZER_TINY) + run.oracle_args(processes) + oracle_extra);
-    std::string dir = test::scratch_dir(name + "_np" + std::to_string(processes) + "_tp" + std::to_string(tp));
-    std::string launch = processes * tp > 1 ? mpirun(processes * tp) : "OMP_NUM_THREADS=2 ";
-    std::string layout = tp > 1 ? " -tp " + std::to_string(tp) : "";
-    test::CommandResult r =
-        test::run_command(launch + run.trainer_args(oracle_dir, processes) + layout + trainer_extra + " -o " + dir);
+    std::string dir = test::scratch_dir(name + "_np" + std::to_string(processes) + "_g" + std::to_string(group));
+    std::string launch = processes * group > 1 ? mpirun(processes * group) : "OMP_NUM_THREADS=2 ";
+    test::CommandResult r = test::run_command(launch + run.trainer_args(oracle_dir, processes) + trainer_extra + " -o " + dir);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (r.exit_code != 0) {
         Agreement failed;
@@ -375,19 +373,32 @@ TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
 // rank owns (here all of them: dp 1, M/tp = 49152 elements per rank).
 TEST(OptimizerOracle, MuonTensorParallel) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    Agreement tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, "", 2);
+    Agreement tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, " -tp 2", 2);
     expect_agreement(tp2, 1e-5, 1e-5, 1e-2);
     EXPECT_LE(tp2.matrices, 1e-4) << "Muon's matrices, -tp 2";
-    Agreement adamw_tp2 = train_against_oracle("opt_adamw_tp", {"adamw", 1e-3, 0.02}, "", 1, "", 2);
+    Agreement adamw_tp2 = train_against_oracle("opt_adamw_tp", {"adamw", 1e-3, 0.02}, "", 1, " -tp 2", 2);
     ASSERT_EQ(tp2.comm_bytes.size(), 5u);
     ASSERT_EQ(adamw_tp2.comm_bytes.size(), 5u);
     const double M = 98304, tp = 2;
     for (int s = 0; s < 5; s++) {
         EXPECT_NEAR(tp2.comm_bytes[s] - adamw_tp2.comm_bytes[s], 8 * (M / tp) * (tp - 1), 1e-6 * M) << "step " << s;
     }
-    Agreement dp2_tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 2, " -z 1", 2);
+    Agreement dp2_tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 2, " -tp 2 -z 1", 2);
     expect_agreement(dp2_tp2, 1e-5, 1e-5, 1e-2);
     EXPECT_LE(dp2_tp2.matrices, 1e-4) << "Muon's matrices, -tp 2 x 2 data-parallel, -z 1";
+}
+
+// Muon on pipeline stages (-pp 2: each stage its own layers' matrices, orthogonalized by the owners
+// among its data-parallel group; the shared tensors under AdamW as before), alone and with -tp 2 in each
+// stage: the same oracle and bars as one process.
+TEST(OptimizerOracle, MuonPipelineStages) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    Agreement pp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, " -pp 2", 2);
+    expect_agreement(pp2, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(pp2.matrices, 1e-4) << "Muon's matrices, -pp 2";
+    Agreement tp2_pp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, " -tp 2 -pp 2", 4);
+    expect_agreement(tp2_pp2, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(tp2_pp2.matrices, 1e-4) << "Muon's matrices, -tp 2 x -pp 2";
 }
 
 // ----------------------------------------------------------------------------
@@ -404,14 +415,15 @@ std::string base_command(int steps) {
 // Run A: 6 steps, checkpoints every 3. Run B: the same, its last checkpoint removed, resumed from step 3:
 // the same bits (the momentum, the factored moments and the update count all come back), on one process,
 // on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file),
-// and Muon on 2 tensor-parallel processes (the state put together whole in process 0's file).
+// and Muon on 2 tensor-parallel processes and on 2 pipeline stages (the state put together whole in
+// process 0's file).
 TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
     struct Case {
         const char* opt;
         int np;
         const char* layout;
     };
-    for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 2, " -tp 2"},
+    for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 2, " -tp 2"}, Case{"muon", 2, " -pp 2"},
                           Case{"adafactor", 1, ""}, Case{"adafactor", 3, " -z 1 -d 192"}}) {
         const char* opt = c.opt;
         int np = c.np;
@@ -518,7 +530,7 @@ TEST(OptimizerCli, RefusesWhatItCannotRun) {
     if (!have_mpirun()) return;
     for (const char* opt : {"muon", "adafactor"}) {
         for (const char* layout : {"-z 2", "-z 3", "-tp 2", "-pp 2"}) {
-            if (std::string(opt) == "muon" && std::string(layout) == "-tp 2") continue;  // runs (MuonTensorParallel)
+            if (std::string(opt) == "muon" && std::string(layout) != "-z 2" && std::string(layout) != "-z 3") continue;  // runs
             test::CommandResult r = test::run_command(mpirun(2) + base_command(1) + " -opt " + opt + " " + layout);
             EXPECT_NE(r.exit_code, 0) << opt << " " << layout;
             EXPECT_NE(r.output.find("-opt " + std::string(opt) + " runs with data parallelism and ZeRO stages 0 and 1 only"),

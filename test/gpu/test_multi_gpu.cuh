@@ -127,7 +127,7 @@ TEST(MultiGpuOneProcess, NcclPathEqualsSingleGpu) {
 
 // Layouts the CUDA trainer cannot run are refused before anything runs, each with its reason: tensor-
 // parallel ranks or stages without the processes, and what they cannot combine with (ZeRO-2/3 with
-// stages, Muon, sampling), the same checks and messages as the CPU trainer's.
+// stages, Adafactor, sampling), the same checks and messages as the CPU trainer's.
 TEST(MultiGpuOneProcess, LayoutFlagsThatCannotRunAreRefused) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string flags = " -e " + tiny_oracle() + "/model.bin -i " + tiny_oracle() + "/train.bin -b 2 -t 16 -x 1 -v 0";
@@ -136,7 +136,7 @@ TEST(MultiGpuOneProcess, LayoutFlagsThatCannotRunAreRefused) {
                           Case{" -s 5 -tp 2", "-tp 2: sampling (-s) and HellaSwag (-he) need the whole logits"},
                           Case{" -s 0 -pp 2", "flag -pp 2: pipeline stages are processes; launch 2 or more"},
                           Case{" -s 0 -pp 2 -z 2", "flag -z 2: ZeRO stages 2 and 3 do not run with pipeline stages"},
-                          Case{" -s 0 -pp 2 -opt muon", "-opt muon runs with data parallelism and ZeRO stages 0 and 1 only"},
+                          Case{" -s 0 -pp 2 -opt adafactor", "-opt adafactor runs with data parallelism and ZeRO stages 0 and 1 only"},
                           Case{" -s 5 -pp 2", "-pp 2: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline"}}) {
         SCOPED_TRACE(c.flags);
         test::CommandResult r = test::run_command(trainer() + flags + c.flags);
@@ -708,21 +708,26 @@ TEST(MultiGpuMpirun, ThreeProcessesMuonZero0And1MatchTorch) {
 }
 
 // Muon under tensor parallelism (-tp 2: each process holds half of every block matrix; the owner's TP
-// group gathers the slices, each rank orthogonalizes the whole matrix and keeps its slice): the one-process
-// oracle's run, with the one-process bars, and the bytes as predicted (the gathers counted).
-TEST(MultiGpuMpirun, MuonTensorParallelMatchesTorch) {
+// group gathers the slices, each rank orthogonalizes the whole matrix and keeps its slice) and on
+// pipeline stages (-pp 2: each stage its own layers' matrices): the one-process oracle's run, with the
+// one-process bars, and the bytes as predicted (the gathers counted).
+TEST(MultiGpuMpirun, MuonTensorParallelAndPipelineMatchTorch) {
     REQUIRE_MPIRUN_GPUS(2);
     OptimizerRun run{"muon", 1e-3, 0.02};
     std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1) + " --muon-ns-dtype compute";
     REQUIRE_ORACLE("opt_muon_np1", oracle_args);
     std::string oracle_dir = test::oracle("opt_muon_np1", oracle_args);
-    std::string dir = test::scratch_dir("mpi_2_muon_tp2");
-    test::CommandResult r = test::run_command(mpirun_command(2) + run.trainer_args(oracle_dir, 1, TRAINER) + " -tp 2 -o " + dir);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
-    expect_agreement(a, TOL_STEP_LOSS_REL, TOL_STEP_NORM_REL, 1e-2);
-    EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
-    expect_comm_bytes_as_predicted(r.output, dir);
+    for (const char* layout : {"-tp 2", "-pp 2"}) {
+        SCOPED_TRACE(layout);
+        std::string dir = test::scratch_dir(std::string("mpi_2_muon_") + (layout[1] == 't' ? "tp2" : "pp2"));
+        test::CommandResult r =
+            test::run_command(mpirun_command(2) + run.trainer_args(oracle_dir, 1, TRAINER) + " " + layout + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+        expect_agreement(a, TOL_STEP_LOSS_REL, TOL_STEP_NORM_REL, 1e-2);
+        EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
+        expect_comm_bytes_as_predicted(r.output, dir);
+    }
 }
 
 // ZeRO-2 and ZeRO-3 with gradient accumulation (2 micro-steps on each of 3 processes: every
