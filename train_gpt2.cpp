@@ -695,8 +695,10 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
 // One Muon update (llmc/muon.h; the data-parallel steps 1-4 of llmc/parallel/matrix_owners.h): AdamW on
 // the tensors that are not block matrices, momentum and the Nesterov update of this process's matrix
 // elements (left in the gradient buffer), gathered under -z 1, each matrix orthogonalized by its owner and
-// sent to every process, then applied to this process's elements. With -tp each process holds a slice of
-// each matrix (llmc/parallel/tensor_parallel.h): the owner's TP group gathers the matrix whole, each of
+// sent to every process, then applied to this process's elements. With -z 2 and 3 a process holds only
+// its shard of the gradients: each matrix's update is all-gathered on its own into a scratch matrix
+// (matrix_shard_parts), orthogonalized by its owner, broadcast, and applied where the shard meets it.
+// With -tp each process holds a slice of each matrix (llmc/parallel/tensor_parallel.h): the owner's TP group gathers the matrix whole, each of
 // its ranks orthogonalizes it (the same bits on each) and keeps its slice; the slices travel as before.
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const OptimizerPlan& opt = model->optimizer;
@@ -704,17 +706,37 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const ProcessGroup& tp = model->layout.tp_group;
     size_t L = model->config.num_layers, C = model->config.channels;
     MuonHyper hyper;
-    float* grads = model->grads_memory.data();  // -z 0, 1: every gradient has its place (grads_base is 0)
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
     // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
     auto local = [&](const OptimizerTensor& t) { return local_tensor(t, model->param_offsets, model->param_sizes, L); };
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
         if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
-            muon_momentum(model->m_memory.data() + (begin - model->opt_begin), grads + begin, end - begin,
-                          hyper.momentum, s.grad_scale);
+            muon_momentum(model->m_memory.data() + (begin - model->opt_begin),
+                          model->grads_memory.data() + (begin - model->grads_base), end - begin, hyper.momentum,
+                          s.grad_scale);
         }
     }
+    if (model->layout.zero_stage >= 2) {  // this process's shard of the gradients only: matrix by matrix
+        std::vector<float> matrix, scratch;
+        std::vector<int> counts, displs;
+        for (size_t k = 0; k < opt.tensors.size(); k++) {
+            const OptimizerTensor& t = opt.tensors[k];
+            if (opt.owner[k] < 0) continue;
+            matrix.assign(t.size(), 0.0f);
+            matrix_shard_parts(t, model->shard, &counts, &displs);
+            bool mine = tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end);
+            if (mine) std::copy_n(model->grads_memory.data() + (begin - model->grads_base), end - begin, matrix.data() + (begin - t.offset));
+            all_gather_v(dp, matrix.data(), counts, displs, COMM_FLOAT32);
+            if (opt.owner[k] == dp.rank) newton_schulz(matrix.data(), (int)t.rows, (int)t.cols, hyper, &scratch);
+            broadcast(dp, matrix.data(), t.size(), opt.owner[k]);
+            if (!mine) continue;
+            muon_apply(model->params_memory.data() + (begin - model->params_base), matrix.data() + (begin - t.offset),
+                       end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)));
+        }
+        return;
+    }
+    float* grads = model->grads_memory.data();  // -z 0, 1: every gradient has its place (grads_base is 0)
     if (model->layout.zero_stage == 1) all_gather(dp, grads, model->shard.shard_size);
     std::vector<float> scratch, whole, gathered;
     for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
@@ -1059,11 +1081,20 @@ void optimizer_print(const GPT2* model) {
            "moments over %zu parameters (%s), %.1f MiB per process\n", matrices, n, range, mib(2 * n));
     if (dp.size > 1) {
         double P = dp.size, gather = model->layout.zero_stage == 1 ? 8.0 * model->shard.padded_size * (P - 1) / P : 0;
+        if (model->layout.zero_stage >= 2) {  // each matrix gathered on its own: what this shard does not hold
+            size_t begin, end;
+            for (size_t k = 0; k < opt.tensors.size(); k++) {
+                if (opt.owner[k] < 0) continue;
+                bool held = tensor_part_in(opt.tensors[k], model->opt_begin, model->opt_end, &begin, &end);
+                gather += 8.0 * (double)(opt.tensors[k].size() - (held ? end - begin : 0));
+            }
+        }
         printf("optimizer: this process orthogonalizes %zu of the %zu matrices, %.2f of %.2f GFLOP per step; Muon adds "
                "%.1f MiB per step to this process's communication (llmc/parallel/matrix_owners.h: %sthe orthogonalized "
                "matrices' broadcasts %.1f MiB)\n", mine, matrices, my_work / 1e9, work / 1e9,
                (gather + 8.0 * matrix_floats * (P - 1) / P) / 1048576.0,
-               model->layout.zero_stage == 1 ? "the Nesterov updates' all-gather, " : "",
+               model->layout.zero_stage == 1 ? "the Nesterov updates' all-gather, "
+               : model->layout.zero_stage >= 2 ? "each matrix's update gathered, " : "",
                8.0 * matrix_floats * (P - 1) / P / 1048576.0);
     }
     if (tp.size > 1) {  // each owned matrix gathered whole over the TP group (gpt2_update_muon)

@@ -366,6 +366,42 @@ TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
     }
 }
 
+// Muon with ZeRO-2 and 3 (CPU trainer): a process holds only its shard of the gradients (and with -z 3 of
+// the parameters), so each matrix's Nesterov update is all-gathered on its own, orthogonalized by its
+// owner and broadcast: 3 processes follow the oracle accumulating their batches, with the one-process
+// bars. Communication, against AdamW's at the same stage: process 0 receives each matrix but its
+// shard's part of it (ring count 8 (size - held)) and each broadcast adds 8 size (P-1)/P (1% for
+// rounding size/P).
+TEST(OptimizerOracle, MuonZero2And3) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("opt_muon_np3", std::string(OPTIMIZER_TINY) +
+                                                              OptimizerRun{"muon", 1e-3, 0.02}.oracle_args(3) +
+                                                              " --muon-ns-dtype compute");
+    GPT2Config cfg;
+    std::vector<float> unused;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &unused);
+    size_t N = unused.size(), S = (N + 2) / 3;  // process 0's shard: [0, S)
+    double expected = 0;
+    for (const OptimizerTensor& t : optimizer_tensors(cfg)) {
+        if (!muon_param_is_matrix(t.param)) continue;
+        size_t held = t.offset < S ? std::min(S, t.offset + t.size()) - t.offset : 0;
+        expected += 8.0 * (double)(t.size() - held) + 8.0 * (double)t.size() * 2.0 / 3.0;
+    }
+    for (int z : {2, 3}) {
+        SCOPED_TRACE("-z " + std::to_string(z));
+        std::string flags = " -z " + std::to_string(z);
+        Agreement muon = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, flags);
+        expect_agreement(muon, 1e-5, 1e-5, 1e-2);
+        EXPECT_LE(muon.matrices, 1e-4) << "Muon's matrices";
+        Agreement adamw = train_against_oracle("opt_adamw_z" + std::to_string(z), {"adamw", 1e-3, 0.02}, "", 3, flags);
+        ASSERT_EQ(muon.comm_bytes.size(), 5u);
+        ASSERT_EQ(adamw.comm_bytes.size(), 5u);
+        for (int s = 0; s < 5; s++) {
+            EXPECT_NEAR(muon.comm_bytes[s] - adamw.comm_bytes[s], expected, 0.01 * expected) << "step " << s;
+        }
+    }
+}
+
 // Muon under tensor parallelism (-tp 2: each process holds half of each matrix, train_gpt2.cpp's
 // gpt2_update_muon gathers it whole for Newton-Schulz): the same oracle and tolerances as one process,
 // alone and with 2 data-parallel groups under ZeRO-1. Communication: a matrix's gather moves
@@ -414,7 +450,8 @@ std::string base_command(int steps) {
 
 // Run A: 6 steps, checkpoints every 3. Run B: the same, its last checkpoint removed, resumed from step 3:
 // the same bits (the momentum, the factored moments and the update count all come back), on one process,
-// on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file),
+// on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file)
+// and Muon with ZeRO-3,
 // and Muon on 2 tensor-parallel processes and on 2 pipeline stages (the state put together whole in
 // process 0's file).
 TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
@@ -423,7 +460,8 @@ TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
         int np;
         const char* layout;
     };
-    for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 2, " -tp 2"}, Case{"muon", 2, " -pp 2"},
+    for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 3, " -z 3 -d 192"}, Case{"muon", 2, " -tp 2"},
+                          Case{"muon", 2, " -pp 2"},
                           Case{"adafactor", 1, ""}, Case{"adafactor", 3, " -z 1 -d 192"}}) {
         const char* opt = c.opt;
         int np = c.np;
@@ -528,14 +566,12 @@ TEST(OptimizerCli, RefusesWhatItCannotRun) {
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_NE(bad.output.find("flag -opt: unknown optimizer 'sgd' (adamw, muon or adafactor)"), std::string::npos) << bad.output;
     if (!have_mpirun()) return;
-    for (const char* opt : {"muon", "adafactor"}) {
-        for (const char* layout : {"-z 2", "-z 3", "-tp 2", "-pp 2"}) {
-            if (std::string(opt) == "muon" && std::string(layout) != "-z 2" && std::string(layout) != "-z 3") continue;  // runs
-            test::CommandResult r = test::run_command(mpirun(2) + base_command(1) + " -opt " + opt + " " + layout);
-            EXPECT_NE(r.exit_code, 0) << opt << " " << layout;
-            EXPECT_NE(r.output.find("-opt " + std::string(opt) + " runs with data parallelism and ZeRO stages 0 and 1 only"),
-                      std::string::npos) << r.output;
-        }
+    // Muon runs in each of these layouts (MuonZero2And3, MuonTensorParallel, MuonPipelineStages); Adafactor not
+    for (const char* layout : {"-z 2", "-z 3", "-tp 2", "-pp 2"}) {
+        test::CommandResult r = test::run_command(mpirun(2) + base_command(1) + " -opt adafactor " + layout);
+        EXPECT_NE(r.exit_code, 0) << layout;
+        EXPECT_NE(r.output.find("-opt adafactor runs with data parallelism and ZeRO stages 0 and 1 only"), std::string::npos)
+            << r.output;
     }
 }
 

@@ -31,6 +31,7 @@
 
 #include "../muon_hyper.h"
 #include "../optimizer.h"
+#include "zero.h"
 
 // The owner of each item (0 .. processes-1) for the given work: largest first, each to the process with
 // the least work so far (the lowest rank on ties). Deterministic, so every process computes the same
@@ -70,3 +71,19 @@ inline OptimizerPlan optimizer_plan(OptimizerKind kind, const GPT2Config& cfg, i
     }
     return opt;
 }
+
+// ZeRO-2/3 (-opt muon): a process holds only its shard of the gradients, so each matrix's Nesterov
+// update is all-gathered on its own before its owner orthogonalizes it: process r contributes where its
+// shard meets the matrix, counts[r] elements at displs[r] (from the matrix's first element; 0 where they
+// do not meet).
+inline void matrix_shard_parts(const OptimizerTensor& t, const ShardLayout& sh, std::vector<int>* counts,
+                               std::vector<int>* displs) {
+    counts->assign(sh.num_processes, 0);
+    displs->assign(sh.num_processes, 0);
+    for (int r = 0; r < sh.num_processes; r++) {
+        size_t lo = std::max(t.offset, std::min((size_t)r * sh.shard_size, sh.num_parameters));
+        size_t hi = std::min(t.offset + t.size(), std::min((size_t)(r + 1) * sh.shard_size, sh.num_parameters));
+        if (lo < hi) (*counts)[r] = (int)(hi - lo), (*displs)[r] = (int)(lo - t.offset);
+    }
+}
+

@@ -235,16 +235,18 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
         fatal("flag -z %d: the CPU trainer runs ZeRO stages 2 and 3 with data parallelism alone; with -tp use -z 0 or "
               "-z 1 (the CUDA trainer has -z 2 and 3 with -tp)", args.zero_stage);
     }
-    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout:
-    // ZeRO-2/3 hold a shard of the gradients only. Muon also runs on a tensor-parallel rank's slices
-    // (gathered whole, gpt2_update_muon in both trainers) and on a pipeline stage's layers (each stage
-    // its own matrices); Adafactor's factored moments of a sliced matrix would need sums across the
-    // group, and its state is not a per-parameter vector that a pipeline checkpoint can put together
+    // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout.
+    // Muon also runs on a tensor-parallel rank's slices (gathered whole, gpt2_update_muon in both
+    // trainers), on a pipeline stage's layers (each stage its own matrices) and, in the CPU trainer, on
+    // ZeRO-2/3's shards of the gradients (each matrix gathered on its own); Adafactor's factored moments
+    // of a sliced matrix would need sums across the group, and its state is not a per-parameter vector
+    // that a model-parallel checkpoint can put together
     bool muon = args.optimizer == "muon";
-    if (args.optimizer != "adamw" && (args.zero_stage >= 2 || (!muon && (tp > 1 || pp > 1)))) {
+    if (args.optimizer != "adamw" && ((args.zero_stage >= 2 && !(muon && !cuda)) || (!muon && (tp > 1 || pp > 1)))) {
         fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only%s (this run has -z %d, -tp %d, -pp %d); "
-              "use -z 0 or -z 1%s, or -opt adamw", args.optimizer.c_str(), muon ? ", with -tp and -pp too" : "",
-              args.zero_stage, tp, pp, muon ? "" : " without -tp and -pp");
+              "use -z 0 or -z 1%s, or -opt adamw", args.optimizer.c_str(),
+              muon ? ", with -tp and -pp too (and -z 2, 3 in the CPU trainer)" : "", args.zero_stage, tp, pp,
+              muon ? "" : " without -tp and -pp");
     }
     if (pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
