@@ -523,13 +523,14 @@ void check_model_state_fits(const GPT2* model) {
 }
 
 // Muon's Newton-Schulz scratch, bytes (0 for another optimizer): for the largest block matrix, fcw's 4C·C
-// (C: the whole model's channels), and with -tp the slices gathered and the matrix put together
+// (C: the whole model's channels), and with -tp the slices gathered and the matrix put together, with
+// -z 2 and 3 the matrix gathered from the shards
 size_t muon_scratch_bytes(const GPT2* model) {
     if (model->optimizer.kind != OPT_MUON) return 0;
     MuonScratch unused;
     size_t C = model->config.channels;
-    size_t gather = model->layout.tp > 1 ? 2 * 4 * C * C * sizeof(floatX) : 0;
-    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused) + gather;
+    int matrices = model->layout.tp > 1 ? 2 : model->layout.zero_stage >= 2 ? 1 : 0;  // gpt2_update_muon
+    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused) + matrices * 4 * C * C * sizeof(floatX);
 }
 
 // The run's device memory before the activations: what was in use before the model (the CUDA context,
@@ -639,15 +640,21 @@ double predicted_data_parallel_bytes(const GPT2* model, int A) {
         if (opt.owner[k] >= 0) muon += 2.0 * (double)(n - n / (size_t)P) * X;
     }
     if (opt.kind == OPT_MUON && z == 1) muon += 2 * S * (P - 1) * X;
+    for (size_t k = 0; k < opt.tensors.size() && z >= 2; k++) {  // each matrix gathered from the shards
+        size_t begin, end;
+        if (opt.owner[k] < 0) continue;
+        bool held = tensor_part_in(opt.tensors[k], model->opt_begin, model->opt_end, &begin, &end);
+        muon += 2.0 * (double)(opt.tensors[k].size() - (held ? end - begin : 0)) * X;
+    }
     if (z == 0) return 2 * 2 * N * X * f + muon;
     double reduce = 2 * N * X * f, all_gather = 2 * S * (P - 1) * X, norm = 16;
     if (z == 1) return reduce + all_gather + norm + muon;
-    if (z == 2) return A * reduce + all_gather + norm;
+    if (z == 2) return A * reduce + all_gather + norm + muon;
     const int L = model->config.num_layers;
     double outer = (double)packed_size(model->grad_buckets[L]), outer_mine = 0;
     for (const GradSlice& s : model->grad_buckets[L]) outer_mine += s.owner == model->layout.dp_rank ? s.count : 0;
     double blocks = N - outer, blocks_mine = (double)(model->shard.end - model->shard.begin) - outer_mine;
-    return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm;
+    return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm + muon;
 }
 
 // With tensor or pipeline parallelism, add (as comm.h counts them, each process's 1/P share rounded
@@ -882,6 +889,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
         if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (gpt2_update_muon)
             model->muon_gathered = (floatX*)((char*)model->muon_memory + own);
             model->muon_whole = model->muon_gathered + 4 * C * C;
+        } else if (model->layout.zero_stage >= 2) {  // a matrix gathered from the shards
+            model->muon_whole = (floatX*)((char*)model->muon_memory + own);
         }
         printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
                "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
@@ -1520,17 +1529,48 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const ProcessGroup& tp = model->layout.tp_group;
     size_t L = model->config.num_layers, C = model->config.channels;  // Muon runs without -pp: the whole model
     MuonHyper hyper;
-    floatX* grads = model->grads_memory;  // -z 0, 1: every gradient has its place
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    size_t shard_start = shard_first(model->shard);  // -z 2, 3: element 0 of the gradient (-z 3: parameter) array
+    auto grad_at = [&](size_t i) { return model->grads_memory + (model->packed_grads ? i - shard_start : i); };
     // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
     auto local = [&](const OptimizerTensor& t) { return local_tensor(t, model->param_offsets, model->param_sizes, L); };
     size_t begin, end;
     for (const OptimizerTensor& t : opt.tensors) {
         if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
-            muon_momentum(grads + begin, model->m_memory + (begin - model->opt_begin), end - begin, hyper, s.grad_scale,
+            muon_momentum(grad_at(begin), model->m_memory + (begin - model->opt_begin), end - begin, hyper, s.grad_scale,
                           model->stream);
         }
     }
+    if (model->layout.zero_stage >= 2) {  // this process's shard of the gradients only: matrix by matrix, as
+                                          // the CPU trainer (llmc/parallel/matrix_owners.h: matrix_shard_parts)
+        floatX* matrix = model->muon_whole;
+        std::vector<int> counts, displs;
+        for (size_t k = 0; k < opt.tensors.size(); k++) {
+            const OptimizerTensor& t = opt.tensors[k];
+            if (opt.owner[k] < 0) continue;
+            matrix_shard_parts(t, model->shard, &counts, &displs);
+            bool mine = tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end);
+            if (mine) {
+                cudaCheck(cudaMemcpyAsync(matrix + (begin - t.offset), grad_at(begin), (end - begin) * sizeof(floatX),
+                                          cudaMemcpyDeviceToDevice, model->stream));
+            }
+            all_gather_v(dp, matrix, counts, displs, COMM_FLOATX);
+            comm_join(dp);
+            if (opt.owner[k] == dp.rank) {
+                muon_orthogonalize(matrix, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
+            }
+            broadcast(dp, matrix, t.size(), COMM_FLOATX, opt.owner[k]);
+            comm_join(dp);
+            if (!mine) continue;
+            size_t opt_index = begin - model->opt_begin;
+            muon_apply(model->params_memory + (model->sharded_params ? begin - shard_start : begin),
+                       model->master_memory ? model->master_memory + opt_index : nullptr, matrix + (begin - t.offset),
+                       end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),
+                       rounding_seed(s.t, t.param, begin - model->param_offsets[t.param]), model->stream);
+        }
+        return;
+    }
+    floatX* grads = model->grads_memory;  // -z 0, 1: every gradient has its place
     if (model->layout.zero_stage == 1) {
         all_gather(dp, grads, model->shard.shard_size, COMM_FLOATX);
         comm_join(dp);  // the owners' Newton-Schulz, on the model's stream, reads what the gather brought

@@ -237,16 +237,20 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     }
     // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout.
     // Muon also runs on a tensor-parallel rank's slices (gathered whole, gpt2_update_muon in both
-    // trainers), on a pipeline stage's layers (each stage its own matrices) and, in the CPU trainer, on
-    // ZeRO-2/3's shards of the gradients (each matrix gathered on its own); Adafactor's factored moments
-    // of a sliced matrix would need sums across the group, and its state is not a per-parameter vector
-    // that a model-parallel checkpoint can put together
+    // trainers), on a pipeline stage's layers (each stage its own matrices) and on ZeRO-2/3's shards of
+    // the gradients (each matrix gathered on its own), though not on both slices and shards at once (the
+    // CUDA trainer's -z 2/3 with -tp); Adafactor's factored moments of a sliced matrix would need sums
+    // across the group, and its state is not a per-parameter vector that a model-parallel checkpoint can
+    // put together
     bool muon = args.optimizer == "muon";
-    if (args.optimizer != "adamw" && ((args.zero_stage >= 2 && !(muon && !cuda)) || (!muon && (tp > 1 || pp > 1)))) {
-        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only%s (this run has -z %d, -tp %d, -pp %d); "
-              "use -z 0 or -z 1%s, or -opt adamw", args.optimizer.c_str(),
-              muon ? ", with -tp and -pp too (and -z 2, 3 in the CPU trainer)" : "", args.zero_stage, tp, pp,
-              muon ? "" : " without -tp and -pp");
+    if (muon && args.zero_stage >= 2 && tp > 1) {
+        fatal("-opt muon with -z %d and -tp %d: Muon gathers either a tensor-parallel rank's slices or a ZeRO shard's "
+              "part of each matrix, not both; use -z 0 or -z 1 with -tp, or -z %d without", args.zero_stage, tp,
+              args.zero_stage);
+    }
+    if (args.optimizer != "adamw" && !muon && (args.zero_stage >= 2 || tp > 1 || pp > 1)) {
+        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only (this run has -z %d, -tp %d, -pp %d); "
+              "use -z 0 or -z 1 without -tp and -pp, or -opt adamw", args.optimizer.c_str(), args.zero_stage, tp, pp);
     }
     if (pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "
@@ -299,9 +303,6 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (cuda && optimizer != OPT_ADAMW && args->offload_optimizer) {
         fatal("flag -oo 1 with -opt %s: the optimizer offload runs AdamW (Muon and Adafactor keep their state on the "
               "GPU); use -opt adamw or -oo 0", args->optimizer.c_str());
-    }
-    if (cuda && optimizer == OPT_MUON && args->zero_stage >= 2) {
-        fatal("flag -opt muon with -z %d: the CUDA trainer runs Muon with -z 0 and 1 so far", args->zero_stage);
     }
     args->inject_steps.clear();
     if (!args->inject_nonfinite.empty()) {

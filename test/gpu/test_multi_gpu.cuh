@@ -683,17 +683,18 @@ TEST(MultiGpuMpirun, OptimizerOffloadOfEachShardEqualsTheDeviceOptimizer) {
 }
 
 // -opt muon over 3 processes, with -z 1 (each process's shard of the momentum; the Nesterov updates
-// all-gathered, each matrix orthogonalized by its owner and broadcast) and with -z 0 (owners and
-// broadcasts after the all-reduce), against torch.optim.Muon accumulating the same global batch (3 x 2
+// all-gathered, each matrix orthogonalized by its owner and broadcast), with -z 0 (owners and broadcasts
+// after the all-reduce) and with -z 2 and 3 (only a shard of the gradients: each matrix gathered on its own
+// from the shards), against torch.optim.Muon accumulating the same global batch (3 x 2
 // micro-batches), with the one-process test's bars (TrainOptimizers.MuonAgainstTorch, fp32); and the
 // bytes counted per step as the start-up line predicts them (Muon's gather and broadcasts included).
-TEST(MultiGpuMpirun, ThreeProcessesMuonZero0And1MatchTorch) {
+TEST(MultiGpuMpirun, ThreeProcessesMuonEveryZeroStageMatchesTorch) {
     REQUIRE_MPIRUN_GPUS(3);
     OptimizerRun run{"muon", 1e-3, 0.02};
     std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(3) + " --muon-ns-dtype compute";
     REQUIRE_ORACLE("opt_muon_np3", oracle_args);
     std::string oracle_dir = test::oracle("opt_muon_np3", oracle_args);
-    for (int z : {1, 0}) {
+    for (int z : {1, 0, 2, 3}) {  // -z 2, 3: each matrix gathered from the gradient shards on its own
         SCOPED_TRACE("-z " + std::to_string(z));
         std::string dir = test::scratch_dir("mpi_3_muon_z" + std::to_string(z));
         test::CommandResult r = test::run_command(mpirun_command(3) + run.trainer_args(oracle_dir, 3, TRAINER) + " -z " +
