@@ -1003,16 +1003,26 @@ void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
             return layout_gather_full(lay, model->model_config, local.data(), n);
         };
         std::vector<float> params = whole(model->params_memory, 0, n);
-        std::vector<float> m = whole(model->m_memory, model->opt_begin, model->opt_end);
-        std::vector<float> v = whole(model->v_memory, model->opt_begin, model->opt_end);
         bool writer = pg.rank == 0;
         if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_FP32);
-        state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? N : 0);
-        if (writer) {
-            state.m = m;
-            state.v = v;
+        if (model->optimizer.kind == OPT_ADAFACTOR) {  // -pp: the stages' factored states, put together
+            std::vector<float> v;  // the first data-parallel replica's stages (every replica holds the same)
+            if (lay.dp_rank == 0) {
+                std::vector<std::vector<float>> stages = pp_gather_vectors(lay.pp_group, model->v_memory);
+                if (lay.pp_group.rank == 0) v = adafactor_whole_state(model->model_config, stages);
+            }
+            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? v.size() : 0);
+            if (writer) state.v = v;
+        } else {
+            std::vector<float> m = whole(model->m_memory, model->opt_begin, model->opt_end);
+            std::vector<float> v = whole(model->v_memory, model->opt_begin, model->opt_end);
+            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? N : 0);
+            if (writer) {
+                state.m = m;
+                state.v = v;
+            }
         }
-        state.optimizer = model->optimizer.kind;  // AdamW or Muon (its momentum where AdamW's m is)
+        state.optimizer = model->optimizer.kind;  // AdamW or Muon (its momentum where AdamW's m is), Adafactor
     }
     checkpoint_finish(dir, step, pg.rank, &state, run.scaler, [&](const char*) { barrier(pg); });
 }
@@ -1028,7 +1038,12 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     int step = run->resume_step, accum = run->data.grad_accum_steps;
     TrainState state;
     OptimizerKind kind = model->optimizer.kind;
-    if (kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
+    if (kind == OPT_ADAFACTOR && model->layout.pp > 1) {  // the whole model's state, then this stage's part
+        size_t N = num_parameters(model->model_config);
+        state = train_state_restore(dir, step, dp, accum, N, 0, adafactor_state_size(optimizer_tensors(model->model_config)),
+                                    &run->data.train, &run->sampler_rng, kind);
+        state.v = layout_local_adafactor_state(model->layout, model->model_config, state.v);
+    } else if (kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
         state = train_state_restore(dir, step, dp, accum, model->num_parameters, 0, model->v_memory.size(),
                                     &run->data.train, &run->sampler_rng, kind);
     } else if (model->layout.tp == 1 && model->layout.pp == 1) {

@@ -1745,6 +1745,34 @@ std::vector<float> local_vector(GPT2* model, const float* mine) {
     return host;
 }
 
+// Every stage's host vector (stage s's size_of(s) long) on stage 0 of the PP group (empty vectors
+// elsewhere), through a device buffer (NCCL moves device memory).
+template <typename SizeOf>
+std::vector<std::vector<float>> gather_stage_vectors(GPT2* model, const std::vector<float>& mine, SizeOf size_of) {
+    const ProcessGroup& pp = model->layout.pp_group;
+    std::vector<std::vector<float>> stages(pp.size);
+    size_t largest = 0;
+    for (int s = 0; s < pp.size; s++) largest = std::max(largest, (size_t)size_of(s));
+    float* buffer = nullptr;
+    cudaCheck(cudaMalloc(&buffer, std::max(largest, (size_t)1) * sizeof(float)));
+    if (pp.rank != 0) {
+        cudaCheck(cudaMemcpy(buffer, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+        comm_send(pp, buffer, mine.size(), COMM_FLOAT32, 0, 0);
+        comm_finish_sends(pp);
+        gpt2_sync(model, "a checkpoint's stage vector, sent to stage 0");
+    } else {
+        stages[0] = mine;
+        for (int s = 1; s < pp.size; s++) {
+            stages[s].resize(size_of(s));
+            comm_recv(pp, buffer, stages[s].size(), COMM_FLOAT32, s, 0);
+            gpt2_sync(model, "a checkpoint's stage vector, from a later stage");
+            cudaCheck(cudaMemcpy(stages[s].data(), buffer, stages[s].size() * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+    }
+    cudaCheck(cudaFree(buffer));
+    return stages;
+}
+
 // The whole model's vector on world rank 0 (empty elsewhere) from every process's local vector (its
 // tensor-parallel slices of its stage's layers, llmc/parallel/model_state.h): the slices are gathered to
 // tp rank 0 (through device buffers: NCCL moves device memory), which puts its stage's tensors together
@@ -1778,39 +1806,20 @@ std::vector<float> whole_model_vector(GPT2* model, const std::vector<float>& loc
         if (tp.rank != 0) return whole;
     }
     if (lay.pp == 1) return mine;
-    const ProcessGroup& pp = lay.pp_group;
-    std::vector<std::vector<float>> stages(pp.size);
-    stages[pp.rank] = mine;
-    float* buffer = nullptr;
-    size_t largest = 0;
-    for (int s = 0; s < pp.size; s++) {
+    std::vector<std::vector<float>> stages = gather_stage_vectors(model, mine, [&](int s) {
         GPT2Config c = whole_cfg;
         int l0, l1;
-        pp_stage_layers(whole_cfg.num_layers, pp.size, s, &l0, &l1);
+        pp_stage_layers(whole_cfg.num_layers, lay.pp, s, &l0, &l1);
         c.num_layers = l1 - l0;
-        largest = std::max(largest, num_parameters(c));
-        if (pp.rank == 0) stages[s].resize(num_parameters(c));
+        return num_parameters(c);
+    });
+    if (lay.pp_rank != 0) return whole;
+    whole.resize(num_parameters(whole_cfg));
+    for (int s = lay.pp - 1; s >= 0; s--) {
+        int l0, l1;
+        pp_stage_layers(whole_cfg.num_layers, lay.pp, s, &l0, &l1);
+        pp_copy_stage(whole_cfg, l0, l1, whole.data(), stages[s].data(), false);
     }
-    cudaCheck(cudaMalloc(&buffer, largest * sizeof(float)));
-    if (pp.rank != 0) {
-        cudaCheck(cudaMemcpy(buffer, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
-        comm_send(pp, buffer, mine.size(), COMM_FLOAT32, 0, 0);
-        comm_finish_sends(pp);
-        gpt2_sync(model, "a checkpoint's stage vector, sent to stage 0");
-    } else {
-        for (int s = 1; s < pp.size; s++) {
-            comm_recv(pp, buffer, stages[s].size(), COMM_FLOAT32, s, 0);
-            gpt2_sync(model, "a checkpoint's stage vector, from a later stage");
-            cudaCheck(cudaMemcpy(stages[s].data(), buffer, stages[s].size() * sizeof(float), cudaMemcpyDeviceToHost));
-        }
-        whole.resize(num_parameters(whole_cfg));
-        for (int s = pp.size - 1; s >= 0; s--) {
-            int l0, l1;
-            pp_stage_layers(whole_cfg.num_layers, pp.size, s, &l0, &l1);
-            pp_copy_stage(whole_cfg, l0, l1, whole.data(), stages[s].data(), false);
-        }
-    }
-    cudaCheck(cudaFree(buffer));
     return whole;
 }
 
@@ -1822,12 +1831,34 @@ void save_checkpoint_model_parallel(GPT2* model, const TrainRun& run, int step) 
     const std::string& dir = run.args.output_dir;
     size_t N = num_parameters(model->model_config);
     std::vector<float> params = whole_model_vector(model, gpt2_download_parameters(model));
+    bool writer = world.rank == 0;
+    if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_NATIVE);
+    if (model->optimizer.kind == OPT_ADAFACTOR) {  // -pp: the stages' factored states, put together
+        std::vector<float> mine(adafactor_state_size(model->optimizer.tensors));
+        cudaCheck(cudaMemcpy(mine.data(), model->v_memory, mine.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        std::vector<float> v;  // the first data-parallel replica's stages (every replica holds the same)
+        if (model->layout.dp_rank == 0) {
+            const GPT2Config& whole = model->model_config;
+            std::vector<std::vector<float>> stages = gather_stage_vectors(model, mine, [&](int s) {
+                GPT2Config c = whole;
+                int l0, l1;
+                pp_stage_layers(whole.num_layers, model->layout.pp, s, &l0, &l1);
+                c.num_layers = l1 - l0;
+                return adafactor_state_size(optimizer_tensors(c));
+            });
+            if (model->layout.pp_rank == 0) v = adafactor_whole_state(whole, stages);
+        }
+        TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, N,
+                                              0, writer ? v.size() : 0);
+        state.optimizer = OPT_ADAFACTOR;
+        if (writer) state.v = v;
+        checkpoint_finish(dir, step, world.rank, &state, run.scaler, [&](const char* what) { barrier(world, what); });
+        return;
+    }
     std::vector<float> m = whole_model_vector(model, local_vector(model, model->m_memory));
     std::vector<float> v = whole_model_vector(model, local_vector(model, model->v_memory));
     std::vector<float> master;
     if (model->master_memory) master = whole_model_vector(model, local_vector(model, model->master_memory));
-    bool writer = world.rank == 0;
-    if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_NATIVE);
     TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, N,
                                           0, writer ? N : 0);
     state.optimizer = model->optimizer.kind;
@@ -1882,9 +1913,13 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     TrainState state;
     if (model->optimizer.kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
         size_t length = adafactor_state_size(model->optimizer.tensors);
+        bool stages = model->layout.pp > 1;  // then the whole model's, and this stage's part of it
+        const GPT2Config& whole = model->model_config;
         state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
-                                    run->data.grad_accum_steps, model->num_parameters, 0, length, &run->data.train,
+                                    run->data.grad_accum_steps, stages ? num_parameters(whole) : model->num_parameters, 0,
+                                    stages ? adafactor_state_size(optimizer_tensors(whole)) : length, &run->data.train,
                                     &run->sampler_rng, OPT_ADAFACTOR);
+        if (stages) state.v = layout_local_adafactor_state(model->layout, whole, state.v);
         loss_scaler_restore(&run->scaler, state);
         cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), length * sizeof(float), cudaMemcpyHostToDevice));
         return;

@@ -335,6 +335,15 @@ TEST(OptimizerOracle, AdafactorOneProcess) {
     expect_agreement(a, 1e-5, 1e-5, 1e-3);
 }
 
+// Adafactor on pipeline stages (-pp 2): each stage keeps its layers' factored states and a copy of the
+// shared tensors' (their gradients summed over the stages, so every copy updates alike); the same oracle
+// and bars as one process.
+TEST(OptimizerOracle, AdafactorPipelineStages) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    Agreement a = train_against_oracle("opt_adafactor", {"adafactor", 1e-2, 0.0}, "", 1, " -pp 2", 2);
+    expect_agreement(a, 1e-5, 1e-5, 1e-3);
+}
+
 // 3 processes with ZeRO-1 (and Muon with -z 0) follow the oracle accumulating the same global batch (3 x 2
 // micro-batches):
 // Muon's matrices orthogonalized by their owners and shared, AdamW's and Adafactor's updates as in one
@@ -452,8 +461,8 @@ std::string base_command(int steps) {
 // the same bits (the momentum, the factored moments and the update count all come back), on one process,
 // on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file)
 // and Muon with ZeRO-3,
-// and Muon on 2 tensor-parallel processes and on 2 pipeline stages (the state put together whole in
-// process 0's file).
+// Muon on 2 tensor-parallel processes and on 2 pipeline stages, and Adafactor on 2 pipeline stages (the
+// state put together whole in process 0's file).
 TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
     struct Case {
         const char* opt;
@@ -461,7 +470,7 @@ TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
         const char* layout;
     };
     for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 3, " -z 3 -d 192"}, Case{"muon", 2, " -tp 2"},
-                          Case{"muon", 2, " -pp 2"},
+                          Case{"muon", 2, " -pp 2"}, Case{"adafactor", 2, " -pp 2"},
                           Case{"adafactor", 1, ""}, Case{"adafactor", 3, " -z 1 -d 192"}}) {
         const char* opt = c.opt;
         int np = c.np;
@@ -566,8 +575,9 @@ TEST(OptimizerCli, RefusesWhatItCannotRun) {
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_NE(bad.output.find("flag -opt: unknown optimizer 'sgd' (adamw, muon or adafactor)"), std::string::npos) << bad.output;
     if (!have_mpirun()) return;
-    // Muon runs in each of these layouts (MuonZero2And3, MuonTensorParallel, MuonPipelineStages); Adafactor not
-    for (const char* layout : {"-z 2", "-z 3", "-tp 2", "-pp 2"}) {
+    // Muon runs in each of these layouts (MuonZero2And3, MuonTensorParallel, MuonPipelineStages), Adafactor
+    // on pipeline stages (AdafactorPipelineStages) but not these
+    for (const char* layout : {"-z 2", "-z 3", "-tp 2"}) {
         test::CommandResult r = test::run_command(mpirun(2) + base_command(1) + " -opt adafactor " + layout);
         EXPECT_NE(r.exit_code, 0) << layout;
         EXPECT_NE(r.output.find("-opt adafactor runs with data parallelism and ZeRO stages 0 and 1 only"), std::string::npos)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../gpt2_config.h"
+#include "../optimizer.h"
 #include "comm.h"
 #include "layout.h"
 #include "pipeline.h"
@@ -77,4 +78,43 @@ inline std::vector<float> zero_gather_local(const ProcessGroup& dp, const ShardL
     all_gather(dp, padded.data(), shard.shard_size);
     padded.resize(n);
     return padded;
+}
+
+// Adafactor's state (-opt adafactor) is no per-parameter vector: each tensor's row and column factors
+// (llmc/optimizer.h), one tensor after another. A pipeline stage holds its layers' tensors' states and
+// a copy of the shared tensors' (the same on every stage: their gradients are summed over the stages).
+// Copies between the whole model's state and stage [l0, l1)'s: whole -> stage when to_stage.
+inline void adafactor_copy_stage(const GPT2Config& model_cfg, int l0, int l1, float* whole, float* stage, bool to_stage) {
+    GPT2Config stage_cfg = model_cfg;
+    stage_cfg.num_layers = l1 - l0;
+    std::vector<OptimizerTensor> all = optimizer_tensors(model_cfg), mine = optimizer_tensors(stage_cfg);
+    for (const OptimizerTensor& t : mine) {
+        int layer = t.layer < 0 ? -1 : t.layer + l0;
+        for (const OptimizerTensor& w : all) {
+            if (w.param != t.param || w.layer != layer) continue;
+            size_t n = adafactor_state_of(t);
+            if (to_stage) std::copy_n(whole + w.state_offset, n, stage + t.state_offset);
+            else std::copy_n(stage + t.state_offset, n, whole + w.state_offset);
+        }
+    }
+}
+
+// This stage's Adafactor state from the whole model's (resuming under -pp).
+inline std::vector<float> layout_local_adafactor_state(const ParallelLayout& lay, const GPT2Config& model_cfg,
+                                                       std::vector<float> whole) {
+    std::vector<float> stage(adafactor_state_size(optimizer_tensors(layout_stage_config(lay, model_cfg))));
+    adafactor_copy_stage(model_cfg, lay.layer_begin, lay.layer_end, whole.data(), stage.data(), true);
+    return stage;
+}
+
+// The whole model's Adafactor state from every stage's (stage s's at stages[s]; each trainer gathers
+// them to stage 0 its own way).
+inline std::vector<float> adafactor_whole_state(const GPT2Config& model_cfg, std::vector<std::vector<float>>& stages) {
+    std::vector<float> whole(adafactor_state_size(optimizer_tensors(model_cfg)));
+    for (int s = (int)stages.size() - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors' state stays
+        int l0, l1;
+        pp_stage_layers(model_cfg.num_layers, (int)stages.size(), s, &l0, &l1);
+        adafactor_copy_stage(model_cfg, l0, l1, whole.data(), stages[s].data(), false);
+    }
+    return whole;
 }

@@ -237,20 +237,19 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     }
     // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout.
     // Muon also runs on a tensor-parallel rank's slices (gathered whole, gpt2_update_muon in both
-    // trainers), on a pipeline stage's layers (each stage its own matrices) and on ZeRO-2/3's shards of
+    // trainers), on a pipeline stage's layers (each stage its own matrices; Adafactor too) and on ZeRO-2/3's shards of
     // the gradients (each matrix gathered on its own), though not on both slices and shards at once (the
     // CUDA trainer's -z 2/3 with -tp); Adafactor's factored moments of a sliced matrix would need sums
-    // across the group, and its state is not a per-parameter vector that a model-parallel checkpoint can
-    // put together
+    // across the group
     bool muon = args.optimizer == "muon";
     if (muon && args.zero_stage >= 2 && tp > 1) {
         fatal("-opt muon with -z %d and -tp %d: Muon gathers either a tensor-parallel rank's slices or a ZeRO shard's "
               "part of each matrix, not both; use -z 0 or -z 1 with -tp, or -z %d without", args.zero_stage, tp,
               args.zero_stage);
     }
-    if (args.optimizer != "adamw" && !muon && (args.zero_stage >= 2 || tp > 1 || pp > 1)) {
-        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only (this run has -z %d, -tp %d, -pp %d); "
-              "use -z 0 or -z 1 without -tp and -pp, or -opt adamw", args.optimizer.c_str(), args.zero_stage, tp, pp);
+    if (args.optimizer != "adamw" && !muon && (args.zero_stage >= 2 || tp > 1)) {
+        fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only, and on pipeline stages (this run has -z %d, "
+              "-tp %d); use -z 0 or -z 1 without -tp, or -opt adamw", args.optimizer.c_str(), args.zero_stage, tp);
     }
     if (pp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-pp %d: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline (only the last stage "

@@ -136,7 +136,7 @@ TEST(MultiGpuOneProcess, LayoutFlagsThatCannotRunAreRefused) {
                           Case{" -s 5 -tp 2", "-tp 2: sampling (-s) and HellaSwag (-he) need the whole logits"},
                           Case{" -s 0 -pp 2", "flag -pp 2: pipeline stages are processes; launch 2 or more"},
                           Case{" -s 0 -pp 2 -z 2", "flag -z 2: ZeRO stages 2 and 3 do not run with pipeline stages"},
-                          Case{" -s 0 -pp 2 -opt adafactor", "-opt adafactor runs with data parallelism and ZeRO stages 0 and 1 only"},
+                          Case{" -s 0 -tp 2 -opt adafactor", "-opt adafactor runs with data parallelism and ZeRO stages 0 and 1 only"},
                           Case{" -s 5 -pp 2", "-pp 2: sampling (-s) and HellaSwag (-he) are not implemented through a pipeline"}}) {
         SCOPED_TRACE(c.flags);
         test::CommandResult r = test::run_command(trainer() + flags + c.flags);
@@ -655,6 +655,31 @@ TEST(MultiGpuMpirun, ThreeProcessesAdafactorZero0And1MatchTorch) {
         expect_agreement(a, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-3);
         expect_comm_bytes_as_predicted(r.output, dir);
     }
+}
+
+// Adafactor on 2 pipeline stages: the one-process oracle's run with the one-process bars and the
+// predicted bytes; a run resumed from its checkpoint (the stages' factored states put together in
+// process 0's file, then cut again) ends with the same bits as the uninterrupted one.
+TEST(MultiGpuMpirun, AdafactorPipelineMatchesTorchAndResumes) {
+    REQUIRE_MPIRUN_GPUS(2);
+    OptimizerRun run{"adafactor", 1e-2, 0.0};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1);
+    REQUIRE_ORACLE("opt_adafactor_np1", oracle_args);
+    std::string oracle_dir = test::oracle("opt_adafactor_np1", oracle_args);
+    std::string cmd = mpirun_command(2) + run.trainer_args(oracle_dir, 1, TRAINER) + " -pp 2";
+    std::string a = test::scratch_dir("mpi_2_adafactor_pp2"), b = test::scratch_dir("mpi_2_adafactor_pp2_resumed");
+    test::CommandResult r = test::run_command(cmd + " -o " + a);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    Agreement agree = compare_with_oracle(oracle_dir, a, run.steps);
+    expect_agreement(agree, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-3);
+    expect_comm_bytes_as_predicted(r.output, a);
+    // the same run with a checkpoint at step 3 (-n 3), its final checkpoint removed, resumed from step 3
+    ASSERT_EQ(test::run_command(cmd + " -n 3 -o " + b).exit_code, 0);
+    ASSERT_EQ(test::run_command("rm -f " + b + "/model_00000005.bin " + b + "/state_00000005_* " + b + "/DONE_00000005").exit_code, 0);
+    test::CommandResult resumed = test::run_command(cmd + " -n 3 -y 1 -o " + b);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
+    EXPECT_EQ(test::read_text(a + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
 }
 
 // -oo 1 with ZeRO over 2 processes: each process offloads its shard of AdamW's state (-z 1), and with
