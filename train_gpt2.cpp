@@ -698,8 +698,9 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
 // sent to every process, then applied to this process's elements. With -z 2 and 3 a process holds only
 // its shard of the gradients: each matrix's update is all-gathered on its own into a scratch matrix
 // (matrix_shard_parts), orthogonalized by its owner, broadcast, and applied where the shard meets it.
-// With -tp each process holds a slice of each matrix (llmc/parallel/tensor_parallel.h): the owner's TP group gathers the matrix whole, each of
-// its ranks orthogonalizes it (the same bits on each) and keeps its slice; the slices travel as before.
+// With -tp each process holds a slice of each matrix (llmc/parallel/tensor_parallel.h): the owner's TP
+// group gathers the matrix whole, each of its ranks orthogonalizes it (the same bits on each) and keeps
+// its slice; the slices travel as before.
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const OptimizerPlan& opt = model->optimizer;
     const ProcessGroup& dp = model->layout.dp_group;
@@ -1096,14 +1097,7 @@ void optimizer_print(const GPT2* model) {
            "moments over %zu parameters (%s), %.1f MiB per process\n", matrices, n, range, mib(2 * n));
     if (dp.size > 1) {
         double P = dp.size, gather = model->layout.zero_stage == 1 ? 8.0 * model->shard.padded_size * (P - 1) / P : 0;
-        if (model->layout.zero_stage >= 2) {  // each matrix gathered on its own: what this shard does not hold
-            size_t begin, end;
-            for (size_t k = 0; k < opt.tensors.size(); k++) {
-                if (opt.owner[k] < 0) continue;
-                bool held = tensor_part_in(opt.tensors[k], model->opt_begin, model->opt_end, &begin, &end);
-                gather += 8.0 * (double)(opt.tensors[k].size() - (held ? end - begin : 0));
-            }
-        }
+        if (model->layout.zero_stage >= 2) gather = 8.0 * matrix_shard_gathered(opt, model->opt_begin, model->opt_end);
         printf("optimizer: this process orthogonalizes %zu of the %zu matrices, %.2f of %.2f GFLOP per step; Muon adds "
                "%.1f MiB per step to this process's communication (llmc/parallel/matrix_owners.h: %sthe orthogonalized "
                "matrices' broadcasts %.1f MiB)\n", mine, matrices, my_work / 1e9, work / 1e9,

@@ -325,7 +325,7 @@ struct GPT2 {
     size_t in_use_before = 0;     // device bytes in use before the model's allocations (context, cuBLAS)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
-    floatX* muon_whole = nullptr;     // -tp: (rows, cols), that matrix put together
+    floatX* muon_whole = nullptr;     // -tp, -z 2/3: (rows, cols), one matrix put together
     int recompute = 1;
     bool gelu_fusion = false;
     bool flash_attention = true;  // -fa; always false in the fp32 build
@@ -640,12 +640,7 @@ double predicted_data_parallel_bytes(const GPT2* model, int A) {
         if (opt.owner[k] >= 0) muon += 2.0 * (double)(n - n / (size_t)P) * X;
     }
     if (opt.kind == OPT_MUON && z == 1) muon += 2 * S * (P - 1) * X;
-    for (size_t k = 0; k < opt.tensors.size() && z >= 2; k++) {  // each matrix gathered from the shards
-        size_t begin, end;
-        if (opt.owner[k] < 0) continue;
-        bool held = tensor_part_in(opt.tensors[k], model->opt_begin, model->opt_end, &begin, &end);
-        muon += 2.0 * (double)(opt.tensors[k].size() - (held ? end - begin : 0)) * X;
-    }
+    if (opt.kind == OPT_MUON && z >= 2) muon += 2.0 * (double)matrix_shard_gathered(opt, model->opt_begin, model->opt_end) * X;
     if (z == 0) return 2 * 2 * N * X * f + muon;
     double reduce = 2 * N * X * f, all_gather = 2 * S * (P - 1) * X, norm = 16;
     if (z == 1) return reduce + all_gather + norm + muon;
@@ -1527,7 +1522,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     const OptimizerPlan& opt = model->optimizer;
     const ProcessGroup& dp = model->layout.dp_group;
     const ProcessGroup& tp = model->layout.tp_group;
-    size_t L = model->config.num_layers, C = model->config.channels;  // Muon runs without -pp: the whole model
+    size_t L = model->config.num_layers, C = model->config.channels;  // this stage's layers, the model's C
     MuonHyper hyper;
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
     size_t shard_start = shard_first(model->shard);  // -z 2, 3: element 0 of the gradient (-z 3: parameter) array
@@ -1806,13 +1801,8 @@ std::vector<float> whole_model_vector(GPT2* model, const std::vector<float>& loc
         if (tp.rank != 0) return whole;
     }
     if (lay.pp == 1) return mine;
-    std::vector<std::vector<float>> stages = gather_stage_vectors(model, mine, [&](int s) {
-        GPT2Config c = whole_cfg;
-        int l0, l1;
-        pp_stage_layers(whole_cfg.num_layers, lay.pp, s, &l0, &l1);
-        c.num_layers = l1 - l0;
-        return num_parameters(c);
-    });
+    std::vector<std::vector<float>> stages =
+        gather_stage_vectors(model, mine, [&](int s) { return num_parameters(pp_stage_config(whole_cfg, lay.pp, s)); });
     if (lay.pp_rank != 0) return whole;
     whole.resize(num_parameters(whole_cfg));
     for (int s = lay.pp - 1; s >= 0; s--) {
@@ -1840,11 +1830,7 @@ void save_checkpoint_model_parallel(GPT2* model, const TrainRun& run, int step) 
         if (model->layout.dp_rank == 0) {
             const GPT2Config& whole = model->model_config;
             std::vector<std::vector<float>> stages = gather_stage_vectors(model, mine, [&](int s) {
-                GPT2Config c = whole;
-                int l0, l1;
-                pp_stage_layers(whole.num_layers, model->layout.pp, s, &l0, &l1);
-                c.num_layers = l1 - l0;
-                return adafactor_state_size(optimizer_tensors(c));
+                return adafactor_state_size(optimizer_tensors(pp_stage_config(whole, model->layout.pp, s)));
             });
             if (model->layout.pp_rank == 0) v = adafactor_whole_state(whole, stages);
         }

@@ -289,6 +289,16 @@ Agreement train_against_oracle(const std::string& name, const OptimizerRun& run,
     return compare_with_oracle(oracle_dir, dir, run.steps);
 }
 
+// Muon (Newton-Schulz in fp32 against the oracle's in float64, --muon-ns-dtype compute) on `processes`
+// data-parallel processes of `group` each, in the layout `flags`, held to the one-process bars
+// (OptimizerOracle.MuonOneProcess says why those).
+Agreement muon_follows_oracle(int processes, const std::string& flags = "", int group = 1) {
+    Agreement a = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", processes, flags, group);
+    expect_agreement(a, 1e-5, 1e-5, 1e-2);
+    EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices" << flags;
+    return a;
+}
+
 // The oracle's Newton-Schulz is written out (newton_schulz in gpt2_oracle.py) and checked here to be
 // torch.optim.Muon's own, bit for bit, when run in bfloat16 as Muon runs it.
 TEST(OptimizerOracle, MuonNewtonSchulzIsTorchs) {
@@ -306,9 +316,7 @@ TEST(OptimizerOracle, MuonNewtonSchulzIsTorchs) {
 //    the distance each tensor moved, as there (measured 5e-4, qkvb). Muon's matrices carry the fp32
 //    rounding of 15 products, amplified in the small singular directions: 1e-4 (measured 4e-6).
 TEST(OptimizerOracle, MuonOneProcess) {
-    Agreement a = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1);
-    expect_agreement(a, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(a.matrices, 1e-4) << "Muon's matrices";
+    muon_follows_oracle(1);
 }
 
 // torch.optim.Muon as it is runs Newton-Schulz in bfloat16 (8 significant bits); ours runs in fp32, the
@@ -355,15 +363,11 @@ TEST(OptimizerOracle, AdafactorPipelineStages) {
 // matrix); Adafactor gathers the gradients instead of the parameters, 16 N (P-1)/P in all.
 TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    Agreement muon = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, " -z 1");
-    expect_agreement(muon, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(muon.matrices, 1e-4) << "Muon's matrices";
+    Agreement muon = muon_follows_oracle(3, " -z 1");
     Agreement adafactor = train_against_oracle("opt_adafactor", {"adafactor", 1e-2, 0.0}, "", 3, " -z 1");
     expect_agreement(adafactor, 1e-5, 1e-5, 1e-3);
     // -z 0: the same matrices' owners and broadcasts, after AdamW's all-reduce (16 N (P-1)/P)
-    Agreement muon_z0 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, " -z 0");
-    expect_agreement(muon_z0, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(muon_z0.matrices, 1e-4) << "Muon's matrices";
+    Agreement muon_z0 = muon_follows_oracle(3, " -z 0");
     const double N = 126720, M = 98304, ring = 2.0 / 3.0;
     ASSERT_EQ(muon.comm_bytes.size(), 5u);
     ASSERT_EQ(muon_z0.comm_bytes.size(), 5u);
@@ -399,9 +403,7 @@ TEST(OptimizerOracle, MuonZero2And3) {
     for (int z : {2, 3}) {
         SCOPED_TRACE("-z " + std::to_string(z));
         std::string flags = " -z " + std::to_string(z);
-        Agreement muon = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 3, flags);
-        expect_agreement(muon, 1e-5, 1e-5, 1e-2);
-        EXPECT_LE(muon.matrices, 1e-4) << "Muon's matrices";
+        Agreement muon = muon_follows_oracle(3, flags);
         Agreement adamw = train_against_oracle("opt_adamw_z" + std::to_string(z), {"adamw", 1e-3, 0.02}, "", 3, flags);
         ASSERT_EQ(muon.comm_bytes.size(), 5u);
         ASSERT_EQ(adamw.comm_bytes.size(), 5u);
@@ -418,9 +420,7 @@ TEST(OptimizerOracle, MuonZero2And3) {
 // rank owns (here all of them: dp 1, M/tp = 49152 elements per rank).
 TEST(OptimizerOracle, MuonTensorParallel) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    Agreement tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, " -tp 2", 2);
-    expect_agreement(tp2, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(tp2.matrices, 1e-4) << "Muon's matrices, -tp 2";
+    Agreement tp2 = muon_follows_oracle(1, " -tp 2", 2);
     Agreement adamw_tp2 = train_against_oracle("opt_adamw_tp", {"adamw", 1e-3, 0.02}, "", 1, " -tp 2", 2);
     ASSERT_EQ(tp2.comm_bytes.size(), 5u);
     ASSERT_EQ(adamw_tp2.comm_bytes.size(), 5u);
@@ -428,9 +428,7 @@ TEST(OptimizerOracle, MuonTensorParallel) {
     for (int s = 0; s < 5; s++) {
         EXPECT_NEAR(tp2.comm_bytes[s] - adamw_tp2.comm_bytes[s], 8 * (M / tp) * (tp - 1), 1e-6 * M) << "step " << s;
     }
-    Agreement dp2_tp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 2, " -tp 2 -z 1", 2);
-    expect_agreement(dp2_tp2, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(dp2_tp2.matrices, 1e-4) << "Muon's matrices, -tp 2 x 2 data-parallel, -z 1";
+    muon_follows_oracle(2, " -tp 2 -z 1", 2);
 }
 
 // Muon on pipeline stages (-pp 2: each stage its own layers' matrices, orthogonalized by the owners
@@ -438,12 +436,8 @@ TEST(OptimizerOracle, MuonTensorParallel) {
 // stage: the same oracle and bars as one process.
 TEST(OptimizerOracle, MuonPipelineStages) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
-    Agreement pp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, " -pp 2", 2);
-    expect_agreement(pp2, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(pp2.matrices, 1e-4) << "Muon's matrices, -pp 2";
-    Agreement tp2_pp2 = train_against_oracle("opt_muon", {"muon", 1e-3, 0.02}, " --muon-ns-dtype compute", 1, " -tp 2 -pp 2", 4);
-    expect_agreement(tp2_pp2, 1e-5, 1e-5, 1e-2);
-    EXPECT_LE(tp2_pp2.matrices, 1e-4) << "Muon's matrices, -tp 2 x -pp 2";
+    muon_follows_oracle(1, " -pp 2", 2);
+    muon_follows_oracle(1, " -tp 2 -pp 2", 4);
 }
 
 // ----------------------------------------------------------------------------

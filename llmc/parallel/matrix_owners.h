@@ -76,6 +76,17 @@ inline OptimizerPlan optimizer_plan(OptimizerKind kind, const GPT2Config& cfg, i
 // update is all-gathered on its own before its owner orthogonalizes it: process r contributes where its
 // shard meets the matrix, counts[r] elements at displs[r] (from the matrix's first element; 0 where they
 // do not meet).
+// Elements a process receives in those gathers per step: each owned matrix but the part its range
+// [opt_begin, opt_end) holds (a ring's count, llmc/parallel/comm.h, is 2 x that many elements).
+inline size_t matrix_shard_gathered(const OptimizerPlan& opt, size_t opt_begin, size_t opt_end) {
+    size_t n = 0, begin, end;
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        if (opt.owner[k] < 0) continue;
+        n += opt.tensors[k].size() - (tensor_part_in(opt.tensors[k], opt_begin, opt_end, &begin, &end) ? end - begin : 0);
+    }
+    return n;
+}
+
 inline void matrix_shard_parts(const OptimizerTensor& t, const ShardLayout& sh, std::vector<int>* counts,
                                std::vector<int>* displs) {
     counts->assign(sh.num_processes, 0);

@@ -21,9 +21,7 @@
 
 // The model of this pipeline stage: the whole model's shapes with its layers only.
 inline GPT2Config layout_stage_config(const ParallelLayout& lay, const GPT2Config& model_cfg) {
-    GPT2Config stage = model_cfg;
-    stage.num_layers = lay.layer_end - lay.layer_begin;
-    return stage;
+    return pp_layers_config(model_cfg, lay.layer_begin, lay.layer_end);
 }
 
 // Elements [begin, end) of this process's part of `full` (the whole model's vector, checkpoint order):
@@ -85,9 +83,7 @@ inline std::vector<float> zero_gather_local(const ProcessGroup& dp, const ShardL
 // a copy of the shared tensors' (the same on every stage: their gradients are summed over the stages).
 // Copies between the whole model's state and stage [l0, l1)'s: whole -> stage when to_stage.
 inline void adafactor_copy_stage(const GPT2Config& model_cfg, int l0, int l1, float* whole, float* stage, bool to_stage) {
-    GPT2Config stage_cfg = model_cfg;
-    stage_cfg.num_layers = l1 - l0;
-    std::vector<OptimizerTensor> all = optimizer_tensors(model_cfg), mine = optimizer_tensors(stage_cfg);
+    std::vector<OptimizerTensor> all = optimizer_tensors(model_cfg), mine = optimizer_tensors(pp_layers_config(model_cfg, l0, l1));
     for (const OptimizerTensor& t : mine) {
         int layer = t.layer < 0 ? -1 : t.layer + l0;
         for (const OptimizerTensor& w : all) {
@@ -101,9 +97,9 @@ inline void adafactor_copy_stage(const GPT2Config& model_cfg, int l0, int l1, fl
 
 // This stage's Adafactor state from the whole model's (resuming under -pp).
 inline std::vector<float> layout_local_adafactor_state(const ParallelLayout& lay, const GPT2Config& model_cfg,
-                                                       std::vector<float> whole) {
+                                                       const std::vector<float>& whole) {
     std::vector<float> stage(adafactor_state_size(optimizer_tensors(layout_stage_config(lay, model_cfg))));
-    adafactor_copy_stage(model_cfg, lay.layer_begin, lay.layer_end, whole.data(), stage.data(), true);
+    adafactor_copy_stage(model_cfg, lay.layer_begin, lay.layer_end, const_cast<float*>(whole.data()), stage.data(), true);
     return stage;
 }
 

@@ -47,12 +47,24 @@ inline void pp_stage_layers(int L, int p, int s, int* l0, int* l1) {
 // The tensors every stage keeps a copy of (their gradients are summed over the PP group).
 inline bool pp_param_is_shared(int i) { return i == P_WTE || i == P_WPE || i == P_LNFW || i == P_LNFB; }
 
+// The model of the stage holding layers [l0, l1): the whole model's shapes with those layers only; and
+// that of stage s of p.
+inline GPT2Config pp_layers_config(const GPT2Config& cfg, int l0, int l1) {
+    GPT2Config stage = cfg;
+    stage.num_layers = l1 - l0;
+    return stage;
+}
+inline GPT2Config pp_stage_config(const GPT2Config& cfg, int p, int s) {
+    int l0, l1;
+    pp_stage_layers(cfg.num_layers, p, s, &l0, &l1);
+    return pp_layers_config(cfg, l0, l1);
+}
+
 // Copies between the full parameter vector (checkpoint order, cfg) and the stage vector of layers
 // [l0, l1) (checkpoint order, cfg with num_layers = l1 - l0): full -> stage when to_stage, else back.
 // Per-layer tensors are stacked (L, ...), so a stage's layers are one contiguous run of each.
 inline void pp_copy_stage(const GPT2Config& cfg, int l0, int l1, float* full, float* stage, bool to_stage) {
-    GPT2Config stage_cfg = cfg;
-    stage_cfg.num_layers = l1 - l0;
+    GPT2Config stage_cfg = pp_layers_config(cfg, l0, l1);
     size_t full_sizes[NUM_PARAMETER_TENSORS], stage_sizes[NUM_PARAMETER_TENSORS];
     param_tensor_sizes(cfg, full_sizes);
     param_tensor_sizes(stage_cfg, stage_sizes);

@@ -237,10 +237,10 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     }
     // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout.
     // Muon also runs on a tensor-parallel rank's slices (gathered whole, gpt2_update_muon in both
-    // trainers), on a pipeline stage's layers (each stage its own matrices; Adafactor too) and on ZeRO-2/3's shards of
-    // the gradients (each matrix gathered on its own), though not on both slices and shards at once (the
-    // CUDA trainer's -z 2/3 with -tp); Adafactor's factored moments of a sliced matrix would need sums
-    // across the group
+    // trainers), on a pipeline stage's layers (each stage its own matrices; Adafactor too) and on
+    // ZeRO-2/3's shards of the gradients (each matrix gathered on its own), though not on both slices and
+    // shards at once (the CUDA trainer's -z 2/3 with -tp); Adafactor's factored moments of a sliced
+    // matrix would need sums across the group
     bool muon = args.optimizer == "muon";
     if (muon && args.zero_stage >= 2 && tp > 1) {
         fatal("-opt muon with -z %d and -tp %d: Muon gathers either a tensor-parallel rank's slices or a ZeRO shard's "
