@@ -783,6 +783,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     model->recompute = args.recompute;
     model->gelu_fusion = args.gelu_fusion != 0;
     matmul_algorithms.autotune = args.matmul_autotune != 0;  // -at 1 (llmc/matmul.cuh)
+    matmul_algorithms.bias_grad_epilogue = args.bias_grad_epilogue != 0;  // -bg 1 (llmc/matmul.cuh)
     model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
     check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, model->flash_attention);
     size_t n = model->num_parameters;
@@ -2109,9 +2110,10 @@ double describe_device(const DataParallel& dp, const TrainArgs& args) {
         printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
                dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
     }
-    printf("settings: recompute -r %s, master weights -w %d%s, GELU fusion -ge %d, flash attention -fa %d%s\n",
+    printf("settings: recompute -r %s, master weights -w %d%s, GELU fusion -ge %d, bias gradients in the matmul -bg %d, "
+           "flash attention -fa %d%s\n",
            args.recompute == RECOMPUTE_AUTO ? "auto" : std::to_string(args.recompute).c_str(), args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
-           args.gelu_fusion, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (this build: cuBLAS path)");
+           args.gelu_fusion, args.bias_grad_epilogue, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (this build: cuBLAS path)");
     return peak_flops;
 }
 

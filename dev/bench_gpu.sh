@@ -22,7 +22,8 @@
 # ours-ge1, not in the default list, is -r 0 with -ge 1, GELU in the cuBLASLt epilogues; ours-oo1, last,
 # is -r 0 with -oo 1, AdamW's state on the host, its ratio against ours-r0 the cost of the offload;
 # ours-at1, after it, is -r 0 with -at 1, cuBLASLt's candidates timed per matmul problem, its ratio
-# against ours-r0 what autotuning gains).
+# against ours-r0 what autotuning gains; ours-bg1, last, is -r 0 with -bg 1, the bias gradients from
+# cuBLASLt's BGRADB epilogue, its ratio against ours-r0 whether that beats our kernel).
 # Tokens are random ids in a synthetic shard: speed does not depend on them.
 set -uo pipefail
 steps=${1:-20}
@@ -35,7 +36,7 @@ T=${BENCH_T:-1024}
 V=${BENCH_V:-50257}
 device=${BENCH_DEVICE:-cuda}
 trainer=${TRAINER:-./train_gpt2cu}
-modes=${BENCH_MODES:-ours-r0 torch-eager ours-r1 torch-compile ours-muon ours-oo1 ours-at1}
+modes=${BENCH_MODES:-ours-r0 torch-eager ours-r1 torch-compile ours-muon ours-oo1 ours-at1 ours-bg1}
 tsv=${BENCH_TSV:-/dev/null}
 work=build/bench_gpu
 mkdir -p "$work"
@@ -68,18 +69,19 @@ with_peak_memory() {
 ours_tps="" ours_mfu="" ours_B=""
 row() { printf '%s\n' "$*" | tr ' ' '\t' >> "$tsv"; }
 
-run_ours() {  # run_ours RECOMPUTE [OPTIMIZER [GELU_FUSION [OFFLOAD [AUTOTUNE]]]]
-    local r=$1 opt=${2:-adamw} ge=${3:-0} oo=${4:-0} at=${5:-0} b
-    local log="$work/ours_r${r}_${opt}_ge${ge}_oo${oo}_at$at.log" mode="r$r"
+run_ours() {  # run_ours RECOMPUTE [OPTIMIZER [GELU_FUSION [OFFLOAD [AUTOTUNE [BIAS_GRAD_EPILOGUE]]]]]
+    local r=$1 opt=${2:-adamw} ge=${3:-0} oo=${4:-0} at=${5:-0} bg=${6:-0} b
+    local log="$work/ours_r${r}_${opt}_ge${ge}_oo${oo}_at${at}_bg$bg.log" mode="r$r"
     [ "$opt" = adamw ] || mode="$opt-r$r"
     [ "$ge" = 0 ] || mode="ge$ge-$mode"
     [ "$oo" = 0 ] || mode="oo$oo-$mode"
     [ "$at" = 0 ] || mode="at$at-$mode"
+    [ "$bg" = 0 ] || mode="bg$bg-$mode"
     for b in $B0 $((B0 / 2)) $((B0 / 4)) $((B0 / 8)); do
         [ "$b" -ge 1 ] || break
         local start=$SECONDS
         with_peak_memory "$trainer" -e "$ours_model" -i "$work/v$V/train_*.bin" -b $b -t $T -x "$steps" -v 0 -s 0 \
-            -r "$r" -opt "$opt" -ge "$ge" -oo "$oo" -at "$at" > "$log" 2>&1
+            -r "$r" -opt "$opt" -ge "$ge" -oo "$oo" -at "$at" -bg "$bg" > "$log" 2>&1
         local rc=$?
         if [ $rc -ne 0 ]; then
             if grep -qi "out of memory" "$log"; then echo "train_gpt2cu -r $r: B=$b out of memory"; continue; fi
@@ -94,12 +96,13 @@ run_ours() {  # run_ours RECOMPUTE [OPTIMIZER [GELU_FUSION [OFFLOAD [AUTOTUNE]]]
         grep -m 1 "^device memory" "$log"
         grep -m 1 "^offload:" "$log"
         grep -m 1 "^matmul autotune" "$log"
-        echo "train_gpt2cu -r $r -opt $opt -ge $ge -oo $oo -at $at: $ours_model, B=$b, T=$T, $steps steps: $ms ms/step, $tps tokens/s, MFU $mfu%," \
+        grep -m 1 "no BGRADB algorithm" "$log"
+        echo "train_gpt2cu -r $r -opt $opt -ge $ge -oo $oo -at $at -bg $bg: $ours_model, B=$b, T=$T, $steps steps: $ms ms/step, $tps tokens/s, MFU $mfu%," \
              "peak $(cat "$work/peak") MiB in use (nvidia-smi)"
         row ours "$mode" "$ours_model" $b $T "$steps" "$ms" "$tps" "$mfu" "$(cat "$work/peak")" "-"
-        if [ "$opt" != adamw ] || [ "$ge" != 0 ] || [ "$oo" != 0 ] || [ "$at" != 0 ]; then
-            [ -n "$ours_tps" ] && awk -v a="$tps" -v b="$ours_tps" -v o="-opt $opt -ge $ge -oo $oo -at $at" \
-                'BEGIN { printf "ratio train_gpt2cu %s / -opt adamw -ge 0 -oo 0 -at 0: %.3fx (tokens/s)\n", o, a / b }'
+        if [ "$opt" != adamw ] || [ "$ge" != 0 ] || [ "$oo" != 0 ] || [ "$at" != 0 ] || [ "$bg" != 0 ]; then
+            [ -n "$ours_tps" ] && awk -v a="$tps" -v b="$ours_tps" -v o="-opt $opt -ge $ge -oo $oo -at $at -bg $bg" \
+                'BEGIN { printf "ratio train_gpt2cu %s / -opt adamw -ge 0 -oo 0 -at 0 -bg 0: %.3fx (tokens/s)\n", o, a / b }'
         elif [ "$r" = 0 ] || [ -z "$ours_tps" ]; then ours_tps=$tps; ours_mfu=$mfu; ours_B=$b; fi
         return 0
     done
@@ -147,6 +150,7 @@ for m in $modes; do
         ours-ge1) run_ours 0 adamw 1 || rc=1 ;;
         ours-oo1) run_ours 0 adamw 0 1 || rc=1 ;;
         ours-at1) run_ours 0 adamw 0 0 1 || rc=1 ;;
+        ours-bg1) run_ours 0 adamw 0 0 0 1 || rc=1 ;;
         torch-eager) run_torch eager || rc=1 ;;
         torch-compile) run_torch compile || rc=1 ;;
         *) echo "bench_gpu.sh: no mode $m"; rc=1 ;;

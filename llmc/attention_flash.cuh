@@ -126,20 +126,38 @@ __device__ inline void flash_load_a(uint32_t (*a)[4], const FlashTile<D>& tile, 
     for (int kc = 0; kc < D / 16; kc++) ldmatrix_x4(a[kc], &tile.rows[row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
 }
 
-// c (8 tiles of 16x8) = A (16 x D) · Bᵀ, with B a tile of 64 rows (the product's columns) of D values:
-// the pattern of q·kᵀ
+// c (8 tiles of 16x8) += A's columns kc*16 .. kc*16+15 (one mma A fragment) · those of Bᵀ, with B a
+// tile of 64 rows (the product's columns) of D values: one k step of the pattern of q·kᵀ
+template <int D>
+__device__ inline void flash_mma_abt_step(float (*c)[4], const uint32_t* a, const FlashTile<D>& b, int kc, int lane) {
+#pragma unroll
+    for (int pair = 0; pair < FLASH_TILE / 16; pair++) {
+        uint32_t r[4];
+        ldmatrix_x4(r, &b.rows[pair * 16 + lane % 8 + (lane / 16) * 8][kc * 16 + ((lane / 8) % 2) * 8]);
+        uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_bf16_16816(c[2 * pair], a, b0);
+        mma_bf16_16816(c[2 * pair + 1], a, b1);
+    }
+}
+
+// c (8 tiles of 16x8) = A (16 x D, fragments held in registers) · Bᵀ: the pattern of q·kᵀ
 template <int D>
 __device__ inline void flash_mma_abt(float (*c)[4], const uint32_t (*a)[4], const FlashTile<D>& b, int lane) {
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
+    for (int kc = 0; kc < D / 16; kc++) flash_mma_abt_step(c, a[kc], b, kc, lane);
+}
+
+// The same product with A read from a tile's rows a_row0 .. a_row0+15 one k step at a time: 4
+// registers for A instead of D/4, for a kernel that cannot hold A's fragments across its loop
+// (the same mma's in the same order, so the same bits)
+template <int D>
+__device__ inline void flash_mma_abt_shared_a(float (*c)[4], const FlashTile<D>& a, int a_row0, const FlashTile<D>& b,
+                                              int lane) {
 #pragma unroll
-        for (int pair = 0; pair < FLASH_TILE / 16; pair++) {
-            uint32_t r[4];
-            ldmatrix_x4(r, &b.rows[pair * 16 + lane % 8 + (lane / 16) * 8][kc * 16 + ((lane / 8) % 2) * 8]);
-            uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-            mma_bf16_16816(c[2 * pair], a[kc], b0);
-            mma_bf16_16816(c[2 * pair + 1], a[kc], b1);
-        }
+    for (int kc = 0; kc < D / 16; kc++) {
+        uint32_t a_kc[4];
+        ldmatrix_x4(a_kc, &a.rows[a_row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
+        flash_mma_abt_step(c, a_kc, b, kc, lane);
     }
 }
 
@@ -350,7 +368,13 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
     const float scale = 1.0f / sqrtf((float)hs);
     const float scale_log2 = scale * FLASH_LOG2E;
     int key0 = k_tile * FLASH_TILE + warp * 16 + lane / 4;  // the lane's keys: key0 and key0 + 8
-    uint32_t k_frag[D / 16][4], v_frag[D / 16][4];
+    // The warp's 16 rows of k and v as mma A fragments, loaded once and held (D/4 registers each) up to
+    // hs 96. Above it the accumulators dk and dv alone take D registers, and with k and v held too a
+    // thread needs more than its 255 (ptxas spilled at D 112 and 128): v4 reads them from shared
+    // memory again at each query tile instead (D/16 ldmatrix more per product, against the D/16 x 4 the
+    // product loads for its B operand).
+    constexpr bool hold_kv = V == FlashVersion::v3 || D <= 96;
+    uint32_t k_frag[hold_kv ? D / 16 : 1][4], v_frag[hold_kv ? D / 16 : 1][4];
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
 
     for (int q_tile = k_tile; q_tile < num_q_tiles; q_tile++) {
@@ -359,14 +383,18 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (q_tile == k_tile) {
-            flash_load_a(k_frag, sh.k, warp * 16, lane);
-            flash_load_a(v_frag, sh.v, warp * 16, lane);
+        if (hold_kv && q_tile == k_tile) {
+            flash_load_a<D>(k_frag, sh.k, warp * 16, lane);
+            flash_load_a<D>(v_frag, sh.v, warp * 16, lane);
         }
         // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse); 0 for a key after the query, or a query past
         // T (v4: only the diagonal tile and a partial last tile have such pairs)
         float p[FLASH_TILE / 8][4] = {};
-        flash_mma_abt(p, k_frag, sh.q[stage], lane);
+        if constexpr (hold_kv) {
+            flash_mma_abt(p, k_frag, sh.q[stage], lane);
+        } else {
+            flash_mma_abt_shared_a(p, sh.k, warp * 16, sh.q[stage], lane);
+        }
         if (V == FlashVersion::v3 || q_tile == k_tile || (q_tile + 1) * FLASH_TILE > T) {
             flash_mask_causal(p, key0, q_tile * FLASH_TILE, true, T, lane);
         }
@@ -387,7 +415,11 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
         flash_mma_pb(dv, p, sh.dout[stage], lane);  // dv += Pᵀ·dout
         // dPᵀ = v·doutᵀ, then dSᵀ = Pᵀ * (dPᵀ - D) in its place
         float ds[FLASH_TILE / 8][4] = {};
-        flash_mma_abt(ds, v_frag, sh.dout[stage], lane);
+        if constexpr (hold_kv) {
+            flash_mma_abt(ds, v_frag, sh.dout[stage], lane);
+        } else {
+            flash_mma_abt_shared_a(ds, sh.v, warp * 16, sh.dout[stage], lane);
+        }
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
             float2 row_delta = *reinterpret_cast<const float2*>(&sh.delta[stage][nt * 8 + (lane % 4) * 2]);

@@ -21,7 +21,15 @@
 // buffers the first time the problem comes (the auto-tuning of a kernel's variants, done by cuBLASLt's
 // kernels). Autotuning gives up one thing: two runs may time differently and choose different kernels,
 // whose sums can differ in the last bits, so it is off by default.
-// The bias gradient is our own two-stage column sum (fixed order, no atomics), like LayerNorm's.
+// The bias gradient is our own two-stage column sum (fixed order, no atomics), like LayerNorm's, or
+// with -bg 1 cuBLASLt's BGRADB epilogue on the weight-gradient product, which reads dout anyway: its
+// B operand is dout, and BGRADB writes the sums of op(B)'s columns over k = N, dbias itself. That
+// saves reading dout (N, OC) once more, ~2% of a d12 step's memory traffic, if the epilogue costs
+// the product nothing; whether it does is for a GPU to say (dev/cuda/matmul_backward.cu times both), so
+// it is off by default. BGRADB writes rather than adds and in D's type, so the sum lands in floatX
+// scratch and one small kernel adds it into dbias: a rounding to floatX before the add, where our
+// kernel rounds only the sum. Should cuBLASLt offer no BGRADB algorithm for a shape, that shape falls
+// back to our kernel (said once).
 #pragma once
 
 #include <cmath>
@@ -65,6 +73,16 @@ __global__ void matmul_dbias_partials_kernel(float* partials,      // (MATMUL_DB
     }
 #pragma unroll
     for (int k = 0; k < x128::size; k++) partials[(size_t)blockIdx.y * OC + o + k] = sum[k];
+}
+
+// -bg 1: dbias[o] += what the BGRADB epilogue wrote, 8 values a thread
+__global__ void matmul_dbias_add_kernel(floatX* dbias, const floatX* bias_grad, int OC) {
+    int o = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (o >= OC) return;
+    x128 sum = load128(dbias + o), add = load128(bias_grad + o);
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) sum[k] = (floatX)((float)sum[k] + (float)add[k]);
+    store128(dbias + o, sum);
 }
 
 // Stage 2: dbias[o] += the partials summed in row-block order.
@@ -111,6 +129,7 @@ struct MatmulChoice {
 };
 
 struct MatmulAlgorithms {
+    bool bias_grad_epilogue = false;  // -bg 1: dbias from the weight-gradient product's BGRADB epilogue
     bool autotune = false;     // -at 1
     int max_candidates = 8;    // of the heuristic's, in its order
     int timed_rounds = 5;      // each candidate timed once per round, after an untimed round
@@ -144,11 +163,19 @@ inline std::string matmul_autotune_report() {
 //   op(A)·op(B) * gelu'(gelu_aux).
 // The general form under it: D = alpha op(A)·op(B) + beta C, where C (m, n) may be D itself (c == d) or
 // another matrix (matmul_scaled); alpha and beta are fp32, and the sum is rounded to floatX once.
-inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b, const floatX* c, float alpha, float beta,
+// bias_grad (n) or nullptr (then bias and gelu_aux must be nullptr): BGRADB, bias_grad[j] = the sum of
+// op(B)'s column j over k, written. Returns false, having computed nothing, only when bias_grad is
+// given and cuBLASLt has no algorithm for it.
+inline bool matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b, const floatX* c, float alpha, float beta,
                                     const floatX* bias, int m, int n, int k, bool trans_a, bool trans_b,
-                                    floatX* gelu_aux, bool backward_gelu, cudaStream_t stream) {
-    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)bias | (uintptr_t)gelu_aux) % 16 != 0) {
+                                    floatX* gelu_aux, bool backward_gelu, cudaStream_t stream,
+                                    floatX* bias_grad = nullptr) {
+    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)bias | (uintptr_t)gelu_aux |
+         (uintptr_t)bias_grad) % 16 != 0) {
         fatal("matmul_cublaslt needs 16-byte aligned pointers");
+    }
+    if (bias_grad != nullptr && (bias != nullptr || gelu_aux != nullptr)) {
+        fatal("matmul_cublaslt: the bias-gradient epilogue takes no bias or GELU");
     }
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -174,10 +201,13 @@ inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b,
         epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     } else if (bias != nullptr) {
         epilogue = CUBLASLT_EPILOGUE_BIAS;
+    } else if (bias_grad != nullptr) {
+        epilogue = CUBLASLT_EPILOGUE_BGRADB;
+        bias = bias_grad;  // the same pointer attribute, read or written as the epilogue says
     }
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias != nullptr) {
-        cudaDataType_t bias_type = CUBLAS_FLOATX;
+        cudaDataType_t bias_type = CUBLAS_FLOATX;  // documented: the bias and the bias gradient have D's type
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                    sizeof(bias_type)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -218,16 +248,22 @@ inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b,
     if (known == matmul_algorithms.chosen.end()) {
         int want = matmul_algorithms.autotune ? matmul_algorithms.max_candidates : 1, found = 0;
         std::vector<cublasLtMatmulHeuristicResult_t> results(want);
-        cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d, layout_d,
-                                                   preference, want, results.data(), &found));
-        if (found == 0) {
+        cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_a, layout_b, layout_d,
+                                                               layout_d, preference, want, results.data(), &found);
+        if (bias_grad == nullptr) cublasCheck(status);
+        if (status != CUBLAS_STATUS_SUCCESS) found = 0;
+        if (found == 0 && bias_grad == nullptr) {
             fatal("cuBLASLt has no algorithm for m=%d n=%d k=%d trans_a=%d trans_b=%d epilogue=%d (%s); "
                   "check the shapes are multiples of 8",
                   m, n, k, (int)trans_a, (int)trans_b, (int)epilogue, PRECISION_NAME);
         }
+        if (found == 0) {
+            printf("matmul: cuBLASLt has no BGRADB algorithm for m=%d n=%d k=%d; that bias gradient uses our kernel "
+                   "(-bg 1)\n", m, n, k);
+        }
         MatmulChoice choice;
         choice.algo = results[0].algo;
-        choice.candidates = found;
+        choice.candidates = found;  // 0: none (BGRADB only), nothing is computed
         if (matmul_algorithms.autotune && found > 1) {
             // One untimed round over the candidates, then timed_rounds rounds, each candidate once per
             // round between two events, the order reversed every other round; a candidate's time is its
@@ -274,14 +310,18 @@ inline void matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b,
         }
         known = matmul_algorithms.chosen.emplace(key, choice).first;
     }
-    known->second.calls++;
-    cublasCheck(run(known->second.algo, d));
+    bool computed = known->second.candidates > 0;
+    if (computed) {
+        known->second.calls++;
+        cublasCheck(run(known->second.algo, d));
+    }
 
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+    return computed;
 }
 
 inline void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
@@ -326,10 +366,25 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
                             const floatX* weight,   // (OC, C)
                             const floatX* pre_gelu, // (N, C) or nullptr
                             int N, int C, int OC, cudaStream_t stream) {
-    if (dbias != nullptr) {
-        if (OC % x128::size != 0) {
-            fatal("matmul_backward: bias size %d must be divisible by %d", OC, x128::size);
+    if (dbias != nullptr && OC % x128::size != 0) {
+        fatal("matmul_backward: bias size %d must be divisible by %d", OC, x128::size);
+    }
+    matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
+                    true, stream);
+    // dweightᵀ (C, OC) += inpᵀ·dout; with -bg 1 its BGRADB epilogue sums op(B) = dout (N, OC) over N
+    // into scratch (floatX, the scratch's first OC·2 bytes), then added into dbias
+    floatX* bias_grad = dbias != nullptr && matmul_algorithms.bias_grad_epilogue ? (floatX*)scratch : nullptr;
+    if (matmul_cublaslt_general(dweight, inp, dout, dweight, 1.0f, 1.0f, nullptr, C, OC, N, false, true, nullptr,
+                                false, stream, bias_grad)) {
+        if (bias_grad != nullptr) {
+            matmul_dbias_add_kernel<<<ceil_div_int(OC / x128::size, 256), 256, 0, stream>>>(dbias, bias_grad, OC);
+            cudaCheckLaunch();
+            return;
         }
+    } else {  // no BGRADB algorithm for this shape
+        matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, true, nullptr, false, stream);
+    }
+    if (dbias != nullptr) {
         dim3 grid(ceil_div_int(OC / x128::size, WARP_SIZE), MATMUL_DBIAS_ROW_BLOCKS);
         dim3 block(WARP_SIZE, MATMUL_DBIAS_ROWS_PER_BLOCK);
         matmul_dbias_partials_kernel<<<grid, block, 0, stream>>>(scratch, dout, N, OC);
@@ -338,7 +393,4 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
                                                                                    MATMUL_DBIAS_ROW_BLOCKS, OC);
         cudaCheckLaunch();
     }
-    matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
-                    true, stream);
-    matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, true, nullptr, false, stream);
 }

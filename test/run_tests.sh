@@ -141,7 +141,7 @@ run_kernels_both_orders() {
 
 # AddressSanitizer: every dev/cuda program but matmul_forward (its lesson kernels take a minute under it;
 # production uses cuBLAS, and the plain check runs it)
-devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce softmax_forward"
+devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias nccl_all_reduce softmax_forward"
 devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce"
 start_all=$(date +%s)
 

@@ -386,6 +386,18 @@ void initcheck_outputs(const Gemm& g) {
     for (int64_t batch = 0; batch < g.batch_count; batch++)
         initcheck_matrix((const char*)g.d + (size_t)(batch * g.stride_d) * type_bytes(g.d_type), g.d_type, g.m, g.n, g.ldd, nullptr);
     if (g.epilogue.write_aux) initcheck_matrix(g.epilogue.aux, g.epilogue.aux_type, g.m, g.n, g.epilogue.aux_ld, nullptr);
+    if (g.epilogue.bias_grad_b != nullptr)
+        emu::initcheck_mark_written(g.epilogue.bias_grad_b, (size_t)g.n * type_bytes(g.epilogue.bias_grad_type));
+}
+
+// BGRADB: the column sums of op(B) (k, n), one fp32 sum per column in k order, rounded once
+void bias_gradient_of_b(const Gemm& g) {
+    const Operand& b = g.b;
+    for (int64_t j = 0; j < g.n; j++) {
+        float sum = 0.0f;
+        for (int64_t p = 0; p < g.k; p++) sum += load_element(b.ptr, b.type, b.trans ? j + p * b.ld : p + j * b.ld);
+        store_element(g.epilogue.bias_grad_b, g.epilogue.bias_grad_type, j, sum);
+    }
 }
 
 }  // namespace
@@ -416,6 +428,7 @@ void run_gemm(const Gemm& g) {
     } else {
         run_range(0, tiles.size());
     }
+    if (g.epilogue.bias_grad_b != nullptr) bias_gradient_of_b(g);
     initcheck_outputs(g);
 }
 

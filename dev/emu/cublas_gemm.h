@@ -22,6 +22,9 @@ struct Operand {
 //   dgelu:      v *= gelu'(aux(i, j))                      (aux read)
 //   write_aux:  aux(i, j) = v, rounded to aux_type       (the GELU input)
 //   gelu:       v = gelu(v)
+// and apart from D: bias_grad_b (cuBLASLt's BGRADB), bias_grad[j] = sum over p of op(B)(p, j) for each
+// of D's n columns, summed in fp32 in the order p = 0, 1, ..., k-1 and rounded once to bias_grad_type
+// (one batch only).
 struct Epilogue {
     bool add_bias = false, dgelu = false, write_aux = false, gelu = false;
     const void* bias = nullptr;
@@ -29,6 +32,8 @@ struct Epilogue {
     void* aux = nullptr;
     cudaDataType aux_type = CUDA_R_32F;
     int64_t aux_ld = 0;
+    void* bias_grad_b = nullptr;
+    cudaDataType bias_grad_type = CUDA_R_32F;
 };
 
 // D (m, n) = epilogue(alpha·op(A)·op(B) + beta·C) for batch_count matrices; matrix b of X starts

@@ -13,13 +13,20 @@
 //   GELU_AUX, GELU_AUX_BIAS: as GELU, and the GELU input is also stored in aux (D's type, leading
 //       dimension EPILOGUE_AUX_LD, which must be a multiple of 8 and at least D's rows)
 //   DGELU: (alpha·op(A)·op(B) + beta·C) · gelu'(aux), aux read with EPILOGUE_AUX_LD
+//   BGRADB: D as DEFAULT, and apart from it the bias gradient of B: for each of D's n columns j, the sum
+//       over the GEMM's k dimension of op(B)(p, j), written (not added) to BIAS_POINTER in the bias type
+//       (D's). The documentation: "Bias gradient based on the input matrix B. The bias size corresponds
+//       to the number of columns of the matrix D. The reduction happens over the GEMM's "k" dimension.
+//       Stores Bias gradient in the auxiliary output (see CUBLASLT_MATMUL_DESC_BIAS_POINTER)." The
+//       emulator sums in fp32 in k order and rounds once; a GPU kernel's order is its own, and whether
+//       it rounds partial sums to the bias type on the way is not documented (a GPU check: test/gpu's
+//       kernel test compares its result with a double sum at the fp32 reduction's tolerance).
 // The documentation does not say which GELU: it only says "apply GELU point-wise transform". We use
 // the tanh approximation 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) (what GPT-2 uses and what
 // cuBLASLt is generally understood to compute); this is an assumption, not a documented fact.
 // Not emulated (refused with CUBLAS_STATUS_NOT_SUPPORTED and a printed reason): RELU epilogues,
 // DGELU_BGRAD (the documentation, "apply independently GELU and Bias gradient to matmul output", does
-// not settle whether the bias gradient sums the values before or after gelu'), BGRADA, BGRADB,
-// batched layouts, orders other than column-major, device pointer modes, fp8 scales.
+// not settle whether the bias gradient sums the values before or after gelu'), BGRADA, batched layouts, orders other than column-major, device pointer modes, fp8 scales.
 //
 // Alignment: cublasLtMatmulAlgoGetHeuristic returns algorithms valid for pointers aligned as the
 // preference's MIN_ALIGNMENT_{A,B,C,D}_BYTES promise (256 bytes each by default), and for the bias and
@@ -86,6 +93,7 @@ uint64_t pointer_alignment(const void* p) {
 bool epilogue_has_bias(uint32_t e) {
     return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
+bool epilogue_has_bias_grad(uint32_t e) { return e == CUBLASLT_EPILOGUE_BGRADB; }
 bool epilogue_has_aux(uint32_t e) {
     return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
@@ -196,15 +204,15 @@ cublasStatus_t check_problem(const char* fn, cublasLtMatmulDesc_t desc, cublasLt
     }
     uint32_t e = desc->epilogue;
     if (e != CUBLASLT_EPILOGUE_DEFAULT && !epilogue_has_bias(e) && !epilogue_has_aux(e) &&
-        e != CUBLASLT_EPILOGUE_GELU) {
+        e != CUBLASLT_EPILOGUE_GELU && !epilogue_has_bias_grad(e)) {
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
                       "%s: epilogue %s (%u) is not emulated (DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, "
-                      "DGELU are)",
+                      "DGELU, BGRADB are)",
                       fn, epilogue_name(e), e);
     }
     problem->bias_type = desc->bias_type == -1 ? d->type : (cudaDataType)desc->bias_type;
     problem->aux_type = desc->aux_type == -1 ? d->type : (cudaDataType)desc->aux_type;
-    if (epilogue_has_bias(e)) {
+    if (epilogue_has_bias(e) || epilogue_has_bias_grad(e)) {
         if (desc->bias == nullptr) {
             return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %s without BIAS_POINTER", fn, epilogue_name(e));
         }
@@ -490,6 +498,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         epi.add_bias = true;
         epi.bias = desc->bias;
         epi.bias_type = problem.bias_type;
+    }
+    if (epilogue_has_bias_grad(e)) {
+        size_t bias_bytes = (size_t)n * emu_blas::type_bytes(problem.bias_type);
+        if ((status = check_pointer("bias gradient", desc->bias, bias_bytes, promised[SLOT_BIAS]))) return status;
+        epi.bias_grad_b = const_cast<void*>(desc->bias);
+        epi.bias_grad_type = problem.bias_type;
     }
     if (epilogue_has_aux(e)) {
         size_t aux_bytes = emu_blas::matrix_extent_bytes(m, n, desc->aux_ld, problem.aux_type);

@@ -571,6 +571,51 @@ TEST(CublasLtMatmul, Bf16GeluAuxRoundsBothOutputs) {
     }
 }
 
+TEST(CublasLtMatmul, BgradbWritesTheColumnSumsOfOpB) {
+    // The project's dweight call with the bias gradient fused: D = A·op(B) + D, op(B) (k, n) = B32, and
+    // bias[j] = sum over k of op(B)(p, j): 7 + 9 + 11 = 27 and 8 + 10 + 12 = 30, written over what the
+    // buffer held (not added to it); the buffer's third element is past n and stays.
+    for (bool trans_b : {true, false}) {
+        SCOPED_TRACE(trans_b ? "B stored (n, k), transposed" : "B stored (k, n)");
+        int64_t ldb = trans_b ? 2 : 4;  // 4 > k: the padding rows must not be summed
+        Device<float> a(store(A23, false, 2)), b(store(B32, trans_b, ldb)), d(std::vector<float>{1, 3, 2, 4});
+        Device<float> bias(std::vector<float>{PAD, PAD, PAD});
+        LtCall call;
+        call.m = 2, call.n = 2, call.k = 3, call.trans_b = trans_b, call.lda = 2, call.ldb = ldb, call.ldd = 2;
+        call.beta = 1.0f;
+        call.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+        call.bias = bias.ptr;
+        ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+        EXPECT_EQ(d.download(), (std::vector<float>{59, 142, 66, 158})) << "D as without the epilogue";
+        EXPECT_EQ(bias.download(), (std::vector<float>{27, 30, PAD}));
+    }
+}
+
+TEST(CublasLtMatmul, BgradbInBf16AndItsRefusals) {
+    // bf16: the gradient has D's type. op(B) (k = 3, n = 4) with column j holding j + 1, 0.5, 0.25:
+    // sums j + 1.75, exact in bf16. The bias gradient has n = 4 entries, not m = 2.
+    std::vector<uint16_t> b_bits;
+    for (int j = 0; j < 4; j++) {
+        for (float v : {(float)(j + 1), 0.5f, 0.25f}) b_bits.push_back(bf16_exact(v));
+    }
+    std::vector<uint16_t> a_bits(6, bf16_exact(1.0f));
+    Device<uint16_t> a(a_bits), b(b_bits), d(std::vector<uint16_t>(8)), bias(std::vector<uint16_t>(4, 0xFFFF));
+    LtCall call;
+    call.type = CUDA_R_16BF;
+    call.m = 2, call.n = 4, call.k = 3, call.lda = 2, call.ldb = 3, call.ldd = 2;
+    call.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    call.bias = bias.ptr;
+    ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    std::vector<uint16_t> grad = bias.download();
+    for (int j = 0; j < 4; j++) EXPECT_EQ(bf16_value(grad[j]), j + 1.75f) << "column " << j;
+    // a bias buffer of m = 2 elements is too short for n = 4; no bias pointer at all is refused too
+    Device<uint16_t> short_bias(std::vector<uint16_t>(2, 0));
+    call.bias = short_bias.ptr;
+    EXPECT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
+    call.bias = nullptr;
+    EXPECT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
+}
+
 TEST(CublasLtMatmul, RefusesPointersLessAlignedThanPromised) {
     // A starts 128 bytes into an allocation: with the default preference (256-byte alignment promised)
     // the product must be refused; a preference promising 128 (or less) lets it run.
@@ -596,7 +641,7 @@ TEST(CublasLtMatmul, RefusesUnsupportedEpiloguesAndBadAuxLd) {
     LtCall call;
     call.m = 8, call.n = 1, call.k = 1, call.lda = 8, call.ldb = 1, call.ldd = 8;
     call.aux = d.ptr;
-    for (cublasLtEpilogue_t e : {CUBLASLT_EPILOGUE_RELU, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADB}) {
+    for (cublasLtEpilogue_t e : {CUBLASLT_EPILOGUE_RELU, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADA}) {
         call.epilogue = e;
         call.aux_ld = 8;
         call.bias = a.ptr;

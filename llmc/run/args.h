@@ -73,6 +73,7 @@ struct TrainArgs {
     int master_weights = 1;
     int gelu_fusion = 0;
     int matmul_autotune = 0;  // -at 1: time cuBLASLt's candidates per matmul problem (llmc/matmul.cuh)
+    int bias_grad_epilogue = 0;  // -bg 1: bias gradients from cuBLASLt's BGRADB epilogue (llmc/matmul.cuh)
     int offload_optimizer = 0;  // -oo 1: AdamW's state in pinned host memory, updated by the CPU (doc/memory.md)
     int plan = 0;  // -P 1: print the memory plan and exit without allocating (both trainers; doc/memory.md)
     int flash_attention = 1;
@@ -157,6 +158,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
         {"-at", FlagKind::Int, &a->matmul_autotune, 0, 1, true, "1: time cuBLASLt's first 8 algorithms per matmul problem once and keep the fastest (runs may then differ in the last bits)"},
+        {"-bg", FlagKind::Int, &a->bias_grad_epilogue, 0, 1, true, "1: bias gradients from the weight-gradient matmul's cuBLASLt epilogue (BGRADB) instead of our kernel"},
         {"-oo", FlagKind::Int, &a->offload_optimizer, 0, 1, true, "1: AdamW's state (m, v, master weights) in host memory, updated by the CPU"},
         {"-P", FlagKind::Int, &a->plan, 0, 1, false, "1: print the memory plan (per process) and exit without allocating"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},

@@ -39,7 +39,7 @@ STAGES=(
     "kernels-fp32|fp32|120|the same kernels, fp32 build"
     "model-fp32|fp32|150|the fp32 model against the oracle, CPU-like tolerances"
     "trainer-fp32|fp32|180|the trainer's promises, fp32 build"
-    "bench|main|170|dev/bench_gpu.sh: d12, B=64, T=1024: ours -r 0/1 and -opt muon, PyTorch eager and compiled"
+    "bench|main|170|dev/bench_gpu.sh: d12, B=64, T=1024: ours -r 0/1, -opt muon, -oo 1, -at 1, -bg 1, PyTorch eager and compiled"
     "bench-d24|main|150|dev/bench_gpu.sh at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
     "cuda-dev|main|150|dev/cuda/run_all.sh: every kernel version checked and timed"
     "ncu|main|120|Nsight Compute over a d12 step: the five costliest kernels (test/gpu/ncu_top.sh)"
@@ -156,7 +156,7 @@ run_stage_body() {
             if [ "$emu" = 1 ]; then
                 TRAINER=$TRAIN_BF16 BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
                 BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300" BENCH_MODEL=tiny \
-                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon ours-ge1 ours-at1" \
+                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon ours-ge1 ours-at1 ours-bg1" \
                 BENCH_TSV="$out/bench.tsv" dev/bench_gpu.sh 4
             else
                 BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 dev/bench_gpu.sh 20

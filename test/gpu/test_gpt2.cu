@@ -392,8 +392,9 @@ TEST(TrainOptions, FlashAndCublasAttentionAgree) {
 
 // Recomputation changes only what is stored, never a value: -r 0, 1, 2 and 3 (the whole block rerun
 // from its input) give the same bits, with the GELU from our kernel (-ge 0) and from cuBLASLt's
-// epilogue (-ge 1: the recompute re-runs the fused fc matmul), metrics and checkpoints alike. Without master weights (-w 0) or with the GELU fused
-// (-ge 1 against -ge 0) the arithmetic differs, so those runs must only stay within the oracle
+// epilogue (-ge 1: the recompute re-runs the fused fc matmul), metrics and checkpoints alike. Without master weights (-w 0), with the GELU fused
+// (-ge 1 against -ge 0) or with the bias gradients from cuBLASLt's BGRADB epilogue (-bg 1: rounded to
+// floatX before they are added) the arithmetic differs, so those runs must only stay within the oracle
 // tolerance of the default one.
 TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
     REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
@@ -418,7 +419,10 @@ TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
         (gelu_fusion ? fused : base) = train_losses(r1);
     }
     TrainerRun no_master = run_trainer("gpu_option_w0", flags + " -w 0");
-    for (const auto& [option, losses] : {std::make_pair("-w 0", train_losses(no_master)), std::make_pair("-ge 1", fused)}) {
+    TrainerRun bias_epilogue = run_trainer("gpu_option_bg1", flags + " -bg 1");
+    EXPECT_EQ(bias_epilogue.result.output.find("no BGRADB algorithm"), std::string::npos) << "-bg 1 fell back";
+    for (const auto& [option, losses] : {std::make_pair("-w 0", train_losses(no_master)), std::make_pair("-ge 1", fused),
+                                         std::make_pair("-bg 1", train_losses(bias_epilogue))}) {
         SCOPED_TRACE(option);
         ASSERT_EQ(losses.size(), base.size());
         for (size_t s = 0; s < losses.size(); s++) {

@@ -270,6 +270,41 @@ TEST(Kernels, MatmulForwardBackward) {
     EXPECT_TRUE(same_bits(download(d_db), got_db)) << "dbias is not deterministic";
 }
 
+// -bg 1 (llmc/matmul.cuh): dbias from the weight-gradient product's BGRADB epilogue, added into dbias,
+// against the CPU op at the same tolerance as our kernel (TOL_SUM: an fp32 sum of N bf16 terms, rounded
+// to bf16 once by the epilogue and once more by the add); dinp and dweight as without it; two runs give
+// the same bits. N = 200 is not a multiple of any tile (the emulator's are 128 and 96 rows; a GPU
+// kernel's k tile likely 32 or 64). On a GPU this is the check of what BGRADB computes: the columns'
+// sums over k, written, not added.
+TEST(Kernels, MatmulBiasGradientFromTheEpilogue) {
+    std::mt19937 rng(23);
+    int N = 200, C = 128, OC = 192;
+    std::vector<float> inp = random_values((size_t)N * C, rng), weight = random_values((size_t)OC * C, rng);
+    std::vector<float> dout = random_values((size_t)N * OC, rng);
+    std::vector<float> dw0 = random_values((size_t)OC * C, rng), db0 = random_values(OC, rng);
+    DeviceArray<floatX> d_inp(inp.size()), d_w(weight.size()), d_dout(dout.size());
+    DeviceArray<floatX> d_dinp(inp.size()), d_dw(weight.size()), d_db(OC);
+    DeviceArray<float> d_scratch(matmul_backward_scratch_floats(OC));
+    upload(d_inp, inp), upload(d_w, weight), upload(d_dout, dout), upload(d_dw, dw0), upload(d_db, db0);
+    std::vector<float> dinp((size_t)N * C, 0.0f), dw = dw0, db = db0;
+    matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+
+    bool saved = matmul_algorithms.bias_grad_epilogue;
+    matmul_algorithms.bias_grad_epilogue = true;
+    auto pass = [&] {
+        upload(d_dw, dw0), upload(d_db, db0);
+        matmul_backward(d_dinp.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, nullptr, N, C,
+                        OC, 0);
+        return download(d_db);
+    };
+    std::vector<float> got_db = pass();
+    expect_close("matmul dinp (-bg 1)", download(d_dinp), dinp, TOL_SUM);
+    expect_close("matmul dweight (-bg 1, accumulated)", download(d_dw), dw, TOL_SUM);
+    expect_close("matmul dbias (-bg 1, accumulated)", got_db, db, TOL_SUM);
+    EXPECT_TRUE(same_bits(pass(), got_db)) << "dbias (-bg 1) is not deterministic";
+    matmul_algorithms.bias_grad_epilogue = saved;
+}
+
 // -at 1 (llmc/matmul.cuh): the first call of a problem times the heuristic's candidates and keeps the
 // fastest, ties going to the heuristic's order; the choice is kept (a problem is timed once); and the
 // trials leave nothing behind: an accumulating product (dweight, C = D) adds its product once, not once
@@ -419,7 +454,9 @@ TEST(Kernels, AttentionForwardBackward) {
 #if defined(LLMC_FLASH_ATTENTION)
 // Flash attention (the default) against the CPU op, for the head sizes GPT-2 and other checkpoints use
 // (16, 32, 64, 80, 128) and T around the 64-row tile (1, 7, 63, 64, 65: partial, whole and one-past
-// tiles; 200: several tiles and a partial one); head sizes 8, 24, 40 at two lengths. The forward's saved lse is checked against ln(sum exp(scores)) from the CPU's
+// tiles; 200: several tiles and a partial one); head sizes 8, 24, 40 and 104 at two lengths (104: the
+// kernels compiled for 112, where the dk/dv kernel reads k and v from shared memory each tile, as at
+// 128). The forward's saved lse is checked against ln(sum exp(scores)) from the CPU's
 // probabilities: lse = s[m] - ln(att[m]) at the row's largest probability m. A second backward must
 // give the same bits (no atomics). Flash keeps the scores in fp32 and rounds P and dS to bf16 (as mma
 // operands) and the outputs once: out and dv come within ~3e-3; dq and dk, sums of few cancelling dS·k
@@ -434,9 +471,9 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
     double worst_out = 0, worst_lse = 0, worst_dqkv = 0;
     const char* shapes = getenv("TEST_FLASH_SHAPES");
     bool few = shapes && strcmp(shapes, "few") == 0;
-    // 8, 24, 40: not multiples of mma's 16, so the kernels' zero columns past hs are in play
+    // 8, 24, 40, 104: not multiples of mma's 16, so the kernels' zero columns past hs are in play
     std::vector<int> every_length = {1, 7, 63, 64, 65, 200}, some_lengths = {7, 65};
-    std::vector<int> head_sizes = few ? std::vector<int>{24, 64} : std::vector<int>{8, 16, 24, 32, 40, 64, 80, 128};
+    std::vector<int> head_sizes = few ? std::vector<int>{24, 64} : std::vector<int>{8, 16, 24, 32, 40, 64, 80, 104, 128};
     for (int hs : head_sizes) {
         for (int T : hs % 16 == 0 && !few ? every_length : some_lengths) {
             SCOPED_TRACE("hs " + std::to_string(hs) + " T " + std::to_string(T));
