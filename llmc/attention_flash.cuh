@@ -16,8 +16,9 @@
 // Every output element is owned by one warp and summed in a fixed order: no atomics, so two runs give
 // the same bits. The price is recomputing two of the products for dq (7 products instead of 5).
 //
-// Two versions of the three kernels, a template argument (dev/cuda/attention_forward.cu and
-// attention_backward.cu time both; the trainer runs v4):
+// Versions of the three kernels, a template argument (dev/cuda/attention_forward.cu and
+// attention_backward.cu time them; the trainer runs v4; v5, below, differs from v4 only in the
+// forward's register bound):
 //   v3, as first written: the forward scales every score into log2 units before the max; the backward
 //     masks every tile (an index computation and a compare per score); exp2f.
 //   v4: fewer instructions per score, the tensor cores' share of the issue slots larger. The forward
@@ -49,11 +50,33 @@ constexpr int FLASH_THREADS = 128;
 constexpr int FLASH_MAX_HEAD_SIZE = 128;
 constexpr float FLASH_LOG2E = 1.4426950408889634f;
 
-enum class FlashVersion { v3, v4 };
+enum class FlashVersion { v3, v4, v5 };
+
+// Occupancy, by design: a block is 4 warps (64 rows, 16 per warp: the mma tile's height), and what a
+// warp holds in registers, with each block's shared memory, sets how many blocks share an SM (64K
+// registers; 164 KB of shared memory on sm_80, 228 KB on sm_90, 1 KB of it reserved per block). At
+// head size 64 (every GPT-2 size):
+//   forward: q's fragments, a 16 x 64 score tile and a 16 x 64 output accumulator, 128 registers on
+//     sm_80 and 131 on sm_90 (ptxas), and 46 KB of tiles (q, two stages of k and v): 3 blocks (12
+//     warps) on either, bound by shared memory on sm_80 and by the 3 registers past 128 on sm_90.
+//   backward dk/dv: two accumulators (dk, dv) and k's and v's fragments, 241-243 registers, and 56 KB:
+//     2 blocks (8 warps). We take 8 warps rather than spill: each warp has two independent products
+//     per tile in flight, which the scheduler interleaves.
+//   backward dq: 165-167 registers and 55 KB: 2 blocks on sm_80 (shared memory), 3 on sm_90.
+// Tiles of 64 keys make each K/V tile loaded into shared memory feed 4 warps' products.
+// v5 is v4 with the forward held to 128 registers at head size 64 (__launch_bounds__ with 4 blocks
+// per SM: no spill on either architecture), so sm_90 gets its fourth block; the backward is v4's.
+// Whether 16 warps beat 12 there (more latency hidden behind the exponentials, against whatever ptxas
+// gives up for 3 registers) is for a GPU to say: dev/cuda/attention_forward.cu times v4 and v5, and the
+// trainer stays on v4 until it has.
+template <int D, FlashVersion V>
+constexpr int flash_forward_min_blocks() {
+    return V == FlashVersion::v5 && D == 64 ? 4 : 1;
+}
 
 template <FlashVersion V>
 __device__ inline float flash_exp2(float x) {
-    if constexpr (V == FlashVersion::v4) {
+    if constexpr (V != FlashVersion::v3) {
         return exp2_approx(x);
     } else {
         return exp2f(x);
@@ -93,7 +116,7 @@ template <int D, FlashVersion V>
 __device__ inline void flash_load_tile(FlashTile<D>& tile, const floatX* src, size_t row_stride, int row0, int T,
                                        int hs) {
     constexpr int chunks_per_row = D / 8;
-    if constexpr (V == FlashVersion::v4) {
+    if constexpr (V != FlashVersion::v3) {
         static_assert(FLASH_TILE * chunks_per_row % FLASH_THREADS == 0, "every thread loads as many chunks");
         const floatX* base = src + (size_t)row0 * row_stride;
         int rows_left = T - row0;
@@ -207,7 +230,7 @@ struct FlashForwardShared {
 };
 
 template <int D, FlashVersion V>
-__global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
+__global__ void __launch_bounds__(FLASH_THREADS, flash_forward_min_blocks<D, V>()) attention_flash_forward_kernel(
     floatX* out, float* lse, const floatX* qkv, int T, int NH, int hs) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashForwardShared<D>& sh = *reinterpret_cast<FlashForwardShared<D>*>(flash_shared);
@@ -225,7 +248,7 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_forward_kernel(
 
     const float scale_log2 = (1.0f / sqrtf((float)hs)) * FLASH_LOG2E;  // as the backward computes it
     // log2 units per unit of the running scores: v3 scales each score first, v4 folds it into the FFMA
-    const float step = V == FlashVersion::v4 ? scale_log2 : 1.0f;
+    const float step = V != FlashVersion::v3 ? scale_log2 : 1.0f;
     int query0 = q_tile * FLASH_TILE + warp * 16 + lane / 4;  // the lane's rows: query0 and query0 + 8
     uint32_t q_frag[D / 16][4];
     float o[D / 8][4] = {};
@@ -349,7 +372,7 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
 
     // lse and D with plain loads: a head's rows start at any float offset, too unaligned for cp.async.
     // v4 keeps lse in log2 units.
-    const float lse_unit = V == FlashVersion::v4 ? FLASH_LOG2E : 1.0f;
+    const float lse_unit = V != FlashVersion::v3 ? FLASH_LOG2E : 1.0f;
     auto load_query_tile = [&](int stage, int q_tile) {
         flash_load_tile<D, V>(sh.q[stage], q_head, stride, q_tile * FLASH_TILE, T, hs);
         flash_load_tile<D, V>(sh.dout[stage], dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
@@ -405,7 +428,7 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float lse_e = e % 2 ? row_lse.y : row_lse.x;
-                if constexpr (V == FlashVersion::v4) {
+                if constexpr (V != FlashVersion::v3) {
                     p[nt][e] = flash_exp2<V>(fmaf(p[nt][e], scale_log2, -lse_e));
                 } else {
                     p[nt][e] = flash_exp2<V>(p[nt][e] * scale_log2 - lse_e * FLASH_LOG2E);

@@ -106,6 +106,15 @@ void attention_forward_v1(floatX* out, floatX* att, const floatX* qkv, int B, in
 // 2^-22 relative) is far under the bf16 P it feeds.
 
 // ----------------------------------------------------------------------------
+// v5: v4 held to 128 registers at head size 64 (__launch_bounds__(128, 4), llmc/attention_flash.cuh's
+// flash_forward_min_blocks). On sm_90 ptxas gives v4 131 registers, which fits 3 blocks (12 warps) on
+// an SM where shared memory (46 KB a block of 228 KB) would fit 4; v5 gets the fourth, with no spill
+// (dev/cuda/kernel_report.py --all dev/cuda/bin/attention_forward shows both). Should be faster if the
+// forward is latency-bound (each warp's tile step is a dependent chain: mma, max, shuffle, exp, mma),
+// unless the 3 registers cost instructions. On sm_80 both land at 128 registers and shared memory
+// keeps 3 blocks: the same kernel in effect.
+
+// ----------------------------------------------------------------------------
 
 // Checks (and, outside the check mode, times) every version at sequence length T; 1 if a check failed.
 static int check_and_time(int T) {
@@ -167,6 +176,12 @@ static int check_and_time(int T) {
          [&](int) {
              att_written = false;
              attention_forward(d_out.ptr, d_att.ptr, d_qkv.ptr, d_scratch.ptr, B, T, C, NH, true, 0);
+         }},
+        {"v5 flash: v4 at 128 registers, 4 blocks/SM", {0},
+         [&](int) {
+             att_written = false;
+             attention_flash_forward<FlashVersion::v5>(d_out.ptr, reinterpret_cast<float*>(d_att.ptr), d_qkv.ptr, B,
+                                                       T, NH, C / NH, 0);
          }},
     };
     dev::run_versions(&report, versions,
