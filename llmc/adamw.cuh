@@ -145,14 +145,34 @@ __global__ void adamw_many_kernel(const AdamWBatch batch, float lr, float beta1,
     *reinterpret_cast<AdamWParams4*>(t.params + i0) = p_out;
 }
 
-__global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = (floatX)((float)dst[i] + (float)src[i]);
+// elementwise, 16 bytes at a time (cuda_common.cuh)
+__global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n, bool vector) {
+    constexpr int E = ELEMENTWISE_E;
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
+    if (i0 >= n) return;
+    if (vector && i0 + E <= n) {
+        x128 d = load128(dst + i0), add = load128(src + i0);
+#pragma unroll
+        for (int k = 0; k < E; k++) d[k] = (floatX)((float)d[k] + (float)add[k]);
+        store128(dst + i0, d);
+        return;
+    }
+    for (size_t i = i0; i < n && i < i0 + E; i++) dst[i] = (floatX)((float)dst[i] + (float)src[i]);
 }
 
-__global__ void copy_to_master_kernel(float* master, const floatX* params, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) master[i] = (float)params[i];
+__global__ void copy_to_master_kernel(float* master, const floatX* params, size_t n, bool vector) {
+    constexpr int E = ELEMENTWISE_E;
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
+    if (i0 >= n) return;
+    if (vector && i0 + E <= n) {
+        x128 p = load128(params + i0);
+        float out[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) out[k] = (float)p[k];
+        store_floats(master + i0, out);
+        return;
+    }
+    for (size_t i = i0; i < n && i < i0 + E; i++) master[i] = (float)params[i];
 }
 
 __global__ void sum_of_squares_partials_kernel(float* partials, const floatX* x, size_t n) {
@@ -246,15 +266,17 @@ inline void adamw_update_many(const std::vector<AdamWTensor>& tensors, const Ada
 // dst += src, rounded to floatX (ZeRO-2's running gradient sum over micro-steps, train_gpt2.cu).
 inline void add_into(floatX* dst, const floatX* src, size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    const int block_size = 512;
-    add_into_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(dst, src, n);
+    const int block_size = 256;
+    add_into_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(dst, src, n,
+                                                                                 elementwise_aligned({dst, src}));
     cudaCheckLaunch();
 }
 
 // master = params, e.g. after loading a checkpoint.
 inline void copy_to_master(float* master, const floatX* params, size_t n, cudaStream_t stream) {
-    const int block_size = 512;
-    copy_to_master_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(master, params, n);
+    const int block_size = 256;
+    copy_to_master_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(
+        master, params, n, elementwise_aligned({master, params}));
     cudaCheckLaunch();
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -109,6 +110,36 @@ __device__ inline void store128cs(T* address, Packed128<T> value) {
     int4 bits;
     memcpy(&bits, &value, sizeof(bits));
     __stcs(reinterpret_cast<int4*>(address), bits);
+}
+
+// Elementwise kernels 16 bytes at a time. Thread t of the grid takes elements [t·E, t·E + E), E =
+// x128::size (8 bf16, 4 fp32): each floatX array moves as one 128-bit access per thread, each fp32 array
+// as E/4. `vector` is the launcher's answer to "does every array start 16-byte aligned"
+// (elementwise_aligned; a ZeRO shard or a tensor after an odd-sized one may not); where it is false,
+// and for the last elements when n is not a multiple of E, the thread goes one element at a time:
+// the same arithmetic, so the same bits.
+constexpr int ELEMENTWISE_E = x128::size;
+
+template <int N>
+__device__ inline void load_floats(float (&out)[N], const float* address) {
+    static_assert(N % f128::size == 0, "whole 16-byte chunks");
+#pragma unroll
+    for (int c = 0; c < N / f128::size; c++) {
+        f128 chunk = load128(address + c * f128::size);
+#pragma unroll
+        for (int k = 0; k < f128::size; k++) out[c * f128::size + k] = chunk[k];
+    }
+}
+
+template <int N>
+__device__ inline void store_floats(float* address, const float (&values)[N]) {
+#pragma unroll
+    for (int c = 0; c < N / f128::size; c++) {
+        f128 chunk;
+#pragma unroll
+        for (int k = 0; k < f128::size; k++) chunk[k] = values[c * f128::size + k];
+        store128(address + c * f128::size, chunk);
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -224,6 +255,17 @@ __host__ __device__ inline void stochastic_round(float value, half* out, uint32_
 
 // grid sizes are ints
 inline int ceil_div_int(long a, long b) { return (int)ceil_div(a, b); }
+
+// An elementwise kernel's grid (above): blocks of block_size threads, ELEMENTWISE_E elements a thread
+inline int elementwise_blocks(size_t n, int block_size) { return ceil_div_int(ceil_div(n, (size_t)ELEMENTWISE_E), block_size); }
+
+// true if every non-null pointer starts 16-byte aligned (an elementwise kernel's `vector`)
+inline bool elementwise_aligned(std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers) {
+        if ((uintptr_t)p % 16 != 0) return false;
+    }
+    return true;
+}
 
 // Bytes from `offset` rounded up to the next multiple of 256: the allocators put every tensor on such
 // a boundary so 128-bit accesses and cuBLASLt's fastest kernels apply to each of them.

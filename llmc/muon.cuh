@@ -28,34 +28,85 @@
 
 // grads (n) replaced by U, the Nesterov update, from the gradient (times the clipping scale) and the
 // momentum (updated).
+// Elementwise, 16 bytes at a time (cuda_common.cuh); each element's arithmetic in one function, shared
+// by the vector and the one-at-a-time path.
+__device__ inline float muon_momentum_element(float grad, float* momentum, float mu, float one_minus_mu,
+                                              float grad_scale) {
+    float g = grad * grad_scale;
+    float b = lerp_as_torch(*momentum, g, one_minus_mu);
+    *momentum = b;
+    return lerp_as_torch(g, b, mu);
+}
+
 __global__ void muon_momentum_kernel(floatX* grads, float* momentum, size_t n, float mu, float one_minus_mu,
-                                     float grad_scale) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float g = (float)grads[i] * grad_scale;
-    float b = lerp_as_torch(momentum[i], g, one_minus_mu);
-    momentum[i] = b;
-    grads[i] = (floatX)lerp_as_torch(g, b, mu);
+                                     float grad_scale, bool vector) {
+    constexpr int E = ELEMENTWISE_E;
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
+    if (i0 >= n) return;
+    if (vector && i0 + E <= n) {
+        x128 g = load128(grads + i0);
+        float b[E];
+        load_floats(b, momentum + i0);
+#pragma unroll
+        for (int k = 0; k < E; k++) g[k] = (floatX)muon_momentum_element((float)g[k], &b[k], mu, one_minus_mu, grad_scale);
+        store_floats(momentum + i0, b);
+        store128(grads + i0, g);
+        return;
+    }
+    for (size_t i = i0; i < n && i < i0 + E; i++) {
+        grads[i] = (floatX)muon_momentum_element((float)grads[i], &momentum[i], mu, one_minus_mu, grad_scale);
+    }
 }
 
 // x (n) = u / max(sqrt(*sum_sq), eps): u over its Frobenius norm, read from the device
-__global__ void muon_normalize_kernel(floatX* x, const floatX* u, const float* sum_sq, size_t n, float eps) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+__global__ void muon_normalize_kernel(floatX* x, const floatX* u, const float* sum_sq, size_t n, float eps,
+                                      bool vector) {
+    constexpr int E = ELEMENTWISE_E;
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
+    if (i0 >= n) return;
     float norm = fmaxf(sqrtf(*sum_sq), eps);
-    x[i] = (floatX)((float)u[i] / norm);
+    if (vector && i0 + E <= n) {
+        x128 v = load128(u + i0);
+#pragma unroll
+        for (int k = 0; k < E; k++) v[k] = (floatX)((float)v[k] / norm);
+        store128(x + i0, v);
+        return;
+    }
+    for (size_t i = i0; i < n && i < i0 + E; i++) x[i] = (floatX)((float)u[i] / norm);
 }
 
 // W = W (1 - lr wd) + step X on the master weights (or on the parameters under -w 0), rounded to the
-// floatX parameters stochastically as AdamW's are
+// floatX parameters stochastically as AdamW's are (the hash of each element's index, as one at a time)
 __global__ void muon_apply_kernel(floatX* params, float* master, const floatX* ortho, size_t n, float keep, float step,
-                                  uint32_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float p = master != nullptr ? master[i] : (float)params[i];
-    p = p * keep + step * (float)ortho[i];
-    if (master != nullptr) master[i] = p;
-    stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+                                  uint32_t seed, bool vector) {
+    constexpr int E = ELEMENTWISE_E;
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
+    if (i0 >= n) return;
+    if (vector && i0 + E <= n) {
+        x128 o = load128(ortho + i0), out;
+        float p[E];
+        if (master != nullptr) {
+            load_floats(p, master + i0);
+        } else {
+            x128 old = load128(params + i0);
+#pragma unroll
+            for (int k = 0; k < E; k++) p[k] = (float)old[k];
+        }
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            p[k] = p[k] * keep + step * (float)o[k];
+            stochastic_round(p[k], &out[k], hash_u32((uint32_t)(i0 + k), seed));
+        }
+        if (master != nullptr) store_floats(master + i0, p);
+        store128(params + i0, out);
+        return;
+    }
+    for (size_t i = i0; i < n && i < i0 + E; i++) {
+        float p = master != nullptr ? master[i] : (float)params[i];
+        p = p * keep + step * (float)ortho[i];
+        if (master != nullptr) master[i] = p;
+        stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -93,20 +144,22 @@ inline size_t muon_scratch_layout(void* memory, size_t max_elements, size_t n, M
 // Nesterov update U written over the gradient (as floatX: what Newton-Schulz starts from).
 inline void muon_momentum(floatX* grads, float* momentum, size_t n, const MuonHyper& h, float grad_scale,
                           cudaStream_t stream) {
-    const int block_size = 512;
-    muon_momentum_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(
-        grads, momentum, n, h.momentum, (float)(1.0 - (double)h.momentum), grad_scale);
+    const int block_size = 256;
+    muon_momentum_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(
+        grads, momentum, n, h.momentum, (float)(1.0 - (double)h.momentum), grad_scale,
+        elementwise_aligned({grads, momentum}));
     cudaCheckLaunch();
 }
 
 // Step 3: a whole (rows, cols) matrix's U orthogonalized in place (row-major, in the gradient buffer).
 inline void muon_orthogonalize(floatX* u, int rows, int cols, const MuonHyper& h, MuonScratch* s, cudaStream_t stream) {
     const size_t count = (size_t)rows * cols;
-    const int block_size = 512;
+    const int block_size = 256;
     const bool tall = rows > cols;
     const int n = tall ? cols : rows, m = tall ? rows : cols;  // X is (n, m), n <= m
     sum_of_squares(s->sum_sq, s->partials, u, count, stream);
-    muon_normalize_kernel<<<ceil_div_int(count, block_size), block_size, 0, stream>>>(s->x, u, s->sum_sq, count, h.eps);
+    muon_normalize_kernel<<<elementwise_blocks(count, block_size), block_size, 0, stream>>>(
+        s->x, u, s->sum_sq, count, h.eps, elementwise_aligned({s->x, u}));
     cudaCheckLaunch();
     floatX *x = s->x, *next = s->y;  // column-major S: (m, n) when wide, (n, m) when tall
     for (int step = 0; step < h.ns_steps; step++) {
@@ -130,8 +183,9 @@ inline void muon_orthogonalize(floatX* u, int rows, int cols, const MuonHyper& h
 // adjusted_lr = lr * muon_lr_ratio(rows, cols). master: the elements' fp32 master weights, or nullptr.
 inline void muon_apply(floatX* params, float* master, const floatX* ortho, size_t n, float lr, float weight_decay,
                        float adjusted_lr, uint32_t seed, cudaStream_t stream) {
-    const int block_size = 512;
-    muon_apply_kernel<<<ceil_div_int(n, block_size), block_size, 0, stream>>>(
-        params, master, ortho, n, (float)(1.0 - (double)lr * weight_decay), -adjusted_lr, seed);
+    const int block_size = 256;
+    muon_apply_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(
+        params, master, ortho, n, (float)(1.0 - (double)lr * weight_decay), -adjusted_lr, seed,
+        elementwise_aligned({params, master, ortho}));
     cudaCheckLaunch();
 }
