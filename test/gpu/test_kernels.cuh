@@ -28,6 +28,7 @@
 #include "../../llmc/gelu.h"
 #include "../../llmc/layernorm.h"
 #include "../../llmc/matmul.h"
+#include "../../llmc/muon.h"
 #include "../../llmc/residual.h"
 #include "../test_helpers.h"
 
@@ -806,6 +807,76 @@ TEST(Kernels, AdamWManyTensorsInOneLaunchEqualsOneLaunchEach) {
         }
         record_output_hash(master ? "adamw many, master" : "adamw many, no master", b);
     }
+}
+
+// The elementwise kernels that move 16 bytes at a time (cuda_common.cuh: add_into, copy_to_master,
+// Muon's momentum and apply) at n = 45 (five whole 8-element shares and a tail of 5), once from 16-byte
+// aligned arrays (the vector path and the tail) and once from arrays 3 elements in (every element one at
+// a time). Against the definitions: add_into is one fp32 add of two floatX values rounded once, and
+// copy_to_master a widening, both exact, so equal bits; Muon's momentum against llmc/muon.h's CPU step,
+// within 1e-6 relative for the fp32 momentum (the two compilers may contract the lerps into FMAs
+// differently) and TOL_ELEMENTWISE for U rounded to floatX; apply against p·keep + step·O in fp32 (1e-6)
+// and its stochastic rounding within one floatX step (2^-7 relative in bf16). The two placements must
+// give the same bits: the stochastic rounding's hash takes the element's index, not its address.
+TEST(Kernels, ElementwiseKernelsAtAnyAlignmentAndLength) {
+    std::mt19937 rng(41);
+    const size_t n = 45;
+    std::vector<float> a = random_values(n, rng), b = random_values(n, rng), mom0 = random_values(n, rng, -0.1f, 0.1f);
+    std::vector<float> master0 = random_values(n, rng);
+    MuonHyper hyper;
+    const float grad_scale = 0.5f, lr = 0.02f, weight_decay = 0.1f, adjusted_lr = 0.03f;
+    std::vector<float> want_sum(n), want_u = a, want_mom = mom0, want_master(n);
+    for (size_t i = 0; i < n; i++) want_sum[i] = host_from_floatX(host_to_floatX(a[i] + b[i]));
+    muon_momentum(want_mom.data(), want_u.data(), n, hyper.momentum, grad_scale);
+    const float keep = (float)(1.0 - (double)lr * weight_decay);
+    for (size_t i = 0; i < n; i++) want_master[i] = master0[i] * keep + -adjusted_lr * b[i];
+
+    std::vector<float> results[2][5];  // per placement: sum, master copy, U, momentum, apply's params
+    for (int placement = 0; placement < 2; placement++) {
+        size_t o = placement == 0 ? 0 : 3;
+        SCOPED_TRACE(o == 0 ? "aligned" : "3 elements in");
+        std::vector<float> pad(o, 7.0f);
+        auto padded = [&](const std::vector<float>& v) {
+            std::vector<float> out = pad;
+            out.insert(out.end(), v.begin(), v.end());
+            return out;
+        };
+        auto tail = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + o, v.end()); };
+        DeviceArray<floatX> d_a(n + o), d_b(n + o), d_params(n + o);
+        DeviceArray<float> d_master(n + o), d_mom(n + o);
+        upload(d_a, padded(a)), upload(d_b, padded(b)), upload(d_params, padded(a));
+
+        add_into(d_a.ptr + o, d_b.ptr + o, n, 0);
+        results[placement][0] = tail(download(d_a));
+        EXPECT_TRUE(same_bits(results[placement][0], want_sum)) << "add_into";
+
+        copy_to_master(d_master.ptr + o, d_params.ptr + o, n, 0);
+        std::vector<float> master(n + o);
+        cudaCheck(cudaMemcpy(master.data(), d_master.ptr, (n + o) * sizeof(float), cudaMemcpyDeviceToHost));
+        results[placement][1] = tail(master);
+        EXPECT_TRUE(same_bits(results[placement][1], a)) << "copy_to_master";
+
+        upload(d_a, padded(a));
+        upload_raw(d_mom, padded(mom0));
+        muon_momentum(d_a.ptr + o, d_mom.ptr + o, n, hyper, grad_scale, 0);
+        std::vector<float> mom(n + o);
+        cudaCheck(cudaMemcpy(mom.data(), d_mom.ptr, (n + o) * sizeof(float), cudaMemcpyDeviceToHost));
+        results[placement][2] = tail(download(d_a));
+        results[placement][3] = tail(mom);
+        expect_close("muon momentum U", results[placement][2], want_u, TOL_ELEMENTWISE);
+        expect_close("muon momentum", results[placement][3], want_mom, 1e-6);
+
+        upload_raw(d_master, padded(master0));
+        upload(d_params, padded(master0));
+        muon_apply(d_params.ptr + o, d_master.ptr + o, d_b.ptr + o, n, lr, weight_decay, adjusted_lr, 7u, 0);
+        cudaCheck(cudaMemcpy(master.data(), d_master.ptr, (n + o) * sizeof(float), cudaMemcpyDeviceToHost));
+        expect_close("muon apply master", tail(master), want_master, 1e-6);
+        results[placement][4] = tail(download(d_params));
+        expect_close("muon apply params", results[placement][4], want_master, std::is_same<floatX, float>::value ? 1e-6 : 1.0 / 128);
+        std::vector<float> params = download(d_params);
+        EXPECT_EQ(std::vector<float>(params.begin(), params.begin() + o), pad) << "nothing written before the arrays";
+    }
+    for (int r = 0; r < 5; r++) EXPECT_TRUE(same_bits(results[0][r], results[1][r])) << "result " << r;
 }
 
 #if !defined(ENABLE_FP32)
