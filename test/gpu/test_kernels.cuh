@@ -425,6 +425,88 @@ TEST(Kernels, MatmulGeluEpilogues) {
     expect_close("DGELU epilogue dinp", download(d_dpre), dpre, TOL_SUM);
 }
 
+// A question for a GPU, not a check of our code: cuBLASLt's DGELU_BGRAD epilogue ("apply independently
+// GELU and Bias gradient to matmul output", per its header) would give the fc layer's bias gradient
+// from fc_proj's input-gradient product with -ge 1, if its bias gradient sums the product after the
+// GELU derivative (the gradient of the pre-GELU values); the documentation does not say whether before
+// or after, so the emulator refuses the epilogue (dev/emu/cublas_lt.cpp) and the trainer does not use
+// it. On a GPU this runs it on D (m, n) = A (m, k)·B (k, n), aux (m, n) the pre-GELU values, and checks
+// D = product · gelu'(aux) and that the m bias-gradient entries are the sums over the n columns of one
+// of the two readings, after gelu' or before, at TOL_SUM (the two differ by O(1) here: checked), and
+// prints which. Neither (another shape, another reduction) fails.
+TEST(Kernels, CublasLtDgeluBgradIsOneOfItsTwoReadings) {
+#if defined(CUDA_EMULATION)
+    GTEST_SKIP() << "a question for a real cuBLASLt: the emulator refuses DGELU_BGRAD (its documentation is ambiguous)";
+#else
+    std::mt19937 rng(29);
+    const int m = 128, n = 64, k = 64;
+    std::vector<float> a = random_values((size_t)m * k, rng), b = random_values((size_t)k * n, rng);
+    std::vector<float> aux = random_values((size_t)m * n, rng, -3.0f, 3.0f);
+    DeviceArray<floatX> d_a(a.size()), d_b(b.size()), d_aux(aux.size()), d_d((size_t)m * n), d_bias(m);
+    upload(d_a, a), upload(d_b, b), upload(d_aux, aux);
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    cudaDataType_t type = CUBLAS_FLOATX;
+    int64_t aux_ld = m;
+    floatX *bias_ptr = d_bias.ptr, *aux_ptr = d_aux.ptr;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr, sizeof(aux_ptr)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, type, m, k, m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, type, k, n, k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, type, m, n, m));
+    cublasLtMatmulPreference_t preference;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
+    size_t workspace_bytes = CUBLAS_WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &workspace_bytes, sizeof(workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, la, lb, ld, ld, preference, 1,
+                                                           &heuristic, &found);
+    float alpha = 1.0f, beta = 0.0f;
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+        cublasCheck(cublasLtMatmul(cublas_context.lt, desc, &alpha, d_a.ptr, la, d_b.ptr, lb, &beta, d_d.ptr, ld, d_d.ptr,
+                                   ld, &heuristic.algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, 0));
+    }
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) GTEST_SKIP() << "cuBLASLt offers no DGELU_BGRAD algorithm here";
+
+    auto gelu_grad_reference = [](double x) {  // the tanh GELU's derivative, from its formula
+        double s = std::sqrt(2.0 / M_PI), t = std::tanh(s * (x + 0.044715 * x * x * x));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
+    };
+    std::vector<float> want_d((size_t)m * n), after(m, 0.0f), before(m, 0.0f);
+    std::vector<float> aux_rounded = download(d_aux);
+    for (int i = 0; i < m; i++) {
+        double sum_after = 0, sum_before = 0;
+        for (int j = 0; j < n; j++) {
+            double product = 0;
+            for (int p = 0; p < k; p++) product += (double)a[i + (size_t)p * m] * b[p + (size_t)j * k];
+            double dgelu = product * gelu_grad_reference(aux_rounded[i + (size_t)j * m]);
+            want_d[i + (size_t)j * m] = (float)dgelu;
+            sum_after += dgelu, sum_before += product;
+        }
+        after[i] = (float)sum_after, before[i] = (float)sum_before;
+    }
+    expect_close("DGELU_BGRAD D", download(d_d), want_d, TOL_SUM);
+    std::vector<float> bias = download(d_bias);
+    double err_after = test::max_rel_error(bias.data(), after.data(), m);
+    double err_before = test::max_rel_error(bias.data(), before.data(), m);
+    ASSERT_GT(test::max_rel_error(after.data(), before.data(), m), 10 * TOL_SUM) << "the readings must differ";
+    printf("  DGELU_BGRAD's bias gradient: max rel error %.2e against the sums after gelu', %.2e before: %s\n",
+           err_after, err_before, err_after <= TOL_SUM ? "after (usable for the fc bias)" :
+                                  err_before <= TOL_SUM ? "before (not the fc bias gradient)" : "neither");
+    EXPECT_TRUE(err_after <= TOL_SUM || err_before <= TOL_SUM) << "the bias gradient is neither reading";
+#endif
+}
+
 // the cuBLAS + softmax path (-fa 0): saves the probabilities themselves. T equal to the head size and
 // not (24 and 40 against 16 and 64): with T = hs a product that swaps its leading dimensions (T for hs)
 // would still pass.
