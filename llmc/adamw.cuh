@@ -147,32 +147,28 @@ __global__ void adamw_many_kernel(const AdamWBatch batch, float lr, float beta1,
 
 // elementwise, 16 bytes at a time (cuda_common.cuh)
 __global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n, bool vector) {
-    constexpr int E = ELEMENTWISE_E;
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
-    if (i0 >= n) return;
-    if (vector && i0 + E <= n) {
-        x128 d = load128(dst + i0), add = load128(src + i0);
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 d = load128(dst + i0), add = load128(src + i0);
 #pragma unroll
-        for (int k = 0; k < E; k++) d[k] = (floatX)((float)d[k] + (float)add[k]);
-        store128(dst + i0, d);
-        return;
-    }
-    for (size_t i = i0; i < n && i < i0 + E; i++) dst[i] = (floatX)((float)dst[i] + (float)src[i]);
+            for (int k = 0; k < ELEMENTWISE_E; k++) d[k] = (floatX)((float)d[k] + (float)add[k]);
+            store128(dst + i0, d);
+        },
+        [&](size_t i) { dst[i] = (floatX)((float)dst[i] + (float)src[i]); });
 }
 
 __global__ void copy_to_master_kernel(float* master, const floatX* params, size_t n, bool vector) {
-    constexpr int E = ELEMENTWISE_E;
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
-    if (i0 >= n) return;
-    if (vector && i0 + E <= n) {
-        x128 p = load128(params + i0);
-        float out[E];
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 p = load128(params + i0);
+            float out[ELEMENTWISE_E];
 #pragma unroll
-        for (int k = 0; k < E; k++) out[k] = (float)p[k];
-        store_floats(master + i0, out);
-        return;
-    }
-    for (size_t i = i0; i < n && i < i0 + E; i++) master[i] = (float)params[i];
+            for (int k = 0; k < ELEMENTWISE_E; k++) out[k] = (float)p[k];
+            store_floats(master + i0, out);
+        },
+        [&](size_t i) { master[i] = (float)params[i]; });
 }
 
 __global__ void sum_of_squares_partials_kernel(float* partials, const floatX* x, size_t n) {

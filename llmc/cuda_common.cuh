@@ -120,6 +120,19 @@ __device__ inline void store128cs(T* address, Packed128<T> value) {
 // the same arithmetic, so the same bits.
 constexpr int ELEMENTWISE_E = x128::size;
 
+// One thread's share: vector_body(i0) for a whole aligned share, else element_body(i) for each of its
+// elements below n
+template <typename VectorBody, typename ElementBody>
+__device__ inline void elementwise_share(size_t n, bool vector, VectorBody vector_body, ElementBody element_body) {
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * ELEMENTWISE_E;
+    if (i0 >= n) return;
+    if (vector && i0 + ELEMENTWISE_E <= n) {
+        vector_body(i0);
+        return;
+    }
+    for (size_t i = i0; i < n && i < i0 + ELEMENTWISE_E; i++) element_body(i);
+}
+
 template <int N>
 __device__ inline void load_floats(float (&out)[N], const float* address) {
     static_assert(N % f128::size == 0, "whole 16-byte chunks");

@@ -40,73 +40,70 @@ __device__ inline float muon_momentum_element(float grad, float* momentum, float
 
 __global__ void muon_momentum_kernel(floatX* grads, float* momentum, size_t n, float mu, float one_minus_mu,
                                      float grad_scale, bool vector) {
-    constexpr int E = ELEMENTWISE_E;
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
-    if (i0 >= n) return;
-    if (vector && i0 + E <= n) {
-        x128 g = load128(grads + i0);
-        float b[E];
-        load_floats(b, momentum + i0);
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 g = load128(grads + i0);
+            float b[ELEMENTWISE_E];
+            load_floats(b, momentum + i0);
 #pragma unroll
-        for (int k = 0; k < E; k++) g[k] = (floatX)muon_momentum_element((float)g[k], &b[k], mu, one_minus_mu, grad_scale);
-        store_floats(momentum + i0, b);
-        store128(grads + i0, g);
-        return;
-    }
-    for (size_t i = i0; i < n && i < i0 + E; i++) {
-        grads[i] = (floatX)muon_momentum_element((float)grads[i], &momentum[i], mu, one_minus_mu, grad_scale);
-    }
+            for (int k = 0; k < ELEMENTWISE_E; k++) {
+                g[k] = (floatX)muon_momentum_element((float)g[k], &b[k], mu, one_minus_mu, grad_scale);
+            }
+            store_floats(momentum + i0, b);
+            store128(grads + i0, g);
+        },
+        [&](size_t i) {
+            grads[i] = (floatX)muon_momentum_element((float)grads[i], &momentum[i], mu, one_minus_mu, grad_scale);
+        });
 }
 
 // x (n) = u / max(sqrt(*sum_sq), eps): u over its Frobenius norm, read from the device
 __global__ void muon_normalize_kernel(floatX* x, const floatX* u, const float* sum_sq, size_t n, float eps,
                                       bool vector) {
-    constexpr int E = ELEMENTWISE_E;
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
-    if (i0 >= n) return;
     float norm = fmaxf(sqrtf(*sum_sq), eps);
-    if (vector && i0 + E <= n) {
-        x128 v = load128(u + i0);
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 v = load128(u + i0);
 #pragma unroll
-        for (int k = 0; k < E; k++) v[k] = (floatX)((float)v[k] / norm);
-        store128(x + i0, v);
-        return;
-    }
-    for (size_t i = i0; i < n && i < i0 + E; i++) x[i] = (floatX)((float)u[i] / norm);
+            for (int k = 0; k < ELEMENTWISE_E; k++) v[k] = (floatX)((float)v[k] / norm);
+            store128(x + i0, v);
+        },
+        [&](size_t i) { x[i] = (floatX)((float)u[i] / norm); });
 }
 
 // W = W (1 - lr wd) + step X on the master weights (or on the parameters under -w 0), rounded to the
 // floatX parameters stochastically as AdamW's are (the hash of each element's index, as one at a time)
+__device__ inline float muon_apply_element(float p, float ortho, float keep, float step) { return p * keep + step * ortho; }
+
 __global__ void muon_apply_kernel(floatX* params, float* master, const floatX* ortho, size_t n, float keep, float step,
                                   uint32_t seed, bool vector) {
-    constexpr int E = ELEMENTWISE_E;
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * E;
-    if (i0 >= n) return;
-    if (vector && i0 + E <= n) {
-        x128 o = load128(ortho + i0), out;
-        float p[E];
-        if (master != nullptr) {
-            load_floats(p, master + i0);
-        } else {
-            x128 old = load128(params + i0);
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 o = load128(ortho + i0), out;
+            float p[ELEMENTWISE_E];
+            if (master != nullptr) {
+                load_floats(p, master + i0);
+            } else {
+                x128 old = load128(params + i0);
 #pragma unroll
-            for (int k = 0; k < E; k++) p[k] = (float)old[k];
-        }
+                for (int k = 0; k < ELEMENTWISE_E; k++) p[k] = (float)old[k];
+            }
 #pragma unroll
-        for (int k = 0; k < E; k++) {
-            p[k] = p[k] * keep + step * (float)o[k];
-            stochastic_round(p[k], &out[k], hash_u32((uint32_t)(i0 + k), seed));
-        }
-        if (master != nullptr) store_floats(master + i0, p);
-        store128(params + i0, out);
-        return;
-    }
-    for (size_t i = i0; i < n && i < i0 + E; i++) {
-        float p = master != nullptr ? master[i] : (float)params[i];
-        p = p * keep + step * (float)ortho[i];
-        if (master != nullptr) master[i] = p;
-        stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
-    }
+            for (int k = 0; k < ELEMENTWISE_E; k++) {
+                p[k] = muon_apply_element(p[k], (float)o[k], keep, step);
+                stochastic_round(p[k], &out[k], hash_u32((uint32_t)(i0 + k), seed));
+            }
+            if (master != nullptr) store_floats(master + i0, p);
+            store128(params + i0, out);
+        },
+        [&](size_t i) {
+            float p = muon_apply_element(master != nullptr ? master[i] : (float)params[i], (float)ortho[i], keep, step);
+            if (master != nullptr) master[i] = p;
+            stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+        });
 }
 
 // ----------------------------------------------------------------------------

@@ -124,8 +124,11 @@ TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {
 // operation, its group, the step, and process 1 as not arrived (no answer). The last complete
 // checkpoint stays complete.
 // `np` processes of the tiny run with `flags`, process 1 stopped after step 5: the watchdog (-wt 4) must
-// end the run, one process naming the wait, its group and step and process 1 as not arrived. Returns the
-// output directory.
+// end the run, one process naming the wait, its group and step and process 1 as not arrived. Others may
+// be missing from that wait too, held in an earlier collective by the stopped process (seen in CI,
+// 2026-11-27: process 2 reported its sum while process 0 still waited in the step's reduce-scatter,
+// which process 2 had already left, so "2 process(es) had not arrived"): the count is 1 to np - 1, and
+// process 1 must be named "no answer" (expect_watchdog_ended_run). Returns the output directory.
 std::string expect_watchdog_ends_run_with_process_1_stopped(const std::string& name, int np, const std::string& flags,
                                                             const std::string& reporters) {
     std::string out = test::scratch_dir(name);
@@ -135,10 +138,15 @@ std::string expect_watchdog_ends_run_with_process_1_stopped(const std::string& n
     test::CommandResult r = test::run_and_stop_rank(launch, out + ".log", "step    5/", out, 1, 60);
     std::string log = test::read_text(out + ".log");
     test::expect_watchdog_ended_run(r, log, 4 + WATCHDOG_ANSWER_S + 15);
-    EXPECT_TRUE(std::regex_search(log, std::regex("Error \\(process " + reporters + "\\): watchdog: .* \\(group [a-z -]+, "
-                                                  "its wait #[0-9]+\\) at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); 1 "
-                                                  "process\\(es\\) had not arrived:")))
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(log, m, std::regex("Error \\(process " + reporters + "\\): watchdog: .* \\(group [a-z -]+, "
+                                                     "its wait #[0-9]+\\) at step [0-9]+ has waited [0-9]+ s \\(-wt 4\\); ([0-9]+) "
+                                                     "process\\(es\\) had not arrived:")))
         << log;
+    if (!m.empty()) {
+        int missing = std::stoi(m[1]);
+        EXPECT_TRUE(missing >= 1 && missing <= np - 1) << missing << " not arrived\n" << log;
+    }
     return out;
 }
 
