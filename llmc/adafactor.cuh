@@ -73,19 +73,37 @@ __global__ void adafactor_cols_kernel(float* col, const floatX* g, int rows, int
 }
 
 // V_i = lerp(V_i, (g_i s)², w)
-__global__ void adafactor_vector_kernel(float* variance, const floatX* g, size_t n, float grad_scale, float w) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float v = (float)g[i] * grad_scale;
-    variance[i] = lerp_as_torch(variance[i], v * v, w);
+// elementwise, 16 bytes at a time (cuda_common.cuh)
+__global__ void adafactor_vector_kernel(float* variance, const floatX* g, size_t n, float grad_scale, float w,
+                                        bool vector) {
+    auto update = [&](float& variance_i, float g_i) {
+        float v = g_i * grad_scale;
+        variance_i = lerp_as_torch(variance_i, v * v, w);
+    };
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 gv = load128(g + i0);
+            float var[ELEMENTWISE_E];
+            load_floats(var, variance + i0);
+#pragma unroll
+            for (int k = 0; k < ELEMENTWISE_E; k++) update(var[k], (float)gv[k]);
+            store_floats(variance + i0, var);
+        },
+        [&](size_t i) { update(variance[i], (float)g[i]); });
 }
 
-// U_i = g_i s / sqrt(max(V_i, floor)), V from the factors (row != nullptr: V = R_r C_c / *row_mean) or the
-// per-element variance
+// U_i = g_i s / sqrt(max(V_i, floor)) for element i = (r, c) of the tensor, V from the factors (row !=
+// nullptr: V = R_r C_c / *row_mean) or the per-element variance; g_i given
+__device__ inline float adafactor_u_at(float g_i, size_t i, size_t r, int c, float grad_scale, const float* row,
+                                       const float* col, const float* row_mean, const float* variance, float floor) {
+    float v = row != nullptr ? row[r] * col[c] / *row_mean : variance[i];
+    return g_i * grad_scale * (1.0f / sqrtf(fmaxf(v, floor)));
+}
+
 __device__ inline float adafactor_u(const floatX* g, size_t i, float grad_scale, const float* row, const float* col,
                                     const float* row_mean, const float* variance, int cols, float floor) {
-    float v = row != nullptr ? row[i / cols] * col[i % cols] / *row_mean : variance[i];
-    return (float)g[i] * grad_scale * (1.0f / sqrtf(fmaxf(v, floor)));
+    return adafactor_u_at((float)g[i], i, i / cols, (int)(i % cols), grad_scale, row, col, row_mean, variance, floor);
 }
 
 __global__ void adafactor_partial_u_squares_kernel(float* partials, const floatX* g, size_t n, float grad_scale,
@@ -113,14 +131,31 @@ __global__ void adafactor_row_mean_kernel(float* row_mean, const float* row, int
 __global__ void adafactor_apply_kernel(floatX* params, const floatX* g, size_t n, float grad_scale, const float* row,
                                        const float* col, const float* row_mean, const float* variance, int cols,
                                        float floor, const float* p_squares, const float* u_squares, float rho,
-                                       float eps2, float d, float keep, uint32_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+                                       float eps2, float d, float keep, uint32_t seed, bool vector) {
     float alpha = fmaxf(eps2, sqrtf(*p_squares / (float)n)) * rho;
     float step = -alpha / fmaxf(1.0f, sqrtf(*u_squares / (float)n) / d);
-    float p = (float)params[i] * keep;
-    p = p + step * adafactor_u(g, i, grad_scale, row, col, row_mean, variance, cols, floor);
-    stochastic_round(p, &params[i], hash_u32((uint32_t)i, seed));
+    auto updated = [&](float p, float g_i, size_t i, size_t r, int c) {
+        p = p * keep;
+        return p + step * adafactor_u_at(g_i, i, r, c, grad_scale, row, col, row_mean, variance, floor);
+    };
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 p = load128(params + i0), gv = load128(g + i0), out;
+            size_t r = i0 / cols;  // one division for the share, then the column steps on (and wraps)
+            int c = (int)(i0 % cols);
+#pragma unroll
+            for (int k = 0; k < ELEMENTWISE_E; k++) {
+                stochastic_round(updated((float)p[k], (float)gv[k], i0 + k, r, c), &out[k],
+                                 hash_u32((uint32_t)(i0 + k), seed));
+                if (++c == cols) c = 0, r++;
+            }
+            store128(params + i0, out);
+        },
+        [&](size_t i) {
+            stochastic_round(updated((float)params[i], (float)g[i], i, i / cols, (int)(i % cols)), &params[i],
+                             hash_u32((uint32_t)i, seed));
+        });
 }
 
 // ----------------------------------------------------------------------------
@@ -164,15 +199,15 @@ inline void adafactor_update(floatX* p, const floatX* g, float* state, int rows,
         row = r;
         col = c;
     } else {
-        adafactor_vector_kernel<<<ceil_div_int((long)n, ADAFACTOR_THREADS), ADAFACTOR_THREADS, 0, stream>>>(state, g, n,
-                                                                                                          grad_scale, w);
+        adafactor_vector_kernel<<<elementwise_blocks(n, ADAFACTOR_THREADS), ADAFACTOR_THREADS, 0, stream>>>(
+            state, g, n, grad_scale, w, elementwise_aligned({state, g}));
         variance = state;
     }
     adafactor_partial_u_squares_kernel<<<blocks, ADAFACTOR_THREADS, 0, stream>>>(s.partials, g, n, grad_scale, row, col,
                                                                                  row_mean, variance, cols, floor);
     adafactor_sum_kernel<<<1, ADAFACTOR_THREADS, 0, stream>>>(u_squares, s.partials, blocks);
-    adafactor_apply_kernel<<<ceil_div_int((long)n, ADAFACTOR_THREADS), ADAFACTOR_THREADS, 0, stream>>>(
+    adafactor_apply_kernel<<<elementwise_blocks(n, ADAFACTOR_THREADS), ADAFACTOR_THREADS, 0, stream>>>(
         p, g, n, grad_scale, row, col, row_mean, variance, cols, floor, p_squares, u_squares, rho, eps2, d,
-        weight_decay == 0.0f ? 1.0f : keep, seed);
+        weight_decay == 0.0f ? 1.0f : keep, seed, elementwise_aligned({p, g, variance}));
     cudaCheckLaunch();
 }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../../llmc/adafactor.h"
 #include "../../llmc/adamw.h"
 #include "../../llmc/attention.h"
 #include "../../llmc/crossentropy.h"
@@ -959,6 +960,50 @@ TEST(Kernels, ElementwiseKernelsAtAnyAlignmentAndLength) {
         EXPECT_EQ(std::vector<float>(params.begin(), params.begin() + o), pad) << "nothing written before the arrays";
     }
     for (int r = 0; r < 5; r++) EXPECT_TRUE(same_bits(results[0][r], results[1][r])) << "result " << r;
+}
+
+// Adafactor's kernels (the elementwise ones 16 bytes at a time) on shapes whose 8-element shares cross
+// rows and arrays that start misaligned: a (5, 12) matrix (shares wrap from one row to the next) and a
+// 45-element vector 3 elements into its arrays (every element one at a time), against llmc/adafactor.h's
+// CPU update. lr = 1 at t = 1 makes the step of the order of the parameters, so the comparison sees it:
+// the factors and variance to 1e-5 (fp32 sums in another order), the parameters to one floatX step (the
+// GPU rounds them stochastically; 2^-7 relative in bf16).
+TEST(Kernels, AdafactorOddShapesAgainstTheCpuUpdate) {
+    std::mt19937 rng(43);
+    AdafactorHyper h;
+    const float lr = 1.0f, weight_decay = 0.1f, grad_scale = 0.5f;
+    DeviceArray<float> d_scalars(3), d_partials(NORM_BLOCKS);
+    AdafactorScratch scratch{d_scalars.ptr, d_partials.ptr};
+    for (int shape = 0; shape < 2; shape++) {
+        const int rows = shape == 0 ? 5 : 1, cols = shape == 0 ? 12 : 45;
+        const size_t n = (size_t)rows * cols, o = shape == 0 ? 0 : 3, state_n = rows > 1 ? rows + cols : n;
+        SCOPED_TRACE(shape == 0 ? "matrix (5, 12)" : "vector of 45, 3 elements in");
+        std::vector<float> p = random_values(n, rng), g = random_values(n, rng);
+        std::vector<float> state0 = random_values(state_n, rng, 0.01f, 0.1f);
+        std::vector<float> want_p = p, state = state0;
+        if (rows > 1) {
+            adafactor_update_matrix(want_p.data(), g.data(), state.data(), state.data() + rows, rows, cols, h, lr,
+                                    weight_decay, grad_scale, 1);
+        } else {
+            adafactor_update_vector(want_p.data(), g.data(), state.data(), n, h, lr, weight_decay, grad_scale, 1);
+        }
+        std::vector<float> pad(o, 0.25f);
+        std::vector<float> p_padded = pad, g_padded = pad, state_padded = pad;
+        p_padded.insert(p_padded.end(), p.begin(), p.end());
+        g_padded.insert(g_padded.end(), g.begin(), g.end());
+        state_padded.insert(state_padded.end(), state0.begin(), state0.end());
+        DeviceArray<floatX> d_p(n + o), d_g(n + o);
+        DeviceArray<float> d_state(state_n + o);
+        upload(d_p, p_padded), upload(d_g, g_padded), upload_raw(d_state, state_padded);
+        adafactor_update(d_p.ptr + o, d_g.ptr + o, d_state.ptr + o, rows, cols, lr, weight_decay, grad_scale, 1, 9u,
+                         scratch, 0);
+        std::vector<float> got_state(state_n + o), got_p = download(d_p);
+        cudaCheck(cudaMemcpy(got_state.data(), d_state.ptr, (state_n + o) * sizeof(float), cudaMemcpyDeviceToHost));
+        expect_close("adafactor state", std::vector<float>(got_state.begin() + o, got_state.end()), state, 1e-5);
+        expect_close("adafactor parameters", std::vector<float>(got_p.begin() + o, got_p.end()), want_p,
+                     std::is_same<floatX, float>::value ? 1e-5 : 1.0 / 128);
+        EXPECT_EQ(std::vector<float>(got_p.begin(), got_p.begin() + o), pad) << "nothing written before the arrays";
+    }
 }
 
 #if !defined(ENABLE_FP32)
