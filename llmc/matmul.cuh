@@ -372,7 +372,7 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
     matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
                     true, stream);
     // dweightᵀ (C, OC) += inpᵀ·dout; with -bg 1 its BGRADB epilogue sums op(B) = dout (N, OC) over N
-    // into scratch (floatX, the scratch's first OC·2 bytes), then added into dbias
+    // into scratch (OC floatX at its start), then added into dbias
     floatX* bias_grad = dbias != nullptr && matmul_algorithms.bias_grad_epilogue ? (floatX*)scratch : nullptr;
     if (matmul_cublaslt_general(dweight, inp, dout, dweight, 1.0f, 1.0f, nullptr, C, OC, N, false, true, nullptr,
                                 false, stream, bias_grad)) {

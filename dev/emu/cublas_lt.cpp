@@ -26,7 +26,9 @@
 // cuBLASLt is generally understood to compute); this is an assumption, not a documented fact.
 // Not emulated (refused with CUBLAS_STATUS_NOT_SUPPORTED and a printed reason): RELU epilogues,
 // DGELU_BGRAD (the documentation, "apply independently GELU and Bias gradient to matmul output", does
-// not settle whether the bias gradient sums the values before or after gelu'), BGRADA, batched layouts, orders other than column-major, device pointer modes, fp8 scales.
+// not settle whether the bias gradient sums the values before or after gelu'; test/gpu's
+// Kernels.CublasLtDgeluBgradIsOneOfItsTwoReadings asks a GPU), BGRADA, batched layouts, orders other
+// than column-major, device pointer modes, fp8 scales.
 //
 // Alignment: cublasLtMatmulAlgoGetHeuristic returns algorithms valid for pointers aligned as the
 // preference's MIN_ALIGNMENT_{A,B,C,D}_BYTES promise (256 bytes each by default), and for the bias and
