@@ -146,18 +146,6 @@ __global__ void adamw_many_kernel(const AdamWBatch batch, float lr, float beta1,
 }
 
 // elementwise, 16 bytes at a time (cuda_common.cuh)
-__global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n, bool vector) {
-    elementwise_share(
-        n, vector,
-        [&](size_t i0) {
-            x128 d = load128(dst + i0), add = load128(src + i0);
-#pragma unroll
-            for (int k = 0; k < ELEMENTWISE_E; k++) d[k] = (floatX)((float)d[k] + (float)add[k]);
-            store128(dst + i0, d);
-        },
-        [&](size_t i) { dst[i] = (floatX)((float)dst[i] + (float)src[i]); });
-}
-
 __global__ void copy_to_master_kernel(float* master, const floatX* params, size_t n, bool vector) {
     elementwise_share(
         n, vector,
@@ -231,7 +219,6 @@ inline void adamw_update_many(const std::vector<AdamWTensor>& tensors, const Ada
     float bias_correction1, bias_correction2;
     adamw_bias_corrections(s, &bias_correction1, &bias_correction2);
     const int block_size = 256;
-    auto aligned = [](const void* p) { return p == nullptr || (uintptr_t)p % 16 == 0; };
     AdamWBatch batch;
     batch.count = 0;
     batch.first_block[0] = 0;
@@ -244,7 +231,7 @@ inline void adamw_update_many(const std::vector<AdamWTensor>& tensors, const Ada
     };
     for (const AdamWTensor& t : tensors) {
         if (t.n == 0) continue;
-        if (!aligned(t.params) || !aligned(t.master) || !aligned(t.grads) || !aligned(t.m) || !aligned(t.v)) {
+        if (!elementwise_aligned({t.params, t.master, t.grads, t.m, t.v})) {
             AdamWSettings one = s;
             one.weight_decay = t.weight_decay;
             one.seed = t.seed;
@@ -257,15 +244,6 @@ inline void adamw_update_many(const std::vector<AdamWTensor>& tensors, const Ada
         if (batch.count == ADAMW_MAX_TENSORS) launch();
     }
     launch();
-}
-
-// dst += src, rounded to floatX (ZeRO-2's running gradient sum over micro-steps, train_gpt2.cu).
-inline void add_into(floatX* dst, const floatX* src, size_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    const int block_size = 256;
-    add_into_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(dst, src, n,
-                                                                                 elementwise_aligned({dst, src}));
-    cudaCheckLaunch();
 }
 
 // master = params, e.g. after loading a checkpoint.

@@ -142,11 +142,17 @@ __device__ inline void flash_load_tile(FlashTile<D>& tile, const floatX* src, si
     }
 }
 
+// a warp's 16 rows of a tile, columns kc*16 .. kc*16+15, as one mma A fragment
+template <int D>
+__device__ inline void flash_load_a_step(uint32_t* a, const FlashTile<D>& tile, int row0, int kc, int lane) {
+    ldmatrix_x4(a, &tile.rows[row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
+}
+
 // a warp's 16 rows of a tile as mma A fragments, D/16 chunks along k
 template <int D>
 __device__ inline void flash_load_a(uint32_t (*a)[4], const FlashTile<D>& tile, int row0, int lane) {
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) ldmatrix_x4(a[kc], &tile.rows[row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
+    for (int kc = 0; kc < D / 16; kc++) flash_load_a_step(a[kc], tile, row0, kc, lane);
 }
 
 // c (8 tiles of 16x8) += A's columns kc*16 .. kc*16+15 (one mma A fragment) · those of Bᵀ, with B a
@@ -179,7 +185,7 @@ __device__ inline void flash_mma_abt_shared_a(float (*c)[4], const FlashTile<D>&
 #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
         uint32_t a_kc[4];
-        ldmatrix_x4(a_kc, &a.rows[a_row0 + lane % 16][kc * 16 + (lane / 16) * 8]);
+        flash_load_a_step(a_kc, a, a_row0, kc, lane);
         flash_mma_abt_step(c, a_kc, b, kc, lane);
     }
 }

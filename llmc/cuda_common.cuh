@@ -280,6 +280,28 @@ inline bool elementwise_aligned(std::initializer_list<const void*> pointers) {
     return true;
 }
 
+// dst += src, rounded to floatX, elementwise 16 bytes at a time: ZeRO-2's running gradient sum over
+// micro-steps (train_gpt2.cu) and -bg 1's bias gradient from cuBLASLt's scratch (matmul.cuh)
+__global__ void add_into_kernel(floatX* dst, const floatX* src, size_t n, bool vector) {
+    elementwise_share(
+        n, vector,
+        [&](size_t i0) {
+            x128 d = load128(dst + i0), add = load128(src + i0);
+#pragma unroll
+            for (int k = 0; k < ELEMENTWISE_E; k++) d[k] = (floatX)((float)d[k] + (float)add[k]);
+            store128(dst + i0, d);
+        },
+        [&](size_t i) { dst[i] = (floatX)((float)dst[i] + (float)src[i]); });
+}
+
+inline void add_into(floatX* dst, const floatX* src, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    const int block_size = 256;
+    add_into_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(dst, src, n,
+                                                                                 elementwise_aligned({dst, src}));
+    cudaCheckLaunch();
+}
+
 // Bytes from `offset` rounded up to the next multiple of 256: the allocators put every tensor on such
 // a boundary so 128-bit accesses and cuBLASLt's fastest kernels apply to each of them.
 inline size_t align_up_256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }

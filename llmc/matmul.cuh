@@ -27,8 +27,8 @@
 // saves reading dout (N, OC) once more, ~2% of a d12 step's memory traffic, if the epilogue costs
 // the product nothing; whether it does is for a GPU to say (dev/cuda/matmul_backward.cu times both), so
 // it is off by default. BGRADB writes rather than adds and in D's type, so the sum lands in floatX
-// scratch and one small kernel adds it into dbias: a rounding to floatX before the add, where our
-// kernel rounds only the sum. Should cuBLASLt offer no BGRADB algorithm for a shape, that shape falls
+// scratch and add_into (cuda_common.cuh) adds it into dbias: a rounding to floatX before the add, where
+// our kernel rounds only the sum. Should cuBLASLt offer no BGRADB algorithm for a shape, that shape falls
 // back to our kernel (said once).
 #pragma once
 
@@ -73,16 +73,6 @@ __global__ void matmul_dbias_partials_kernel(float* partials,      // (MATMUL_DB
     }
 #pragma unroll
     for (int k = 0; k < x128::size; k++) partials[(size_t)blockIdx.y * OC + o + k] = sum[k];
-}
-
-// -bg 1: dbias[o] += what the BGRADB epilogue wrote, 8 values a thread
-__global__ void matmul_dbias_add_kernel(floatX* dbias, const floatX* bias_grad, int OC) {
-    int o = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (o >= OC) return;
-    x128 sum = load128(dbias + o), add = load128(bias_grad + o);
-#pragma unroll
-    for (int k = 0; k < x128::size; k++) sum[k] = (floatX)((float)sum[k] + (float)add[k]);
-    store128(dbias + o, sum);
 }
 
 // Stage 2: dbias[o] += the partials summed in row-block order.
@@ -377,8 +367,7 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
     if (matmul_cublaslt_general(dweight, inp, dout, dweight, 1.0f, 1.0f, nullptr, C, OC, N, false, true, nullptr,
                                 false, stream, bias_grad)) {
         if (bias_grad != nullptr) {
-            matmul_dbias_add_kernel<<<ceil_div_int(OC / x128::size, 256), 256, 0, stream>>>(dbias, bias_grad, OC);
-            cudaCheckLaunch();
+            add_into(dbias, bias_grad, OC, stream);
             return;
         }
     } else {  // no BGRADB algorithm for this shape

@@ -892,6 +892,13 @@ TEST(Kernels, AdamWManyTensorsInOneLaunchEqualsOneLaunchEach) {
     }
 }
 
+// pad followed by v: an array placed `pad.size()` elements into its allocation
+inline std::vector<float> after_padding(const std::vector<float>& pad, const std::vector<float>& v) {
+    std::vector<float> out = pad;
+    out.insert(out.end(), v.begin(), v.end());
+    return out;
+}
+
 // The elementwise kernels that move 16 bytes at a time (cuda_common.cuh: add_into, copy_to_master,
 // Muon's momentum and apply) at n = 45 (five whole 8-element shares and a tail of 5), once from 16-byte
 // aligned arrays (the vector path and the tail) and once from arrays 3 elements in (every element one at
@@ -919,11 +926,7 @@ TEST(Kernels, ElementwiseKernelsAtAnyAlignmentAndLength) {
         size_t o = placement == 0 ? 0 : 3;
         SCOPED_TRACE(o == 0 ? "aligned" : "3 elements in");
         std::vector<float> pad(o, 7.0f);
-        auto padded = [&](const std::vector<float>& v) {
-            std::vector<float> out = pad;
-            out.insert(out.end(), v.begin(), v.end());
-            return out;
-        };
+        auto padded = [&](const std::vector<float>& v) { return after_padding(pad, v); };
         auto tail = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + o, v.end()); };
         DeviceArray<floatX> d_a(n + o), d_b(n + o), d_params(n + o);
         DeviceArray<float> d_master(n + o), d_mom(n + o);
@@ -988,13 +991,10 @@ TEST(Kernels, AdafactorOddShapesAgainstTheCpuUpdate) {
             adafactor_update_vector(want_p.data(), g.data(), state.data(), n, h, lr, weight_decay, grad_scale, 1);
         }
         std::vector<float> pad(o, 0.25f);
-        std::vector<float> p_padded = pad, g_padded = pad, state_padded = pad;
-        p_padded.insert(p_padded.end(), p.begin(), p.end());
-        g_padded.insert(g_padded.end(), g.begin(), g.end());
-        state_padded.insert(state_padded.end(), state0.begin(), state0.end());
         DeviceArray<floatX> d_p(n + o), d_g(n + o);
         DeviceArray<float> d_state(state_n + o);
-        upload(d_p, p_padded), upload(d_g, g_padded), upload_raw(d_state, state_padded);
+        upload(d_p, after_padding(pad, p)), upload(d_g, after_padding(pad, g));
+        upload_raw(d_state, after_padding(pad, state0));
         adafactor_update(d_p.ptr + o, d_g.ptr + o, d_state.ptr + o, rows, cols, lr, weight_decay, grad_scale, 1, 9u,
                          scratch, 0);
         std::vector<float> got_state(state_n + o), got_p = download(d_p);
