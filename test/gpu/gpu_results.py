@@ -5,10 +5,13 @@ costliest kernels under Nsight Compute. Standard library only.
 
     python3 test/gpu/gpu_results.py DIR [DIR ...] > doc/gpu_results.md
 
-Each DIR holds summary.tsv and main.log, and where those stages ran bench.tsv, cuda_dev.md, ncu.md.
-A stage run in several calls is listed once per call, in call order."""
+Each DIR holds summary.tsv and main.log, and where those stages ran bench.tsv, cuda_dev.md,
+attention.md, ncu.md. A stage run in several calls is listed once per call, in call order. The
+benchmark's ratios are computed here from bench.tsv's rows: within each round, against the baseline
+the rows name (ours-r0 unless said), median, min and max over the rounds."""
 import os
 import re
+import statistics
 import sys
 
 
@@ -31,6 +34,41 @@ def device_of(log, cuda_dev):
     return "the emulator (dev/emu), a rehearsal" if m else "unknown"
 
 
+def ratio_lines(rows):
+    """Per call, model and baseline: each mode's median step time over its rounds, and its ratio to the
+    baseline within each round (the baseline over a peer; an ours-* variant over the baseline).
+    A row: call side mode model B T steps ms tokens/s MFU peak warm-up round baseline."""
+    out = []
+    groups = {}
+    for r in rows:
+        groups.setdefault((r[0], r[3], r[13]), []).append(r)
+    for (call, model, baseline), rs in groups.items():
+        name = lambda r: f"{r[1]}-{r[2]}"
+        out += [f"Call {call}, {model}, against {baseline}:", "",
+                "| mode | runs | B | ms/step median | min - max | tokens/s median | ratio (per round: median, min - max) |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        base = {r[12]: float(r[8]) for r in rs if name(r) == baseline}
+        ratios = []
+        for mode in dict.fromkeys(name(r) for r in rs):
+            m = [r for r in rs if name(r) == mode]
+            ms = [float(r[7]) for r in m]
+            ratio = "baseline"
+            if mode != baseline:
+                peer = not mode.startswith("ours-")
+                v = [(base[r[12]] / float(r[8]) if peer else float(r[8]) / base[r[12]]) for r in m if r[12] in base]
+                label = f"{baseline} / {mode}" if peer else f"{mode} / {baseline}"
+                ratio = "-"
+                if v:
+                    med = statistics.median(v)
+                    verdict = "parity (under 3%)" if abs(med - 1) < 0.03 else ("faster" if med > 1 else "slower")
+                    ratio = f"{label}: {med:.3f}x, {min(v):.3f} - {max(v):.3f} over {len(v)} rounds, {verdict}"
+                    ratios.append(f"ratio {ratio} (tokens/s; call {call}, {model})")
+            out.append(f"| {mode} | {len(m)} | {m[0][4]} | {statistics.median(ms):.2f} | {min(ms):.2f} - {max(ms):.2f} | "
+                       f"{statistics.median(float(r[8]) for r in m):,.0f} | {ratio} |")
+        out += [""] + ratios + [""]
+    return out
+
+
 def main(dirs):
     if not dirs:
         print(__doc__, file=sys.stderr)
@@ -39,7 +77,7 @@ def main(dirs):
            "Made by `test/gpu/gpu_results.py` from the files `test/gpu/run_on_gpu.sh` wrote under `$OUT` "
            "(doc/cuda.md, \"A GPU session\"). Numbers are as measured once, on the machine named; nothing here "
            "is edited by hand.", ""]
-    stage_rows, bench_rows, cuda_dev, ncu = [], [], [], []
+    stage_rows, bench_rows, cuda_dev, attention, ncu = [], [], [], [], []
     for i, d in enumerate(dirs, 1):
         log = read(os.path.join(d, "main.log"))
         head = re.search(r"^==== run_on_gpu\.sh (.*)$", log, re.M)
@@ -53,8 +91,13 @@ def main(dirs):
                 stage_rows.append([str(i)] + f)
         for line in read(os.path.join(d, "bench.tsv")).splitlines():
             f = line.split("\t")
-            if len(f) == 11:
+            if len(f) == 11:  # before rounds: one run per mode, against ours -r 0
+                f += ["1", "ours-r0"]
+            if len(f) == 13:
                 bench_rows.append([str(i)] + f)
+        t = read(os.path.join(d, "attention.md")).strip()
+        if t:
+            attention.append((i, t))
         t = read(os.path.join(d, "cuda_dev.md")).strip()
         if t:
             cuda_dev.append((i, t))
@@ -67,28 +110,26 @@ def main(dirs):
     passed = sum(r[3] == "passed" for r in stage_rows)
     out += ["", f"{len(stage_rows)} stages: {passed} passed, {failed} failed, "
                 f"{len(stage_rows) - passed - failed} skipped.", ""]
-    out += ["## Throughput against PyTorch", ""]
+    out += ["## Throughput beside the peers (llm.c, PyTorch)", ""]
     if bench_rows:
-        out += ["| call | side | mode | model | B | T | steps | ms/step | tokens/s | MFU % | peak MiB (nvidia-smi) | warm-up s |",
-                "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        out += [f"| {' | '.join(r)} |" for r in bench_rows]
-        ours = {(r[0], r[2]): r for r in bench_rows if r[1] == "ours"}
-        for r in bench_rows:
-            if r[1] == "torch" and (r[0], "r0") in ours:
-                o = ours[(r[0], "r0")]
-                try:
-                    out.append(f"\nCall {r[0]}: train_gpt2cu -r 0 / PyTorch {r[2]}: "
-                               f"{float(o[8]) / float(r[8]):.2f}x tokens/s (B {o[4]} and {r[4]}).")
-                except ValueError:
-                    pass
+        out += ratio_lines(bench_rows)
+        out += ["", "Every run:", "",
+                "| call | side | mode | model | B | T | steps | ms/step | tokens/s | MFU % | peak MiB | warm-up s | round |",
+                "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        out += [f"| {' | '.join(r[:13])} |" for r in bench_rows]
     else:
         out.append("(no benchmark ran)")
+    out += ["", "## Attention beside FlashAttention-2", ""]
+    for i, t in attention:
+        out += [f"Call {i}:", "", t, ""]
+    if not attention:
+        out += ["(did not run)", ""]
     out += ["", "## dev/cuda", ""]
     for i, t in cuda_dev:
         out += [f"Call {i}:", "", t, ""]
     if not cuda_dev:
         out += ["(did not run)", ""]
-    out += ["## The costliest kernels (Nsight Compute)", ""]
+    out += ["## A step's time split and its costliest kernels (Nsight Compute)", ""]
     for i, t in ncu:
         out += [f"Call {i}:", "", t, ""]
     if not ncu:

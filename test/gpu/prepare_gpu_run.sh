@@ -84,6 +84,18 @@ echo "== oracle files ($python)"
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2cu --prepare-oracle
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2fp32cu --prepare-oracle
 
+# llm.c's trainer, the benchmark's peer (dev/peers/build_llmc.sh: from llm.c's source, never committed here)
+llmc_src=${LLMC_SRC:-build/peers/llm.c} frontend_src=${CUDNN_FRONTEND_SRC:-build/peers/cudnn-frontend}
+if [ -x build/gpu/llmc/train_gpt2cu ]; then
+    echo "== llm.c peer: build/gpu/llmc/train_gpt2cu ($(head -n 1 build/gpu/llmc/source.txt))"
+elif [ -f "$llmc_src/train_gpt2.cu" ] && [ -d "$frontend_src/include" ]; then
+    echo "== llm.c peer (dev/peers/build_llmc.sh $llmc_src $frontend_src)"
+    dev/peers/build_llmc.sh "$llmc_src" "$frontend_src"
+else
+    echo "== llm.c peer: none (no $llmc_src or $frontend_src: dev/peers/build_llmc.sh says how to get them);" \
+         "the benchmark's llmc-* modes will say so"
+fi
+
 mapfile -t CARRY < <(test/gpu/carry.sh)
 echo "== to carry to the GPU machine (8 paths, the tool's most)"
 du -sh "${CARRY[@]}"

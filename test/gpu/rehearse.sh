@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The GPU session plan rehearsed on the CPU machine: test/gpu/run_on_gpu.sh's stages on the emulated
-# binaries (dev/emu) at tiny sizes, in a copy of exactly what a device call would carry (the working
-# tree as git sees it, plus test/gpu/carry.sh emu), writing the same files under $OUT, then
-# test/gpu/gpu_results.py over them. A broken stage, a path missing from the carry list or a file the
-# device tool would not return shows here, before a GPU does. CI runs it.
+# The GPU session plan rehearsed on the CPU machine: test/gpu/run_on_gpu.sh's plans (call1, call2), each
+# on the emulated binaries (dev/emu) at tiny sizes, in a copy of exactly what a device call would carry
+# (the working tree as git sees it, plus test/gpu/carry.sh emu), writing the same files under $OUT/<plan>,
+# then test/gpu/gpu_results.py over them; llm.c's binary is stood in for by test/gpu/llmc_stub.sh.
+# A plan whose stage limits exceed its budget, a broken stage, a path missing from the carry list or a
+# file the device tool would not return shows here, before a GPU does. CI runs it.
 #
 #   OUT=DIR test/gpu/rehearse.sh        (default OUT: build/rehearsal/out)
 #
 # Needs the emulated builds (made here: make train_gpt2cu_emu ...) and the tiny oracle files that
-# make test makes (build/oracle/tiny, tiny_cosine). Ends with "rehearsal: N stages, M passed";
+# make test makes (build/oracle/tiny, tiny_cosine). Ends with "rehearsal: plans ..., N stages, M passed";
 # exits 1 if a stage failed or the files under $OUT break the device tool's rules.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -33,21 +34,33 @@ mapfile -t carry < <(test/gpu/carry.sh emu)
     { echo "rehearse.sh: copying the tree failed"; exit 1; }
 for c in "${carry[@]}"; do [ -e "$tree/$c" ] || { echo "rehearse.sh: carried path $c is missing"; exit 1; }; done
 
-rm -rf "${out:?}"/*
-( cd "$tree" && GPT2_PYTHON="$python" PLAN_EMU=1 OUT="$out" test/gpu/run_on_gpu.sh --budget "${REHEARSAL_BUDGET:-900}" )
-"$python" test/gpu/gpu_results.py "$out" > build/rehearsal/gpu_results.md || { echo "rehearse.sh: gpu_results.py failed"; exit 1; }
-
-# the device tool returns at most 8 files, 2 folders down, named in letters, digits, '.', '_', '-'
 bad=0
-files=$(cd "$out" && find . -type f | sed 's|^\./||')
-[ "$(echo "$files" | wc -l)" -le 8 ] || { echo "rehearse.sh: more than 8 files under \$OUT:"; echo "$files"; bad=1; }
-while read -r f; do
-    [[ "$f" =~ ^([A-Za-z0-9._-]+/){0,2}[A-Za-z0-9._-]+$ ]] || { echo "rehearse.sh: $f would not come back"; bad=1; }
-done <<< "$files"
-grep -q '^## Stages' build/rehearsal/gpu_results.md || { echo "rehearse.sh: no stage table in gpu_results.md"; bad=1; }
+# the plans fit their budgets on paper (each stage's limit counted in full)
+test/gpu/run_on_gpu.sh --check-plans || { echo "rehearse.sh: a plan's stage limits exceed its budget"; bad=1; }
 
-n=$(wc -l < "$out/summary.tsv")
-passed=$(awk -F'\t' '$3 == "passed"' "$out/summary.tsv" | wc -l)
-failed=$(awk -F'\t' '$3 == "failed"' "$out/summary.tsv" | wc -l)
-echo "rehearsal: $n stages, $passed passed ($failed failed, $((n - passed - failed)) skipped; files: $out)"
+# each plan as the device call it will be, into a folder of its own (one $OUT per call)
+rm -rf "${out:?}"/*
+plans=$(test/gpu/run_on_gpu.sh --list | awk '/^plan / { sub(":", "", $2); print $2 }')
+for plan in $plans; do
+    mkdir -p "$out/$plan"
+    ( cd "$tree" && GPT2_PYTHON="$python" PLAN_EMU=1 OUT="$out/$plan" test/gpu/run_on_gpu.sh --plan "$plan" --budget "${REHEARSAL_BUDGET:-900}" )
+    # the device tool returns at most 8 files, 2 folders down, named in letters, digits, '.', '_', '-'
+    files=$(cd "$out/$plan" && find . -type f | sed 's|^\./||')
+    [ "$(echo "$files" | wc -l)" -le 8 ] || { echo "rehearse.sh: plan $plan leaves more than 8 files under \$OUT:"; echo "$files"; bad=1; }
+    while read -r f; do
+        [[ "$f" =~ ^([A-Za-z0-9._-]+/){0,2}[A-Za-z0-9._-]+$ ]] || { echo "rehearse.sh: $f would not come back"; bad=1; }
+    done <<< "$files"
+done
+# shellcheck disable=SC2046
+"$python" test/gpu/gpu_results.py $(for plan in $plans; do echo "$out/$plan"; done) > build/rehearsal/gpu_results.md ||
+    { echo "rehearse.sh: gpu_results.py failed"; exit 1; }
+for section in '^## Stages' '^## Throughput' '^## Attention' '^ratio '; do
+    grep -q "$section" build/rehearsal/gpu_results.md || { echo "rehearse.sh: no '$section' in gpu_results.md"; bad=1; }
+done
+
+summary=$(cat "$out"/*/summary.tsv)
+n=$(echo "$summary" | wc -l)
+passed=$(echo "$summary" | awk -F'\t' '$3 == "passed"' | wc -l)
+failed=$(echo "$summary" | awk -F'\t' '$3 == "failed"' | wc -l)
+echo "rehearsal: plans $(echo $plans), $n stages, $passed passed ($failed failed, $((n - passed - failed)) skipped; files: $out)"
 [ "$failed" -eq 0 ] && [ "$bad" -eq 0 ]

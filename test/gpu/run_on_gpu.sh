@@ -2,48 +2,65 @@
 # The GPU session plan: everything that needs the GPU, in priority order, inside one time budget, on
 # binaries and oracle files made beforehand on a machine without one (test/gpu/prepare_gpu_run.sh).
 # Builds nothing and needs no network, googletest, MPI or apt; PyTorch only for the d12 oracle files
-# (too large to carry: made here, with all cores, while the kernel tests run) and the PyTorch side of
-# the benchmark. doc/cuda.md, "A GPU session", gives the exact device commands.
+# (too large to carry: made here, with all cores, while the kernel tests run) and the PyTorch peers.
+# doc/cuda.md, "A GPU session", gives the exact device commands.
 #
-#   OUT=DIR test/gpu/run_on_gpu.sh --budget 480          every stage that fits in 480 s
-#   OUT=DIR test/gpu/run_on_gpu.sh --budget 200 sanitize ncu   only these stages
-#   test/gpu/run_on_gpu.sh --list                        the stages, their lanes and time limits
+#   OUT=DIR test/gpu/run_on_gpu.sh --plan call1          the first device call of a session (PLANS below)
+#   OUT=DIR test/gpu/run_on_gpu.sh --plan call2          the second, at once on the warm machine
+#   OUT=DIR test/gpu/run_on_gpu.sh --budget 200 sanitize ncu   only these stages, at their own limits
+#   test/gpu/run_on_gpu.sh --list                        the stages and plans, their lanes and time limits
+#   test/gpu/run_on_gpu.sh --check-plans                 each plan's stage limits add up within its budget?
 #   PLAN_EMU=1 ...                                       the rehearsal (test/gpu/rehearse.sh): the same
 #       stages on the emulated binaries at tiny sizes, on the CPU machine
 #   BENCH_MODES="ours-r0 torch-compile" CUDA_DEV_PROGRAMS="attention_forward attention_backward" ...
-#       a later call's narrower bench (dev/bench_gpu.sh's modes) and cuda-dev (some programs only)
+#       a narrower bench (dev/bench_gpu.py's modes) and cuda-dev (some programs only)
 #
-# Stages run in the order of STAGES below. Those of the lanes bf16 and fp32 (correctness: the two
-# builds' kernels, model against the oracle, trainer promises) run as two lanes side by side, each
-# lane's stages one after the other, within PLAN_PARALLEL_S (default 200) seconds; the others (lane
-# main) one at a time, the timed ones alone on the GPU. Every stage runs under its own time limit,
-# cut to what is left of the budget; a stage that would get under 15 s is skipped and says so. A
-# failing stage does not stop the others.
+# A plan is the stages of one device call, each with the time limit it gets in that call, and a budget
+# they add up to at most (the lanes counted once, as the longer lane): --check-plans, which the
+# rehearsal runs, fails otherwise. Stages run in the order given. Those of the lanes bf16 and fp32
+# (correctness: the two builds' kernels, model against the oracle, trainer promises) run as two lanes
+# side by side, each lane's stages one after the other; the others (lane main) one at a time, the
+# timed ones alone on the GPU. Every stage runs under its own time limit, cut to what is left of the
+# budget; a stage that would get under 15 s is skipped and says so. A failing stage does not stop the
+# others. A stage that measures writes its table as it goes (after each round), so a stage cut at its
+# limit still returns what it measured.
 #
 # Everything lands under $OUT (default build/gpu_run) as it happens, so a command killed from outside
 # still returns what it had: main.log, bf16.log, fp32.log (each lane's output),
 # summary.tsv (stage lane result seconds detail, one line per finished stage), bench.tsv
-# (dev/bench_gpu.sh), cuda_dev.md (dev/cuda's table), ncu.md (the costliest kernels). Eight files at
-# most, no subfolders: what the device tool returns. test/gpu/gpu_results.py turns them into
+# (dev/bench_gpu.py, one line per run), cuda_dev.md (dev/cuda's table), attention.md (ours against
+# FlashAttention-2), ncu.md (the step's time split, the costliest kernels). Eight files at most, no
+# subfolders: what the device tool returns. test/gpu/gpu_results.py turns them into
 # doc/gpu_results.md. Exit status: 1 if any stage failed, else 0.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 
-# name | lane | time limit (s) | what it runs
+# name | lane | time limit (s) when run alone | what it runs
 STAGES=(
     "smi|main|30|nvidia-smi; every binary's shared libraries resolve"
     "kernels-bf16|bf16|120|every kernel against its CPU op, bf16 build (Kernels.*)"
     "model-bf16|bf16|150|bf16 model (tiny and d12) and 10 training steps against the oracle"
-    "trainer-bf16|bf16|180|the trainer's promises, bf16: -r 0..3, -ge, determinism, resume, checkpoints, fp16 scaling"
+    "trainer-bf16|bf16|180|the trainer's promises, bf16: -r 0..3, -ge, -bg, determinism, resume, checkpoints, optimizers"
     "kernels-fp32|fp32|120|the same kernels, fp32 build"
     "model-fp32|fp32|150|the fp32 model against the oracle, CPU-like tolerances"
     "trainer-fp32|fp32|180|the trainer's promises, fp32 build"
-    "bench|main|170|dev/bench_gpu.sh: d12, B=64, T=1024: ours -r 0/1, -opt muon, -oo 1, -at 1, -bg 1, PyTorch eager and compiled"
-    "bench-d24|main|150|dev/bench_gpu.sh at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
-    "cuda-dev|main|150|dev/cuda/run_all.sh: every kernel version checked and timed"
-    "ncu|main|120|Nsight Compute over a d12 step: the five costliest kernels (test/gpu/ncu_top.sh)"
+    "bench|main|300|dev/bench_gpu.py, d12 B=64 T=1024, 3 interleaved rounds: ours -r 0 beside llm.c -r 0 and PyTorch compiled at its strongest; -bg 1 and -oo 1 against -r 0"
+    "bench-recompute|main|120|dev/bench_gpu.py, 3 rounds: ours -r 1 beside llm.c -r 1 (llm.c's default: GELU recomputed)"
+    "bench-d24|main|150|dev/bench_gpu.py at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
+    "attention|main|120|3 rounds: dev/cuda attention_forward and attention_backward (every version) beside PyTorch's FlashAttention-2"
+    "cuda-dev|main|180|dev/cuda/run_all.sh: every kernel version checked and timed (CUDA_DEV_PROGRAMS: some)"
+    "ncu|main|120|Nsight Compute over a d12 step at B=64: the time split by kind of kernel, the costliest kernels (test/gpu/ncu_top.sh)"
     "sanitize|main|300|compute-sanitizer: memcheck everything, racecheck and synccheck ours (test/gpu/sanitize.sh)"
+)
+
+# name | budget (s) | environment | stage:limit ... (see doc/cuda.md, "The plan"). Call 1 answers what
+# changed since the last GPU run (the kernels, -bg 1, Muon and Adafactor's kernels, in both builds; the
+# model's arithmetic did not change, so not model-*), then the speed questions against the peers; call 2,
+# at once on the warm machine, the rest. About 4 minutes of the 15 stay for the starts and one re-run.
+PLANS=(
+    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile ours-bg1 ours-oo1' BENCH_WARM_LIMIT=100|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 bench:250"
+    "call2|240|CUDA_DEV_PROGRAMS=matmul_backward|cuda-dev:25 attention:85 ncu:55 bench-recompute:50 sanitize:25"
 )
 
 stage_field() {  # stage_field NAME FIELD(1 name, 2 lane, 3 limit, 4 description)
@@ -54,13 +71,50 @@ stage_field() {  # stage_field NAME FIELD(1 name, 2 lane, 3 limit, 4 description
     return 1
 }
 
+plan_field() {  # plan_field NAME FIELD(1 name, 2 budget, 3 environment, 4 stages)
+    local p
+    for p in "${PLANS[@]}"; do
+        if [ "${p%%|*}" = "$1" ]; then echo "$p" | cut -d'|' -f"$2"; return 0; fi
+    done
+    return 1
+}
+
+# plan_seconds "stage:limit ...": the stages' limits added up, each lane's run counted as its longer lane
+plan_seconds() {
+    local item name limit lane total=0 bf16=0 fp32=0
+    for item in $1; do
+        name=${item%%:*} limit=${item#*:}
+        lane=$(stage_field "$name" 2) || { echo "no stage $name" >&2; return 1; }
+        case $lane in
+            bf16) bf16=$((bf16 + limit)) ;;
+            fp32) fp32=$((fp32 + limit)) ;;
+            *) total=$((total + (bf16 > fp32 ? bf16 : fp32) + limit)); bf16=0 fp32=0 ;;
+        esac
+    done
+    echo $((total + (bf16 > fp32 ? bf16 : fp32)))
+}
+
 budget=""
+plan=""
 selected=()
+declare -A limit_of=()
 while [ $# -gt 0 ]; do
     case $1 in
         --list)
-            for s in "${STAGES[@]}"; do IFS='|' read -r n l t d <<< "$s"; printf "%-13s %-5s %4s s  %s\n" "$n" "$l" "$t" "$d"; done
+            for s in "${STAGES[@]}"; do IFS='|' read -r n l t d <<< "$s"; printf "%-15s %-5s %4s s  %s\n" "$n" "$l" "$t" "$d"; done
+            for p in "${PLANS[@]}"; do IFS='|' read -r n b e st <<< "$p"; printf "plan %s: budget %s s, stages %s (%s s); %s\n" "$n" "$b" "$st" "$(plan_seconds "$st")" "$e"; done
             exit 0 ;;
+        --check-plans)
+            bad=0
+            for p in "${PLANS[@]}"; do
+                IFS='|' read -r n b e st <<< "$p"
+                sum=$(plan_seconds "$st") || { bad=1; continue; }
+                if [ "$sum" -le "$b" ]; then echo "plan $n: stage limits add up to $sum s of its $b s: fits"
+                else echo "plan $n: stage limits add up to $sum s, over its budget of $b s"; bad=1; fi
+            done
+            exit $bad ;;
+        --plan) plan=${2:-}; plan_field "$plan" 1 > /dev/null || { echo "run_on_gpu.sh: no plan '$plan' (see --list)"; exit 2; }
+                shift 2 ;;
         --budget) budget=${2:-}; [[ "$budget" =~ ^[0-9]+$ ]] || { echo "run_on_gpu.sh: --budget needs whole seconds, not '$budget'"; exit 2; }
                   shift 2 ;;
         -*) echo "run_on_gpu.sh: unknown option $1"; exit 2 ;;
@@ -68,6 +122,21 @@ while [ $# -gt 0 ]; do
            selected+=("$1"); shift ;;
     esac
 done
+if [ -n "$plan" ]; then
+    [ ${#selected[@]} -eq 0 ] || { echo "run_on_gpu.sh: --plan names its own stages"; exit 2; }
+    budget=${budget:-$(plan_field "$plan" 2)}
+    for item in $(plan_field "$plan" 4); do
+        selected+=("${item%%:*}")
+        # the rehearsal keeps each stage's own limit: emulated stages take longer than real ones
+        [ "${PLAN_EMU:-0}" = 1 ] || limit_of[${item%%:*}]=${item#*:}
+    done
+    # the plan's settings, unless the caller's environment sets them
+    eval "plan_env=($(plan_field "$plan" 3))"
+    for kv in "${plan_env[@]}"; do
+        name=${kv%%=*}
+        [ -n "${!name:-}" ] || export "$kv"
+    done
+fi
 if [ ${#selected[@]} -eq 0 ]; then
     for s in "${STAGES[@]}"; do selected+=("${s%%|*}"); done
 fi
@@ -100,7 +169,7 @@ if [ "$emu" = 1 ]; then
     F_TRAINER='TrainDeterminism.*'
 else
     TRAIN_BF16=./train_gpt2cu TEST_BF16=./test_gpt2cu TEST_FP32=./test_gpt2fp32cu
-    BINARIES=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin/*)
+    BINARIES=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin/* build/gpu/llmc/train_gpt2cu)
     F_KERNELS='Kernels.*'
     F_MODEL='ModelOracle.*:TrainOracle.*'
     F_TRAINER='Train*:MultiGpu*-TrainOracle.*'
@@ -152,15 +221,41 @@ run_stage_body() {
         model-fp32) gtest_stage "$TEST_FP32" "$F_MODEL" ;;
         trainer-bf16) gtest_stage "$TEST_BF16" "$F_TRAINER" ;;
         trainer-fp32) gtest_stage "$TEST_FP32" "$F_TRAINER" ;;
-        bench)
+        bench|bench-recompute|bench-d24)
+            local modes=${BENCH_MODES:-ours-r0 llmc-r0 torch-compile ours-bg1 ours-oo1} baseline=ours-r0 model=d12 B=64 steps=20
+            [ "$1" = bench-recompute ] && modes="ours-r1 llmc-r1" baseline=ours-r1 steps=10
+            [ "$1" = bench-d24 ] && modes="ours-r0 torch-compile" model=d24 B=32
             if [ "$emu" = 1 ]; then
-                TRAINER=$TRAIN_BF16 BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
-                BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300" BENCH_MODEL=tiny \
-                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_MODES="ours-r0 torch-eager ours-muon ours-ge1 ours-at1 ours-bg1" \
-                BENCH_TSV="$out/bench.tsv" dev/bench_gpu.sh 4
+                # the rehearsal: the emulated trainer on the tiny oracle model, llm.c's stand-in
+                # (test/gpu/llmc_stub.sh), PyTorch on the CPU without autocast; two rounds of two steps
+                [ "$1" = bench-d24 ] && { echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"; return 0; }
+                TRAINER=$TRAIN_BF16 LLMC=test/gpu/llmc_stub.sh BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
+                BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4" BENCH_MODEL=tiny BENCH_MODES="$modes" BENCH_BASELINE=$baseline \
+                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_STEPS=2 BENCH_ROUNDS=2 BENCH_TORCH_MODE=${BENCH_TORCH_MODE:-eager} \
+                BENCH_TSV="$out/bench.tsv" "$PYTHON" dev/bench_gpu.py
             else
-                BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 dev/bench_gpu.sh 20
+                BENCH_MODEL=$model BENCH_B=$B BENCH_STEPS=$steps BENCH_MODES="$modes" BENCH_BASELINE=$baseline \
+                BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 "$PYTHON" dev/bench_gpu.py
             fi ;;
+        attention)
+            # our programs and FA2 in turn, 3 rounds; the table (test/gpu/attention_rounds.py) after each
+            local r rounds=${ATTENTION_ROUNDS:-3} dir="$work/attention"
+            rm -rf "$dir"
+            for r in $(seq 1 "$rounds"); do
+                mkdir -p "$dir/r$r"
+                if [ "$emu" = 1 ]; then  # the rehearsal: one emulated dev/cuda program, FA2's script on the CPU
+                    build/emu/devcuda/gelu_forward > "$dir/r$r/ours.log" 2>&1
+                    "$PYTHON" dev/cuda/attention_sdpa.py --device cpu --B 1 --T 64 --NH 2 --HS 16 > "$dir/r$r/fa2.log" 2>&1
+                else
+                    dev/cuda/bin/attention_forward > "$dir/r$r/forward.log" 2>&1 || { tail -n 5 "$dir/r$r/forward.log"; return 1; }
+                    dev/cuda/bin/attention_backward > "$dir/r$r/backward.log" 2>&1 || { tail -n 5 "$dir/r$r/backward.log"; return 1; }
+                    "$PYTHON" dev/cuda/attention_sdpa.py > "$dir/r$r/fa2.log" 2>&1 || { tail -n 5 "$dir/r$r/fa2.log"; return 1; }
+                fi
+                grep -h "FAIL" "$dir/r$r"/*.log | head -n 5
+                echo "round $r of $rounds:"
+                "$PYTHON" test/gpu/attention_rounds.py "$dir" | tee "$out/attention.md"
+            done
+            ! grep -q "FAIL" "$dir"/r*/*.log ;;
         cuda-dev)
             if [ "$emu" = 1 ]; then
                 # one program, built by rehearse.sh and carried (test/gpu/carry.sh emu), in its check mode
@@ -178,11 +273,9 @@ run_stage_body() {
                     printf '```\n' >> "$out/cuda_dev.md"
                 done
             fi ;;
-        bench-d24)
-            if [ "$emu" = 1 ]; then echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"
-            else BENCH_MODEL=d24 BENCH_B=32 BENCH_MODES="ours-r0 torch-compile" BENCH_TSV="$out/bench.tsv" \
-                     OMP_NUM_THREADS=16 dev/bench_gpu.sh 20; fi ;;
-        ncu) NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh ;;
+        ncu)
+            if [ "$emu" = 1 ]; then echo "ncu_top.sh: SKIPPED (emulated rehearsal: no ncu)"
+            else NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh 64; fi ;;
         sanitize)
             if [ "$emu" = 1 ]; then echo "sanitize.sh: SKIPPED (emulated rehearsal: the emulator's own checkers run in make test)"
             else SANITIZE_OUT="$work/sanitize" test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; fi ;;
@@ -216,7 +309,7 @@ stage_result() {
 run_stage() {
     local name=$1 log=$2 stage_deadline=$3 lane limit left
     lane=$(stage_field "$name" 2)
-    limit=$(stage_field "$name" 3)
+    limit=${limit_of[$name]:-$(stage_field "$name" 3)}
     [ -n "${STAGE_TIMEOUT:-}" ] && limit=$STAGE_TIMEOUT
     left=$((stage_deadline - SECONDS))
     [ "$left" -lt "$limit" ] && limit=$left
@@ -278,14 +371,18 @@ while [ $i -lt ${#selected[@]} ]; do
         i=$((i + 1))
         continue
     fi
-    # a run of lane stages: the bf16 and fp32 lanes side by side
-    group_deadline=$((SECONDS + ${PLAN_PARALLEL_S:-200}))
-    [ $group_deadline -gt $deadline ] && group_deadline=$deadline
+    # a run of lane stages: the bf16 and fp32 lanes side by side, until the longer lane's limits are spent
     bf16=() fp32=()
+    lane_s=("" 0 0)
     while [ $i -lt ${#selected[@]} ] && [ "$(stage_field "${selected[$i]}" 2)" != main ]; do
-        if [ "$(stage_field "${selected[$i]}" 2)" = bf16 ]; then bf16+=("${selected[$i]}"); else fp32+=("${selected[$i]}"); fi
+        n=${selected[$i]}
+        t=${limit_of[$n]:-$(stage_field "$n" 3)}
+        if [ "$(stage_field "$n" 2)" = bf16 ]; then bf16+=("$n"); lane_s[1]=$((lane_s[1] + t))
+        else fp32+=("$n"); lane_s[2]=$((lane_s[2] + t)); fi
         i=$((i + 1))
     done
+    group_deadline=$((SECONDS + ${PLAN_PARALLEL_S:-$((lane_s[1] > lane_s[2] ? lane_s[1] : lane_s[2]))}))
+    [ $group_deadline -gt $deadline ] && group_deadline=$deadline
     say "lanes until +$((group_deadline - start_time)) s: bf16 (${bf16[*]:-}) and fp32 (${fp32[*]:-})"
     ( for s in "${bf16[@]}"; do run_stage "$s" "$out/bf16.log" "$group_deadline"; done ) &
     lane_a=$!
