@@ -75,7 +75,7 @@ short_run=(-e "$oracle/model.bin" -i "$oracle/train.bin" -j "$oracle/train.bin" 
 # H100 80GB HBM3, driver 580.159.04, CUDA 13.0, 2026-11-26: the first kernel test that calls cuBLASLt,
 # and the model). So racecheck runs our kernels in the kernel tests that call no cuBLAS(Lt) (flash
 # attention's included), and the model and trainer runs go under memcheck and synccheck only.
-NO_CUBLAS_KERNEL_TESTS='Kernels.*-Kernels.Matmul*:Kernels.AttentionForwardBackward'
+NO_CUBLAS_KERNEL_TESTS='Kernels.*-Kernels.Matmul*:Kernels.Cublas*:Kernels.AttentionForwardBackward'
 for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
     if [ "$tool" = racecheck ]; then
