@@ -12,11 +12,17 @@ Modes (BENCH_MODES, in round order):
                            -r 0 with -opt muon / -ge 1 / -oo 1 / -at 1 / -bg 1 (their cost or gain)
   llmc-r0 llmc-r1          llm.c's train_gpt2cu (cuDNN attention; dev/peers/build_llmc.sh) at -r 0 / -r 1
                            (llm.c's -r 1 recomputes GELU in the backward, as ours does)
-  torch-compile            PyTorch at its strongest (dev/peers/torch_gpt2.py): whole step compiled with
-                           max-autotune-no-cudagraphs, SDPA flash only, fused AdamW, bf16 autocast;
-                           its compile runs first in a process of its own (the warm-up, timed apart,
-                           limit BENCH_WARM_LIMIT s), then this process times segments from the cache
-  torch-eager              the same model and step, not compiled
+  torch-compile            PyTorch (dev/peers/torch_gpt2.py): the whole step compiled (forward, loss,
+                           backward; clip and fused AdamW as a second compiled function), SDPA flash only,
+                           bf16 autocast, in mode BENCH_TORCH_MODE (default; max-autotune, whose compile
+                           runs first in a process of its own under BENCH_WARM_LIMIT s, then this process
+                           takes it from Inductor's caches; mode default if it does not finish)
+  torch-compile-loss       the same model with the forward and loss compiled, the attention backend PyTorch's
+                           choice and the update uncompiled (fused AdamW): the peer of earlier sessions'
+                           measurements (test/oracle/gpt2_oracle.py --bench --compile); the faster of the
+                           two is PyTorch at its strongest
+  torch-eager              the model and step of torch-compile, not compiled
+  Each PyTorch mode compiles once, before its first timed segment (its warm-up, counted apart).
 
 Every side takes B x T random token ids (speed does not depend on them) and reports the mean step
 time over `steps` steps after 3 untimed ones. Ours and llm.c run as processes, each its own timer
@@ -34,7 +40,7 @@ synchronizing after each step, and hands its cached memory back between segments
 Environment: TRAINER (./train_gpt2cu), LLMC (build/gpu/llmc/train_gpt2cu), BENCH_MODEL (d12),
 BENCH_OURS_MODEL (-e value), BENCH_TORCH_MODEL (torch_gpt2.py model flags), BENCH_V (50257),
 BENCH_B (64), BENCH_T (1024), BENCH_STEPS (20), BENCH_ROUNDS (3), BENCH_DEVICE (cuda; cpu for the
-rehearsal), BENCH_TORCH_MODE (max-autotune, default or eager for torch-compile), BENCH_WARM_LIMIT (150),
+rehearsal), BENCH_TORCH_MODE (default, max-autotune or eager for torch-compile*), BENCH_WARM_LIMIT (150),
 BENCH_BASELINE (ours-r0: the mode every ratio is taken against; ours-r1 beside llmc-r1).
 """
 import os
@@ -67,11 +73,11 @@ class Settings:
         self.steps = int(env("BENCH_STEPS", "20"))
         self.rounds = int(env("BENCH_ROUNDS", "3"))
         self.device = env("BENCH_DEVICE", "cuda")
-        self.torch_mode = env("BENCH_TORCH_MODE", "max-autotune")
+        self.torch_mode = env("BENCH_TORCH_MODE", "default")
         self.warm_limit = int(env("BENCH_WARM_LIMIT", "150"))
         self.trainer = env("TRAINER", "./train_gpt2cu")
         self.llmc = env("LLMC", "build/gpu/llmc/train_gpt2cu")
-        self.modes = env("BENCH_MODES", "ours-r0 llmc-r0 torch-compile ours-bg1").split()
+        self.modes = env("BENCH_MODES", "ours-r0 llmc-r0 torch-compile torch-compile-loss").split()
         self.tsv = env("BENCH_TSV", "")
         self.python = env("PYTHON", sys.executable)
         self.work = os.path.join(ROOT, "build", "bench_gpu")
@@ -127,8 +133,8 @@ class Bench:
         self.memory = GpuMemory(s.work)
         self.batch = {}  # mode -> B that fitted in its first run
         self.runs = []   # dicts: mode, round, ms, tps, mfu, peak, warmup, B
-        self.peer = None
-        self.torch_warmup = "-"
+        self.peers = {}    # PyTorch mode -> its Peer, alive in this process between rounds
+        self.warmups = {}  # PyTorch mode -> seconds of compile before its first timed segment
 
     # --- one run of one mode: (ms per step, B, peak MiB, MFU or None) or None on failure -----------
     def run_process(self, mode, make_cmd):
@@ -179,50 +185,54 @@ class Bench:
                                                  "-b", str(B), "-t", str(self.s.T), "-x", str(UNTIMED + self.s.steps),
                                                  "-r", r, "-v", "100000", "-m", "1", "-s", "0"])
 
+    # the PyTorch modes: (compile mode, SDPA backends, update)
+    TORCH_MODES = {"torch-compile": (None, "flash", "compiled"), "torch-compile-loss": (None, "default", "eager"),
+                   "torch-eager": ("eager", "flash", "eager")}
+
     def torch(self, mode):
-        compiled = mode == "torch-compile"
-        if self.peer is None or self.peer_mode != mode:
-            self.peer = None
-            tmode = self.s.torch_mode if compiled else "eager"
+        if mode not in self.peers:
+            tmode, sdpa, update = self.TORCH_MODES[mode]
+            tmode = tmode or self.s.torch_mode
             args = self.s.torch_model + ["--vocab", str(self.s.V), "-b", str(self.s.B), "-t", str(self.s.T),
-                                         "--device", self.s.device]
-            if tmode != "eager":
-                # the compile in a process of its own (the warm-up, timed apart): it fills Inductor's caches
+                                         "--device", self.s.device, "--sdpa", sdpa, "--update", update]
+            warm = None
+            if tmode == "max-autotune":
+                # its compile in a process of its own (the warm-up, timed apart): it fills Inductor's caches
                 start = time.time()
                 cmd = [self.s.python, os.path.join(ROOT, "dev", "peers", "torch_gpt2.py"), "--warm", "--mode", tmode] + args
-                log = os.path.join(self.s.work, "torch_warm.log")
+                log = os.path.join(self.s.work, f"{mode}_warm.log")
                 try:
                     with open(log, "w") as f:
                         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=self.s.warm_limit).returncode
                 except subprocess.TimeoutExpired:
                     rc = "timeout"
-                self.torch_warmup = f"{time.time() - start:.1f}"
-                print(f"  {mode}: compile warm-up ({tmode}) in its own process: {self.torch_warmup} s, exit {rc}")
+                warm = time.time() - start
+                print(f"  {mode}: compile warm-up ({tmode}) in its own process: {warm:.1f} s, exit {rc}")
                 if rc != 0:
                     print("\n".join(open(log).read().splitlines()[-5:]))
-                    if tmode == "max-autotune":
-                        tmode = "default"
-                        print(f"  {mode}: falling back to mode default (no max-autotune: its compile did not finish)")
+                    tmode = "default"
+                    print(f"  {mode}: falling back to mode default (max-autotune's compile did not finish)")
             sys.path.insert(0, os.path.join(ROOT, "dev", "peers"))
+            import torch
             import torch_gpt2
             import argparse
             p = argparse.ArgumentParser()
             torch_gpt2.add_arguments(p)
-            a = p.parse_args(args + ["--mode", tmode])
-            L, C, NH, V = torch_gpt2.model_shape(a)
+            L, C, NH, V = torch_gpt2.model_shape(p.parse_args(args))
             start = time.time()
-            self.peer = torch_gpt2.Peer(L, C, NH, V, self.s.B, self.s.T, self.s.device, tmode)
-            self.peer.segment(0, untimed=2)
-            self.peer_mode, self.peer_tmode = mode, tmode
-            import torch
+            peer = torch_gpt2.Peer(L, C, NH, V, self.s.B, self.s.T, self.s.device, tmode, sdpa, update)
+            peer.segment(0, untimed=2)
+            here = time.time() - start
+            self.warmups[mode] = (warm or 0.0) + here  # the compile (the 2 first steps), counted apart
             print(f"  {mode}: torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, Triton "
-                  f"{getattr(sys.modules.get('triton'), '__version__', '-')}")
-            print(f"  {mode}: this process's compile (from the caches) and 2 steps: {time.time() - start:.1f} s;"
-                  f" mode {tmode}, SDPA flash only, AdamW {'fused' if self.peer.fused else 'foreach'},"
-                  f" update {'compiled' if self.peer.update != self.peer._update else 'eager'}")
-        times = self.peer.segment(self.s.steps, untimed=UNTIMED)
-        peak = self.peer.peak_mib()
-        self.peer.release()
+                  f"{getattr(sys.modules.get('triton'), '__version__', '-')}; {peer.describe()}")
+            print(f"  {mode}: this process's compile{' (from the caches)' if warm else ''} and 2 steps: {here:.1f} s")
+            peer.release()
+            self.peers[mode] = peer
+        peer = self.peers[mode]
+        times = peer.segment(self.s.steps, untimed=UNTIMED)
+        peak = peer.peak_mib()
+        peer.release()
         return statistics.mean(times), self.s.B, "-" if peak != peak else f"{peak:.0f}", None
 
     # --- rounds -------------------------------------------------------------------------------------
@@ -231,7 +241,7 @@ class Bench:
             result = self.ours(mode)
         elif mode in ("llmc-r0", "llmc-r1"):
             result = self.llmc(mode)
-        elif mode in ("torch-compile", "torch-eager"):
+        elif mode in self.TORCH_MODES:
             result = self.torch(mode)
         else:
             print(f"bench_gpu.py: no mode {mode}")
@@ -241,9 +251,10 @@ class Bench:
         ms, B, peak, mfu = result
         tps = B * self.s.T / (ms / 1e3)
         run = dict(mode=mode, round=rnd, ms=ms, tps=tps, mfu=mfu, peak=peak, B=B,
-                   warmup=self.torch_warmup if mode == "torch-compile" else "-")
+                   warmup=f"{self.warmups[mode]:.1f}" if mode in self.warmups else "-")
         self.runs.append(run)
-        base = [r for r in self.runs if r["mode"] == BASELINE and r["round"] == rnd and r["mfu"]]
+        # a peer's MFU: the baseline's of this round (else its latest) scaled by the step times
+        base = sorted((r for r in self.runs if r["mode"] == BASELINE and r["mfu"]), key=lambda r: r["round"] != rnd)
         if mfu is None and base:
             run["mfu"] = base[0]["mfu"] * base[0]["ms"] / ms * (B / base[0]["B"])
         side, name = mode.split("-", 1)

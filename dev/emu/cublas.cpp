@@ -200,6 +200,7 @@ cublasStatus_t gemm_strided_batched(const char* fn, cublasHandle_t handle, cubla
                                     cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
                                     cudaDataType Ctype, int ldc, long long strideC, int batch_count,
                                     cublasComputeType_t compute_type) {
+    emu_blas::no_cublas_check(fn);
     if (handle == nullptr) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "%s: handle is NULL", fn);
     if (!valid_op(transa) || !valid_op(transb)) {
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: transa %d / transb %d is not N, T or C", fn, (int)transa,

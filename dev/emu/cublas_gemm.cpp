@@ -14,9 +14,12 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace emu_blas {
 
@@ -401,6 +404,15 @@ void bias_gradient_of_b(const Gemm& g) {
 }
 
 }  // namespace
+
+void no_cublas_check(const char* fn) {
+    static const bool no_cublas = getenv("EMU_NO_CUBLAS") != nullptr && strcmp(getenv("EMU_NO_CUBLAS"), "0") != 0;
+    if (no_cublas) {
+        fprintf(stderr, "cuda-emu: cuBLAS: %s called under EMU_NO_CUBLAS=1: on a GPU this launches a cuBLAS kernel\n", fn);
+        fflush(stderr);
+        _exit(70);
+    }
+}
 
 void run_gemm(const Gemm& g) {
     if (g.m <= 0 || g.n <= 0 || g.batch_count <= 0) return;

@@ -57,6 +57,12 @@ struct Gemm {
 // Runs the product now, on the calling thread and one helper thread (called from an enqueued task).
 void run_gemm(const Gemm& gemm);
 
+// EMU_NO_CUBLAS=1: every call of a product function (cublasGemmEx and friends, cublasLtMatmul) ends
+// the program with status 70, refused or not, as compute-sanitizer's racecheck did on an H100 at the
+// first cuBLASLt kernel. test/gpu/sanitize.sh runs racecheck only on kernel tests that launch none;
+// test/gpu/check_racecheck_tests.sh checks its list this way (and by reading the tests' sources).
+void no_cublas_check(const char* fn);
+
 // Prints "cuda-emu: cuBLAS: <message>" on stderr and returns status: how every refusal is reported,
 // so that a failing cublasCheck in the caller is preceded by the reason.
 cublasStatus_t refuse(cublasStatus_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -438,6 +438,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
     const char* fn = "cublasLtMatmul";
+    emu_blas::no_cublas_check(fn);
     if (handle == nullptr) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "%s: handle is NULL", fn);
     Problem problem;
     cublasStatus_t status = check_problem(fn, desc, Adesc, Bdesc, Cdesc, Ddesc, &problem);

@@ -5,32 +5,39 @@ against. Written the way a PyTorch user who wants speed writes it:
   - an nn.Module GPT-2 (the model of train_gpt2cu: pre-LN blocks, GELU tanh, tied lm_head) with the
     vocabulary padded to a multiple of 128 for the matmuls (the loss sees only the real 50257 columns);
   - bf16 autocast over fp32 parameters, TF32 for what stays fp32;
-  - attention through scaled_dot_product_attention with only the flash backend enabled (FlashAttention-2);
+  - attention through scaled_dot_product_attention with only the flash backend enabled (FlashAttention-2),
+    or (--sdpa default) whichever backend PyTorch picks;
   - the whole step compiled: the forward with its loss (and so its backward, through AOTAutograd) and
-    the update (clip_grad_norm_ and a fused AdamW) as a second compiled function, with
-    mode="max-autotune-no-cudagraphs" (Triton GEMM templates benchmarked against cuBLAS);
+    the update (clip_grad_norm_ and a fused AdamW) as a second compiled function (--update eager: the
+    update as PyTorch runs it without compiling), mode "default" or "max-autotune"
+    (max-autotune-no-cudagraphs: Triton GEMM templates benchmarked against cuBLAS);
   - random token ids made on the GPU: speed does not depend on them.
 
-Compiling with max-autotune takes minutes. Its results land in Inductor's on-disk caches, so a
-separate process compiles first (`--warm`, timed as the warm-up), and the timed process then finds
-the compiled graphs there. dev/bench_gpu.py imports Peer from here and times segments of steps in
-its own process, between runs of the other trainers.
+Compiling with max-autotune takes minutes (an H100, 2026-11-27: ~17 s of benchmarking for each GEMM
+shape, and it had not finished in 100 s). Its results land in Inductor's on-disk caches, so a separate
+process compiles first (`--warm`, timed as the warm-up), and the timed process then finds the compiled
+graphs there. dev/bench_gpu.py imports Peer from here and times segments of steps in its own process,
+between runs of the other trainers.
 
     python3 dev/peers/torch_gpt2.py --warm -b 64 -t 1024            # compile, fill the caches, 2 steps
     python3 dev/peers/torch_gpt2.py --steps 20 -b 64 -t 1024        # one timed segment, prints ms/step
     ... --model d24 | --layers 2 --channels 64 --heads 4 --vocab 300 --device cpu --mode eager
 """
 import argparse
+import contextlib
 import math
 import sys
 import time
 
 import torch
 import torch.nn as nn
+import torch.nn.attention
 import torch.nn.functional as F
 
 MODELS = {"d12": (12, 768, 12), "d24": (24, 1024, 16), "d36": (36, 1280, 20), "d48": (48, 1600, 25)}
 MODES = ("max-autotune", "default", "eager")  # max-autotune means max-autotune-no-cudagraphs
+SDPA = ("flash", "default")
+UPDATES = ("compiled", "eager")
 
 
 class Block(nn.Module):
@@ -73,16 +80,15 @@ class GPT2(nn.Module):
 class Peer:
     """One model, its optimizer and its compiled step; segment(n) times n steps after a few untimed ones."""
 
-    def __init__(self, L, C, NH, V, B, T, device="cuda", mode="max-autotune"):
+    def __init__(self, L, C, NH, V, B, T, device="cuda", mode="default", sdpa="flash", update="compiled"):
         self.B, self.T, self.V, self.device, self.mode = B, T, V, device, mode
         self.cuda = device == "cuda"
         if self.cuda:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-            # FlashAttention-2 and nothing else: no silent fallback to another attention
-            torch.backends.cuda.enable_flash_sdp(True)
-            for other in ("enable_mem_efficient_sdp", "enable_math_sdp", "enable_cudnn_sdp"):
-                getattr(torch.backends.cuda, other, lambda _: None)(False)
+        # FlashAttention-2 and nothing else (no silent fallback to another attention), per call: two
+        # peers with different choices can live in one process; only CUDA has the flash backend
+        self.flash = sdpa == "flash" and self.cuda
         self.model = GPT2(L, C, NH, V, T).to(device)
         self.params = [p for p in self.model.parameters()]
         self.fused = self.cuda
@@ -90,17 +96,23 @@ class Peer:
         self.optimizer = torch.optim.AdamW(self.params, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
                                            fused=self.fused, foreach=not self.fused)
         self.forward_backward, self.update = self._forward_backward, self._update
+        self.model_c = self.model
         if mode != "eager":
             options = dict(mode="max-autotune-no-cudagraphs") if mode == "max-autotune" else {}
             self.model_c = torch.compile(self.model, **options)
-            self.update = torch.compile(self._update, **options)
-        else:
-            self.model_c = self.model
+            if update == "compiled":
+                self.update = torch.compile(self._update, **options)
         self.gen = torch.Generator(device=device).manual_seed(0)
+
+    def describe(self):
+        return (f"mode {self.mode}, SDPA {'flash only' if self.flash else 'PyTorch choice'}, AdamW "
+                f"{'fused' if self.fused else 'foreach'}, update {'compiled' if self.update != self._update else 'eager'}")
 
     def _forward_backward(self):
         x = torch.randint(0, self.V, (self.B, self.T + 1), device=self.device, generator=self.gen)
-        with torch.autocast(device_type=self.device, dtype=torch.bfloat16, enabled=self.cuda):
+        attention = torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]) if self.flash \
+            else contextlib.nullcontext()
+        with attention, torch.autocast(device_type=self.device, dtype=torch.bfloat16, enabled=self.cuda):
             loss = self.model_c(x[:, :-1], x[:, 1:])
         loss.backward()
         return loss
@@ -113,7 +125,7 @@ class Peer:
 
     def step(self):
         loss = self.forward_backward()
-        if self.update is self._update or getattr(self, "update_checked", False):
+        if self.update == self._update or getattr(self, "update_checked", False):
             self.update()
             return loss
         try:  # the first compiled update; if this torch cannot compile it, the update runs eagerly
@@ -171,7 +183,9 @@ def add_arguments(p):
     p.add_argument("-b", "--batch", type=int, default=64)
     p.add_argument("-t", "--seq-len", type=int, default=1024)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--mode", default="max-autotune", choices=MODES)
+    p.add_argument("--mode", default="default", choices=MODES)
+    p.add_argument("--sdpa", default="flash", choices=SDPA)
+    p.add_argument("--update", default="compiled", choices=UPDATES)
 
 
 def main():
@@ -184,7 +198,7 @@ def main():
         sys.exit("torch_gpt2.py: torch sees no CUDA device (use --device cpu)")
     L, C, NH, V = model_shape(args)
     t0 = time.perf_counter()
-    peer = Peer(L, C, NH, V, args.batch, args.seq_len, args.device, args.mode)
+    peer = Peer(L, C, NH, V, args.batch, args.seq_len, args.device, args.mode, args.sdpa, args.update)
     for _ in range(2):
         loss = peer.step()
     peer.sync()

@@ -96,6 +96,27 @@ else
          "the benchmark's llmc-* modes will say so"
 fi
 
+# What changed since the last GPU run: the dev/cuda programs one of whose sources (nvcc -M) differs from
+# the commit that run's binaries were built from (its main.log, in the newest commit that added files
+# to doc/gpu_runs). The plan's cuda-dev stage (CUDA_DEV_PROGRAMS=changed) runs only these.
+echo "== dev/cuda programs changed since the last GPU run"
+run_commit=$(git log -1 --format=%h -- doc/gpu_runs)
+last_log=$(git show --name-only --format= "$run_commit" -- 'doc/gpu_runs/*main.log' | head -n 1)
+base=$(grep -ho "commit: binaries [0-9a-f]*" "$last_log" 2> /dev/null | head -n 1 | awk '{ print $3 }')
+if [ -n "$base" ] && git cat-file -e "$base^{commit}" 2> /dev/null; then
+    changed=$(git diff --name-only "$base" -- llmc dev/cuda | sed 's|^|./|')
+    : > build/gpu/changed_programs.txt
+    for cu in dev/cuda/*.cu; do
+        deps=$(nvcc -M -std=c++17 -x cu "$cu" 2> /dev/null | tr -d '\\' | tr ' ' '\n' | grep -E '\.(cu|cuh|h)$' |
+               xargs -r realpath --relative-to=. | sed 's|^|./|')
+        if grep -qxFf <(echo "$deps") <(echo "$changed"); then basename "$cu" .cu >> build/gpu/changed_programs.txt; fi
+    done
+    echo "since $base (the binaries of $last_log): $(tr '\n' ' ' < build/gpu/changed_programs.txt)"
+else
+    echo "no earlier GPU run found in doc/gpu_runs; every program counts as changed"
+    make -s -C dev/cuda --no-print-directory list | tr ' ' '\n' > build/gpu/changed_programs.txt
+fi
+
 mapfile -t CARRY < <(test/gpu/carry.sh)
 echo "== to carry to the GPU machine (8 paths, the tool's most)"
 du -sh "${CARRY[@]}"

@@ -37,6 +37,8 @@ for c in "${carry[@]}"; do [ -e "$tree/$c" ] || { echo "rehearse.sh: carried pat
 bad=0
 # the plans fit their budgets on paper (each stage's limit counted in full)
 test/gpu/run_on_gpu.sh --check-plans || { echo "rehearse.sh: a plan's stage limits exceed its budget"; bad=1; }
+# racecheck's kernel tests launch no cuBLAS(Lt) kernel (one that did stopped the sanitizer on an H100)
+test/gpu/check_racecheck_tests.sh ./test_gpt2cu_emu || bad=1
 
 # each plan as the device call it will be, into a folder of its own (one $OUT per call)
 rm -rf "${out:?}"/*

@@ -45,22 +45,25 @@ STAGES=(
     "kernels-fp32|fp32|120|the same kernels, fp32 build"
     "model-fp32|fp32|150|the fp32 model against the oracle, CPU-like tolerances"
     "trainer-fp32|fp32|180|the trainer's promises, fp32 build"
-    "bench|main|300|dev/bench_gpu.py, d12 B=64 T=1024, 3 interleaved rounds: ours -r 0 beside llm.c -r 0 and PyTorch compiled at its strongest; -bg 1 and -oo 1 against -r 0"
+    "bench|main|300|dev/bench_gpu.py, d12 B=64 T=1024, 3 interleaved rounds: ours -r 0 beside llm.c -r 0 and PyTorch compiled two ways (BENCH_MODES)"
     "bench-recompute|main|120|dev/bench_gpu.py, 3 rounds: ours -r 1 beside llm.c -r 1 (llm.c's default: GELU recomputed)"
     "bench-d24|main|150|dev/bench_gpu.py at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
     "attention|main|120|3 rounds: dev/cuda attention_forward and attention_backward (every version) beside PyTorch's FlashAttention-2"
     "cuda-dev|main|180|dev/cuda/run_all.sh: every kernel version checked and timed (CUDA_DEV_PROGRAMS: some)"
-    "ncu|main|120|Nsight Compute over a d12 step at B=64: the time split by kind of kernel, the costliest kernels (test/gpu/ncu_top.sh)"
+    "ncu|main|120|Nsight Compute over a d12 step at B=64, -r 0: the time split by kind of kernel, the costliest kernels (test/gpu/ncu_top.sh)"
     "sanitize|main|300|compute-sanitizer: memcheck everything, racecheck and synccheck ours (test/gpu/sanitize.sh)"
 )
 
 # name | budget (s) | environment | stage:limit ... (see doc/cuda.md, "The plan"). Call 1 answers what
-# changed since the last GPU run (the kernels, -bg 1, Muon and Adafactor's kernels, in both builds; the
-# model's arithmetic did not change, so not model-*), then the speed questions against the peers; call 2,
-# at once on the warm machine, the rest. About 4 minutes of the 15 stay for the starts and one re-run.
+# changed since the last GPU run (the kernel and trainer suites in both builds; add model-* when the
+# model's arithmetic changed), then the speed question against the peers; call 2, at once on the warm
+# machine, the rest: the dev/cuda programs whose sources changed, attention against FA2, the step's time
+# split, the recompute setting against llm.c's, the sanitizers. The limits are what the H100 took on
+# 2026-11-27 (doc/gpu_results.md, calls 9-12) with room; about 4 minutes of the 15 stay for the two
+# starts and one re-run. A session adds its own questions to BENCH_MODES (ours-bg1, ours-oo1, ...).
 PLANS=(
-    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile ours-bg1 ours-oo1' BENCH_WARM_LIMIT=100|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 bench:250"
-    "call2|240|CUDA_DEV_PROGRAMS=matmul_backward|cuda-dev:25 attention:85 ncu:55 bench-recompute:50 sanitize:25"
+    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile torch-compile-loss'|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 bench:250"
+    "call2|240|CUDA_DEV_PROGRAMS=changed|cuda-dev:45 attention:80 ncu:35 bench-recompute:45 sanitize:35"
 )
 
 stage_field() {  # stage_field NAME FIELD(1 name, 2 lane, 3 limit, 4 description)
@@ -222,7 +225,7 @@ run_stage_body() {
         trainer-bf16) gtest_stage "$TEST_BF16" "$F_TRAINER" ;;
         trainer-fp32) gtest_stage "$TEST_FP32" "$F_TRAINER" ;;
         bench|bench-recompute|bench-d24)
-            local modes=${BENCH_MODES:-ours-r0 llmc-r0 torch-compile ours-bg1 ours-oo1} baseline=ours-r0 model=d12 B=64 steps=20
+            local modes=${BENCH_MODES:-ours-r0 llmc-r0 torch-compile torch-compile-loss} baseline=ours-r0 model=d12 B=64 steps=20
             [ "$1" = bench-recompute ] && modes="ours-r1 llmc-r1" baseline=ours-r1 steps=10
             [ "$1" = bench-d24 ] && modes="ours-r0 torch-compile" model=d24 B=32
             if [ "$emu" = 1 ]; then
@@ -231,7 +234,7 @@ run_stage_body() {
                 [ "$1" = bench-d24 ] && { echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"; return 0; }
                 TRAINER=$TRAIN_BF16 LLMC=test/gpu/llmc_stub.sh BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
                 BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4" BENCH_MODEL=tiny BENCH_MODES="$modes" BENCH_BASELINE=$baseline \
-                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_STEPS=2 BENCH_ROUNDS=2 BENCH_TORCH_MODE=${BENCH_TORCH_MODE:-eager} \
+                BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_STEPS=2 BENCH_ROUNDS=2 BENCH_TORCH_MODE=${BENCH_TORCH_MODE:-default} \
                 BENCH_TSV="$out/bench.tsv" "$PYTHON" dev/bench_gpu.py
             else
                 BENCH_MODEL=$model BENCH_B=$B BENCH_STEPS=$steps BENCH_MODES="$modes" BENCH_BASELINE=$baseline \
@@ -261,13 +264,20 @@ run_stage_body() {
                 # one program, built by rehearse.sh and carried (test/gpu/carry.sh emu), in its check mode
                 build/emu/devcuda/gelu_forward | tee "$out/cuda_dev.md"
             else
+                # CUDA_DEV_PROGRAMS: a few of them (default: all); "changed": those whose sources changed
+                # since the last GPU run (build/gpu/changed_programs.txt, made by prepare_gpu_run.sh)
+                local programs=${CUDA_DEV_PROGRAMS:-}
+                if [ "$programs" = changed ]; then
+                    programs=$(cat build/gpu/changed_programs.txt 2> /dev/null)
+                    [ -n "$programs" ] || { echo "cuda-dev: SKIPPED (no dev/cuda program's sources changed since the last GPU run)"; return 0; }
+                fi
                 # built on the CPU machine; a copy may have given them older times than their sources,
                 # and run_all.sh's `make` would rebuild them here
                 touch dev/cuda/bin/*
-                # shellcheck disable=SC2086  # CUDA_DEV_PROGRAMS: a few of them (default: all)
-                LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh ${CUDA_DEV_PROGRAMS:-} | tee "$out/cuda_dev.md"
+                # shellcheck disable=SC2086
+                LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh $programs | tee "$out/cuda_dev.md"
                 # for a few programs, every version's time too (the ratios of one run), not only the best
-                for program in ${CUDA_DEV_PROGRAMS:-}; do
+                for program in $programs; do
                     printf '\n%s, every version:\n\n```\n' "$program" >> "$out/cuda_dev.md"
                     grep -E '^(op:|version|v[0-9]+ )' "$work/cuda_logs/$program.log" >> "$out/cuda_dev.md"
                     printf '```\n' >> "$out/cuda_dev.md"
@@ -275,7 +285,7 @@ run_stage_body() {
             fi ;;
         ncu)
             if [ "$emu" = 1 ]; then echo "ncu_top.sh: SKIPPED (emulated rehearsal: no ncu)"
-            else NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh 64; fi ;;
+            else NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh 64 -r 0; fi ;;
         sanitize)
             if [ "$emu" = 1 ]; then echo "sanitize.sh: SKIPPED (emulated rehearsal: the emulator's own checkers run in make test)"
             else SANITIZE_OUT="$work/sanitize" test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; fi ;;
