@@ -66,21 +66,16 @@ PLANS=(
     "call2|240|CUDA_DEV_PROGRAMS=changed|cuda-dev:45 attention:80 ncu:35 bench-recompute:45 sanitize:35"
 )
 
-stage_field() {  # stage_field NAME FIELD(1 name, 2 lane, 3 limit, 4 description)
-    local s
-    for s in "${STAGES[@]}"; do
-        if [ "${s%%|*}" = "$1" ]; then echo "$s" | cut -d'|' -f"$2"; return 0; fi
+row_field() {  # row_field TABLE NAME FIELD: field FIELD of the row of TABLE (STAGES or PLANS) named NAME
+    local -n rows=$1
+    local row
+    for row in "${rows[@]}"; do
+        if [ "${row%%|*}" = "$2" ]; then echo "$row" | cut -d'|' -f"$3"; return 0; fi
     done
     return 1
 }
-
-plan_field() {  # plan_field NAME FIELD(1 name, 2 budget, 3 environment, 4 stages)
-    local p
-    for p in "${PLANS[@]}"; do
-        if [ "${p%%|*}" = "$1" ]; then echo "$p" | cut -d'|' -f"$2"; return 0; fi
-    done
-    return 1
-}
+stage_field() { row_field STAGES "$@"; }  # fields: 1 name, 2 lane, 3 limit, 4 description
+plan_field() { row_field PLANS "$@"; }    # fields: 1 name, 2 budget, 3 environment, 4 stages
 
 # plan_seconds "stage:limit ...": the stages' limits added up, each lane's run counted as its longer lane
 plan_seconds() {
