@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Before/after check for changes that must keep every bit: builds train_gpt2 at a base commit (in a
-# temporary git worktree) and at the working tree, runs both over a set of CPU process layouts on the
-# same tiny model and data, and compares, byte for byte, each run's per-step losses and gradient norms
-# (metrics.jsonl, timings left out) and every file of its final checkpoint (model, state files; their
-# headers without the version and the checksums).
+# Before/after check for changes that must keep every bit: builds the trainer at a base commit (in a
+# temporary git worktree) and at the working tree, runs both over a set of process layouts on the same
+# tiny model and data, and compares, byte for byte, each run's per-step losses and gradient norms
+# (metrics.jsonl, timings left out), its samples, and every file of its final checkpoint (model, state
+# files; their headers without the version and the checksums).
 #
-#   dev/layout_bits.sh [BASE_REF]          default BASE_REF: HEAD (compare uncommitted changes)
+#   dev/layout_bits.sh [BASE_REF]          the CPU trainer, 18 layouts; default BASE_REF: HEAD
+#   dev/layout_bits.sh --cuda [BASE_REF]   the CUDA trainer under the emulator (train_gpt2cu_emu and
+#                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
 #
+# The tutorial redesign (issue 47) compares against one fixed base: bdc40c7 for both trainers.
 # Needs mpirun (scripts/install_deps.sh) and the PyTorch oracle (test/oracle/gpt2_oracle.py, for the
 # model and data files). Prints one line per layout and exits non-zero if any differ. Both binaries are
 # built with the same compiler and flags on this machine, so any difference is the code's.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+cuda=0
+if [ "${1:-}" = --cuda ]; then cuda=1; shift; fi
 base_ref="${1:-HEAD}"
 work="$(mktemp -d /tmp/layout_bits.XXXXXX)"
 python="$("$root/scripts/find_python.sh")"
@@ -20,37 +25,69 @@ trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || tru
 
 echo "layout_bits: base $(git -C "$root" rev-parse --short "$base_ref") vs the working tree; scratch in $work"
 git -C "$root" worktree add --detach "$work/base" "$base_ref" >/dev/null 2>&1
-make -C "$work/base" -s train_gpt2 >/dev/null
-make -C "$root" -s train_gpt2 >/dev/null
-cp "$work/base/train_gpt2" "$work/train_gpt2.base"
-cp "$root/train_gpt2" "$work/train_gpt2.new"
+# the binaries: kind -> make target (the CPU trainer; or the CUDA trainer's two emulated builds)
+declare -A target=([cpu]=train_gpt2)
+[ $cuda -eq 1 ] && target=([bf16]=train_gpt2cu_emu [fp32]=train_gpt2fp32cu_emu)
+make -C "$work/base" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
+make -C "$root" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
+for kind in "${!target[@]}"; do
+    cp "$work/base/${target[$kind]}" "$work/$kind.base"
+    cp "$root/${target[$kind]}" "$work/$kind.new"
+done
 
 # L=5, C=32: pipelines of 2 and 4 stages split it unevenly; 300 tokens of vocabulary, 4 heads.
 "$python" "$root/test/oracle/gpt2_oracle.py" --out "$work/data" --layers 5 --channels 32 --heads 4 \
     --max-seq-len 32 --vocab 300 --seed 1 -b 2 -t 16 --data-tokens 8192 >/dev/null
 
 mpi="mpirun --allow-run-as-root --oversubscribe --bind-to none"
-# name | processes | flags (each layout trains 6 steps of 256 tokens, a checkpoint at 3 and 6; with
-# -v the val loss of 2 batches of the train shard, with -s a sample of 8 tokens, printed as ids)
+# name | processes | binary | flags (each layout trains 6 steps of 256 tokens, a checkpoint at 3 and 6;
+# with -v the val loss of 2 batches of the train shard, with -s a sample of 8 tokens, printed as ids)
 layouts=(
-    "single|1|"
-    "single_r3|1|-r 3"
-    "single_eval|1|-v 3 -m 2 -s 3 -g 8"
-    "dp2_z0|2|-z 0"
-    "dp2_z1|2|-z 1"
-    "dp2_z2|2|-z 2"
-    "dp2_z3|2|-z 3"
-    "dp2_z3_eval|2|-z 3 -v 3 -m 2 -s 3 -g 8"
-    "dp4_z1|4|-z 1"
-    "tp2|2|-tp 2"
-    "tp2_dp2_z1|4|-tp 2 -z 1"
-    "pp2_gpipe|2|-pp 2 -pm gpipe"
-    "pp2_1f1b|2|-pp 2 -pm 1f1b"
-    "pp2_eval|2|-pp 2 -v 3 -m 2"
-    "pp4_1f1b|4|-pp 4 -pm 1f1b"
-    "tp2_pp2|4|-tp 2 -pp 2"
-    "pp2_dp2_z1|4|-pp 2 -z 1"
-    "resume_dp2|2|-z 1 RESUME"
+    "single|1|cpu|"
+    "single_r3|1|cpu|-r 3"
+    "single_eval|1|cpu|-v 3 -m 2 -s 3 -g 8"
+    "dp2_z0|2|cpu|-z 0"
+    "dp2_z1|2|cpu|-z 1"
+    "dp2_z2|2|cpu|-z 2"
+    "dp2_z3|2|cpu|-z 3"
+    "dp2_z3_eval|2|cpu|-z 3 -v 3 -m 2 -s 3 -g 8"
+    "dp4_z1|4|cpu|-z 1"
+    "tp2|2|cpu|-tp 2"
+    "tp2_dp2_z1|4|cpu|-tp 2 -z 1"
+    "pp2_gpipe|2|cpu|-pp 2 -pm gpipe"
+    "pp2_1f1b|2|cpu|-pp 2 -pm 1f1b"
+    "pp2_eval|2|cpu|-pp 2 -v 3 -m 2"
+    "pp4_1f1b|4|cpu|-pp 4 -pm 1f1b"
+    "tp2_pp2|4|cpu|-tp 2 -pp 2"
+    "pp2_dp2_z1|4|cpu|-pp 2 -z 1"
+    "resume_dp2|2|cpu|-z 1 RESUME"
+)
+# the CUDA trainer under the emulator: issue 47's list (one GPU in bf16 and fp32, every -r, dp2 at every
+# ZeRO stage, tp2 with and without -sq, pp2 with both schedules, tp2 x pp2, tp2 x dp2 -z 3, Muon,
+# Adafactor, -oo 1), plus evaluation and a resume
+[ $cuda -eq 1 ] && layouts=(
+    "bf16|1|bf16|-r 0"
+    "bf16_r1|1|bf16|-r 1"
+    "bf16_r2|1|bf16|-r 2"
+    "bf16_r3|1|bf16|-r 3"
+    "bf16_eval|1|bf16|-v 3 -m 2 -s 3 -g 8"
+    "fp32|1|fp32|-r 0"
+    "fp32_r3|1|fp32|-r 3"
+    "dp2_z0|2|bf16|-z 0"
+    "dp2_z1|2|bf16|-z 1"
+    "dp2_z2|2|bf16|-z 2"
+    "dp2_z3|2|bf16|-z 3"
+    "tp2|2|bf16|-tp 2"
+    "tp2_sq|2|bf16|-tp 2 -sq 1"
+    "pp2_gpipe|2|bf16|-pp 2 -pm gpipe"
+    "pp2_1f1b|2|bf16|-pp 2 -pm 1f1b"
+    "tp2_pp2|4|bf16|-tp 2 -pp 2"
+    "tp2_dp2_z3|4|bf16|-tp 2 -z 3"
+    "muon|1|bf16|-opt muon"
+    "muon_dp2_z1|2|bf16|-opt muon -z 1"
+    "adafactor|1|bf16|-opt adafactor"
+    "offload|1|bf16|-oo 1"
+    "resume_dp2|2|bf16|-z 1 RESUME"
 )
 
 run_layout() {  # binary name np flags dir
@@ -59,8 +96,10 @@ run_layout() {  # binary name np flags dir
     local cmd="$work/$bin -e $work/data/model.bin -i $work/data/train.bin -b 2 -t 16 -d 256 -l 1e-3 -c 0.1 -u 1 \
         -q 0.5 -v 0 -s 0 -n 3 -x 6 -j $work/data/train.bin -o $dir $flags"
     local launch="env OMP_NUM_THREADS=1"
-    [ "$np" -gt 1 ] && launch="env OMP_NUM_THREADS=1 $mpi -np $np"
-    [ "$np" -eq 1 ] && launch="env OMP_NUM_THREADS=2"
+    # under the emulator each process sees one device of its own, as on a node with a GPU per process
+    [ $cuda -eq 1 ] && launch="env OMP_NUM_THREADS=1 EMU_DEVICE_COUNT=$np ASAN_OPTIONS=detect_leaks=0"
+    [ "$np" -gt 1 ] && launch="$launch $mpi -x EMU_DEVICE_COUNT -x ASAN_OPTIONS -np $np"
+    [ "$np" -eq 1 ] && launch="${launch/OMP_NUM_THREADS=1/OMP_NUM_THREADS=2}"
     if [ $resume -eq 1 ]; then  # the whole run, then step 6's checkpoint removed and resumed from step 3's
         $launch $cmd >"$dir.log1" 2>&1
         rm -f "$dir"/*00000006*
@@ -86,10 +125,10 @@ samples() { sed -n '/^--- sample ---$/,/^--------------$/p' "$1"; }
 selected="${LAYOUTS:-}"
 failed=0
 for entry in "${layouts[@]}"; do
-    IFS='|' read -r name np flags <<<"$entry"
+    IFS='|' read -r name np kind flags <<<"$entry"
     if [ -n "$selected" ] && [[ " $selected " != *" $name "* ]]; then continue; fi
     for side in base new; do
-        run_layout "train_gpt2.$side" "$np" "$flags" "$work/$side.$name" || {
+        run_layout "$kind.$side" "$np" "$flags" "$work/$side.$name" || {
             echo "layout_bits: $name: the $side binary failed (log: $work/$side.$name.log)"; tail -5 "$work/$side.$name.log"
             failed=1; continue 2; }
     done
