@@ -1171,6 +1171,34 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     }
 }
 
+// Block l's forward: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) after
+// block_forward_to_fc, the residual add fused with the layernorm that follows the block: the next
+// block's ln1 (whose parameters, -z 3, are waited for here), or lnf after the last block (this process's
+// rows with -sq 1, gathered for the LM head by gpt2_forward).
+void block_forward(GPT2* model, int l, const BlockParams& w, const LayerStrides& ls, int B, int T) {
+    const ActivationTensors& a = model->acts;
+    const ParameterTensors& p = model->params;
+    int L = model->config.num_layers, tp = model->layout.tp, C = model->config.channels, BT = B * T;
+    SequenceShard sq = gpt2_sequence_shard(model, BT);
+    const size_t R = sq.rows_per_rank, N = sq.rows;
+    BlockActs b = block_acts(a, ls, l, R);
+    cudaStream_t stream = model->stream;
+    block_forward_to_fc(model, w, b, B, T);
+    matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), BT, 4 * C / tp, C,
+                   stream);
+    const floatX* proj = sp_sum(model, a.proj, sq, C);
+    if (l + 1 < L) {
+        BlockParams next = block_params(model, l + 1, true);
+        BlockActs nb = block_acts(a, ls, l + 1, R);
+        fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, proj, next.ln1w,
+                                         next.ln1b, (int)N, C, stream);
+    } else {
+        floatX* lnf_mine = a.lnf + (sq.on ? model->layout.tp_rank * R * C : 0);
+        fused_residual_layernorm_forward(b.residual3, lnf_mine, a.lnf_mean, a.lnf_rstd, b.residual2, proj, p.lnfw,
+                                         p.lnfb, (int)N, C, stream);
+    }
+}
+
 // Forward pass over inputs (B, T) (host arrays). With targets, also the per-position losses (fetch their
 // mean with gpt2_mean_loss); with dloss > 0 the classifier also leaves d(loss)/d(logits) in
 // acts.logits, scaled by dloss, ready for gpt2_backward. Nothing here waits for the GPU.
@@ -1218,25 +1246,10 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // layer 0's ln1; every later layernorm is fused with the residual add that precedes it
     BlockParams first = block_params(model, 0, false);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)N, C, stream);
-    // lnf: this process's rows, gathered in place below for the LM head (which needs every row)
-    floatX* lnf_mine = a.lnf + (sq.on ? model->layout.tp_rank * R * C : 0);
     for (int l = 0; l < L; l++) {
         gather_prefetch(model, l + 1);
         BlockParams w = block_params(model, l, false);  // waited for by the previous block's end
-        BlockActs b = block_acts(a, ls, l, R);
-        block_forward_to_fc(model, w, b, B, T);
-        matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), (int)BT, 4 * C / tp, C,
-                       stream);
-        const floatX* proj = sp_sum(model, a.proj, sq, C);
-        if (l + 1 < L) {  // residual3 = residual2 + proj, fused with the next block's ln1
-            BlockParams next = block_params(model, l + 1, true);
-            BlockActs nb = block_acts(a, ls, l + 1, R);
-            fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, proj,
-                                             next.ln1w, next.ln1b, (int)N, C, stream);
-        } else {
-            fused_residual_layernorm_forward(b.residual3, lnf_mine, a.lnf_mean, a.lnf_rstd, b.residual2, proj, p.lnfw,
-                                             p.lnfb, (int)N, C, stream);
-        }
+        block_forward(model, l, w, ls, B, T);
     }
     // a stage before the last ends with its residual3 (its lnf, computed by the fused kernel, goes unused)
     if (!model->last_stage()) return;
@@ -1281,6 +1294,80 @@ void gpt2_zero_grad(GPT2* model) {
     cudaCheck(cudaMemsetAsync(model->grads_memory, 0, n * sizeof(floatX), model->stream));
 }
 
+// Recomputes what the forward of block b did not keep (-r 1: GELU; 2: the layernorms too; 3: the whole
+// block up to the fc matmul), with the same kernels on the same inputs: the same bits.
+void block_recompute(GPT2* model, const BlockParams& w, const BlockActs& b, int B, int T) {
+    int tp = model->layout.tp, C = model->config.channels, Cl = C / tp;
+    size_t BT = (size_t)B * T;
+    SequenceShard sq = gpt2_sequence_shard(model, BT);
+    const size_t N = sq.rows;
+    const ActivationTensors& a = model->acts;
+    cudaStream_t stream = model->stream;
+    if (model->recompute >= 3) {
+        // the whole block again, from its input, as the forward ran it (whose ln1 came out of the
+        // previous block's fused residual + layernorm: the same bits, as -r 2 relies on too)
+        layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)N, C, stream);
+        block_forward_to_fc(model, w, b, B, T);
+    } else if (model->recompute >= 2) {  // ln2 before the GELU: with -ge 1 that is recomputed from it
+        layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)N, C, stream);
+        layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, w.ln2w, w.ln2b, (int)N, C, stream);
+    }
+    if (model->recompute >= 3) {
+        // done above
+    } else if (model->recompute >= 1 && model->gelu_fusion) {
+        // The forward's GELU came out of cuBLASLt's epilogue, applied to the fp32 accumulator before
+        // rounding; gelu_forward on the stored bf16 fch can differ by one bf16 ulp. So the fc matmul
+        // is run again, the same call on the same inputs and equally aligned pointers (layer_strides):
+        // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
+        // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
+        // matmul per layer, a third more forward matmul flops, about 11% of a step's.
+        matmul_forward(b.fch_gelu, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, w.fcb, (int)BT, C, 4 * Cl, stream);
+    } else if (model->recompute >= 1) {
+        gelu_forward(b.fch_gelu, b.fch, BT * 4 * Cl, stream);
+    }
+}
+
+// One block's backward: from d(loss)/d(its output) in acts.dresidual to d(loss)/d(its input), in place,
+// and the block's parameter gradients added into gl. The matmuls run column- or row-parallel under -tp
+// (sp_gather/sp_sum: with -sq 1 each process's rows, gathered before a matmul, reduce-scattered after).
+void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, const BlockActs& b, int B, int T) {
+    int tp = model->layout.tp, C = model->config.channels, Cl = C / tp, NH = model->config.num_heads / tp;
+    size_t BT = (size_t)B * T;
+    SequenceShard sq = gpt2_sequence_shard(model, BT);
+    const size_t N = sq.rows;
+    const ActivationTensors& a = model->acts;
+    float* reduce = a.reduce_scratch;
+    cudaStream_t stream = model->stream;
+
+    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    const floatX* dout = sp_gather(model, a.dresidual, sq, C);  // every row's (a.dresidual without -sq)
+    if (model->gelu_fusion) {  // dfch straight from the matmul's DGELU epilogue
+        matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
+                        4 * Cl, C, stream);
+    } else {
+        matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, nullptr,
+                        (int)BT, 4 * Cl, C, stream);
+        gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * Cl, stream);
+    }
+    matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, nullptr, (int)BT,
+                    C, 4 * Cl, stream);
+    const floatX* dln2 = sp_sum(model, a.dln, sq, C);
+    layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, dln2, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
+                       (int)N, C, stream);
+
+    // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
+    dout = sp_gather(model, a.dresidual, sq, C);
+    matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
+                    C, stream);
+    attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH, model->flash_attention,
+                       stream);
+    matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
+                    (int)BT, C, 3 * Cl, stream);
+    const floatX* dln1 = sp_sum(model, a.dln, sq, C);
+    layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, dln1, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
+                       (int)N, C, stream);
+}
+
 // Backward pass of the current activation slot's forward (the last forward, without a pipeline), which
 // must have been called with dloss > 0 (so acts.logits holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
@@ -1288,9 +1375,9 @@ void gpt2_zero_grad(GPT2* model) {
 // micro-step is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
-    // -tp: the split tensors' C/tp channels (Cl), NH/tp heads, Vp/tp vocabulary rows (Vl); the input
-    // gradient of a column-parallel matmul (qkv, fc, the LM head) is one term of a sum over the processes
-    int tp = model->layout.tp, L = cfg.num_layers, C = cfg.channels, Cl = C / tp, NH = cfg.num_heads / tp;
+    // -tp: Vp/tp vocabulary rows (Vl) of the LM head; the input gradient of a column-parallel matmul
+    // (qkv, fc, the LM head) is one term of a sum over the processes
+    int tp = model->layout.tp, L = cfg.num_layers, C = cfg.channels;
     int Vl = cfg.padded_vocab_size / tp;
     const ParameterTensors& p = model->params;
     const ParameterTensors& g = model->grads;
@@ -1330,57 +1417,9 @@ void gpt2_backward(GPT2* model, int B, int T) {
         BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C, model->layout.tp);
         BlockActs b = block_acts(a, ls, l, R);
 
-        // recompute what the forward did not keep (same kernels, same inputs: the same bits)
-        if (model->recompute >= 3) {
-            // the whole block again, from its input, as the forward ran it (whose ln1 came out of the
-            // previous block's fused residual + layernorm: the same bits, as -r 2 relies on too)
-            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)N, C, stream);
-            block_forward_to_fc(model, w, b, B, T);
-        } else if (model->recompute >= 2) {  // ln2 before the GELU: with -ge 1 that is recomputed from it
-            layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, w.ln1w, w.ln1b, (int)N, C, stream);
-            layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, w.ln2w, w.ln2b, (int)N, C, stream);
-        }
-        if (model->recompute >= 3) {
-            // done above
-        } else if (model->recompute >= 1 && model->gelu_fusion) {
-            // The forward's GELU came out of cuBLASLt's epilogue, applied to the fp32 accumulator before
-            // rounding; gelu_forward on the stored bf16 fch can differ by one bf16 ulp. So the fc matmul
-            // is run again, the same call on the same inputs and equally aligned pointers (layer_strides):
-            // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
-            // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
-            // matmul per layer, a third more forward matmul flops, about 11% of a step's.
-            matmul_forward(b.fch_gelu, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, w.fcb, (int)BT, C, 4 * Cl, stream);
-        } else if (model->recompute >= 1) {
-            gelu_forward(b.fch_gelu, b.fch, BT * 4 * Cl, stream);
-        }
-
-        // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        const floatX* dout = sp_gather(model, a.dresidual, sq, C);  // every row's (a.dresidual without -sq)
-        if (model->gelu_fusion) {  // dfch straight from the matmul's DGELU epilogue
-            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
-                            4 * Cl, C, stream);
-        } else {
-            matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, nullptr,
-                            (int)BT, 4 * Cl, C, stream);
-            gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * Cl, stream);
-        }
-        matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, nullptr, (int)BT,
-                        C, 4 * Cl, stream);
-        const floatX* dln2 = sp_sum(model, a.dln, sq, C);
-        layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, dln2, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
-                           (int)N, C, stream);
-
-        // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
-        dout = sp_gather(model, a.dresidual, sq, C);
-        matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
-                        C, stream);
-        attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH, model->flash_attention,
-                           stream);
-        matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
-                        (int)BT, C, 3 * Cl, stream);
-        const floatX* dln1 = sp_sum(model, a.dln, sq, C);
-        layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, dln1, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
-                           (int)N, C, stream);
+        block_recompute(model, w, b, B, T);
+        block_backward(model, w, gl, b, B, T);
+        // the block's gradients are complete: hand them to the data-parallel reduction
         if (packed) {
             reduce_packed_bucket(model, l, gl.ln1w);
             model->packed_block_fence[l % 2] = comm_fence(model->layout.dp_group);

@@ -64,13 +64,16 @@ layouts=(
 )
 # the CUDA trainer under the emulator: issue 47's list (one GPU in bf16 and fp32, every -r, dp2 at every
 # ZeRO stage, tp2 with and without -sq, pp2 with both schedules, tp2 x pp2, tp2 x dp2 -z 3, Muon,
-# Adafactor, -oo 1), plus evaluation and a resume
+# Adafactor, -oo 1), plus GELU in the matmul's epilogue (-ge 1, recomputed at -r 1), the cuBLAS +
+# softmax attention (-fa 0), evaluation and a resume
 [ $cuda -eq 1 ] && layouts=(
     "bf16|1|bf16|-r 0"
     "bf16_r1|1|bf16|-r 1"
     "bf16_r2|1|bf16|-r 2"
     "bf16_r3|1|bf16|-r 3"
     "bf16_eval|1|bf16|-v 3 -m 2 -s 3 -g 8"
+    "bf16_ge1_r1|1|bf16|-ge 1 -r 1"
+    "bf16_fa0_r3|1|bf16|-fa 0 -r 3"
     "fp32|1|fp32|-r 0"
     "fp32_r3|1|fp32|-r 3"
     "dp2_z0|2|bf16|-z 0"
