@@ -62,6 +62,8 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/optimizer_offload.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/run/phase_events.cuh"
+#include "llmc/gpt2_activations.cuh"  // the activation table
+#include "llmc/gpt2_plan.cuh"         // GPT2Plan: shapes, settings, memory and byte predictions
 
 #if defined(ENABLE_FP32)
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
@@ -86,262 +88,49 @@ using ParameterTensors = ParameterTensorsOf<floatX>;  // llmc/gpt2_config.h
 using BlockParams = BlockTensorsOf<const floatX>;     // one block's slices of them
 using BlockGrads = BlockTensorsOf<floatX>;
 
-// ----------------------------------------------------------------------------
-// Activations: everything the forward keeps for the backward, the backward's per-layer gradient
-// buffers and all scratch, carved out of one device allocation (each piece 256-byte aligned).
-// With recomputation some per-layer tensors shrink to one layer's worth that the backward refills:
-//   -r 1: fch_gelu is recomputed from fch;  -r 2: also ln1 and ln2 from the residual stream;
-//   -r 3: every block tensor but residual3 (the next block's input): the backward reruns the block's
-//         forward from its input first (about one more forward pass of compute).
-// With tensor parallelism (-tp) the channels of qkv, atty, att, fch (and their gradients) are this
-// process's C/tp (its NH/tp heads) and the logits its Vp/tp vocabulary columns. With sequence
-// parallelism (-sq 1) the (B, T, C) tensors of the residual stream, the layernorms and their statistics
-// hold this process's R = ceil(B·T/tp) rows (llmc/parallel/tensor_parallel.h), lnf is gathered whole.
+// Activations: everything the forward keeps for the backward and all scratch, in one device allocation
+// (llmc/gpt2_activations.cuh: ActivationTensors, and BlockActs, one block's views of them at layer l).
 
-struct ActivationTensors {
-    floatX* encoded;     // (B, T, C)
-    floatX* ln1;         // (L, B, T, C), or (B, T, C) with -r 2
-    float* ln1_mean;     // (L, B, T)
-    float* ln1_rstd;     // (L, B, T)
-    floatX* qkv;         // (L, B, T, 3C); with -r 3 this and the others below but residual3: 1 layer
-    floatX* atty;        // (L, B, T, C)
-    floatX* att;         // (L, attention_saved_elements): flash's lse (B, NH, T) fp32, or (B, NH, T, T)
-    floatX* residual2;   // (L, B, T, C)
-    floatX* ln2;         // (L, B, T, C), or (B, T, C) with -r 2
-    float* ln2_mean;     // (L, B, T)
-    float* ln2_rstd;     // (L, B, T)
-    floatX* fch;         // (L, B, T, 4C) before GELU
-    floatX* fch_gelu;    // (L, B, T, 4C), or (B, T, 4C) with -r 1 or 2
-    floatX* residual3;   // (L, B, T, C)
-    floatX* lnf;         // (B, T, C)
-    float* lnf_mean;     // (B, T)
-    float* lnf_rstd;     // (B, T)
-    floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
-    float* losses;       // (B, T)
-    // scratch, reused by every layer
-    floatX* proj;        // (B, T, C) output of attproj or fcproj before the residual add (-sq 1: tp·R rows)
-    floatX* gathered;    // -sq 1: (tp·R, C) every process's rows of a layernorm output or of dresidual
-    floatX* attn_scratch;// attention_scratch_elements
-    floatX* dresidual;   // (B, T, C) gradient flowing down the residual stream
-    floatX* dln;         // (B, T, C) gradient of a layernorm output
-    floatX* datty;       // (B, T, C)
-    floatX* dqkv;        // (B, T, 3C)
-    floatX* dfch;        // (B, T, 4C)
-    float* reduce_scratch;  // partial sums of dbias/dweight/grad norm
-    float* grad_norm_sq;    // (NUM_PARAMETER_TENSORS): the gradient norm's sum of squares, per tensor with -tp
-    float* classifier_stats;// (3, B, T) with -tp: the vocabulary-parallel classifier's row max, sum, target logit
-    int* inputs;         // (B, T)
-    int* targets;        // (B, T)
-    int* encoder_buckets;// encoder_buckets_ints(B, T)
-};
-
-// Per-layer steps, in elements, through the (L, ...) activation tensors for a pass over (B, T). Each
-// layer's slice starts on 256 bytes, like the one-layer buffers that recomputation uses instead: cuBLASLt
-// is told each pointer's real alignment (matmul.cuh), so equal alignment means the same algorithm for a
-// layer's matmuls at every -r level, which -r 0/1/2 giving the same bits relies on. 0 for a tensor
-// that recomputation keeps for one layer only.
-struct LayerStrides {
-    size_t ln;        // ln1, ln2
-    size_t qkv, atty, att, residual2, residual3;
-    size_t fch, fch_gelu;
-};
-
-// One block's activations for a pass over (B, T): views of layer l's slices (a tensor that
-// recomputation keeps for one layer only is the same storage for every l).
-struct BlockActs {
-    const floatX* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
-    floatX* ln1;             // (B, T, C)
-    float* ln1_mean;         // (B, T)
-    float* ln1_rstd;         // (B, T)
-    floatX* qkv;             // (B, T, 3C)
-    floatX* atty;            // (B, T, C)
-    floatX* att;             // attention_saved_elements
-    floatX* residual2;       // (B, T, C)
-    floatX* ln2;             // (B, T, C)
-    float* ln2_mean;         // (B, T)
-    float* ln2_rstd;         // (B, T)
-    floatX* fch;             // (B, T, 4C)
-    floatX* fch_gelu;        // (B, T, 4C)
-    floatX* residual3;       // (B, T, C)   the block's output
-};
-
-inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
-
-// With tensor parallelism (tp > 1) qkv, atty, att and fch hold this process's C/tp channels (NH/tp heads);
-// with sequence parallelism (sp) ln1, ln2, residual2 and residual3 R of the B·T rows.
-LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false) {
-    size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T, R = sp_rows_per_rank(BT, tp, sp && tp > 1);
-    LayerStrides s;
-    bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
-    s.ln = recompute >= 2 ? 0 : aligned_elements(R * C);
-    s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
-    s.atty = block ? 0 : aligned_elements(BT * Cl);
-    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads / tp, flash));
-    s.residual2 = block ? 0 : aligned_elements(R * C);
-    s.residual3 = aligned_elements(R * C);
-    s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
-    s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * Cl);
-    return s;
-}
-
-// R: rows of the layernorm statistics per layer (B·T, or this process's rows with -sq 1)
-BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t l, size_t R) {
-    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3,
-            a.ln1 + l * ls.ln,
-            a.ln1_mean + l * R,
-            a.ln1_rstd + l * R,
-            a.qkv + l * ls.qkv,
-            a.atty + l * ls.atty,
-            a.att + l * ls.att,
-            a.residual2 + l * ls.residual2,
-            a.ln2 + l * ls.ln,
-            a.ln2_mean + l * R,
-            a.ln2_rstd + l * R,
-            a.fch + l * ls.fch,
-            a.fch_gelu + l * ls.fch_gelu,
-            a.residual3 + l * ls.residual3};
-}
-
-// Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
-// counts bytes. A pipeline stage (llmc/parallel/pipeline.h) keeps `slots` sets of what a micro-batch's
-// forward leaves for its backward, a[0 .. slots), all sharing one backward scratch; a stage before the
-// last (head false) has no logits. With tensor parallelism (tp > 1) the split tensors hold this
-// process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
-// vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
-// tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R.
-size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
-                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false) {
-    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
-    size_t BT = (size_t)B * T, Cl = C / tp;
-    bool on = sp && tp > 1;
-    size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;  // rows here; rows of a gathered tensor
-    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on);  // a kept tensor holds L of these
-    size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
-    size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
-                                     (size_t)NORM_BLOCKS});
-    size_t offset = 0;
-    auto take = [&](auto** ptr, size_t count) {
-        using Elem = std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>;
-        *ptr = base ? reinterpret_cast<Elem*>(base + offset) : nullptr;
-        offset += align_up_256(count * sizeof(Elem));
-    };
-    for (int k = 0; k < slots; k++) {
-        ActivationTensors* s = &a[k];
-        take(&s->encoded, R * C);
-        take(&s->ln1, L_ln * all.ln);
-        take(&s->ln1_mean, L * R);
-        take(&s->ln1_rstd, L * R);
-        take(&s->qkv, L_block * all.qkv);
-        take(&s->atty, L_block * all.atty);
-        take(&s->att, L_block * all.att);
-        take(&s->residual2, L_block * all.residual2);
-        take(&s->ln2, L_ln * all.ln);
-        take(&s->ln2_mean, L * R);
-        take(&s->ln2_rstd, L * R);
-        take(&s->fch, L_block * all.fch);
-        take(&s->fch_gelu, L_gelu * all.fch_gelu);
-        take(&s->residual3, L * all.residual3);
-        take(&s->lnf, full * C);
-        take(&s->lnf_mean, R);
-        take(&s->lnf_rstd, R);
-        take(&s->logits, head ? BT * Vp : 0);
-        take(&s->losses, BT);
-        take(&s->inputs, BT);
-        take(&s->targets, BT);
-        take(&s->encoder_buckets, encoder_buckets_ints(B, T));
-    }
-    ActivationTensors* s = &a[0];
-    take(&s->proj, full * C);
-    take(&s->gathered, on ? full * C : 0);
-    take(&s->attn_scratch, attention_scratch_elements(B, T, Cl, NH, flash));
-    take(&s->dresidual, R * C);
-    take(&s->dln, full * C);
-    take(&s->datty, BT * Cl);
-    take(&s->dqkv, BT * 3 * Cl);
-    take(&s->dfch, BT * 4 * Cl);
-    take(&s->reduce_scratch, reduce_floats);
-    take(&s->grad_norm_sq, NUM_PARAMETER_TENSORS);
-    take(&s->classifier_stats, tp > 1 ? 3 * BT : 0);
-    for (int k = 1; k < slots; k++) {  // the scratch is shared
-        a[k].proj = s->proj;
-        a[k].gathered = s->gathered;
-        a[k].attn_scratch = s->attn_scratch;
-        a[k].dresidual = s->dresidual;
-        a[k].dln = s->dln;
-        a[k].datty = s->datty;
-        a[k].dqkv = s->dqkv;
-        a[k].dfch = s->dfch;
-        a[k].reduce_scratch = s->reduce_scratch;
-        a[k].grad_norm_sq = s->grad_norm_sq;
-        a[k].classifier_stats = s->classifier_stats;
-    }
-    return offset;
-}
-
-struct GPT2 {
-    GPT2Config config;
-    size_t num_parameters = 0;
-    size_t param_sizes[NUM_PARAMETER_TENSORS];
-    size_t param_offsets[NUM_PARAMETER_TENSORS];
+// The model on the device: the plan's shapes and settings (llmc/gpt2_plan.cuh: what gpt2_setup decides
+// before anything is allocated, and what the memory plan and the byte prediction read), then the
+// device memory and the run's state.
+struct GPT2 : GPT2Plan {
     floatX* params_memory = nullptr;  // one allocation: the 16 tensors
     floatX* grads_memory = nullptr;   // one allocation: their gradients
     float* opt_memory = nullptr;      // one allocation: AdamW m, v, and the master weights if kept
     float *m_memory = nullptr, *v_memory = nullptr, *master_memory = nullptr;
     // -oo 1 (llmc/optimizer_offload.cuh): opt_memory is pinned host memory and AdamW runs on the CPU;
     // every copy to or from m, v and master says cudaMemcpyDefault, so it is right for either place
-    bool offload = false;
     OptimizerOffload offloaded;
     ParameterTensors params, grads;
-    // data parallelism (llmc/parallel/layout.h: its groups over llmc/parallel/comm.h's NCCL backend, and the ZeRO
-    // stage, 1 only with an NCCL communicator; llmc/parallel/grad_buckets.h); dp (the NCCL start-up and its
-    // watchdog) is null and the layout a single process in the tests' single models
+    // data parallelism: dp (the NCCL start-up and its watchdog) is null and the layout a single process
+    // in the tests' single models
     DataParallel* dp = nullptr;
-    ParallelLayout layout;
-    ShardLayout shard;                // params (and grads but with -z 2) are padded to shard.padded_size
-    size_t opt_begin = 0, opt_end = 0;  // the parameters this process's AdamW updates; m, v, master hold these
-    std::vector<std::vector<GradSlice>> grad_buckets;
     bool reduce_in_backward = false;  // set for the last micro-step: reduce each layer's gradients as it finishes
-    // -z 2: grads_memory is this process's shard of the gradient (shard.shard_size elements). The
-    // backward writes a bucket's gradient packed into a buffer of its own (llmc/parallel/grad_buckets.h):
-    // wte, wpe, lnfw and lnfb into packed_outer (grads points its 4 tensors there), block l into
-    // packed_block[l % 2]; a buffer is reused once the fence after its last reduction has passed.
-    bool packed_grads = false;
+    // -z 2 (packed_grads): the backward writes a bucket's gradient packed into a buffer of its own
+    // (llmc/parallel/grad_buckets.h): wte, wpe, lnfw and lnfb into packed_outer (grads points its 4
+    // tensors there), block l into packed_block[l % 2]; a buffer is reused once the fence after its last
+    // reduction has passed.
     floatX* packed_outer = nullptr;
     floatX* packed_block[2] = {nullptr, nullptr};
     uint64_t packed_block_fence[2] = {0, 0};
     bool packed_block_in_flight[2] = {false, false};
-    // -z 3: params_memory is this process's shard of the parameters too. A forward or backward gathers
-    // what it needs, packed the same way: wte, wpe, lnfw, lnfb into gathered_outer (params points its 4
-    // tensors there; kept until the parameters change), block l into gathered_block[l % 2], the next
-    // block's gather queued while this one computes and waited for (its fence) just before use.
-    bool sharded_params = false;
+    // -z 3 (sharded_params): a forward or backward gathers what it needs, packed the same way: wte, wpe,
+    // lnfw, lnfb into gathered_outer (params points its 4 tensors there; kept until the parameters
+    // change), block l into gathered_block[l % 2], the next block's gather queued while this one computes
+    // and waited for (its fence) just before use.
     floatX* gathered_outer = nullptr;
     floatX* gathered_block[2] = {nullptr, nullptr};
     uint64_t gathered_fence[2] = {0, 0};
     bool outer_gathered = false;
-    bool use_master_weights = false;
-    OptimizerPlan optimizer;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices, with their owners
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
-    size_t in_use_before = 0;     // device bytes in use before the model's allocations (context, cuBLAS)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
     floatX* muon_whole = nullptr;     // -tp, -z 2/3: (rows, cols), one matrix put together
-    int recompute = 1;
-    bool gelu_fusion = false;
-    bool flash_attention = true;  // -fa; always false in the fp32 build
-    // pipeline parallelism (llmc/parallel/pipeline.h): config is this stage's (num_layers = its layers;
-    // the whole model's is model_config); every stage keeps wte, wpe, lnfw and lnfb. tensor_origin[i]:
-    // where this process's tensor i starts in the whole model's tensor i (0 without a pipeline)
-    GPT2Config model_config;
-    size_t tensor_origin[NUM_PARAMETER_TENSORS] = {};
-    bool first_stage() const { return layout.pp_rank == 0; }
-    bool last_stage() const { return layout.pp_rank == layout.pp - 1; }
     floatX* pipe_grad_in = nullptr;  // (B, T, C): d(loss)/d(this stage's output), received from the next
     // activations, allocated once for the run's (B, T): act_slots sets (a pipeline stage keeps one per
     // micro-batch in flight), acts the current one, with its encoder buckets
-    int batch_size = 0, seq_len = 0;
     char* acts_memory = nullptr;
-    int act_slots = 1;
     std::vector<ActivationTensors> slots;
     std::vector<EncoderBuckets> slot_buckets;
     ActivationTensors acts;
@@ -359,13 +148,6 @@ void gpt2_sync(GPT2* model, const char* what) {
     } else {
         cudaCheck(cudaStreamSynchronize(model->stream));
     }
-}
-
-// The part [*begin, *end) of the flat gradient vector that grads_memory holds from its element 0: all of
-// it, or with -z 2 and 3 this process's shard.
-void held_gradient_range(const GPT2* model, size_t* begin, size_t* end) {
-    *begin = model->packed_grads ? shard_first(model->shard) : 0;
-    *end = model->packed_grads ? *begin + model->shard.shard_size : model->num_parameters;
 }
 
 // Uploads fp32 host parameters (checkpoint order) to the device as floatX, and this process's part
@@ -418,308 +200,6 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
     }
     return {at[P_LN1W], at[P_LN1B], at[P_QKVW], at[P_QKVB], at[P_ATTPROJW], at[P_ATTPROJB],
             at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
-}
-
-// Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the
-// start-up report): with a pipeline, this stage's layers and its slots.
-size_t activation_bytes(const GPT2* model, int B, int T, int recompute, bool flash) {
-    std::vector<ActivationTensors> unused(model->act_slots);
-    const ParallelLayout& lay = model->layout;
-    size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
-    size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
-    return layout_activations(unused.data(), nullptr, model->config, B, T, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel) + pipe;
-}
-
-// The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
-int least_recompute_that_fits(const GPT2* model, int B, int T, size_t room) {
-    for (int r = 0; r <= 3; r++) {
-        if (activation_bytes(model, B, T, r, model->flash_attention) <= room) return r;
-    }
-    return -1;
-}
-
-// Model state per process (parameters, gradients, AdamW's m and v, master weights, and the packed and
-// gathering buffers), predicted for each ZeRO stage from the shard arithmetic, beside what the
-// allocations took (cudaMemGetInfo before and after): the ZeRO paper's Ψ(2 + 2 + 12)/N ladder with
-// this trainer's buffers.
-// The optimizer's fp32 state for opt_n parameters (all, or a ZeRO shard): AdamW's m and v (Muon's
-// momentum in m) and the master weights (-w 1); Adafactor's factors (the whole state on every process;
-// no m, no master weights).
-void optimizer_state_floats(const GPT2* model, size_t opt_n, size_t* m, size_t* v, size_t* master) {
-    bool adafactor = model->optimizer.kind == OPT_ADAFACTOR;
-    *m = adafactor ? 0 : opt_n;
-    *v = adafactor ? adafactor_state_size(model->optimizer.tensors) : opt_n;
-    *master = model->use_master_weights ? opt_n : 0;
-}
-
-size_t predicted_model_state_bytes(const GPT2* model, int z) {
-    const size_t n = model->num_parameters, P = (size_t)model->layout.dp, X = sizeof(floatX);
-    const size_t padded = model->shard.padded_size, S = model->shard.shard_size;
-    const size_t buffers = model->grad_buckets.empty() ? 0 : X * (packed_size(model->grad_buckets.back()) +
-                                                                  2 * packed_size(model->grad_buckets[0]));
-    if (P == 1) z = 0;
-    size_t params = z == 3 ? X * S + buffers : X * padded;
-    size_t grads = z >= 2 ? X * S + buffers : X * padded;
-    size_t m, v, master;
-    optimizer_state_floats(model, z >= 1 ? model->shard.end - model->shard.begin : n, &m, &v, &master);
-    if (model->offload) return params + grads;  // -oo 1: the optimizer's state is in host memory
-    return params + grads + (m + v + master) * sizeof(float);
-}
-
-// The device memory -oo 1 would free: AdamW's state (0 when offloaded already, or for another optimizer)
-size_t offload_saving_bytes(const GPT2* model) {
-    if (model->offload || model->optimizer.kind != OPT_ADAMW) return 0;
-    size_t m, v, master;
-    optimizer_state_floats(model, model->opt_end - model->opt_begin, &m, &v, &master);
-    return (m + v + master) * sizeof(float);
-}
-
-// -oo 1: the pinned host memory of this process's offloaded AdamW (its state and the copies' staging)
-size_t offload_host_bytes(const GPT2* model) {
-    return model->offload ? offload_host_bytes(model->opt_end - model->opt_begin, model->use_master_weights) : 0;
-}
-
-void print_model_state_memory(const GPT2* model, int zero_stage, size_t measured) {
-    printf("model state per process: %.1f MiB allocated (cudaMemGetInfo), %.1f MiB predicted for -z %d; -z 0/1/2/3 "
-           "with %d process(es):", measured / 1048576.0, predicted_model_state_bytes(model, zero_stage) / 1048576.0,
-           zero_stage, model->layout.dp);
-    for (int z = 0; z <= 3; z++) printf(" %.1f", predicted_model_state_bytes(model, z) / 1048576.0);
-    printf(" MiB\n");
-}
-
-// What is kept free beside the planned allocations for what the run allocates later or lazily (kernel
-// modules loaded at their first launch, cuBLASLt and NCCL internals): 512 MiB, or a 32nd of a smaller
-// device's memory (the emulator's EMU_DEVICE_MEMORY in tests).
-size_t memory_headroom(size_t total_bytes) { return std::min<size_t>(512ull << 20, total_bytes / 32); }
-
-// Stops the run before allocating when the model state would not fit the free device memory, with the
-// flags that shrink it (nothing has run yet: no out-of-memory error halfway through a step).
-void check_model_state_fits(const GPT2* model) {
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    size_t need = predicted_model_state_bytes(model, model->layout.zero_stage) + memory_headroom(total_bytes);
-    if (need <= free_bytes) return;
-    const double MiB = 1048576.0;
-    const int z = model->layout.zero_stage;
-    char ways[256] = "";
-    if (model->use_master_weights) {
-        size_t master = (z >= 1 ? model->shard.end - model->shard.begin : model->num_parameters) * sizeof(float);
-        snprintf(ways, sizeof(ways), " -w 0 (no fp32 master weights: %.1f MiB),",
-                 (predicted_model_state_bytes(model, z) - master) / MiB);
-    }
-    if (offload_saving_bytes(model) > 0) {
-        snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " -oo 1 (AdamW's state in host memory: %.1f MiB),",
-                 (predicted_model_state_bytes(model, z) - offload_saving_bytes(model)) / MiB);
-    }
-    snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " or more GPUs with -z 3 (%.1f MiB each on 8)",
-             (double)predicted_model_state_bytes(model, 3) * model->layout.dp / 8 / MiB);
-    fatal("the model state (%zu parameters: weights, gradients, AdamW's moments%s) needs %.1f MiB per process with "
-          "-z %d and %d process(es), and %.1f MiB of the device's %.1f are free (%.1f MiB kept for the run's later "
-          "allocations): nothing was allocated. Ways to fit:%s",
-          model->num_parameters, model->use_master_weights ? ", master weights" : "",
-          predicted_model_state_bytes(model, z) / MiB, z,
-          model->layout.dp, free_bytes / MiB, total_bytes / MiB, memory_headroom(total_bytes) / MiB, ways);
-}
-
-// Muon's Newton-Schulz scratch, bytes (0 for another optimizer): for the largest block matrix, fcw's 4C·C
-// (C: the whole model's channels), and with -tp the slices gathered and the matrix put together, with
-// -z 2 and 3 the matrix gathered from the shards
-size_t muon_scratch_bytes(const GPT2* model) {
-    if (model->optimizer.kind != OPT_MUON) return 0;
-    MuonScratch unused;
-    size_t C = model->config.channels;
-    int matrices = model->layout.tp > 1 ? 2 : model->layout.zero_stage >= 2 ? 1 : 0;  // gpt2_update_muon
-    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused) + matrices * 4 * C * C * sizeof(floatX);
-}
-
-// The run's device memory before the activations: what was in use before the model (the CUDA context,
-// cuBLAS's workspace), the model state, Muon's scratch.
-MemoryPlan gpt2_memory_plan_before_activations(const GPT2* model) {
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    MemoryPlan plan;
-    plan.capacity = total_bytes;
-    plan.headroom = memory_headroom(total_bytes);
-    const double MiB = 1048576.0;
-    const int z = model->layout.zero_stage;
-    char note[160];
-    plan.add("in use before the model", model->in_use_before, "the CUDA context, cuBLAS's 32 MiB workspace");
-    snprintf(note, sizeof(note), "-z %d of %d process(es); -z 0/1/2/3: %.1f %.1f %.1f %.1f MiB", z, model->layout.dp,
-             predicted_model_state_bytes(model, 0) / MiB, predicted_model_state_bytes(model, 1) / MiB,
-             predicted_model_state_bytes(model, 2) / MiB, predicted_model_state_bytes(model, 3) / MiB);
-    const char* state = model->offload                            ? "model state (w, grads; -oo 1)"
-                        : model->optimizer.kind == OPT_ADAFACTOR ? "model state (w, grads, factors)"
-                        : model->use_master_weights              ? "model state (w, grads, m, v, master)"
-                                                                 : "model state (w, grads, m, v)";
-    plan.add(state, predicted_model_state_bytes(model, z), note);
-    if (model->offload) {
-        plan.add_host(model->use_master_weights ? "AdamW m, v, master (-oo 1)" : "AdamW m, v (-oo 1)",
-                      offload_host_bytes(model), "pinned; with the gradient and parameter staging copies");
-    }
-    if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
-    return plan;
-}
-
-// What a plan leaves for the activations: the device's memory less the plan's rows and the headroom.
-size_t memory_room(const MemoryPlan& plan) {
-    return plan.capacity > plan.total() + plan.headroom ? plan.capacity - plan.total() - plan.headroom : 0;
-}
-
-// The run's device memory, predicted (-P 1 prints it and exits; the start-up compares it with
-// cudaMemGetInfo): the rows above and the activations at `recompute` (RECOMPUTE_AUTO: the least that
-// fits, as gpt2_allocate_activations will choose; -r 3 when none does).
-MemoryPlan gpt2_memory_plan(const GPT2* model, int B, int T, int recompute) {
-    MemoryPlan plan = gpt2_memory_plan_before_activations(model);
-    const double MiB = 1048576.0;
-    size_t act[4];
-    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model, B, T, r, model->flash_attention);
-    int level = recompute;
-    if (level == RECOMPUTE_AUTO) {
-        level = least_recompute_that_fits(model, B, T, memory_room(plan));
-        if (level < 0) level = 3;
-    }
-    char note[160];
-    snprintf(note, sizeof(note), "B=%d T=%d%s; -r 0/1/2/3: %.1f %.1f %.1f %.1f MiB", B, T,
-             recompute == RECOMPUTE_AUTO ? ", the least -r that fits" : "", act[0] / MiB, act[1] / MiB, act[2] / MiB,
-             act[3] / MiB);
-    plan.add("activations at -r " + std::to_string(level), act[level], note);
-    return plan;
-}
-
-// -b auto: the largest micro-batch B dividing the sequences each process takes per step (-d / (T x
-// processes)) whose activations fit what the plan leaves (at -r, or with -r auto at whichever level
-// fits: a larger micro-batch first, then the least recomputation). Bigger micro-batches keep the GPU
-// busier; the step computes the same -d tokens either way (accumulation makes up the rest).
-int choose_batch(const GPT2* model, const TrainArgs& args, int processes) {
-    long per_process = (long)args.T * processes;
-    if (args.total_batch_tokens % per_process != 0) {
-        fatal("flag -b auto: total batch -d %ld is not a multiple of T*(data-parallel processes) = %d*%d", args.total_batch_tokens,
-              args.T, processes);
-    }
-    long sequences = args.total_batch_tokens / per_process;
-    size_t room = memory_room(gpt2_memory_plan_before_activations(model));
-    for (long b = std::min<long>(sequences, 1 << 20); b >= 1; b--) {
-        if (sequences % b != 0) continue;
-        int r = args.recompute;  // the level asked, or -r auto's choice at this B; -1: none fits
-        if (r == RECOMPUTE_AUTO) {
-            r = least_recompute_that_fits(model, (int)b, args.T, room);
-        } else if (activation_bytes(model, (int)b, args.T, r, model->flash_attention) > room) {
-            r = -1;
-        }
-        if (r >= 0) {
-            printf("batch: -b auto chose B=%ld (%ld micro-step(s) of -d %ld tokens): its activations at -r %d, %.1f "
-                   "MiB, fit the %.1f MiB the model leaves\n", b, sequences / b, args.total_batch_tokens, r,
-                   activation_bytes(model, (int)b, args.T, r, model->flash_attention) / 1048576.0,
-                   room / 1048576.0);
-            return (int)b;
-        }
-    }
-    fatal("flag -b auto: not even B=1 at T=%d fits the %.1f MiB the model leaves (-r %s): a shorter -t, -r 3, or more "
-          "GPUs with -z 2 or 3", args.T, room / 1048576.0,
-          args.recompute == RECOMPUTE_AUTO ? "auto" : std::to_string(args.recompute).c_str());
-}
-
-// Bytes one process moves per training step (sent plus received, as llmc/parallel/comm.h counts a ring:
-// 2(P-1)/P of a collective's size for a reduce-scatter or an all-gather, twice that for an all-reduce),
-// with A micro-steps, for the model's ZeRO stage; X bytes per element, S the padded shard. A gather
-// moves what this process does not hold: -z 3 gathers the blocks twice per micro-step and the outer
-// tensors once per step, and this process holds `mine` of each (its shard's part, rank 0's wte and
-// wpe in full). The scalar sums (losses) go uncounted, the gradient norm's one float is 16 bytes. A
-// step right after an evaluation or a sample moves less with -z 3 (the outer tensors are gathered).
-double predicted_data_parallel_bytes(const GPT2* model, int A) {
-    const double P = model->layout.dp, X = sizeof(floatX), N = (double)model->num_parameters;
-    const double S = (double)model->shard.shard_size, f = (P - 1) / P;
-    if (P == 1) return 0.0;
-    const int z = model->layout.zero_stage;
-    // -opt muon (llmc/parallel/matrix_owners.h): each matrix broadcast by its owner; -z 1 first gathers U
-    double muon = 0;
-    const OptimizerPlan& opt = model->optimizer;
-    for (size_t k = 0; k < opt.tensors.size(); k++) {
-        size_t n = opt.tensors[k].size() / model->layout.tp;  // with -tp this process's slice
-        if (opt.owner[k] >= 0) muon += 2.0 * (double)(n - n / (size_t)P) * X;
-    }
-    if (opt.kind == OPT_MUON && z == 1) muon += 2 * S * (P - 1) * X;
-    if (opt.kind == OPT_MUON && z >= 2) muon += 2.0 * (double)matrix_shard_gathered(opt, model->opt_begin, model->opt_end) * X;
-    if (z == 0) return 2 * 2 * N * X * f + muon;
-    double reduce = 2 * N * X * f, all_gather = 2 * S * (P - 1) * X, norm = 16;
-    if (z == 1) return reduce + all_gather + norm + muon;
-    if (z == 2) return A * reduce + all_gather + norm + muon;
-    const int L = model->config.num_layers;
-    double outer = (double)packed_size(model->grad_buckets[L]), outer_mine = 0;
-    for (const GradSlice& s : model->grad_buckets[L]) outer_mine += s.owner == model->layout.dp_rank ? s.count : 0;
-    double blocks = N - outer, blocks_mine = (double)(model->shard.end - model->shard.begin) - outer_mine;
-    return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm + muon;
-}
-
-// With tensor or pipeline parallelism, add (as comm.h counts them, each process's 1/P share rounded
-// down) tensor parallelism's all-reduces of (B, T, C) per micro-step (the embedding on the first stage,
-// two per layer forward, two backward, one more with -r 3's recomputation, the LM head's input
-// gradient and the classifier's two sums of B·T floats on the last stage; its max goes uncounted) and
-// its broadcasts of the replicated gradients per step, and the stages' sums of the shared tensors'
-// gradients (two all-reduces: wte and wpe, lnfw and lnfb) and the stage-to-stage messages (per
-// micro-step a (B, T, C) tensor in and a gradient out to the previous stage, one out and one in from
-// the next). The gradient norm is then summed on the host (uncounted).
-// With -sq 1 each all-reduce of a (B, T, C) sum is a reduce-scatter and each layernorm output is
-// gathered, G = 2(P-1)·R·C elements each (R rows per process): per layer 4 in the forward (2 gathers,
-// 2 reduce-scatters), 6 in the backward (d(residual) and the layernorm output gathered twice each, 2
-// reduce-scatters), 3 more with -r 3 (block_forward_to_fc again), 1 more with -ge 1 at -r 1 or 2 (ln2 for the fc matmul again); the
-// embedding's reduce-scatter and its gradient's gather on the first stage; lnf's gather and its
-// gradient's reduce-scatter on the last; and per step the all-reduce of the layernorms' gradients.
-double predicted_comm_bytes(const GPT2* model, int A) {
-    const ParallelLayout& lay = model->layout;
-    double bytes = predicted_data_parallel_bytes(model, A);
-    if (lay.tp == 1 && lay.pp == 1) return bytes;
-    if (lay.zero_stage >= 1 && lay.dp > 1) bytes -= 16;  // the norm's float, summed on the host instead
-    const size_t X = sizeof(floatX);
-    auto all_reduce_bytes = [](size_t n, size_t P, size_t x) { return 2.0 * (double)(n - n / P) * 2 * x; };
-    size_t BT = (size_t)model->batch_size * model->seq_len, C = model->config.channels;
-    size_t R = sp_rows_per_rank(BT, lay.tp, lay.sequence_parallel);  // a process's rows of the residual stream
-    if (lay.tp > 1) {
-        size_t BTC = BT * C, P = lay.tp;
-        double micro = 0, classifier = all_reduce_bytes(2 * BT, P, sizeof(float));
-        if (lay.sequence_parallel) {
-            double G = 2.0 * (double)((P - 1) * R * C) * X;
-            int r = model->recompute, per_layer = 10 + (r >= 3 ? 3 : 0) + (r >= 1 && r < 3 && model->gelu_fusion ? 1 : 0);
-            micro = model->config.num_layers * per_layer * G;
-            if (model->first_stage()) micro += 2 * G;
-            if (model->last_stage()) micro += 2 * G + classifier;
-        } else {
-            micro = model->config.num_layers * (4 + (model->recompute >= 3 ? 1 : 0)) * all_reduce_bytes(BTC, P, X);
-            if (model->first_stage()) micro += all_reduce_bytes(BTC, P, X);
-            if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + classifier;
-        }
-        bytes += A * micro;
-        const OptimizerPlan& opt = model->optimizer;  // -opt muon: the owned matrices' slices gathered
-        for (size_t k = 0; k < opt.tensors.size(); k++) {
-            if (opt.owner[k] == lay.dp_rank) bytes += 2.0 * (double)((P - 1) * (opt.tensors[k].size() / P)) * X;
-        }
-        size_t begin, end;  // -z 2, 3: the replicated tensors' parts in this process's shard
-        held_gradient_range(model, &begin, &end);
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t lo = std::max(begin, model->param_offsets[i]), hi = std::min(end, model->param_offsets[i] + model->param_sizes[i]);
-            size_t n = lo < hi ? hi - lo : 0;
-            if (tp_param_is_replicated(i)) bytes += 2.0 * (double)(n - n / P) * X;
-            if (lay.sequence_parallel && sp_param_is_partial(i)) bytes += all_reduce_bytes(n, P, X);
-        }
-    }
-    if (lay.pp > 1) {
-        size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
-        for (size_t n : outer) bytes += all_reduce_bytes(n, lay.pp, X);
-        int neighbours = (model->first_stage() ? 0 : 1) + (model->last_stage() ? 0 : 1);
-        bytes += (double)A * neighbours * 2 * (R * C) * X;  // its rows of the residual stream (all without -sq)
-    }
-    return bytes;
-}
-
-// -oo 1: stops the run before allocating when the pinned host memory it needs is more than the host
-// has available (pinned pages cannot be swapped out).
-void check_offload_fits_host(const GPT2* model) {
-    size_t need = offload_host_bytes(model), available = host_available_bytes();
-    if (need == 0 || available == 0 || need <= available) return;
-    fatal("-oo 1: AdamW's offloaded state and its copies need %.1f MiB of pinned host memory per process, and the "
-          "host has %.1f MiB available: nothing was allocated. Ways to fit: -z 1 or more with more processes (each "
-          "offloads its shard), or -oo 0", need / 1048576.0, available / 1048576.0);
 }
 
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient

@@ -1,0 +1,207 @@
+// The CUDA trainer's activation table (train_gpt2.cu): the tensors a pass over (B, T) keeps or uses, their
+// per-layer strides, one block's views of them, and their layout in one allocation (with base ==
+// nullptr, only their bytes: the memory plan, llmc/gpt2_plan.cuh). What recomputation (-r), tensor and
+// sequence parallelism (-tp, -sq) and a pipeline stage's slots do to each tensor is decided here, once.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda_common.cuh"
+#include "adamw.cuh"      // NORM_BLOCKS
+#include "attention.cuh"  // attention_saved_elements, attention_scratch_elements
+#include "encoder.cuh"    // encoder_buckets_ints
+#include "layernorm.cuh"  // layernorm_backward_scratch_floats
+#include "matmul.cuh"     // matmul_backward_scratch_floats
+#include "parallel/tensor_parallel.h"  // sp_rows_per_rank
+
+// Activations: everything the forward keeps for the backward, the backward's per-layer gradient
+// buffers and all scratch, carved out of one device allocation (each piece 256-byte aligned).
+// With recomputation some per-layer tensors shrink to one layer's worth that the backward refills:
+//   -r 1: fch_gelu is recomputed from fch;  -r 2: also ln1 and ln2 from the residual stream;
+//   -r 3: every block tensor but residual3 (the next block's input): the backward reruns the block's
+//         forward from its input first (about one more forward pass of compute).
+// With tensor parallelism (-tp) the channels of qkv, atty, att, fch (and their gradients) are this
+// process's C/tp (its NH/tp heads) and the logits its Vp/tp vocabulary columns. With sequence
+// parallelism (-sq 1) the (B, T, C) tensors of the residual stream, the layernorms and their statistics
+// hold this process's R = ceil(B·T/tp) rows (llmc/parallel/tensor_parallel.h), lnf is gathered whole.
+
+struct ActivationTensors {
+    floatX* encoded;     // (B, T, C)
+    floatX* ln1;         // (L, B, T, C), or (B, T, C) with -r 2
+    float* ln1_mean;     // (L, B, T)
+    float* ln1_rstd;     // (L, B, T)
+    floatX* qkv;         // (L, B, T, 3C); with -r 3 this and the others below but residual3: 1 layer
+    floatX* atty;        // (L, B, T, C)
+    floatX* att;         // (L, attention_saved_elements): flash's lse (B, NH, T) fp32, or (B, NH, T, T)
+    floatX* residual2;   // (L, B, T, C)
+    floatX* ln2;         // (L, B, T, C), or (B, T, C) with -r 2
+    float* ln2_mean;     // (L, B, T)
+    float* ln2_rstd;     // (L, B, T)
+    floatX* fch;         // (L, B, T, 4C) before GELU
+    floatX* fch_gelu;    // (L, B, T, 4C), or (B, T, 4C) with -r 1 or 2
+    floatX* residual3;   // (L, B, T, C)
+    floatX* lnf;         // (B, T, C)
+    float* lnf_mean;     // (B, T)
+    float* lnf_rstd;     // (B, T)
+    floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
+    float* losses;       // (B, T)
+    // scratch, reused by every layer
+    floatX* proj;        // (B, T, C) output of attproj or fcproj before the residual add (-sq 1: tp·R rows)
+    floatX* gathered;    // -sq 1: (tp·R, C) every process's rows of a layernorm output or of dresidual
+    floatX* attn_scratch;// attention_scratch_elements
+    floatX* dresidual;   // (B, T, C) gradient flowing down the residual stream
+    floatX* dln;         // (B, T, C) gradient of a layernorm output
+    floatX* datty;       // (B, T, C)
+    floatX* dqkv;        // (B, T, 3C)
+    floatX* dfch;        // (B, T, 4C)
+    float* reduce_scratch;  // partial sums of dbias/dweight/grad norm
+    float* grad_norm_sq;    // (NUM_PARAMETER_TENSORS): the gradient norm's sum of squares, per tensor with -tp
+    float* classifier_stats;// (3, B, T) with -tp: the vocabulary-parallel classifier's row max, sum, target logit
+    int* inputs;         // (B, T)
+    int* targets;        // (B, T)
+    int* encoder_buckets;// encoder_buckets_ints(B, T)
+};
+
+// Per-layer steps, in elements, through the (L, ...) activation tensors for a pass over (B, T). Each
+// layer's slice starts on 256 bytes, like the one-layer buffers that recomputation uses instead: cuBLASLt
+// is told each pointer's real alignment (matmul.cuh), so equal alignment means the same algorithm for a
+// layer's matmuls at every -r level, which -r 0/1/2 giving the same bits relies on. 0 for a tensor
+// that recomputation keeps for one layer only.
+struct LayerStrides {
+    size_t ln;        // ln1, ln2
+    size_t qkv, atty, att, residual2, residual3;
+    size_t fch, fch_gelu;
+};
+
+// One block's activations for a pass over (B, T): views of layer l's slices (a tensor that
+// recomputation keeps for one layer only is the same storage for every l).
+struct BlockActs {
+    const floatX* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
+    floatX* ln1;             // (B, T, C)
+    float* ln1_mean;         // (B, T)
+    float* ln1_rstd;         // (B, T)
+    floatX* qkv;             // (B, T, 3C)
+    floatX* atty;            // (B, T, C)
+    floatX* att;             // attention_saved_elements
+    floatX* residual2;       // (B, T, C)
+    floatX* ln2;             // (B, T, C)
+    float* ln2_mean;         // (B, T)
+    float* ln2_rstd;         // (B, T)
+    floatX* fch;             // (B, T, 4C)
+    floatX* fch_gelu;        // (B, T, 4C)
+    floatX* residual3;       // (B, T, C)   the block's output
+};
+
+inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
+
+// With tensor parallelism (tp > 1) qkv, atty, att and fch hold this process's C/tp channels (NH/tp heads);
+// with sequence parallelism (sp) ln1, ln2, residual2 and residual3 R of the B·T rows.
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false) {
+    size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T, R = sp_rows_per_rank(BT, tp, sp && tp > 1);
+    LayerStrides s;
+    bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
+    s.ln = recompute >= 2 ? 0 : aligned_elements(R * C);
+    s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
+    s.atty = block ? 0 : aligned_elements(BT * Cl);
+    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads / tp, flash));
+    s.residual2 = block ? 0 : aligned_elements(R * C);
+    s.residual3 = aligned_elements(R * C);
+    s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
+    s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * Cl);
+    return s;
+}
+
+// R: rows of the layernorm statistics per layer (B·T, or this process's rows with -sq 1)
+BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t l, size_t R) {
+    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3,
+            a.ln1 + l * ls.ln,
+            a.ln1_mean + l * R,
+            a.ln1_rstd + l * R,
+            a.qkv + l * ls.qkv,
+            a.atty + l * ls.atty,
+            a.att + l * ls.att,
+            a.residual2 + l * ls.residual2,
+            a.ln2 + l * ls.ln,
+            a.ln2_mean + l * R,
+            a.ln2_rstd + l * R,
+            a.fch + l * ls.fch,
+            a.fch_gelu + l * ls.fch_gelu,
+            a.residual3 + l * ls.residual3};
+}
+
+// Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
+// counts bytes. A pipeline stage (llmc/parallel/pipeline.h) keeps `slots` sets of what a micro-batch's
+// forward leaves for its backward, a[0 .. slots), all sharing one backward scratch; a stage before the
+// last (head false) has no logits. With tensor parallelism (tp > 1) the split tensors hold this
+// process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
+// vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
+// tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R.
+size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
+                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false) {
+    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
+    size_t BT = (size_t)B * T, Cl = C / tp;
+    bool on = sp && tp > 1;
+    size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;  // rows here; rows of a gathered tensor
+    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on);  // a kept tensor holds L of these
+    size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
+    size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
+                                     (size_t)NORM_BLOCKS});
+    size_t offset = 0;
+    auto take = [&](auto** ptr, size_t count) {
+        using Elem = std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>;
+        *ptr = base ? reinterpret_cast<Elem*>(base + offset) : nullptr;
+        offset += align_up_256(count * sizeof(Elem));
+    };
+    for (int k = 0; k < slots; k++) {
+        ActivationTensors* s = &a[k];
+        take(&s->encoded, R * C);
+        take(&s->ln1, L_ln * all.ln);
+        take(&s->ln1_mean, L * R);
+        take(&s->ln1_rstd, L * R);
+        take(&s->qkv, L_block * all.qkv);
+        take(&s->atty, L_block * all.atty);
+        take(&s->att, L_block * all.att);
+        take(&s->residual2, L_block * all.residual2);
+        take(&s->ln2, L_ln * all.ln);
+        take(&s->ln2_mean, L * R);
+        take(&s->ln2_rstd, L * R);
+        take(&s->fch, L_block * all.fch);
+        take(&s->fch_gelu, L_gelu * all.fch_gelu);
+        take(&s->residual3, L * all.residual3);
+        take(&s->lnf, full * C);
+        take(&s->lnf_mean, R);
+        take(&s->lnf_rstd, R);
+        take(&s->logits, head ? BT * Vp : 0);
+        take(&s->losses, BT);
+        take(&s->inputs, BT);
+        take(&s->targets, BT);
+        take(&s->encoder_buckets, encoder_buckets_ints(B, T));
+    }
+    ActivationTensors* s = &a[0];
+    take(&s->proj, full * C);
+    take(&s->gathered, on ? full * C : 0);
+    take(&s->attn_scratch, attention_scratch_elements(B, T, Cl, NH, flash));
+    take(&s->dresidual, R * C);
+    take(&s->dln, full * C);
+    take(&s->datty, BT * Cl);
+    take(&s->dqkv, BT * 3 * Cl);
+    take(&s->dfch, BT * 4 * Cl);
+    take(&s->reduce_scratch, reduce_floats);
+    take(&s->grad_norm_sq, NUM_PARAMETER_TENSORS);
+    take(&s->classifier_stats, tp > 1 ? 3 * BT : 0);
+    for (int k = 1; k < slots; k++) {  // the scratch is shared
+        a[k].proj = s->proj;
+        a[k].gathered = s->gathered;
+        a[k].attn_scratch = s->attn_scratch;
+        a[k].dresidual = s->dresidual;
+        a[k].dln = s->dln;
+        a[k].datty = s->datty;
+        a[k].dqkv = s->dqkv;
+        a[k].dfch = s->dfch;
+        a[k].reduce_scratch = s->reduce_scratch;
+        a[k].grad_norm_sq = s->grad_norm_sq;
+        a[k].classifier_stats = s->classifier_stats;
+    }
+    return offset;
+}

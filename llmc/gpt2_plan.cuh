@@ -1,0 +1,372 @@
+// The CUDA trainer's plan of a run (train_gpt2.cu), which needs no device memory: GPT2Plan, the model's
+// shape, layout and settings as gpt2_setup decides them; the device memory they take (the model state
+// at each ZeRO stage, the activations at each recompute level, Muon's scratch, -oo 1's host memory),
+// checked before anything is allocated; -b auto's and -r auto's choices; and the bytes a step is
+// predicted to move, which the tests compare with what the communicator counts.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpt2_config.h"
+#include "optimizer.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/layout.h"
+#include "parallel/matrix_owners.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
+#include "run/args.h"
+#include "run/memory_plan.h"
+#include "utils.h"
+
+#include "cuda_common.cuh"
+#include "gpt2_activations.cuh"
+#include "muon.cuh"               // muon_scratch_layout
+#include "optimizer_offload.cuh"  // offload_host_bytes
+
+// A run of the CUDA trainer as gpt2_setup and gpt2_allocate_activations decide it, before and apart from
+// its device memory: the model's shape on this process, the parallel layout, the ZeRO shard and buckets,
+// the optimizer and the settings that size the activations. GPT2 (train_gpt2.cu) is one of these plus
+// its device memory; everything below reads only this.
+struct GPT2Plan {
+    GPT2Config config;
+    size_t num_parameters = 0;
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t param_offsets[NUM_PARAMETER_TENSORS];
+    // data parallelism (llmc/parallel/layout.h: its groups over llmc/parallel/comm.h's NCCL backend, and the
+    // ZeRO stage, 1 only with an NCCL communicator; llmc/parallel/grad_buckets.h)
+    ParallelLayout layout;
+    ShardLayout shard;                  // params (and grads but with -z 2) are padded to shard.padded_size
+    size_t opt_begin = 0, opt_end = 0;  // the parameters this process's AdamW updates; m, v, master hold these
+    std::vector<std::vector<GradSlice>> grad_buckets;
+    bool packed_grads = false;    // -z 2: grads_memory is this process's shard of the gradient (shard.shard_size)
+    bool sharded_params = false;  // -z 3: params_memory is this process's shard of the parameters too
+    bool use_master_weights = false;
+    OptimizerPlan optimizer;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices, with their owners
+    bool offload = false;     // -oo 1: the optimizer's state in pinned host memory
+    int recompute = 1;
+    bool gelu_fusion = false;
+    bool flash_attention = true;  // -fa; always false in the fp32 build
+    // pipeline parallelism (llmc/parallel/pipeline.h): config is this stage's (num_layers = its layers;
+    // the whole model's is model_config); every stage keeps wte, wpe, lnfw and lnfb. tensor_origin[i]:
+    // where this process's tensor i starts in the whole model's tensor i (0 without a pipeline)
+    GPT2Config model_config;
+    size_t tensor_origin[NUM_PARAMETER_TENSORS] = {};
+    bool first_stage() const { return layout.pp_rank == 0; }
+    bool last_stage() const { return layout.pp_rank == layout.pp - 1; }
+    int batch_size = 0, seq_len = 0;  // the (B, T) the activations are allocated for
+    int act_slots = 1;                // sets of activations (a pipeline stage keeps one per micro-batch in flight)
+    size_t in_use_before = 0;         // device bytes in use before the model's allocations (context, cuBLAS)
+};
+
+// The part [*begin, *end) of the flat gradient vector that grads_memory holds from its element 0: all of
+// it, or with -z 2 and 3 this process's shard.
+void held_gradient_range(const GPT2Plan* model, size_t* begin, size_t* end) {
+    *begin = model->packed_grads ? shard_first(model->shard) : 0;
+    *end = model->packed_grads ? *begin + model->shard.shard_size : model->num_parameters;
+}
+
+// Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the
+// start-up report): with a pipeline, this stage's layers and its slots.
+size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool flash) {
+    std::vector<ActivationTensors> unused(model->act_slots);
+    const ParallelLayout& lay = model->layout;
+    size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
+    size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
+    return layout_activations(unused.data(), nullptr, model->config, B, T, recompute, flash, model->act_slots,
+                              model->last_stage(), lay.tp, lay.sequence_parallel) + pipe;
+}
+
+// The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
+int least_recompute_that_fits(const GPT2Plan* model, int B, int T, size_t room) {
+    for (int r = 0; r <= 3; r++) {
+        if (activation_bytes(model, B, T, r, model->flash_attention) <= room) return r;
+    }
+    return -1;
+}
+
+// Model state per process (parameters, gradients, AdamW's m and v, master weights, and the packed and
+// gathering buffers), predicted for each ZeRO stage from the shard arithmetic, beside what the
+// allocations took (cudaMemGetInfo before and after): the ZeRO paper's Ψ(2 + 2 + 12)/N ladder with
+// this trainer's buffers.
+// The optimizer's fp32 state for opt_n parameters (all, or a ZeRO shard): AdamW's m and v (Muon's
+// momentum in m) and the master weights (-w 1); Adafactor's factors (the whole state on every process;
+// no m, no master weights).
+void optimizer_state_floats(const GPT2Plan* model, size_t opt_n, size_t* m, size_t* v, size_t* master) {
+    bool adafactor = model->optimizer.kind == OPT_ADAFACTOR;
+    *m = adafactor ? 0 : opt_n;
+    *v = adafactor ? adafactor_state_size(model->optimizer.tensors) : opt_n;
+    *master = model->use_master_weights ? opt_n : 0;
+}
+
+size_t predicted_model_state_bytes(const GPT2Plan* model, int z) {
+    const size_t n = model->num_parameters, P = (size_t)model->layout.dp, X = sizeof(floatX);
+    const size_t padded = model->shard.padded_size, S = model->shard.shard_size;
+    const size_t buffers = model->grad_buckets.empty() ? 0 : X * (packed_size(model->grad_buckets.back()) +
+                                                                  2 * packed_size(model->grad_buckets[0]));
+    if (P == 1) z = 0;
+    size_t params = z == 3 ? X * S + buffers : X * padded;
+    size_t grads = z >= 2 ? X * S + buffers : X * padded;
+    size_t m, v, master;
+    optimizer_state_floats(model, z >= 1 ? model->shard.end - model->shard.begin : n, &m, &v, &master);
+    if (model->offload) return params + grads;  // -oo 1: the optimizer's state is in host memory
+    return params + grads + (m + v + master) * sizeof(float);
+}
+
+// The device memory -oo 1 would free: AdamW's state (0 when offloaded already, or for another optimizer)
+size_t offload_saving_bytes(const GPT2Plan* model) {
+    if (model->offload || model->optimizer.kind != OPT_ADAMW) return 0;
+    size_t m, v, master;
+    optimizer_state_floats(model, model->opt_end - model->opt_begin, &m, &v, &master);
+    return (m + v + master) * sizeof(float);
+}
+
+// -oo 1: the pinned host memory of this process's offloaded AdamW (its state and the copies' staging)
+size_t offload_host_bytes(const GPT2Plan* model) {
+    return model->offload ? offload_host_bytes(model->opt_end - model->opt_begin, model->use_master_weights) : 0;
+}
+
+void print_model_state_memory(const GPT2Plan* model, int zero_stage, size_t measured) {
+    printf("model state per process: %.1f MiB allocated (cudaMemGetInfo), %.1f MiB predicted for -z %d; -z 0/1/2/3 "
+           "with %d process(es):", measured / 1048576.0, predicted_model_state_bytes(model, zero_stage) / 1048576.0,
+           zero_stage, model->layout.dp);
+    for (int z = 0; z <= 3; z++) printf(" %.1f", predicted_model_state_bytes(model, z) / 1048576.0);
+    printf(" MiB\n");
+}
+
+// What is kept free beside the planned allocations for what the run allocates later or lazily (kernel
+// modules loaded at their first launch, cuBLASLt and NCCL internals): 512 MiB, or a 32nd of a smaller
+// device's memory (the emulator's EMU_DEVICE_MEMORY in tests).
+size_t memory_headroom(size_t total_bytes) { return std::min<size_t>(512ull << 20, total_bytes / 32); }
+
+// Stops the run before allocating when the model state would not fit the free device memory, with the
+// flags that shrink it (nothing has run yet: no out-of-memory error halfway through a step).
+void check_model_state_fits(const GPT2Plan* model) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    size_t need = predicted_model_state_bytes(model, model->layout.zero_stage) + memory_headroom(total_bytes);
+    if (need <= free_bytes) return;
+    const double MiB = 1048576.0;
+    const int z = model->layout.zero_stage;
+    char ways[256] = "";
+    if (model->use_master_weights) {
+        size_t master = (z >= 1 ? model->shard.end - model->shard.begin : model->num_parameters) * sizeof(float);
+        snprintf(ways, sizeof(ways), " -w 0 (no fp32 master weights: %.1f MiB),",
+                 (predicted_model_state_bytes(model, z) - master) / MiB);
+    }
+    if (offload_saving_bytes(model) > 0) {
+        snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " -oo 1 (AdamW's state in host memory: %.1f MiB),",
+                 (predicted_model_state_bytes(model, z) - offload_saving_bytes(model)) / MiB);
+    }
+    snprintf(ways + strlen(ways), sizeof(ways) - strlen(ways), " or more GPUs with -z 3 (%.1f MiB each on 8)",
+             (double)predicted_model_state_bytes(model, 3) * model->layout.dp / 8 / MiB);
+    fatal("the model state (%zu parameters: weights, gradients, AdamW's moments%s) needs %.1f MiB per process with "
+          "-z %d and %d process(es), and %.1f MiB of the device's %.1f are free (%.1f MiB kept for the run's later "
+          "allocations): nothing was allocated. Ways to fit:%s",
+          model->num_parameters, model->use_master_weights ? ", master weights" : "",
+          predicted_model_state_bytes(model, z) / MiB, z,
+          model->layout.dp, free_bytes / MiB, total_bytes / MiB, memory_headroom(total_bytes) / MiB, ways);
+}
+
+// Muon's Newton-Schulz scratch, bytes (0 for another optimizer): for the largest block matrix, fcw's 4C·C
+// (C: the whole model's channels), and with -tp the slices gathered and the matrix put together, with
+// -z 2 and 3 the matrix gathered from the shards
+size_t muon_scratch_bytes(const GPT2Plan* model) {
+    if (model->optimizer.kind != OPT_MUON) return 0;
+    MuonScratch unused;
+    size_t C = model->config.channels;
+    int matrices = model->layout.tp > 1 ? 2 : model->layout.zero_stage >= 2 ? 1 : 0;  // gpt2_update_muon
+    return muon_scratch_layout(nullptr, 4 * C * C, C, &unused) + matrices * 4 * C * C * sizeof(floatX);
+}
+
+// The run's device memory before the activations: what was in use before the model (the CUDA context,
+// cuBLAS's workspace), the model state, Muon's scratch.
+MemoryPlan gpt2_memory_plan_before_activations(const GPT2Plan* model) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    MemoryPlan plan;
+    plan.capacity = total_bytes;
+    plan.headroom = memory_headroom(total_bytes);
+    const double MiB = 1048576.0;
+    const int z = model->layout.zero_stage;
+    char note[160];
+    plan.add("in use before the model", model->in_use_before, "the CUDA context, cuBLAS's 32 MiB workspace");
+    snprintf(note, sizeof(note), "-z %d of %d process(es); -z 0/1/2/3: %.1f %.1f %.1f %.1f MiB", z, model->layout.dp,
+             predicted_model_state_bytes(model, 0) / MiB, predicted_model_state_bytes(model, 1) / MiB,
+             predicted_model_state_bytes(model, 2) / MiB, predicted_model_state_bytes(model, 3) / MiB);
+    const char* state = model->offload                            ? "model state (w, grads; -oo 1)"
+                        : model->optimizer.kind == OPT_ADAFACTOR ? "model state (w, grads, factors)"
+                        : model->use_master_weights              ? "model state (w, grads, m, v, master)"
+                                                                 : "model state (w, grads, m, v)";
+    plan.add(state, predicted_model_state_bytes(model, z), note);
+    if (model->offload) {
+        plan.add_host(model->use_master_weights ? "AdamW m, v, master (-oo 1)" : "AdamW m, v (-oo 1)",
+                      offload_host_bytes(model), "pinned; with the gradient and parameter staging copies");
+    }
+    if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
+    return plan;
+}
+
+// What a plan leaves for the activations: the device's memory less the plan's rows and the headroom.
+size_t memory_room(const MemoryPlan& plan) {
+    return plan.capacity > plan.total() + plan.headroom ? plan.capacity - plan.total() - plan.headroom : 0;
+}
+
+// The run's device memory, predicted (-P 1 prints it and exits; the start-up compares it with
+// cudaMemGetInfo): the rows above and the activations at `recompute` (RECOMPUTE_AUTO: the least that
+// fits, as gpt2_allocate_activations will choose; -r 3 when none does).
+MemoryPlan gpt2_memory_plan(const GPT2Plan* model, int B, int T, int recompute) {
+    MemoryPlan plan = gpt2_memory_plan_before_activations(model);
+    const double MiB = 1048576.0;
+    size_t act[4];
+    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model, B, T, r, model->flash_attention);
+    int level = recompute;
+    if (level == RECOMPUTE_AUTO) {
+        level = least_recompute_that_fits(model, B, T, memory_room(plan));
+        if (level < 0) level = 3;
+    }
+    char note[160];
+    snprintf(note, sizeof(note), "B=%d T=%d%s; -r 0/1/2/3: %.1f %.1f %.1f %.1f MiB", B, T,
+             recompute == RECOMPUTE_AUTO ? ", the least -r that fits" : "", act[0] / MiB, act[1] / MiB, act[2] / MiB,
+             act[3] / MiB);
+    plan.add("activations at -r " + std::to_string(level), act[level], note);
+    return plan;
+}
+
+// -b auto: the largest micro-batch B dividing the sequences each process takes per step (-d / (T x
+// processes)) whose activations fit what the plan leaves (at -r, or with -r auto at whichever level
+// fits: a larger micro-batch first, then the least recomputation). Bigger micro-batches keep the GPU
+// busier; the step computes the same -d tokens either way (accumulation makes up the rest).
+int choose_batch(const GPT2Plan* model, const TrainArgs& args, int processes) {
+    long per_process = (long)args.T * processes;
+    if (args.total_batch_tokens % per_process != 0) {
+        fatal("flag -b auto: total batch -d %ld is not a multiple of T*(data-parallel processes) = %d*%d", args.total_batch_tokens,
+              args.T, processes);
+    }
+    long sequences = args.total_batch_tokens / per_process;
+    size_t room = memory_room(gpt2_memory_plan_before_activations(model));
+    for (long b = std::min<long>(sequences, 1 << 20); b >= 1; b--) {
+        if (sequences % b != 0) continue;
+        int r = args.recompute;  // the level asked, or -r auto's choice at this B; -1: none fits
+        if (r == RECOMPUTE_AUTO) {
+            r = least_recompute_that_fits(model, (int)b, args.T, room);
+        } else if (activation_bytes(model, (int)b, args.T, r, model->flash_attention) > room) {
+            r = -1;
+        }
+        if (r >= 0) {
+            printf("batch: -b auto chose B=%ld (%ld micro-step(s) of -d %ld tokens): its activations at -r %d, %.1f "
+                   "MiB, fit the %.1f MiB the model leaves\n", b, sequences / b, args.total_batch_tokens, r,
+                   activation_bytes(model, (int)b, args.T, r, model->flash_attention) / 1048576.0,
+                   room / 1048576.0);
+            return (int)b;
+        }
+    }
+    fatal("flag -b auto: not even B=1 at T=%d fits the %.1f MiB the model leaves (-r %s): a shorter -t, -r 3, or more "
+          "GPUs with -z 2 or 3", args.T, room / 1048576.0,
+          args.recompute == RECOMPUTE_AUTO ? "auto" : std::to_string(args.recompute).c_str());
+}
+
+// Bytes one process moves per training step (sent plus received, as llmc/parallel/comm.h counts a ring:
+// 2(P-1)/P of a collective's size for a reduce-scatter or an all-gather, twice that for an all-reduce),
+// with A micro-steps, for the model's ZeRO stage; X bytes per element, S the padded shard. A gather
+// moves what this process does not hold: -z 3 gathers the blocks twice per micro-step and the outer
+// tensors once per step, and this process holds `mine` of each (its shard's part, rank 0's wte and
+// wpe in full). The scalar sums (losses) go uncounted, the gradient norm's one float is 16 bytes. A
+// step right after an evaluation or a sample moves less with -z 3 (the outer tensors are gathered).
+double predicted_data_parallel_bytes(const GPT2Plan* model, int A) {
+    const double P = model->layout.dp, X = sizeof(floatX), N = (double)model->num_parameters;
+    const double S = (double)model->shard.shard_size, f = (P - 1) / P;
+    if (P == 1) return 0.0;
+    const int z = model->layout.zero_stage;
+    // -opt muon (llmc/parallel/matrix_owners.h): each matrix broadcast by its owner; -z 1 first gathers U
+    double muon = 0;
+    const OptimizerPlan& opt = model->optimizer;
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        size_t n = opt.tensors[k].size() / model->layout.tp;  // with -tp this process's slice
+        if (opt.owner[k] >= 0) muon += 2.0 * (double)(n - n / (size_t)P) * X;
+    }
+    if (opt.kind == OPT_MUON && z == 1) muon += 2 * S * (P - 1) * X;
+    if (opt.kind == OPT_MUON && z >= 2) muon += 2.0 * (double)matrix_shard_gathered(opt, model->opt_begin, model->opt_end) * X;
+    if (z == 0) return 2 * 2 * N * X * f + muon;
+    double reduce = 2 * N * X * f, all_gather = 2 * S * (P - 1) * X, norm = 16;
+    if (z == 1) return reduce + all_gather + norm + muon;
+    if (z == 2) return A * reduce + all_gather + norm + muon;
+    const int L = model->config.num_layers;
+    double outer = (double)packed_size(model->grad_buckets[L]), outer_mine = 0;
+    for (const GradSlice& s : model->grad_buckets[L]) outer_mine += s.owner == model->layout.dp_rank ? s.count : 0;
+    double blocks = N - outer, blocks_mine = (double)(model->shard.end - model->shard.begin) - outer_mine;
+    return A * (reduce + 2 * 2 * (blocks - blocks_mine) * X) + 2 * (outer - outer_mine) * X + norm + muon;
+}
+
+// With tensor or pipeline parallelism, add (as comm.h counts them, each process's 1/P share rounded
+// down) tensor parallelism's all-reduces of (B, T, C) per micro-step (the embedding on the first stage,
+// two per layer forward, two backward, one more with -r 3's recomputation, the LM head's input
+// gradient and the classifier's two sums of B·T floats on the last stage; its max goes uncounted) and
+// its broadcasts of the replicated gradients per step, and the stages' sums of the shared tensors'
+// gradients (two all-reduces: wte and wpe, lnfw and lnfb) and the stage-to-stage messages (per
+// micro-step a (B, T, C) tensor in and a gradient out to the previous stage, one out and one in from
+// the next). The gradient norm is then summed on the host (uncounted).
+// With -sq 1 each all-reduce of a (B, T, C) sum is a reduce-scatter and each layernorm output is
+// gathered, G = 2(P-1)·R·C elements each (R rows per process): per layer 4 in the forward (2 gathers,
+// 2 reduce-scatters), 6 in the backward (d(residual) and the layernorm output gathered twice each, 2
+// reduce-scatters), 3 more with -r 3 (block_forward_to_fc again), 1 more with -ge 1 at -r 1 or 2 (ln2 for the fc matmul again); the
+// embedding's reduce-scatter and its gradient's gather on the first stage; lnf's gather and its
+// gradient's reduce-scatter on the last; and per step the all-reduce of the layernorms' gradients.
+double predicted_comm_bytes(const GPT2Plan* model, int A) {
+    const ParallelLayout& lay = model->layout;
+    double bytes = predicted_data_parallel_bytes(model, A);
+    if (lay.tp == 1 && lay.pp == 1) return bytes;
+    if (lay.zero_stage >= 1 && lay.dp > 1) bytes -= 16;  // the norm's float, summed on the host instead
+    const size_t X = sizeof(floatX);
+    auto all_reduce_bytes = [](size_t n, size_t P, size_t x) { return 2.0 * (double)(n - n / P) * 2 * x; };
+    size_t BT = (size_t)model->batch_size * model->seq_len, C = model->config.channels;
+    size_t R = sp_rows_per_rank(BT, lay.tp, lay.sequence_parallel);  // a process's rows of the residual stream
+    if (lay.tp > 1) {
+        size_t BTC = BT * C, P = lay.tp;
+        double micro = 0, classifier = all_reduce_bytes(2 * BT, P, sizeof(float));
+        if (lay.sequence_parallel) {
+            double G = 2.0 * (double)((P - 1) * R * C) * X;
+            int r = model->recompute, per_layer = 10 + (r >= 3 ? 3 : 0) + (r >= 1 && r < 3 && model->gelu_fusion ? 1 : 0);
+            micro = model->config.num_layers * per_layer * G;
+            if (model->first_stage()) micro += 2 * G;
+            if (model->last_stage()) micro += 2 * G + classifier;
+        } else {
+            micro = model->config.num_layers * (4 + (model->recompute >= 3 ? 1 : 0)) * all_reduce_bytes(BTC, P, X);
+            if (model->first_stage()) micro += all_reduce_bytes(BTC, P, X);
+            if (model->last_stage()) micro += all_reduce_bytes(BTC, P, X) + classifier;
+        }
+        bytes += A * micro;
+        const OptimizerPlan& opt = model->optimizer;  // -opt muon: the owned matrices' slices gathered
+        for (size_t k = 0; k < opt.tensors.size(); k++) {
+            if (opt.owner[k] == lay.dp_rank) bytes += 2.0 * (double)((P - 1) * (opt.tensors[k].size() / P)) * X;
+        }
+        size_t begin, end;  // -z 2, 3: the replicated tensors' parts in this process's shard
+        held_gradient_range(model, &begin, &end);
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            size_t lo = std::max(begin, model->param_offsets[i]), hi = std::min(end, model->param_offsets[i] + model->param_sizes[i]);
+            size_t n = lo < hi ? hi - lo : 0;
+            if (tp_param_is_replicated(i)) bytes += 2.0 * (double)(n - n / P) * X;
+            if (lay.sequence_parallel && sp_param_is_partial(i)) bytes += all_reduce_bytes(n, P, X);
+        }
+    }
+    if (lay.pp > 1) {
+        size_t outer[2] = {model->param_offsets[P_LN1W], model->num_parameters - model->param_offsets[P_LNFW]};
+        for (size_t n : outer) bytes += all_reduce_bytes(n, lay.pp, X);
+        int neighbours = (model->first_stage() ? 0 : 1) + (model->last_stage() ? 0 : 1);
+        bytes += (double)A * neighbours * 2 * (R * C) * X;  // its rows of the residual stream (all without -sq)
+    }
+    return bytes;
+}
+
+// -oo 1: stops the run before allocating when the pinned host memory it needs is more than the host
+// has available (pinned pages cannot be swapped out).
+void check_offload_fits_host(const GPT2Plan* model) {
+    size_t need = offload_host_bytes(model), available = host_available_bytes();
+    if (need == 0 || available == 0 || need <= available) return;
+    fatal("-oo 1: AdamW's offloaded state and its copies need %.1f MiB of pinned host memory per process, and the "
+          "host has %.1f MiB available: nothing was allocated. Ways to fit: -z 1 or more with more processes (each "
+          "offloads its shard), or -oo 0", need / 1048576.0, available / 1048576.0);
+}
