@@ -205,100 +205,21 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
 // Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
 // arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1 and 2, AdamW's moments and
 // master weights cover this process's shard only; with -z 2 the gradient array is that shard only.
-void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, DataParallel* dp = nullptr) {
-    validate_config(whole, "model");
-    if (whole.channels % 8 != 0 || (whole.channels / whole.num_heads) % 8 != 0) {
-        fatal("the CUDA trainer needs channels and head size divisible by 8 (C %d, NH %d)", whole.channels,
-              whole.num_heads);
-    }
-    bool distributed = dp != nullptr && dp->nccl;
-    model->dp = dp;
-    cudaCheck(cudaStreamCreate(&model->stream));
-    // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
-    // ordered after this stream's work; the layout (llmc/parallel/layout.h) splits them into tensor-parallel
-    // groups, pipeline stages and data-parallel replicas
-    ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
-    if (!distributed && (args.pipeline_parallel > 1 || args.tensor_parallel > 1)) {
-        fatal("flag -%s %d: %s are processes; launch %d or more", args.pipeline_parallel > 1 ? "pp" : "tp",
-              std::max(args.pipeline_parallel, args.tensor_parallel),
-              args.pipeline_parallel > 1 ? "pipeline stages" : "tensor-parallel ranks",
-              args.pipeline_parallel * args.tensor_parallel);
-    }
-    model->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1,
-                                         distributed ? args.pipeline_parallel : 1, distributed ? args.zero_stage : 0, whole);
-    model->layout.sequence_parallel = args.sequence_parallel && model->layout.tp > 1;
-    const int tp = model->layout.tp;
-    if (tp > 1 && (whole.padded_vocab_size / tp) % 8 != 0) {
-        fatal("-tp %d: each process's %d vocabulary rows must be a multiple of 8 (16-byte loads)", tp,
-              whole.padded_vocab_size / tp);
-    }
-    model->model_config = whole;
-    const GPT2Config cfg = layout_stage_config(model->layout, whole);
-    model->config = cfg;
-    // this process's tensors: its stage's layers, and with -tp its slices of them (llmc/parallel/tensor_parallel.h)
-    tp_param_sizes(cfg, tp, model->param_sizes);
-    model->num_parameters = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        model->param_offsets[i] = model->num_parameters;
-        model->num_parameters += model->param_sizes[i];
-    }
-    // where this process's part of tensor i starts in the whole tensor (its stochastic rounding's seed):
-    // a stage's layers start at layer_begin; a tensor-parallel slice is counted as the tp_rank-th block
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t whole_layer = model->param_sizes[i] / cfg.num_layers * (tp_param_is_replicated(i) ? 1 : tp);
-        model->tensor_origin[i] = pp_param_is_shared(i) ? 0 : whole_layer * model->layout.layer_begin;
-        if (!tp_param_is_replicated(i)) model->tensor_origin[i] += (size_t)model->layout.tp_rank * model->param_sizes[i];
-    }
-    if (model->layout.pp > 1) {  // the activation slots of this stage's schedule over a step's micro-batches
-        int m = args.B == BATCH_AUTO ? 1 : validate_batch_args(args, whole, model->layout.dp);
-        model->act_slots = pp_activation_slots(args.pipeline_schedule, model->layout.pp, model->layout.pp_rank, m);
-    }
-#if defined(ENABLE_FP32)
-    model->use_master_weights = false;  // the parameters are fp32 already
-#else
-    model->use_master_weights = args.master_weights != 0;
-#endif
-    OptimizerKind optimizer_kind;
-    if (!optimizer_from_name(args.optimizer, &optimizer_kind)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
-    model->recompute = args.recompute;
-    model->gelu_fusion = args.gelu_fusion != 0;
-    matmul_algorithms.autotune = args.matmul_autotune != 0;  // -at 1 (llmc/matmul.cuh)
-    matmul_algorithms.bias_grad_epilogue = args.bias_grad_epilogue != 0;  // -bg 1 (llmc/matmul.cuh)
-    model->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
-    check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, model->flash_attention);
-    size_t n = model->num_parameters;
-    int zero_stage = model->layout.zero_stage;
-    model->optimizer = optimizer_plan(optimizer_kind, cfg, model->layout.dp);
-    if (optimizer_kind == OPT_ADAFACTOR) model->use_master_weights = false;  // its state is its factors alone
-    model->offload = args.offload_optimizer != 0;
-    // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
-    // one process's shard is exactly [0, N)
-    model->shard = aligned_shard_layout(n, model->layout.dp, model->layout.dp_rank, 8);
-    model->opt_begin = zero_stage >= 1 ? model->shard.begin : 0;
-    model->opt_end = zero_stage >= 1 ? model->shard.end : n;
-    if (distributed) model->grad_buckets = gradient_buckets(cfg, zero_stage, model->shard.shard_size, tp);
-    model->packed_grads = zero_stage >= 2;
-    model->sharded_params = zero_stage == 3;
-    size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
+// The model state on the device (with -oo 1 the optimizer's in pinned host memory): parameters and
+// gradients (with -z 2 and 3 a shard of them, and the packed and gathering buffers), the optimizer's
+// state; the tensors pointed into them. Everything zero; gpt2_build fills the parameters.
+void gpt2_allocate_model_state(GPT2* model) {
+    size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin, n = model->num_parameters;
     size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
     size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
-    size_t free_before = 0, free_after = 0, total_bytes = 0;
-    cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
-    model->in_use_before = total_bytes - free_before;
-    if (args.plan) {  // -P 1: the plan, and nothing allocated
-        int B = args.B == BATCH_AUTO ? choose_batch(model, args, model->layout.dp) : args.B;
-        print_memory_plan(gpt2_memory_plan(model, B, args.T, args.recompute));
-        exit(EXIT_SUCCESS);
-    }
-    check_model_state_fits(model);
-    check_offload_fits_host(model);
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->grads_memory, 0, grad_n * sizeof(floatX)));
     size_t packed_n = 0, gathered_n = 0;  // -z 2, 3: the packed gradient buffers' elements; -z 3: the gathered
     if (model->packed_grads) {
-        size_t outer = packed_size(model->grad_buckets[cfg.num_layers]), block = packed_size(model->grad_buckets[0]);
+        size_t outer = packed_size(model->grad_buckets[model->config.num_layers]);
+        size_t block = packed_size(model->grad_buckets[0]);
         cudaCheck(cudaMalloc(&model->packed_outer, outer * sizeof(floatX)));
         for (floatX*& b : model->packed_block) cudaCheck(cudaMalloc(&b, block * sizeof(floatX)));
         packed_n = outer + 2 * block;
@@ -332,6 +253,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     } else {
         point_parameters_at(&model->grads, model->grads_memory, model->param_offsets);
     }
+    // what was allocated, per process, beside what it would be without sharding
     printf("parameters: %zu (%s), %.1f MiB per process", n, PRECISION_NAME, (param_n + gathered_n) * sizeof(floatX) / 1048576.0);
     if (model->sharded_params) {
         printf(" (-z 3: a shard of %zu and gathering buffers of %zu; %.1f MiB unsharded)", param_n, gathered_n,
@@ -339,8 +261,8 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     }
     printf("; gradients %.1f MiB per process", (grad_n + packed_n) * sizeof(floatX) / 1048576.0);
     if (model->packed_grads) {
-        printf(" (-z %d: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", zero_stage, grad_n, packed_n,
-               n * sizeof(floatX) / 1048576.0);
+        printf(" (-z %d: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", model->layout.zero_stage, grad_n,
+               packed_n, n * sizeof(floatX) / 1048576.0);
     }
     printf("\n");
     double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
@@ -354,24 +276,51 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
                model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib,
                model->offload ? ", offloaded (-oo 1): in pinned host memory, updated by the CPU" : "");
     }
-    cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
-    print_model_state_memory(model, zero_stage, free_before - free_after);
-    if (model->optimizer.kind == OPT_MUON) {
-        // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer;
-        // its scratch is not model state (allocated after the measurement above)
-        size_t C = cfg.channels, bytes = muon_scratch_bytes(model);
-        cudaCheck(cudaMalloc(&model->muon_memory, bytes));
-        size_t own = muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
-        if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (gpt2_update_muon)
-            model->muon_gathered = (floatX*)((char*)model->muon_memory + own);
-            model->muon_whole = model->muon_gathered + 4 * C * C;
-        } else if (model->layout.zero_stage >= 2) {  // a matrix gathered from the shards
-            model->muon_whole = (floatX*)((char*)model->muon_memory + own);
-        }
-        printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
-               "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
-               model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");
+}
+
+// -opt muon's Newton-Schulz scratch (not model state: allocated after the state's measurement)
+void gpt2_allocate_muon_scratch(GPT2* model) {
+    // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer;
+    // its scratch is not model state (allocated after the measurement above)
+    size_t C = model->config.channels, bytes = muon_scratch_bytes(model);
+    cudaCheck(cudaMalloc(&model->muon_memory, bytes));
+    size_t own = muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
+    if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (gpt2_update_muon)
+        model->muon_gathered = (floatX*)((char*)model->muon_memory + own);
+        model->muon_whole = model->muon_gathered + 4 * C * C;
+    } else if (model->layout.zero_stage >= 2) {  // a matrix gathered from the shards
+        model->muon_whole = (floatX*)((char*)model->muon_memory + own);
     }
+    printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
+           "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
+           model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");
+}
+
+void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, DataParallel* dp = nullptr) {
+    model->dp = dp;
+    cudaCheck(cudaStreamCreate(&model->stream));
+    // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
+    // ordered after this stream's work; the layout (llmc/parallel/layout.h) splits them into tensor-parallel
+    // groups, pipeline stages and data-parallel replicas
+    ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
+    gpt2_plan_init(model, whole, args, world, dp != nullptr && dp->nccl);
+    matmul_algorithms.autotune = args.matmul_autotune != 0;  // -at 1 (llmc/matmul.cuh)
+    matmul_algorithms.bias_grad_epilogue = args.bias_grad_epilogue != 0;  // -bg 1 (llmc/matmul.cuh)
+    size_t free_before = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
+    model->in_use_before = total_bytes - free_before;
+    if (args.plan) {  // -P 1: the plan, and nothing allocated
+        int B = args.B == BATCH_AUTO ? choose_batch(model, args, model->layout.dp) : args.B;
+        print_memory_plan(gpt2_memory_plan(model, B, args.T, args.recompute));
+        exit(EXIT_SUCCESS);
+    }
+    check_model_state_fits(model);
+    check_offload_fits_host(model);
+    gpt2_allocate_model_state(model);
+    size_t free_after = 0;
+    cudaCheck(cudaMemGetInfo(&free_after, &total_bytes));
+    print_model_state_memory(model, model->layout.zero_stage, free_before - free_after);
+    if (model->optimizer.kind == OPT_MUON) gpt2_allocate_muon_scratch(model);
 }
 
 // Builds the model (this process's pipeline stage of it) from a checkpoint file, or (for a descriptor)

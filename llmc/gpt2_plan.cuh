@@ -16,6 +16,8 @@
 #include "parallel/grad_buckets.h"
 #include "parallel/layout.h"
 #include "parallel/matrix_owners.h"
+#include "parallel/model_state.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "run/args.h"
@@ -24,6 +26,7 @@
 
 #include "cuda_common.cuh"
 #include "gpt2_activations.cuh"
+#include "attention.cuh"          // check_attention_shape
 #include "muon.cuh"               // muon_scratch_layout
 #include "optimizer_offload.cuh"  // offload_host_bytes
 
@@ -61,6 +64,78 @@ struct GPT2Plan {
     int act_slots = 1;                // sets of activations (a pipeline stage keeps one per micro-batch in flight)
     size_t in_use_before = 0;         // device bytes in use before the model's allocations (context, cuBLAS)
 };
+
+// Decides the run's plan from the whole model's shape and the flags, over `world` (the run's processes;
+// `distributed`: several, over NCCL): the layout and this process's stage and slices of the model, where
+// each of its tensors starts in the whole one, the settings that size the activations, the optimizer, the
+// ZeRO shard and gradient buckets. Nothing is allocated; a shape the kernels cannot take is refused here.
+inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainArgs& args, const ProcessGroup& world,
+                           bool distributed) {
+    validate_config(whole, "model");
+    if (whole.channels % 8 != 0 || (whole.channels / whole.num_heads) % 8 != 0) {
+        fatal("the CUDA trainer needs channels and head size divisible by 8 (C %d, NH %d)", whole.channels,
+              whole.num_heads);
+    }
+    if (!distributed && (args.pipeline_parallel > 1 || args.tensor_parallel > 1)) {
+        fatal("flag -%s %d: %s are processes; launch %d or more", args.pipeline_parallel > 1 ? "pp" : "tp",
+              std::max(args.pipeline_parallel, args.tensor_parallel),
+              args.pipeline_parallel > 1 ? "pipeline stages" : "tensor-parallel ranks",
+              args.pipeline_parallel * args.tensor_parallel);
+    }
+    plan->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1,
+                                         distributed ? args.pipeline_parallel : 1, distributed ? args.zero_stage : 0, whole);
+    plan->layout.sequence_parallel = args.sequence_parallel && plan->layout.tp > 1;
+    const int tp = plan->layout.tp;
+    if (tp > 1 && (whole.padded_vocab_size / tp) % 8 != 0) {
+        fatal("-tp %d: each process's %d vocabulary rows must be a multiple of 8 (16-byte loads)", tp,
+              whole.padded_vocab_size / tp);
+    }
+    plan->model_config = whole;
+    const GPT2Config cfg = layout_stage_config(plan->layout, whole);
+    plan->config = cfg;
+    // this process's tensors: its stage's layers, and with -tp its slices of them (llmc/parallel/tensor_parallel.h)
+    tp_param_sizes(cfg, tp, plan->param_sizes);
+    plan->num_parameters = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        plan->param_offsets[i] = plan->num_parameters;
+        plan->num_parameters += plan->param_sizes[i];
+    }
+    // where this process's part of tensor i starts in the whole tensor (its stochastic rounding's seed):
+    // a stage's layers start at layer_begin; a tensor-parallel slice is counted as the tp_rank-th block
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t whole_layer = plan->param_sizes[i] / cfg.num_layers * (tp_param_is_replicated(i) ? 1 : tp);
+        plan->tensor_origin[i] = pp_param_is_shared(i) ? 0 : whole_layer * plan->layout.layer_begin;
+        if (!tp_param_is_replicated(i)) plan->tensor_origin[i] += (size_t)plan->layout.tp_rank * plan->param_sizes[i];
+    }
+    if (plan->layout.pp > 1) {  // the activation slots of this stage's schedule over a step's micro-batches
+        int m = args.B == BATCH_AUTO ? 1 : validate_batch_args(args, whole, plan->layout.dp);
+        plan->act_slots = pp_activation_slots(args.pipeline_schedule, plan->layout.pp, plan->layout.pp_rank, m);
+    }
+#if defined(ENABLE_FP32)
+    plan->use_master_weights = false;  // the parameters are fp32 already
+#else
+    plan->use_master_weights = args.master_weights != 0;
+#endif
+    OptimizerKind optimizer_kind;
+    if (!optimizer_from_name(args.optimizer, &optimizer_kind)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
+    plan->recompute = args.recompute;
+    plan->gelu_fusion = args.gelu_fusion != 0;
+    plan->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
+    check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, plan->flash_attention);
+    size_t n = plan->num_parameters;
+    int zero_stage = plan->layout.zero_stage;
+    plan->optimizer = optimizer_plan(optimizer_kind, cfg, plan->layout.dp);
+    if (optimizer_kind == OPT_ADAFACTOR) plan->use_master_weights = false;  // its state is its factors alone
+    plan->offload = args.offload_optimizer != 0;
+    // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
+    // one process's shard is exactly [0, N)
+    plan->shard = aligned_shard_layout(n, plan->layout.dp, plan->layout.dp_rank, 8);
+    plan->opt_begin = zero_stage >= 1 ? plan->shard.begin : 0;
+    plan->opt_end = zero_stage >= 1 ? plan->shard.end : n;
+    if (distributed) plan->grad_buckets = gradient_buckets(cfg, zero_stage, plan->shard.shard_size, tp);
+    plan->packed_grads = zero_stage >= 2;
+    plan->sharded_params = zero_stage == 3;
+}
 
 // The part [*begin, *end) of the flat gradient vector that grads_memory holds from its element 0: all of
 // it, or with -z 2 and 3 this process's shard.
