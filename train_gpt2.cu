@@ -1585,6 +1585,36 @@ double describe_device(const DataParallel& dp, const TrainArgs& args) {
     return peak_flops;
 }
 
+// The start-up's predictions beside what happened: the bytes a step will move (metrics.jsonl counts
+// them), the device memory in use, and the memory plan (-P 1) against it.
+void print_predictions_and_memory(GPT2* model, const TrainArgs& args, int micro_steps) {
+    const ParallelLayout& layout = model->layout;
+    if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {
+        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
+               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n",
+               predicted_comm_bytes(model, micro_steps), layout.zero_stage, layout.dp, layout.tp, layout.pp, micro_steps);
+    }
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
+           total_bytes / 1073741824.0);
+    size_t planned = gpt2_memory_plan(model, args.B, args.T, model->recompute).total(), used = total_bytes - free_bytes;
+    printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%\n", planned, used,
+           100.0 * ((double)used - (double)planned) / (double)planned);
+}
+
+// After the run: where -oo 1's host updates spent their time, and -at 1's choices.
+void print_run_reports(const GPT2* model) {
+    if (model->offload && model->offloaded.steps > 0) {
+        const OptimizerOffload& off = model->offloaded;
+        printf("offload: %d AdamW updates on the host, %.2f ms each: %.2f ms waiting for the gradients' copies, %.2f ms "
+               "of arithmetic (%.2f ns a parameter)\n", off.steps, 1e3 * (off.wait_seconds + off.update_seconds) / off.steps,
+               1e3 * off.wait_seconds / off.steps, 1e3 * off.update_seconds / off.steps,
+               1e9 * off.update_seconds / off.steps / (double)std::max<size_t>(off.n, 1));
+    }
+    if (matmul_algorithms.autotune) printf("%s\n", matmul_autotune_report().c_str());
+}
+
 #ifndef TESTING
 int main(int argc, char** argv) {
     TrainArgs args;
@@ -1627,20 +1657,7 @@ int main(int argc, char** argv) {
                                          args.pipeline_schedule, m).c_str());
     }
     gpt2_allocate_activations(&model, args.B, args.T);
-    if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {
-        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
-               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n", predicted_comm_bytes(&model, m),
-               layout.zero_stage, layout.dp, layout.tp, layout.pp, m);
-    }
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
-           total_bytes / 1073741824.0);
-    {
-        size_t planned = gpt2_memory_plan(&model, args.B, args.T, model.recompute).total(), used = total_bytes - free_bytes;
-        printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%\n", planned, used,
-               100.0 * ((double)used - (double)planned) / (double)planned);
-    }
+    print_predictions_and_memory(&model, args, m);
     if (resume_step >= 0) gpt2_resume(&model, &run);
     if (run.scaler.dynamic) {
         printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", run.scaler.scale, run.scaler.growth,
@@ -1662,14 +1679,7 @@ int main(int argc, char** argv) {
     pipe.drain = [&model] { gpt2_sync(&model, "a pipeline stage's exchange with its neighbours"); };
     std::string note;
     int status = train_run_loop(&run, gpt2_run_hooks(&model, args, &gpu_phases, &pipe, &note));
-    if (model.offload && model.offloaded.steps > 0) {
-        const OptimizerOffload& off = model.offloaded;
-        printf("offload: %d AdamW updates on the host, %.2f ms each: %.2f ms waiting for the gradients' copies, %.2f ms "
-               "of arithmetic (%.2f ns a parameter)\n", off.steps, 1e3 * (off.wait_seconds + off.update_seconds) / off.steps,
-               1e3 * off.wait_seconds / off.steps, 1e3 * off.update_seconds / off.steps,
-               1e9 * off.update_seconds / off.steps / (double)std::max<size_t>(off.n, 1));
-    }
-    if (matmul_algorithms.autotune) printf("%s\n", matmul_autotune_report().c_str());
+    print_run_reports(&model);
     gpu_phases_destroy(&gpu_phases);
     gpt2_free(&model);
     cublas_teardown();
