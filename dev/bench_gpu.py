@@ -10,6 +10,10 @@ Modes (BENCH_MODES, in round order):
                            (BENCH_BASELINE)
   ours-muon ours-ge1 ours-oo1 ours-at1 ours-bg1
                            -r 0 with -opt muon / -ge 1 / -oo 1 / -at 1 / -bg 1 (their cost or gain)
+  base-r0 base-r1          our trainer as built at another commit (TRAINER_BASE, default
+                           build/gpu/base/train_gpt2cu: test/gpu/prepare_gpu_run.sh with BASE_REF builds it)
+                           at -r 0 / -r 1: a change that must keep speed (a restructuring) beside it,
+                           ours-r0 / base-r0 its ratio
   llmc-r0 llmc-r1          llm.c's train_gpt2cu (cuDNN attention; dev/peers/build_llmc.sh) at -r 0 / -r 1
                            (llm.c's -r 1 recomputes GELU in the backward, as ours does)
   torch-compile            PyTorch (dev/peers/torch_gpt2.py): the whole step compiled (forward, loss,
@@ -77,6 +81,7 @@ class Settings:
         self.warm_limit = int(env("BENCH_WARM_LIMIT", "150"))
         self.trainer = env("TRAINER", "./train_gpt2cu")
         self.llmc = env("LLMC", "build/gpu/llmc/train_gpt2cu")
+        self.trainer_base = env("TRAINER_BASE", "build/gpu/base/train_gpt2cu")
         self.modes = env("BENCH_MODES", "ours-r0 llmc-r0 torch-compile torch-compile-loss").split()
         self.tsv = env("BENCH_TSV", "")
         self.python = env("PYTHON", sys.executable)
@@ -157,7 +162,8 @@ class Bench:
                 return None
             self.batch[mode] = B
             mfu = re.findall(r"MFU ([0-9.]+)%", text)
-            mfu = statistics.mean(float(m) for m in mfu[UNTIMED:]) if mode.startswith("ours") and mfu[UNTIMED:] else None
+            ours = mode.startswith(("ours", "base"))  # llm.c's MFU counts other FLOPs: ours scaled instead
+            mfu = statistics.mean(float(m) for m in mfu[UNTIMED:]) if ours and mfu[UNTIMED:] else None
             for pattern in ("^device memory", "^offload:", "^matmul autotune", "no BGRADB algorithm", "cuDNN"):
                 m = re.search(pattern + ".*", text, re.M)
                 if m and (len(self.runs) < 12):
@@ -166,11 +172,21 @@ class Bench:
         print(f"{mode}: not even B={self.s.B // 8} fits")
         return None
 
-    def ours(self, mode):
-        flags = OURS_FLAGS[mode[len("ours-"):]].split()
-        return self.run_process(mode, lambda B: [self.s.trainer, "-e", self.s.ours_model, "-i", self.shard, "-b", str(B),
+    def ours(self, mode, trainer=None):
+        flags = OURS_FLAGS[mode.split("-", 1)[1]].split()
+        trainer = trainer or self.s.trainer
+        return self.run_process(mode, lambda B: [trainer, "-e", self.s.ours_model, "-i", self.shard, "-b", str(B),
                                                  "-t", str(self.s.T), "-x", str(UNTIMED + self.s.steps), "-v", "0",
                                                  "-s", "0"] + flags)
+
+    def base(self, mode):
+        if not os.access(self.s.trainer_base, os.X_OK):
+            print(f"{mode}: no base trainer at {self.s.trainer_base} (BASE_REF=<commit> test/gpu/prepare_gpu_run.sh)")
+            return None
+        source = os.path.join(os.path.dirname(self.s.trainer_base), "commit.txt")
+        if mode not in self.batch and os.path.exists(source):
+            print(f"  {mode}: {open(source).read().strip()}")
+        return self.ours(mode, self.s.trainer_base)
 
     def llmc(self, mode):
         if not os.access(self.s.llmc, os.X_OK):
@@ -239,6 +255,8 @@ class Bench:
     def run_mode(self, mode, rnd):
         if mode.startswith("ours-") and mode[len("ours-"):] in OURS_FLAGS:
             result = self.ours(mode)
+        elif mode in ("base-r0", "base-r1"):
+            result = self.base(mode)
         elif mode in ("llmc-r0", "llmc-r1"):
             result = self.llmc(mode)
         elif mode in self.TORCH_MODES:

@@ -84,6 +84,21 @@ echo "== oracle files ($python)"
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2cu --prepare-oracle
 GPT2_ROOT="$root" GPT2_PYTHON="$python" ./test_gpt2fp32cu --prepare-oracle
 
+# BASE_REF=<commit>: our trainer as built there too (build/gpu/base/train_gpt2cu), for a change that must
+# keep speed: the plan's bench then times it beside ours in the same rounds (mode base-r0)
+if [ -n "${BASE_REF:-}" ]; then
+    base_tree=$(mktemp -d /tmp/gpu_base.XXXXXX)
+    git worktree add --detach "$base_tree" "$BASE_REF" > /dev/null
+    echo "== the base trainer at $BASE_REF (make ${MAKE_FLAGS[*]} train_gpt2cu in $base_tree)"
+    make -C "$base_tree" -j"$jobs" "${MAKE_FLAGS[@]}" train_gpt2cu
+    mkdir -p build/gpu/base
+    cp "$base_tree/train_gpt2cu" build/gpu/base/train_gpt2cu
+    echo "base: $(git rev-parse --short "$BASE_REF") built $(date -u '+%F %T UTC')" > build/gpu/base/commit.txt
+    git worktree remove --force "$base_tree"
+else
+    rm -rf build/gpu/base  # no stale base from an earlier session's preparation
+fi
+
 # llm.c's trainer, the benchmark's peer (dev/peers/build_llmc.sh: from llm.c's source, never committed here)
 llmc_src=${LLMC_SRC:-build/peers/llm.c} frontend_src=${CUDNN_FRONTEND_SRC:-build/peers/cudnn-frontend}
 if [ -x build/gpu/llmc/train_gpt2cu ]; then

@@ -168,6 +168,7 @@ if [ "$emu" = 1 ]; then
 else
     TRAIN_BF16=./train_gpt2cu TEST_BF16=./test_gpt2cu TEST_FP32=./test_gpt2fp32cu
     BINARIES=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin/* build/gpu/llmc/train_gpt2cu)
+    [ -x build/gpu/base/train_gpt2cu ] && BINARIES+=(build/gpu/base/train_gpt2cu)
     F_KERNELS='Kernels.*'
     F_MODEL='ModelOracle.*:TrainOracle.*'
     F_TRAINER='Train*:MultiGpu*-TrainOracle.*'
@@ -221,6 +222,8 @@ run_stage_body() {
         trainer-fp32) gtest_stage "$TEST_FP32" "$F_TRAINER" ;;
         bench|bench-recompute|bench-d24)
             local modes=${BENCH_MODES:-ours-r0 llmc-r0 torch-compile torch-compile-loss} baseline=ours-r0 model=d12 B=64 steps=20
+            # a base trainer carried (prepare_gpu_run.sh with BASE_REF): timed beside ours in the same rounds
+            [ -x build/gpu/base/train_gpt2cu ] && [[ " $modes " != *" base-r0 "* ]] && modes="ours-r0 base-r0 ${modes/ours-r0/}"
             [ "$1" = bench-recompute ] && modes="ours-r1 llmc-r1" baseline=ours-r1 steps=10
             [ "$1" = bench-d24 ] && modes="ours-r0 torch-compile" model=d24 B=32
             if [ "$emu" = 1 ]; then
