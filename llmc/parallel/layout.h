@@ -104,6 +104,11 @@ inline ParallelLayout parallel_layout_init(const ProcessGroup& world, int tp, in
     lay.tp_group.name = "tensor-parallel";
     lay.dp_group.name = "data-parallel";
     lay.pp_group.name = "pipeline";
+    // a data-parallel group of one process has nothing to shard: ZeRO's stages are data parallelism's
+    if (zero_stage > 0 && lay.dp == 1) {
+        printf("one data-parallel process: nothing to shard, -z %d runs as -z 0\n", zero_stage);
+        zero_stage = 0;
+    }
     lay.zero_stage = zero_stage;
     pp_stage_layers(cfg.num_layers, pp, lay.pp_rank, &lay.layer_begin, &lay.layer_end);
     return lay;

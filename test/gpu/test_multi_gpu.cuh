@@ -564,6 +564,33 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
     }
 }
 
+// A data-parallel group of one process has nothing to shard: -z 2 and -z 3 with -tp 2 on 2 processes,
+// and -z 3 on 1 process under mpirun, run as -z 0 and say so (they crashed at the first backward, on
+// gradient tensors that pointed nowhere; the operations issue's item 1). Each trains as one process
+// does (expect_same_training's bars), counts the bytes its start-up line predicts, and its memory plan
+// is what it allocated, to the byte (the plan had counted the packed buffers the run does not use).
+TEST(MultiGpuMpirun, ZeroStageWithOneDataParallelProcessRunsUnsharded) {
+    REQUIRE_MPIRUN_GPUS(2);
+    REQUIRE_ORACLE("tiny_five", five_args());
+    const int steps = 2;
+    std::string five = test::oracle("tiny_five", five_args());
+    std::string flags = dp_flags(five, steps, 2 * 16 * 2);
+    std::string one = run_trainer("zero_dp1_one", flags).dir;
+    struct Case { int np; std::string flags; };
+    for (const Case& c : {Case{2, "-tp 2 -z 3"}, Case{2, "-tp 2 -z 2"}, Case{1, "-z 3"}}) {
+        SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
+        std::string dir = test::scratch_dir("zero_dp1_" + std::to_string(c.np) + "_" + c.flags.substr(c.flags.size() - 1));
+        test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("one data-parallel process: nothing to shard, -z " + c.flags.substr(c.flags.size() - 1) +
+                                " runs as -z 0"), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("bytes planned (-P 1), "), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("in use (cudaMemGetInfo): +0.00%"), std::string::npos) << r.output;
+        if (c.np > 1) expect_comm_bytes_as_predicted(r.output, dir);
+        expect_same_training(one, dir, steps, 1e-3);
+    }
+}
+
 // -ni 2 with pp 2: only the last stage's loss gradient is non-finite; it reaches stage 0 through the sent
 // gradients and the norm is summed over the stages, so both skip step 2: the weights after it are those
 // before it, and step 3 updates them again (the model files are gathered from both stages).
