@@ -36,6 +36,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/parallel/comm_mpi.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
+#include "llmc/parallel/muon_step.h"
 #include "llmc/parallel/model_state.h"
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/tensor_parallel.h"
@@ -692,77 +693,38 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
     }
 }
 
-// One Muon update (llmc/muon.h; the data-parallel steps 1-4 of llmc/parallel/matrix_owners.h): AdamW on
-// the tensors that are not block matrices, momentum and the Nesterov update of this process's matrix
-// elements (left in the gradient buffer), gathered under -z 1, each matrix orthogonalized by its owner and
-// sent to every process, then applied to this process's elements. With -z 2 and 3 a process holds only
-// its shard of the gradients: each matrix's update is all-gathered on its own into a scratch matrix
-// (matrix_shard_parts), orthogonalized by its owner, broadcast, and applied where the shard meets it.
-// With -tp each process holds a slice of each matrix (llmc/parallel/tensor_parallel.h): the owner's TP
-// group gathers the matrix whole, each of its ranks orthogonalizes it (the same bits on each) and keeps
-// its slice; the slices travel as before.
+// One Muon update: AdamW on the tensors that are not block matrices, then Muon's step over the layout
+// (llmc/parallel/muon_step.h) with this trainer's loops (llmc/muon.h) and host copies.
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
-    const OptimizerPlan& opt = model->optimizer;
-    const ProcessGroup& dp = model->layout.dp_group;
-    const ProcessGroup& tp = model->layout.tp_group;
-    size_t L = model->config.num_layers, C = model->config.channels;
     MuonHyper hyper;
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
-    // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
-    auto local = [&](const OptimizerTensor& t) { return local_tensor(t, model->param_offsets, model->param_sizes, L); };
-    size_t begin, end;
-    for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
-            muon_momentum(model->m_memory.data() + (begin - model->opt_begin),
-                          model->grads_memory.data() + (begin - model->grads_base), end - begin, hyper.momentum,
-                          s.grad_scale);
-        }
-    }
-    if (model->layout.zero_stage >= 2) {  // this process's shard of the gradients only: matrix by matrix
-        std::vector<float> matrix, scratch;
-        std::vector<int> counts, displs;
-        for (size_t k = 0; k < opt.tensors.size(); k++) {
-            const OptimizerTensor& t = opt.tensors[k];
-            if (opt.owner[k] < 0) continue;
-            matrix.assign(t.size(), 0.0f);
-            matrix_shard_parts(t, model->shard, &counts, &displs);
-            bool mine = tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end);
-            if (mine) std::copy_n(model->grads_memory.data() + (begin - model->grads_base), end - begin, matrix.data() + (begin - t.offset));
-            all_gather_v(dp, matrix.data(), counts, displs, COMM_FLOAT32);
-            if (opt.owner[k] == dp.rank) newton_schulz(matrix.data(), (int)t.rows, (int)t.cols, hyper, &scratch);
-            broadcast(dp, matrix.data(), t.size(), opt.owner[k]);
-            if (!mine) continue;
-            muon_apply(model->params_memory.data() + (begin - model->params_base), matrix.data() + (begin - t.offset),
-                       end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)));
-        }
-        return;
-    }
-    float* grads = model->grads_memory.data();  // -z 0, 1: every gradient has its place (grads_base is 0)
-    if (model->layout.zero_stage == 1) all_gather(dp, grads, model->shard.shard_size);
-    std::vector<float> scratch, whole, gathered;
-    for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
-        const OptimizerTensor& t = opt.tensors[k];
-        if (opt.owner[k] != dp.rank) continue;
-        if (tp.size == 1) {
-            newton_schulz(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &scratch);
-            continue;
-        }
-        OptimizerTensor mine = local(t);
-        whole.resize(t.size());
-        tp_gather_matrix(tp, t.param, C, grads + mine.offset, mine.size(), &gathered, whole.data());
-        newton_schulz(whole.data(), (int)t.rows, (int)t.cols, hyper, &scratch);
-        tp_take_slice(tp, t.param, C, whole.data(), grads + mine.offset);
-    }
-    for (size_t k = 0; k < opt.tensors.size(); k++) {
-        if (opt.owner[k] >= 0) broadcast(dp, grads + local(opt.tensors[k]).offset, local(opt.tensors[k]).size(), opt.owner[k]);
-    }
-    for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
-            float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));  // the whole matrix's shape
-            muon_apply(model->params_memory.data() + begin, grads + begin, end - begin, s.muon_lr, s.weight_decay,
-                       adjusted_lr);
-        }
-    }
+    size_t largest = 0;  // the scratch: one matrix whole, and with -tp every rank's slice of one
+    for (const OptimizerTensor& t : model->optimizer.tensors) largest = std::max(largest, t.size());
+    std::vector<float> whole(largest), gathered(largest), scratch;
+    MuonOps<float> ops;
+    ops.type = COMM_FLOAT32;
+    ops.grads = model->grads_memory.data();
+    ops.grads_base = model->grads_base;
+    ops.whole = whole.data();
+    ops.gathered = gathered.data();
+    ops.momentum = [&](size_t begin, size_t end) {
+        muon_momentum(model->m_memory.data() + (begin - model->opt_begin), ops.grads + (begin - ops.grads_base),
+                      end - begin, hyper.momentum, s.grad_scale);
+    };
+    ops.orthogonalize = [&](float* matrix, size_t rows, size_t cols) {
+        newton_schulz(matrix, (int)rows, (int)cols, hyper, &scratch);
+    };
+    ops.apply = [&](const OptimizerTensor& t, size_t begin, size_t end, const float* update) {
+        float adjusted_lr = (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols));  // the whole matrix's shape
+        muon_apply(model->params_memory.data() + (begin - model->params_base), update, end - begin, s.muon_lr,
+                   s.weight_decay, adjusted_lr);
+    };
+    ops.copy2d = [](float* dst, size_t dpitch, const float* src, size_t spitch, size_t width, size_t height) {
+        for (size_t r = 0; r < height; r++) memcpy(dst + r * dpitch, src + r * spitch, width * sizeof(float));
+    };
+    MuonPlace at{model->param_offsets, model->param_sizes, (size_t)model->config.num_layers,
+                 (size_t)model->config.channels, model->opt_begin, model->opt_end};
+    muon_step(model->optimizer, model->layout, model->shard, at, ops);
 }
 
 // One Adafactor update (llmc/adafactor.h) of every tensor, each layer's its own: factored for the 2-D

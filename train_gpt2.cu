@@ -35,6 +35,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/optimizer.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
+#include "llmc/parallel/muon_step.h"
 #include "llmc/parallel/model_state.h"
 #include "llmc/rand.h"
 #include "llmc/run/args.h"
@@ -983,99 +984,41 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
     }
 }
 
-// One Muon update (llmc/muon.cuh, in the steps of llmc/parallel/matrix_owners.h): AdamW on the tensors
-// that are not block matrices; momentum and the Nesterov update U of this process's matrix elements
-// (all, or its -z 1 shard), written over the gradient; -z 1 all-gathers U; each matrix orthogonalized by
-// its owner and broadcast; then applied to this process's elements.
+// One Muon update: AdamW on the tensors that are not block matrices, then Muon's step over the layout
+// (llmc/parallel/muon_step.h) with this trainer's kernels (llmc/muon.cuh) and device copies.
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
-    const OptimizerPlan& opt = model->optimizer;
-    const ProcessGroup& dp = model->layout.dp_group;
-    const ProcessGroup& tp = model->layout.tp_group;
-    size_t L = model->config.num_layers, C = model->config.channels;  // this stage's layers, the model's C
     MuonHyper hyper;
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
+    cudaStream_t stream = model->stream;
     size_t shard_start = shard_first(model->shard);  // -z 2, 3: element 0 of the gradient (-z 3: parameter) array
-    auto grad_at = [&](size_t i) { return model->grads_memory + (model->packed_grads ? i - shard_start : i); };
-    // a matrix's elements on this process: the whole (rows, cols), or with -tp this rank's slice
-    auto local = [&](const OptimizerTensor& t) { return local_tensor(t, model->param_offsets, model->param_sizes, L); };
-    size_t begin, end;
-    for (const OptimizerTensor& t : opt.tensors) {
-        if (muon_param_is_matrix(t.param) && tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) {
-            muon_momentum(grad_at(begin), model->m_memory + (begin - model->opt_begin), end - begin, hyper, s.grad_scale,
-                          model->stream);
-        }
-    }
-    if (model->layout.zero_stage >= 2) {  // this process's shard of the gradients only: matrix by matrix, as
-                                          // the CPU trainer (llmc/parallel/matrix_owners.h: matrix_shard_parts)
-        floatX* matrix = model->muon_whole;
-        std::vector<int> counts, displs;
-        for (size_t k = 0; k < opt.tensors.size(); k++) {
-            const OptimizerTensor& t = opt.tensors[k];
-            if (opt.owner[k] < 0) continue;
-            matrix_shard_parts(t, model->shard, &counts, &displs);
-            bool mine = tensor_part_in(t, model->opt_begin, model->opt_end, &begin, &end);
-            if (mine) {
-                cudaCheck(cudaMemcpyAsync(matrix + (begin - t.offset), grad_at(begin), (end - begin) * sizeof(floatX),
-                                          cudaMemcpyDeviceToDevice, model->stream));
-            }
-            all_gather_v(dp, matrix, counts, displs, COMM_FLOATX);
-            comm_join(dp);
-            if (opt.owner[k] == dp.rank) {
-                muon_orthogonalize(matrix, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
-            }
-            broadcast(dp, matrix, t.size(), COMM_FLOATX, opt.owner[k]);
-            comm_join(dp);
-            if (!mine) continue;
-            size_t opt_index = begin - model->opt_begin;
-            muon_apply(model->params_memory + (model->sharded_params ? begin - shard_start : begin),
-                       model->master_memory ? model->master_memory + opt_index : nullptr, matrix + (begin - t.offset),
-                       end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),
-                       rounding_seed(s.t, t.param, begin - model->param_offsets[t.param]), model->stream);
-        }
-        return;
-    }
-    floatX* grads = model->grads_memory;  // -z 0, 1: every gradient has its place
-    if (model->layout.zero_stage == 1) {
-        all_gather(dp, grads, model->shard.shard_size, COMM_FLOATX);
-        comm_join(dp);  // the owners' Newton-Schulz, on the model's stream, reads what the gather brought
-    }
-    for (size_t k = 0; k < opt.tensors.size(); k++) {  // all of this process's matrices first, then the sends
-        const OptimizerTensor& t = opt.tensors[k];
-        if (opt.owner[k] != dp.rank) continue;
-        if (tp.size == 1) {
-            muon_orthogonalize(grads + t.offset, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
-            continue;
-        }
-        // -tp: the slices gathered over the TP group and put in place, the whole matrix orthogonalized
-        // by each rank (the same bits on each), this rank's slice taken back (llmc/parallel/tensor_parallel.h)
-        OptimizerTensor mine = local(t);
-        size_t n = mine.size(), x = sizeof(floatX);
-        cudaCheck(cudaMemcpyAsync(model->muon_gathered + n * tp.rank, grads + mine.offset, n * x, cudaMemcpyDeviceToDevice,
-                                  model->stream));
-        all_gather(tp, model->muon_gathered, n, COMM_FLOATX);
-        comm_join(tp);
-        for (int r = 0; r < tp.size; r++) {
-            MatrixSlice m = tp_matrix_slice(t.param, C, tp.size, r);
-            cudaCheck(cudaMemcpy2DAsync(model->muon_whole + m.full_offset, m.full_pitch * x, model->muon_gathered + n * r,
-                                        m.local_pitch * x, m.width * x, m.height, cudaMemcpyDeviceToDevice, model->stream));
-        }
-        muon_orthogonalize(model->muon_whole, (int)t.rows, (int)t.cols, hyper, &model->muon_scratch, model->stream);
-        MatrixSlice m = tp_matrix_slice(t.param, C, tp.size, tp.rank);
-        cudaCheck(cudaMemcpy2DAsync(grads + mine.offset, m.local_pitch * x, model->muon_whole + m.full_offset,
-                                    m.full_pitch * x, m.width * x, m.height, cudaMemcpyDeviceToDevice, model->stream));
-    }
-    for (size_t k = 0; k < opt.tensors.size(); k++) {
-        OptimizerTensor mine = local(opt.tensors[k]);
-        if (opt.owner[k] >= 0) broadcast(dp, grads + mine.offset, mine.size(), COMM_FLOATX, opt.owner[k]);
-    }
-    comm_join(dp);
-    for (const OptimizerTensor& t : opt.tensors) {
-        if (!muon_param_is_matrix(t.param) || !tensor_part_in(local(t), model->opt_begin, model->opt_end, &begin, &end)) continue;
+    MuonOps<floatX> ops;
+    ops.type = COMM_FLOATX;
+    ops.grads = model->grads_memory;
+    ops.grads_base = model->packed_grads ? shard_start : 0;
+    ops.whole = model->muon_whole;
+    ops.gathered = model->muon_gathered;
+    ops.momentum = [&](size_t begin, size_t end) {
+        muon_momentum(ops.grads + (begin - ops.grads_base), model->m_memory + (begin - model->opt_begin), end - begin,
+                      hyper, s.grad_scale, stream);
+    };
+    ops.orthogonalize = [&](floatX* matrix, size_t rows, size_t cols) {
+        muon_orthogonalize(matrix, (int)rows, (int)cols, hyper, &model->muon_scratch, stream);
+    };
+    ops.apply = [&](const OptimizerTensor& t, size_t begin, size_t end, const floatX* update) {
         size_t opt_index = begin - model->opt_begin;
-        muon_apply(model->params_memory + begin, model->master_memory ? model->master_memory + opt_index : nullptr,
-                   grads + begin, end - begin, s.muon_lr, s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),
-                   rounding_seed(s.t, t.param, begin - model->param_offsets[t.param]), model->stream);
-    }
+        muon_apply(model->params_memory + (model->sharded_params ? begin - shard_start : begin),
+                   model->master_memory ? model->master_memory + opt_index : nullptr, update, end - begin, s.muon_lr,
+                   s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),
+                   rounding_seed(s.t, t.param, begin - model->param_offsets[t.param]), stream);
+    };
+    ops.copy2d = [&](floatX* dst, size_t dpitch, const floatX* src, size_t spitch, size_t width, size_t height) {
+        size_t x = sizeof(floatX);
+        cudaCheck(cudaMemcpy2DAsync(dst, std::max(dpitch, width) * x, src, std::max(spitch, width) * x, width * x, height,
+                                    cudaMemcpyDeviceToDevice, stream));
+    };
+    MuonPlace at{model->param_offsets, model->param_sizes, (size_t)model->config.num_layers,
+                 (size_t)model->config.channels, model->opt_begin, model->opt_end};
+    muon_step(model->optimizer, model->layout, model->shard, at, ops);
 }
 
 // One Adafactor update (llmc/adafactor.cuh) of every tensor, each layer's its own: factored for the 2-D

@@ -5,7 +5,7 @@
 # (metrics.jsonl, timings left out), its samples, and every file of its final checkpoint (model, state
 # files; their headers without the version and the checksums).
 #
-#   dev/layout_bits.sh [BASE_REF]          the CPU trainer, 18 layouts; default BASE_REF: HEAD
+#   dev/layout_bits.sh [BASE_REF]          the CPU trainer, 21 layouts; default BASE_REF: HEAD
 #   dev/layout_bits.sh --cuda [BASE_REF]   the CUDA trainer under the emulator (train_gpt2cu_emu and
 #                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
@@ -61,6 +61,9 @@ layouts=(
     "tp2_pp2|4|cpu|-tp 2 -pp 2"
     "pp2_dp2_z1|4|cpu|-pp 2 -z 1"
     "resume_dp2|2|cpu|-z 1 RESUME"
+    "muon_dp2_z1|2|cpu|-opt muon -z 1"
+    "muon_dp2_z2|2|cpu|-opt muon -z 2"
+    "muon_tp2|2|cpu|-opt muon -tp 2"
 )
 # the CUDA trainer under the emulator: issue 47's list (one GPU in bf16 and fp32, every -r, dp2 at every
 # ZeRO stage, tp2 with and without -sq, pp2 with both schedules, tp2 x pp2, tp2 x dp2 -z 3, Muon,
@@ -88,6 +91,8 @@ layouts=(
     "tp2_dp2_z3|4|bf16|-tp 2 -z 3"
     "muon|1|bf16|-opt muon"
     "muon_dp2_z1|2|bf16|-opt muon -z 1"
+    "muon_dp2_z3|2|bf16|-opt muon -z 3"
+    "muon_tp2|2|bf16|-opt muon -tp 2"
     "adafactor|1|bf16|-opt adafactor"
     "offload|1|bf16|-oo 1"
     "resume_dp2|2|bf16|-z 1 RESUME"

@@ -24,7 +24,10 @@ COLLECTIVES = [
     "all_gather_host_f64", "all_gather_v", "all_gather_v_start", "reduce_sum", "reduce_scatter_sum",
     "reduce_scatter_v_sum", "broadcast", "gather", "gather_to_rank0", "comm_send", "comm_recv",
 ]
-RAW = re.compile(r"(?<![\w.>])(?:" + "|".join(COLLECTIVES) + r"|nccl[A-Z]\w*|MPI_[A-Z]\w*)\s*\(")
+NCCL_MPI = ["ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv",
+            "MPI_Allreduce", "MPI_Reduce_scatter", "MPI_Allgather", "MPI_Allgatherv", "MPI_Bcast", "MPI_Reduce",
+            "MPI_Gather", "MPI_Gatherv", "MPI_Send", "MPI_Recv", "MPI_Isend", "MPI_Irecv", "MPI_Sendrecv"]
+RAW = re.compile(r"(?<![\w.>])(?:" + "|".join(COLLECTIVES + NCCL_MPI) + r")\s*\(")
 
 
 def strip_comments(lines):

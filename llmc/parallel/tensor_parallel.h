@@ -124,29 +124,6 @@ inline void tp_copy_slices(const GPT2Config& cfg, int tp, int t, float* full, fl
     }
 }
 
-// One layer's block matrix whole on every rank of the TP group, from each rank's slice (-opt muon:
-// Newton-Schulz needs it whole): all-gathers the slices (local_n each) into `gathered` (tp x local_n),
-// then puts them in place in `full`.                                     8 local_n (tp-1) bytes
-inline void tp_gather_matrix(const ProcessGroup& tp, int i, size_t C, const float* mine, size_t local_n,
-                             std::vector<float>* gathered, float* full) {
-    gathered->resize(local_n * tp.size);
-    memcpy(gathered->data() + local_n * tp.rank, mine, local_n * sizeof(float));
-    all_gather(tp, gathered->data(), local_n);
-    for (int t = 0; t < tp.size; t++) {
-        const float* slice = gathered->data() + local_n * t;
-        tp_matrix_slice_runs(i, C, tp.size, t, [&](size_t fo, size_t lo, size_t n) {
-            memcpy(full + fo, slice + lo, n * sizeof(float));
-        });
-    }
-}
-
-// The other way: this rank's slice of a whole matrix.
-inline void tp_take_slice(const ProcessGroup& tp, int i, size_t C, const float* full, float* mine) {
-    tp_matrix_slice_runs(i, C, tp.size, tp.rank, [&](size_t fo, size_t lo, size_t n) {
-        memcpy(mine + lo, full + fo, n * sizeof(float));
-    });
-}
-
 // The layernorms' parameter gradients, which sequence parallelism leaves partial (a sum over this
 // rank's rows): all-reduced over the group at the end of the step.
 inline bool sp_param_is_partial(int i) {
