@@ -34,6 +34,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/muon.h"
 #include "llmc/optimizer.h"
 #include "llmc/parallel/comm_mpi.h"
+#include "llmc/parallel/grad_completion.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
 #include "llmc/parallel/muon_step.h"
@@ -557,11 +558,7 @@ void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& 
     const bool set = true;  // set_dinp: the scratch gradient starts with this product
     // the conjugate of a row-parallel matmul's all-reduce (or, with sq, its reduce-scatter): this rank's
     // rows of d(layernorm input), summed over the group
-    auto sum_dln = [&]() -> const float* {
-        if (sq.on) return sp_reduce_scatter(s.dln, sq, C, tp);
-        column_parallel_input_grad(s.dln, (size_t)BT * C, tp);
-        return s.dln;
-    };
+    auto sum_dln = [&]() -> const float* { return tp_sum_rows(s.dln, sq, C, tp); };
 
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
     matmul_backward(s.dfch_gelu, g.fcprojw, g.fcprojb, sp_all_gather(s.dresidual, sq, C, tp), a.fch_gelu, w.fcprojw,
@@ -642,12 +639,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
         }
         // the LM head's is wte's first contribution (the encoder's comes last)
         matmul_backward(s.dln, g.wte, (float*)nullptr, s.dlogits, a.lnf, p.wte, (int)BT, C, Vl, true, set_grads);
-        const float* dlnf = s.dln;
-        if (sq.on) {
-            dlnf = sp_reduce_scatter(s.dln, sq, C, tp);
-        } else {
-            column_parallel_input_grad(s.dln, BT * C, tp);
-        }
+        const float* dlnf = tp_sum_rows(s.dln, sq, C, tp);
         zero(s.dresidual, sq.rows * C);
         const float* final_residual = a.residual3 + (L - 1) * R * C;
         layernorm_backward(s.dresidual, g.lnfw, g.lnfb, dlnf, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
@@ -734,7 +726,7 @@ void gpt2_update_adafactor(GPT2* model, const OptimizerStep& s) {
     AdafactorHyper hyper;
     float* params = model->params_memory.data();
     float* grads = model->grads_memory.data();
-    if (model->layout.zero_stage == 1) all_gather(model->layout.dp_group, grads, model->shard.shard_size);
+    zero_gather_reduced_gradient(model->layout, grads, model->shard.shard_size, COMM_FLOAT32);
     for (const OptimizerTensor& t : model->optimizer.tensors) {
         float* state = model->v_memory.data() + t.state_offset;
         if (t.is_matrix()) {
@@ -757,53 +749,21 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
     }
 }
 
-// The end of a step, after every micro-step's backward: combine the gradients of all processes and
-// return their global norm (the same on every process).
-//   -z 0: all-reduce the gradients; every process updates every parameter.
-//   -z 1: reduce-scatter them; each process updates its shard, then the shards are all-gathered.
-//   -z 2, 3: nothing left to combine: each unit was reduce-scattered during the backward.
+// The end of a step, after every micro-step's backward: the gradients made complete over the layout
+// (llmc/parallel/grad_completion.h: the tensor-parallel replicas' broadcast, the stages' shared tensors'
+// sums, the data-parallel sum as the ZeRO stage cuts it) and their global norm (the same on every process).
 double gpt2_reduce_gradients(GPT2* model) {
-    const ProcessGroup& pg = model->layout.dp_group;
-    int zero_stage = model->layout.zero_stage;
+    const ParallelLayout& lay = model->layout;
     float* grads = model->grads_memory.data();
-    const ProcessGroup& tp = model->layout.tp_group;
-    if (tp.size > 1) {  // the replicated tensors' gradients: TP rank 0's, so the replicas never drift apart;
-                        // with -sq the layernorms' are first summed over the ranks' rows
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (model->layout.sequence_parallel && sp_param_is_partial(i)) {
-                all_reduce_sum(tp, grads + model->param_offsets[i], model->param_sizes[i]);
-            }
-            if (tp_param_is_replicated(i)) broadcast(tp, grads + model->param_offsets[i], model->param_sizes[i], 0);
-        }
-    }
-    const ProcessGroup& pp = model->layout.pp_group;
-    if (pp.size > 1) {  // the shared tensors (llmc/parallel/pipeline.h): wte's tied sum, and zeros added to the rest
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (pp_param_is_shared(i)) all_reduce_sum(pp, grads + model->param_offsets[i], model->param_sizes[i]);
-        }
-    }
-    if (zero_stage == 0) {
-        all_reduce_sum(pg, grads, model->num_parameters);
-    } else if (zero_stage == 1) {
-        reduce_scatter_sum(pg, grads, model->shard.shard_size);
-    }
+    // -tp and -pp come with -z 0 or 1: the gradient array is whole (grads_base 0)
+    complete_model_parallel_gradients(lay, grads, 0, model->num_parameters, model->param_offsets, model->param_sizes,
+                                      COMM_FLOAT32);
+    reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
     double sum_sq = 0.0;
-    if (tp.size == 1 && pp.size == 1) {
-        sum_sq = sum_of_squares(grads + (model->opt_begin - model->grads_base), model->opt_end - model->opt_begin);
-    } else {  // each split tensor's slice once per rank, each replicated tensor once (TP rank 0's), each
-              // tensor shared by the stages once (stage 0's)
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (tp_param_is_replicated(i) && tp.rank != 0) continue;
-            if (pp_param_is_shared(i) && pp.rank != 0) continue;
-            size_t begin = std::max(model->param_offsets[i], model->opt_begin);
-            size_t end = std::min(model->param_offsets[i] + model->param_sizes[i], model->opt_end);
-            if (begin < end) sum_sq += sum_of_squares(grads + begin, end - begin);
-        }
+    for (auto r : gradient_norm_ranges(lay, model->param_offsets, model->param_sizes, model->opt_begin, model->opt_end)) {
+        sum_sq += sum_of_squares(grads + (r.first - model->grads_base), r.second - r.first);
     }
-    if (zero_stage >= 1) sum_sq = all_reduce_sum(pg, sum_sq);
-    if (tp.size > 1) sum_sq = all_reduce_sum(tp, sum_sq);
-    if (pp.size > 1) sum_sq = all_reduce_sum(pp, sum_sq);
-    return std::sqrt(sum_sq);
+    return gradient_norm(lay, sum_sq);
 }
 
 // The update of a step whose norm was finite (llmc/run/loss_scaler.h decides): the optimizer's, with the
@@ -811,10 +771,8 @@ double gpt2_reduce_gradients(GPT2* model) {
 // its shard only: the next forward gathers what it needs; Adafactor updated every parameter everywhere).
 void gpt2_apply_update(GPT2* model, const OptimizerStep& settings) {
     gpt2_update(model, settings);
-    int zero_stage = model->layout.zero_stage;
-    bool sharded_update = model->optimizer.kind != OPT_ADAFACTOR;
-    if ((zero_stage == 1 || zero_stage == 2) && sharded_update) {
-        all_gather(model->layout.dp_group, model->params_memory.data(), model->shard.shard_size);
+    if (model->optimizer.kind != OPT_ADAFACTOR) {  // Adafactor updated every parameter on every process
+        zero_gather_updated_parameters(model->layout, model->params_memory.data(), model->shard.shard_size, COMM_FLOAT32);
     }
 }
 
@@ -870,11 +828,11 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
         Tr > model->seq_len) {
         gpt2_allocate_activations(model, std::max({model->batch_size, args.B, R}), std::max({model->seq_len, args.T, Tr}));
     }
-    return hellaswag_evaluate_all(set, args.hellaswag_examples, pg.rank, pg.size, R, Tr,
+    return hellaswag_evaluate_group(pg, set, args.hellaswag_examples, R, Tr,
         [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
             gpt2_forward(model, inputs, targets, rows, cols);
             std::copy(model->acts.losses, model->acts.losses + (size_t)rows * cols, losses);
-        }, [&](double x) { return all_reduce_sum(pg, x); }, details);
+        }, details);
 }
 
 // The model's side of a pipeline schedule (llmc/parallel/pipeline.h) over micro-batches of (B, T) tokens, micro-batch
@@ -1170,7 +1128,6 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
 // long as the hooks: the pipeline's transfers and the last step's measured bubble.
 RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, std::string* note) {
     const ProcessGroup& dp = model->layout.dp_group;
-    const ProcessGroup& pp = model->layout.pp_group;
     std::string schedule = args.pipeline_schedule;
     RunHooks h;
     h.zero_grad = [=] { gpt2_zero_grad(model); };
@@ -1181,14 +1138,13 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     h.update = [=](bool apply, const OptimizerStep& settings) {
         if (apply) gpt2_apply_update(model, settings);
     };
-    h.sum_over_replicas = [&dp, &pp](double x, const char*) { return all_reduce_sum(dp, all_reduce_sum(pp, x)); };
     h.eval_loss = [=](const int* in, const int* tg, int B, int T) { return gpt2_eval_loss(model, pipe, in, tg, B, T); };
     h.hellaswag = [=, &dp, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args, dp); };
     h.save_checkpoint = [=](const TrainRun& run, int step) { save_checkpoint(model, run, step); };
     h.sample = [=](TrainRun* run) { gpt2_sample(model, run); };
     h.step_note = [=] { return *note; };
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
-    h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
+    run_hooks_sums(&h, &model->layout);
     return h;
 }
 

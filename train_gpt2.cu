@@ -33,6 +33,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/io/dataloader.h"
 #include "llmc/io/output_lock.h"
 #include "llmc/optimizer.h"
+#include "llmc/parallel/grad_completion.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
 #include "llmc/parallel/muon_step.h"
@@ -526,47 +527,24 @@ void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
 // ----------------------------------------------------------------------------
 // forward, backward, update
 
-// Tensor parallelism: x (n elements, this process's term) becomes the sum over the tensor-parallel group,
-// and the compute stream waits for it (nothing without -tp).
-void tp_sum(GPT2* model, floatX* x, size_t n) {
-    const ProcessGroup& tp = model->layout.tp_group;
-    if (!comm_active(tp)) return;
-    all_reduce(tp, x, n, COMM_FLOATX, COMM_SUM);
-    comm_join(tp);
-}
-
 // Sequence parallelism (-sq 1, llmc/parallel/tensor_parallel.h): this process's rows of a pass over B·T
 // (all of them, and no collectives, without it).
 SequenceShard gpt2_sequence_shard(const GPT2* model, size_t BT) {
     return sequence_shard(BT, model->layout.tp_group, model->layout.sequence_parallel, nullptr);
 }
 
-// Every process's rows of `mine` (sq.rows x C) into acts.gathered, in order; returns it, or `mine` itself
-// without -sq. The compute stream waits for the gather.
+// The tensor-parallel collectives between the matmuls on this trainer's floatX device buffers, ordered on
+// the compute stream (llmc/parallel/tensor_parallel.h). sp_gather: every process's rows of `mine` into
+// acts.gathered, returned (`mine` itself without -sq); sp_sum: a row-parallel output's (or a
+// column-parallel input gradient's) terms summed: with -sq this process's rows, reduce-scattered.
 const floatX* sp_gather(GPT2* model, const floatX* mine, const SequenceShard& sq, size_t C) {
-    if (!sq.on) return mine;
-    const ProcessGroup& tp = model->layout.tp_group;
-    floatX* all = model->acts.gathered;
-    floatX* block = all + tp.rank * sq.rows_per_rank * C;
-    if (sq.rows > 0) {
-        cudaCheck(cudaMemcpyAsync(block, mine, sq.rows * C * sizeof(floatX), cudaMemcpyDeviceToDevice, model->stream));
-    }
-    all_gather(tp, all, sq.rows_per_rank * C, COMM_FLOATX);
-    comm_join(tp);
-    return all;
+    auto copy = [&](floatX* dst, const floatX* src, size_t n) {
+        cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(floatX), cudaMemcpyDeviceToDevice, model->stream));
+    };
+    return sp_all_gather(mine, model->acts.gathered, sq, C, model->layout.tp_group, COMM_FLOATX, copy);
 }
-
-// full (tp·R, C) holds this process's term of every row: with -sq 1, reduce-scattered, and its block
-// (this process's rows, summed over the group) returned; without, all-reduced and returned whole.
 floatX* sp_sum(GPT2* model, floatX* full, const SequenceShard& sq, size_t C) {
-    const ProcessGroup& tp = model->layout.tp_group;
-    if (!sq.on) {
-        tp_sum(model, full, sq.rows * C);
-        return full;
-    }
-    reduce_scatter_sum(tp, full, sq.rows_per_rank * C, COMM_FLOATX);
-    comm_join(tp);
-    return full + tp.rank * sq.rows_per_rank * C;
+    return tp_sum_rows(full, sq, C, model->layout.tp_group, COMM_FLOATX);
 }
 
 // A row-parallel matmul's replicated bias: added by tensor-parallel rank 0 only, so the sum has it once.
@@ -683,10 +661,8 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     }
     // a stage before the last ends with its residual3 (its lnf, computed by the fused kernel, goes unused)
     if (!model->last_stage()) return;
-    if (sq.on) {
-        all_gather(model->layout.tp_group, a.lnf, R * C, COMM_FLOATX);
-        comm_join(model->layout.tp_group);
-    }
+    sp_all_gather(a.lnf + model->layout.tp_rank * R * C, a.lnf, sq, C, model->layout.tp_group, COMM_FLOATX,
+                  [](floatX*, const floatX*, size_t) {});  // lnf's own rows are in place already
     matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
     if (!targets) return;
     if (tp == 1) {
@@ -873,12 +849,11 @@ void gpt2_backward(GPT2* model, int B, int T) {
     }
 }
 
-// L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1 and 2
-// each process holds the reduced gradient of its shard only: it sums the squares over its shard
-// (padding included, which is zero) and the processes add their sums. Under tensor or pipeline
-// parallelism each tensor is counted once: tensor by tensor, a tensor every tensor-parallel rank holds
-// whole by tp rank 0 only, one every stage holds (wte, wpe, lnfw, lnfb) by stage 0 only; the sums of
-// these ranges are added on the host in order, then over the groups.
+// L2 norm of all parameter gradients together (deterministic order); waits for the GPU. With -z 1..3
+// each process holds the reduced gradient of its shard only: it sums the squares over its shard (padding
+// included, which is zero) and the processes add their sums. Under tensor or pipeline parallelism each
+// tensor is counted once (llmc/parallel/grad_completion.h: gradient_norm_ranges); the ranges' sums are
+// added on the host in order, then over the groups.
 double gpt2_grad_norm(GPT2* model) {
     const ParallelLayout& lay = model->layout;
     size_t begin = 0, end = model->num_parameters;  // of the flat vector
@@ -899,18 +874,8 @@ double gpt2_grad_norm(GPT2* model) {
         gpt2_sync(model, "the gradient norm");
         return std::sqrt((double)model->host_norm_sq[0]);
     }
-    // the counted tensors, neighbours merged into one range (one reduction each)
-    std::vector<std::pair<size_t, size_t>> ranges;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if ((tp_param_is_replicated(i) && lay.tp_rank != 0) || (pp_param_is_shared(i) && lay.pp_rank != 0)) continue;
-        size_t lo = std::max(begin, model->param_offsets[i]), hi = std::min(end, model->param_offsets[i] + model->param_sizes[i]);
-        if (lo >= hi) continue;
-        if (!ranges.empty() && ranges.back().second == lo) {
-            ranges.back().second = hi;
-        } else {
-            ranges.push_back({lo, hi});
-        }
-    }
+    std::vector<std::pair<size_t, size_t>> ranges =
+        gradient_norm_ranges(lay, model->param_offsets, model->param_sizes, begin, end);
     cudaCheck(cudaMemsetAsync(sums, 0, NUM_PARAMETER_TENSORS * sizeof(float), model->stream));
     size_t held_begin, held_end;  // -z 2, 3: the gradient array is the shard
     held_gradient_range(model, &held_begin, &held_end);
@@ -923,10 +888,7 @@ double gpt2_grad_norm(GPT2* model) {
     gpt2_sync(model, "the gradient norm");
     double sum_sq = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) sum_sq += model->host_norm_sq[i];
-    if (lay.zero_stage >= 1) sum_sq = all_reduce_sum(lay.dp_group, sum_sq, "the gradient norm");
-    sum_sq = all_reduce_sum(lay.tp_group, sum_sq, "the gradient norm");
-    sum_sq = all_reduce_sum(lay.pp_group, sum_sq, "the gradient norm");
-    return std::sqrt(sum_sq);
+    return gradient_norm(lay, sum_sq);
 }
 
 // The seed of a tensor's stochastic rounding: a fixed function of (step, tensor, where this part of the
@@ -1027,10 +989,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
 // parameters' all-gather it replaces; llmc/parallel/matrix_owners.h), so all compute the same bits and
 // no parameters are gathered afterwards. The scratch is the gradient norm's, done with by now.
 void gpt2_update_adafactor(GPT2* model, const OptimizerStep& s) {
-    if (model->layout.zero_stage == 1) {
-        all_gather(model->layout.dp_group, model->grads_memory, model->shard.shard_size, COMM_FLOATX);
-        comm_join(model->layout.dp_group);
-    }
+    zero_gather_reduced_gradient(model->layout, model->grads_memory, model->shard.shard_size, COMM_FLOATX);
     AdafactorScratch scratch{model->acts.grad_norm_sq, model->acts.reduce_scratch};
     for (const OptimizerTensor& t : model->optimizer.tensors) {
         uint32_t seed = rounding_seed(s.t, t.param, model->tensor_origin[t.param] + t.offset - model->param_offsets[t.param]);
@@ -1049,10 +1008,8 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
         default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
     }
     model->outer_gathered = false;  // -z 3: the next pass gathers the new values
-    bool sharded_update = model->optimizer.kind != OPT_ADAFACTOR;  // Adafactor updated every parameter
-    if ((model->layout.zero_stage == 1 || model->layout.zero_stage == 2) && sharded_update) {
-        all_gather(model->layout.dp_group, model->params_memory, model->shard.shard_size, COMM_FLOATX);
-        comm_join(model->layout.dp_group);
+    if (model->optimizer.kind != OPT_ADAFACTOR) {  // Adafactor updated every parameter on every process
+        zero_gather_updated_parameters(model->layout, model->params_memory, model->shard.shard_size, COMM_FLOATX);
     }
 }
 
@@ -1111,11 +1068,10 @@ void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng,
 // HellaSwag accuracy (llmc/run/hellaswag.h) in batches of the training shape (B rows of T tokens): the
 // activations are allocated for exactly that, so T must hold the longest context + ending.
 HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const TrainArgs& args) {
-    const ProcessGroup& dp = model->layout.dp_group;
     if (set.longest_row > model->seq_len) {
         fatal("HellaSwag: the longest example needs %d tokens; run with -t %d or more", set.longest_row, set.longest_row);
     }
-    return hellaswag_evaluate_all(set, args.hellaswag_examples, dp.rank, dp.size, model->batch_size, model->seq_len,
+    return hellaswag_evaluate_group(model->layout.dp_group, set, args.hellaswag_examples, model->batch_size, model->seq_len,
         [&](const int* inputs, const int* targets, int rows, int cols, float* losses) {
             gpt2_forward(model, inputs, targets, rows, cols);
             size_t n = (size_t)rows * cols;
@@ -1123,7 +1079,7 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
                                       cudaMemcpyDeviceToHost, model->stream));
             gpt2_sync(model, "the HellaSwag losses");
             std::copy(model->host_losses, model->host_losses + n, losses);
-        }, [&](double x) { return all_reduce_sum(model->layout.dp_group, x, "the HellaSwag count"); });
+        });
 }
 
 // Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
@@ -1377,48 +1333,22 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
     return h;
 }
 
-// The gradients of a step under tensor or pipeline parallelism, made complete: the tensors every
-// tensor-parallel rank holds whole (layernorms, wpe, the row-parallel biases) take tp rank 0's values
-// (with -sq 1 the layernorms' are first summed over the group: each process's rows' part),
-// so the replicas never drift apart by rounding; the tensors every stage holds are summed over the
-// stages (wte: the embedding's gradient from stage 0 plus the LM head's from the last; wpe, lnfw, lnfb:
-// one stage's plus zeros); then the sum over the data-parallel replicas (-z 0 all-reduce, -z 1 to the
-// shards' owners), bucket by bucket as llmc/parallel/grad_buckets.h cuts them. With pipeline stages
-// all of it after the step's last backward, not during it: the stage sum must come first, as -z 1's
-// shards of stages of different sizes do not line up. With tensor parallelism alone the data-parallel
-// sum runs during the last backward (reduced_in_backward; gpt2_forward_backward) and the tp broadcast
-// after it: broadcasting tp rank 0's sum over the replicas gives every rank the same bits as summing
-// tp rank 0's broadcast values (the layernorms' -sq sums are then taken in the other order).
+// The gradients of a step under tensor or pipeline parallelism, made complete
+// (llmc/parallel/grad_completion.h: tp rank 0's replicated tensors, the stages' shared ones summed), then
+// the sum over the data-parallel replicas (-z 0 all-reduce, -z 1 to the shards' owners), bucket by bucket
+// as llmc/parallel/grad_buckets.h cuts them. With pipeline stages all of it after the step's last
+// backward, not during it: the stage sum must come first, as -z 1's shards of stages of different sizes
+// do not line up. With tensor parallelism alone the data-parallel sum runs during the last backward
+// (reduced_in_backward; gpt2_forward_backward) and the tp broadcast after it: broadcasting tp rank 0's
+// sum over the replicas gives every rank the same bits as summing tp rank 0's broadcast values (the
+// layernorms' -sq sums are then taken in the other order).
 void gpt2_model_parallel_reduce_gradients(GPT2* model, bool reduced_in_backward = false) {
-    const ProcessGroup& tp = model->layout.tp_group;
-    const ProcessGroup& pp = model->layout.pp_group;
     const ProcessGroup& dp = model->layout.dp_group;
     floatX* g = model->grads_memory;
-    const size_t* off = model->param_offsets;
-    if (comm_active(tp)) {  // (-z 2, 3: the replicated tensors' parts in this process's shard, which its tp peers' shards match)
-        size_t begin, end;
-        held_gradient_range(model, &begin, &end);
-        if (model->layout.sequence_parallel) {  // -sq 1: the layernorms' gradients, each process's rows, summed
-            comm_group_start(tp);
-            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-                size_t lo = std::max(begin, off[i]), hi = std::min(end, off[i] + model->param_sizes[i]);
-                if (sp_param_is_partial(i) && lo < hi) all_reduce(tp, g + (lo - begin), hi - lo, COMM_FLOATX, COMM_SUM);
-            }
-            comm_group_end(tp);
-        }
-        comm_group_start(tp);
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            size_t lo = std::max(begin, off[i]), hi = std::min(end, off[i] + model->param_sizes[i]);
-            if (tp_param_is_replicated(i) && lo < hi) broadcast(tp, g + (lo - begin), hi - lo, COMM_FLOATX, 0);
-        }
-        comm_group_end(tp);
-        comm_join(tp);
-    }
-    if (comm_active(pp)) {
-        all_reduce(pp, g, off[P_LN1W], COMM_FLOATX, COMM_SUM);  // wte, wpe
-        all_reduce(pp, g + off[P_LNFW], model->num_parameters - off[P_LNFW], COMM_FLOATX, COMM_SUM);  // lnfw, lnfb
-        comm_join(pp);
-    }
+    size_t held_begin, held_end;  // -z 2, 3: the shard (its replicated parts match its tp peers' shards)
+    held_gradient_range(model, &held_begin, &held_end);
+    complete_model_parallel_gradients(model->layout, g, held_begin, held_end, model->param_offsets, model->param_sizes,
+                                      COMM_FLOATX);
     // -z 2, 3: each micro-step's gradients were reduced into the shards during its backward
     if (!comm_active(dp) || model->packed_grads || reduced_in_backward) return;
     for (const std::vector<GradSlice>& bucket : model->grad_buckets) reduce_gradient_bucket(dp, g, COMM_FLOATX, bucket);
@@ -1468,7 +1398,6 @@ double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int
 // as the hooks: a pipeline's transfers and the last step's measured bubble.
 RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, PipelineComm* pipe, std::string* note) {
     const ProcessGroup& dp = model->layout.dp_group;
-    const ProcessGroup& pp = model->layout.pp_group;
     std::string schedule = args.pipeline_schedule;
     bool pipeline = model->layout.pp > 1;
     RunHooks h;
@@ -1486,8 +1415,6 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
         if (apply) gpt2_update(model, s);
         gpt2_sync(model, "the parameter update");
     };
-    // over the data-parallel replicas and the stages (where only the last has a loss)
-    h.sum_over_replicas = [&dp, &pp](double x, const char* what) { return all_reduce_sum(dp, all_reduce_sum(pp, x, what), what); };
     h.eval_loss = [=](const int* inputs, const int* targets, int B, int T) {
         if (pipeline) return pipeline_forward_only(pipe, gpt2_pipeline_hooks(model, inputs, targets, B, T, 0.0f, -1));
         gpt2_forward(model, inputs, targets, B, T);
@@ -1502,7 +1429,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
             generate_sample(model, run->sample_settings, &run->sampler_rng, run_tokenizer(*run));
         }
     };
-    h.sum_over_world = [=](double x, const char* what) { return all_reduce_sum(model->layout.world, x, what); };
+    run_hooks_sums(&h, &model->layout);  // over the replicas and stages, over the world
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
     if (pipeline) h.step_note = [=] { return *note; };
     return h;

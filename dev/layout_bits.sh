@@ -5,7 +5,7 @@
 # (metrics.jsonl, timings left out), its samples, and every file of its final checkpoint (model, state
 # files; their headers without the version and the checksums).
 #
-#   dev/layout_bits.sh [BASE_REF]          the CPU trainer, 21 layouts; default BASE_REF: HEAD
+#   dev/layout_bits.sh [BASE_REF]          the CPU trainer, 22 layouts; default BASE_REF: HEAD
 #   dev/layout_bits.sh --cuda [BASE_REF]   the CUDA trainer under the emulator (train_gpt2cu_emu and
 #                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
@@ -53,6 +53,7 @@ layouts=(
     "dp2_z3_eval|2|cpu|-z 3 -v 3 -m 2 -s 3 -g 8"
     "dp4_z1|4|cpu|-z 1"
     "tp2|2|cpu|-tp 2"
+    "tp2_sq|2|cpu|-tp 2 -sq 1"
     "tp2_dp2_z1|4|cpu|-tp 2 -z 1"
     "pp2_gpipe|2|cpu|-pp 2 -pm gpipe"
     "pp2_1f1b|2|cpu|-pp 2 -pm 1f1b"

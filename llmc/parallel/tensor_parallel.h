@@ -153,22 +153,55 @@ inline SequenceShard sequence_shard(size_t BT, const ProcessGroup& tp, bool on, 
     return sq;
 }
 
-// Every rank's rows of `mine` (rows x C), in order, into sq.gathered (B·T rows, then padding); returns
-// it. Off, `mine` already holds every row.
-inline const float* sp_all_gather(const float* mine, const SequenceShard& sq, size_t C, const ProcessGroup& tp) {
+// The group's collectives between the matmuls, on either trainer's element type T (the CPU's float over
+// MPI, the CUDA trainer's floatX over NCCL; CommType names it) and memory: `copy(dst, src, n)` copies n of
+// this process's own elements (memcpy, or cudaMemcpyAsync on the compute stream). Each returns with the
+// result ready for the next computation (comm_join: NCCL's queued collectives joined to the compute stream).
+
+// Every rank's rows of `mine` (sq.rows x C), in order, into `gathered` (B·T rows, then padding); returns
+// it. Off, `mine` already holds every row. Each rank's block may be `mine` itself (no copy).
+template <typename T, typename Copy>
+const T* sp_all_gather(const T* mine, T* gathered, const SequenceShard& sq, size_t C, const ProcessGroup& tp,
+                       CommType type, Copy copy) {
     if (!sq.on) return mine;
-    float* block = sq.gathered + tp.rank * sq.rows_per_rank * C;
-    if (mine != block) memcpy(block, mine, sq.rows * C * sizeof(float));
-    all_gather(tp, sq.gathered, sq.rows_per_rank * C);
-    return sq.gathered;
+    T* block = gathered + tp.rank * sq.rows_per_rank * C;
+    if (mine != block && sq.rows > 0) copy(block, mine, sq.rows * C);
+    all_gather(tp, gathered, sq.rows_per_rank * C, type);
+    comm_join(tp);
+    return gathered;
 }
 
-// full (tp·R, C) holds this rank's term of every row; afterwards this rank's block of it, returned,
-// holds the sum over ranks of its own rows.
-inline float* sp_reduce_scatter(float* full, const SequenceShard& sq, size_t C, const ProcessGroup& tp) {
-    reduce_scatter_sum(tp, full, sq.rows_per_rank * C);
+// full holds this rank's term of every row: (tp·R, C) with sequence parallelism, (B·T, C) without. With
+// it, reduce-scattered: returns this rank's block, its own rows summed over the group; without, the
+// whole all-reduced (a row-parallel output, or a column-parallel input's gradient) and returned.
+// x (n elements, this rank's term) becomes the sum over the group.
+template <typename T>
+void tp_all_reduce(T* x, size_t n, const ProcessGroup& tp, CommType type) {
+    if (!comm_active(tp)) return;
+    all_reduce(tp, x, n, type, COMM_SUM);
+    comm_join(tp);
+}
+
+template <typename T>
+T* tp_sum_rows(T* full, const SequenceShard& sq, size_t C, const ProcessGroup& tp, CommType type) {
+    if (!sq.on) {
+        tp_all_reduce(full, sq.rows * C, tp, type);
+        return full;
+    }
+    reduce_scatter_sum(tp, full, sq.rows_per_rank * C, type);
+    comm_join(tp);
     return full + tp.rank * sq.rows_per_rank * C;
 }
+
+// The CPU trainer's forms: floats, host memory, sq.gathered as the scratch.
+inline void host_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
+inline const float* sp_all_gather(const float* mine, const SequenceShard& sq, size_t C, const ProcessGroup& tp) {
+    return sp_all_gather(mine, sq.gathered, sq, C, tp, COMM_FLOAT32, host_copy);
+}
+inline float* tp_sum_rows(float* full, const SequenceShard& sq, size_t C, const ProcessGroup& tp) {
+    return tp_sum_rows(full, sq, C, tp, COMM_FLOAT32);
+}
+inline void tp_all_reduce(float* x, size_t n, const ProcessGroup& tp) { tp_all_reduce(x, n, tp, COMM_FLOAT32); }
 
 // ----------------------------------------------------------------------------
 // The two halves of a Megatron MLP or attention block
@@ -185,19 +218,16 @@ inline void row_parallel_forward(float* out, const float* inp, const float* weig
     size_t rows = N;
     if (sq.on) {
         matmul_forward(sq.gathered, inp, weight, (const float*)nullptr, N, IC, OC);
-        memcpy(out, sp_reduce_scatter(sq.gathered, sq, OC, tp), sq.rows * OC * sizeof(float));
+        memcpy(out, tp_sum_rows(sq.gathered, sq, OC, tp), sq.rows * OC * sizeof(float));
         rows = sq.rows;
     } else {
         matmul_forward(out, inp, weight, (const float*)nullptr, N, IC, OC);
-        all_reduce_sum(tp, out, (size_t)N * OC);
+        tp_all_reduce(out, (size_t)N * OC, tp);
     }
     for (size_t n = 0; n < rows; n++) {
         for (int o = 0; o < OC; o++) out[n * OC + o] += bias[o];
     }
 }
-
-// The conjugate of a column-parallel matmul's input: every rank's dinp holds its term of the sum.
-inline void column_parallel_input_grad(float* dinp, size_t n, const ProcessGroup& tp) { all_reduce_sum(tp, dinp, n); }
 
 // ----------------------------------------------------------------------------
 // Vocabulary-parallel embedding and cross-entropy; this rank holds vocabulary rows [v0, v0 + Vl)
@@ -218,11 +248,11 @@ inline void tp_encoder_forward(float* out, const int* inp, const float* wte_loca
     }
     size_t first = 0, rows = BT;  // one non-zero term per element: the sum is exact
     if (sq.on) {
-        memcpy(out, sp_reduce_scatter(terms, sq, C, tp), sq.rows * C * sizeof(float));
+        memcpy(out, tp_sum_rows(terms, sq, C, tp), sq.rows * C * sizeof(float));
         first = sq.begin;
         rows = sq.rows;
     } else {
-        all_reduce_sum(tp, out, BT * C);
+        tp_all_reduce(out, BT * C, tp);
     }
     for (size_t n = 0; n < rows; n++) {
         const float* wpe_t = wpe + ((first + n) % T) * C;

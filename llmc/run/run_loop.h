@@ -33,6 +33,7 @@
 #include "phase_timer.h"
 #include "stop_signal.h"
 #include "train_common.h"
+#include "../parallel/layout.h"
 #include "../parallel/watchdog.h"
 
 // The micro-batches of one step, read by the loop before any forward: count of them, each B rows of T
@@ -94,6 +95,24 @@ struct RunHooks {
     // A number summed over every process of the run (all of its groups). Collective; unset: one process.
     std::function<double(double value, const char* what)> sum_over_world;
 };
+
+// The hooks' sums over processes, the same in every trainer: over the model's replicas (the pipeline's
+// stages, then the data-parallel group) and over the whole world. The layout outlives the hooks.
+inline void run_hooks_sums(RunHooks* h, const ParallelLayout* lay) {
+    h->sum_over_replicas = [lay](double x, const char* what) {
+        return all_reduce_sum(lay->dp_group, all_reduce_sum(lay->pp_group, x, what), what);
+    };
+    h->sum_over_world = [lay](double x, const char* what) { return all_reduce_sum(lay->world, x, what); };
+}
+
+// HellaSwag over the data-parallel group (llmc/run/hellaswag.h): each process its share of the examples
+// (row_losses: its model's per-position losses), the counts summed.
+template <typename RowLosses>
+HellaSwagResult hellaswag_evaluate_group(const ProcessGroup& dp, const HellaSwagSet& set, int max_examples, int R,
+                                         int Tr, RowLosses row_losses, std::vector<HellaSwagScore>* details = nullptr) {
+    auto sum = [&](double x) { return all_reduce_sum(dp, x, "the HellaSwag count"); };
+    return hellaswag_evaluate_all(set, max_examples, dp.rank, dp.size, R, Tr, row_losses, sum, details);
+}
 
 // The run's state outside the model: data, schedule, sampling, evaluation, skipping and scaling, logs.
 struct TrainRun {
