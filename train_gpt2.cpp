@@ -501,7 +501,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     const float* final_residual = a.residual3 + (L - 1) * sq.rows_per_rank * C;
     float* lnf_mine = a.lnf + (sq.on ? tp.rank * sq.rows_per_rank * C : 0);  // gathered in place below
     layernorm_forward(lnf_mine, a.lnf_mean, a.lnf_rstd, final_residual, p.lnfw, p.lnfb, (int)sq.rows, C);
-    if (sq.on) all_gather(tp, a.lnf, sq.rows_per_rank * C);
+    sp_all_gather(lnf_mine, a.lnf, sq, C, tp, COMM_FLOAT32, host_copy);
     matmul_forward(a.logits, a.lnf, p.wte, (const float*)nullptr, (int)BT, C, Vl);
 
     if (targets == nullptr) return -1.0f;

@@ -342,48 +342,6 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
     return params;
 }
 
-// -r auto: the least recomputation whose activations fit the free device memory (all levels give the
-// same bits, so the choice changes the speed and the memory, never the results). A level that does
-// not fit, chosen or forced, stops the run here, before the activations are allocated, with the
-// levels and batch sizes that would fit.
-int choose_recompute(const GPT2* model, int B, int T, int asked) {
-    bool flash = model->flash_attention;
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    size_t room = free_bytes > memory_headroom(total_bytes) ? free_bytes - memory_headroom(total_bytes) : 0;
-    auto fits = [&](int r, int b) { return activation_bytes(model, b, T, r, flash) <= room; };
-    int least = least_recompute_that_fits(model, B, T, room);
-    const double MiB = 1048576.0;
-    if (asked == RECOMPUTE_AUTO && least >= 0) {
-        printf("recompute: -r auto chose -r %d: its activations, %.1f MiB, fit the %.1f MiB free (less %.1f MiB kept "
-               "for later allocations)%s\n", least, activation_bytes(model, B, T, least, flash) / MiB,
-               free_bytes / MiB, memory_headroom(total_bytes) / MiB, least == 0 ? "" : "; less recomputation does not");
-        return least;
-    }
-    if (asked != RECOMPUTE_AUTO && fits(asked, B)) return asked;
-    std::string ways;
-    if (least >= 0) {
-        ways = " -r " + std::to_string(least) + " (or -r auto)";
-    } else {
-        int b = B;
-        while (b > 1 && !fits(3, b)) b /= 2;
-        if (fits(3, b)) ways = " -b " + std::to_string(b) + " with -r 3 (-d keeps the total batch by accumulation),";
-        if (offload_saving_bytes(model) > 0) {
-            char freed[96];
-            snprintf(freed, sizeof(freed), " -oo 1 (AdamW's state in host memory frees %.1f MiB),", offload_saving_bytes(model) / MiB);
-            ways += freed;
-        }
-        ways += std::string(ways.empty() ? "" : " or") + " a shorter -t, or more GPUs with -z 2 or 3 (less model state each)";
-    }
-    fatal("activations for B=%d T=%d need %.1f MiB at -r %s (-r 0/1/2/3: %.1f %.1f %.1f %.1f MiB), and %.1f MiB "
-          "are free after the model state (less %.1f MiB kept for later allocations): nothing was run. Ways to "
-          "fit:%s", B, T, activation_bytes(model, B, T, asked == RECOMPUTE_AUTO ? 3 : asked, flash) / MiB,
-          asked == RECOMPUTE_AUTO ? "3 (the least -r auto can reach)" : std::to_string(asked).c_str(),
-          activation_bytes(model, B, T, 0, flash) / MiB, activation_bytes(model, B, T, 1, flash) / MiB,
-          activation_bytes(model, B, T, 2, flash) / MiB, activation_bytes(model, B, T, 3, flash) / MiB,
-          free_bytes / MiB, memory_headroom(total_bytes) / MiB, ways.c_str());
-}
-
 // Makes activation slot k the current one (a pipeline's micro-batch, llmc/parallel/pipeline.h).
 void gpt2_use_activation_slot(GPT2* model, int k) {
     model->acts = model->slots[k];
@@ -392,15 +350,7 @@ void gpt2_use_activation_slot(GPT2* model, int k) {
 
 void gpt2_allocate_activations(GPT2* model, int B, int T) {
     bool flash = model->flash_attention;
-    bool automatic = model->recompute == RECOMPUTE_AUTO;
-    model->recompute = choose_recompute(model, B, T, model->recompute);
-    if (automatic) {  // every process the same level: -r 3 recomputes a block's tensor-parallel all-reduce
-        int mine = model->recompute;
-        model->recompute = (int)all_reduce_extreme(model->layout.world, (uint64_t)mine, false, "-r auto's choice");
-        if (model->recompute != mine) {
-            printf("recompute: -r %d, the most any process needs (this one: -r %d)\n", model->recompute, mine);
-        }
-    }
+    model->recompute = agree_recompute(model, B, T, model->recompute);
     size_t bytes = activation_bytes(model, B, T, model->recompute, flash);
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     model->slots.resize(model->act_slots);
@@ -675,11 +625,9 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     float *row_max = a.classifier_stats, *row_sum = row_max + BT, *target_logit = row_sum + BT;
     int valid = std::max(0, std::min(Vl, V - v_begin));
     classifier_slice_max(a.logits, row_max, (int)BT, valid, Vl, stream);
-    all_reduce(g, row_max, BT, COMM_FLOAT32, COMM_MAX);
-    comm_join(g);
+    tp_all_reduce_max(row_max, BT, g);
     classifier_slice_sum(a.logits, row_max, row_sum, target_logit, a.targets, (int)BT, v_begin, valid, Vl, stream);
-    all_reduce(g, row_sum, 2 * BT, COMM_FLOAT32, COMM_SUM);  // row_sum and target_logit lie together
-    comm_join(g);
+    tp_all_reduce(row_sum, 2 * BT, g, COMM_FLOAT32);  // row_sum and target_logit lie together
     classifier_slice_loss(a.logits, a.losses, row_max, row_sum, target_logit, a.targets, dloss, (int)BT, v_begin, valid,
                           Vl, dloss > 0.0f, stream);
 }
@@ -1509,12 +1457,7 @@ int main(int argc, char** argv) {
     snprintf(extra, sizeof(extra), "\nprecision=%s", PRECISION_NAME);
     check_same_config(layout.world, run_description(args, cfg, initial.data(), initial.size(), resume_step) + extra);
     std::vector<float>().swap(initial);
-    if (args.B == BATCH_AUTO) {  // every process's choice divides the sequences a step takes: the least fits all
-        if (layout.pp > 1) fatal("flag -b auto with -pp: a stage's activation slots depend on the batch; give -b");
-        int mine = choose_batch(&model, args, layout.dp);
-        args.B = (int)all_reduce_extreme(layout.world, (uint64_t)mine, true, "-b auto's choice");
-        if (args.B != mine) printf("batch: -b auto: B=%d, the least any process could take (this one: %d)\n", args.B, mine);
-    }
+    if (args.B == BATCH_AUTO) args.B = agree_batch(&model, args);
 
     // the run: data of this data-parallel replica (every stage of a pipeline reads the same), schedules,
     // evaluation, sampling (llmc/run/run_loop.h)

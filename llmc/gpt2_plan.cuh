@@ -445,3 +445,65 @@ void check_offload_fits_host(const GPT2Plan* model) {
           "host has %.1f MiB available: nothing was allocated. Ways to fit: -z 1 or more with more processes (each "
           "offloads its shard), or -oo 0", need / 1048576.0, available / 1048576.0);
 }
+
+// -r auto: the least recomputation whose activations fit the free device memory (all levels give the
+// same bits, so the choice changes the speed and the memory, never the results). A level that does
+// not fit, chosen or forced, stops the run here, before the activations are allocated, with the
+// levels and batch sizes that would fit.
+int choose_recompute(const GPT2Plan* model, int B, int T, int asked) {
+    bool flash = model->flash_attention;
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    size_t room = free_bytes > memory_headroom(total_bytes) ? free_bytes - memory_headroom(total_bytes) : 0;
+    auto fits = [&](int r, int b) { return activation_bytes(model, b, T, r, flash) <= room; };
+    int least = least_recompute_that_fits(model, B, T, room);
+    const double MiB = 1048576.0;
+    if (asked == RECOMPUTE_AUTO && least >= 0) {
+        printf("recompute: -r auto chose -r %d: its activations, %.1f MiB, fit the %.1f MiB free (less %.1f MiB kept "
+               "for later allocations)%s\n", least, activation_bytes(model, B, T, least, flash) / MiB,
+               free_bytes / MiB, memory_headroom(total_bytes) / MiB, least == 0 ? "" : "; less recomputation does not");
+        return least;
+    }
+    if (asked != RECOMPUTE_AUTO && fits(asked, B)) return asked;
+    std::string ways;
+    if (least >= 0) {
+        ways = " -r " + std::to_string(least) + " (or -r auto)";
+    } else {
+        int b = B;
+        while (b > 1 && !fits(3, b)) b /= 2;
+        if (fits(3, b)) ways = " -b " + std::to_string(b) + " with -r 3 (-d keeps the total batch by accumulation),";
+        if (offload_saving_bytes(model) > 0) {
+            char freed[96];
+            snprintf(freed, sizeof(freed), " -oo 1 (AdamW's state in host memory frees %.1f MiB),", offload_saving_bytes(model) / MiB);
+            ways += freed;
+        }
+        ways += std::string(ways.empty() ? "" : " or") + " a shorter -t, or more GPUs with -z 2 or 3 (less model state each)";
+    }
+    fatal("activations for B=%d T=%d need %.1f MiB at -r %s (-r 0/1/2/3: %.1f %.1f %.1f %.1f MiB), and %.1f MiB "
+          "are free after the model state (less %.1f MiB kept for later allocations): nothing was run. Ways to "
+          "fit:%s", B, T, activation_bytes(model, B, T, asked == RECOMPUTE_AUTO ? 3 : asked, flash) / MiB,
+          asked == RECOMPUTE_AUTO ? "3 (the least -r auto can reach)" : std::to_string(asked).c_str(),
+          activation_bytes(model, B, T, 0, flash) / MiB, activation_bytes(model, B, T, 1, flash) / MiB,
+          activation_bytes(model, B, T, 2, flash) / MiB, activation_bytes(model, B, T, 3, flash) / MiB,
+          free_bytes / MiB, memory_headroom(total_bytes) / MiB, ways.c_str());
+}
+
+// -r auto on several processes: each chooses, and all take the most any needs (-r 3 recomputes a block's
+// tensor-parallel all-reduce, so every process must run the same level).
+int agree_recompute(const GPT2Plan* model, int B, int T, int asked) {
+    int mine = choose_recompute(model, B, T, asked);
+    if (asked != RECOMPUTE_AUTO) return mine;
+    int all = (int)all_reduce_extreme(model->layout.world, (uint64_t)mine, false, "-r auto's choice");
+    if (all != mine) printf("recompute: -r %d, the most any process needs (this one: -r %d)\n", all, mine);
+    return all;
+}
+
+// -b auto on several processes: every process's choice divides the sequences a step takes, so the least
+// fits all.
+int agree_batch(const GPT2Plan* model, const TrainArgs& args) {
+    if (model->layout.pp > 1) fatal("flag -b auto with -pp: a stage's activation slots depend on the batch; give -b");
+    int mine = choose_batch(model, args, model->layout.dp);
+    int all = (int)all_reduce_extreme(model->layout.world, (uint64_t)mine, true, "-b auto's choice");
+    if (all != mine) printf("batch: -b auto: B=%d, the least any process could take (this one: %d)\n", all, mine);
+    return all;
+}

@@ -182,6 +182,14 @@ void tp_all_reduce(T* x, size_t n, const ProcessGroup& tp, CommType type) {
     comm_join(tp);
 }
 
+// x (n floats, this rank's values) becomes the elementwise max over the group (the vocabulary-parallel
+// cross-entropy's row maxima).
+inline void tp_all_reduce_max(float* x, size_t n, const ProcessGroup& tp) {
+    if (!comm_active(tp)) return;
+    all_reduce(tp, x, n, COMM_FLOAT32, COMM_MAX);
+    comm_join(tp);
+}
+
 template <typename T>
 T* tp_sum_rows(T* full, const SequenceShard& sq, size_t C, const ProcessGroup& tp, CommType type) {
     if (!sq.on) {
@@ -292,7 +300,7 @@ inline void tp_crossentropy_forward(float* losses, const float* logits, const in
         int t = targets[n] - v0;
         if (t >= 0 && t < Vl) target_logit[n] = row[t];
     }
-    all_reduce_max(tp, row_max->data(), N);
+    tp_all_reduce_max(row_max->data(), N, tp);
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vl;
         double sum = 0.0;
