@@ -46,6 +46,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/rand.h"
 #include "llmc/residual.h"
 #include "llmc/run/args.h"
+#include "llmc/run/checkpoint_state.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/logger.h"
 #include "llmc/run/loss_scaler.h"
@@ -887,99 +888,33 @@ double gpt2_eval_loss(GPT2* model, PipelineComm* pipe, const int* inputs, const 
     return gpt2_forward(model, inputs, targets, B, T);
 }
 
-// Process 0 writes the weights, every process its optimizer state; DONE is marked once all are written.
-// With tensor or pipeline parallelism the slices, then the stages, are gathered first: process 0 writes the
-// whole model and the whole optimizer state (one segment [0, N)), the others state files with empty
-// segments, so that any layout can resume it (train_state_restore).
-void save_checkpoint(const GPT2* model, const TrainRun& run, int step) {
-    const ParallelLayout& lay = model->layout;
-    const ProcessGroup& pg = lay.world;
-    const std::string& dir = run.args.output_dir;
-    const DataLoader& loader = run.data.train;
-    uint64_t sampler_rng = run.sampler_rng;
-    int grad_accum_steps = run.data.grad_accum_steps;
-    TrainState state;
-    if (model->layout.tp == 1 && model->layout.pp == 1) {
-        if (model->layout.zero_stage == 3) {  // the shards gathered for the moment
-            std::vector<float> full = gpt2_full_parameters(model);
-            if (pg.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, full.data(), MODEL_VERSION_FP32);
-        } else if (pg.rank == 0) {
-            model_file_write(checkpoint_model_path(dir, step), model->config, model->params_memory.data(), MODEL_VERSION_FP32);
-        }
-        if (model->optimizer.kind == OPT_ADAFACTOR) {  // the whole state, on every process: process 0 writes it
-            size_t length = pg.rank == 0 ? model->v_memory.size() : 0;
-            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters, 0, length);
-            state.v.assign(model->v_memory.begin(), model->v_memory.begin() + length);
-        } else {
-            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, model->num_parameters,
-                                       model->opt_begin, model->opt_end);
-            state.m = model->m_memory;
-            state.v = model->v_memory;
-        }
-        state.optimizer = model->optimizer.kind;
-    } else {  // the whole model and optimizer state, put together on process 0 (llmc/parallel/model_state.h)
-        size_t N = num_parameters(model->model_config), n = model->num_parameters;
-        auto whole = [&](const std::vector<float>& mine, size_t begin, size_t end) {
-            std::vector<float> local = zero_gather_local(lay.dp_group, model->shard, mine, begin, end, n);
-            return layout_gather_full(lay, model->model_config, local.data(), n);
-        };
-        std::vector<float> params = whole(model->params_memory, 0, n);
-        bool writer = pg.rank == 0;
-        if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_FP32);
-        if (model->optimizer.kind == OPT_ADAFACTOR) {  // -pp: the stages' factored states, put together
-            std::vector<float> v;  // the first data-parallel replica's stages (every replica holds the same)
-            if (lay.dp_rank == 0) {
-                std::vector<std::vector<float>> stages = pp_gather_vectors(lay.pp_group, model->v_memory);
-                if (lay.pp_group.rank == 0) v = adafactor_whole_state(model->model_config, stages);
-            }
-            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? v.size() : 0);
-            if (writer) state.v = v;
-        } else {
-            std::vector<float> m = whole(model->m_memory, model->opt_begin, model->opt_end);
-            std::vector<float> v = whole(model->v_memory, model->opt_begin, model->opt_end);
-            state = train_state_header(step, loader, sampler_rng, grad_accum_steps, pg, N, 0, writer ? N : 0);
-            if (writer) {
-                state.m = m;
-                state.v = v;
-            }
-        }
-        state.optimizer = model->optimizer.kind;  // AdamW or Muon (its momentum where AdamW's m is), Adafactor
-    }
-    checkpoint_finish(dir, step, pg.rank, &state, run.scaler, [&](const char*) { barrier(pg); });
+// The model's state as a checkpoint reads it (llmc/run/checkpoint_state.h decides who writes what across
+// the layout): the parameters (-z 3: gathered to process 0, every process taking part) and the optimizer's
+// vectors as they are; host memory is what MPI moves.
+CheckpointModel gpt2_checkpoint_model(GPT2* model) {
+    CheckpointModel c;
+    c.layout = &model->layout;
+    c.whole = model->model_config;
+    c.local = model->config;
+    c.num_parameters = model->num_parameters;
+    c.opt_begin = model->opt_begin;
+    c.opt_end = model->opt_end;
+    c.shard = model->shard;
+    c.optimizer = model->optimizer.kind;
+    c.model_version = MODEL_VERSION_FP32;
+    c.parameters_collective = model->layout.zero_stage == 3;
+    c.parameters = [model] { return gpt2_full_parameters(model); };
+    c.optimizer_vector = [model](CheckpointVector which) { return which == CKPT_M ? model->m_memory : model->v_memory; };
+    c.staging = host_staging();
+    return c;
 }
 
-
 // Resumes the optimizer state, data position, sampler and loss scaler from checkpoint run->resume_step,
-// whatever layout wrote it (llmc/run/train_common.h: train_state_restore). Without tensor or pipeline
-// parallelism this process's range of the flat vector is read directly; otherwise the whole state,
-// then this stage's layers, this rank's slices and its ZeRO-1 shard of them.
+// whatever layout or trainer wrote it.
 void gpt2_resume(GPT2* model, TrainRun* run) {
-    const ProcessGroup& dp = model->layout.dp_group;
-    const std::string& dir = run->args.output_dir;
-    int step = run->resume_step, accum = run->data.grad_accum_steps;
-    TrainState state;
-    OptimizerKind kind = model->optimizer.kind;
-    if (kind == OPT_ADAFACTOR && model->layout.pp > 1) {  // the whole model's state, then this stage's part
-        size_t N = num_parameters(model->model_config);
-        state = train_state_restore(dir, step, dp, accum, N, 0, adafactor_state_size(optimizer_tensors(model->model_config)),
-                                    &run->data.train, &run->sampler_rng, kind);
-        state.v = layout_local_adafactor_state(model->layout, model->model_config, state.v);
-    } else if (kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
-        state = train_state_restore(dir, step, dp, accum, model->num_parameters, 0, model->v_memory.size(),
-                                    &run->data.train, &run->sampler_rng, kind);
-    } else if (model->layout.tp == 1 && model->layout.pp == 1) {
-        state = train_state_restore(dir, step, dp, accum, model->num_parameters, model->opt_begin, model->opt_end,
-                                    &run->data.train, &run->sampler_rng, kind);
-    } else {
-        size_t N = num_parameters(model->model_config);
-        state = train_state_restore(dir, step, dp, accum, N, 0, N, &run->data.train, &run->sampler_rng, kind);
-        for (std::vector<float>* moment : {&state.m, &state.v}) {
-            *moment = layout_local_part(model->layout, model->model_config, *moment, model->opt_begin, model->opt_end);
-        }
-    }
+    TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
     model->m_memory = state.m;
     model->v_memory = state.v;
-    loss_scaler_restore(&run->scaler, state);
 }
 
 // What the optimizer keeps and does on this process (-opt): its state's memory, and for Muon which
@@ -1140,7 +1075,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     };
     h.eval_loss = [=](const int* in, const int* tg, int B, int T) { return gpt2_eval_loss(model, pipe, in, tg, B, T); };
     h.hellaswag = [=, &dp, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args, dp); };
-    h.save_checkpoint = [=](const TrainRun& run, int step) { save_checkpoint(model, run, step); };
+    h.save_checkpoint = [=](const TrainRun& run, int step) { checkpoint_save_state(gpt2_checkpoint_model(model), run, step); };
     h.sample = [=](TrainRun* run) { gpt2_sample(model, run); };
     h.step_note = [=] { return *note; };
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };

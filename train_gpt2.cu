@@ -40,6 +40,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/parallel/model_state.h"
 #include "llmc/rand.h"
 #include "llmc/run/args.h"
+#include "llmc/run/checkpoint_state.h"
 #include "llmc/run/hellaswag.h"
 #include "llmc/run/logger.h"
 #include "llmc/run/loss_scaler.h"
@@ -63,6 +64,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/muon.cuh"
 #include "llmc/optimizer_offload.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
+#include "llmc/parallel/zero_device.cuh"
 #include "llmc/run/phase_events.cuh"
 #include "llmc/gpt2_activations.cuh"  // the activation table
 #include "llmc/gpt2_plan.cuh"         // GPT2Plan: shapes, settings, memory and byte predictions
@@ -109,22 +111,9 @@ struct GPT2 : GPT2Plan {
     // in the tests' single models
     DataParallel* dp = nullptr;
     bool reduce_in_backward = false;  // set for the last micro-step: reduce each layer's gradients as it finishes
-    // -z 2 (packed_grads): the backward writes a bucket's gradient packed into a buffer of its own
-    // (llmc/parallel/grad_buckets.h): wte, wpe, lnfw and lnfb into packed_outer (grads points its 4
-    // tensors there), block l into packed_block[l % 2]; a buffer is reused once the fence after its last
-    // reduction has passed.
-    floatX* packed_outer = nullptr;
-    floatX* packed_block[2] = {nullptr, nullptr};
-    uint64_t packed_block_fence[2] = {0, 0};
-    bool packed_block_in_flight[2] = {false, false};
-    // -z 3 (sharded_params): a forward or backward gathers what it needs, packed the same way: wte, wpe,
-    // lnfw, lnfb into gathered_outer (params points its 4 tensors there; kept until the parameters
-    // change), block l into gathered_block[l % 2], the next block's gather queued while this one computes
-    // and waited for (its fence) just before use.
-    floatX* gathered_outer = nullptr;
-    floatX* gathered_block[2] = {nullptr, nullptr};
-    uint64_t gathered_fence[2] = {0, 0};
-    bool outer_gathered = false;
+    // -z 2, 3: the packed gradient buffers and (-z 3) the gathered parameters, with their collectives
+    // (llmc/parallel/zero_device.cuh); params and grads point their 4 outer tensors into them
+    ZeroDevice zero;
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
@@ -162,18 +151,19 @@ void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
     for (size_t i = first; i < last; i++) converted[i - first] = host_to_floatX(params[i]);
     cudaCheck(cudaMemcpy(model->params_memory, converted.data(), converted.size() * sizeof(floatX),
                          cudaMemcpyHostToDevice));
-    model->outer_gathered = false;
+    model->zero.outer_gathered = false;
     if (model->master_memory) {
         cudaCheck(cudaMemcpy(model->master_memory, params.data() + model->opt_begin,
                              (model->opt_end - model->opt_begin) * sizeof(float), cudaMemcpyDefault));
     }
 }
 
-// The device parameters as fp32 on the host (exact: bf16 widens to fp32 without rounding).
-std::vector<float> gpt2_gather_parameters(GPT2* model);
-
+// The device parameters as fp32 on the host (exact: bf16 widens to fp32 without rounding); -z 3: gathered,
+// every process taking part.
 std::vector<float> gpt2_download_parameters(GPT2* model) {
-    if (model->sharded_params) return gpt2_gather_parameters(model);
+    if (model->sharded_params) {
+        return zero_gather_all_parameters(&model->zero, model->num_parameters, [&](const char* what) { gpt2_sync(model, what); });
+    }
     std::vector<floatX> raw(model->num_parameters);
     cudaCheck(cudaMemcpy(raw.data(), model->params_memory, model->num_parameters * sizeof(floatX),
                          cudaMemcpyDeviceToHost));
@@ -211,25 +201,16 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
 // gradients (with -z 2 and 3 a shard of them, and the packed and gathering buffers), the optimizer's
 // state; the tensors pointed into them. Everything zero; gpt2_build fills the parameters.
 void gpt2_allocate_model_state(GPT2* model) {
-    size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin, n = model->num_parameters;
+    size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
     size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
     size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->grads_memory, 0, grad_n * sizeof(floatX)));
-    size_t packed_n = 0, gathered_n = 0;  // -z 2, 3: the packed gradient buffers' elements; -z 3: the gathered
-    if (model->packed_grads) {
-        size_t outer = packed_size(model->grad_buckets[model->config.num_layers]);
-        size_t block = packed_size(model->grad_buckets[0]);
-        cudaCheck(cudaMalloc(&model->packed_outer, outer * sizeof(floatX)));
-        for (floatX*& b : model->packed_block) cudaCheck(cudaMalloc(&b, block * sizeof(floatX)));
-        packed_n = outer + 2 * block;
-        if (model->sharded_params) {
-            cudaCheck(cudaMalloc(&model->gathered_outer, outer * sizeof(floatX)));
-            for (floatX*& b : model->gathered_block) cudaCheck(cudaMalloc(&b, block * sizeof(floatX)));
-            gathered_n = outer + 2 * block;
-        }
+    if (model->packed_grads) {  // -z 2, 3: the packed gradient buffers; -z 3: the gathering ones
+        zero_device_allocate(&model->zero, &model->layout.dp_group, &model->shard, &model->grad_buckets,
+                             model->params_memory, model->grads_memory, model->sharded_params, model->stream);
     }
     size_t m_n, v_n, master_n;
     optimizer_state_floats(model, opt_n, &m_n, &v_n, &master_n);
@@ -246,38 +227,16 @@ void gpt2_allocate_model_state(GPT2* model) {
     model->v_memory = model->opt_memory + m_n;
     model->master_memory = model->use_master_weights ? model->opt_memory + m_n + v_n : nullptr;
     if (model->sharded_params) {
-        point_outer_packed(&model->params, model->gathered_outer, model->param_sizes);
+        point_outer_packed(&model->params, model->zero.gathered_outer, model->param_sizes);
     } else {
         point_parameters_at(&model->params, model->params_memory, model->param_offsets);
     }
     if (model->packed_grads) {
-        point_outer_packed(&model->grads, model->packed_outer, model->param_sizes);
+        point_outer_packed(&model->grads, model->zero.packed_outer, model->param_sizes);
     } else {
         point_parameters_at(&model->grads, model->grads_memory, model->param_offsets);
     }
-    // what was allocated, per process, beside what it would be without sharding
-    printf("parameters: %zu (%s), %.1f MiB per process", n, PRECISION_NAME, (param_n + gathered_n) * sizeof(floatX) / 1048576.0);
-    if (model->sharded_params) {
-        printf(" (-z 3: a shard of %zu and gathering buffers of %zu; %.1f MiB unsharded)", param_n, gathered_n,
-               n * sizeof(floatX) / 1048576.0);
-    }
-    printf("; gradients %.1f MiB per process", (grad_n + packed_n) * sizeof(floatX) / 1048576.0);
-    if (model->packed_grads) {
-        printf(" (-z %d: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", model->layout.zero_stage, grad_n,
-               packed_n, n * sizeof(floatX) / 1048576.0);
-    }
-    printf("\n");
-    double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
-    if (model->optimizer.kind == OPT_ADAFACTOR) {
-        printf("optimizer: Adafactor over %zu tensors (each layer's its own), factored second moments of %zu floats "
-               "(%.2f MiB; AdamW's m and v would take %.1f MiB), no master weights (stochastic rounding)\n",
-               model->optimizer.tensors.size(), v_n, v_n * sizeof(float) / 1048576.0, 2 * n * sizeof(float) / 1048576.0);
-    } else {
-        printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
-               "unsharded)%s\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
-               model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib,
-               model->offload ? ", offloaded (-oo 1): in pinned host memory, updated by the CPU" : "");
-    }
+    print_model_state_allocation(model);
 }
 
 // -opt muon's Newton-Schulz scratch (not model state: allocated after the state's measurement)
@@ -382,96 +341,11 @@ void gpt2_allocate_activations(GPT2* model, int B, int T) {
     }
 }
 
-// ----------------------------------------------------------------------------
-// ZeRO-2 and 3: packed gradient buckets, gathered parameters
-
-// -z 2: block l's gradient slices, packed in one of the two block buffers, zeroed; the buffer is
-// taken once the reductions that last read it have finished (comm_wait_fence).
-BlockGrads packed_block_grads(GPT2* model, int l) {
-    int which = l % 2;
-    floatX* packed = model->packed_block[which];
-    if (model->packed_block_in_flight[which]) comm_wait_fence(model->layout.dp_group, model->packed_block_fence[which]);
-    model->packed_block_in_flight[which] = false;
-    cudaCheck(cudaMemsetAsync(packed, 0, packed_size(model->grad_buckets[l]) * sizeof(floatX), model->stream));
-    return packed_block(packed, model);
-}
-
-// -z 3: queues the all-gather of bucket b's parameters into dst (its packed layout, which is also rank
-// order: each owner's pieces lie together): this process's pieces are copied in from its shard on the
-// compute stream, then each owner's part goes to all (all_gather_v, queued after the compute so far, so
-// after the last reader of dst).
-void gather_packed_params(GPT2* model, int b, floatX* dst) {
-    const ProcessGroup& dp = model->layout.dp_group;
-    size_t shard_start = shard_first(model->shard);
-    std::vector<int> counts(dp.size, 0), displs(dp.size, 0);
-    std::vector<bool> seen(dp.size, false);
-    for (const GradSlice& s : model->grad_buckets[b]) {
-        if (!seen[s.owner]) displs[s.owner] = (int)s.unit_offset;
-        seen[s.owner] = true;
-        counts[s.owner] += (int)s.count;
-        if (s.owner == dp.rank) {
-            cudaCheck(cudaMemcpyAsync(dst + s.unit_offset, model->params_memory + (s.offset - shard_start),
-                                      s.count * sizeof(floatX), cudaMemcpyDeviceToDevice, model->stream));
-        }
-    }
-    all_gather_v(dp, dst, counts, displs, COMM_FLOATX);
-}
-
-// -z 3: every parameter, gathered unit by unit through the gathering buffers (every process must call
-// it; all get the result).
-std::vector<float> gpt2_gather_parameters(GPT2* model) {
-    std::vector<float> params(model->num_parameters);
-    for (int b = model->config.num_layers; b >= 0; b--) {  // the outer unit first, then the blocks
-        floatX* packed = b == model->config.num_layers ? model->gathered_outer : model->gathered_block[0];
-        gather_packed_params(model, b, packed);
-        comm_join(model->layout.dp_group);
-        std::vector<floatX> raw(packed_size(model->grad_buckets[b]));
-        cudaCheck(cudaMemcpyAsync(raw.data(), packed, raw.size() * sizeof(floatX), cudaMemcpyDeviceToHost, model->stream));
-        gpt2_sync(model, "gathering the parameters");
-        for (const GradSlice& s : model->grad_buckets[b]) {
-            for (size_t i = 0; i < s.count; i++) params[s.offset + i] = host_from_floatX(raw[s.unit_offset + i]);
-        }
-    }
-    model->outer_gathered = true;
-    return params;
-}
-
-// -z 3, the start of a pass over the blocks (a forward, first = 0; a backward, first = L-1): the outer
-// tensors if the parameters changed since their last gather, and block `first`, waited for.
-void gather_pass_begin(GPT2* model, int first) {
-    if (!model->sharded_params) return;
-    if (!model->outer_gathered) gather_packed_params(model, model->config.num_layers, model->gathered_outer);
-    model->outer_gathered = true;
-    gather_packed_params(model, first, model->gathered_block[first % 2]);
-    comm_join(model->layout.dp_group);
-}
-
-// -z 3: queues block l's gather (the block after the one about to compute), or nothing
-void gather_prefetch(GPT2* model, int l) {
-    if (!model->sharded_params || l < 0 || l >= model->config.num_layers) return;
-    gather_packed_params(model, l, model->gathered_block[l % 2]);
-    model->gathered_fence[l % 2] = comm_fence(model->layout.dp_group);
-}
-
 // Block l's parameters: the stacked tensors' slices, or (-z 3) the gathered copy, waited for if it was
 // prefetched (wait = true).
 BlockParams block_params(GPT2* model, int l, bool wait) {
     if (!model->sharded_params) return block_tensors<const floatX>(model->params, l, model->config.channels, model->layout.tp);
-    if (wait) comm_wait_fence(model->layout.dp_group, model->gathered_fence[l % 2]);
-    return packed_block<const floatX>(model->gathered_block[l % 2], model);
-}
-
-// -z 2: bucket b's gradient (packed) is final for this micro-step. The pieces this process owns get
-// the shard's running sum added first, so the reduction, which overwrites the shard, leaves the sum
-// over processes and micro-steps there.
-void reduce_packed_bucket(GPT2* model, int b, const floatX* packed) {
-    const ProcessGroup& dp = model->layout.dp_group;
-    size_t shard_start = shard_first(model->shard);
-    for (const GradSlice& s : model->grad_buckets[b]) {
-        if (s.owner != dp.rank) continue;
-        add_into((floatX*)packed + s.unit_offset, model->grads_memory + (s.offset - shard_start), s.count, model->stream);
-    }
-    reduce_gradient_packed(dp, packed, model->grads_memory, shard_start, COMM_FLOATX, model->grad_buckets[b]);
+    return packed_block<const floatX>(zero_gathered_block(&model->zero, l, wait), model);
 }
 
 // ----------------------------------------------------------------------------
@@ -589,7 +463,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     if (targets) cudaCheck(cudaMemcpyAsync(a.targets, targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (dloss > 0.0f && model->first_stage()) encoder_prepare_backward(model->buckets, inputs, B, T, V, stream, v_begin, Vl);
 
-    gather_pass_begin(model, 0);  // -z 3: the outer tensors and block 0 (each later block is prefetched)
+    zero_gather_pass_begin(&model->zero, 0);  // -z 3: the outer tensors and block 0 (each later block is prefetched)
     // a pipeline stage after the first has the previous stage's output in a.encoded (llmc/parallel/pipeline.h);
     // with -tp each process embeds the tokens of its vocabulary rows and the sum is the embedding
     // (-sq 1: each process's rows of the sum: a reduce-scatter)
@@ -605,7 +479,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     BlockParams first = block_params(model, 0, false);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, first.ln1w, first.ln1b, (int)N, C, stream);
     for (int l = 0; l < L; l++) {
-        gather_prefetch(model, l + 1);
+        zero_gather_prefetch(&model->zero, l + 1);
         BlockParams w = block_params(model, l, false);  // waited for by the previous block's end
         block_forward(model, l, w, ls, B, T);
     }
@@ -726,7 +600,7 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
 // must have been called with dloss > 0 (so acts.logits holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
 // and the compute stream's later work waits for all of those reductions. With -z 2 and 3 every
-// micro-step is reduced so, from packed buffers into this process's gradient shard (packed_block_grads).
+// micro-step is reduced so, from packed buffers into this process's gradient shard (llmc/parallel/zero_device.cuh).
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
     // -tp: Vp/tp vocabulary rows (Vl) of the LM head; the input gradient of a column-parallel matmul
@@ -738,9 +612,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     const bool packed = model->packed_grads && comm_active(model->layout.dp_group);
-    if (packed) {
-        cudaCheck(cudaMemsetAsync(model->packed_outer, 0, packed_size(model->grad_buckets[L]) * sizeof(floatX), stream));
-    }
+    if (packed) zero_backward_begin(&model->zero);
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
                                     model->layout.sequence_parallel);
@@ -752,7 +624,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
-    gather_pass_begin(model, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
+    zero_gather_pass_begin(&model->zero, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
     if (model->last_stage()) {
         matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
         const floatX* dlnf = sp_sum(model, a.dln, sq, C);
@@ -766,18 +638,16 @@ void gpt2_backward(GPT2* model, int B, int T) {
     }
 
     for (int l = L - 1; l >= 0; l--) {
-        gather_prefetch(model, l - 1);
+        zero_gather_prefetch(&model->zero, l - 1);
         BlockParams w = block_params(model, l, l < L - 1);
-        BlockGrads gl = packed ? packed_block_grads(model, l) : block_tensors<floatX>(g, l, C, model->layout.tp);
+        BlockGrads gl = packed ? packed_block(zero_block_grads(&model->zero, l), model) : block_tensors<floatX>(g, l, C, model->layout.tp);
         BlockActs b = block_acts(a, ls, l, R);
 
         block_recompute(model, w, b, B, T);
         block_backward(model, w, gl, b, B, T);
         // the block's gradients are complete: hand them to the data-parallel reduction
         if (packed) {
-            reduce_packed_bucket(model, l, gl.ln1w);
-            model->packed_block_fence[l % 2] = comm_fence(model->layout.dp_group);
-            model->packed_block_in_flight[l % 2] = true;
+            zero_reduce_bucket(&model->zero, l);
         } else if (model->reduce_in_backward) {
             reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[l]);
         }
@@ -788,9 +658,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
         encoder_backward(g.wte, g.wpe, sp_gather(model, a.dresidual, sq, C), *model->buckets, B, T, C, stream);
     }
     if (packed) {
-        reduce_packed_bucket(model, L, model->packed_outer);
-        comm_join(model->layout.dp_group);
-        model->packed_block_in_flight[0] = model->packed_block_in_flight[1] = false;
+        zero_reduce_bucket(&model->zero, L);
     } else if (model->reduce_in_backward) {
         reduce_gradient_bucket(model->layout.dp_group, model->grads_memory, COMM_FLOATX, model->grad_buckets[L]);
         comm_join(model->layout.dp_group);
@@ -955,7 +823,7 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
         case OPT_ADAFACTOR: gpt2_update_adafactor(model, s); break;
         default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
     }
-    model->outer_gathered = false;  // -z 3: the next pass gathers the new values
+    model->zero.outer_gathered = false;  // -z 3: the next pass gathers the new values
     if (model->optimizer.kind != OPT_ADAFACTOR) {  // Adafactor updated every parameter on every process
         zero_gather_updated_parameters(model->layout, model->params_memory, model->shard.shard_size, COMM_FLOATX);
     }
@@ -964,10 +832,7 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
 void gpt2_free(GPT2* model) {
     cudaCheck(cudaFree(model->params_memory));
     cudaCheck(cudaFree(model->grads_memory));
-    cudaCheck(cudaFree(model->packed_outer));
-    for (floatX* b : model->packed_block) cudaCheck(cudaFree(b));
-    cudaCheck(cudaFree(model->gathered_outer));
-    for (floatX* b : model->gathered_block) cudaCheck(cudaFree(b));
+    zero_device_free(&model->zero);
     if (model->offload) {
         cudaCheck(cudaFreeHost(model->opt_memory));
         offload_free(&model->offloaded);
@@ -1030,217 +895,76 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
         });
 }
 
-// Rank 0 writes the weights (every rank holds all of them), every rank its state file: m, v and the
-// master weights of the parameters it updates, [opt_begin, opt_end), from the device. DONE is marked
-// once all are written.
-// This process's fp32 vector (of its n parameters: its stage's layers, its tensor-parallel slices) from
-// device array `mine`, which holds [opt_begin, opt_end) of it: whole already, or (-z 1) this process's
-// shard, all-gathered over the data-parallel group through a padded device buffer.
-std::vector<float> local_vector(GPT2* model, const float* mine) {
-    size_t n = model->num_parameters, own = model->opt_end - model->opt_begin;
-    std::vector<float> host(n);
-    if (own == n) {
-        cudaCheck(cudaMemcpy(host.data(), mine, n * sizeof(float), cudaMemcpyDefault));
+// ----------------------------------------------------------------------------
+// Checkpoints (llmc/run/checkpoint_state.h decides who writes what across the layout)
+
+// Host vectors through device buffers, for the collectives that put a checkpoint together (NCCL moves
+// device memory): copies on the model's stream, waited for before the host memory is reused.
+CommStaging device_staging(GPT2* model) {
+    auto buffers = std::make_shared<std::vector<float*>>();
+    CommStaging s;
+    s.buffer = [model, buffers](size_t n) {
+        float* p = nullptr;
+        cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(p, 0, std::max<size_t>(n, 1) * sizeof(float), model->stream));
+        buffers->push_back(p);
+        return p;
+    };
+    s.put = [model](float* buf, const float* host, size_t n) {
+        cudaCheck(cudaMemcpyAsync(buf, host, n * sizeof(float), cudaMemcpyHostToDevice, model->stream));
+        cudaCheck(cudaStreamSynchronize(model->stream));
+    };
+    s.get = [](float* host, const float* buf, size_t n) {
+        cudaCheck(cudaMemcpy(host, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
+    };
+    s.wait = [model](const char* what) { gpt2_sync(model, what); };
+    s.release = [buffers] {
+        for (float* p : *buffers) cudaCheck(cudaFree(p));
+        buffers->clear();
+    };
+    return s;
+}
+
+// The model's state as a checkpoint reads it: the parameters widened to fp32 (-z 3: gathered, every
+// process taking part), the optimizer's vectors copied out of the device (or, -oo 1, pinned host memory).
+CheckpointModel gpt2_checkpoint_model(GPT2* model) {
+    CheckpointModel c;
+    c.layout = &model->layout;
+    c.whole = model->model_config;
+    c.local = model->config;
+    c.num_parameters = model->num_parameters;
+    c.opt_begin = model->opt_begin;
+    c.opt_end = model->opt_end;
+    c.shard = model->shard;
+    c.optimizer = model->optimizer.kind;
+    c.has_master = model->master_memory != nullptr;
+    c.model_version = MODEL_VERSION_NATIVE;
+    c.parameters_collective = model->sharded_params;
+    c.parameters = [model] { return gpt2_download_parameters(model); };
+    c.optimizer_vector = [model](CheckpointVector which) {
+        size_t n = model->optimizer.kind == OPT_ADAFACTOR ? adafactor_state_size(model->optimizer.tensors)
+                                                          : model->opt_end - model->opt_begin;
+        const float* src = which == CKPT_M ? model->m_memory : which == CKPT_V ? model->v_memory : model->master_memory;
+        std::vector<float> host(n);
+        cudaCheck(cudaMemcpy(host.data(), src, n * sizeof(float), cudaMemcpyDefault));
         return host;
-    }
-    const ProcessGroup& dp = model->layout.dp_group;
-    float* padded = nullptr;
-    cudaCheck(cudaMalloc(&padded, model->shard.padded_size * sizeof(float)));
-    cudaCheck(cudaMemsetAsync(padded, 0, model->shard.padded_size * sizeof(float), model->stream));
-    cudaCheck(cudaMemcpyAsync(padded + model->opt_begin, mine, own * sizeof(float), cudaMemcpyDefault, model->stream));
-    all_gather(dp, padded, model->shard.shard_size, COMM_FLOAT32);
-    comm_join(dp);
-    gpt2_sync(model, "the optimizer state's gather for a checkpoint");
-    cudaCheck(cudaMemcpy(host.data(), padded, n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaFree(padded));
-    return host;
+    };
+    c.staging = device_staging(model);
+    return c;
 }
 
-// Every stage's host vector (stage s's size_of(s) long) on stage 0 of the PP group (empty vectors
-// elsewhere), through a device buffer (NCCL moves device memory).
-template <typename SizeOf>
-std::vector<std::vector<float>> gather_stage_vectors(GPT2* model, const std::vector<float>& mine, SizeOf size_of) {
-    const ProcessGroup& pp = model->layout.pp_group;
-    std::vector<std::vector<float>> stages(pp.size);
-    size_t largest = 0;
-    for (int s = 0; s < pp.size; s++) largest = std::max(largest, (size_t)size_of(s));
-    float* buffer = nullptr;
-    cudaCheck(cudaMalloc(&buffer, std::max(largest, (size_t)1) * sizeof(float)));
-    if (pp.rank != 0) {
-        cudaCheck(cudaMemcpy(buffer, mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
-        comm_send(pp, buffer, mine.size(), COMM_FLOAT32, 0, 0);
-        comm_finish_sends(pp);
-        gpt2_sync(model, "a checkpoint's stage vector, sent to stage 0");
-    } else {
-        stages[0] = mine;
-        for (int s = 1; s < pp.size; s++) {
-            stages[s].resize(size_of(s));
-            comm_recv(pp, buffer, stages[s].size(), COMM_FLOAT32, s, 0);
-            gpt2_sync(model, "a checkpoint's stage vector, from a later stage");
-            cudaCheck(cudaMemcpy(stages[s].data(), buffer, stages[s].size() * sizeof(float), cudaMemcpyDeviceToHost));
-        }
-    }
-    cudaCheck(cudaFree(buffer));
-    return stages;
-}
-
-// The whole model's vector on world rank 0 (empty elsewhere) from every process's local vector (its
-// tensor-parallel slices of its stage's layers, llmc/parallel/model_state.h): the slices are gathered to
-// tp rank 0 (through device buffers: NCCL moves device memory), which puts its stage's tensors together
-// (tp_copy_slices); then the later stages send theirs to stage 0 one at a time, which puts the layers
-// back in place (pp_copy_stage, stage 0's copy of the shared tensors last, so it stays). The other
-// data-parallel replicas hold the same vectors and send nothing.
-std::vector<float> whole_model_vector(GPT2* model, const std::vector<float>& local) {
-    const ParallelLayout& lay = model->layout;
-    const GPT2Config& whole_cfg = model->model_config;
-    std::vector<float> whole;
-    if (lay.dp_rank != 0) return whole;
-    std::vector<float> mine = local;  // this stage's vector, once the slices are together
-    if (lay.tp > 1) {
-        const ProcessGroup& tp = lay.tp_group;
-        size_t n = local.size();
-        float *slice = nullptr, *slices = nullptr;
-        cudaCheck(cudaMalloc(&slice, n * sizeof(float)));
-        cudaCheck(cudaMalloc(&slices, (tp.rank == 0 ? tp.size * n : 1) * sizeof(float)));
-        cudaCheck(cudaMemcpy(slice, local.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        gather(tp, slice, n, slices, COMM_FLOAT32);
-        comm_join(tp);
-        gpt2_sync(model, "a checkpoint's tensor-parallel slices, gathered");
-        if (tp.rank == 0) {
-            std::vector<float> all(tp.size * n);
-            cudaCheck(cudaMemcpy(all.data(), slices, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
-            mine.assign(num_parameters(model->config), 0.0f);
-            for (int t = 0; t < tp.size; t++) tp_copy_slices(model->config, tp.size, t, mine.data(), all.data() + t * n, false);
-        }
-        cudaCheck(cudaFree(slice));
-        cudaCheck(cudaFree(slices));
-        if (tp.rank != 0) return whole;
-    }
-    if (lay.pp == 1) return mine;
-    std::vector<std::vector<float>> stages =
-        gather_stage_vectors(model, mine, [&](int s) { return num_parameters(pp_stage_config(whole_cfg, lay.pp, s)); });
-    if (lay.pp_rank != 0) return whole;
-    whole.resize(num_parameters(whole_cfg));
-    for (int s = lay.pp - 1; s >= 0; s--) {
-        int l0, l1;
-        pp_stage_layers(whole_cfg.num_layers, lay.pp, s, &l0, &l1);
-        pp_copy_stage(whole_cfg, l0, l1, whole.data(), stages[s].data(), false);
-    }
-    return whole;
-}
-
-// A tensor- or pipeline-parallel checkpoint (as the CPU trainer writes one, llmc/parallel/model_state.h):
-// world rank 0 writes the whole model and the whole optimizer state (one segment [0, N)), the others
-// state files with empty segments, so that any layout of either trainer can resume it.
-void save_checkpoint_model_parallel(GPT2* model, const TrainRun& run, int step) {
-    const ProcessGroup& world = model->layout.world;
-    const std::string& dir = run.args.output_dir;
-    size_t N = num_parameters(model->model_config);
-    std::vector<float> params = whole_model_vector(model, gpt2_download_parameters(model));
-    bool writer = world.rank == 0;
-    if (writer) model_file_write(checkpoint_model_path(dir, step), model->model_config, params.data(), MODEL_VERSION_NATIVE);
-    if (model->optimizer.kind == OPT_ADAFACTOR) {  // -pp: the stages' factored states, put together
-        std::vector<float> mine(adafactor_state_size(model->optimizer.tensors));
-        cudaCheck(cudaMemcpy(mine.data(), model->v_memory, mine.size() * sizeof(float), cudaMemcpyDeviceToHost));
-        std::vector<float> v;  // the first data-parallel replica's stages (every replica holds the same)
-        if (model->layout.dp_rank == 0) {
-            const GPT2Config& whole = model->model_config;
-            std::vector<std::vector<float>> stages = gather_stage_vectors(model, mine, [&](int s) {
-                return adafactor_state_size(optimizer_tensors(pp_stage_config(whole, model->layout.pp, s)));
-            });
-            if (model->layout.pp_rank == 0) v = adafactor_whole_state(whole, stages);
-        }
-        TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, N,
-                                              0, writer ? v.size() : 0);
-        state.optimizer = OPT_ADAFACTOR;
-        if (writer) state.v = v;
-        checkpoint_finish(dir, step, world.rank, &state, run.scaler, [&](const char* what) { barrier(world, what); });
-        return;
-    }
-    std::vector<float> m = whole_model_vector(model, local_vector(model, model->m_memory));
-    std::vector<float> v = whole_model_vector(model, local_vector(model, model->v_memory));
-    std::vector<float> master;
-    if (model->master_memory) master = whole_model_vector(model, local_vector(model, model->master_memory));
-    TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, N,
-                                          0, writer ? N : 0);
-    state.optimizer = model->optimizer.kind;
-    if (writer) {
-        state.m = m;
-        state.v = v;
-        state.master = master;
-    }
-    checkpoint_finish(dir, step, world.rank, &state, run.scaler, [&](const char* what) { barrier(world, what); });
-}
-
-void save_checkpoint(GPT2* model, const TrainRun& run, int step) {
-    if (model->layout.tp > 1 || model->layout.pp > 1) return save_checkpoint_model_parallel(model, run, step);
-    const ProcessGroup& dp = model->layout.dp_group;
-    const std::string& dir = run.args.output_dir;
-    if (dp.rank == 0 || model->sharded_params) {  // -z 3: every process takes part in the gathers
-        std::vector<float> params = gpt2_download_parameters(model);
-        if (dp.rank == 0) model_file_write(checkpoint_model_path(dir, step), model->config, params.data(), MODEL_VERSION_NATIVE);
-    }
-    size_t opt_n = model->opt_end - model->opt_begin;
-    if (model->optimizer.kind == OPT_ADAFACTOR) {  // the whole state vector (as the CPU trainer's): process 0 writes it
-        size_t length = dp.rank == 0 ? adafactor_state_size(model->optimizer.tensors) : 0;
-        TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, dp,
-                                              model->num_parameters, 0, length);
-        state.optimizer = OPT_ADAFACTOR;
-        state.v.resize(length);
-        cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, length * sizeof(float), cudaMemcpyDeviceToHost));
-        checkpoint_finish(dir, step, dp.rank, &state, run.scaler, [&](const char* what) { barrier(dp, what); });
-        return;
-    }
-    TrainState state = train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps,
-                                          dp, model->num_parameters, model->opt_begin, model->opt_end);
-    state.optimizer = model->optimizer.kind;
-    state.m.resize(opt_n);
-    state.v.resize(opt_n);
-    cudaCheck(cudaMemcpy(state.m.data(), model->m_memory, opt_n * sizeof(float), cudaMemcpyDefault));
-    cudaCheck(cudaMemcpy(state.v.data(), model->v_memory, opt_n * sizeof(float), cudaMemcpyDefault));
-    if (model->master_memory) {
-        state.master.resize(opt_n);
-        cudaCheck(cudaMemcpy(state.master.data(), model->master_memory, opt_n * sizeof(float), cudaMemcpyDefault));
-    }
-    checkpoint_finish(dir, step, dp.rank, &state, run.scaler, [&](const char* what) { barrier(dp, what); });
-}
-
-// Restores this process's optimizer state, step and data position from checkpoint run->resume_step
-// (train_state_restore assembles this process's optimizer range from the checkpoint's state files,
-// whatever process count wrote them, and checks batch and model). The master weights come from
-// the state file when it has them (ours with -w 1); otherwise they stay as loaded from the model file
-// (a CPU trainer's checkpoint, whose model file is fp32).
+// Restores this process's optimizer state, step and data position from checkpoint run->resume_step,
+// whatever layout or trainer wrote it. The master weights come from the state file when it has them
+// (ours with -w 1); otherwise they stay as loaded from the model file (a CPU trainer's checkpoint, whose
+// model file is fp32).
 void gpt2_resume(GPT2* model, TrainRun* run) {
-    size_t opt_n = model->opt_end - model->opt_begin;
-    TrainState state;
-    if (model->optimizer.kind == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds
+    TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
+    if (model->optimizer.kind == OPT_ADAFACTOR) {
         size_t length = adafactor_state_size(model->optimizer.tensors);
-        bool stages = model->layout.pp > 1;  // then the whole model's, and this stage's part of it
-        const GPT2Config& whole = model->model_config;
-        state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
-                                    run->data.grad_accum_steps, stages ? num_parameters(whole) : model->num_parameters, 0,
-                                    stages ? adafactor_state_size(optimizer_tensors(whole)) : length, &run->data.train,
-                                    &run->sampler_rng, OPT_ADAFACTOR);
-        if (stages) state.v = layout_local_adafactor_state(model->layout, whole, state.v);
-        loss_scaler_restore(&run->scaler, state);
         cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), length * sizeof(float), cudaMemcpyHostToDevice));
         return;
     }
-    if (model->layout.tp > 1 || model->layout.pp > 1) {  // the whole state, then this process's part (its stage's
-                                                         // layers, its slices) and its -z 1 shard of that
-        size_t N = num_parameters(model->model_config);
-        state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
-                                    run->data.grad_accum_steps, N, 0, N, &run->data.train, &run->sampler_rng,
-                                    model->optimizer.kind);
-        for (std::vector<float>* v : {&state.m, &state.v, &state.master}) {
-            if (!v->empty()) *v = layout_local_part(model->layout, model->model_config, *v, model->opt_begin, model->opt_end);
-        }
-    } else {
-        state = train_state_restore(run->args.output_dir, run->resume_step, model->layout.dp_group,
-                                    run->data.grad_accum_steps, model->num_parameters, model->opt_begin,
-                                    model->opt_end, &run->data.train, &run->sampler_rng, model->optimizer.kind);
-    }
-    loss_scaler_restore(&run->scaler, state);
+    size_t opt_n = model->opt_end - model->opt_begin;
     cudaCheck(cudaMemcpy(model->m_memory, state.m.data(), opt_n * sizeof(float), cudaMemcpyDefault));
     cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), opt_n * sizeof(float), cudaMemcpyDefault));
     if (model->master_memory && !state.master.empty()) {
@@ -1369,7 +1093,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
         return (double)gpt2_mean_loss(model, B, T);
     };
     h.hellaswag = [=, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args); };
-    h.save_checkpoint = [=](const TrainRun& run, int step) { save_checkpoint(model, run, step); };
+    h.save_checkpoint = [=](const TrainRun& run, int step) { checkpoint_save_state(gpt2_checkpoint_model(model), run, step); };
     // -z 3: a forward gathers each block from every process, so all of them sample (the same number of
     // forwards whatever tokens they draw); only process 0's output is shown
     h.sample = [=, &dp](TrainRun* run) {

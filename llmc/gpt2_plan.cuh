@@ -204,6 +204,42 @@ size_t offload_host_bytes(const GPT2Plan* model) {
     return model->offload ? offload_host_bytes(model->opt_end - model->opt_begin, model->use_master_weights) : 0;
 }
 
+// What the model state allocates on this process (gpt2_allocate_model_state), beside what it would be
+// without sharding: the parameters and gradients (with -z 2, 3 their shards and the packed and gathering
+// buffers, llmc/parallel/zero_device.cuh), the optimizer's state.
+void print_model_state_allocation(const GPT2Plan* model) {
+    size_t n = model->num_parameters, padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
+    size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
+    size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
+    size_t buffers = model->packed_grads ? packed_size(model->grad_buckets.back()) + 2 * packed_size(model->grad_buckets[0]) : 0;
+    size_t packed_n = buffers, gathered_n = model->sharded_params ? buffers : 0;
+    size_t m_n, v_n, master_n;
+    optimizer_state_floats(model, opt_n, &m_n, &v_n, &master_n);
+    size_t opt_floats = m_n + v_n + master_n;
+    printf("parameters: %zu (%s), %.1f MiB per process", n, PRECISION_NAME, (param_n + gathered_n) * sizeof(floatX) / 1048576.0);
+    if (model->sharded_params) {
+        printf(" (-z 3: a shard of %zu and gathering buffers of %zu; %.1f MiB unsharded)", param_n, gathered_n,
+               n * sizeof(floatX) / 1048576.0);
+    }
+    printf("; gradients %.1f MiB per process", (grad_n + packed_n) * sizeof(floatX) / 1048576.0);
+    if (model->packed_grads) {
+        printf(" (-z %d: a shard of %zu and packed buffers of %zu; %.1f MiB unsharded)", model->layout.zero_stage, grad_n,
+               packed_n, n * sizeof(floatX) / 1048576.0);
+    }
+    printf("\n");
+    double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
+    if (model->optimizer.kind == OPT_ADAFACTOR) {
+        printf("optimizer: Adafactor over %zu tensors (each layer's its own), factored second moments of %zu floats "
+               "(%.2f MiB; AdamW's m and v would take %.1f MiB), no master weights (stochastic rounding)\n",
+               model->optimizer.tensors.size(), v_n, v_n * sizeof(float) / 1048576.0, 2 * n * sizeof(float) / 1048576.0);
+    } else {
+        printf("optimizer: AdamW over %zu parameters on this process (%s), m, v%s %.1f MiB per process (%.1f MiB "
+               "unsharded)%s\n", opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all",
+               model->use_master_weights ? " and fp32 master weights" : "", opt_floats * sizeof(float) / 1048576.0, all_mib,
+               model->offload ? ", offloaded (-oo 1): in pinned host memory, updated by the CPU" : "");
+    }
+}
+
 void print_model_state_memory(const GPT2Plan* model, int zero_stage, size_t measured) {
     printf("model state per process: %.1f MiB allocated (cudaMemGetInfo), %.1f MiB predicted for -z %d; -z 0/1/2/3 "
            "with %d process(es):", measured / 1048576.0, predicted_model_state_bytes(model, zero_stage) / 1048576.0,

@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -350,6 +352,33 @@ constexpr uint64_t COMM_FENCES = 16;
 inline uint64_t comm_fence(const ProcessGroup& g) { return comm_active(g) ? g.backend->fence(g) : 0; }
 inline void comm_wait_fence(const ProcessGroup& g, uint64_t fence) {
     if (comm_active(g)) g.backend->wait_fence(g, fence);
+}
+
+// How host vectors reach a backend's collectives (a checkpoint's assembly, llmc/parallel/model_state.h):
+// MPI's take host memory as it is (host_staging); NCCL moves device memory, so the CUDA trainer stages
+// each vector through device buffers. buffer(n): the backend's memory for n floats, zeroed, kept until
+// release(); put/get: host -> buffer, buffer -> host; wait(what): the collectives queued so far have
+// finished (NCCL: the compute stream synchronized, after comm_join).
+struct CommStaging {
+    std::function<float*(size_t n)> buffer;
+    std::function<void(float* buf, const float* host, size_t n)> put;
+    std::function<void(float* host, const float* buf, size_t n)> get;
+    std::function<void(const char* what)> wait;
+    std::function<void()> release;
+};
+
+inline CommStaging host_staging() {
+    auto buffers = std::make_shared<std::vector<std::vector<float> > >();
+    CommStaging s;
+    s.buffer = [buffers](size_t n) {
+        buffers->emplace_back(std::max<size_t>(n, 1), 0.0f);  // a moved vector keeps its data where it was
+        return buffers->back().data();
+    };
+    s.put = [](float* buf, const float* host, size_t n) { std::copy_n(host, n, buf); };
+    s.get = [](float* host, const float* buf, size_t n) { std::copy_n(buf, n, host); };
+    s.wait = [](const char*) {};
+    s.release = [buffers] { buffers->clear(); };
+    return s;
 }
 
 // The processes of `parent` with the same color, ordered by key: one sub-group per color. Every process

@@ -40,21 +40,37 @@ inline std::vector<float> layout_local_part(const ParallelLayout& lay, const GPT
 }
 
 // The whole model's vector on world rank 0 (empty elsewhere) from every process's local vector (its
-// tensor-parallel slices of its stage, local_n long): the slices gathered over the TP group, then the
-// stages over the PP group of the first data-parallel replica. Every process of the run calls it.
-inline std::vector<float> layout_gather_full(const ParallelLayout& lay, const GPT2Config& model_cfg,
-                                             const float* local, size_t local_n) {
+// tensor-parallel slices of its stage, local_n long): the first data-parallel replica's slices gathered
+// to tp rank 0, which puts its stage's tensors together (tp_copy_slices); then the later stages send
+// theirs to stage 0, which puts the layers in place (pp_copy_stage; stage 0's copy of the shared tensors
+// last, so it stays). The other replicas hold the same vectors and send nothing. Every process of the
+// run calls it; the vectors travel through the staging's buffers (comm.h).
+inline std::vector<float> layout_gather_full(const ParallelLayout& lay, const GPT2Config& model_cfg, const float* local,
+                                             size_t local_n, const CommStaging& st) {
     GPT2Config stage_cfg = layout_stage_config(lay, model_cfg);
+    std::vector<float> stage(local, local + local_n), full;
+    if (lay.dp_rank != 0) return full;
     const ProcessGroup& tp = lay.tp_group;
-    std::vector<float> all(tp.rank == 0 ? tp.size * local_n : 0), stage;
-    gather(tp, local, local_n, all.data());
-    if (tp.rank != 0) return stage;
-    stage.resize(num_parameters(stage_cfg));
-    for (int t = 0; t < tp.size; t++) tp_copy_slices(stage_cfg, tp.size, t, stage.data(), all.data() + t * local_n, false);
+    if (tp.size > 1) {
+        float* slice = st.buffer(local_n);
+        float* slices = st.buffer(tp.rank == 0 ? tp.size * local_n : 1);
+        st.put(slice, local, local_n);
+        gather(tp, slice, local_n, slices, COMM_FLOAT32);
+        comm_join(tp);
+        st.wait("a checkpoint's tensor-parallel slices, gathered");
+        if (tp.rank == 0) {
+            std::vector<float> all(tp.size * local_n);
+            st.get(all.data(), slices, all.size());
+            stage.assign(num_parameters(stage_cfg), 0.0f);
+            for (int t = 0; t < tp.size; t++) tp_copy_slices(stage_cfg, tp.size, t, stage.data(), all.data() + t * local_n, false);
+        }
+        st.release();
+        if (tp.rank != 0) return full;
+    }
     const ProcessGroup& pp = lay.pp_group;
-    if (lay.dp_rank != 0 || pp.size == 1) return lay.dp_rank == 0 ? stage : std::vector<float>();
-    std::vector<std::vector<float>> stages = pp_gather_vectors(pp, stage);
-    std::vector<float> full;
+    if (pp.size == 1) return stage;
+    std::vector<std::vector<float>> stages =
+        pp_gather_vectors(pp, stage, [&](int s) { return num_parameters(pp_stage_config(model_cfg, pp.size, s)); }, st);
     if (pp.rank != 0) return full;
     full.resize(num_parameters(model_cfg));
     for (int s = pp.size - 1; s >= 0; s--) {  // stage 0 last: its copy of the shared tensors stays
@@ -65,17 +81,22 @@ inline std::vector<float> layout_gather_full(const ParallelLayout& lay, const GP
     return full;
 }
 
-// A local vector of n elements of which this process holds [begin, end) (`mine`, its ZeRO-1 shard of the
-// data-parallel group's shard layout), made whole on every process of the group; all of it
-// (begin = 0, end = n) is returned as it is.
+// A local vector of n elements of which this process holds [begin, end) (`mine`, its ZeRO shard of the
+// data-parallel group's shard layout), made whole on every process of the group through a padded
+// buffer of the staging; all of it (begin = 0, end = n) is returned as it is.
 inline std::vector<float> zero_gather_local(const ProcessGroup& dp, const ShardLayout& shard,
-                                            const std::vector<float>& mine, size_t begin, size_t end, size_t n) {
+                                            const std::vector<float>& mine, size_t begin, size_t end, size_t n,
+                                            const CommStaging& st) {
     if (begin == 0 && end == n) return mine;
-    std::vector<float> padded(shard.padded_size, 0.0f);
-    std::copy(mine.begin(), mine.end(), padded.begin() + begin);
-    all_gather(dp, padded.data(), shard.shard_size);
-    padded.resize(n);
-    return padded;
+    float* padded = st.buffer(shard.padded_size);
+    st.put(padded + begin, mine.data(), end - begin);
+    all_gather(dp, padded, shard.shard_size, COMM_FLOAT32);
+    comm_join(dp);
+    st.wait("the optimizer state's gather for a checkpoint");
+    std::vector<float> whole(n);
+    st.get(whole.data(), padded, n);
+    st.release();
+    return whole;
 }
 
 // Adafactor's state (-opt adafactor) is no per-parameter vector: each tensor's row and column factors

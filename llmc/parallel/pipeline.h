@@ -263,23 +263,29 @@ inline double pipeline_forward_only(PipelineComm* comm, const PipelineStageHooks
     return loss;
 }
 
-// Whole vectors of different lengths from every stage to stage 0 (checkpoints): returns them there,
-// in stage order; elsewhere an empty list.
-inline std::vector<std::vector<float>> pp_gather_vectors(const ProcessGroup& pp, const std::vector<float>& mine) {
-    std::vector<std::vector<float>> all;
+// Every stage's vector to stage 0 (checkpoints): stage s's is size_of(s) long. Returns them there, in
+// stage order; elsewhere empty vectors. Each travels through one buffer of the staging (comm.h).
+template <typename SizeOf>
+std::vector<std::vector<float>> pp_gather_vectors(const ProcessGroup& pp, const std::vector<float>& mine, SizeOf size_of,
+                                                  const CommStaging& st) {
+    std::vector<std::vector<float>> stages(pp.size);
+    size_t largest = 0;
+    for (int s = 0; s < pp.size; s++) largest = std::max(largest, (size_t)size_of(s));
+    float* buffer = st.buffer(largest);
     if (pp.rank != 0) {
-        uint64_t n = mine.size();
-        comm_send(pp, &n, 1, 0, 0);
-        comm_send(pp, mine.data(), n, 0, 0);
+        st.put(buffer, mine.data(), mine.size());
+        comm_send(pp, buffer, mine.size(), COMM_FLOAT32, 0, 0);
         comm_finish_sends(pp);
-        return all;
+        st.wait("a checkpoint's stage vector, sent to stage 0");
+    } else {
+        stages[0] = mine;
+        for (int s = 1; s < pp.size; s++) {
+            stages[s].resize(size_of(s));
+            comm_recv(pp, buffer, stages[s].size(), COMM_FLOAT32, s, 0);
+            st.wait("a checkpoint's stage vector, from a later stage");
+            st.get(stages[s].data(), buffer, stages[s].size());
+        }
     }
-    all.push_back(mine);
-    for (int s = 1; s < pp.size; s++) {
-        uint64_t n = 0;
-        comm_recv(pp, &n, 1, s, 0);
-        all.emplace_back(n);
-        comm_recv(pp, all.back().data(), n, s, 0);
-    }
-    return all;
+    st.release();
+    return stages;
 }

@@ -1,0 +1,139 @@
+// A checkpoint's model and optimizer state, written and read back across the process layout: once for
+// both trainers. A trainer describes its state (CheckpointModel: its place in the layout, its optimizer's
+// range, its vectors read out as fp32 host vectors, and how host vectors reach its backend's collectives);
+// this file decides who writes what.
+//
+//   no tp, no pp   world rank 0 writes the model file; every process writes its state file with its
+//                  optimizer range [opt_begin, opt_end) (its ZeRO shard, or all of it); Adafactor's state
+//                  is whole on every process, so process 0's file holds it all
+//   -tp or -pp     the slices, then the stages, are put together (llmc/parallel/model_state.h): world
+//                  rank 0 writes the whole model and the whole optimizer state (one segment [0, N)), the
+//                  others state files with empty segments, so that any layout of either trainer resumes it
+//
+// Resuming reads what this process needs from whichever layout wrote the checkpoint (train_state_restore)
+// and cuts this process's part out of the whole model's vectors (layout_local_part).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../gpt2_config.h"
+#include "../io/checkpoint.h"
+#include "../optimizer.h"
+#include "../parallel/comm.h"
+#include "../parallel/layout.h"
+#include "../parallel/model_state.h"
+#include "../parallel/pipeline.h"
+#include "../parallel/zero.h"
+#include "run_loop.h"
+#include "train_common.h"
+
+// The optimizer vectors a trainer reads out for a checkpoint.
+enum CheckpointVector { CKPT_M, CKPT_V, CKPT_MASTER };
+
+struct CheckpointModel {
+    const ParallelLayout* layout = nullptr;
+    GPT2Config whole, local;          // the whole model; this process's stage of it
+    size_t num_parameters = 0;        // this process's parameters (its stage, its -tp slices)
+    size_t opt_begin = 0, opt_end = 0;  // the part its optimizer updates (-z 1..3: its shard)
+    ShardLayout shard;
+    OptimizerKind optimizer = OPT_ADAMW;
+    bool has_master = false;          // fp32 master weights beside the parameters (the CUDA trainer's -w 1)
+    int model_version = 0;            // the model file's format (llmc/io/checkpoint.h)
+    bool parameters_collective = false;  // -z 3: every process takes part in reading the parameters
+    // this process's num_parameters parameters, fp32
+    std::function<std::vector<float>()> parameters;
+    // CKPT_M, CKPT_V, CKPT_MASTER over [opt_begin, opt_end); Adafactor's CKPT_V: its whole (stage's) state
+    std::function<std::vector<float>(CheckpointVector which)> optimizer_vector;
+    CommStaging staging;
+};
+
+inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run, int step) {
+    const ParallelLayout& lay = *m.layout;
+    const ProcessGroup& world = lay.world;
+    const std::string& dir = run.args.output_dir;
+    const bool writer = world.rank == 0;
+    auto header = [&](size_t n, size_t begin, size_t end) {
+        return train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, n, begin, end);
+    };
+    TrainState state;
+    if (lay.tp == 1 && lay.pp == 1) {
+        if (writer || m.parameters_collective) {
+            std::vector<float> params = m.parameters();
+            if (writer) model_file_write(checkpoint_model_path(dir, step), m.local, params.data(), m.model_version);
+        }
+        if (m.optimizer == OPT_ADAFACTOR) {  // the whole state, on every process: process 0 writes it
+            state = header(m.num_parameters, 0, writer ? adafactor_state_size(optimizer_tensors(m.local)) : 0);
+            if (writer) state.v = m.optimizer_vector(CKPT_V);
+        } else {
+            state = header(m.num_parameters, m.opt_begin, m.opt_end);
+            state.m = m.optimizer_vector(CKPT_M);
+            state.v = m.optimizer_vector(CKPT_V);
+            if (m.has_master) state.master = m.optimizer_vector(CKPT_MASTER);
+        }
+    } else {  // the whole model and optimizer state, put together on world rank 0
+        size_t N = num_parameters(m.whole), n = m.num_parameters;
+        auto whole = [&](const std::vector<float>& mine, size_t begin, size_t end) {
+            std::vector<float> local = zero_gather_local(lay.dp_group, m.shard, mine, begin, end, n, m.staging);
+            return layout_gather_full(lay, m.whole, local.data(), n, m.staging);
+        };
+        std::vector<float> params = whole(m.parameters(), 0, n);
+        if (writer) model_file_write(checkpoint_model_path(dir, step), m.whole, params.data(), m.model_version);
+        if (m.optimizer == OPT_ADAFACTOR) {  // -pp: the stages' factored states, put together
+            std::vector<float> v;  // the first data-parallel replica's stages (every replica holds the same)
+            if (lay.dp_rank == 0) {
+                std::vector<std::vector<float>> stages = pp_gather_vectors(lay.pp_group, m.optimizer_vector(CKPT_V), [&](int s) {
+                    return adafactor_state_size(optimizer_tensors(pp_stage_config(m.whole, lay.pp, s)));
+                }, m.staging);
+                if (lay.pp_rank == 0) v = adafactor_whole_state(m.whole, stages);
+            }
+            state = header(N, 0, writer ? v.size() : 0);
+            if (writer) state.v = v;
+        } else {
+            std::vector<float> mo = whole(m.optimizer_vector(CKPT_M), m.opt_begin, m.opt_end);
+            std::vector<float> v = whole(m.optimizer_vector(CKPT_V), m.opt_begin, m.opt_end);
+            std::vector<float> master;
+            if (m.has_master) master = whole(m.optimizer_vector(CKPT_MASTER), m.opt_begin, m.opt_end);
+            state = header(N, 0, writer ? N : 0);
+            if (writer) {
+                state.m = mo;
+                state.v = v;
+                state.master = master;
+            }
+        }
+    }
+    state.optimizer = m.optimizer;  // AdamW, Muon (its momentum where AdamW's m is), Adafactor
+    checkpoint_finish(dir, step, world.rank, &state, run.scaler, [&](const char* what) { barrier(world, what); });
+}
+
+// This process's optimizer state from checkpoint run->resume_step (m, v and master over [opt_begin,
+// opt_end), master empty where the checkpoint has none; Adafactor: v, its whole or its stage's state),
+// with the data position, the sampler and the loss scaler restored.
+inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* run) {
+    const ParallelLayout& lay = *m.layout;
+    const std::string& dir = run->args.output_dir;
+    int step = run->resume_step, accum = run->data.grad_accum_steps;
+    DataLoader* loader = &run->data.train;
+    uint64_t* rng = &run->sampler_rng;
+    TrainState state;
+    if (m.optimizer == OPT_ADAFACTOR) {  // its whole state vector, which process 0's file holds (-pp: the whole model's)
+        bool stages = lay.pp > 1;
+        size_t n = stages ? num_parameters(m.whole) : m.num_parameters;
+        state = train_state_restore(dir, step, lay.dp_group, accum, n, 0,
+                                    adafactor_state_size(optimizer_tensors(stages ? m.whole : m.local)), loader, rng,
+                                    OPT_ADAFACTOR);
+        if (stages) state.v = layout_local_adafactor_state(lay, m.whole, state.v);
+    } else if (lay.tp == 1 && lay.pp == 1) {
+        state = train_state_restore(dir, step, lay.dp_group, accum, m.num_parameters, m.opt_begin, m.opt_end, loader, rng,
+                                    m.optimizer);
+    } else {  // the whole state, then this process's part (its stage's layers, its slices) and its -z shard of that
+        size_t N = num_parameters(m.whole);
+        state = train_state_restore(dir, step, lay.dp_group, accum, N, 0, N, loader, rng, m.optimizer);
+        for (std::vector<float>* v : {&state.m, &state.v, &state.master}) {
+            if (!v->empty()) *v = layout_local_part(lay, m.whole, *v, m.opt_begin, m.opt_end);
+        }
+    }
+    loss_scaler_restore(&run->scaler, state);
+    return state;
+}
