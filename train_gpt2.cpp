@@ -25,7 +25,9 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/encoder.h"
 #include "llmc/gelu.h"
 #include "llmc/gpt2_config.h"
+#include "llmc/gpt2_activations.h"
 #include "llmc/gpt2_init.h"
+#include "llmc/gpt2_plan.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/io/output_lock.h"
@@ -64,69 +66,6 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 
 using ParameterTensors = ParameterTensorsOf<float>;  // llmc/gpt2_config.h
 
-// ----------------------------------------------------------------------------
-// Activations of the forward pass, kept for the backward pass. Per-layer tensors are stacked over L;
-// within a call they are laid out for that call's (B, T), so any B*T up to the allocated size works.
-// Recomputation (-r) keeps fewer of them: a tensor it does not keep has one block's worth of storage,
-// which every layer's forward overwrites and the backward refills, just before that block's backward,
-// by running the same functions on the same inputs again (so the same bits):
-//   -r 1: fch_gelu, from fch;  -r 2: also ln1 and ln2, from the block input and residual2;
-//   -r 3: everything but residual3 (each block's output, the next block's input): the whole block's
-//         forward runs again, about one more forward pass of compute.
-
-struct ActivationTensors {
-    float* encoded;    // (B, T, C)
-    float* ln1;        // (L, B, T, C), (B, T, C) with -r 2
-    float* ln1_mean;   // (L, B, T), (B, T) with -r 3 (as are all the ones below but residual3)
-    float* ln1_rstd;   // (L, B, T)
-    float* qkv;        // (L, B, T, 3C)
-    float* atty;       // (L, B, T, C)
-    float* att;        // (L, B, NH, T, T)
-    float* attproj;    // (L, B, T, C)
-    float* residual2;  // (L, B, T, C)
-    float* ln2;        // (L, B, T, C), (B, T, C) with -r 2
-    float* ln2_mean;   // (L, B, T)
-    float* ln2_rstd;   // (L, B, T)
-    float* fch;        // (L, B, T, 4C)
-    float* fch_gelu;   // (L, B, T, 4C), (B, T, 4C) with -r 1
-    float* fcproj;     // (L, B, T, C)
-    float* residual3;  // (L, B, T, C) at every level
-    float* lnf;        // (B, T, C)
-    float* lnf_mean;   // (B, T)
-    float* lnf_rstd;   // (B, T)
-    float* logits;     // (B, T, Vp)
-    float* losses;     // (B, T)
-    int recompute;     // the -r level this layout was made for
-};
-
-// How many layers' worth of each block activation -r keeps: L, or 1 for the ones it recomputes.
-struct RecomputeLayers {
-    size_t block;      // every block activation but residual3 (-r 3 keeps 1)
-    size_t layernorm;  // ln1, ln2 (-r 2 keeps 1)
-    size_t gelu;       // fch_gelu (-r 1 keeps 1)
-};
-
-RecomputeLayers recompute_layers(size_t L, int recompute) {
-    RecomputeLayers k;
-    k.block = recompute >= 3 ? 1 : L;
-    k.layernorm = recompute >= 2 ? 1 : k.block;
-    k.gelu = recompute >= 1 ? 1 : k.block;
-    return k;
-}
-
-// Gradients of activations are needed only one layer at a time, so the backward pass reuses these
-// buffers for every layer instead of keeping a gradient for each activation.
-struct BackwardScratch {
-    float* dresidual;  // (B, T, C)   gradient flowing down the residual stream
-    float* dln;        // (B, T, C)   gradient of a layernorm output (ln1, ln2 or lnf)
-    float* datty;      // (B, T, C)
-    float* dqkv;       // (B, T, 3C)
-    float* dfch;       // (B, T, 4C)
-    float* dfch_gelu;  // (B, T, 4C)
-    float* dlogits;    // (B, T, Vp)
-    float* gathered;   // (tp·R, C)   -sq 1: the gathers' and reduce-scatters' buffer (tensor_parallel.h)
-};
-
 using BlockParams = BlockTensorsOf<const float>;  // llmc/gpt2_config.h
 using BlockGrads = BlockTensorsOf<float>;
 
@@ -146,52 +85,6 @@ ParameterTensorsOf<T> outer_tensors_in_unit(T* buf, const ZeroUnit& u) {
     p.lnfw = buf + u.slices[2].unit_offset;
     p.lnfb = buf + u.slices[3].unit_offset;
     return p;
-}
-
-// One block's activations for a call with B*T positions: views of layer l's slices of ActivationTensors.
-struct BlockActs {
-    const float* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
-    float* ln1;             // (B, T, C)
-    float* ln1_mean;        // (B, T)
-    float* ln1_rstd;        // (B, T)
-    float* qkv;             // (B, T, 3C)
-    float* atty;            // (B, T, C)
-    float* att;             // (B, NH, T, T)
-    float* attproj;         // (B, T, C)
-    float* residual2;       // (B, T, C)
-    float* ln2;             // (B, T, C)
-    float* ln2_mean;        // (B, T)
-    float* ln2_rstd;        // (B, T)
-    float* fch;             // (B, T, 4C)
-    float* fch_gelu;        // (B, T, 4C)
-    float* fcproj;          // (B, T, C)
-    float* residual3;       // (B, T, C)   the block's output
-};
-
-// With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns (NH/tp heads);
-// with sequence parallelism the residual stream, the layernorms and attproj, fcproj hold R of the B·T rows
-// (rows; llmc/parallel/tensor_parallel.h). A tensor that recomputation keeps for one layer only is the
-// same storage for every l.
-BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH, size_t tp = 1,
-                     size_t rows = 0) {
-    size_t BT = (size_t)B * T, Cl = C / tp, R = rows ? rows : BT;
-    size_t lb = a.recompute >= 3 ? 0 : l, lln = a.recompute >= 2 ? 0 : lb, lg = a.recompute >= 1 ? 0 : lb;
-    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * R * C,
-            a.ln1 + lln * R * C,
-            a.ln1_mean + lb * R,
-            a.ln1_rstd + lb * R,
-            a.qkv + lb * BT * 3 * Cl,
-            a.atty + lb * BT * Cl,
-            a.att + lb * B * (NH / tp) * T * T,
-            a.attproj + lb * R * C,
-            a.residual2 + lb * R * C,
-            a.ln2 + lln * R * C,
-            a.ln2_mean + lb * R,
-            a.ln2_rstd + lb * R,
-            a.fch + lb * BT * 4 * Cl,
-            a.fch_gelu + lg * BT * 4 * Cl,
-            a.fcproj + lb * R * C,
-            a.residual3 + l * R * C};
 }
 
 struct GPT2 {
@@ -337,55 +230,9 @@ void gpt2_keep_local_part(GPT2* model) {
     model->grads_memory.assign(offset, 0.0f);
 }
 
-// Floats of the activations for (B, T) at a recompute level; with acts, also points its tensors into
-// `memory` (which holds that many floats). With tensor parallelism (tp > 1), this rank's columns:
-// C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits; with sequence parallelism (sp) also R = ceil(B·T/tp)
-// of the rows of the (B, T, C) tensors and their layernorm statistics, but lnf gathered whole (tp·R
-// rows, the LM head's input). A pipeline stage before the last has no lnf, logits or losses.
-size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Config& cfg, int B, int T, int recompute,
-                          size_t tp = 1, bool last_stage = true, bool sp = false) {
-    size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
-    size_t BT = (size_t)B * T, Cl = C / tp;
-    size_t R = sp_rows_per_rank(BT, tp, sp && tp > 1), lnf_rows = sp && tp > 1 ? tp * R : BT;
-    RecomputeLayers k = recompute_layers(L, recompute);
-    ActivationTensors unused;
-    ActivationTensors* a = acts ? acts : &unused;
-    a->recompute = recompute;
-    float** act_ptrs[] = {&a->encoded, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->att,
-                          &a->attproj, &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
-                          &a->fcproj, &a->residual3, &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->losses};
-    size_t act_sizes[] = {R * C, k.layernorm * R * C, k.block * R, k.block * R, k.block * BT * 3 * Cl,
-                          k.block * BT * Cl, k.block * B * NH * T * T, k.block * R * C, k.block * R * C,
-                          k.layernorm * R * C, k.block * R, k.block * R, k.block * BT * 4 * Cl, k.gelu * BT * 4 * Cl,
-                          k.block * R * C, L * R * C, lnf_rows * C, R, R, BT * Vp, BT};
-    if (!last_stage) {
-        for (int i = 16; i <= 20; i++) act_sizes[i] = 0;
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof(act_sizes) / sizeof(act_sizes[0]); i++) {
-        *act_ptrs[i] = memory ? memory + total : nullptr;
-        total += act_sizes[i];
-    }
-    return total;
-}
-
 // Points model->acts at activation slot `slot` (pipeline: the micro-batch's own set), keeping each
 // slot's cross-entropy statistics with it.
 void gpt2_use_activation_slot(GPT2* model, int slot);
-
-// The backward scratch's tensors, floats each: dresidual, dln (B, T, C); datty (B, T, C/tp); dqkv; dfch
-// and dfch_gelu; dlogits (B, T, Vp/tp) on the last pipeline stage only; with sequence parallelism (sp)
-// dresidual has this rank's R rows, dln and the gather buffer tp·R.
-constexpr int NUM_SCRATCH_TENSORS = 8;
-void backward_scratch_sizes(const GPT2Config& cfg, int B, int T, size_t tp, bool last_stage,
-                            size_t sizes[NUM_SCRATCH_TENSORS], bool sp = false) {
-    size_t BT = (size_t)B * T, C = cfg.channels, Cl = C / tp, Vp = cfg.padded_vocab_size / tp;
-    bool on = sp && tp > 1;
-    size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;
-    size_t s[NUM_SCRATCH_TENSORS] = {R * C, full * C, BT * Cl, BT * 3 * Cl, BT * 4 * Cl, BT * 4 * Cl,
-                                     last_stage ? BT * Vp : 0, on ? full * C : 0};
-    std::copy(s, s + NUM_SCRATCH_TENSORS, sizes);
-}
 
 // The activations for (B, T), `slots` sets of them (a pipeline stage keeps one per micro-batch in
 // flight, llmc/parallel/pipeline.h), and the backward scratch.
@@ -982,57 +829,6 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
     zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory);
 }
 
-// The run's memory per process, from the shapes alone (llmc/run/memory_plan.h; -P 1 prints it before
-// anything is allocated): this process's parameters and gradients (its stage's layers, its tensor-
-// parallel slices, padded or sharded as gpt2_setup_optimizer does), the optimizer's state, ZeRO-2/3's
-// unit buffers (llmc/parallel/zero_sharded.h), the activation sets (layout_activations) and the
-// backward scratch. Every one is a float vector the trainer allocates, so the plan is exact; the
-// process's other memory (the program, OpenMP and MPI, the data loader's shard) is not in it.
-MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& lay, OptimizerKind kind,
-                            const TrainArgs& args, int m) {
-    GPT2Config cfg = layout_stage_config(lay, model_cfg);
-    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
-    tp_param_sizes(cfg, lay.tp, sizes);
-    for (size_t s : sizes) n += s;
-    const ShardLayout sh = shard_layout(n, lay.dp, lay.dp_rank);
-    const int z = lay.zero_stage;
-    const size_t F = sizeof(float), opt_n = z >= 1 ? sh.end - sh.begin : n;
-    OptimizerPlan opt = optimizer_plan(kind, cfg, lay.dp);
-    size_t moments = kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : 2 * opt_n;
-    size_t gathers = 0;
-    if (z >= 2) {  // the outer unit and a block's, for the gradients (and a reduce-scatter piece); -z 3 params too
-        std::vector<ZeroUnit> units = zero_units(cfg);
-        size_t outer = units[ZERO_OUTER_UNIT].size, block = units.size() > 1 ? units[1].size : 0;
-        gathers = (outer + 2 * block) * (z == 3 ? 2 : 1);
-    }
-    bool last = lay.pp_rank == lay.pp - 1;
-    int slots = lay.pp > 1 ? pp_activation_slots(args.pipeline_schedule, lay.pp, lay.pp_rank, m) : 1;
-    auto activations = [&](int r) {
-        return layout_activations(nullptr, nullptr, cfg, args.B, args.T, r, lay.tp, last, lay.sequence_parallel);
-    };
-    size_t set = activations(args.recompute);
-    size_t scratch_sizes[NUM_SCRATCH_TENSORS], scratch = 0;
-    backward_scratch_sizes(cfg, args.B, args.T, lay.tp, last, scratch_sizes, lay.sequence_parallel);
-    for (size_t n_i : scratch_sizes) scratch += n_i;
-    char note[160];
-    MemoryPlan plan;
-    snprintf(note, sizeof(note), "fp32, %zu of this process's %zu; %s", z == 3 ? sh.shard_size : sh.padded_size, n,
-             z == 3 ? "-z 3: its shard" : "padded to whole shards");
-    plan.add("parameters", (z == 3 ? sh.shard_size : sh.padded_size) * F, note);
-    plan.add("gradients", (z >= 2 ? sh.shard_size : sh.padded_size) * F, z >= 2 ? "-z 2, 3: its shard" : "");
-    snprintf(note, sizeof(note), "%s over %zu parameters%s", optimizer_name(kind), opt_n, z >= 1 ? " (its ZeRO shard)" : "");
-    plan.add(kind == OPT_ADAFACTOR ? "optimizer state (factors)" : "optimizer state (m, v)", moments * F, note);
-    if (gathers > 0) plan.add("ZeRO unit buffers", gathers * F, "a block's and the outer tensors' gathers and reductions");
-    snprintf(note, sizeof(note), "B=%d T=%d at -r %d, %d set(s); -r 0/1/2/3 a set: %.1f %.1f %.1f %.1f MiB", args.B,
-             args.T, args.recompute, slots,
-             activations(0) * F / 1048576.0, activations(1) * F / 1048576.0, activations(2) * F / 1048576.0,
-             activations(3) * F / 1048576.0);
-    plan.add("activations", set * slots * F, note);
-    plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
-    return plan;
-}
-
-// Bytes of the arrays the plan counts, as allocated (their sizes, not the process's resident memory).
 size_t gpt2_allocated_bytes(const GPT2* model) {
     size_t floats = model->params_memory.size() + model->grads_memory.size() + model->m_memory.size() +
                     model->v_memory.size() + model->acts_memory.size() + model->scratch_memory.size();

@@ -1,0 +1,72 @@
+// The CPU trainer's memory plan (train_gpt2.cpp; -P 1 prints it, and the run checks it against what it
+// allocated): from the shapes and the layout alone, nothing allocated. llmc/gpt2_plan.cuh is the CUDA
+// trainer's.
+#pragma once
+
+#include <cstdio>
+#include <vector>
+
+#include "gpt2_activations.h"
+#include "gpt2_config.h"
+#include "optimizer.h"
+#include "parallel/layout.h"
+#include "parallel/matrix_owners.h"
+#include "parallel/model_state.h"
+#include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
+#include "parallel/zero_sharded.h"
+#include "run/args.h"
+#include "run/memory_plan.h"
+
+// The run's memory per process, from the shapes alone (llmc/run/memory_plan.h; -P 1 prints it before
+// anything is allocated): this process's parameters and gradients (its stage's layers, its tensor-
+// parallel slices, padded or sharded as gpt2_setup_optimizer does), the optimizer's state, ZeRO-2/3's
+// unit buffers (llmc/parallel/zero_sharded.h), the activation sets (layout_activations) and the
+// backward scratch. Every one is a float vector the trainer allocates, so the plan is exact; the
+// process's other memory (the program, OpenMP and MPI, the data loader's shard) is not in it.
+MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& lay, OptimizerKind kind,
+                            const TrainArgs& args, int m) {
+    GPT2Config cfg = layout_stage_config(lay, model_cfg);
+    size_t sizes[NUM_PARAMETER_TENSORS], n = 0;
+    tp_param_sizes(cfg, lay.tp, sizes);
+    for (size_t s : sizes) n += s;
+    const ShardLayout sh = shard_layout(n, lay.dp, lay.dp_rank);
+    const int z = lay.zero_stage;
+    const size_t F = sizeof(float), opt_n = z >= 1 ? sh.end - sh.begin : n;
+    OptimizerPlan opt = optimizer_plan(kind, cfg, lay.dp);
+    size_t moments = kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : 2 * opt_n;
+    size_t gathers = 0;
+    if (z >= 2) {  // the outer unit and a block's, for the gradients (and a reduce-scatter piece); -z 3 params too
+        std::vector<ZeroUnit> units = zero_units(cfg);
+        size_t outer = units[ZERO_OUTER_UNIT].size, block = units.size() > 1 ? units[1].size : 0;
+        gathers = (outer + 2 * block) * (z == 3 ? 2 : 1);
+    }
+    bool last = lay.pp_rank == lay.pp - 1;
+    int slots = lay.pp > 1 ? pp_activation_slots(args.pipeline_schedule, lay.pp, lay.pp_rank, m) : 1;
+    auto activations = [&](int r) {
+        return layout_activations(nullptr, nullptr, cfg, args.B, args.T, r, lay.tp, last, lay.sequence_parallel);
+    };
+    size_t set = activations(args.recompute);
+    size_t scratch_sizes[NUM_SCRATCH_TENSORS], scratch = 0;
+    backward_scratch_sizes(cfg, args.B, args.T, lay.tp, last, scratch_sizes, lay.sequence_parallel);
+    for (size_t n_i : scratch_sizes) scratch += n_i;
+    char note[160];
+    MemoryPlan plan;
+    snprintf(note, sizeof(note), "fp32, %zu of this process's %zu; %s", z == 3 ? sh.shard_size : sh.padded_size, n,
+             z == 3 ? "-z 3: its shard" : "padded to whole shards");
+    plan.add("parameters", (z == 3 ? sh.shard_size : sh.padded_size) * F, note);
+    plan.add("gradients", (z >= 2 ? sh.shard_size : sh.padded_size) * F, z >= 2 ? "-z 2, 3: its shard" : "");
+    snprintf(note, sizeof(note), "%s over %zu parameters%s", optimizer_name(kind), opt_n, z >= 1 ? " (its ZeRO shard)" : "");
+    plan.add(kind == OPT_ADAFACTOR ? "optimizer state (factors)" : "optimizer state (m, v)", moments * F, note);
+    if (gathers > 0) plan.add("ZeRO unit buffers", gathers * F, "a block's and the outer tensors' gathers and reductions");
+    snprintf(note, sizeof(note), "B=%d T=%d at -r %d, %d set(s); -r 0/1/2/3 a set: %.1f %.1f %.1f %.1f MiB", args.B,
+             args.T, args.recompute, slots,
+             activations(0) * F / 1048576.0, activations(1) * F / 1048576.0, activations(2) * F / 1048576.0,
+             activations(3) * F / 1048576.0);
+    plan.add("activations", set * slots * F, note);
+    plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
+    return plan;
+}
+
+// Bytes of the arrays the plan counts, as allocated (their sizes, not the process's resident memory).
