@@ -97,15 +97,15 @@ $(BUILD)/comm_check: test/comm_check.cpp $(LLMC_HEADERS) $(COMM_CHECK_CONFIG) | 
 	@if [ -z "$(MPICXX)" ]; then echo "comm_check: needs MPI (mpicxx; scripts/install_deps.sh)" >&2; exit 1; fi
 	$(TRAIN_CXX) $(CXXFLAGS) $< -o $@
 
-# the FMA peak (llmc/cpu_peak.h) that bench-cpu divides our FLOP/s by
-$(BUILD)/cpu_peak: dev/cpu_peak.cpp llmc/cpu_peak.h | $(BUILD)
+# the FMA peak (llmc/run/cpu_peak.h) that bench-cpu divides our FLOP/s by
+$(BUILD)/cpu_peak: dev/cpu_peak.cpp llmc/run/cpu_peak.h | $(BUILD)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
 bench-cpu: train_gpt2 $(BUILD)/cpu_peak
 	$(PYTHON) dev/bench_cpu.py
 
 # OpenBLAS is linked by this benchmark only; the trainer never depends on it.
-$(BUILD)/bench_gemm: dev/bench_gemm.cpp llmc/gemm.h llmc/cpu_peak.h | $(BUILD)
+$(BUILD)/bench_gemm: dev/bench_gemm.cpp llmc/gemm.h llmc/run/cpu_peak.h | $(BUILD)
 	@pkg-config --exists openblas || { echo "bench-gemm: OpenBLAS is not installed" \
 		"(scripts/install_deps.sh --bench, or apt-get install libopenblas-dev)" >&2; exit 1; }
 	$(CXX) $(CXXFLAGS) $$(pkg-config --cflags openblas 2>/dev/null) $< $$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas) -o $@

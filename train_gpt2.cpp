@@ -20,7 +20,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/adafactor.h"
 #include "llmc/adamw.h"
 #include "llmc/attention.h"
-#include "llmc/cpu_peak.h"
+#include "llmc/run/cpu_peak.h"
 #include "llmc/crossentropy.h"
 #include "llmc/encoder.h"
 #include "llmc/gelu.h"
@@ -937,11 +937,11 @@ int main(int argc, char** argv) {
         printf("memory: %zu bytes planned (-P 1), %zu allocated (the model's arrays): %+.2f%%\n", planned, allocated,
                100.0 * ((double)allocated - (double)planned) / (double)planned);
     }
-    // MFU's denominator: this process's threads' FMA peak (llmc/cpu_peak.h), or -pk; the numerator its
+    // MFU's denominator: this process's threads' FMA peak (llmc/run/cpu_peak.h), or -pk; the numerator its
     // share of the model's FLOPs (its stage's layers, 1/tp of them)
     run.peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();
     printf("peak: %.1f GFLOP/s fp32 (%s)\n", run.peak_flops / 1e9,
-           args.peak_gflops > 0 ? "-pk" : "measured FMA loop, llmc/cpu_peak.h; -pk to set");
+           args.peak_gflops > 0 ? "-pk" : "measured FMA loop, llmc/run/cpu_peak.h; -pk to set");
     run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * run.data.grad_accum_steps / layout.tp;
     // -ni (testing): the last stage of the first pipeline stands for one bad micro-batch
     run.injects_bad_micro = layout.tp_rank == 0 && layout.dp_rank == 0 && layout.pp_rank == layout.pp - 1;

@@ -65,6 +65,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/optimizer_offload.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
 #include "llmc/parallel/zero_device.cuh"
+#include "llmc/run/device_report.cuh"
 #include "llmc/run/phase_events.cuh"
 #include "llmc/gpt2_activations.cuh"  // the activation table
 #include "llmc/gpt2_plan.cuh"         // GPT2Plan: shapes, settings, memory and byte predictions
@@ -849,19 +850,6 @@ void gpt2_free(GPT2* model) {
 // ----------------------------------------------------------------------------
 // The training run
 
-// Dense BF16 tensor-core peak of the device, for MFU; 0 when the model is not in the table.
-double bf16_peak_flops(const cudaDeviceProp& prop) {
-    struct Peak { const char* name; double tflops; };
-    static const Peak peaks[] = {{"H200", 989.0}, {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H100", 989.0},
-                                 {"H800", 989.0}, {"A100", 312.0},      {"A800", 312.0},     {"L40S", 362.0},
-                                 {"L40", 181.0},  {"L4", 121.0},   {"A10G", 70.0},       {"A10", 125.0},      {"RTX 4090", 165.0},
-                                 {"RTX 3090", 71.0}};
-    for (const Peak& p : peaks) {
-        if (strstr(prop.name, p.name)) return p.tflops * 1e12;
-    }
-    return 0.0;
-}
-
 // One sample (llmc/run/train_common.h has the loop and the settings, shared with the CPU trainer): the
 // logits of the window's last position, fetched from the device and widened to fp32.
 void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
@@ -898,33 +886,6 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
 // ----------------------------------------------------------------------------
 // Checkpoints (llmc/run/checkpoint_state.h decides who writes what across the layout)
 
-// Host vectors through device buffers, for the collectives that put a checkpoint together (NCCL moves
-// device memory): copies on the model's stream, waited for before the host memory is reused.
-CommStaging device_staging(GPT2* model) {
-    auto buffers = std::make_shared<std::vector<float*>>();
-    CommStaging s;
-    s.buffer = [model, buffers](size_t n) {
-        float* p = nullptr;
-        cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
-        cudaCheck(cudaMemsetAsync(p, 0, std::max<size_t>(n, 1) * sizeof(float), model->stream));
-        buffers->push_back(p);
-        return p;
-    };
-    s.put = [model](float* buf, const float* host, size_t n) {
-        cudaCheck(cudaMemcpyAsync(buf, host, n * sizeof(float), cudaMemcpyHostToDevice, model->stream));
-        cudaCheck(cudaStreamSynchronize(model->stream));
-    };
-    s.get = [](float* host, const float* buf, size_t n) {
-        cudaCheck(cudaMemcpy(host, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
-    };
-    s.wait = [model](const char* what) { gpt2_sync(model, what); };
-    s.release = [buffers] {
-        for (float* p : *buffers) cudaCheck(cudaFree(p));
-        buffers->clear();
-    };
-    return s;
-}
-
 // The model's state as a checkpoint reads it: the parameters widened to fp32 (-z 3: gathered, every
 // process taking part), the optimizer's vectors copied out of the device (or, -oo 1, pinned host memory).
 CheckpointModel gpt2_checkpoint_model(GPT2* model) {
@@ -949,7 +910,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         cudaCheck(cudaMemcpy(host.data(), src, n * sizeof(float), cudaMemcpyDefault));
         return host;
     };
-    c.staging = device_staging(model);
+    c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
     return c;
 }
 
@@ -1105,44 +1066,6 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
     if (pipeline) h.step_note = [=] { return *note; };
     return h;
-}
-
-// The GPU's line at start-up; returns its peak FLOP/s for MFU (-pk, or the table's; 0 if unknown).
-double describe_device(const DataParallel& dp, const TrainArgs& args) {
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, dp.device));
-    double peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : bf16_peak_flops(prop);
-    printf("train_gpt2cu (%s, CUDA) on %s (sm_%d%d, %d SMs, %.1f GiB)\n", PRECISION_NAME, prop.name, prop.major,
-           prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
-    if (dp.nccl) {
-        int version = 0;
-        ncclGetVersion(&version);
-        printf("data parallel: %d process(es) started by %s, one GPU each (NCCL %d), ZeRO stage -z %d, timeout -pt %g s\n",
-               dp.size, launch_method_name(dp.method), version, args.zero_stage, dp.timeout_s);
-    }
-    printf("settings: recompute -r %s, master weights -w %d%s, GELU fusion -ge %d, bias gradients in the matmul -bg %d, "
-           "flash attention -fa %d%s\n",
-           args.recompute == RECOMPUTE_AUTO ? "auto" : std::to_string(args.recompute).c_str(), args.master_weights, std::is_same<floatX, float>::value ? " (fp32 build: not needed)" : "",
-           args.gelu_fusion, args.bias_grad_epilogue, args.flash_attention, FLASH_ATTENTION_AVAILABLE ? "" : " (this build: cuBLAS path)");
-    return peak_flops;
-}
-
-// The start-up's predictions beside what happened: the bytes a step will move (metrics.jsonl counts
-// them), the device memory in use, and the memory plan (-P 1) against it.
-void print_predictions_and_memory(GPT2* model, const TrainArgs& args, int micro_steps) {
-    const ParallelLayout& layout = model->layout;
-    if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {
-        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
-               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n",
-               predicted_comm_bytes(model, micro_steps), layout.zero_stage, layout.dp, layout.tp, layout.pp, micro_steps);
-    }
-    size_t free_bytes, total_bytes;
-    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
-           total_bytes / 1073741824.0);
-    size_t planned = gpt2_memory_plan(model, args.B, args.T, model->recompute).total(), used = total_bytes - free_bytes;
-    printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%\n", planned, used,
-           100.0 * ((double)used - (double)planned) / (double)planned);
 }
 
 // After the run: where -oo 1's host updates spent their time, and -at 1's choices.

@@ -16,7 +16,7 @@
 //   1 thread:  per-thread CPU time (CLOCK_THREAD_CPUTIME_ID), against a one-thread FMA peak timed
 //              the same way. CPU time does not count the time another process held the core, so the
 //              fraction of peak survives a shared machine.
-//   N threads: wall time, against llmc/cpu_peak.h's N-thread peak (the threads' rates in CPU time,
+//   N threads: wall time, against llmc/run/cpu_peak.h's N-thread peak (the threads' rates in CPU time,
 //              added). Meaningful on a quiet machine only.
 // The ratios (ours / OpenBLAS in GFLOP/s, fraction of peak) are what to read; `uptime` goes next to
 // any figure quoted.
@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "../llmc/cpu_peak.h"
+#include "../llmc/run/cpu_peak.h"
 #include "../llmc/gemm.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
     }
     double peak1 = one_thread_peak_cpu_time();
     double peakN = cpu_fma_peak_flops(threads);
-    printf("FMA peak: %.1f GFLOP/s on 1 thread (thread CPU time), %.1f GFLOP/s on %d threads (llmc/cpu_peak.h)\n", peak1 / 1e9,
+    printf("FMA peak: %.1f GFLOP/s on 1 thread (thread CPU time), %.1f GFLOP/s on %d threads (llmc/run/cpu_peak.h)\n", peak1 / 1e9,
            peakN / 1e9, threads);
     printf("GFLOP/s, best of interleaved repetitions; ours/BLAS > 1 means gemm_accumulate is faster\n");
     printf("| layer | product | M x N x K | 1 thread: ours | OpenBLAS | ours/BLAS | ours/peak | %d threads: ours | OpenBLAS | ours/BLAS | ours/peak | rel. diff |\n",

@@ -1,4 +1,4 @@
-// Prints the machine's fp32 FMA peak as llmc/cpu_peak.h measures it, for dev/bench_cpu.py to divide
+// Prints the machine's fp32 FMA peak as llmc/run/cpu_peak.h measures it, for dev/bench_cpu.py to divide
 // by (and for a reader to check their machine).
 //
 //   make build/cpu_peak && build/cpu_peak [threads]       (default: OMP_NUM_THREADS / all cores)
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "../llmc/cpu_peak.h"
+#include "../llmc/run/cpu_peak.h"
 
 int main(int argc, char** argv) {
     int threads = argc > 1 ? atoi(argv[1]) : omp_get_max_threads();

@@ -543,3 +543,21 @@ int agree_batch(const GPT2Plan* model, const TrainArgs& args) {
     if (all != mine) printf("batch: -b auto: B=%d, the least any process could take (this one: %d)\n", all, mine);
     return all;
 }
+
+// The start-up's predictions beside what happened: the bytes a step will move (metrics.jsonl counts
+// them), the device memory in use, and the memory plan (-P 1) against it.
+void print_predictions_and_memory(const GPT2Plan* model, const TrainArgs& args, int micro_steps) {
+    const ParallelLayout& layout = model->layout;
+    if (layout.dp > 1 || layout.pp > 1 || layout.tp > 1) {
+        printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
+               "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n",
+               predicted_comm_bytes(model, micro_steps), layout.zero_stage, layout.dp, layout.tp, layout.pp, micro_steps);
+    }
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
+           total_bytes / 1073741824.0);
+    size_t planned = gpt2_memory_plan(model, args.B, args.T, model->recompute).total(), used = total_bytes - free_bytes;
+    printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%\n", planned, used,
+           100.0 * ((double)used - (double)planned) / (double)planned);
+}

@@ -15,7 +15,7 @@
 
 #include "../llmc/adamw.h"
 #include "../llmc/attention.h"
-#include "../llmc/cpu_peak.h"
+#include "../llmc/run/cpu_peak.h"
 #include "../llmc/crossentropy.h"
 #include "../llmc/encoder.h"
 #include "../llmc/expf.h"
@@ -592,7 +592,7 @@ TEST(OpsAdamW, SumOfSquaresHasTheBitsOfItsDefinition) {
 
 }  // namespace
 
-// The MFU denominator (llmc/cpu_peak.h) adds per-thread rates measured in CPU time, which would count
+// The MFU denominator (llmc/run/cpu_peak.h) adds per-thread rates measured in CPU time, which would count
 // twice a core shared by two threads if nothing capped it: with twice as many threads as CPUs it must
 // still read about what one thread per CPU reads. 25% allows for the run-to-run spread of a shared
 // machine; counting every thread would read about 2x. A busy machine (CI's other jobs) can depress

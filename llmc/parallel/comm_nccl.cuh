@@ -555,3 +555,31 @@ inline ProcessGroup nccl_group(DataParallel* dp, cudaStream_t compute) {
     }
     return g;
 }
+
+// Host vectors through device buffers, for the collectives that put a checkpoint together (NCCL moves
+// device memory): copies on the compute stream, waited for before the host memory is reused; sync waits
+// for the compute stream (after comm_join, for the collectives too).
+inline CommStaging device_staging(cudaStream_t stream, std::function<void(const char*)> sync) {
+    auto buffers = std::make_shared<std::vector<float*>>();
+    CommStaging s;
+    s.buffer = [stream, buffers](size_t n) {
+        float* p = nullptr;
+        cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+        cudaCheck(cudaMemsetAsync(p, 0, std::max<size_t>(n, 1) * sizeof(float), stream));
+        buffers->push_back(p);
+        return p;
+    };
+    s.put = [stream](float* buf, const float* host, size_t n) {
+        cudaCheck(cudaMemcpyAsync(buf, host, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+    };
+    s.get = [](float* host, const float* buf, size_t n) {
+        cudaCheck(cudaMemcpy(host, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
+    };
+    s.wait = sync;
+    s.release = [buffers] {
+        for (float* p : *buffers) cudaCheck(cudaFree(p));
+        buffers->clear();
+    };
+    return s;
+}
