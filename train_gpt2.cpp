@@ -739,15 +739,7 @@ double gpt2_eval_loss(GPT2* model, PipelineComm* pipe, const int* inputs, const 
 // the layout): the parameters (-z 3: gathered to process 0, every process taking part) and the optimizer's
 // vectors as they are; host memory is what MPI moves.
 CheckpointModel gpt2_checkpoint_model(GPT2* model) {
-    CheckpointModel c;
-    c.layout = &model->layout;
-    c.whole = model->model_config;
-    c.local = model->config;
-    c.num_parameters = model->num_parameters;
-    c.opt_begin = model->opt_begin;
-    c.opt_end = model->opt_end;
-    c.shard = model->shard;
-    c.optimizer = model->optimizer.kind;
+    CheckpointModel c = checkpoint_model_of(*model);
     c.model_version = MODEL_VERSION_FP32;
     c.parameters_collective = model->layout.zero_stage == 3;
     c.parameters = [model] { return gpt2_full_parameters(model); };

@@ -889,15 +889,7 @@ HellaSwagResult hellaswag_eval(GPT2* model, const HellaSwagSet& set, const Train
 // The model's state as a checkpoint reads it: the parameters widened to fp32 (-z 3: gathered, every
 // process taking part), the optimizer's vectors copied out of the device (or, -oo 1, pinned host memory).
 CheckpointModel gpt2_checkpoint_model(GPT2* model) {
-    CheckpointModel c;
-    c.layout = &model->layout;
-    c.whole = model->model_config;
-    c.local = model->config;
-    c.num_parameters = model->num_parameters;
-    c.opt_begin = model->opt_begin;
-    c.opt_end = model->opt_end;
-    c.shard = model->shard;
-    c.optimizer = model->optimizer.kind;
+    CheckpointModel c = checkpoint_model_of(*model);
     c.has_master = model->master_memory != nullptr;
     c.model_version = MODEL_VERSION_NATIVE;
     c.parameters_collective = model->sharded_params;

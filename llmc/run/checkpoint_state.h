@@ -49,6 +49,22 @@ struct CheckpointModel {
     CommStaging staging;
 };
 
+// The fields both trainers' models hold under the same names: the layout, the whole and the local shapes,
+// the optimizer's range, the shard layout and the optimizer. The trainer adds the rest.
+template <typename Model>
+CheckpointModel checkpoint_model_of(const Model& model) {
+    CheckpointModel c;
+    c.layout = &model.layout;
+    c.whole = model.model_config;
+    c.local = model.config;
+    c.num_parameters = model.num_parameters;
+    c.opt_begin = model.opt_begin;
+    c.opt_end = model.opt_end;
+    c.shard = model.shard;
+    c.optimizer = model.optimizer.kind;
+    return c;
+}
+
 inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run, int step) {
     const ParallelLayout& lay = *m.layout;
     const ProcessGroup& world = lay.world;
