@@ -70,3 +70,56 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
 }
 
 // Bytes of the arrays the plan counts, as allocated (their sizes, not the process's resident memory).
+
+// What the optimizer keeps and does on this process (-opt): its state's memory, and for Muon which
+// matrices this process orthogonalizes and what that adds to a step's communication.
+inline void optimizer_print(const OptimizerPlan& opt, const ParallelLayout& layout, size_t opt_begin, size_t opt_end,
+                            const ShardLayout& shard, size_t num_parameters, size_t adafactor_state) {
+    const ProcessGroup& dp = layout.dp_group;
+    const ProcessGroup& tp = layout.tp_group;
+    const char* zero_names[4] = {"all", "ZeRO-1 shard", "ZeRO-2 shard", "ZeRO-3 shard"};
+    const char* range = zero_names[layout.zero_stage];
+    size_t n = opt_end - opt_begin;
+    auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
+    if (opt.kind == OPT_ADAMW) {
+        printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n", n, range,
+               mib(2 * n));
+        return;
+    }
+    if (opt.kind == OPT_ADAFACTOR) {
+        size_t state = adafactor_state, adamw = 2 * num_parameters;
+        printf("optimizer: Adafactor over %zu tensors (each layer's its own), factored second moments of %zu floats "
+               "(%.2f MiB) whole on every process; AdamW's moments would be %zu floats (%.1f MiB): saves %.1f MiB per "
+               "process%s\n", opt.tensors.size(), state, mib(state), adamw, mib(adamw), mib(adamw) - mib(state),
+               dp.size > 1 ? " (against AdamW at -z 0)" : "");
+        return;
+    }
+    size_t matrices = 0, mine = 0, matrix_floats = 0;
+    double work = 0, my_work = 0;
+    for (size_t k = 0; k < opt.tensors.size(); k++) {
+        if (opt.owner[k] < 0) continue;
+        double w = newton_schulz_flops(opt.tensors[k].rows, opt.tensors[k].cols, MuonHyper().ns_steps);
+        matrices++, work += w, matrix_floats += opt.tensors[k].size() / tp.size;  // this process's slices
+        if (opt.owner[k] == dp.rank) mine++, my_work += w;
+    }
+    printf("optimizer: Muon on %zu block matrices (each layer's its own), AdamW on the other tensors; momentum and "
+           "moments over %zu parameters (%s), %.1f MiB per process\n", matrices, n, range, mib(2 * n));
+    if (dp.size > 1) {
+        double P = dp.size, gather = layout.zero_stage == 1 ? 8.0 * shard.padded_size * (P - 1) / P : 0;
+        if (layout.zero_stage >= 2) gather = 8.0 * matrix_shard_gathered(opt, opt_begin, opt_end);
+        printf("optimizer: this process orthogonalizes %zu of the %zu matrices, %.2f of %.2f GFLOP per step; Muon adds "
+               "%.1f MiB per step to this process's communication (llmc/parallel/matrix_owners.h: %sthe orthogonalized "
+               "matrices' broadcasts %.1f MiB)\n", mine, matrices, my_work / 1e9, work / 1e9,
+               (gather + 8.0 * matrix_floats * (P - 1) / P) / 1048576.0,
+               layout.zero_stage == 1 ? "the Nesterov updates' all-gather, "
+               : layout.zero_stage >= 2 ? "each matrix's update gathered, " : "",
+               8.0 * matrix_floats * (P - 1) / P / 1048576.0);
+    }
+    if (tp.size > 1) {  // each owned matrix gathered whole over the TP group (gpt2_update_muon)
+        size_t owned = 0;
+        for (size_t k = 0; k < opt.tensors.size(); k++) owned += opt.owner[k] == dp.rank ? opt.tensors[k].size() : 0;
+        printf("optimizer: -tp %d: this process's TP group gathers the %zu matrices its data-parallel rank owns whole for "
+               "Newton-Schulz, %.1f MiB per step (each of its ranks orthogonalizes them and keeps its slice)\n", tp.size,
+               mine, 8.0 * owned * (tp.size - 1) / tp.size / 1048576.0);
+    }
+}
