@@ -7,6 +7,8 @@ llmc/parallel/comm.h, or an NCCL/MPI call) written in the trainer itself. With -
 limit of the issue's "done when" is broken:
   each trainer <= 1000 lines; gpt2_forward in the first 40% of the CUDA trainer;
   no trainer function over 80 lines; at most 8 raw collective calls in the two trainers together.
+--max-lines-cu N holds the CUDA trainer to N lines instead of 1000 while the redesign is under way: CI runs
+--check with the count reached, so no limit met can be lost again.
 
 A function is counted from its signature's first line (a line at column 0 that is not a comment,
 directive, or label) to the '}' at column 0 that closes it, so a function written at column 0 the way
@@ -83,6 +85,9 @@ def report(path):
 
 def main():
     check = "--check" in sys.argv
+    max_lines = {path: MAX_LINES for path in TRAINERS}
+    if "--max-lines-cu" in sys.argv:
+        max_lines["train_gpt2.cu"] = int(sys.argv[sys.argv.index("--max-lines-cu") + 1])
     broken, total_calls = [], 0
     for path in TRAINERS:
         r = report(path)
@@ -94,8 +99,8 @@ def main():
         for line, name in r["calls"]:
             print(f"  raw collective: {name} at line {line}")
         total_calls += len(r["calls"])
-        if r["lines"] > MAX_LINES:
-            broken.append(f"{path} has {r['lines']} lines (at most {MAX_LINES})")
+        if r["lines"] > max_lines[path]:
+            broken.append(f"{path} has {r['lines']} lines (at most {max_lines[path]})")
         if r["long"]:
             broken.append(f"{path} has {len(r['long'])} functions over {MAX_FUNCTION} lines")
         if path.endswith(".cu") and (share is None or share > FORWARD_SHARE):
