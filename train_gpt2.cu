@@ -247,7 +247,7 @@ void gpt2_allocate_muon_scratch(GPT2* model) {
     size_t C = model->config.channels, bytes = muon_scratch_bytes(model);
     cudaCheck(cudaMalloc(&model->muon_memory, bytes));
     size_t own = muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
-    if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (gpt2_update_muon)
+    if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (llmc/parallel/muon_step.h)
         model->muon_gathered = (floatX*)((char*)model->muon_memory + own);
         model->muon_whole = model->muon_gathered + 4 * C * C;
     } else if (model->layout.zero_stage >= 2) {  // a matrix gathered from the shards

@@ -289,7 +289,7 @@ size_t muon_scratch_bytes(const GPT2Plan* model) {
     if (model->optimizer.kind != OPT_MUON) return 0;
     MuonScratch unused;
     size_t C = model->config.channels;
-    int matrices = model->layout.tp > 1 ? 2 : model->layout.zero_stage >= 2 ? 1 : 0;  // gpt2_update_muon
+    int matrices = model->layout.tp > 1 ? 2 : model->layout.zero_stage >= 2 ? 1 : 0;  // llmc/parallel/muon_step.h
     return muon_scratch_layout(nullptr, 4 * C * C, C, &unused) + matrices * 4 * C * C * sizeof(floatX);
 }
 

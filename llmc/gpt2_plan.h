@@ -115,7 +115,7 @@ inline void optimizer_print(const OptimizerPlan& opt, const ParallelLayout& layo
                : layout.zero_stage >= 2 ? "each matrix's update gathered, " : "",
                8.0 * matrix_floats * (P - 1) / P / 1048576.0);
     }
-    if (tp.size > 1) {  // each owned matrix gathered whole over the TP group (gpt2_update_muon)
+    if (tp.size > 1) {  // each owned matrix gathered whole over the TP group (llmc/parallel/muon_step.h)
         size_t owned = 0;
         for (size_t k = 0; k < opt.tensors.size(); k++) owned += opt.owner[k] == dp.rank ? opt.tensors[k].size() : 0;
         printf("optimizer: -tp %d: this process's TP group gathers the %zu matrices its data-parallel rank owns whole for "

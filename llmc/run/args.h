@@ -238,7 +238,7 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
               "-z 1 (the CUDA trainer has -z 2 and 3 with -tp)", args.zero_stage);
     }
     // Muon and Adafactor take each layer's matrix whole, from the flat vector of a data-parallel layout.
-    // Muon also runs on a tensor-parallel rank's slices (gathered whole, gpt2_update_muon in both
+    // Muon also runs on a tensor-parallel rank's slices (gathered whole, llmc/parallel/muon_step.h for both
     // trainers), on a pipeline stage's layers (each stage its own matrices; Adafactor too) and on
     // ZeRO-2/3's shards of the gradients (each matrix gathered on its own), though not on both slices and
     // shards at once (the CUDA trainer's -z 2/3 with -tp); Adafactor's factored moments of a sliced
