@@ -24,6 +24,7 @@
 #include <map>
 #include <sstream>
 
+#include "../llmc/parallel/grad_completion.h"
 #include "../llmc/parallel/pipeline.h"
 #include "../llmc/parallel/zero.h"
 #include "test_helpers.h"
@@ -101,6 +102,50 @@ TEST(DistributedShards, LayoutCoversEveryParameterOnce) {
                 covered = s.end;
             }
             EXPECT_EQ(covered, n);
+        }
+    }
+}
+
+// The global norm counts each parameter of the whole model once (llmc/parallel/grad_completion.h):
+// over every tensor-parallel rank and pipeline stage, the elements of the ranges each process sums
+// (gradient_norm_ranges) add up to the whole model's parameter count, and the replicated tensors (tp)
+// and the stages' shared ones (pp) are counted where the definition says: on tp rank 0, on stage 0.
+// Also with a ZeRO range [begin, end): the ranges stay inside it.
+TEST(DistributedShards, NormRangesCountEveryParameterOnce) {
+    GPT2Config whole{32, 300, 384, 5, 4, 32};  // maxT, V, Vp, L, NH, C
+    for (int tp : {1, 2, 4}) {
+        for (int pp : {1, 2, 3}) {
+            size_t counted = 0;
+            for (int s = 0; s < pp; s++) {
+                for (int t = 0; t < tp; t++) {
+                    ParallelLayout lay;
+                    lay.tp = tp, lay.pp = pp, lay.tp_rank = t, lay.pp_rank = s;
+                    pp_stage_layers(whole.num_layers, pp, s, &lay.layer_begin, &lay.layer_end);
+                    GPT2Config cfg = pp_layers_config(whole, lay.layer_begin, lay.layer_end);
+                    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS], n = 0;
+                    tp_param_sizes(cfg, tp, sizes);
+                    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) offsets[i] = n, n += sizes[i];
+                    for (auto r : gradient_norm_ranges(lay, offsets, sizes, 0, n)) {
+                        ASSERT_LT(r.first, r.second);
+                        counted += r.second - r.first;
+                        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // a tensor the range meets is counted here
+                            if (offsets[i] >= r.second || offsets[i] + sizes[i] <= r.first || sizes[i] == 0) continue;
+                            if (tp_param_is_replicated(i)) {
+                                EXPECT_EQ(t, 0) << "tensor " << i;
+                            }
+                            if (pp_param_is_shared(i)) {
+                                EXPECT_EQ(s, 0) << "tensor " << i;
+                            }
+                        }
+                    }
+                    size_t lo = n / 3, hi = 2 * n / 3;  // a shard
+                    for (auto r : gradient_norm_ranges(lay, offsets, sizes, lo, hi)) {
+                        EXPECT_GE(r.first, lo);
+                        EXPECT_LE(r.second, hi);
+                    }
+                }
+            }
+            EXPECT_EQ(counted, num_parameters(whole)) << "tp " << tp << ", pp " << pp;
         }
     }
 }
