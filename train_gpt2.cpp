@@ -53,6 +53,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/run/logger.h"
 #include "llmc/run/loss_scaler.h"
 #include "llmc/run/memory_plan.h"
+#include "llmc/run/model_source.h"
 #include "llmc/run/phase_timer.h"
 #include "llmc/run/run_loop.h"
 #include "llmc/run/sampler.h"

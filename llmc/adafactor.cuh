@@ -21,6 +21,7 @@
 #include "adafactor_hyper.h"
 #include "adamw.cuh"
 #include "cuda_common.cuh"
+#include "global_norm.cuh"  // NORM_BLOCKS
 #include "muon_hyper.h"
 
 constexpr int ADAFACTOR_THREADS = 256;

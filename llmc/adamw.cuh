@@ -1,5 +1,5 @@
-// AdamW on the GPU, on fp32 master weights, with stochastic rounding back to the floatX parameters,
-// and the global gradient norm for clipping (and the addition of a gradient into a running sum).
+// AdamW on the GPU, on fp32 master weights, with stochastic rounding back to the floatX parameters (the
+// global gradient norm the clipping factor comes from is llmc/global_norm.cuh).
 //   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,   g = grad * grad_scale (the clipping factor)
 //   p -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
 // Mixed precision: the forward and backward read bf16 parameters, but an update is often far smaller
@@ -8,17 +8,12 @@
 // the update starts from the bf16 value, and stochastic rounding alone keeps it right on average.
 // The random bits come from a hash of (element, seed): the caller derives the seed from the step and
 // the tensor, so a resumed run draws the same bits as an uninterrupted one.
-//
-// The gradient norm is computed deterministically: a fixed grid of NORM_BLOCKS blocks each reduces a
-// fixed strided subset to one partial sum, then one block adds the partials in a fixed tree order.
 #pragma once
 
 #include <cmath>
 #include <vector>
 
 #include "cuda_common.cuh"
-
-constexpr int NORM_BLOCKS = 512;  // fixed, not taken from the device, so the summation order is fixed
 
 // ----------------------------------------------------------------------------
 // kernels
@@ -159,24 +154,6 @@ __global__ void copy_to_master_kernel(float* master, const floatX* params, size_
         [&](size_t i) { master[i] = (float)params[i]; });
 }
 
-__global__ void sum_of_squares_partials_kernel(float* partials, const floatX* x, size_t n) {
-    float sum = 0.0f;
-    size_t stride = (size_t)gridDim.x * blockDim.x * x128::size;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size; i < n; i += stride) {
-        x128 chunk = load128(x + i);
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) sum += (float)chunk[k] * (float)chunk[k];
-    }
-    sum = block_reduce_sum(sum);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
-// one block of NORM_BLOCKS threads
-__global__ void sum_partials_kernel(float* out, const float* partials) {
-    float total = block_reduce_sum(partials[threadIdx.x]);
-    if (threadIdx.x == 0) *out = total;
-}
-
 // ----------------------------------------------------------------------------
 // launchers
 
@@ -251,16 +228,5 @@ inline void copy_to_master(float* master, const floatX* params, size_t n, cudaSt
     const int block_size = 256;
     copy_to_master_kernel<<<elementwise_blocks(n, block_size), block_size, 0, stream>>>(
         master, params, n, elementwise_aligned({master, params}));
-    cudaCheckLaunch();
-}
-
-// *out (on the device) = sum of x[i]^2. partials: NORM_BLOCKS floats of scratch.
-inline void sum_of_squares(float* out, float* partials, const floatX* x, size_t n, cudaStream_t stream) {
-    if (n % x128::size != 0) {
-        fatal("sum_of_squares needs a size divisible by %d, got %zu", x128::size, n);
-    }
-    sum_of_squares_partials_kernel<<<NORM_BLOCKS, 512, 0, stream>>>(partials, x, n);
-    cudaCheckLaunch();
-    sum_partials_kernel<<<1, NORM_BLOCKS, 0, stream>>>(out, partials);
     cudaCheckLaunch();
 }

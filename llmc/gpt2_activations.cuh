@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "cuda_common.cuh"
-#include "adamw.cuh"      // NORM_BLOCKS
+#include "global_norm.cuh"  // NORM_BLOCKS
 #include "attention.cuh"  // attention_saved_elements, attention_scratch_elements
 #include "encoder.cuh"    // encoder_buckets_ints
 #include "layernorm.cuh"  // layernorm_backward_scratch_floats

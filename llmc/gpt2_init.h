@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "gpt2_config.h"
-#include "io/checkpoint.h"
 #include "rand.h"
 
 inline std::vector<float> gpt2_random_parameters(const GPT2Config& cfg, unsigned seed) {
@@ -32,30 +31,5 @@ inline std::vector<float> gpt2_random_parameters(const GPT2Config& cfg, unsigned
             rand_normal_fill(tensor, sizes[i], 0.0, 0.02, rng);
         }  // biases stay 0
     }
-    return params;
-}
-
-// The shape named by -e, without its parameters (-P 1 plans from it): a descriptor's, or a checkpoint
-// file's header (checked as model_file_read checks it, the payload unread).
-inline GPT2Config gpt2_config_from_flag(const std::string& name) {
-    GPT2Config cfg;
-    if (config_from_descriptor(name.c_str(), &cfg)) return cfg;
-    if (looks_like_descriptor(name.c_str())) {
-        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
-    }
-    int version;
-    BlockChecksums sums;
-    fcloseCheck(model_file_open(name, &cfg, &version, &sums));
-    return cfg;
-}
-
-// Parameters named by -e: a descriptor (random init from `seed`) or a checkpoint file (v3 or v5).
-inline std::vector<float> gpt2_parameters_from_flag(const std::string& name, unsigned seed, GPT2Config* cfg) {
-    if (config_from_descriptor(name.c_str(), cfg)) return gpt2_random_parameters(*cfg, seed);
-    if (looks_like_descriptor(name.c_str())) {
-        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
-    }
-    std::vector<float> params;
-    model_file_read(name, cfg, &params);
     return params;
 }

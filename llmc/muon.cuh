@@ -20,6 +20,7 @@
 
 #include "adamw.cuh"
 #include "cuda_common.cuh"
+#include "global_norm.cuh"
 #include "matmul.cuh"
 #include "muon_hyper.h"
 

@@ -13,6 +13,7 @@
 #include "harness.cuh"
 
 #include "../../llmc/adamw.cuh"
+#include "../../llmc/global_norm.cuh"
 #include "../../llmc/adamw.h"
 
 constexpr double TOL_SUM_FP32 = 1e-4;
