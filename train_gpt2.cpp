@@ -539,9 +539,10 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     MuonHyper hyper;
     gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t, true);
-    size_t largest = 0;  // the scratch: one matrix whole, and with -tp every rank's slice of one
+    size_t largest = 0;  // the scratch: one matrix whole (-z 2/3, -tp), and with -tp every rank's slice of one
     for (const OptimizerTensor& t : model->optimizer.tensors) largest = std::max(largest, t.size());
-    std::vector<float> whole(largest), gathered(largest), scratch;
+    bool tp = model->layout.tp > 1;
+    std::vector<float> whole(tp || model->layout.zero_stage >= 2 ? largest : 0), gathered(tp ? largest : 0), scratch;
     MuonOps<float> ops;
     ops.type = COMM_FLOAT32;
     ops.grads = model->grads_memory.data();
@@ -563,9 +564,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     ops.copy2d = [](float* dst, size_t dpitch, const float* src, size_t spitch, size_t width, size_t height) {
         for (size_t r = 0; r < height; r++) memcpy(dst + r * dpitch, src + r * spitch, width * sizeof(float));
     };
-    MuonPlace at{model->param_offsets, model->param_sizes, (size_t)model->config.num_layers,
-                 (size_t)model->config.channels, model->opt_begin, model->opt_end};
-    muon_step(model->optimizer, model->layout, model->shard, at, ops);
+    muon_step(model->optimizer, model->layout, model->shard, muon_place_of(*model), ops);
 }
 
 // One Adafactor update (llmc/adafactor.h) of every tensor, each layer's its own: factored for the 2-D

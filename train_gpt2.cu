@@ -204,9 +204,8 @@ BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
 // gradients (with -z 2 and 3 a shard of them, and the packed and gathering buffers), the optimizer's
 // state; the tensors pointed into them. Everything zero; gpt2_build fills the parameters.
 void gpt2_allocate_model_state(GPT2* model) {
-    size_t padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
-    size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
-    size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
+    size_t opt_n = model->opt_end - model->opt_begin;
+    size_t grad_n = gradient_array_elements(model), param_n = parameter_array_elements(model);
     cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
     cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
     cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
@@ -521,8 +520,7 @@ float gpt2_mean_loss(GPT2* model, int B, int T) {
 }
 
 void gpt2_zero_grad(GPT2* model) {
-    size_t n = model->packed_grads ? model->shard.shard_size : model->shard.padded_size;
-    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, n * sizeof(floatX), model->stream));
+    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, gradient_array_elements(model) * sizeof(floatX), model->stream));
 }
 
 // Recomputes what the forward of block b did not keep (-r 1: GELU; 2: the layernorms too; 3: the whole
@@ -614,7 +612,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     const ParameterTensors& g = model->grads;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
-    const bool packed = model->packed_grads && comm_active(model->layout.dp_group);
+    const bool packed = model->packed_grads;  // -z 2, 3 (with two or more data-parallel processes: layout.h)
     if (packed) zero_backward_begin(&model->zero);
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
@@ -681,10 +679,11 @@ double gpt2_grad_norm(GPT2* model) {
         end = begin + model->shard.shard_size;
     }
     float* sums = model->acts.grad_norm_sq;
+    size_t held_begin, held_end;  // -z 2, 3: the gradient array is the shard
+    held_gradient_range(model, &held_begin, &held_end);
     if (lay.tp == 1 && lay.pp == 1) {
-        // -z 2, 3: the gradient array is the shard
-        const floatX* grads = model->packed_grads ? model->grads_memory : model->grads_memory + begin;
-        sum_of_squares(sums, model->acts.reduce_scratch, grads, end - begin, model->stream);
+        sum_of_squares(sums, model->acts.reduce_scratch, model->grads_memory + (begin - held_begin), end - begin,
+                       model->stream);
         if (lay.zero_stage >= 1) {
             all_reduce_sum(lay.dp_group, sums, 1);
             comm_join(lay.dp_group);
@@ -696,8 +695,6 @@ double gpt2_grad_norm(GPT2* model) {
     std::vector<std::pair<size_t, size_t>> ranges =
         gradient_norm_ranges(lay, model->param_offsets, model->param_sizes, begin, end);
     cudaCheck(cudaMemsetAsync(sums, 0, NUM_PARAMETER_TENSORS * sizeof(float), model->stream));
-    size_t held_begin, held_end;  // -z 2, 3: the gradient array is the shard
-    held_gradient_range(model, &held_begin, &held_end);
     for (size_t k = 0; k < ranges.size(); k++) {
         sum_of_squares(sums + k, model->acts.reduce_scratch, model->grads_memory + (ranges[k].first - held_begin),
                        ranges[k].second - ranges[k].first, model->stream);
@@ -797,9 +794,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
         cudaCheck(cudaMemcpy2DAsync(dst, std::max(dpitch, width) * x, src, std::max(spitch, width) * x, width * x, height,
                                     cudaMemcpyDeviceToDevice, stream));
     };
-    MuonPlace at{model->param_offsets, model->param_sizes, (size_t)model->config.num_layers,
-                 (size_t)model->config.channels, model->opt_begin, model->opt_end};
-    muon_step(model->optimizer, model->layout, model->shard, at, ops);
+    muon_step(model->optimizer, model->layout, model->shard, muon_place_of(*model), ops);
 }
 
 // One Adafactor update (llmc/adafactor.cuh) of every tensor, each layer's its own: factored for the 2-D

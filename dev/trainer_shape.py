@@ -87,7 +87,10 @@ def main():
     check = "--check" in sys.argv
     max_lines = {path: MAX_LINES for path in TRAINERS}
     if "--max-lines-cu" in sys.argv:
-        max_lines["train_gpt2.cu"] = int(sys.argv[sys.argv.index("--max-lines-cu") + 1])
+        at = sys.argv.index("--max-lines-cu") + 1
+        if at >= len(sys.argv) or not sys.argv[at].isdigit():
+            sys.exit("trainer_shape: --max-lines-cu needs a line count, e.g. --max-lines-cu 1150")
+        max_lines["train_gpt2.cu"] = int(sys.argv[at])
     broken, total_calls = [], 0
     for path in TRAINERS:
         r = report(path)

@@ -180,8 +180,7 @@ void optimizer_state_floats(const GPT2Plan* model, size_t opt_n, size_t* m, size
 size_t predicted_model_state_bytes(const GPT2Plan* model, int z) {
     const size_t n = model->num_parameters, P = (size_t)model->layout.dp, X = sizeof(floatX);
     const size_t padded = model->shard.padded_size, S = model->shard.shard_size;
-    const size_t buffers = model->grad_buckets.empty() ? 0 : X * (packed_size(model->grad_buckets.back()) +
-                                                                  2 * packed_size(model->grad_buckets[0]));
+    const size_t buffers = X * zero_buffer_elements(model->grad_buckets);
     if (P == 1) z = 0;
     size_t params = z == 3 ? X * S + buffers : X * padded;
     size_t grads = z >= 2 ? X * S + buffers : X * padded;
@@ -204,14 +203,22 @@ size_t offload_host_bytes(const GPT2Plan* model) {
     return model->offload ? offload_host_bytes(model->opt_end - model->opt_begin, model->use_master_weights) : 0;
 }
 
+// The elements of the parameter and gradient arrays this process allocates: padded to whole shards, or
+// with -z 3 (parameters) and -z 2, 3 (gradients) its shard.
+size_t parameter_array_elements(const GPT2Plan* model) {
+    return model->sharded_params ? model->shard.shard_size : model->shard.padded_size;
+}
+size_t gradient_array_elements(const GPT2Plan* model) {
+    return model->packed_grads ? model->shard.shard_size : model->shard.padded_size;
+}
+
 // What the model state allocates on this process (gpt2_allocate_model_state), beside what it would be
 // without sharding: the parameters and gradients (with -z 2, 3 their shards and the packed and gathering
 // buffers, llmc/parallel/zero_device.cuh), the optimizer's state.
 void print_model_state_allocation(const GPT2Plan* model) {
-    size_t n = model->num_parameters, padded = model->shard.padded_size, opt_n = model->opt_end - model->opt_begin;
-    size_t grad_n = model->packed_grads ? model->shard.shard_size : padded;
-    size_t param_n = model->sharded_params ? model->shard.shard_size : padded;
-    size_t buffers = model->packed_grads ? packed_size(model->grad_buckets.back()) + 2 * packed_size(model->grad_buckets[0]) : 0;
+    size_t n = model->num_parameters, opt_n = model->opt_end - model->opt_begin;
+    size_t grad_n = gradient_array_elements(model), param_n = parameter_array_elements(model);
+    size_t buffers = model->packed_grads ? zero_buffer_elements(model->grad_buckets) : 0;
     size_t packed_n = buffers, gathered_n = model->sharded_params ? buffers : 0;
     size_t m_n, v_n, master_n;
     optimizer_state_floats(model, opt_n, &m_n, &v_n, &master_n);

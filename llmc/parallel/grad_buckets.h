@@ -72,6 +72,12 @@ inline size_t packed_size(const std::vector<GradSlice>& bucket) {
     return bucket.empty() ? 0 : bucket.back().unit_offset + bucket.back().count;
 }
 
+// Elements of one set of -z 2/3 bucket buffers (llmc/parallel/zero_device.cuh): the outer bucket's and two
+// blocks' (the block buffers are used in turn); 0 without buckets.
+inline size_t zero_buffer_elements(const std::vector<std::vector<GradSlice>>& buckets) {
+    return buckets.empty() ? 0 : packed_size(buckets.back()) + 2 * packed_size(buckets[0]);
+}
+
 // Buckets 0..L-1: the slices of layer l; bucket L: wte, wpe, lnfw, lnfb. The backward completes them
 // in the order L-1, ..., 1, 0, L.
 inline std::vector<std::vector<GradSlice>> gradient_buckets(const GPT2Config& cfg, int zero_stage, size_t shard_size,

@@ -48,10 +48,12 @@ inline std::vector<float> layout_local_part(const ParallelLayout& lay, const GPT
 inline std::vector<float> layout_gather_full(const ParallelLayout& lay, const GPT2Config& model_cfg, const float* local,
                                              size_t local_n, const CommStaging& st) {
     GPT2Config stage_cfg = layout_stage_config(lay, model_cfg);
-    std::vector<float> stage(local, local + local_n), full;
+    std::vector<float> stage, full;
     if (lay.dp_rank != 0) return full;
     const ProcessGroup& tp = lay.tp_group;
-    if (tp.size > 1) {
+    if (tp.size == 1) {
+        stage.assign(local, local + local_n);
+    } else {
         float* slice = st.buffer(local_n);
         float* slices = st.buffer(tp.rank == 0 ? tp.size * local_n : 1);
         st.put(slice, local, local_n);

@@ -37,6 +37,12 @@ struct MuonPlace {
     size_t opt_begin, opt_end;  // [opt_begin, opt_end): the elements this process updates (-z 1..3: its shard)
 };
 
+// The place of a trainer's model, whose fields both trainers name alike.
+template <typename Model>
+MuonPlace muon_place_of(const Model& m) {
+    return {m.param_offsets, m.param_sizes, (size_t)m.config.num_layers, (size_t)m.config.channels, m.opt_begin, m.opt_end};
+}
+
 // A trainer's part of the step, on its element type T. Flat indices are into the process's parameter
 // array; grads holds flat element grads_base at its element 0 (-z 2/3: the shard's first element, else 0).
 template <typename T>

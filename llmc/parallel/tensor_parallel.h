@@ -171,9 +171,6 @@ const T* sp_all_gather(const T* mine, T* gathered, const SequenceShard& sq, size
     return gathered;
 }
 
-// full holds this rank's term of every row: (tp·R, C) with sequence parallelism, (B·T, C) without. With
-// it, reduce-scattered: returns this rank's block, its own rows summed over the group; without, the
-// whole all-reduced (a row-parallel output, or a column-parallel input's gradient) and returned.
 // x (n elements, this rank's term) becomes the sum over the group.
 template <typename T>
 void tp_all_reduce(T* x, size_t n, const ProcessGroup& tp, CommType type) {
@@ -190,6 +187,9 @@ inline void tp_all_reduce_max(float* x, size_t n, const ProcessGroup& tp) {
     comm_join(tp);
 }
 
+// full holds this rank's term of every row: (tp·R, C) with sequence parallelism, (B·T, C) without. With
+// it, reduce-scattered: returns this rank's block, its own rows summed over the group; without, the
+// whole all-reduced (a row-parallel output, or a column-parallel input's gradient) and returned.
 template <typename T>
 T* tp_sum_rows(T* full, const SequenceShard& sq, size_t C, const ProcessGroup& tp, CommType type) {
     if (!sq.on) {

@@ -43,8 +43,8 @@ struct ZeroDevice {
 
 inline int zero_outer_bucket(const ZeroDevice* z) { return (int)z->buckets->size() - 1; }
 
-// Allocates the buffers (llmc/gpt2_plan.cuh counts them: packed_size of the outer bucket and twice a
-// block's, for the gradients and with -z 3 again for the parameters).
+// Allocates the buffers: zero_buffer_elements (llmc/parallel/grad_buckets.h) for the gradients, and with
+// -z 3 again for the parameters.
 inline void zero_device_allocate(ZeroDevice* z, const ProcessGroup* dp, const ShardLayout* shard,
                                  const std::vector<std::vector<GradSlice>>* buckets, floatX* params_shard,
                                  floatX* grads_shard, bool gather_params, cudaStream_t stream) {
