@@ -565,6 +565,7 @@ void print_predictions_and_memory(const GPT2Plan* model, const TrainArgs& args, 
     printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
            total_bytes / 1073741824.0);
     size_t planned = gpt2_memory_plan(model, args.B, args.T, model->recompute).total(), used = total_bytes - free_bytes;
-    printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%\n", planned, used,
-           100.0 * ((double)used - (double)planned) / (double)planned);
+    printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%; %zu of each were in use before "
+           "the model (the device's count: other processes' too)\n",
+           planned, used, 100.0 * ((double)used - (double)planned) / (double)planned, model->in_use_before);
 }

@@ -6,7 +6,7 @@ costliest kernels under Nsight Compute. Standard library only.
     python3 test/gpu/gpu_results.py DIR [DIR ...] > doc/gpu_results.md
 
 Each DIR holds summary.tsv and main.log, and where those stages ran bench.tsv, cuda_dev.md,
-attention.md, ncu.md. A stage run in several calls is listed once per call, in call order. The
+attention.md, ncu.md, and fp8.log (dev/cuda/bin/matmul_fp8's output, run on its own). A stage run in several calls is listed once per call, in call order. The
 benchmark's ratios are computed here from bench.tsv's rows: within each round, against the baseline
 the rows name (ours-r0 unless said), median, min and max over the rounds."""
 import os
@@ -77,12 +77,15 @@ def main(dirs):
            "Made by `test/gpu/gpu_results.py` from the files `test/gpu/run_on_gpu.sh` wrote under `$OUT` "
            "(doc/cuda.md, \"A GPU session\"). Numbers are as measured once, on the machine named; nothing here "
            "is edited by hand.", ""]
-    stage_rows, bench_rows, cuda_dev, attention, ncu = [], [], [], [], []
+    stage_rows, bench_rows, cuda_dev, attention, ncu, fp8 = [], [], [], [], [], []
     for i, d in enumerate(dirs, 1):
         log = read(os.path.join(d, "main.log"))
+        fp8_log = read(os.path.join(d, "fp8.log"))
         head = re.search(r"^==== run_on_gpu\.sh (.*)$", log, re.M)
+        header = head.group(1) if head else "dev/cuda/bin/matmul_fp8 alone" if fp8_log else "(no header)"
         commit = re.search(r"commit: (.*)$", log, re.M)
-        out.append(f"Call {i}: {head.group(1) if head else '(no header)'}; device: {device_of(log, read(os.path.join(d, 'cuda_dev.md')))}; "
+        device = device_of(log, read(os.path.join(d, 'cuda_dev.md')) + "\n" + fp8_log)
+        out.append(f"Call {i}: {header}; device: {device}; "
                    f"commit {commit.group(1) if commit else 'unknown'}.")
         out.append("")
         for line in read(os.path.join(d, "summary.tsv")).splitlines():
@@ -104,6 +107,8 @@ def main(dirs):
         t = read(os.path.join(d, "ncu.md")).strip()
         if t:
             ncu.append((i, t))
+        if fp8_log:
+            fp8.append((i, fp8_log))
     out += ["## Stages", "", "| call | stage | lane | result | seconds | detail |", "| ---: | --- | --- | --- | ---: | --- |"]
     out += [f"| {' | '.join(r)} |" for r in stage_rows]
     failed = sum(r[3] == "failed" for r in stage_rows)
@@ -134,8 +139,31 @@ def main(dirs):
         out += [f"Call {i}:", "", t, ""]
     if not ncu:
         out += ["(did not run)", ""]
+    out += ["## FP8 against BF16 at the trainer's GEMMs (dev/cuda/matmul_fp8)", ""]
+    for i, t in fp8:
+        out += [f"Call {i}:", ""] + fp8_table(t) + [""]
+    if not fp8:
+        out += ["(did not run)", ""]
     print("\n".join(out))
     return 0
+
+
+def fp8_table(log):
+    """matmul_fp8's FP8| lines as a table (times in us; ratios bf16 time over the FP8 time), its step
+    line, and any refusal or error it printed."""
+    rows, notes = [], []
+    for line in log.splitlines():
+        f = line.split("|")
+        if f[0] == "FP8" and len(f) == 12:
+            rows.append(f"| {f[1]} | {f[2]} x {f[3]} x {f[4]} | {f[5]} | {f[6]} | {f[7]} | {f[8]} | {float(f[9]):.2f}x "
+                        f"| {float(f[10]):.2f}x | {float(f[11]):.2f}x |")
+        elif f[0] == "FP8" or line.startswith(("one d12", "Error", "ceiling: cuBLAS")) or "FAIL" in line:
+            notes.append(line)
+    table = []
+    if rows:
+        table = ["| GEMM | M x N x K | bf16 us | fp8 us | fp8 fast us | casts us | bf16 / fp8 | bf16 / fast "
+                 "| bf16 / (fast + casts) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"] + rows
+    return table + ([""] if table and notes else []) + notes
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ STAGES=(
     "kernels-fp32|fp32|120|the same kernels, fp32 build"
     "model-fp32|fp32|150|the fp32 model against the oracle, CPU-like tolerances"
     "trainer-fp32|fp32|180|the trainer's promises, fp32 build"
+    "memory|main|30|the memory plan against cudaMemGetInfo (TrainMemory.*), both builds, alone on the GPU"
     "bench|main|300|dev/bench_gpu.py, d12 B=64 T=1024, 3 interleaved rounds: ours -r 0 beside llm.c -r 0 and PyTorch compiled two ways (BENCH_MODES)"
     "bench-recompute|main|120|dev/bench_gpu.py, 3 rounds: ours -r 1 beside llm.c -r 1 (llm.c's default: GELU recomputed)"
     "bench-d24|main|150|dev/bench_gpu.py at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
@@ -62,7 +63,7 @@ STAGES=(
 # 2026-11-27 (doc/gpu_results.md, calls 9-12) with room; about 4 minutes of the 15 stay for the two
 # starts and one re-run. A session adds its own questions to BENCH_MODES (ours-bg1, ours-oo1, ...).
 PLANS=(
-    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile torch-compile-loss'|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 bench:250"
+    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile-loss' BENCH_ROUNDS=4|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 memory:15 bench:235"
     "call2|240|CUDA_DEV_PROGRAMS=changed|cuda-dev:45 attention:80 ncu:35 bench-recompute:45 sanitize:35"
 )
 
@@ -165,13 +166,17 @@ if [ "$emu" = 1 ]; then
     F_KERNELS='Kernels.GeluForwardBackward:Kernels.EncoderForwardBackward'
     F_MODEL='ModelOracle.TinyForwardBackward'
     F_TRAINER='TrainDeterminism.*'
+    F_MEMORY='TrainMemory.PlanPredictsTheAllocationsWithoutAllocating'
 else
     TRAIN_BF16=./train_gpt2cu TEST_BF16=./test_gpt2cu TEST_FP32=./test_gpt2fp32cu
     BINARIES=(train_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin/* build/gpu/llmc/train_gpt2cu)
     [ -x build/gpu/base/train_gpt2cu ] && BINARIES+=(build/gpu/base/train_gpt2cu)
     F_KERNELS='Kernels.*'
     F_MODEL='ModelOracle.*:TrainOracle.*'
-    F_TRAINER='Train*:MultiGpu*-TrainOracle.*'
+    # TrainMemory compares cudaMemGetInfo's device-wide count with the plan: the other lane's processes
+    # would move it, so it runs alone (stage memory)
+    F_TRAINER='Train*:MultiGpu*-TrainOracle.*:TrainMemory.*'
+    F_MEMORY='TrainMemory.*'
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}  # the CPU sides of the tests, two lanes and the oracle at once
 
@@ -220,6 +225,7 @@ run_stage_body() {
         model-fp32) gtest_stage "$TEST_FP32" "$F_MODEL" ;;
         trainer-bf16) gtest_stage "$TEST_BF16" "$F_TRAINER" ;;
         trainer-fp32) gtest_stage "$TEST_FP32" "$F_TRAINER" ;;
+        memory) gtest_stage "$TEST_BF16" "$F_MEMORY" && gtest_stage "$TEST_FP32" "$F_MEMORY" ;;
         bench|bench-recompute|bench-d24)
             local modes=${BENCH_MODES:-ours-r0 llmc-r0 torch-compile torch-compile-loss} baseline=ours-r0 model=d12 B=64 steps=20
             # a base trainer carried (prepare_gpu_run.sh with BASE_REF): timed beside ours in the same rounds
@@ -274,10 +280,11 @@ run_stage_body() {
                 touch dev/cuda/bin/*
                 # shellcheck disable=SC2086
                 LOG_DIR="$root/$work/cuda_logs" dev/cuda/run_all.sh $programs | tee "$out/cuda_dev.md"
-                # for a few programs, every version's time too (the ratios of one run), not only the best
+                # for a few programs, every version's time too (the ratios of one run), not only the best; matmul_fp8's
+                # lines (bf16 against FP8 at each GEMM, FP8|...)
                 for program in $programs; do
                     printf '\n%s, every version:\n\n```\n' "$program" >> "$out/cuda_dev.md"
-                    grep -E '^(op:|version|v[0-9]+ )' "$work/cuda_logs/$program.log" >> "$out/cuda_dev.md"
+                    grep -E '^(op:|version|v[0-9]+ |== |FP8|fp8 |bf16 |one d12|ceiling)' "$work/cuda_logs/$program.log" >> "$out/cuda_dev.md"
                     printf '```\n' >> "$out/cuda_dev.md"
                 done
             fi ;;
@@ -358,7 +365,7 @@ if [ "$emu" != 1 ] && [ -x build/gpu/train_gpt2 ] && nvidia-smi -L > /dev/null 2
 fi
 resolve_libraries
 export -f run_stage_body gtest_stage
-export root work out emu TRAIN_BF16 TEST_BF16 TEST_FP32 F_KERNELS F_MODEL F_TRAINER
+export root work out emu TRAIN_BF16 TEST_BF16 TEST_FP32 F_KERNELS F_MODEL F_TRAINER F_MEMORY
 export BINARIES_LIST="${BINARIES[*]}"  # an array does not cross `bash -c`: rebuilt there
 
 # the d12 oracle files (1.4 GB, too large to carry) are made now, with the CPU's cores, while the
