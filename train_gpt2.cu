@@ -71,6 +71,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/run/phase_events.cuh"
 #include "llmc/gpt2_activations.cuh"  // the activation table
 #include "llmc/gpt2_plan.cuh"         // GPT2Plan: shapes, settings, memory and byte predictions
+#include "llmc/gpt2_memory.cuh"       // allocating and freeing what GPT2 points to
 
 #if defined(ENABLE_FP32)
 constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
@@ -100,7 +101,7 @@ using BlockGrads = BlockTensorsOf<floatX>;
 
 // The model on the device: the plan's shapes and settings (llmc/gpt2_plan.cuh: what gpt2_setup decides
 // before anything is allocated, and what the memory plan and the byte prediction read), then the
-// device memory and the run's state.
+// device memory (llmc/gpt2_memory.cuh allocates and frees it) and the run's state.
 struct GPT2 : GPT2Plan {
     floatX* params_memory = nullptr;  // one allocation: the 16 tensors
     floatX* grads_memory = nullptr;   // one allocation: their gradients
@@ -175,90 +176,6 @@ std::vector<float> gpt2_download_parameters(GPT2* model) {
     return params;
 }
 
-// Points the 4 outer tensors (wte, wpe, lnfw, lnfb) one after another into `packed` (bucket L's packed
-// layout, llmc/parallel/grad_buckets.h); the stacked block tensors stay null (-z 2, 3 use packed blocks).
-void point_outer_packed(ParameterTensors* t, floatX* packed, const size_t* sizes) {
-    *t = ParameterTensors{};
-    t->wte = packed;
-    t->wpe = t->wte + sizes[P_WTE];
-    t->lnfw = t->wpe + sizes[P_WPE];
-    t->lnfb = t->lnfw + sizes[P_LNFW];
-}
-
-// Block l's 12 slices, packed one after another from `packed` (a bucket's buffer, gradients or gathered
-// parameters).
-template <typename T>
-BlockTensorsOf<T> packed_block(T* packed, const GPT2* model) {
-    T* at[NUM_PARAMETER_TENSORS];
-    for (int i = P_LN1W; i <= P_FCPROJB; i++) {
-        at[i] = i == P_LN1W ? packed : at[i - 1] + model->param_sizes[i - 1] / model->config.num_layers;
-    }
-    return {at[P_LN1W], at[P_LN1B], at[P_QKVW], at[P_QKVB], at[P_ATTPROJW], at[P_ATTPROJB],
-            at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
-}
-
-// Allocates the model for cfg. With an NCCL communicator (dp), the flat parameter and gradient
-// arrays are padded to whole shards (llmc/parallel/grad_buckets.h) and, with -z 1 and 2, AdamW's moments and
-// master weights cover this process's shard only; with -z 2 the gradient array is that shard only.
-// The model state on the device (with -oo 1 the optimizer's in pinned host memory): parameters and
-// gradients (with -z 2 and 3 a shard of them, and the packed and gathering buffers), the optimizer's
-// state; the tensors pointed into them. Everything zero; gpt2_build fills the parameters.
-void gpt2_allocate_model_state(GPT2* model) {
-    size_t opt_n = model->opt_end - model->opt_begin;
-    size_t grad_n = gradient_array_elements(model), param_n = parameter_array_elements(model);
-    cudaCheck(cudaMalloc(&model->params_memory, param_n * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&model->grads_memory, grad_n * sizeof(floatX)));
-    cudaCheck(cudaMemset(model->params_memory, 0, param_n * sizeof(floatX)));
-    cudaCheck(cudaMemset(model->grads_memory, 0, grad_n * sizeof(floatX)));
-    if (model->packed_grads) {  // -z 2, 3: the packed gradient buffers; -z 3: the gathering ones
-        zero_device_allocate(&model->zero, &model->layout.dp_group, &model->shard, &model->grad_buckets,
-                             model->params_memory, model->grads_memory, model->sharded_params, model->stream);
-    }
-    size_t m_n, v_n, master_n;
-    optimizer_state_floats(model, opt_n, &m_n, &v_n, &master_n);
-    size_t opt_floats = m_n + v_n + master_n;
-    if (model->offload) {  // -oo 1: pinned host memory, AdamW on the CPU
-        cudaCheck(cudaMallocHost(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
-        memset(model->opt_memory, 0, opt_floats * sizeof(float));
-        offload_init(&model->offloaded, opt_n);
-    } else {
-        cudaCheck(cudaMalloc(&model->opt_memory, std::max<size_t>(opt_floats, 1) * sizeof(float)));
-        cudaCheck(cudaMemset(model->opt_memory, 0, opt_floats * sizeof(float)));
-    }
-    model->m_memory = model->opt_memory;
-    model->v_memory = model->opt_memory + m_n;
-    model->master_memory = model->use_master_weights ? model->opt_memory + m_n + v_n : nullptr;
-    if (model->sharded_params) {
-        point_outer_packed(&model->params, model->zero.gathered_outer, model->param_sizes);
-    } else {
-        point_parameters_at(&model->params, model->params_memory, model->param_offsets);
-    }
-    if (model->packed_grads) {
-        point_outer_packed(&model->grads, model->zero.packed_outer, model->param_sizes);
-    } else {
-        point_parameters_at(&model->grads, model->grads_memory, model->param_offsets);
-    }
-    print_model_state_allocation(model);
-}
-
-// -opt muon's Newton-Schulz scratch (not model state: allocated after the state's measurement)
-void gpt2_allocate_muon_scratch(GPT2* model) {
-    // Muon's momentum lives in m at the block matrices' places (their v stays 0), as in the CPU trainer;
-    // its scratch is not model state (allocated after the measurement above)
-    size_t C = model->config.channels, bytes = muon_scratch_bytes(model);
-    cudaCheck(cudaMalloc(&model->muon_memory, bytes));
-    size_t own = muon_scratch_layout(model->muon_memory, 4 * C * C, C, &model->muon_scratch);
-    if (model->layout.tp > 1) {  // tp x a slice, then the whole matrix (llmc/parallel/muon_step.h)
-        model->muon_gathered = (floatX*)((char*)model->muon_memory + own);
-        model->muon_whole = model->muon_gathered + 4 * C * C;
-    } else if (model->layout.zero_stage >= 2) {  // a matrix gathered from the shards
-        model->muon_whole = (floatX*)((char*)model->muon_memory + own);
-    }
-    printf("optimizer: -opt muon: the 4 block matrices of each layer orthogonalized by Newton-Schulz in %s "
-           "(cuBLASLt), AdamW on the rest; %.1f MiB of scratch%s\n", PRECISION_NAME, bytes / 1048576.0,
-           model->layout.dp > 1 ? "; each matrix by its owner, then broadcast" : "");
-}
-
 void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, DataParallel* dp = nullptr) {
     model->dp = dp;
     cudaCheck(cudaStreamCreate(&model->stream));
@@ -301,46 +218,6 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
         gpt2_upload_parameters(model, params);
     }
     return params;
-}
-
-// Makes activation slot k the current one (a pipeline's micro-batch, llmc/parallel/pipeline.h).
-void gpt2_use_activation_slot(GPT2* model, int k) {
-    model->acts = model->slots[k];
-    model->buckets = &model->slot_buckets[k];
-}
-
-void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    bool flash = model->flash_attention;
-    model->recompute = agree_recompute(model, B, T, model->recompute);
-    size_t bytes = activation_bytes(model, B, T, model->recompute, flash);
-    cudaCheck(cudaMalloc(&model->acts_memory, bytes));
-    model->slots.resize(model->act_slots);
-    model->slot_buckets.resize(model->act_slots);
-    size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T,
-                                            model->recompute, flash, model->act_slots, model->last_stage(),
-                                            model->layout.tp, model->layout.sequence_parallel);
-    for (int k = 0; k < model->act_slots; k++) model->slot_buckets[k].device = model->slots[k].encoder_buckets;
-    gpt2_use_activation_slot(model, 0);
-    // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
-    if (model->layout.pp > 1) model->pipe_grad_in = reinterpret_cast<floatX*>(model->acts_memory + slots_bytes);
-    model->batch_size = B;
-    model->seq_len = T;
-    cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
-    cudaCheck(cudaMallocHost(&model->host_norm_sq, NUM_PARAMETER_TENSORS * sizeof(float)));
-    size_t none = activation_bytes(model, B, T, 0, flash);
-    printf("activations: %.1f MiB for B=%d T=%d (recompute -r %d saves %.1f MiB; -r 0/1/2/3:", bytes / 1048576.0, B,
-           T, model->recompute, (none - bytes) / 1048576.0);
-    for (int r = 0; r <= 3; r++) printf(" %.1f", activation_bytes(model, B, T, r, flash) / 1048576.0);
-    printf(" MiB)\n");
-    if (FLASH_ATTENTION_AVAILABLE) {
-        size_t with_flash = activation_bytes(model, B, T, model->recompute, true);
-        size_t with_cublas = activation_bytes(model, B, T, model->recompute, false);
-        printf("attention: %s; activations with flash (-fa 1) %.1f MiB, with cuBLAS + softmax (-fa 0) %.1f MiB\n",
-               flash ? "flash (-fa 1)" : "cuBLAS + softmax (-fa 0)", with_flash / 1048576.0, with_cublas / 1048576.0);
-    } else {
-        printf("attention: cuBLAS + softmax, storing (B, NH, T, T) per layer (the fp32 build has no flash attention: "
-               "it needs the bf16 tensor cores)\n");
-    }
 }
 
 // Block l's parameters: the stacked tensors' slices, or (-z 3) the gathered copy, waited for if it was
@@ -827,23 +704,6 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
     }
 }
 
-void gpt2_free(GPT2* model) {
-    cudaCheck(cudaFree(model->params_memory));
-    cudaCheck(cudaFree(model->grads_memory));
-    zero_device_free(&model->zero);
-    if (model->offload) {
-        cudaCheck(cudaFreeHost(model->opt_memory));
-        offload_free(&model->offloaded);
-    } else {
-        cudaCheck(cudaFree(model->opt_memory));
-    }
-    cudaCheck(cudaFree(model->muon_memory));
-    cudaCheck(cudaFree(model->acts_memory));
-    cudaCheck(cudaFreeHost(model->host_losses));
-    cudaCheck(cudaFreeHost(model->host_norm_sq));
-    cudaCheck(cudaStreamDestroy(model->stream));
-}
-
 // ----------------------------------------------------------------------------
 // The training run
 
@@ -1059,13 +919,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
 
 // After the run: where -oo 1's host updates spent their time, and -at 1's choices.
 void print_run_reports(const GPT2* model) {
-    if (model->offload && model->offloaded.steps > 0) {
-        const OptimizerOffload& off = model->offloaded;
-        printf("offload: %d AdamW updates on the host, %.2f ms each: %.2f ms waiting for the gradients' copies, %.2f ms "
-               "of arithmetic (%.2f ns a parameter)\n", off.steps, 1e3 * (off.wait_seconds + off.update_seconds) / off.steps,
-               1e3 * off.wait_seconds / off.steps, 1e3 * off.update_seconds / off.steps,
-               1e9 * off.update_seconds / off.steps / (double)std::max<size_t>(off.n, 1));
-    }
+    if (model->offload) offload_print_report(model->offloaded);
     if (matmul_algorithms.autotune) printf("%s\n", matmul_autotune_report().c_str());
 }
 

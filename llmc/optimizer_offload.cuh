@@ -17,7 +17,9 @@
 // Without master weights (-w 0, the fp32 build) the old parameters travel to the host too.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <vector>
 
 #include "adamw.cuh"
@@ -69,6 +71,15 @@ inline void offload_free(OptimizerOffload* off) {
     cudaCheck(cudaStreamDestroy(off->d2h));
     cudaCheck(cudaStreamDestroy(off->h2d));
     *off = OptimizerOffload();
+}
+
+// After the run: where the host updates spent their time (nothing if none ran).
+inline void offload_print_report(const OptimizerOffload& off) {
+    if (off.steps == 0) return;
+    printf("offload: %d AdamW updates on the host, %.2f ms each: %.2f ms waiting for the gradients' copies, %.2f ms "
+           "of arithmetic (%.2f ns a parameter)\n", off.steps, 1e3 * (off.wait_seconds + off.update_seconds) / off.steps,
+           1e3 * off.wait_seconds / off.steps, 1e3 * off.update_seconds / off.steps,
+           1e9 * off.update_seconds / off.steps / (double)std::max<size_t>(off.n, 1));
 }
 
 // Host memory the offload pins for n elements: m, v (and master) in fp32, the two floatX staging arrays.
