@@ -340,11 +340,12 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     SequenceShard sq = sequence_shard(BT, tp, model->layout.sequence_parallel, model->scratch.gathered);
     if (model->first_stage()) tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp, sq);
+    LayerStrides ls = layer_strides(model->config, B, T, a.recompute, tp.size, sq.rows_per_rank);
     for (int l = 0; l < L; l++) {
         BlockParams w = zs ? block_tensors_in_unit(zero_gather_block(zs, l, l + 1 < L ? l + 1 : -1, shard_params),
                                                    zs->units[zero_block_unit(l)])
                            : block_tensors<const float>(p, l, C, tp.size);
-        block_forward(w, block_acts(a, l, B, T, C, NH, tp.size, sq.rows_per_rank), B, T, C, NH, tp, sq);
+        block_forward(w, block_acts(a, ls, l), B, T, C, NH, tp, sq);
     }
     if (!model->last_stage()) return 0.0f;
     const float* final_residual = a.residual3 + (L - 1) * sq.rows_per_rank * C;
@@ -477,6 +478,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     SequenceShard sq = sequence_shard(BT, tp, model->layout.sequence_parallel, s.gathered);
     size_t R = sq.rows_per_rank;  // rows of each layer's residual-stream tensors (B·T without -sq)
+    LayerStrides ls = layer_strides(model->config, B, T, a.recompute, tp.size, R);
     if (model->last_stage()) {  // else the next stage sent d(loss)/d(output) into s.dresidual
         if (model->ce_exps_kept) {
             crossentropy_backward_from_exps(s.dlogits, model->ce_sum.data(), targets, dloss, (int)BT, V, Vp);
@@ -502,7 +504,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                             ? block_tensors_in_unit(zero_gather_block(zs, l, l - 1, shard_params), *unit)
                             : block_tensors<const float>(p, l, C, tp.size);
         BlockGrads gl = zs ? block_tensors_in_unit(zs->block_grads.data(), *unit) : block_tensors<float>(g, l, C, tp.size);
-        BlockActs ba = block_acts(a, l, B, T, C, NH, tp.size, R);
+        BlockActs ba = block_acts(a, ls, l);
         block_recompute(w, ba, model->recompute, B, T, C, NH, tp, sq);
         if (zs) zero(zs->block_grads.data(), zs->block_grads.size());
         block_backward(gl, w, ba, s, B, T, C, NH, tp, set_grads, sq);
@@ -639,7 +641,7 @@ std::vector<float> gpt2_full_parameters(const GPT2* model) {
 // ----------------------------------------------------------------------------
 // The training run: the model's side of llmc/run/run_loop.h
 
-// One sample (llmc/run/train_common.h has the loop and the settings): the logits of the window's last position.
+// One sample (llmc/run/sample_text.h has the loop and the settings): the logits of the window's last position.
 void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
     generate_sample(settings, model->config.vocab_size, rng, tok, [&](const int* window, int length) {
         gpt2_forward(model, window, nullptr, 1, length);

@@ -269,8 +269,8 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     cudaStream_t stream = model->stream;
     matmul_forward(b.qkv, nullptr, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
     attention_forward(b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH, model->flash_attention, stream);
-    matmul_forward(a.proj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
-    const floatX* proj = sp_sum(model, a.proj, sq, C);
+    matmul_forward(b.attproj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
+    const floatX* proj = sp_sum(model, b.attproj, sq, C);
     fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, proj, w.ln2w, w.ln2b,
                                      (int)sq.rows, C, stream);
     const floatX* ln2 = sp_gather(model, b.ln2, sq, C);
@@ -292,15 +292,15 @@ void block_forward(GPT2* model, int l, const BlockParams& w, const LayerStrides&
     int L = model->config.num_layers, tp = model->layout.tp, C = model->config.channels, BT = B * T;
     SequenceShard sq = gpt2_sequence_shard(model, BT);
     const size_t R = sq.rows_per_rank, N = sq.rows;
-    BlockActs b = block_acts(a, ls, l, R);
+    BlockActs b = block_acts(a, ls, l);
     cudaStream_t stream = model->stream;
     block_forward_to_fc(model, w, b, B, T);
-    matmul_forward(a.proj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), BT, 4 * C / tp, C,
+    matmul_forward(b.fcproj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), BT, 4 * C / tp, C,
                    stream);
-    const floatX* proj = sp_sum(model, a.proj, sq, C);
+    const floatX* proj = sp_sum(model, b.fcproj, sq, C);
     if (l + 1 < L) {
         BlockParams next = block_params(model, l + 1, true);
-        BlockActs nb = block_acts(a, ls, l + 1, R);
+        BlockActs nb = block_acts(a, ls, l + 1);
         fused_residual_layernorm_forward(b.residual3, nb.ln1, nb.ln1_mean, nb.ln1_rstd, b.residual2, proj, next.ln1w,
                                          next.ln1b, (int)N, C, stream);
     } else {
@@ -347,7 +347,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // with -tp each process embeds the tokens of its vocabulary rows and the sum is the embedding
     // (-sq 1: each process's rows of the sum: a reduce-scatter)
     if (model->first_stage()) {
-        floatX* terms = sq.on ? a.proj : a.encoded;
+        floatX* terms = sq.on ? a.attproj : a.encoded;  // -sq 1: the projections' scratch holds the sum's terms
         encoder_forward(terms, a.inputs, p.wte, p.wpe, B, T, C, stream, v_begin, Vl);
         const floatX* mine = sp_sum(model, terms, sq, C);
         if (sq.on && N > 0) {
@@ -498,7 +498,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     // gathered for each row-parallel matmul's backward, the layernorm outputs for the weight gradients
     // of the matmuls after them, and each column-parallel input gradient is reduce-scattered (sp_sum)
     SequenceShard sq = gpt2_sequence_shard(model, BT);
-    const size_t R = sq.rows_per_rank, N = sq.rows;
+    const size_t N = sq.rows;
     float* reduce = a.reduce_scratch;
 
     // logits -> lnf -> the residual stream
@@ -519,7 +519,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
         zero_gather_prefetch(&model->zero, l - 1);
         BlockParams w = block_params(model, l, l < L - 1);
         BlockGrads gl = packed ? packed_block(zero_block_grads(&model->zero, l), model) : block_tensors<floatX>(g, l, C, model->layout.tp);
-        BlockActs b = block_acts(a, ls, l, R);
+        BlockActs b = block_acts(a, ls, l);
 
         block_recompute(model, w, b, B, T);
         block_backward(model, w, gl, b, B, T);
@@ -707,7 +707,7 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
 // ----------------------------------------------------------------------------
 // The training run
 
-// One sample (llmc/run/train_common.h has the loop and the settings, shared with the CPU trainer): the
+// One sample (llmc/run/sample_text.h has the loop and the settings, shared with the CPU trainer): the
 // logits of the window's last position, fetched from the device and widened to fp32.
 void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng, const TokenizerFile* tok) {
     int Vp = model->config.padded_vocab_size;

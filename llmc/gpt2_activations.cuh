@@ -13,6 +13,7 @@
 #include "encoder.cuh"    // encoder_buckets_ints
 #include "layernorm.cuh"  // layernorm_backward_scratch_floats
 #include "matmul.cuh"     // matmul_backward_scratch_floats
+#include "block_acts.h"
 #include "parallel/tensor_parallel.h"  // sp_rows_per_rank
 
 // Activations: everything the forward keeps for the backward, the backward's per-layer gradient
@@ -47,7 +48,8 @@ struct ActivationTensors {
     floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
     float* losses;       // (B, T)
     // scratch, reused by every layer
-    floatX* proj;        // (B, T, C) output of attproj or fcproj before the residual add (-sq 1: tp·R rows)
+    floatX* attproj;     // (B, T, C) output of attproj before the residual add (-sq 1: tp·R rows), and
+    floatX* fcproj;      //   fcproj's: one scratch, the same storage
     floatX* gathered;    // -sq 1: (tp·R, C) every process's rows of a layernorm output or of dresidual
     floatX* attn_scratch;// attention_scratch_elements
     floatX* dresidual;   // (B, T, C) gradient flowing down the residual stream
@@ -63,45 +65,27 @@ struct ActivationTensors {
     int* encoder_buckets;// encoder_buckets_ints(B, T)
 };
 
-// Per-layer steps, in elements, through the (L, ...) activation tensors for a pass over (B, T). Each
-// layer's slice starts on 256 bytes, like the one-layer buffers that recomputation uses instead: cuBLASLt
-// is told each pointer's real alignment (matmul.cuh), so equal alignment means the same algorithm for a
-// layer's matmuls at every -r level, which -r 0/1/2 giving the same bits relies on. 0 for a tensor
-// that recomputation keeps for one layer only.
-struct LayerStrides {
-    size_t ln;        // ln1, ln2
-    size_t qkv, atty, att, residual2, residual3;
-    size_t fch, fch_gelu;
-};
-
-// One block's activations for a pass over (B, T): views of layer l's slices (a tensor that
-// recomputation keeps for one layer only is the same storage for every l).
-struct BlockActs {
-    const floatX* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
-    floatX* ln1;             // (B, T, C)
-    float* ln1_mean;         // (B, T)
-    float* ln1_rstd;         // (B, T)
-    floatX* qkv;             // (B, T, 3C)
-    floatX* atty;            // (B, T, C)
-    floatX* att;             // attention_saved_elements
-    floatX* residual2;       // (B, T, C)
-    floatX* ln2;             // (B, T, C)
-    float* ln2_mean;         // (B, T)
-    float* ln2_rstd;         // (B, T)
-    floatX* fch;             // (B, T, 4C)
-    floatX* fch_gelu;        // (B, T, 4C)
-    floatX* residual3;       // (B, T, C)   the block's output
-};
+// One block's views (BlockActs) come from llmc/block_acts.h with this table's strides (layer_strides):
+// each layer's slice of a stacked tensor starts on 256 bytes, like the one-layer buffers that
+// recomputation uses instead: cuBLASLt is told each pointer's real alignment (matmul.cuh), so equal
+// alignment means the same algorithm for a layer's matmuls at every -r level, which -r 0/1/2 giving the
+// same bits relies on. attproj and fcproj are one scratch (proj, stride 0): a projection's output is
+// needed only until its residual add.
+using BlockActs = BlockActsOf<floatX>;
 
 inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
 
-// With tensor parallelism (tp > 1) qkv, atty, att and fch hold this process's C/tp channels (NH/tp heads);
-// with sequence parallelism (sp) ln1, ln2, residual2 and residual3 R of the B·T rows.
+// This table's per-layer strides for a pass over (B, T). With tensor parallelism (tp > 1) qkv, atty, att
+// and fch hold this process's C/tp channels (NH/tp heads); with sequence parallelism (sp) ln1, ln2,
+// residual2, residual3 and the layernorm statistics R of the B·T rows. The statistics are kept for every
+// layer at every -r level.
 LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false) {
     size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T, R = sp_rows_per_rank(BT, tp, sp && tp > 1);
     LayerStrides s;
     bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
     s.ln = recompute >= 2 ? 0 : aligned_elements(R * C);
+    s.stats = R;
+    s.attproj = s.fcproj = 0;  // the scratch proj
     s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
     s.atty = block ? 0 : aligned_elements(BT * Cl);
     s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads / tp, flash));
@@ -110,24 +94,6 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
     s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
     s.fch_gelu = recompute >= 1 ? 0 : aligned_elements(BT * 4 * Cl);
     return s;
-}
-
-// R: rows of the layernorm statistics per layer (B·T, or this process's rows with -sq 1)
-BlockActs block_acts(const ActivationTensors& a, const LayerStrides& ls, size_t l, size_t R) {
-    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * ls.residual3,
-            a.ln1 + l * ls.ln,
-            a.ln1_mean + l * R,
-            a.ln1_rstd + l * R,
-            a.qkv + l * ls.qkv,
-            a.atty + l * ls.atty,
-            a.att + l * ls.att,
-            a.residual2 + l * ls.residual2,
-            a.ln2 + l * ls.ln,
-            a.ln2_mean + l * R,
-            a.ln2_rstd + l * R,
-            a.fch + l * ls.fch,
-            a.fch_gelu + l * ls.fch_gelu,
-            a.residual3 + l * ls.residual3};
 }
 
 // Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
@@ -179,7 +145,8 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         take(&s->encoder_buckets, encoder_buckets_ints(B, T));
     }
     ActivationTensors* s = &a[0];
-    take(&s->proj, full * C);
+    take(&s->attproj, full * C);
+    s->fcproj = s->attproj;
     take(&s->gathered, on ? full * C : 0);
     take(&s->attn_scratch, attention_scratch_elements(B, T, Cl, NH, flash));
     take(&s->dresidual, R * C);
@@ -191,7 +158,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&s->grad_norm_sq, NUM_PARAMETER_TENSORS);
     take(&s->classifier_stats, tp > 1 ? 3 * BT : 0);
     for (int k = 1; k < slots; k++) {  // the scratch is shared
-        a[k].proj = s->proj;
+        a[k].attproj = a[k].fcproj = s->attproj;
         a[k].gathered = s->gathered;
         a[k].attn_scratch = s->attn_scratch;
         a[k].dresidual = s->dresidual;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "block_acts.h"
 #include "gpt2_config.h"
 #include "parallel/tensor_parallel.h"  // sp_rows_per_rank
 
@@ -72,50 +73,29 @@ struct BackwardScratch {
     float* gathered;   // (tp·R, C)   -sq 1: the gathers' and reduce-scatters' buffer (tensor_parallel.h)
 };
 
-// One block's activations for a call with B*T positions: views of layer l's slices of ActivationTensors.
-struct BlockActs {
-    const float* residual;  // (B, T, C)   the block's input: encoded, or the previous block's residual3
-    float* ln1;             // (B, T, C)
-    float* ln1_mean;        // (B, T)
-    float* ln1_rstd;        // (B, T)
-    float* qkv;             // (B, T, 3C)
-    float* atty;            // (B, T, C)
-    float* att;             // (B, NH, T, T)
-    float* attproj;         // (B, T, C)
-    float* residual2;       // (B, T, C)
-    float* ln2;             // (B, T, C)
-    float* ln2_mean;        // (B, T)
-    float* ln2_rstd;        // (B, T)
-    float* fch;             // (B, T, 4C)
-    float* fch_gelu;        // (B, T, 4C)
-    float* fcproj;          // (B, T, C)
-    float* residual3;       // (B, T, C)   the block's output
-};
+// One block's views (BlockActs) come from llmc/block_acts.h with this table's strides: every tensor
+// packed tightly, a tensor that recomputation keeps for one layer only the same storage for every l.
+// With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns
+// (NH/tp heads); with sequence parallelism the residual stream, the layernorms and their statistics,
+// attproj and fcproj hold `rows` of the B·T rows (llmc/parallel/tensor_parallel.h).
+using BlockActs = BlockActsOf<float>;
 
-// With tensor parallelism (tp > 1) qkv, atty, att, fch and fch_gelu hold this rank's C/tp columns (NH/tp heads);
-// with sequence parallelism the residual stream, the layernorms and attproj, fcproj hold R of the B·T rows
-// (rows; llmc/parallel/tensor_parallel.h). A tensor that recomputation keeps for one layer only is the
-// same storage for every l.
-BlockActs block_acts(const ActivationTensors& a, size_t l, int B, int T, size_t C, size_t NH, size_t tp = 1,
-                     size_t rows = 0) {
-    size_t BT = (size_t)B * T, Cl = C / tp, R = rows ? rows : BT;
-    size_t lb = a.recompute >= 3 ? 0 : l, lln = a.recompute >= 2 ? 0 : lb, lg = a.recompute >= 1 ? 0 : lb;
-    return {l == 0 ? a.encoded : a.residual3 + (l - 1) * R * C,
-            a.ln1 + lln * R * C,
-            a.ln1_mean + lb * R,
-            a.ln1_rstd + lb * R,
-            a.qkv + lb * BT * 3 * Cl,
-            a.atty + lb * BT * Cl,
-            a.att + lb * B * (NH / tp) * T * T,
-            a.attproj + lb * R * C,
-            a.residual2 + lb * R * C,
-            a.ln2 + lln * R * C,
-            a.ln2_mean + lb * R,
-            a.ln2_rstd + lb * R,
-            a.fch + lb * BT * 4 * Cl,
-            a.fch_gelu + lg * BT * 4 * Cl,
-            a.fcproj + lb * R * C,
-            a.residual3 + l * R * C};
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, size_t tp = 1, size_t rows = 0) {
+    size_t BT = (size_t)B * T, C = cfg.channels, Cl = C / tp, NH = cfg.num_heads / tp, R = rows ? rows : BT;
+    size_t block = recompute >= 3 ? 0 : 1;  // -r 3 keeps one layer of every block tensor but residual3
+    LayerStrides s;
+    s.ln = recompute >= 2 ? 0 : block * R * C;
+    s.stats = block * R;
+    s.qkv = block * BT * 3 * Cl;
+    s.atty = block * BT * Cl;
+    s.att = block * B * NH * T * T;
+    s.attproj = block * R * C;
+    s.residual2 = block * R * C;
+    s.fch = block * BT * 4 * Cl;
+    s.fch_gelu = recompute >= 1 ? 0 : block * BT * 4 * Cl;
+    s.fcproj = block * R * C;
+    s.residual3 = R * C;
+    return s;
 }
 
 // Floats of the activations for (B, T) at a recompute level; with acts, also points its tensors into

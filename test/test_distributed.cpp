@@ -348,7 +348,7 @@ TEST(Distributed, ResumeAcrossZeroStagesAndProcessCounts) {
     }
 }
 
-// A checkpoint is layout-independent (llmc/run/train_common.h assembles each process's optimizer range from
+// A checkpoint is layout-independent (llmc/run/train_state.h assembles each process's optimizer range from
 // all state files; the shuffled data order is one order dealt to the ranks): the 2-process -z 1
 // checkpoint of step 3 resumes bit for bit as 2 processes, and as 3 processes and as 1 process to fp32
 // rounding (expect_same_training: their sums are ordered differently).

@@ -85,7 +85,7 @@ struct RunHooks {
     // Writes checkpoint `step` (llmc/io/checkpoint.h; the run's loader, sampler and scaler go into the
     // state files). Collective.
     std::function<void(const TrainRun& run, int step)> save_checkpoint;
-    // Prints a sample (train_common.h's generate_sample) with the run's settings. Called on every
+    // Prints a sample (sample_text.h's generate_sample) with the run's settings. Called on every
     // process: the trainer decides which process prints (collective under ZeRO-3).
     std::function<void(TrainRun* run)> sample;
     // Optional: text appended to the step line (a pipeline's measured bubble).

@@ -844,7 +844,7 @@ TEST(TrainCheckpoints, CpuAndCudaTrainersReadEachOthersCheckpoints) {
 
 
 // doc/reliability.md, with this trainer: its checkpoints go through the same writers and readers as the
-// CPU trainer's (llmc/io/checkpoint.h, llmc/run/train_common.h), checked here end to end. A disk that
+// CPU trainer's (llmc/io/checkpoint.h, llmc/run/train_state.h), checked here end to end. A disk that
 // fills up during a checkpoint (a file-size limit between the model file's size and the state file's):
 // the run stops naming the file and leaves nothing of that step; one that dies there (SIGXFSZ) leaves
 // an orphan model file and a .tmp, which -y 1 removes, saying so, before it resumes.

@@ -247,7 +247,7 @@ TEST(MultiGpu, ResumeEqualsUninterruptedAndOneProcessTakesTheState) {
     for (const char* f : {"/model_00000006.bin", "/state_00000006_00000.bin", "/state_00000006_00001.bin", "/DONE_00000006"}) {
         ASSERT_EQ(remove((b + f).c_str()), 0) << f;
     }
-    // one process takes the state of two (llmc/run/train_common.h assembles its range from both state files)
+    // one process takes the state of two (llmc/run/train_state.h assembles its range from both state files)
     // and runs the remaining steps; a copy, so that b stays as the 2-process run left it
     std::string single = test::scratch_dir("mgpu_resume_single");
     ASSERT_EQ(test::run_command("cp -r " + b + "/. " + single).exit_code, 0);
