@@ -3,7 +3,7 @@ GPT-2 training on NVIDIA GPUs in BF16 mixed precision (or fp32 with PRECISION=FP
 flags, logs and checkpoint files as train_gpt2.cpp, with each layer's forward and backward a CUDA
 kernel or a cuBLASLt call from the llmc/ .cuh headers. doc/cuda.md explains the design.
 One GPU, or one process per GPU on one or many nodes with NCCL (-z 0 all-reduce, -z 1 ZeRO-1, -z 2 ZeRO-2, -z 3 ZeRO-3):
-llmc/parallel/comm_nccl.cuh and doc/data_parallel.md; pipeline stages (-pp, -pm) over NCCL send/receive:
+llmc/parallel/gpu_start.cuh, llmc/parallel/comm_nccl.cuh and doc/data_parallel.md; pipeline stages (-pp, -pm) over NCCL send/receive:
 llmc/parallel/pipeline.h and doc/model_parallel.md; tensor parallelism (-tp) over NCCL all-reduces:
 llmc/parallel/tensor_parallel.h.
 

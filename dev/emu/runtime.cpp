@@ -346,7 +346,7 @@ struct Device {
     }
 
     // caller holds mutex; for the queries: gives the device up to 1 ms to finish before answering
-    // "not ready". A host loop that polls a query (llmc/parallel/comm_nccl.cuh's dp_wait: every 20 us) then sleeps
+    // "not ready". A host loop that polls a query (llmc/parallel/gpu_start.cuh's dp_wait: every 20 us) then sleeps
     // here instead of waking up tens of thousands of times a second and taking the CPU from the
     // device thread (on 2 cores, or under mpirun's binding to one core, that halved the speed).
     template <typename F>

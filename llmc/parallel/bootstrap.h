@@ -2,7 +2,7 @@
 //
 // NCCL forms a communicator from an ncclUniqueId, an opaque 128-byte value that rank 0 creates and
 // every other rank must receive by some other means. Under mpirun that is an MPI broadcast (in
-// llmc/parallel/comm_nccl.cuh). Without MPI, this header moves such an opaque blob from rank 0 to the others in one
+// llmc/parallel/gpu_start.cuh). Without MPI, this header moves such an opaque blob from rank 0 to the others in one
 // of two ways, and never waits without a deadline:
 //
 //   TCP  (-pi tcp -ps HOST:PORT): rank 0 listens on HOST:PORT. Every other rank connects, retrying

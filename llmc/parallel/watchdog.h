@@ -5,7 +5,7 @@
 //
 // Each process says what it waits for: watchdog_begin/watchdog_end around every blocking call of
 // llmc/parallel/comm_mpi.h (WatchdogWait), and around the GPU trainer's waits on its streams
-// (llmc/parallel/comm_nccl.cuh's dp_wait). Every such wait has a name ("an all-reduce"), a group
+// (llmc/parallel/gpu_start.cuh's dp_wait). Every such wait has a name ("an all-reduce"), a group
 // ("data-parallel") and a serial number: the count of waits this process has begun in that group, so
 // the processes of a group that wait in the same collective wait with the same serial.
 //

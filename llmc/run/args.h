@@ -85,7 +85,7 @@ struct TrainArgs {
     int loss_scale_window = 2000;      // clean steps before S grows
     float loss_scale_growth = 2.0f;
     float loss_scale_backoff = 0.5f;
-    // CUDA trainer only: several GPUs, one process each (llmc/parallel/bootstrap.h, llmc/parallel/comm_nccl.cuh)
+    // CUDA trainer only: several GPUs, one process each (llmc/parallel/bootstrap.h, llmc/parallel/gpu_start.cuh)
     LaunchSettings launch;  // -pi -pn -pr -pg -ps -pf -pt: how the processes find each other (bootstrap.h)
     float watchdog_s = 1800.0f;  // -wt: the collective watchdog's limit once training runs (llmc/parallel/watchdog.h)
 };

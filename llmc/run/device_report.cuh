@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "../cuda_common.cuh"
-#include "../parallel/comm_nccl.cuh"
+#include "../parallel/gpu_start.cuh"
 #include "args.h"
 
 // Dense BF16 tensor-core peak of the device, for MFU; 0 when the model is not in the table.
