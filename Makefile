@@ -122,7 +122,7 @@ clean:
 #   make train_gpt2cu test_gpt2cu       PRECISION=BF16 (default), FP32 or FP16 (dynamic loss scaling)
 #   make train_gpt2fp32cu test_gpt2fp32cu   always fp32 (tight checks against the oracle)
 #   make test-gpu                       the GPU suite, then compute-sanitizer memcheck, racecheck and synccheck
-#   make gpu-prepare                    build and make oracle files here for a GPU machine (test/gpu/prepare_gpu_run.sh)
+#   make gpu-prepare                    build and make oracle files here for a GPU machine (dev/gpu/prepare_gpu_run.sh)
 #   make cuda-all                       every CUDA target in both precisions (CI; needs nvcc, no GPU)
 
 CUDA_HOME ?= /usr/local/cuda
@@ -187,7 +187,7 @@ test-gpu-oracle: test_gpt2cu
 # Without a GPU the suite reports every test skipped and the sanitizer runs are skipped too.
 test-gpu: train_gpt2cu test_gpt2cu train_gpt2
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) ./test_gpt2cu $(TEST_ARGS)
-	@if ./test_gpt2cu --has-gpu; then CUDA_HOME=$(CUDA_HOME) test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; \
+	@if ./test_gpt2cu --has-gpu; then CUDA_HOME=$(CUDA_HOME) dev/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; \
 	else echo "test-gpu: no CUDA GPU visible, compute-sanitizer runs skipped"; fi
 
 # the CPU side of -oo 1 (AdamW on the host) against the CPU trainer's AdamW; host code only, no GPU needed
@@ -200,7 +200,7 @@ bench-offload: $(BUILD)/bench_offload_adamw
 
 .PHONY: gpu-prepare
 gpu-prepare:
-	test/gpu/prepare_gpu_run.sh
+	dev/gpu/prepare_gpu_run.sh
 
 cuda-all:
 	$(MAKE) -j2 PRECISION=BF16 train_gpt2cu test_gpt2cu train_gpt2fp32cu test_gpt2fp32cu

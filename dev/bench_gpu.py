@@ -11,7 +11,7 @@ Modes (BENCH_MODES, in round order):
   ours-muon ours-ge1 ours-oo1 ours-at1 ours-bg1
                            -r 0 with -opt muon / -ge 1 / -oo 1 / -at 1 / -bg 1 (their cost or gain)
   base-r0 base-r1          our trainer as built at another commit (TRAINER_BASE, default
-                           build/gpu/base/train_gpt2cu: test/gpu/prepare_gpu_run.sh with BASE_REF builds it)
+                           build/gpu/base/train_gpt2cu: dev/gpu/prepare_gpu_run.sh with BASE_REF builds it)
                            at -r 0 / -r 1: a change that must keep speed (a restructuring) beside it,
                            ours-r0 / base-r0 its ratio
   llmc-r0 llmc-r1          llm.c's train_gpt2cu (cuDNN attention; dev/peers/build_llmc.sh) at -r 0 / -r 1
@@ -181,7 +181,7 @@ class Bench:
 
     def base(self, mode):
         if not os.access(self.s.trainer_base, os.X_OK):
-            print(f"{mode}: no base trainer at {self.s.trainer_base} (BASE_REF=<commit> test/gpu/prepare_gpu_run.sh)")
+            print(f"{mode}: no base trainer at {self.s.trainer_base} (BASE_REF=<commit> dev/gpu/prepare_gpu_run.sh)")
             return None
         source = os.path.join(os.path.dirname(self.s.trainer_base), "commit.txt")
         if mode not in self.batch and os.path.exists(source):

@@ -5,7 +5,7 @@
 // 28 (grad 2, m, v, master 4 each in and out, param 2). Host code only: it runs without a GPU.
 // On x86-64 the offload's loop exists twice (llmc/optimizer_offload.cuh): for the build's target and
 // for AVX2 with FMA, taken at run time where the CPU has them; both are timed, and their results must
-// have the same bits. Built as for a GPU machine (x86-64-v2, test/gpu/prepare_gpu_run.sh) the first is
+// have the same bits. Built as for a GPU machine (x86-64-v2, dev/gpu/prepare_gpu_run.sh) the first is
 // the loop those binaries would run without the second.
 //
 //   make bench-offload                        N = 124,475,904 (GPT-2 124M), all OpenMP threads

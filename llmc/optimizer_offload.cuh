@@ -105,7 +105,7 @@ __attribute__((always_inline)) inline void offload_update_element(floatX* params
 // Elements [a, b) of one tensor's part: one loop per case of master weights, so the compiler has no
 // branch in it and vectorizes it (the OpenMP threads split the range). The loop is compiled twice on
 // x86-64: for the build's own target and, chosen at run time where the CPU has them, for AVX2 with FMA
-// (x86-64-v3). The binaries for a GPU machine are built for x86-64-v2 (test/gpu/prepare_gpu_run.sh:
+// (x86-64-v3). The binaries for a GPU machine are built for x86-64-v2 (dev/gpu/prepare_gpu_run.sh:
 // SSE4.2, no FMA), where adamw_element's three fmaf are library calls and the loop stays scalar: -oo 1's
 // host update took 154 ms a step for GPT-2 124M on an H200 machine's 16 cores (doc/gpu_results.md).
 // The AVX2 loop is 6x as fast on this 2-core machine (make bench-offload prints both, measured in the

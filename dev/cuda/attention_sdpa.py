@@ -6,7 +6,7 @@ of twice its size), then the op alone sits between two CUDA events; the median o
 one warm-up. The forward is aten's _scaled_dot_product_flash_attention, the backward its
 _scaled_dot_product_flash_attention_backward (FA2's own kernels, with no autograd around them and the
 forward's out and log-sum-exp as inputs, as our backward takes them). Prints dev/cuda's RESULT lines, so
-test/gpu/run_on_gpu.sh's attention stage sets them beside attention_forward's and attention_backward's.
+dev/gpu/run_on_gpu.sh's attention stage sets them beside attention_forward's and attention_backward's.
 
     python3 dev/cuda/attention_sdpa.py [--device cpu --B 1 --T 64]     (cpu: the rehearsal; math backend)
 """

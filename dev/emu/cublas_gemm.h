@@ -59,8 +59,8 @@ void run_gemm(const Gemm& gemm);
 
 // EMU_NO_CUBLAS=1: every call of a product function (cublasGemmEx and friends, cublasLtMatmul) ends
 // the program with status 70, refused or not, as compute-sanitizer's racecheck did on an H100 at the
-// first cuBLASLt kernel. test/gpu/sanitize.sh runs racecheck only on kernel tests that launch none;
-// test/gpu/check_racecheck_tests.sh checks its list this way (and by reading the tests' sources).
+// first cuBLASLt kernel. dev/gpu/sanitize.sh runs racecheck only on kernel tests that launch none;
+// dev/gpu/check_racecheck_tests.sh checks its list this way (and by reading the tests' sources).
 void no_cublas_check(const char* fn);
 
 // Prints "cuda-emu: cuBLAS: <message>" on stderr and returns status: how every refusal is reported,

@@ -20,7 +20,7 @@
 # cudaMemAdvise takes a cudaMemLocation where CUDA 12's took a device number (cudaCpuDeviceId, the host), in the
 # fallback to managed memory that llm.c uses only when cudaMalloc fails. Linking: cuBLAS, cuBLASLt, cuDNN
 # and NVML dynamically (the GPU machine's CUDA, PyTorch's nvidia-cudnn wheel, the driver), rpath
-# /usr/local/cuda/lib64; test/gpu/run_on_gpu.sh finds cuDNN in Python's site-packages when the loader does not.
+# /usr/local/cuda/lib64; dev/gpu/run_on_gpu.sh finds cuDNN in Python's site-packages when the loader does not.
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 src=$1 frontend=$2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does test/gpu/sanitize.sh's racecheck run only kernel tests that launch no cuBLAS(Lt) kernel? On an
+# Does dev/gpu/sanitize.sh's racecheck run only kernel tests that launch no cuBLAS(Lt) kernel? On an
 # H100 racecheck stopped the whole process at the first cuBLASLt kernel (2026-11-26), and again on
 # 2026-11-27 at Kernels.CublasLtDgeluBgradIsOneOfItsTwoReadings, a test added after the list was made.
 # Two checks, on the CPU machine (the rehearsal runs this):
@@ -9,13 +9,13 @@
 #   2. the emulated binary runs the list with EMU_NO_CUBLAS=1, under which any cuBLAS product call
 #      ends the program (a product reached through a helper is seen this way).
 #
-#   test/gpu/check_racecheck_tests.sh [TEST_BINARY]       default ./test_gpt2cu_emu
+#   dev/gpu/check_racecheck_tests.sh [TEST_BINARY]       default ./test_gpt2cu_emu
 #   RACECHECK_TESTS=FILTER ...                            check another list than sanitize.sh's
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 binary=${1:-./test_gpt2cu_emu}
 [ -x "$binary" ] || { echo "check_racecheck_tests.sh: $binary missing (make test_gpt2cu_emu)"; exit 1; }
-filter=${RACECHECK_TESTS:-$(test/gpu/sanitize.sh --racecheck-tests)}
+filter=${RACECHECK_TESTS:-$(dev/gpu/sanitize.sh --racecheck-tests)}
 tests=$("$binary" --gtest_list_tests --gtest_filter="$filter" | awk '/^[A-Za-z]/ { suite = $1 } /^  / { print suite $1 }')
 [ -n "$tests" ] || { echo "check_racecheck_tests.sh: the list '$filter' selects no test"; exit 1; }
 bad=0

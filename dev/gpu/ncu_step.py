@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test/gpu/ncu_top.sh's analysis of ncu's CSV (standard library only):
+"""dev/gpu/ncu_top.sh's analysis of ncu's CSV (standard library only):
 
     ncu_step.py top5 DURATIONS_CSV                      the five costliest kernels of the kept step, as a regex
     ncu_step.py table DURATIONS_CSV THROUGHPUT_CSV|/dev/null OUT_MD B [FLAGS]   the tables, into OUT_MD

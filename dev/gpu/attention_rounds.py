@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The attention stage's table (test/gpu/run_on_gpu.sh): our flash attention against PyTorch's
+"""The attention stage's table (dev/gpu/run_on_gpu.sh): our flash attention against PyTorch's
 FlashAttention-2 over interleaved rounds. Reads ROUND_DIR/r<N>/*.log: the dev/cuda programs'
 version lines ("vN description  block  time(us)  rate  %ceiling  spread  err  check") and
 dev/cuda/attention_sdpa.py's RESULT lines. Per op, each version's median time over the rounds and
 its spread, then each of our versions against FA2 within each round (FA2's time over ours: above 1,
 ours is faster), median, min and max. Standard library only.
 
-    python3 test/gpu/attention_rounds.py ROUND_DIR > attention.md
+    python3 dev/gpu/attention_rounds.py ROUND_DIR > attention.md
 """
 import glob
 import os

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU session plan: everything that needs the GPU, in priority order, inside one time budget, on
-# binaries and oracle files made beforehand on a machine without one (test/gpu/prepare_gpu_run.sh).
+# binaries and oracle files made beforehand on a machine without one (dev/gpu/prepare_gpu_run.sh).
 # Builds nothing and needs no network, googletest, MPI or apt; PyTorch only for the d12 oracle files
 # (too large to carry: made here, with all cores, while the kernel tests run) and the PyTorch peers.
 # doc/cuda.md, "A GPU session", gives the exact device commands.
 #
-#   OUT=DIR test/gpu/run_on_gpu.sh --plan call1          the first device call of a session (PLANS below)
-#   OUT=DIR test/gpu/run_on_gpu.sh --plan call2          the second, at once on the warm machine
-#   OUT=DIR test/gpu/run_on_gpu.sh --budget 200 sanitize ncu   only these stages, at their own limits
-#   test/gpu/run_on_gpu.sh --list                        the stages and plans, their lanes and time limits
-#   test/gpu/run_on_gpu.sh --check-plans                 each plan's stage limits add up within its budget?
-#   PLAN_EMU=1 ...                                       the rehearsal (test/gpu/rehearse.sh): the same
+#   OUT=DIR dev/gpu/run_on_gpu.sh --plan call1          the first device call of a session (PLANS below)
+#   OUT=DIR dev/gpu/run_on_gpu.sh --plan call2          the second, at once on the warm machine
+#   OUT=DIR dev/gpu/run_on_gpu.sh --budget 200 sanitize ncu   only these stages, at their own limits
+#   dev/gpu/run_on_gpu.sh --list                        the stages and plans, their lanes and time limits
+#   dev/gpu/run_on_gpu.sh --check-plans                 each plan's stage limits add up within its budget?
+#   PLAN_EMU=1 ...                                       the rehearsal (dev/gpu/rehearse.sh): the same
 #       stages on the emulated binaries at tiny sizes, on the CPU machine
 #   BENCH_MODES="ours-r0 torch-compile" CUDA_DEV_PROGRAMS="attention_forward attention_backward" ...
 #       a narrower bench (dev/bench_gpu.py's modes) and cuda-dev (some programs only)
@@ -30,7 +30,7 @@
 # summary.tsv (stage lane result seconds detail, one line per finished stage), bench.tsv
 # (dev/bench_gpu.py, one line per run), cuda_dev.md (dev/cuda's table), attention.md (ours against
 # FlashAttention-2), ncu.md (the step's time split, the costliest kernels). Eight files at most, no
-# subfolders: what the device tool returns. test/gpu/gpu_results.py turns them into
+# subfolders: what the device tool returns. dev/gpu/gpu_results.py turns them into
 # doc/gpu_results.md. Exit status: 1 if any stage failed, else 0.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -51,8 +51,8 @@ STAGES=(
     "bench-d24|main|150|dev/bench_gpu.py at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
     "attention|main|120|3 rounds: dev/cuda attention_forward and attention_backward (every version) beside PyTorch's FlashAttention-2"
     "cuda-dev|main|180|dev/cuda/run_all.sh: every kernel version checked and timed (CUDA_DEV_PROGRAMS: some)"
-    "ncu|main|120|Nsight Compute over a d12 step at B=64, -r 0: the time split by kind of kernel, the costliest kernels (test/gpu/ncu_top.sh)"
-    "sanitize|main|300|compute-sanitizer: memcheck everything, racecheck and synccheck ours (test/gpu/sanitize.sh)"
+    "ncu|main|120|Nsight Compute over a d12 step at B=64, -r 0: the time split by kind of kernel, the costliest kernels (dev/gpu/ncu_top.sh)"
+    "sanitize|main|300|compute-sanitizer: memcheck everything, racecheck and synccheck ours (dev/gpu/sanitize.sh)"
 )
 
 # name | budget (s) | environment | stage:limit ... (see doc/cuda.md, "The plan"). Call 1 answers what
@@ -201,7 +201,7 @@ resolve_libraries() {
 # the stages (each runs in a shell of its own under `timeout`)
 
 gtest_stage() {  # gtest_stage BINARY FILTER
-    [ -x "$1" ] || { echo "$1 missing: run test/gpu/prepare_gpu_run.sh and carry it"; return 1; }
+    [ -x "$1" ] || { echo "$1 missing: run dev/gpu/prepare_gpu_run.sh and carry it"; return 1; }
     echo "\$ $1 --gtest_filter='$2'"
     "$1" --gtest_filter="$2"
 }
@@ -234,9 +234,9 @@ run_stage_body() {
             [ "$1" = bench-d24 ] && modes="ours-r0 torch-compile" model=d24 B=32
             if [ "$emu" = 1 ]; then
                 # the rehearsal: the emulated trainer on the tiny oracle model, llm.c's stand-in
-                # (test/gpu/llmc_stub.sh), PyTorch on the CPU without autocast; two rounds of two steps
+                # (dev/gpu/llmc_stub.sh), PyTorch on the CPU without autocast; two rounds of two steps
                 [ "$1" = bench-d24 ] && { echo "bench-d24: SKIPPED (emulated rehearsal: the bench stage rehearses the script)"; return 0; }
-                TRAINER=$TRAIN_BF16 LLMC=test/gpu/llmc_stub.sh BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
+                TRAINER=$TRAIN_BF16 LLMC=dev/gpu/llmc_stub.sh BENCH_OURS_MODEL=build/oracle/tiny/model.bin \
                 BENCH_TORCH_MODEL="--layers 2 --channels 64 --heads 4" BENCH_MODEL=tiny BENCH_MODES="$modes" BENCH_BASELINE=$baseline \
                 BENCH_V=300 BENCH_B=2 BENCH_T=16 BENCH_DEVICE=cpu BENCH_STEPS=2 BENCH_ROUNDS=2 BENCH_TORCH_MODE=${BENCH_TORCH_MODE:-default} \
                 BENCH_TSV="$out/bench.tsv" "$PYTHON" dev/bench_gpu.py
@@ -245,7 +245,7 @@ run_stage_body() {
                 BENCH_TSV="$out/bench.tsv" OMP_NUM_THREADS=16 "$PYTHON" dev/bench_gpu.py
             fi ;;
         attention)
-            # our programs and FA2 in turn, 3 rounds; the table (test/gpu/attention_rounds.py) after each
+            # our programs and FA2 in turn, 3 rounds; the table (dev/gpu/attention_rounds.py) after each
             local r rounds=${ATTENTION_ROUNDS:-3} dir="$work/attention"
             rm -rf "$dir"
             for r in $(seq 1 "$rounds"); do
@@ -260,12 +260,12 @@ run_stage_body() {
                 fi
                 grep -h "FAIL" "$dir/r$r"/*.log | head -n 5
                 echo "round $r of $rounds:"
-                "$PYTHON" test/gpu/attention_rounds.py "$dir" | tee "$out/attention.md"
+                "$PYTHON" dev/gpu/attention_rounds.py "$dir" | tee "$out/attention.md"
             done
             ! grep -q "FAIL" "$dir"/r*/*.log ;;
         cuda-dev)
             if [ "$emu" = 1 ]; then
-                # one program, built by rehearse.sh and carried (test/gpu/carry.sh emu), in its check mode
+                # one program, built by rehearse.sh and carried (dev/gpu/carry.sh emu), in its check mode
                 build/emu/devcuda/gelu_forward | tee "$out/cuda_dev.md"
             else
                 # CUDA_DEV_PROGRAMS: a few of them (default: all); "changed": those whose sources changed
@@ -290,10 +290,10 @@ run_stage_body() {
             fi ;;
         ncu)
             if [ "$emu" = 1 ]; then echo "ncu_top.sh: SKIPPED (emulated rehearsal: no ncu)"
-            else NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 test/gpu/ncu_top.sh 64 -r 0; fi ;;
+            else NCU_OUT="$out/ncu.md" TRAINER=$TRAIN_BF16 dev/gpu/ncu_top.sh 64 -r 0; fi ;;
         sanitize)
             if [ "$emu" = 1 ]; then echo "sanitize.sh: SKIPPED (emulated rehearsal: the emulator's own checkers run in make test)"
-            else SANITIZE_OUT="$work/sanitize" test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; fi ;;
+            else SANITIZE_OUT="$work/sanitize" dev/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu; fi ;;
     esac
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# compute-sanitizer over the GPU code. Usage (make test-gpu and test/gpu/run_on_gpu.sh call it):
-#   test/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu
+# compute-sanitizer over the GPU code. Usage (make test-gpu and dev/gpu/run_on_gpu.sh call it):
+#   dev/gpu/sanitize.sh ./train_gpt2cu ./test_gpt2cu
 #
 #   memcheck   every kernel, cuBLAS/cuBLASLt's included: the kernel tests, the in-process model at
 #              -r 0/1/2, and short training runs (validation, sampling, a checkpoint) at -r 0/1/2,
@@ -16,7 +16,7 @@
 # sanitizer is missing, or refuses the device (as under gVisor: "Device not supported"), the script
 # prints "sanitize.sh: SKIPPED (reason)" and exits 0: nothing was checked, and the line says so.
 #
-#   test/gpu/sanitize.sh --racecheck-tests   prints the kernel tests racecheck runs (a gtest filter): the
+#   dev/gpu/sanitize.sh --racecheck-tests   prints the kernel tests racecheck runs (a gtest filter): the
 #              rehearsal runs them under the emulator with EMU_NO_CUBLAS=1, which fails if one of them
 #              launches a cuBLAS(Lt) product (racecheck stopped at the first one on an H100)
 set -uo pipefail
@@ -42,7 +42,7 @@ sanitizer=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
 if [ ! -x "$sanitizer" ]; then
     sanitizer=$(command -v compute-sanitizer) || skip "compute-sanitizer not found in \$CUDA_HOME/bin or on PATH"
 fi
-oracle=build/oracle/tiny  # made by the test suite (or test/gpu/prepare_gpu_run.sh) before this script
+oracle=build/oracle/tiny  # made by the test suite (or dev/gpu/prepare_gpu_run.sh) before this script
 [ -f "$oracle/model.bin" ] || { echo "sanitize.sh: $oracle/model.bin missing (run test_gpt2cu first)"; exit 1; }
 rm -rf "$out" && mkdir -p "$out"
 

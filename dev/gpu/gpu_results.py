@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Turns what test/gpu/run_on_gpu.sh wrote under $OUT (one folder per device call) into the markdown
+"""Turns what dev/gpu/run_on_gpu.sh wrote under $OUT (one folder per device call) into the markdown
 of doc/gpu_results.md: the stages' results, the benchmark against PyTorch, dev/cuda's table and the
 costliest kernels under Nsight Compute. Standard library only.
 
-    python3 test/gpu/gpu_results.py DIR [DIR ...] > doc/gpu_results.md
+    python3 dev/gpu/gpu_results.py DIR [DIR ...] > doc/gpu_results.md
 
 Each DIR holds summary.tsv and main.log, and where those stages ran bench.tsv, cuda_dev.md,
 attention.md, ncu.md, and fp8.log (dev/cuda/bin/matmul_fp8's output, run on its own). A stage run in several calls is listed once per call, in call order. The
@@ -74,7 +74,7 @@ def main(dirs):
         print(__doc__, file=sys.stderr)
         return 2
     out = ["# Results of the GPU session plan", "",
-           "Made by `test/gpu/gpu_results.py` from the files `test/gpu/run_on_gpu.sh` wrote under `$OUT` "
+           "Made by `dev/gpu/gpu_results.py` from the files `dev/gpu/run_on_gpu.sh` wrote under `$OUT` "
            "(doc/cuda.md, \"A GPU session\"). Numbers are as measured once, on the machine named; nothing here "
            "is edited by hand.", ""]
     stage_rows, bench_rows, cuda_dev, attention, ncu, fp8 = [], [], [], [], [], []

@@ -10,7 +10,7 @@
 # time is longer by whatever gaps the GPU idles (the benchmark's ms/step beside it says how much).
 # Without ncu (or when it cannot read counters) prints "ncu_top.sh: SKIPPED (reason)" and exits 0.
 #
-#   TRAINER=./train_gpt2cu NCU_OUT=FILE test/gpu/ncu_top.sh [B] [extra trainer flags]
+#   TRAINER=./train_gpt2cu NCU_OUT=FILE dev/gpu/ncu_top.sh [B] [extra trainer flags]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -56,12 +56,12 @@ start=$SECONDS
 run_ncu "$work/durations.csv" --metrics gpu__time_duration.sum --launch-count 5000
 echo "pass 1: $((SECONDS - start)) s"
 # the kernels of the second step, and the five costliest names in it
-top5=$("$python" test/gpu/ncu_step.py top5 "$work/durations.csv")
+top5=$("$python" dev/gpu/ncu_step.py top5 "$work/durations.csv")
 metrics=sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed
 metrics=$metrics,dram__throughput.avg.pct_of_peak_sustained_elapsed
 
 write_table() {  # write_table THROUGHPUT_CSV (empty: durations only)
-    "$python" test/gpu/ncu_step.py table "$work/durations.csv" "$1" "$out" "$B" "${extra[*]:-}"
+    "$python" dev/gpu/ncu_step.py table "$work/durations.csv" "$1" "$out" "$B" "${extra[*]:-}"
 }
 write_table /dev/null  # what pass 1 gives, in case pass 2 does not finish in time
 run_ncu "$work/throughput.csv" --metrics "$metrics" --kernel-name "regex:^($top5)\$" --launch-count 10

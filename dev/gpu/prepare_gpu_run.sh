@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run on the CPU machine (nvcc, googletest and PyTorch here, no GPU): builds everything
-# test/gpu/run_on_gpu.sh runs and makes the oracle files, so the GPU machine (no googletest, no MPI,
+# dev/gpu/run_on_gpu.sh runs and makes the oracle files, so the GPU machine (no googletest, no MPI,
 # no apt, no network) only runs. Prints the paths to carry there and their sizes.
 #
-#   test/gpu/prepare_gpu_run.sh          build (2 jobs; JOBS=<n> for more), make oracles, check, list
+#   dev/gpu/prepare_gpu_run.sh          build (2 jobs; JOBS=<n> for more), make oracles, check, list
 #
 # What it builds, and how:
 #   train_gpt2cu, train_gpt2fp32cu, test_gpt2cu, test_gpt2fp32cu, dev/cuda/bin/* with NO_MPI=1 (the GPU
@@ -132,7 +132,7 @@ else
     make -s -C dev/cuda --no-print-directory list | tr ' ' '\n' > build/gpu/changed_programs.txt
 fi
 
-mapfile -t CARRY < <(test/gpu/carry.sh)
+mapfile -t CARRY < <(dev/gpu/carry.sh)
 echo "== to carry to the GPU machine (8 paths, the tool's most)"
 du -sh "${CARRY[@]}"
 carry_bytes=$(du -scb "${CARRY[@]}" | tail -n 1 | cut -f1)
@@ -143,5 +143,5 @@ awk -v c="$carry_bytes" -v t="$tree_bytes" -v l="$limit" 'BEGIN {
     printf "carried %.1f MiB + working tree %.1f MiB = %.1f MiB of the 64 MiB the tool takes: %s\n",
            c / 1048576, t / 1048576, (c + t) / 1048576, (c + t <= l) ? "fits" : "TOO LARGE" }'
 printf 'carry: ['; printf '"%s", ' "${CARRY[@]}" | sed 's/, $//'; printf ']\n'
-echo "then on the GPU machine: test/gpu/run_on_gpu.sh (or a few stages per call: test/gpu/run_on_gpu.sh --list)"
+echo "then on the GPU machine: dev/gpu/run_on_gpu.sh (or a few stages per call: dev/gpu/run_on_gpu.sh --list)"
 [ $((carry_bytes + tree_bytes)) -le $limit ]
