@@ -210,4 +210,5 @@ include dev/emu/emu.mk
 EMU_CONFIG := $(call config_stamp,emu,$(EMU_CXX) $(EMU_CU_FLAGS) $(EMU_LDLIBS))
 train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu $(EMU_LIB_OBJECTS): $(EMU_CONFIG)
 include dev/emu/fp16.mk
+include dev/emu/fp8.mk
 include dev/emu/tests.mk

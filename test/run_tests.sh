@@ -141,7 +141,7 @@ run_kernels_both_orders() {
 
 # AddressSanitizer: every dev/cuda program but matmul_forward (its lesson kernels take a minute under it;
 # production uses cuBLAS, and the plain check runs it)
-devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias nccl_all_reduce softmax_forward"
+devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias matmul_fp8 nccl_all_reduce softmax_forward"
 devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce"
 start_all=$(date +%s)
 
@@ -184,6 +184,8 @@ lane_b() {
     run_suite gpu-suite-fp32 emulated "run_gtest_each ./test_gpt2fp32cu_emu '-Kernels.*'"
     # the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
     run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
+    # the FP8 formats (issue 48) against PyTorch's float8 casts
+    run_suite emu-fp8 emulated "GPT2_ROOT=$root $emu_build/test_emu_fp8"
     run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
     run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
     # under the sanitizers: every program with AddressSanitizer and initcheck (each version at one block

@@ -21,6 +21,8 @@
 
 #include <unistd.h>
 
+#include <cuda_fp8.h>  // the emulated one: fp8 decoding
+
 namespace emu_blas {
 
 namespace {
@@ -94,6 +96,11 @@ template <>
 inline float load_typed<uint16_t>(const uint16_t* p, int64_t i) { return bf16_bits_to_float(p[i]); }
 template <>
 inline float load_typed<HalfBits>(const HalfBits* p, int64_t i) { return (float)p[i].value; }
+// fp8 (cuBLASLt only): exact in fp32
+template <>
+inline float load_typed<__nv_fp8_e4m3>(const __nv_fp8_e4m3* p, int64_t i) { return (float)p[i]; }
+template <>
+inline float load_typed<__nv_fp8_e5m2>(const __nv_fp8_e5m2* p, int64_t i) { return (float)p[i]; }
 
 // Packs op(A)(i0 .. i0+rows, p0 .. p0+depth) as slivers of MICRO_M rows: packed[s][p][r], zero-padded.
 template <typename T>
@@ -153,6 +160,10 @@ void pack_a_any(float* packed, const View& a, int64_t i0, int rows, int64_t p0, 
         pack_a<uint16_t>(packed, a, i0, rows, p0, depth);
     } else if (a.type == CUDA_R_16F) {
         pack_a<HalfBits>(packed, a, i0, rows, p0, depth);
+    } else if (a.type == CUDA_R_8F_E4M3) {
+        pack_a<__nv_fp8_e4m3>(packed, a, i0, rows, p0, depth);
+    } else if (a.type == CUDA_R_8F_E5M2) {
+        pack_a<__nv_fp8_e5m2>(packed, a, i0, rows, p0, depth);
     } else {
         pack_a<float>(packed, a, i0, rows, p0, depth);
     }
@@ -163,6 +174,10 @@ void pack_b_any(float* packed, const View& b, int64_t p0, int depth, int64_t j0,
         pack_b<uint16_t>(packed, b, p0, depth, j0, cols);
     } else if (b.type == CUDA_R_16F) {
         pack_b<HalfBits>(packed, b, p0, depth, j0, cols);
+    } else if (b.type == CUDA_R_8F_E4M3) {
+        pack_b<__nv_fp8_e4m3>(packed, b, p0, depth, j0, cols);
+    } else if (b.type == CUDA_R_8F_E5M2) {
+        pack_b<__nv_fp8_e5m2>(packed, b, p0, depth, j0, cols);
     } else {
         pack_b<float>(packed, b, p0, depth, j0, cols);
     }
@@ -257,8 +272,9 @@ void run_tile(const Gemm& g, const Tile& t, Workspace& ws) {
         }
     }
 
-    // epilogue: one rounding per output (and per aux) element
+    // epilogue: one rounding per output (and per aux) element; FP8's scales multiply alpha
     const Epilogue& e = g.epilogue;
+    const float alpha = g.alpha * (g.a_scale ? *g.a_scale : 1.0f) * (g.b_scale ? *g.b_scale : 1.0f);
     const char* c_base =
         g.c == nullptr ? nullptr : (const char*)g.c + t.batch * g.stride_c * (int64_t)type_bytes(g.c_type);
     char* d_base = (char*)g.d + t.batch * g.stride_d * (int64_t)type_bytes(g.d_type);
@@ -267,7 +283,7 @@ void run_tile(const Gemm& g, const Tile& t, Workspace& ws) {
         float bias = e.add_bias ? load_element(e.bias, e.bias_type, i) : 0.0f;
         for (int cidx = 0; cidx < cols; cidx++) {
             int64_t j = t.j0 + cidx;
-            float v = g.alpha * acc[(size_t)cidx * TILE_M + r];
+            float v = alpha * acc[(size_t)cidx * TILE_M + r];
             if (g.beta != 0.0f) v += g.beta * load_element(c_base, g.c_type, i + j * g.ldc);
             if (e.add_bias) v += bias;
             if (e.dgelu) v *= gelu_grad(load_element(e.aux, e.aux_type, i + j * e.aux_ld));
@@ -312,6 +328,8 @@ size_t type_bytes(cudaDataType type) {
         case CUDA_R_32F: return 4;
         case CUDA_R_16BF: return 2;
         case CUDA_R_16F: return 2;
+        case CUDA_R_8F_E4M3: return 1;
+        case CUDA_R_8F_E5M2: return 1;
         default: return 0;
     }
 }
@@ -322,6 +340,8 @@ const char* type_name(cudaDataType type) {
         case CUDA_R_16BF: return "CUDA_R_16BF";
         case CUDA_R_16F: return "CUDA_R_16F";
         case CUDA_R_64F: return "CUDA_R_64F";
+        case CUDA_R_8F_E4M3: return "CUDA_R_8F_E4M3";
+        case CUDA_R_8F_E5M2: return "CUDA_R_8F_E5M2";
         default: return "an unsupported cudaDataType";
     }
 }
@@ -332,6 +352,13 @@ bool supported_types(cudaDataType a, cudaDataType b, cudaDataType c) {
     if (a == CUDA_R_16F) return c == CUDA_R_16F || c == CUDA_R_32F;
     if (a == CUDA_R_32F) return c == CUDA_R_32F;
     return false;
+}
+
+bool is_fp8(cudaDataType type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
+
+bool supported_fp8_types(cudaDataType a, cudaDataType b, cudaDataType d) {
+    if (!is_fp8(a) || !is_fp8(b) || (a == CUDA_R_8F_E5M2 && b == CUDA_R_8F_E5M2)) return false;
+    return d == CUDA_R_16BF || d == CUDA_R_16F || d == CUDA_R_32F;
 }
 
 size_t matrix_extent_bytes(int64_t rows, int64_t cols, int64_t ld, cudaDataType type) {

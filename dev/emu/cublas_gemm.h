@@ -49,6 +49,10 @@ struct Gemm {
     cudaDataType d_type = CUDA_R_32F;
     int64_t ldd = 0;
     bool tf32 = false;  // round fp32 inputs to TF32 (10-bit mantissa, round to nearest even)
+    // cuBLASLt's FP8 scales (A_SCALE_POINTER, B_SCALE_POINTER): device floats, read when the product
+    // runs (in stream order), that multiply alpha; nullptr: 1
+    const float* a_scale = nullptr;
+    const float* b_scale = nullptr;
     Epilogue epilogue;
     int64_t batch_count = 1;
     int64_t stride_a = 0, stride_b = 0, stride_c = 0, stride_d = 0;
@@ -72,6 +76,10 @@ const char* type_name(cudaDataType type);
 // True for the A/B/C combinations the emulator runs with fp32 compute: A = B = bf16 with C = D = bf16
 // or fp32, and A = B = C = D = fp32 (cuBLAS's cublasGemmEx table for CUBLAS_COMPUTE_32F).
 bool supported_types(cudaDataType ab, cudaDataType b, cudaDataType c);
+// True for cuBLASLt's FP8 products the emulator runs (fp32 compute): A and B e4m3 or e5m2, not both e5m2,
+// C = D bf16, fp16 or fp32 (cuBLASLt's table of FP8 types, without FP8 outputs).
+bool supported_fp8_types(cudaDataType a, cudaDataType b, cudaDataType d);
+bool is_fp8(cudaDataType type);
 // Bytes a stored rows x cols column-major matrix spans with leading dimension ld.
 size_t matrix_extent_bytes(int64_t rows, int64_t cols, int64_t ld, cudaDataType type);
 

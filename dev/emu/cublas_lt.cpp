@@ -21,6 +21,15 @@
 //       emulator sums in fp32 in k order and rounds once; a GPU kernel's order is its own, and whether
 //       it rounds partial sums to the bias type on the way is not documented (a GPU check: test/gpu's
 //       kernel test compares its result with a double sum at the fp32 reduction's tolerance).
+//   FP8 (A and B CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2, not both E5M2; C = D bf16, fp16 or fp32): D =
+//       alpha·scale_A·scale_B·op(A)·op(B) + beta·C, the scales read from A_SCALE_POINTER and
+//       B_SCALE_POINTER (device floats, 1 when not set) when the product runs; only the "TN" form that
+//       Hopper's FP8 kernels take (A transposed, B not: the documentation's requirement) and the DEFAULT
+//       epilogue. FAST_ACCUM is accepted and changes nothing here: the emulator accumulates in fp32 either
+//       way (a GPU's fast accumulation keeps fewer bits, so its results differ within a tolerance). A
+//       scale pointer must be 16-byte aligned: an H100 refused one 4 bytes into an allocation
+//       (CUBLAS_STATUS_NOT_SUPPORTED, doc/gpu_results.md call 15) and took 256-byte aligned ones; the
+//       documentation gives no limit, 16 is this emulator's assumption.
 // The documentation does not say which GELU: it only says "apply GELU point-wise transform". We use
 // the tanh approximation 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) (what GPT-2 uses and what
 // cuBLASLt is generally understood to compute); this is an assumption, not a documented fact.
@@ -28,7 +37,7 @@
 // DGELU_BGRAD (the documentation, "apply independently GELU and Bias gradient to matmul output", does
 // not settle whether the bias gradient sums the values before or after gelu'; test/gpu's
 // Kernels.CublasLtDgeluBgradIsOneOfItsTwoReadings asks a GPU), BGRADA, batched layouts, orders other
-// than column-major, device pointer modes, fp8 scales.
+// than column-major, device pointer modes, FP8 outputs and their D scale and amax, C scales.
 //
 // Alignment: cublasLtMatmulAlgoGetHeuristic returns algorithms valid for pointers aligned as the
 // preference's MIN_ALIGNMENT_{A,B,C,D}_BYTES promise (256 bytes each by default), and for the bias and
@@ -68,6 +77,9 @@ struct cublasLtMatmulDescOpaque_t {
     void* aux = nullptr;
     int64_t aux_ld = 0;
     int32_t aux_type = -1;  // -1: D's type
+    const float* a_scale = nullptr;  // FP8: A_SCALE_POINTER, B_SCALE_POINTER (device)
+    const float* b_scale = nullptr;
+    int8_t fast_accum = 0;
 };
 
 struct cublasLtMatmulPreferenceOpaque_t {
@@ -199,7 +211,26 @@ cublasStatus_t check_problem(const char* fn, cublasLtMatmulDesc_t desc, cublasLt
                       (unsigned long long)d->rows, (unsigned long long)d->cols, (long long)a_m, (long long)problem->k,
                       (long long)b_k, (long long)b_n, (unsigned long long)c->rows, (unsigned long long)c->cols);
     }
-    if (c->type != d->type || !emu_blas::supported_types(a->type, b->type, d->type)) {
+    bool fp8 = emu_blas::is_fp8(a->type) || emu_blas::is_fp8(b->type);
+    if (fp8) {
+        if (c->type != d->type || !emu_blas::supported_fp8_types(a->type, b->type, d->type)) {
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
+                          "%s: FP8 with A %s, B %s, C %s, D %s is not emulated (A, B e4m3 or e5m2, not both e5m2; C = D "
+                          "bf16, fp16 or fp32)", fn, emu_blas::type_name(a->type), emu_blas::type_name(b->type),
+                          emu_blas::type_name(c->type), emu_blas::type_name(d->type));
+        }
+        if (desc->transa != CUBLAS_OP_T || desc->transb != CUBLAS_OP_N) {
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 needs A transposed and B not (\"TN\"); got TRANSA %d, "
+                          "TRANSB %d", fn, (int)desc->transa, (int)desc->transb);
+        }
+        if (problem->tf32 || desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 with %s is not emulated (CUBLAS_COMPUTE_32F and the "
+                          "DEFAULT epilogue are)", fn, problem->tf32 ? "TF32 compute" : epilogue_name(desc->epilogue));
+        }
+    } else if (desc->a_scale != nullptr || desc->b_scale != nullptr) {
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: A/B scale pointers without FP8 operands are not emulated", fn);
+    }
+    if (!fp8 && (c->type != d->type || !emu_blas::supported_types(a->type, b->type, d->type))) {
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: A %s, B %s, C %s, D %s with fp32 compute is not emulated", fn,
                       emu_blas::type_name(a->type), emu_blas::type_name(b->type), emu_blas::type_name(c->type),
                       emu_blas::type_name(d->type));
@@ -350,6 +381,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
         case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return read_attribute(fn, attr, buf, size, &desc->aux);
         case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return read_attribute(fn, attr, buf, size, &desc->aux_ld);
         case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return read_attribute(fn, attr, buf, size, &desc->aux_type);
+        case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return read_attribute(fn, attr, buf, size, &desc->a_scale);
+        case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return read_attribute(fn, attr, buf, size, &desc->b_scale);
+        case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return read_attribute(fn, attr, buf, size, &desc->fast_accum);
         case CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET: {  // a scheduling hint: no effect on the result
             int32_t ignored;
             return read_attribute(fn, attr, buf, size, &ignored);
@@ -494,6 +528,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     g.d_type = Ddesc->type;
     g.ldd = Ddesc->ld;
     g.tf32 = problem.tf32;
+    for (const float* scale : {desc->a_scale, desc->b_scale}) {
+        if (scale == nullptr) continue;
+        if (!emu::is_device_pointer(scale, sizeof(float))) {
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: FP8 scale pointer %p is not a device float", fn, scale);
+        }
+        if ((uintptr_t)scale % 16 != 0) {
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 scale pointer %p is only %llu-byte aligned (16 assumed: "
+                          "an H100 refused a 4-byte aligned one)", fn, scale, (unsigned long long)pointer_alignment(scale));
+        }
+    }
+    g.a_scale = desc->a_scale;
+    g.b_scale = desc->b_scale;
     emu_blas::Epilogue& epi = g.epilogue;
     if (epilogue_has_bias(e)) {
         size_t bias_bytes = (size_t)m * emu_blas::type_bytes(problem.bias_type);

@@ -17,9 +17,7 @@
 # kernels' registers and static shared memory from ptxas (sm_90), so the emulator refuses a launch the
 # GPU would refuse; without nvcc the table is empty and the emulator warns instead.
 
-# matmul_fp8 is not emulated: the emulator has no FP8 types or FP8 cuBLASLt yet (issue 48, item 2)
-DEVCUDA_NOT_EMULATED := matmul_fp8
-DEVCUDA_PROGRAMS := $(filter-out $(DEVCUDA_NOT_EMULATED),$(sort $(basename $(notdir $(wildcard dev/cuda/*.cu)))))
+DEVCUDA_PROGRAMS := $(sort $(basename $(notdir $(wildcard dev/cuda/*.cu))))
 EMU_DEVCUDA_PROGRAMS ?= $(DEVCUDA_PROGRAMS)
 DEVCUDA_BUILD := $(EMU_BUILD)/devcuda
 DEVCUDA_BINS := $(addprefix $(DEVCUDA_BUILD)/,$(DEVCUDA_PROGRAMS))

@@ -415,6 +415,10 @@ struct LtCall {
     int64_t aux_ld = 0;
     int64_t alignment_a = 0;  // 0: leave the preference's default
     float alpha = 1.0f, beta = 0.0f;
+    int type_a = -1, type_b = -1;  // FP8: A's and B's types (-1: `type`, which C and D keep)
+    const float* a_scale = nullptr;  // FP8: A_SCALE_POINTER, B_SCALE_POINTER (set when not null)
+    const float* b_scale = nullptr;
+    int8_t fast_accum = -1;  // FP8: FAST_ACCUM (set when 0 or 1)
     int found = -1;
     cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;
 
@@ -437,9 +441,20 @@ struct LtCall {
             EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
                       0);
         }
+        if (a_scale != nullptr) {
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)), 0);
+        }
+        if (b_scale != nullptr) {
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)), 0);
+        }
+        if (fast_accum >= 0) {
+            EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)),
+                      0);
+        }
+        cudaDataType ta = type_a < 0 ? type : (cudaDataType)type_a, tb = type_b < 0 ? type : (cudaDataType)type_b;
         cublasLtMatrixLayout_t la, lb, ld;
-        EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, type, trans_a ? k : m, trans_a ? m : k, lda), 0);
-        EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, type, trans_b ? n : k, trans_b ? k : n, ldb), 0);
+        EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, ta, trans_a ? k : m, trans_a ? m : k, lda), 0);
+        EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, tb, trans_b ? n : k, trans_b ? k : n, ldb), 0);
         EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, type, m, n, ldd), 0);
         cublasLtMatmulPreference_t pref;
         EXPECT_EQ(cublasLtMatmulPreferenceCreate(&pref), 0);
@@ -675,6 +690,111 @@ TEST(CublasLtMatmul, RefusesHostMemoryAndShortBuffers) {
 // randomized: against a plain triple loop in double, every transpose, across the kernel's tile edges
 
 // op(X)(i, j) of a column-major matrix stored with leading dimension ld
+// ----------------------------------------------------------------------------
+// FP8 (issue 48): operands drawn from codes whose values the formats' definitions give by hand
+// (e4m3: bias 7, 3 mantissa bits; e5m2: bias 15, 2 mantissa bits), so nothing here decodes as the
+// emulator does: e4m3 0x38 = 1, 0x40 = 2, 0x44 = 3, 0x30 = 0.5, 0x3C = 1.5, 0xB8 = -1, 0xC4 = -3, 0x00 = 0;
+// e5m2 0x3C = 1, 0x40 = 2, 0x42 = 3, 0x38 = 0.5, 0x3E = 1.5, 0xBC = -1, 0xC2 = -3, 0x00 = 0.
+
+struct Fp8Code {
+    uint8_t code;
+    double value;
+};
+const Fp8Code E4M3_CODES[] = {{0x38, 1}, {0x40, 2}, {0x44, 3}, {0x30, 0.5}, {0x3C, 1.5}, {0xB8, -1}, {0xC4, -3}, {0x00, 0}};
+const Fp8Code E5M2_CODES[] = {{0x3C, 1}, {0x40, 2}, {0x42, 3}, {0x38, 0.5}, {0x3E, 1.5}, {0xBC, -1}, {0xC2, -3}, {0x00, 0}};
+
+// D (m, n) bf16 = alpha·scale_a·scale_b·op(A)·op(B) with A stored (k, m) and transposed, B (k, n): every
+// product and sum of these values is exact in double and in fp32 (halves and small integers, k <= 64),
+// so D is the bf16 rounding of the exact value.
+void expect_fp8_product(cudaDataType type_b, bool fast_accum) {
+    const int m = 24, n = 16, k = 64;
+    std::mt19937 rng(48);
+    const Fp8Code* b_codes = type_b == CUDA_R_8F_E5M2 ? E5M2_CODES : E4M3_CODES;
+    std::vector<uint8_t> a(k * m), b(k * n);
+    std::vector<double> av(k * m), bv(k * n);
+    for (size_t i = 0; i < a.size(); i++) {
+        const Fp8Code& c = E4M3_CODES[rng() % 8];
+        a[i] = c.code;
+        av[i] = c.value;
+    }
+    for (size_t i = 0; i < b.size(); i++) {
+        const Fp8Code& c = b_codes[rng() % 8];
+        b[i] = c.code;
+        bv[i] = c.value;
+    }
+    Device<uint8_t> da(a), db(b);
+    Device<float> scales(std::vector<float>(8, 0.0f));  // scale_a at [0], scale_b at [4]: 16-byte aligned
+    std::vector<float> s = {0.5f, 0, 0, 0, 4.0f, 0, 0, 0};
+    ASSERT_EQ(cudaMemcpy(scales.ptr, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    Device<uint16_t> dd(std::vector<uint16_t>(m * n, 0));
+    LtCall call;
+    call.type = CUDA_R_16BF;
+    call.type_a = CUDA_R_8F_E4M3;
+    call.type_b = type_b;
+    call.m = m, call.n = n, call.k = k;
+    call.trans_a = true;
+    call.lda = k, call.ldb = k, call.ldd = m;
+    call.alpha = 0.25f;
+    call.a_scale = scales.ptr;
+    call.b_scale = scales.ptr + 4;
+    call.fast_accum = fast_accum ? 1 : 0;
+    ASSERT_EQ(call.run(da.ptr, db.ptr, dd.ptr, dd.ptr), CUBLAS_STATUS_SUCCESS);
+    std::vector<uint16_t> d = dd.download();
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            double sum = 0;
+            for (int p = 0; p < k; p++) sum += av[p + i * k] * bv[p + j * k];
+            double want = 0.25 * 0.5 * 4.0 * sum;
+            float got = bf16_value(d[i + j * m]);
+            // bf16 keeps 8 significant bits: within half a step of the exact value
+            EXPECT_NEAR(got, want, std::ldexp(std::fabs(want), -8) + 1e-30) << "D(" << i << ", " << j << ")";
+        }
+    }
+}
+
+TEST(CublasLtFp8, E4m3TimesE4m3WithScales) { expect_fp8_product(CUDA_R_8F_E4M3, false); }
+TEST(CublasLtFp8, E4m3TimesE5m2WithFastAccumulation) { expect_fp8_product(CUDA_R_8F_E5M2, true); }
+
+TEST(CublasLtFp8, RefusesWhatHopperOrTheEmulatorDoesNot) {
+    const int m = 16, n = 16, k = 32;
+    Device<uint8_t> a(std::vector<uint8_t>(k * m, 0x38)), b(std::vector<uint8_t>(k * n, 0x38));
+    Device<uint16_t> d(std::vector<uint16_t>(m * n, 0)), bias(std::vector<uint16_t>(m, 0));
+    Device<float> scales(std::vector<float>(8, 1.0f));
+    auto call = [&] {
+        LtCall c;
+        c.type = CUDA_R_16BF;
+        c.type_a = c.type_b = CUDA_R_8F_E4M3;
+        c.m = m, c.n = n, c.k = k;
+        c.trans_a = true;
+        c.lda = k, c.ldb = k, c.ldd = m;
+        return c;
+    };
+    LtCall ok = call();
+    EXPECT_EQ(ok.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);  // no scale pointers: scales of 1
+    LtCall nn = call();  // only "TN"
+    nn.trans_a = false;
+    nn.lda = m;
+    EXPECT_EQ(nn.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    LtCall both_e5m2 = call();
+    both_e5m2.type_a = both_e5m2.type_b = CUDA_R_8F_E5M2;
+    EXPECT_EQ(both_e5m2.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    LtCall with_bias = call();
+    with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    with_bias.bias = bias.ptr;
+    EXPECT_EQ(with_bias.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    LtCall fp8_out = call();  // an FP8 D needs its scale and amax, not emulated
+    fp8_out.type = CUDA_R_8F_E4M3;
+    EXPECT_EQ(fp8_out.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    LtCall misaligned = call();  // a scale 4 bytes into its allocation, as an H100 refused (call 15)
+    misaligned.a_scale = scales.ptr;
+    misaligned.b_scale = scales.ptr + 1;
+    EXPECT_EQ(misaligned.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    LtCall bf16_scaled = call();  // scales belong to FP8 operands
+    bf16_scaled.type_a = bf16_scaled.type_b = -1;
+    bf16_scaled.a_scale = scales.ptr;
+    EXPECT_EQ(bf16_scaled.run(d.ptr, d.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+}
+
 double element(const std::vector<float>& x, int64_t ld, bool trans, int64_t i, int64_t j) {
     return trans ? x[j + i * ld] : x[i + j * ld];
 }

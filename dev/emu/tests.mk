@@ -26,7 +26,7 @@ test_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 EMU_TEST_BINARIES = train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu \
                     $(EMU_BUILD)/test_emu_core $(EMU_BUILD)/test_emu_seeded_bugs \
                     $(EMU_BUILD)/test_cublas_emu $(EMU_BUILD)/test_nccl_emu $(EMU_BUILD)/test_mma_emu $(DEVCUDA_BINS) \
-                    train_gpt2fp16cu_emu test_gpt2fp16cu_emu $(EMU_BUILD)/test_emu_fp16 $(EMU_BUILD)/comm_check_nccl
+                    train_gpt2fp16cu_emu test_gpt2fp16cu_emu $(EMU_BUILD)/test_emu_fp16 $(EMU_BUILD)/test_emu_fp8 $(EMU_BUILD)/comm_check_nccl
 
 emu-test-binaries: $(EMU_TEST_BINARIES) emu-sanitizer-test-binaries
 

@@ -15,4 +15,6 @@ typedef enum cudaDataType_t {
     CUDA_R_8U = 8,
     CUDA_R_32I = 10,
     CUDA_R_32U = 12,
+    CUDA_R_8F_E4M3 = 28,
+    CUDA_R_8F_E5M2 = 29,
 } cudaDataType;
