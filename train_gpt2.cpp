@@ -824,6 +824,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    stop_signals_install();  // SIGTERM, SIGUSR1: stop at a step boundary, even one still to come (stop_signal.h)
     ProcessGroup world = process_group_init(&argc, &argv);
     TrainArgs args;
     parse_args(argc, argv, &args, false);

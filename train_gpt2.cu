@@ -925,6 +925,7 @@ void print_run_reports(const GPT2* model) {
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    stop_signals_install();  // SIGTERM, SIGUSR1: stop at a step boundary, even one still to come (stop_signal.h)
     TrainArgs args;
     parse_args(argc, argv, &args, true);
     // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes

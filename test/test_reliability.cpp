@@ -97,6 +97,25 @@ TEST(Reliability, SigtermAndSigusr1WriteACheckpointAndExit75) {
     }
 }
 
+// Issue 51, item 6: SIGTERM while the run starts (here: while a d12 model's random weights are drawn,
+// about a second on one core) must end it as a signal at a step boundary does, with status 75 (what the
+// Slurm scripts requeue on) and a message, not 143 with none. Nothing has trained, so nothing is
+// checkpointed: a requeued -y 1 starts from the newest checkpoint there is, or from scratch.
+TEST(Reliability, SigtermDuringStartUpExits75WithAMessage) {
+    std::string out = test::scratch_dir("rel_signal_startup");
+    std::string dir = test::oracle("tiny_reliability", TINY_ARGS);
+    std::string script = "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 ./train_gpt2 -e d12 -i " + dir +
+                         "/train.bin -b 2 -t 16 -v 0 -s 0 -x 2 -o " + out + " > " + out + ".log 2>&1 & pid=$!; " +
+                         "for i in $(seq 600); do grep -q '^train_gpt2 ' " + out + ".log && break; sleep 0.01; done; "
+                         "kill -TERM $pid; timeout 120 tail --pid=$pid -f /dev/null; wait $pid; echo \"exit $?\"; }";
+    test::CommandResult r = test::run_command(script);
+    std::string log = test::read_text(out + ".log");
+    EXPECT_NE(r.output.find("exit 75"), std::string::npos) << r.output << log;
+    EXPECT_NE(log.find("SIGTERM during start-up: stopping before step 0"), std::string::npos) << log;
+    EXPECT_EQ(log.find("step    1/"), std::string::npos) << "no step may run:\n" << log;
+    EXPECT_EQ(checkpoint_find_latest(out), -1) << log;
+}
+
 // Item 7 with two processes: only one receives SIGTERM; both stop after the same step (a collective
 // decision), both write their part of the checkpoint, both exit 75.
 TEST(Reliability, SigtermToOneOfTwoProcessesStopsBothAtTheSameStep) {

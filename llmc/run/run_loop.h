@@ -286,8 +286,17 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&run->data.train);  // the one batch every step reuses
     int start_step = run->resume_step >= 0 ? run->resume_step : 0;
     StepBatches batches;
-    stop_signals_install();
+    stop_signals_install();  // the trainers install them first thing too (a signal during start-up)
     watchdog_set_limit(args.watchdog_s);  // start-up is over: from now on a wait may last -wt seconds
+    // a signal that came while the run started (loading, resuming, allocating): nothing has trained
+    // since the checkpoint it started from (or from scratch), so the run ends before its first step
+    if (int signal = run_stop_signal(hooks)) {
+        printf("%s during start-up: stopping before step %d, nothing trained to checkpoint; exit status %d "
+               "(-y 1 continues from the newest checkpoint there is)\n", stop_signal_name(signal), start_step,
+               EXIT_STOPPED_BY_SIGNAL);
+        logger_close(&run->logger);
+        return EXIT_STOPPED_BY_SIGNAL;
+    }
     for (int step = start_step; step <= max_steps; step++) {
         watchdog_step = step;
         if (int signal = step > start_step ? run_stop_signal(hooks) : 0) {
