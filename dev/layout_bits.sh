@@ -10,7 +10,8 @@
 #                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
 #
-# The tutorial redesign (issue 47) compares against one fixed base: bdc40c7 for both trainers.
+# The tutorial redesign (issue 47) compares against one fixed base: bdc40c7 for both trainers. With --cuda
+# each layout's bytes per step are also checked against the trainer's own prediction (comm_prediction_off).
 # Needs mpirun (scripts/install_deps.sh) and the PyTorch oracle (test/oracle/gpt2_oracle.py, for the
 # model and data files). Prints one line per layout and exits non-zero if any differ. Both binaries are
 # built with the same compiler and flags on this machine, so any difference is the code's.
@@ -131,6 +132,25 @@ EOF
 # the samples a run printed
 samples() { sed -n '/^--- sample ---$/,/^--------------$/p' "$1"; }
 
+# The CUDA trainer's bytes per step, predicted at start-up from its plan (llmc/gpt2_plan.cuh,
+# "communication: N bytes per step predicted"), against every step's count (metrics.jsonl's comm_bytes,
+# llmc/parallel/comm.h): "as predicted: N bytes a step" when they agree within 1% (the count rounds each
+# piece's 1/P share down, the formula does not), nothing when the run communicates nothing, else what differs
+comm_prediction_off() {
+    "$python" - "$1" "$2/metrics.jsonl" <<'EOF'
+import json, re, sys
+m = re.search(r"^communication: ([0-9.e+]+) bytes per step predicted", open(sys.argv[1]).read(), re.M)
+if m:
+    predicted = float(m.group(1))
+    counted = [json.loads(l)["comm_bytes"] for l in open(sys.argv[2]) if '"comm_bytes"' in l]
+    off = [c for c in counted if abs(c - predicted) > 0.01 * predicted]
+    if off or not counted:
+        print(f"counted {off[:3] if off else 'nothing'} against {predicted:.0f} predicted")
+    else:
+        print(f"as predicted: {predicted:.0f} bytes a step")
+EOF
+}
+
 selected="${LAYOUTS:-}"
 failed=0
 for entry in "${layouts[@]}"; do
@@ -163,7 +183,15 @@ for entry in "${layouts[@]}"; do
         { cmp -s -n 4 "$f" "$g" && $header "$f" "$g" && cmp -s -i 1024 "$f" "$g"; } ||
             { verdict="DIFFERENT $(basename "$f")"; break; }
     done
-    [ "$verdict" = "same bits" ] || failed=1
+    if [ $cuda -eq 1 ] && [ "$verdict" = "same bits" ]; then
+        off=$(comm_prediction_off "$work/new.$name.log" "$work/new.$name")
+        case "$off" in
+            "") ;;
+            "as predicted"*) verdict="same bits, $off" ;;
+            *) verdict="same bits, but the PREDICTED BYTES are off: $off"; failed=1 ;;
+        esac
+    fi
+    [[ "$verdict" == "same bits"* ]] || failed=1
     printf 'layout_bits: %-12s %d process(es) %-24s %s (%d steps, %d sample lines, %d checkpoint files)\n' \
         "$name" "$np" "${flags:--}" "$verdict" "$(grep -c train_loss "$work/new.$name/metrics.jsonl")" \
         "$(samples "$work/new.$name.log" | wc -l)" "$(ls "$work/new.$name"/*_00000006*.bin | wc -l)"
