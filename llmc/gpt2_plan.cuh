@@ -562,8 +562,8 @@ void print_predictions_and_memory(const GPT2Plan* model, const TrainArgs& args, 
     }
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    printf("device memory: %.1f GiB in use of %.1f GiB\n", (total_bytes - free_bytes) / 1073741824.0,
-           total_bytes / 1073741824.0);
+    printf("device memory: %s in use of %s\n", memory_text(total_bytes - free_bytes).c_str(),
+           memory_text(total_bytes).c_str());
     size_t planned = gpt2_memory_plan(model, args.B, args.T, model->recompute).total(), used = total_bytes - free_bytes;
     printf("memory: %zu bytes planned (-P 1), %zu in use (cudaMemGetInfo): %+.2f%%; %zu of each were in use before "
            "the model (the device's count: other processes' too)\n",

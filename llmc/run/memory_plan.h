@@ -32,6 +32,15 @@ struct MemoryPlan {
     bool fits() const { return capacity == 0 || total() + headroom <= capacity; }
 };
 
+// An amount of memory as a person reads it: MiB below a GiB (so a small model's "0.0 GiB" never hides
+// what is in use), GiB from there, one decimal.
+inline std::string memory_text(size_t bytes) {
+    char text[32];
+    if (bytes < (1ull << 30)) snprintf(text, sizeof(text), "%.1f MiB", bytes / 1048576.0);
+    else snprintf(text, sizeof(text), "%.1f GiB", bytes / 1073741824.0);
+    return text;
+}
+
 inline void print_memory_plan(const MemoryPlan& plan) {
     const double MiB = 1048576.0;
     printf("memory plan, per process:\n");

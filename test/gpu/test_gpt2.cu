@@ -530,6 +530,24 @@ TEST(TrainMemory, PlanPredictsTheAllocationsWithoutAllocating) {
     }
 }
 
+// Issue 51, item 8: the start-up's "device memory: X in use of Y" read "0.0 GiB in use" for a small
+// model, beside the byte count of the line after it. The figure must say what is in use, in a unit that
+// shows it: a positive number, and the same bytes (to its printed precision) as that byte count.
+TEST(TrainMemory, DeviceMemoryLineShowsWhatIsInUse) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    TrainerRun run = run_trainer("gpu_memory_line", "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 4 -t 32 -sh 0 -v 0 -s 0 -x 1");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(run.result.output, m, std::regex("device memory: ([0-9.]+) (MiB|GiB) in use of ([0-9.]+) (MiB|GiB)")))
+        << run.result.output;
+    double in_use = std::stod(m[1]) * (m[2] == "GiB" ? 1024.0 : 1.0);  // MiB
+    EXPECT_GT(in_use, 0.0) << m[0];
+    std::smatch bytes;
+    ASSERT_TRUE(std::regex_search(run.result.output, bytes, std::regex("bytes planned \\(-P 1\\), ([0-9]+) in use"))) << run.result.output;
+    double used_mib = std::stod(bytes[1]) / 1048576.0;
+    EXPECT_NEAR(in_use, used_mib, 0.05 * used_mib + 0.05) << m[0];
+}
+
 // -b auto with -d: the largest micro-batch dividing -d's sequences whose activations fit, gradient
 // accumulation making up the rest. The memory is set between what the plans (-P 1) of B=32 and B=64
 // need, so B=64 (one micro-step) no longer fits and B=32 (two) does; the step computes the same 64
