@@ -578,6 +578,27 @@ TEST(FilesChecksum, BlockSizes) {
     }
 }
 
+// Issue 51, item 8: the note is the run's one line about the file: the CPU trainer read the header
+// twice at start-up (for the memory plan, then with the parameters) and printed it twice.
+TEST(FilesChecksum, TheNoteOfAFileWithoutChecksumsIsPrintedOnce) {
+    std::string dir = test::scratch_dir("files_checksum_note_once");
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params = random_params(num_parameters(cfg), 4);
+    model_file_write(dir + "/ours.bin", cfg, params.data(), MODEL_VERSION_FP32);
+    std::string bytes = read_bytes(dir + "/ours.bin");
+    std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
+    write_bytes(dir + "/llmc.bin", bytes);
+    std::vector<uint16_t> tokens(4096);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint16_t)(i * 7 % cfg.vocab_size);
+    shard_write(dir + "/train.bin", tokens.data(), (int64_t)tokens.size());
+    test::CommandResult r = test::run_command("cd '" + test::root() + "' && OMP_NUM_THREADS=1 ./train_gpt2 -e " + dir +
+                                              "/llmc.bin -i " + dir + "/train.bin -b 2 -t 8 -v 0 -s 0 -x 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    size_t first = r.output.find("carries no checksums");
+    ASSERT_NE(first, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("carries no checksums", first + 1), std::string::npos) << r.output;
+}
+
 // Files without checksums are read as before, with a note: llm.c's model files (slots 64.. zero) and
 // our version-1 and -2 state files. A version-3 or -4 state file must have them; a model file whose
 // checksum slots are neither empty nor consistent is refused.

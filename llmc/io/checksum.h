@@ -153,9 +153,10 @@ inline void checksummed_write_end(AtomicFile* f, BlockChecksums* c, int32_t* hea
 
 // Checks the checksum slots of a header already read, for a payload of `payload_bytes` (the size the
 // header implies, already checked against the file). A file without checksums is read unverified
-// (with a note) unless `required`. Returns the stored block checksums for checksummed_read.
+// (with a note, unless `quiet`: a header read for its shape alone, whose payload a later read notes)
+// unless `required`. Returns the stored block checksums for checksummed_read.
 inline BlockChecksums checksums_from_header(const int32_t* header, const std::string& path, const char* what,
-                                            int64_t payload_bytes, bool required) {
+                                            int64_t payload_bytes, bool required, bool quiet = false) {
     BlockChecksums c;
     c.path = path;
     c.what = what;
@@ -163,8 +164,10 @@ inline BlockChecksums checksums_from_header(const int32_t* header, const std::st
     int32_t tag = header[CHECKSUM_SLOT_TAG];
     if (tag == 0) {
         if (required) fatal("%s '%s' has no checksums, which its version (%d) always has: corrupt header", what, path.c_str(), header[1]);
-        printf("note: %s '%s' carries no checksums (written by llm.c or before checksums existed); read unverified\n",
-               what, path.c_str());
+        if (!quiet) {
+            printf("note: %s '%s' carries no checksums (written by llm.c or before checksums existed); read unverified\n",
+                   what, path.c_str());
+        }
         c.block_bytes = checksum_block_bytes(payload_bytes);  // unused: nothing is compared
         return c;
     }

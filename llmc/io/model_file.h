@@ -115,7 +115,10 @@ inline void model_file_write(const std::string& path, const GPT2Config& cfg, con
 
 // Reads the header of a model file, checks it (its checksum last), and returns its config and version
 // and the payload's block checksums. Leaves fp at the first parameter.
-inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* version, BlockChecksums* sums) {
+// (quiet: the header for its shape alone, without the note on a file that has no checksums, which the
+// read of its parameters prints)
+inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* version, BlockChecksums* sums,
+                             bool quiet = false) {
     const char* what = "model checkpoint";
     static const int32_t versions[] = {MODEL_VERSION_FP32, MODEL_VERSION_BF16};
     FILE* fp = fopenCheck(path.c_str(), "rb");
@@ -132,7 +135,7 @@ inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* vers
     size_t bytes_per_param = *version == MODEL_VERSION_FP32 ? 4 : 2;
     int64_t payload = (int64_t)(num_parameters(*cfg) * bytes_per_param);
     expect_file_size(fp, path.c_str(), what, HEADER_BYTES + (long)payload);
-    *sums = checksums_from_header(header, path, what, payload, false);
+    *sums = checksums_from_header(header, path, what, payload, false, quiet);
     return fp;
 }
 
