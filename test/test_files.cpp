@@ -30,10 +30,15 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 }
 
 // Copies `from` to `to` with header slot `slot` set to `value`.
+// (A field of the format, h[0..63], of a checksummed file gets the header's checksum recomputed, as a
+// buggy writer would have written it: the reader's check of that field is then what fails, not the
+// header's checksum, which FilesChecksum.ACorruptHeaderFieldIsCalledACorruptHeader tests. The checksum
+// slots themselves, h[64..], are changed as they are.)
 void copy_with_header(const std::string& from, const std::string& to, int slot, int32_t value) {
     std::string bytes = read_bytes(from);
     memcpy(&bytes[slot * 4], &value, 4);
     write_bytes(to, bytes);
+    if (slot < CHECKSUM_SLOT_TAG) test::reseal_header_checksum(to);
 }
 
 // Copies `from` to `to`, cut to `size` bytes or grown with zero bytes to it.
@@ -142,6 +147,7 @@ void copy_with_state_wide(const std::string& from, const std::string& to, int in
     std::string bytes = read_bytes(from);
     memcpy(&bytes[(8 + 2 * index) * 4], &value, 8);
     write_bytes(to, bytes);
+    test::reseal_header_checksum(to);  // as copy_with_header: the field's check is under test
 }
 
 TokenizerFile sample_tokenizer() {
@@ -505,8 +511,10 @@ TEST(FilesState, RefusesInconsistentHeaders) {
         memcpy(&bytes[(8 + 2 * 7) * 4], &huge, 8);  // shard_length: 4 * 2 * 2^62 bytes wraps to 0
         bytes.resize(HEADER_BYTES);
         write_bytes(dir + "/overflow.bin", bytes);
+        test::reseal_header_checksum(dir + "/overflow.bin");
         memcpy(&bytes[(8 + 2 * 6) * 4], &huge, 8);  // offset + length wraps negative
         write_bytes(dir + "/overflow_sum.bin", bytes);
+        test::reseal_header_checksum(dir + "/overflow_sum.bin");
     }
     expect_refused("overflow.bin");
     expect_refused("overflow_sum.bin");
@@ -578,6 +586,22 @@ TEST(FilesChecksum, BlockSizes) {
     }
 }
 
+// Issue 51, item 8: a corrupt size field of a checksummed header (here the channels) made the file look
+// "truncated" (its size no longer the header's); the header's own checksum is checked first, so the
+// message says the header is corrupt. Likewise for a state file's shard length.
+TEST(FilesChecksum, ACorruptHeaderFieldIsCalledACorruptHeader) {
+    std::string dir = test::scratch_dir("files_checksum_header_field");
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params = random_params(num_parameters(cfg), 4);
+    model_file_write(dir + "/ours.bin", cfg, params.data(), MODEL_VERSION_FP32);
+    std::string bytes = read_bytes(dir + "/ours.bin");
+    int32_t channels = 16;  // a flipped bit: 8 -> 16
+    memcpy(&bytes[6 * 4], &channels, 4);
+    write_bytes(dir + "/channels.bin", bytes);  // as it is: the header's checksum no longer matches
+    EXPECT_EXIT(read_model(dir + "/channels.bin"), testing::ExitedWithCode(1),
+                "model checkpoint '.*channels\\.bin' is corrupt: its header \\(bytes \\[0, 1024\\)\\) does not match its checksum");
+}
+
 // Issue 51, item 8: the note is the run's one line about the file: the CPU trainer read the header
 // twice at start-up (for the memory plan, then with the parameters) and printed it twice.
 TEST(FilesChecksum, TheNoteOfAFileWithoutChecksumsIsPrintedOnce) {
@@ -622,7 +646,7 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
                 "model checkpoint '.*tag\\.bin' is corrupt: its checksum fields \\(header slots 64\\.\\.66: 12345, "
                 "1048576, 1\\) do not describe its [0-9]+ payload bytes");
     copy_with_header(dir + "/ours.bin", dir + "/blocks.bin", 66, 2);
-    EXPECT_EXIT(read_model(dir + "/blocks.bin"), testing::ExitedWithCode(1), "'.*blocks\\.bin' is corrupt: its checksum fields");
+    EXPECT_EXIT(read_model(dir + "/blocks.bin"), testing::ExitedWithCode(1), "'.*blocks\\.bin' is corrupt: its (checksum fields|header)");
 
     TrainState s = sample_state(true);
     state_file_write(dir + "/state4.bin", s);

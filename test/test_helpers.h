@@ -283,6 +283,19 @@ inline void reseal_checksums(const std::string& path) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// Recomputes only the header's own checksum of a checksummed model or state file (nothing for a file
+// without checksums), after a test has set a header field: a header a buggy writer made, so the reader
+// gets past the header's checksum to the check of the field under test.
+inline void reseal_header_checksum(const std::string& path) {
+    std::string bytes = read_text(path);
+    if (bytes.size() < (size_t)HEADER_BYTES) return;
+    int32_t* header = (int32_t*)&bytes[0];
+    if (header[CHECKSUM_SLOT_TAG] != CHECKSUM_TAG) return;
+    header[CHECKSUM_SLOT_HEADER] = 0;
+    header[CHECKSUM_SLOT_HEADER] = (int32_t)crc32_update(0, header, HEADER_BYTES);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 // A shell command run with a limit of `limit_bytes` on the size of any file it writes (ulimit -f, in
 // KiB for bash), which makes a disk that fills up at a chosen point. With SIGXFSZ ignored (trap '' XFSZ,
 // inherited through exec), a write past the limit fails with EFBIG as a write to a full disk fails

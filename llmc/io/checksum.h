@@ -151,6 +151,19 @@ inline void checksummed_write_end(AtomicFile* f, BlockChecksums* c, int32_t* hea
 // ----------------------------------------------------------------------------
 // reading
 
+// A checksummed header (h[64] is the tag) must match its own checksum before any of its fields is
+// believed: a corrupt size field would otherwise make the file look truncated or too long.
+inline void verify_header_checksum(const int32_t* header, const std::string& path, const char* what) {
+    if (header[CHECKSUM_SLOT_TAG] != CHECKSUM_TAG) return;
+    std::vector<int32_t> copy(header, header + HEADER_INTS);
+    copy[CHECKSUM_SLOT_HEADER] = 0;
+    uint32_t computed = crc32_update(0, copy.data(), HEADER_BYTES), stored = (uint32_t)header[CHECKSUM_SLOT_HEADER];
+    if (computed != stored) {
+        fatal("%s '%s' is corrupt: its header (bytes [0, %ld)) does not match its checksum (CRC-32 %08x, stored %08x)",
+              what, path.c_str(), HEADER_BYTES, computed, stored);
+    }
+}
+
 // Checks the checksum slots of a header already read, for a payload of `payload_bytes` (the size the
 // header implies, already checked against the file). A file without checksums is read unverified
 // (with a note, unless `quiet`: a header read for its shape alone, whose payload a later read notes)
@@ -178,13 +191,7 @@ inline BlockChecksums checksums_from_header(const int32_t* header, const std::st
         fatal("%s '%s' is corrupt: its checksum fields (header slots 64..66: %d, %d, %d) do not describe its %ld "
               "payload bytes", what, path.c_str(), tag, header[CHECKSUM_SLOT_BLOCK_BYTES], blocks, (long)payload_bytes);
     }
-    std::vector<int32_t> copy(header, header + HEADER_INTS);
-    copy[CHECKSUM_SLOT_HEADER] = 0;
-    uint32_t computed = crc32_update(0, copy.data(), HEADER_BYTES), stored = (uint32_t)header[CHECKSUM_SLOT_HEADER];
-    if (computed != stored) {
-        fatal("%s '%s' is corrupt: its header (bytes [0, %ld)) does not match its checksum (CRC-32 %08x, stored %08x)",
-              what, path.c_str(), HEADER_BYTES, computed, stored);
-    }
+    verify_header_checksum(header, path, what);
     c.sums.assign((const uint32_t*)header + CHECKSUM_SLOT_FIRST_BLOCK, (const uint32_t*)header + CHECKSUM_SLOT_FIRST_BLOCK + blocks);
     c.verify = true;
     return c;

@@ -124,6 +124,7 @@ inline FILE* model_file_open(const std::string& path, GPT2Config* cfg, int* vers
     FILE* fp = fopenCheck(path.c_str(), "rb");
     int32_t header[HEADER_INTS];
     read_file_header(fp, path.c_str(), what, MODEL_MAGIC, versions, 2, header);
+    verify_header_checksum(header, path, what);
     cfg->max_seq_len = header[2];
     cfg->vocab_size = header[3];
     cfg->num_layers = header[4];

@@ -128,6 +128,7 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     int32_t header[HEADER_INTS];
     static const int32_t versions[] = {1, 2, 3, STATE_VERSION};
     read_file_header(fp, path.c_str(), what, STATE_MAGIC, versions, 4, header);
+    verify_header_checksum(header, path, what);  // before any field is believed
     s->version = header[1];
     s->num_processes = header[2];
     s->rank = header[3];
