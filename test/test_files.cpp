@@ -602,16 +602,23 @@ TEST(FilesChecksum, ACorruptHeaderFieldIsCalledACorruptHeader) {
                 "model checkpoint '.*channels\\.bin' is corrupt: its header \\(bytes \\[0, 1024\\)\\) does not match its checksum");
 }
 
-// Issue 51, item 8: the note is the run's one line about the file: the CPU trainer read the header
-// twice at start-up (for the memory plan, then with the parameters) and printed it twice.
-TEST(FilesChecksum, TheNoteOfAFileWithoutChecksumsIsPrintedOnce) {
-    std::string dir = test::scratch_dir("files_checksum_note_once");
-    GPT2Config cfg = tiny_config();
+// dir/ours.bin (our model file of cfg, random parameters, returned) and dir/llmc.bin, the same without
+// checksums (slots 64.. zero), as llm.c writes it
+std::vector<float> write_model_without_checksums(const std::string& dir, const GPT2Config& cfg) {
     std::vector<float> params = random_params(num_parameters(cfg), 4);
     model_file_write(dir + "/ours.bin", cfg, params.data(), MODEL_VERSION_FP32);
     std::string bytes = read_bytes(dir + "/ours.bin");
     std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
     write_bytes(dir + "/llmc.bin", bytes);
+    return params;
+}
+
+// Issue 51, item 8: the note is the run's one line about the file: the CPU trainer read the header
+// twice at start-up (for the memory plan, then with the parameters) and printed it twice.
+TEST(FilesChecksum, TheNoteOfAFileWithoutChecksumsIsPrintedOnce) {
+    std::string dir = test::scratch_dir("files_checksum_note_once");
+    GPT2Config cfg = tiny_config();
+    std::vector<float> params = write_model_without_checksums(dir, cfg);
     std::vector<uint16_t> tokens(4096);
     for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint16_t)(i * 7 % cfg.vocab_size);
     shard_write(dir + "/train.bin", tokens.data(), (int64_t)tokens.size());
@@ -629,11 +636,7 @@ TEST(FilesChecksum, TheNoteOfAFileWithoutChecksumsIsPrintedOnce) {
 TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     std::string dir = test::scratch_dir("files_checksum_none");
     GPT2Config cfg = tiny_config();
-    std::vector<float> params = random_params(num_parameters(cfg), 4);
-    model_file_write(dir + "/ours.bin", cfg, params.data(), MODEL_VERSION_FP32);
-    std::string bytes = read_bytes(dir + "/ours.bin");
-    std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
-    write_bytes(dir + "/llmc.bin", bytes);
+    std::vector<float> params = write_model_without_checksums(dir, cfg);
     testing::internal::CaptureStdout();
     GPT2Config got;
     std::vector<float> back;
@@ -650,7 +653,7 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
 
     TrainState s = sample_state(true);
     state_file_write(dir + "/state4.bin", s);
-    bytes = read_bytes(dir + "/state4.bin");
+    std::string bytes = read_bytes(dir + "/state4.bin");
     std::fill(bytes.begin() + 64 * 4, bytes.begin() + HEADER_BYTES, '\0');
     write_bytes(dir + "/state4_bare.bin", bytes);
     EXPECT_EXIT(read_state(dir + "/state4_bare.bin"), testing::ExitedWithCode(1),
