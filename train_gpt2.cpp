@@ -716,6 +716,7 @@ double gpt2_forward_backward(GPT2* model, PipelineComm* pipe, const std::string&
         PipelineStepResult r = pipeline_run(
             pipe, schedule, b.count, gpt2_pipeline_hooks(model, b.inputs.data(), b.targets.data(), b.B, b.T, dloss, bad_micro));
         phase_end(timer);
+        timer->times.interleaved = true;
         *note = r.note;
         return r.loss_sum;
     }

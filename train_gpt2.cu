@@ -848,6 +848,7 @@ double gpt2_pipeline_forward_backward(GPT2* model, PipelineComm* pipe, const std
     gpt2_model_parallel_reduce_gradients(model);
     gpt2_sync(model, "the pipeline's gradient reductions");
     phase_end(timer);
+    timer->times.interleaved = true;
     *note = r.note;
     return r.loss_sum;
 }

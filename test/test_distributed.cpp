@@ -603,6 +603,21 @@ TEST(Pipeline, StagesAndSchedules) {
     }
 }
 
+// Issue 51, item 8: a pipeline step's forwards and backwards interleave in its schedule and are timed as
+// one span; the step line said "forward X backward 0.0" as if the backward took no time. It says
+// "forward+backward X" instead, and metrics.jsonl has the span as ms_forward and ms_backward null.
+TEST(ModelParallel, PipelineStepLineTimesItsScheduleAsForwardAndBackward) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny_five", FIVE);
+    std::string out = test::scratch_dir("pp_step_line");
+    test::CommandResult r = test::run_command(mpirun(2) + train_args(oracle_dir, 2, 2 * 16 * 4) + " -pp 2 -o " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(" forward+backward "), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(" backward 0.0 "), std::string::npos) << r.output;
+    std::string metrics = test::read_text(out + "/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"ms_backward\": null"), std::string::npos) << metrics;
+}
+
 // Pipeline parallelism (llmc/parallel/pipeline.h) against one process on the same global batch, to fp32
 // rounding (expect_same_training: the tied wte gradient is summed across stages at the end of the step
 // instead of accumulated in place). 5 layers split 3+2 and 2+2+1; both schedules; with dp and tp.

@@ -33,6 +33,9 @@ inline const char* phase_name(int phase) {
 
 struct StepTimes {
     double ms[NUM_PHASES] = {};
+    // a pipeline step: its schedule's forwards and backwards interleave and are timed as one span, under
+    // forward; the step line says "forward+backward", metrics.jsonl has ms_backward null
+    bool interleaved = false;
 };
 
 // A host stopwatch that adds each timed interval to its phase. on_begin/on_end, when set, are called
@@ -76,6 +79,7 @@ inline StepThroughput step_throughput(double flops_per_step, double step_ms, dou
 
 // What the step line appends after tokens/s:
 //   " | MFU 55.1% | 123.4 GFLOP/s | data 0.1 forward 512.3 backward 1001.2 comm 0.4 optimizer 40.2 checkpoint 0.0 ms"
+// (a pipeline step: "forward+backward 1513.5" in place of the two)
 inline std::string step_breakdown_text(const StepTimes& times, const StepThroughput& t, double peak_flops) {
     char text[512];
     int at = 0;
@@ -86,7 +90,9 @@ inline std::string step_breakdown_text(const StepTimes& times, const StepThrough
     }
     at += snprintf(text + at, sizeof(text) - at, " | %.1f GFLOP/s |", t.flops_per_s / 1e9);
     for (int p = 0; p < NUM_PHASES; p++) {
-        at += snprintf(text + at, sizeof(text) - at, " %s %.1f", phase_name(p), times.ms[p]);
+        if (times.interleaved && p == PHASE_BACKWARD) continue;
+        const char* name = times.interleaved && p == PHASE_FORWARD ? "forward+backward" : phase_name(p);
+        at += snprintf(text + at, sizeof(text) - at, " %s %.1f", name, times.ms[p]);
     }
     snprintf(text + at, sizeof(text) - at, " ms");
     return text;
@@ -98,7 +104,11 @@ inline std::string step_breakdown_json(const StepTimes& times, const StepThrough
     std::string json;
     char field[96];
     for (int p = 0; p < NUM_PHASES; p++) {
-        snprintf(field, sizeof(field), ", \"ms_%s\": %.3f", phase_name(p), times.ms[p]);
+        if (times.interleaved && p == PHASE_BACKWARD) {
+            snprintf(field, sizeof(field), ", \"ms_%s\": null", phase_name(p));
+        } else {
+            snprintf(field, sizeof(field), ", \"ms_%s\": %.3f", phase_name(p), times.ms[p]);
+        }
         json += field;
     }
     json += ", \"flops_per_s\": " + json_number(t.flops_per_s);
