@@ -164,8 +164,9 @@ inline void verify_header_checksum(const int32_t* header, const std::string& pat
     }
 }
 
-// Checks the checksum slots of a header already read, for a payload of `payload_bytes` (the size the
-// header implies, already checked against the file). A file without checksums is read unverified
+// Checks the checksum slots of a header already read and verified (verify_header_checksum, which the
+// readers call before believing any field), for a payload of `payload_bytes` (the size the header
+// implies, already checked against the file). A file without checksums is read unverified
 // (with a note, unless `quiet`: a header read for its shape alone, whose payload a later read notes)
 // unless `required`. Returns the stored block checksums for checksummed_read.
 inline BlockChecksums checksums_from_header(const int32_t* header, const std::string& path, const char* what,
@@ -191,7 +192,6 @@ inline BlockChecksums checksums_from_header(const int32_t* header, const std::st
         fatal("%s '%s' is corrupt: its checksum fields (header slots 64..66: %d, %d, %d) do not describe its %ld "
               "payload bytes", what, path.c_str(), tag, header[CHECKSUM_SLOT_BLOCK_BYTES], blocks, (long)payload_bytes);
     }
-    verify_header_checksum(header, path, what);
     c.sums.assign((const uint32_t*)header + CHECKSUM_SLOT_FIRST_BLOCK, (const uint32_t*)header + CHECKSUM_SLOT_FIRST_BLOCK + blocks);
     c.verify = true;
     return c;

@@ -5,7 +5,6 @@
 // saving rounds to nearest even. Ours carry checksums in header slots 64.. (llmc/io/checksum.h), which
 // llm.c ignores; a file without them (llm.c's, or an older one of ours) is read unverified, with a note.
 //
-//
 // What a reader refuses, beyond the header's own checks: bytes that do not match their checksum (the
 // message names the file and the byte range), and states that no run can reach: weights, moments or
 // master weights that are inf or NaN (the trainers skip non-finite steps, so a run that diverged never
