@@ -874,7 +874,7 @@ int main(int argc, char** argv) {
 
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
-    train_run_init(&run, args, cfg, world.rank, layout.dp_rank, layout.dp, resume_step, false);
+    train_run_init(&run, args, cfg, world, layout.dp_rank, layout.dp, resume_step, false);
     gpt2_allocate_for_run(&model, args, run.data.grad_accum_steps);
     {
         size_t planned = gpt2_memory_plan(cfg, layout, optimizer, args, run.data.grad_accum_steps).total();

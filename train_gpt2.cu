@@ -954,7 +954,7 @@ int main(int argc, char** argv) {
     // the run: data of this data-parallel replica (every stage of a pipeline reads the same), schedules,
     // evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
-    train_run_init(&run, args, cfg, dp.rank, layout.dp_rank, layout.dp, resume_step, USE_LOSS_SCALING);
+    train_run_init(&run, args, cfg, layout.world, layout.dp_rank, layout.dp, resume_step, USE_LOSS_SCALING);
     int m = run.data.grad_accum_steps;
     if (layout.tp > 1 || layout.pp > 1) printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     if (layout.pp > 1) {

@@ -1,11 +1,11 @@
 // The data loader (llmc/io/dataloader.h) and the random draws it shuffles with (llmc/rand.h).
 //
 // Shards are written with shard_write into build/test_tmp. Every token of a test data set is unique
-// (shard s holds s * 10000 + j at offset j), so a batch's first input names the shard and the offset
-// it was read from: its shard and its B*T-token unit there. The loader reads one stream of units over
-// all shards and epochs, rank r of P taking entry k*P + r at micro-step k; where P divides every
-// shard's units, unshuffled, that is ../shared/FORMATS.md's layout token by token (sample i of a shard
-// starts at token i*P*B*T + r*B*T; inputs are B*T tokens, targets the next B*T).
+// (shard s holds s * 10000 + j at offset j), so each row of a batch names the shard and the offset it
+// was read from: its shard and its T-token sample there. The loader reads one stream of samples over
+// all shards and epochs, rank r of P taking the B samples from (k*P + r)*B at micro-step k; unshuffled,
+// with a B*P that divides every shard's samples, that is ../shared/FORMATS.md's layout token by token
+// (rank r's batch i of a shard is the B*T tokens at i*P*B*T + r*B*T; targets the next B*T).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,47 +40,49 @@ std::string write_shards(const std::string& dir, const std::vector<int64_t>& siz
     return dir + "/" + name + "_*.bin";
 }
 
-// A batch identified by where it was read from: its shard and its B*T-token unit there (unit u starts
-// at token u*B*T; FORMATS's sample i of rank r is unit i*P + r).
+// A sample identified by where it was read from: its shard and its index there (sample i starts at
+// token i*T).
 struct Sample {
     int shard;
-    int64_t index;  // unit index inside the shard
+    int64_t index;
     bool operator<(const Sample& o) const { return shard != o.shard ? shard < o.shard : index < o.index; }
     bool operator==(const Sample& o) const { return shard == o.shard && index == o.index; }
 };
 
-// Identifies the loader's current batch and checks that it is one whole unit, inputs and targets.
-Sample identify_batch(const DataLoader& loader) {
-    int64_t BT = (int64_t)loader.B * loader.T;
-    int first = loader.inputs[0];
-    Sample s{first / SHARD_STRIDE, 0};
-    int64_t offset = first % SHARD_STRIDE;
-    EXPECT_EQ(offset % BT, 0) << "batch starts at offset " << offset << ", not a unit start";
-    s.index = offset / BT;
-    int64_t start = s.shard * SHARD_STRIDE + s.index * BT;
-    int wrong = 0;
-    for (int64_t i = 0; i < BT; i++) {
-        wrong += loader.inputs[i] != start + i;
-        wrong += loader.targets[i] != start + i + 1;
+// Identifies the rows of the loader's current batch and checks that each is one whole sample, inputs
+// and targets.
+std::vector<Sample> identify_batch(const DataLoader& loader) {
+    std::vector<Sample> rows;
+    for (int b = 0; b < loader.B; b++) {
+        const int* in = loader.inputs.data() + (size_t)b * loader.T;
+        const int* out = loader.targets.data() + (size_t)b * loader.T;
+        Sample s{in[0] / SHARD_STRIDE, 0};
+        int64_t offset = in[0] % SHARD_STRIDE;
+        EXPECT_EQ(offset % loader.T, 0) << "row " << b << " starts at offset " << offset << ", not a sample start";
+        s.index = offset / loader.T;
+        int wrong = 0;
+        for (int i = 0; i < loader.T; i++) wrong += (in[i] != in[0] + i) + (out[i] != in[0] + i + 1);
+        EXPECT_EQ(wrong, 0) << "row " << b << " (shard " << s.shard << " sample " << s.index << ") is not contiguous";
+        rows.push_back(s);
     }
-    EXPECT_EQ(wrong, 0) << "batch from shard " << s.shard << " unit " << s.index << " is not contiguous";
-    return s;
+    return rows;
 }
 
+// The rows of `count` batches, one after another.
 std::vector<Sample> read_batches(DataLoader* loader, int64_t count) {
     std::vector<Sample> out;
     for (int64_t k = 0; k < count; k++) {
         dataloader_next_batch(loader);
-        out.push_back(identify_batch(*loader));
+        for (const Sample& s : identify_batch(*loader)) out.push_back(s);
     }
     return out;
 }
 
-// The global stream of B*T-token units by its definition (llmc/io/dataloader.h), written out here
+// The stream of T-token samples by its definition (llmc/io/dataloader.h), written out here
 // independently: epoch after epoch, the shards in glob order, or shuffled in an order drawn from one
-// mt19937 seeded with 42 at the epoch's start; each shard's (N-1)/(B*T) units in order, or shuffled in
-// an order drawn from the same generator when the stream reaches the shard.
-std::vector<Sample> stream(const std::vector<int64_t>& sizes, int B, int T, bool shuffle, int epochs) {
+// mt19937 seeded with 42 at the epoch's start; each shard's (N-1)/T samples in order, or shuffled in an
+// order drawn from the same generator when the stream reaches the shard.
+std::vector<Sample> stream(const std::vector<int64_t>& sizes, int T, bool shuffle, int epochs) {
     std::mt19937 rng(42);
     std::vector<Sample> out;
     for (int e = 0; e < epochs; e++) {
@@ -88,12 +90,22 @@ std::vector<Sample> stream(const std::vector<int64_t>& sizes, int B, int T, bool
         for (size_t s = 0; s < sizes.size(); s++) shard_order[s] = (int)s;
         if (shuffle) random_permutation<int>(shard_order.data(), (int)sizes.size(), rng);
         for (int s : shard_order) {
-            int64_t units = (sizes[s] - 1) / (B * T);
-            std::vector<int64_t> order(units);
-            for (int64_t u = 0; u < units; u++) order[u] = u;
-            if (shuffle) random_permutation<int64_t>(order.data(), units, rng);
+            int64_t samples = (sizes[s] - 1) / T;
+            std::vector<int64_t> order(samples);
+            for (int64_t u = 0; u < samples; u++) order[u] = u;
+            if (shuffle) random_permutation<int64_t>(order.data(), samples, rng);
             for (int64_t u : order) out.push_back({s, u});
         }
+    }
+    return out;
+}
+
+// What rank r of P with B rows reads in its next `count` micro-steps from stream sample `start` (the
+// micro-step's first): the B samples from start + r*B, then on by B*P.
+std::vector<Sample> rank_share(const std::vector<Sample>& stream, int64_t start, int B, int P, int r, int64_t count) {
+    std::vector<Sample> out;
+    for (int64_t k = 0; k < count; k++) {
+        for (int b = 0; b < B; b++) out.push_back(stream.at(start + k * B * P + r * B + b));
     }
     return out;
 }
@@ -103,11 +115,12 @@ std::vector<Sample> stream(const std::vector<int64_t>& sizes, int B, int T, bool
 // ----------------------------------------------------------------------------
 // unshuffled
 
-TEST(DataLoaderLayout, UnshuffledFollowsFormats) {
-    // 3 shards of 24, 12 and 6 units of B*T = 8 (103 tokens hold 12 units and 6 tokens to spare): P = 1,
-    // 2 and 3 divide every shard's units, so rank r's sample i of a shard starts at token i*P*B*T + r*B*T
+TEST(DataLoaderLayout, UnshuffledFollowsFormatsWhereItCan) {
+    // 3 shards of 24, 12 and 12 samples of T = 4 (52 tokens hold 12 samples and 3 tokens to spare); B = 2
+    // and P = 1, 2 and 3: B*P divides every shard's samples, so rank r's batch i of a shard is the B*T
+    // tokens from i*P*B*T + r*B*T, FORMATS's layout
     std::string dir = test::scratch_dir("dataloader_layout");
-    const std::vector<int64_t> sizes = {193, 103, 49};
+    const std::vector<int64_t> sizes = {97, 52, 49};
     std::string pattern = write_shards(dir, sizes);
     const int B = 2, T = 4;
     for (int P : {1, 2, 3}) {
@@ -115,37 +128,40 @@ TEST(DataLoaderLayout, UnshuffledFollowsFormats) {
             SCOPED_TRACE("P=" + std::to_string(P) + " rank " + std::to_string(r));
             DataLoader loader;
             dataloader_init(&loader, pattern, B, T, r, P, false, VOCAB);
-            EXPECT_EQ(dataloader_epoch_units(&loader), 42);
-            std::vector<Sample> expected;
+            EXPECT_EQ(dataloader_epoch_samples(&loader), 48);
+            std::vector<int> expected_starts;  // token offsets (with the shard's stride) of each batch
             for (int s = 0; s < 3; s++) {
-                EXPECT_EQ(dataloader_units_in_file(&loader, s), (sizes[s] - 1) / (B * T));
-                for (int64_t i = 0; i < (sizes[s] - 1) / (B * T) / P; i++) expected.push_back({s, i * P + r});
+                EXPECT_EQ(dataloader_samples_in_file(&loader, s), (sizes[s] - 1) / T);
+                for (int64_t i = 0; i < (sizes[s] - 1) / T / (B * P); i++) {
+                    expected_starts.push_back(s * SHARD_STRIDE + (int)(i * P * B * T + r * B * T));
+                }
             }
-            ASSERT_EQ((int)expected.size(), 42 / P);
-            // one epoch: shards in glob order, samples in order, each at i*P*B*T + r*B*T
-            std::vector<Sample> got = read_batches(&loader, 42 / P);
-            EXPECT_EQ(got, expected);
-            EXPECT_EQ(loader.position.epoch, 1);
-            EXPECT_EQ(loader.position.unit, 0);
-            // the epoch wraps to the first batch, same order again
-            std::vector<Sample> again = read_batches(&loader, 42 / P);
-            EXPECT_EQ(again, expected);
+            ASSERT_EQ((int)expected_starts.size(), 48 / (B * P));
+            for (int k = 0; k < 2 * 48 / (B * P); k++) {  // two epochs: the second wraps to the first batch
+                dataloader_next_batch(&loader);
+                int start = expected_starts[k % expected_starts.size()];
+                for (int i = 0; i < B * T; i++) {  // one contiguous span of B*T tokens
+                    ASSERT_EQ(loader.inputs[i], start + i) << "batch " << k;
+                    ASSERT_EQ(loader.targets[i], start + i + 1) << "batch " << k;
+                }
+            }
             EXPECT_EQ(loader.position.epoch, 2);
-            // reset returns to the start
-            dataloader_reset(&loader);
+            EXPECT_EQ(loader.position.sample, 0);
+            dataloader_reset(&loader);  // back to the start
             dataloader_next_batch(&loader);
-            EXPECT_EQ(identify_batch(loader), expected[0]);
+            EXPECT_EQ(loader.inputs[0], expected_starts[0]);
         }
     }
 }
 
 TEST(DataLoaderLayout, FirstBatchTokensExactly) {
-    // one explicit case written out: P = 2, rank 1, B = 2, T = 3: sample i starts at 12 i + 6
+    // one explicit case written out: P = 2, rank 1, B = 2, T = 3, 40 tokens: 13 samples, sample i at 3i;
+    // micro-step k reads samples 4k .. 4k+3, rank 1 the last two
     std::string dir = test::scratch_dir("dataloader_explicit");
     std::string pattern = write_shards(dir, {40});
     DataLoader loader;
     dataloader_init(&loader, pattern, 2, 3, 1, 2, false, VOCAB);
-    EXPECT_EQ(dataloader_epoch_units(&loader), 6);  // (40 - 1) / 6
+    EXPECT_EQ(dataloader_epoch_samples(&loader), 13);  // (40 - 1) / 3
     dataloader_next_batch(&loader);
     EXPECT_EQ(loader.inputs, (std::vector<int>{6, 7, 8, 9, 10, 11}));
     EXPECT_EQ(loader.targets, (std::vector<int>{7, 8, 9, 10, 11, 12}));
@@ -153,9 +169,13 @@ TEST(DataLoaderLayout, FirstBatchTokensExactly) {
     EXPECT_EQ(loader.inputs, (std::vector<int>{18, 19, 20, 21, 22, 23}));
     EXPECT_EQ(loader.targets, (std::vector<int>{19, 20, 21, 22, 23, 24}));
     dataloader_next_batch(&loader);
-    EXPECT_EQ(loader.targets.back(), 36);  // the last sample ends inside the 40 tokens
-    dataloader_next_batch(&loader);        // wraps
-    EXPECT_EQ(loader.inputs[0], 6);
+    EXPECT_EQ(loader.targets.back(), 36);
+    // micro-step 3 reads sample 12 (tokens 36..39, the last) and samples 0..2 of the next epoch: rank 1
+    // gets samples 1 and 2 of epoch 1
+    dataloader_next_batch(&loader);
+    EXPECT_EQ(loader.inputs, (std::vector<int>{3, 4, 5, 6, 7, 8}));
+    EXPECT_EQ(loader.position.epoch, 1);
+    EXPECT_EQ(loader.position.sample, 3);
 }
 
 TEST(DataLoaderLayout, ShardsInGlobOrder) {
@@ -184,22 +204,22 @@ TEST(DataLoaderLayout, ShardsInGlobOrder) {
 
 TEST(DataLoaderShuffle, EveryEpochVisitsEverySampleOnce) {
     std::string dir = test::scratch_dir("dataloader_shuffle");
-    const std::vector<int64_t> sizes = {300, 170, 250, 97};  // 37, 21, 31 and 12 units of B*T = 8: 101
+    const std::vector<int64_t> sizes = {300, 170, 250, 97};  // 74, 42, 62 and 24 samples of T = 4: 202
     std::string pattern = write_shards(dir, sizes);
     const int B = 2, T = 4;
     DataLoader loader, twin, plain;
     dataloader_init(&loader, pattern, B, T, 0, 1, true, VOCAB);
     dataloader_init(&twin, pattern, B, T, 0, 1, true, VOCAB);
     dataloader_init(&plain, pattern, B, T, 0, 1, false, VOCAB);
-    int64_t per_epoch = dataloader_epoch_units(&loader);
-    ASSERT_EQ(per_epoch, 101);
+    int64_t per_epoch = dataloader_epoch_samples(&loader);
+    ASSERT_EQ(per_epoch, 202);
     std::vector<std::vector<Sample>> epochs;
     for (int e = 0; e < 3; e++) {
-        std::vector<Sample> order = read_batches(&loader, per_epoch);
+        std::vector<Sample> order = read_batches(&loader, per_epoch / B);
         std::set<Sample> seen(order.begin(), order.end());
         EXPECT_EQ(seen.size(), order.size()) << "epoch " << e << " repeats a sample";
         for (const Sample& x : order) {
-            EXPECT_LT((x.index + 1) * B * T, sizes[x.shard]) << "unit " << x.index << " of shard " << x.shard;
+            EXPECT_LT((x.index + 1) * T, sizes[x.shard]) << "sample " << x.index << " of shard " << x.shard;
         }
         // a shard's samples are read together: the shard changes exactly (shards - 1) times
         int changes = 0;
@@ -208,31 +228,33 @@ TEST(DataLoaderShuffle, EveryEpochVisitsEverySampleOnce) {
         EXPECT_EQ(loader.position.epoch, e + 1);
         epochs.push_back(order);
     }
-    // two shuffles (or a shuffle and file order) of 101 units agree with probability far below 1e-30
+    // two shuffles (or a shuffle and file order) of 202 samples agree with probability far below 1e-30
     EXPECT_NE(epochs[0], epochs[1]);
     EXPECT_NE(epochs[1], epochs[2]);
-    EXPECT_NE(epochs[0], read_batches(&plain, per_epoch));
+    EXPECT_NE(epochs[0], read_batches(&plain, per_epoch / B));
     // the same loader settings read the same sequence
     std::vector<Sample> all;
     for (auto& e : epochs) all.insert(all.end(), e.begin(), e.end());
-    EXPECT_EQ(read_batches(&twin, 3 * per_epoch), all);
+    EXPECT_EQ(read_batches(&twin, 3 * per_epoch / B), all);
     // the stream's definition (the helper `stream` above): one mt19937 seeded with 42
-    EXPECT_EQ(all, stream(sizes, B, T, true, 3));
+    EXPECT_EQ(all, stream(sizes, T, true, 3));
 }
 
-// The batch of a global step does not depend on the process count: P processes with A accumulation
-// steps read, together, the units that one process reads in P*A steps (shuffled and not), also where a
-// step's units come from two shards or two epochs: shards of 17, 13 and 17 units, 47 a epoch, 6 units a
-// step, 20 steps (past two epochs' ends).
-TEST(DataLoaderShuffle, GlobalBatchIsTheSameForEveryProcessCount) {
+// The samples of a step depend on neither B nor the process count: however the N = 12 samples of a
+// step are split into B rows x A accumulation steps x P processes, the step reads the same 12 samples
+// of the stream (shuffled and not), also where a step's samples come from two shards or two epochs:
+// shards of 37, 29 and 31 samples, 97 an epoch (prime), 20 steps (past two epochs' ends).
+TEST(DataLoaderShuffle, StepReadsTheSameSamplesForEveryBAndProcessCount) {
     std::string dir = test::scratch_dir("dataloader_layout_free");
-    std::string pattern = write_shards(dir, {17 * 6 + 1, 13 * 6 + 1, 17 * 6 + 1});  // units of B*T = 6
-    const int B = 2, T = 3, global_micro = 6;
+    const int T = 3, N = 12;
+    const std::vector<int64_t> sizes = {37 * T + 1, 29 * T + 1, 31 * T + 2};
+    std::string pattern = write_shards(dir, sizes);
     for (bool shuffle : {false, true}) {
         SCOPED_TRACE(shuffle ? "shuffled" : "unshuffled");
-        std::vector<std::multiset<Sample>> reference;  // per step, 1 process
-        for (int P : {1, 2, 3, 6}) {
-            int A = global_micro / P;
+        std::vector<Sample> expected = stream(sizes, T, shuffle, 3);
+        for (auto [B, P] : std::vector<std::pair<int, int>>{{12, 1}, {2, 1}, {3, 2}, {2, 3}, {1, 6}, {4, 3}, {6, 2}, {1, 4}}) {
+            int A = N / (B * P);
+            SCOPED_TRACE("B=" + std::to_string(B) + " P=" + std::to_string(P) + " A=" + std::to_string(A));
             std::vector<DataLoader> loaders(P);
             for (int r = 0; r < P; r++) dataloader_init(&loaders[r], pattern, B, T, r, P, shuffle, VOCAB);
             for (int step = 0; step < 20; step++) {
@@ -240,56 +262,56 @@ TEST(DataLoaderShuffle, GlobalBatchIsTheSameForEveryProcessCount) {
                 for (int r = 0; r < P; r++) {
                     for (Sample x : read_batches(&loaders[r], A)) batch.insert(x);
                 }
-                EXPECT_EQ((int)batch.size(), global_micro);
-                if (P == 1) reference.push_back(batch);
-                else EXPECT_EQ(batch, reference[step]) << "P=" << P << " step " << step;
+                std::multiset<Sample> want(expected.begin() + step * N, expected.begin() + (step + 1) * N);
+                EXPECT_EQ(batch, want) << "step " << step;
                 for (int r = 1; r < P; r++) {  // the position is the run's, the same on every rank
                     EXPECT_EQ(loaders[r].position.epoch, loaders[0].position.epoch);
-                    EXPECT_EQ(loaders[r].position.unit, loaders[0].position.unit);
+                    EXPECT_EQ(loaders[r].position.sample, loaders[0].position.sample);
                 }
             }
-            EXPECT_EQ(loaders[0].position.epoch, 2);  // 120 units: epoch 2, unit 120 - 94
-            EXPECT_EQ(loaders[0].position.unit, 26);
+            EXPECT_EQ(loaders[0].position.epoch, 2);  // 240 samples: epoch 2, sample 240 - 194
+            EXPECT_EQ(loaders[0].position.sample, 46);
         }
     }
 }
 
-// A position saved at any step resumes the stream: a fresh loader that seeks there (from anywhere:
-// seeking goes back too) reads what the uninterrupted loader read next, with the same process count,
-// and with another one (a run saved by 1 process continued by 3, by 3 continued by 2, ...).
-TEST(DataLoaderShuffle, SeekContinuesTheStreamWithAnyProcessCount) {
+// A position saved at any micro-step resumes the stream: a fresh loader that seeks there (from anywhere:
+// seeking goes back too) reads what the uninterrupted run reads next, with the same B and process count,
+// and with others (a run saved by 1 process with B = 6 continued by 3 with B = 2, ...).
+TEST(DataLoaderShuffle, SeekContinuesTheStreamWithAnyBAndProcessCount) {
     std::string dir = test::scratch_dir("dataloader_seek");
-    const std::vector<int64_t> sizes = {100, 49, 80};  // 16, 8 and 13 units of B*T = 6: 37 a epoch
+    const int T = 3;
+    const std::vector<int64_t> sizes = {100, 49, 80};  // 33, 16 and 26 samples of T = 3: 75 an epoch
     std::string pattern = write_shards(dir, sizes);
-    const int B = 2, T = 3;
+    const std::vector<std::pair<int, int>> layouts = {{6, 1}, {2, 3}, {3, 2}, {1, 1}};  // (B, P)
     for (bool shuffle : {true, false}) {
-        std::vector<Sample> expected = stream(sizes, B, T, shuffle, 5);
-        for (int P : {1, 2, 3}) {
-            // the positions a P-process run passes at each micro-step over two epochs
+        std::vector<Sample> expected = stream(sizes, T, shuffle, 6);
+        for (auto [B, P] : layouts) {
+            // the positions a run passes at each micro-step over two epochs
             DataLoader writer;
             dataloader_init(&writer, pattern, B, T, 0, P, shuffle, VOCAB);
-            ASSERT_EQ(dataloader_epoch_units(&writer), 37);
+            ASSERT_EQ(dataloader_epoch_samples(&writer), 75);
             std::vector<DataPosition> positions;
-            for (int64_t k = 0; k <= 2 * 37 / P; k++) {
+            for (int64_t k = 0; k <= 2 * 75 / (B * P); k++) {
                 positions.push_back(writer.position);
-                EXPECT_EQ(writer.position.epoch * 37 + writer.position.unit, k * P);
+                EXPECT_EQ(writer.position.epoch * 75 + writer.position.sample, k * B * P);
                 dataloader_next_batch(&writer);
             }
-            for (int P2 : {1, 2, 3}) {
+            for (auto [B2, P2] : layouts) {
                 for (int r = 0; r < P2; r++) {
-                    SCOPED_TRACE(std::string(shuffle ? "shuffled" : "unshuffled") + ", saved by P=" + std::to_string(P) +
-                                 ", resumed by rank " + std::to_string(r) + " of " + std::to_string(P2));
+                    SCOPED_TRACE(std::string(shuffle ? "shuffled" : "unshuffled") + ", saved with B=" + std::to_string(B) +
+                                 " P=" + std::to_string(P) + ", resumed by rank " + std::to_string(r) + " of " +
+                                 std::to_string(P2) + " with B=" + std::to_string(B2));
                     DataLoader resumed;
-                    dataloader_init(&resumed, pattern, B, T, r, P2, shuffle, VOCAB);
-                    read_batches(&resumed, 37 + 3);
+                    dataloader_init(&resumed, pattern, B2, T, r, P2, shuffle, VOCAB);
+                    read_batches(&resumed, 40);
                     for (const DataPosition& at : positions) {
                         dataloader_seek(&resumed, at);
                         EXPECT_EQ(resumed.position.epoch, at.epoch);
-                        EXPECT_EQ(resumed.position.unit, at.unit);
-                        int64_t start = at.epoch * 37 + at.unit;
-                        std::vector<Sample> next = read_batches(&resumed, 37), want;
-                        for (int64_t j = 0; j < 37; j++) want.push_back(expected[start + j * P2 + r]);
-                        ASSERT_EQ(next, want) << "after seeking to epoch " << at.epoch << " unit " << at.unit;
+                        EXPECT_EQ(resumed.position.sample, at.sample);
+                        int64_t start = at.epoch * 75 + at.sample, count = 75 / (B2 * P2) + 1;
+                        ASSERT_EQ(read_batches(&resumed, count), rank_share(expected, start, B2, P2, r, count))
+                            << "after seeking to epoch " << at.epoch << " sample " << at.sample;
                     }
                 }
             }
@@ -299,81 +321,73 @@ TEST(DataLoaderShuffle, SeekContinuesTheStreamWithAnyProcessCount) {
 
 TEST(DataLoaderShuffle, SeekRefusesPositionsOutsideTheData) {
     std::string dir = test::scratch_dir("dataloader_seek_bad");
-    std::string pattern = write_shards(dir, {100, 49});  // 16 and 8 units of 6 tokens
+    std::string pattern = write_shards(dir, {100, 49});  // 33 and 16 samples of 3 tokens
     DataLoader loader;
     dataloader_init(&loader, pattern, 2, 3, 0, 1, true, VOCAB);
-    DataPosition past_end{0, 24};
+    DataPosition past_end{0, 49};
     EXPECT_EXIT(dataloader_seek(&loader, past_end), testing::ExitedWithCode(1),
-                "data position \\(epoch 0, unit 24\\) is outside this data set, whose epochs have 24 units of B=2 x "
+                "data position \\(epoch 0, sample 49\\) is outside this data set, whose epochs have 49 samples of "
                 "T=3 tokens; the data set changed since the checkpoint");
     DataPosition negative{-1, 0};
-    EXPECT_EXIT(dataloader_seek(&loader, negative), testing::ExitedWithCode(1), "\\(epoch -1, unit 0\\) is outside");
-    DataPosition negative_unit{1, -1};
-    EXPECT_EXIT(dataloader_seek(&loader, negative_unit), testing::ExitedWithCode(1), "\\(epoch 1, unit -1\\) is outside");
+    EXPECT_EXIT(dataloader_seek(&loader, negative), testing::ExitedWithCode(1), "\\(epoch -1, sample 0\\) is outside");
+    DataPosition negative_sample{1, -1};
+    EXPECT_EXIT(dataloader_seek(&loader, negative_sample), testing::ExitedWithCode(1),
+                "\\(epoch 1, sample -1\\) is outside");
     DataPosition huge{INT64_MAX / 4, 0};
     EXPECT_EXIT(dataloader_seek(&loader, huge), testing::ExitedWithCode(1), "is outside this data set");
 }
 
-// How an older state file named a place (the s-th shard of the epoch's order, unit u of that shard's
-// order) is the stream position that counts the units of the epoch's earlier shards; the loader stays
-// where it was.
-TEST(DataLoaderShuffle, PositionInShardCountsTheEpochsEarlierShards) {
-    std::string dir = test::scratch_dir("dataloader_in_shard");
-    const std::vector<int64_t> sizes = {100, 49, 80, 31};  // 16, 8, 13 and 5 units of 6 tokens: 42
-    std::string pattern = write_shards(dir, sizes);
-    std::vector<Sample> expected = stream(sizes, 2, 3, true, 3);
-    DataLoader loader;
-    dataloader_init(&loader, pattern, 2, 3, 1, 2, true, VOCAB);
-    read_batches(&loader, 5);
-    for (int64_t epoch : {0, 1, 2}) {
-        // where each shard of the epoch's order starts in the stream, from the definition
-        std::vector<int64_t> starts;
-        for (int64_t i = epoch * 42; i < (epoch + 1) * 42; i++) {
-            if (i == epoch * 42 || expected[i].shard != expected[i - 1].shard) starts.push_back(i - epoch * 42);
-        }
-        ASSERT_EQ(starts.size(), 4u);
-        for (int64_t s = 0; s < 4; s++) {
-            DataPosition p = dataloader_position_in_shard(&loader, epoch, s, 3);
-            EXPECT_EQ(p.epoch, epoch);
-            EXPECT_EQ(p.unit, starts[s] + 3) << "epoch " << epoch << " shard " << s;
-        }
-    }
-    EXPECT_EQ(loader.position.unit, 10);  // 5 micro-steps of 2 entries
-    std::vector<Sample> next = read_batches(&loader, 3);
-    EXPECT_EQ(next, (std::vector<Sample>{expected[11], expected[13], expected[15]}));
-    EXPECT_EXIT(dataloader_position_in_shard(&loader, 0, 4, 0), testing::ExitedWithCode(1),
-                "data position \\(epoch 0, shard 4, unit 0\\) does not fit the 4 shard\\(s\\)");
-    int shard_of_first = expected[0].shard;
-    int64_t units_of_first = (sizes[shard_of_first] - 1) / 6;
-    EXPECT_EXIT(dataloader_position_in_shard(&loader, 0, 0, units_of_first), testing::ExitedWithCode(1),
-                "is past the end of that shard \\(" + std::to_string(units_of_first) + " units\\)");
+// The fingerprint names the data, not the loader: the same for any B, process count and order; another
+// for another T (other samples), another length, or a token changed in a block it reads (all of a
+// small shard).
+TEST(DataLoaderStream, FingerprintChangesWithTheData) {
+    std::string dir = test::scratch_dir("dataloader_fingerprint");
+    std::string pattern = write_shards(dir, {100, 49});
+    auto print = [&](int B, int T, int r, int P, bool shuffle) {
+        DataLoader loader;
+        dataloader_init(&loader, pattern, B, T, r, P, shuffle, VOCAB);
+        return loader.fingerprint;
+    };
+    uint64_t base = print(2, 3, 0, 1, true);
+    EXPECT_NE(base, 0u);
+    EXPECT_EQ(print(4, 3, 1, 2, false), base);
+    EXPECT_NE(print(2, 4, 0, 1, true), base);
+    write_shards(dir, {100, 50});
+    EXPECT_NE(print(2, 3, 0, 1, true), base);
+    write_shards(dir, {100, 49});
+    EXPECT_EQ(print(2, 3, 0, 1, true), base);
+    std::vector<uint16_t> tokens(49);
+    for (int j = 0; j < 49; j++) tokens[j] = (uint16_t)(SHARD_STRIDE + j);
+    tokens[30] ^= 1;
+    shard_write(dir + "/d_000001.bin", tokens.data(), 49);
+    EXPECT_NE(print(2, 3, 0, 1, true), base);
 }
 
 // ----------------------------------------------------------------------------
 // the global stream across shard and epoch boundaries
 
-// Shards whose unit counts no process count here divides (17, 13 and 17 units of B*T = 8 tokens; 47
-// a epoch, prime): at global micro-step k, rank r of P reads stream entry k*P + r, also where the P
-// entries of a micro-step straddle two shards or two epochs (a rank already in the next shard or epoch
-// while another is still in the previous one). Three epochs, shuffled and not, P = 1 to 4.
-TEST(DataLoaderStream, RankReadsItsEntryOfTheGlobalStream) {
+// Shards whose sample counts no B*P here divides (37, 29 and 31 samples of T = 4; 97 an epoch, prime):
+// at global micro-step k, rank r of P reads the B samples from (k*P + r)*B, also where they straddle
+// two shards or two epochs (a row of one rank already in the next shard or epoch while the row before
+// it is still in the previous one). Three epochs, shuffled and not, B = 1 to 3, P = 1 to 4.
+TEST(DataLoaderStream, RankReadsItsShareOfTheGlobalStream) {
     std::string dir = test::scratch_dir("dataloader_stream");
-    const std::vector<int64_t> sizes = {17 * 8 + 1, 13 * 8 + 1, 17 * 8 + 6};
+    const int T = 4;
+    const std::vector<int64_t> sizes = {37 * T + 1, 29 * T + 3, 31 * T + 1};
     std::string pattern = write_shards(dir, sizes);
-    const int B = 2, T = 4;
     for (bool shuffle : {false, true}) {
-        std::vector<Sample> expected = stream(sizes, B, T, shuffle, 4);
-        ASSERT_EQ(expected.size(), 4u * 47);
-        for (int P : {1, 2, 3, 4}) {
-            for (int r = 0; r < P; r++) {
-                SCOPED_TRACE(std::string(shuffle ? "shuffled" : "unshuffled") + ", P=" + std::to_string(P) + " rank " +
-                             std::to_string(r));
-                DataLoader loader;
-                dataloader_init(&loader, pattern, B, T, r, P, shuffle, VOCAB);
-                int64_t steps = 3 * 47 / P + 1;  // past the third epoch's end
-                std::vector<Sample> got = read_batches(&loader, steps), want;
-                for (int64_t k = 0; k < steps; k++) want.push_back(expected[k * P + r]);
-                ASSERT_EQ(got, want);
+        std::vector<Sample> expected = stream(sizes, T, shuffle, 4);
+        ASSERT_EQ(expected.size(), 4u * 97);
+        for (int B : {1, 2, 3}) {
+            for (int P : {1, 2, 3, 4}) {
+                for (int r = 0; r < P; r++) {
+                    SCOPED_TRACE(std::string(shuffle ? "shuffled" : "unshuffled") + ", B=" + std::to_string(B) +
+                                 " P=" + std::to_string(P) + " rank " + std::to_string(r));
+                    DataLoader loader;
+                    dataloader_init(&loader, pattern, B, T, r, P, shuffle, VOCAB);
+                    int64_t steps = 3 * 97 / (B * P) + 1;  // past the third epoch's end
+                    ASSERT_EQ(read_batches(&loader, steps), rank_share(expected, 0, B, P, r, steps));
+                }
             }
         }
     }
@@ -390,7 +404,7 @@ TEST(DataLoaderErrors, TokenOutsideVocabNamesShardAndOffset) {
     shard_write(dir + "/v_000001.bin", tokens.data(), 100);
     DataLoader loader;
     dataloader_init(&loader, dir + "/v_*.bin", 2, 4, 0, 1, false, 50257);  // init does not read tokens
-    int64_t first_shard = dataloader_units_in_file(&loader, 0);
+    int64_t first_shard = dataloader_samples_in_file(&loader, 0) / 2;  // 24 samples: 12 batches
     for (int64_t k = 0; k < first_shard; k++) dataloader_next_batch(&loader);  // the good shard reads fine
     EXPECT_EQ(loader.inputs[0], 5);
     EXPECT_EXIT(dataloader_next_batch(&loader), testing::ExitedWithCode(1),
@@ -407,23 +421,23 @@ TEST(DataLoaderErrors, TokenOutsideVocabNamesShardAndOffset) {
 }
 
 TEST(DataLoaderErrors, ShardTooSmallForOneSample) {
-    // a shard must hold one unit of B*T = 8 tokens and its last target: 9 tokens; the process count
-    // does not matter (a micro-step's units may come from several shards)
+    // a shard must hold one sample of T = 4 tokens and its last target: 5 tokens; B and the process count
+    // do not matter (a micro-step's samples may come from several shards)
     std::string dir = test::scratch_dir("dataloader_small");
     std::vector<uint16_t> tokens(100, 1);
     shard_write(dir + "/s_000000.bin", tokens.data(), 100);
-    shard_write(dir + "/s_000001.bin", tokens.data(), 8);
+    shard_write(dir + "/s_000001.bin", tokens.data(), 4);
     DataLoader loader;
-    dataloader_init(&loader, dir + "/s_000000.bin", 2, 4, 0, 3, false, VOCAB);  // 100 tokens: 12 units
-    EXPECT_EQ(dataloader_epoch_units(&loader), 12);
+    dataloader_init(&loader, dir + "/s_000000.bin", 2, 4, 0, 3, false, VOCAB);  // 100 tokens: 24 samples
+    EXPECT_EQ(dataloader_epoch_samples(&loader), 24);
     EXPECT_EXIT(dataloader_init(&loader, dir + "/s_*.bin", 2, 4, 0, 3, false, VOCAB), testing::ExitedWithCode(1),
                 "data shard '" + test::re_escape(dir + "/s_000001.bin") +
-                    "' has 8 tokens, fewer than the 9 one sample needs \\(B=2 x T=4, plus one\\)");
-    shard_write(dir + "/s_000001.bin", tokens.data(), 9);  // exactly one unit
+                    "' has 4 tokens, fewer than the 5 one sample needs \\(T=4, plus one\\)");
+    shard_write(dir + "/s_000001.bin", tokens.data(), 5);  // exactly one sample
     for (int r = 0; r < 3; r++) {
         dataloader_init(&loader, dir + "/s_*.bin", 2, 4, r, 3, false, VOCAB);
-        EXPECT_EQ(dataloader_epoch_units(&loader), 13);
-        for (int k = 0; k < 20; k++) dataloader_next_batch(&loader);  // rank 0 reads the 1-unit shard at step 4
+        EXPECT_EQ(dataloader_epoch_samples(&loader), 25);
+        for (int k = 0; k < 20; k++) dataloader_next_batch(&loader);  // the 1-sample shard at micro-step 4
     }
 }
 

@@ -388,16 +388,18 @@ TEST(Distributed, ResumeAcrossRanksEqualsUninterrupted) {
     EXPECT_NE(more.output.find("continuing from step 6"), std::string::npos) << more.output;
 }
 
-// The global batch of every step is the same for any process count also where the data crosses shard
-// and epoch boundaries (llmc/io/dataloader.h: one stream of B*T-token units, rank r of P reading entry
-// k*P + r at micro-step k): the oracle's tokens cut into shards of 17, 13 and 17 units of B*T = 32 (47 a
-// epoch, which neither 2 nor 3 divides), 9 steps of 6 units (a shard boundary at steps 2 and 5, the
-// epoch's end in step 7), as 1 process with 6 accumulation steps, 2 with 3 and 3 with 2, shuffled and
-// not: same losses and norms to 1e-5 relative, same final weights (expect_same_training). The val loss
-// (-m 7 over val shards of 3 units each, at steps 0 and 9) agrees too. And an elastic resume: the
-// 1-process run's step-3 checkpoint (after 18 units, inside the second shard) continues as 3 processes,
-// and the 3-process run's step-6 checkpoint as 2 processes, each as the 1-process run did.
-TEST(Distributed, GlobalBatchAcrossShardAndEpochBoundaries) {
+// One data stream whatever the layout (llmc/io/dataloader.h: a stream of T-token samples; a step reads
+// N = tokens per step / T of them, however N splits into B rows x A accumulation steps x P processes),
+// also where the data crosses shard and epoch boundaries: the oracle's tokens cut into shards of 35, 27
+// and 31 samples of T = 16 (93 an epoch), 9 steps of N = 12 samples (shard boundaries inside steps 2
+// and 5, the epoch's end inside step 7), as 1 process with B = 2 x 6 accumulation steps (the
+// reference), 1 with B = 4 x 3, 2 with B = 2 x 3, 3 with B = 4 x 1 and 2 with B = 6 x 1, shuffled and
+// not: same losses and norms to 1e-3 relative, same final weights (expect_same_training: the sums run
+// in another order). The val loss (-m 7 batches of B over val shards of 6 samples each, at steps 0 and
+// 9) agrees where B does (-m counts batches). And elastic resumes: the reference's step-3 checkpoint
+// (inside the second shard) continues as 3 processes with B = 4, and the 3-process run's step-6
+// checkpoint as 2 processes with B = 2 x 3, each as the reference did.
+TEST(Distributed, OneStreamWhateverTheLayout) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string oracle_dir = test::oracle("tiny_odd", ODD);
     std::string data = test::scratch_dir("dp_boundary_data");
@@ -408,8 +410,8 @@ TEST(Distributed, GlobalBatchAcrossShardAndEpochBoundaries) {
         freadCheck(tokens.data(), 2, n, fp);
         fcloseCheck(fp);
         int64_t at = 0, i = 0;
-        for (int64_t units : {17, 13, 17}) {
-            int64_t len = units * 32 + 1;
+        for (int64_t samples : {35, 27, 31}) {
+            int64_t len = samples * 16 + 1;
             ASSERT_LE(at + len, n);
             shard_write(data + "/odd_train_00000" + std::to_string(i++) + ".bin", tokens.data() + at, len);
             at += len;
@@ -421,44 +423,47 @@ TEST(Distributed, GlobalBatchAcrossShardAndEpochBoundaries) {
         }
     }
     const int steps = 9;
+    struct Layout { int np, B; std::string name; };
+    const std::vector<Layout> layouts = {{1, 2, "np1_b2"}, {1, 4, "np1_b4"}, {2, 2, "np2_b2"}, {3, 4, "np3_b4"}, {2, 6, "np2_b6"}};
     for (int shuffle : {0, 1}) {
         SCOPED_TRACE(shuffle ? "shuffled" : "unshuffled");
-        std::string cmd = test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i '" + data +
-                          "/odd_train_*.bin' -j '" + data + "/odd_val_*.bin' -b 2 -t 16 -d 192 -x 9 -n 3 -l 1e-3 -c 0.1 "
-                          "-v 9 -m 7 -s 0 -sh " +
-                          std::to_string(shuffle);
-        std::map<int, std::string> dirs;
-        for (int np : {1, 2, 3}) {
-            dirs[np] = test::scratch_dir("dp_boundary_np" + std::to_string(np) + "_sh" + std::to_string(shuffle));
-            test::CommandResult r = test::run_command((np == 1 ? std::string("OMP_NUM_THREADS=1 ") : mpirun(np)) + cmd +
-                                                      " -o " + dirs[np]);
+        auto cmd = [&](int B) {
+            return test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i '" + data + "/odd_train_*.bin' -j '" +
+                   data + "/odd_val_*.bin' -b " + std::to_string(B) + " -t 16 -d 192 -x 9 -n 3 -l 1e-3 -c 0.1 -v 9 -m " +
+                   (B == 6 ? "3" : B == 4 ? "4" : "7") + " -s 0 -sh " + std::to_string(shuffle);
+        };
+        std::map<std::string, std::string> dirs;
+        for (const Layout& l : layouts) {
+            SCOPED_TRACE(l.name);
+            dirs[l.name] = test::scratch_dir("dp_stream_" + l.name + "_sh" + std::to_string(shuffle));
+            test::CommandResult r = test::run_command((l.np == 1 ? std::string("OMP_NUM_THREADS=1 ") : mpirun(l.np)) +
+                                                      cmd(l.B) + " -o " + dirs[l.name]);
             ASSERT_EQ(r.exit_code, 0) << r.output;
-            if (np > 1) {
-                SCOPED_TRACE(std::to_string(np) + " processes against 1");
-                expect_same_training(read_run(dirs[1], steps), read_run(dirs[np], steps), steps, 1e-3);
-                std::vector<double> val1 = test::jsonl_values(dirs[1] + "/metrics.jsonl", "val_loss");
-                std::vector<double> val = test::jsonl_values(dirs[np] + "/metrics.jsonl", "val_loss");
+            if (l.name == "np1_b2") continue;
+            expect_same_training(read_run(dirs["np1_b2"], steps), read_run(dirs[l.name], steps), steps, 1e-3);
+            if (l.B == 2) {
+                std::vector<double> val1 = test::jsonl_values(dirs["np1_b2"] + "/metrics.jsonl", "val_loss");
+                std::vector<double> val = test::jsonl_values(dirs[l.name] + "/metrics.jsonl", "val_loss");
                 ASSERT_EQ(val1.size(), 2u);
                 ASSERT_EQ(val.size(), 2u);
                 for (int k = 0; k < 2; k++) EXPECT_NEAR(val[k], val1[k], 1e-5 * val1[k]) << "val loss " << k;
             }
         }
         if (!shuffle) continue;
-        struct Case { int from_np, from_step, np; };
-        for (Case c : {Case{1, 3, 3}, Case{3, 6, 2}}) {
-            SCOPED_TRACE("step " + std::to_string(c.from_step) + " of " + std::to_string(c.from_np) + " process(es) resumed by " +
-                         std::to_string(c.np));
-            std::string dir = test::scratch_dir("dp_boundary_resume_" + std::to_string(c.from_np) + "_" + std::to_string(c.np));
-            ASSERT_EQ(test::run_command("cp -r " + dirs[c.from_np] + "/. " + dir).exit_code, 0);
+        struct Case { std::string from; int from_step; Layout to; };
+        for (const Case& c : {Case{"np1_b2", 3, layouts[3]}, Case{"np3_b4", 6, layouts[2]}}) {
+            SCOPED_TRACE("step " + std::to_string(c.from_step) + " of " + c.from + " resumed as " + c.to.name);
+            std::string dir = test::scratch_dir("dp_stream_resume_" + c.from + "_" + c.to.name);
+            ASSERT_EQ(test::run_command("cp -r " + dirs[c.from] + "/. " + dir).exit_code, 0);
             for (int later = c.from_step + 3; later <= steps; later += 3) {
                 char name[32];
                 snprintf(name, sizeof(name), "%08d", later);
                 ASSERT_EQ(test::run_command(std::string("rm ") + dir + "/*_" + name + "*").exit_code, 0);
             }
-            test::CommandResult r = test::run_command(mpirun(c.np) + cmd + " -o " + dir + " -y 1");
+            test::CommandResult r = test::run_command(mpirun(c.to.np) + cmd(c.to.B) + " -o " + dir + " -y 1");
             ASSERT_EQ(r.exit_code, 0) << r.output;
             EXPECT_NE(r.output.find("continuing from step " + std::to_string(c.from_step)), std::string::npos) << r.output;
-            expect_same_training(read_run(dirs[1], steps), read_run(dir, steps), steps, 1e-3);
+            expect_same_training(read_run(dirs["np1_b2"], steps), read_run(dir, steps), steps, 1e-3);
         }
     }
 }

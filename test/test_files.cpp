@@ -118,8 +118,10 @@ TrainState sample_state(bool with_master) {
     s.grad_accum_steps = 5;
     s.step = 123456789012LL;         // beyond int32: stored as int64
     s.data_epoch = 3;
-    s.data_unit = 5000000000LL;  // beyond int32
-    s.data_epoch_units = 6000000000LL;
+    s.data_sample = 5000000000LL;  // beyond int32
+    s.data_epoch_samples = 6000000000LL;
+    s.data_fingerprint = 0x8123456789abcdefull;
+    s.loss_scale_dynamic = true;
     s.sampler_rng = 0xfedcba9876543210ull;  // top bit set: survives the int64 slot
     s.num_parameters = 1000;
     s.shard_offset = 750;
@@ -400,8 +402,11 @@ TEST(FilesState, RoundTripWithAndWithoutMaster) {
         EXPECT_EQ(r.step, 123456789012LL);
         EXPECT_EQ(r.version, STATE_VERSION);
         EXPECT_EQ(r.data_epoch, 3);
-        EXPECT_EQ(r.data_unit, 5000000000LL);
-        EXPECT_EQ(r.data_epoch_units, 6000000000LL);
+        EXPECT_EQ(r.data_sample, 5000000000LL);
+        EXPECT_EQ(r.data_epoch_samples, 6000000000LL);
+        EXPECT_EQ(r.data_fingerprint, 0x8123456789abcdefull);
+        EXPECT_TRUE(r.loss_scale_dynamic);
+        EXPECT_TRUE(r.sections.empty());
         EXPECT_EQ(r.sampler_rng, 0xfedcba9876543210ull);
         EXPECT_EQ(r.num_parameters, 1000);
         EXPECT_EQ(r.shard_offset, 750);
@@ -458,9 +463,9 @@ TEST(FilesState, RefusesBadFiles) {
     copy_with_header(dir + "/good.bin", dir + "/magic.bin", 0, 20240326);  // a model's magic
     EXPECT_EXIT(read_state(dir + "/magic.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*magic\\.bin' has magic 20240326, expected 20261121");
-    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 5);
+    copy_with_header(dir + "/good.bin", dir + "/version.bin", 1, 6);
     EXPECT_EXIT(read_state(dir + "/version.bin"), testing::ExitedWithCode(1),
-                "optimizer state file '.*version\\.bin' has version 5, this program reads version 1 or 2 or 3 or 4");
+                "optimizer state file '.*version\\.bin' has version 6, this program reads version 1 or 2 or 3 or 4 or 5");
     copy_resized(dir + "/good.bin", dir + "/short_header.bin", 512);
     EXPECT_EXIT(read_state(dir + "/short_header.bin"), testing::ExitedWithCode(1),
                 "optimizer state file '.*short_header\\.bin' is 512 bytes, shorter than its 1024-byte header");
@@ -518,6 +523,51 @@ TEST(FilesState, RefusesInconsistentHeaders) {
     }
     expect_refused("overflow.bin");
     expect_refused("overflow_sum.bin");
+}
+
+// The version plan's room for later state (state_file.h): extra sections after the arrays, each with a
+// kind, flags and a length in the header, covered by the checksums. They read back byte for byte; a
+// kind this program does not know is read and kept unless its section says it must be understood,
+// which is refused naming the kind; a flipped byte in a section is found; and the fields version 5
+// added are checked (h[33] is 0 or 1, h[36] an encoding this program reads, at most 5 sections).
+TEST(FilesState, ExtraSectionsRoundTripAndAnUnknownRequiredOneIsRefused) {
+    std::string dir = test::scratch_dir("files_state_sections");
+    TrainState s = sample_state(true);
+    StateSection fp8{STATE_SECTION_TEST, STATE_SECTION_REQUIRED, {}}, other{4242, 0, {}};
+    for (int i = 0; i < 1000; i++) fp8.bytes.push_back((uint8_t)(i * 7));
+    other.bytes = {1, 2, 3};
+    s.sections = {fp8, other};
+    state_file_write(dir + "/sections.bin", s);
+    EXPECT_EQ((long)read_bytes(dir + "/sections.bin").size(), HEADER_BYTES + 4 * 250 * 3 + 1000 + 3);
+    TrainState r;
+    state_file_read(dir + "/sections.bin", &r);
+    ASSERT_EQ(r.sections.size(), 2u);
+    EXPECT_EQ(r.sections[0].kind, STATE_SECTION_TEST);
+    EXPECT_EQ(r.sections[0].flags, STATE_SECTION_REQUIRED);
+    EXPECT_EQ(r.sections[0].bytes, fp8.bytes);
+    EXPECT_EQ(r.sections[1].kind, 4242);  // unknown, optional: kept
+    EXPECT_EQ(r.sections[1].bytes, other.bytes);
+    EXPECT_EQ(r.master, s.master);
+    // the same unknown kind, required
+    s.sections[1].flags = STATE_SECTION_REQUIRED;
+    state_file_write(dir + "/required.bin", s);
+    EXPECT_EXIT(read_state(dir + "/required.bin"), testing::ExitedWithCode(1),
+                "optimizer state file '.*required\\.bin' holds state of kind 4242, which this program does not know "
+                "and the file says it must \\(written by a newer version: resume with it\\)");
+    // a flipped byte in the first section
+    write_bytes(dir + "/flipped.bin", read_bytes(dir + "/sections.bin"));
+    test::flip_byte(dir + "/flipped.bin", HEADER_BYTES + 4 * 250 * 3 + 10);
+    EXPECT_EXIT(read_state(dir + "/flipped.bin"), testing::ExitedWithCode(1), "is corrupt: bytes .* do not match");
+    // header fields
+    copy_with_header(dir + "/sections.bin", dir + "/dynamic.bin", 33, 2);
+    EXPECT_EXIT(read_state(dir + "/dynamic.bin"), testing::ExitedWithCode(1), "has an inconsistent header");
+    copy_with_header(dir + "/sections.bin", dir + "/count.bin", 40, 6);
+    EXPECT_EXIT(read_state(dir + "/count.bin"), testing::ExitedWithCode(1), "has an inconsistent header");
+    copy_with_header(dir + "/sections.bin", dir + "/encoding.bin", 36, 1);
+    EXPECT_EXIT(read_state(dir + "/encoding.bin"), testing::ExitedWithCode(1),
+                "'.*encoding\\.bin' stores its moments in encoding 1, which this program does not read");
+    s.sections.assign(6, other);
+    EXPECT_EXIT(state_file_write(dir + "/six.bin", s), testing::ExitedWithCode(1), "6 extra sections, more than the 5");
 }
 
 // ----------------------------------------------------------------------------
@@ -671,11 +721,14 @@ TEST(FilesChecksum, FilesWithoutChecksumsAreReadWithANote) {
     EXPECT_EQ(r.master, s.master);
     EXPECT_EQ(r.updates, s.updates);
     EXPECT_NE(note.find("state2.bin' carries no checksums"), std::string::npos) << note;
-    // versions 1 to 3 hold a per-process data position in the same slots: shard index, sample index
+    // versions 1 to 4 held data positions in another order: not read (train_state_restore places the run
+    // by its step); S other than 1 was dynamic
     EXPECT_EQ(r.version, 2);
-    EXPECT_EQ(r.data_shard, s.data_unit);
-    EXPECT_EQ(r.data_sample, s.data_epoch_units);
-    EXPECT_EQ(r.data_unit, 0);
+    EXPECT_EQ(r.data_epoch, 0);
+    EXPECT_EQ(r.data_sample, 0);
+    EXPECT_EQ(r.data_epoch_samples, 0);
+    EXPECT_EQ(r.data_fingerprint, 0u);
+    EXPECT_TRUE(r.loss_scale_dynamic);
 }
 
 // One flipped bit in the lowest mantissa byte of one weight (a change of one part in 2^23) is found,

@@ -220,6 +220,43 @@ TEST(Reliability, ProcessesWithDifferentFlagsAreNamedFieldByField) {
     EXPECT_EQ(r.output.find("step    1/2"), std::string::npos) << "training must not start";
 }
 
+// Item 1.5: node-local data files with the same name but other contents were accepted silently (one
+// epoch counted from process 0's file). Here each process runs in a directory of its own (mpirun's
+// -wdir), with the same flags, so `-i data/train.bin` names a different file on each: one a token
+// changed (in a block the fingerprint reads: this shard is 4096 tokens, all of it read), then one a
+// token shorter. Both are stopped at start-up, process 0 naming the shard, its length and fingerprint
+// on each process; the same data on both trains.
+TEST(Reliability, ProcessesWithDifferentDataFilesAreStoppedNamingTheShard) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string dir = test::oracle("tiny_reliability", TINY_ARGS);
+    std::string work = test::scratch_dir("rel_node_local_data");
+    std::string train = test::read_text(dir + "/train.bin");
+    for (const char* node : {"a", "b"}) {
+        ASSERT_EQ(test::run_command("mkdir -p " + work + "/" + node + "/data").exit_code, 0);
+        std::ofstream(work + "/" + node + "/data/train.bin", std::ios::binary) << train;
+    }
+    std::string run = "OMP_NUM_THREADS=1 timeout 120 mpirun --allow-run-as-root --oversubscribe";
+    std::string trainer = test::root() + "/train_gpt2 -e " + dir + "/model.bin -i data/train.bin -b 2 -t 16 -v 0 -s 0 -x 2";
+    std::string cmd = run + " -np 1 -wdir " + work + "/a " + trainer + " : -np 1 -wdir " + work + "/b " + trainer;
+    test::CommandResult same = test::run_command(cmd);
+    ASSERT_EQ(same.exit_code, 0) << same.output;
+    std::string changed = train;
+    changed[HEADER_BYTES + 2 * 3000] ^= 1;  // token 3000
+    std::ofstream(work + "/b/data/train.bin", std::ios::binary | std::ios::trunc) << changed;
+    test::CommandResult r = test::run_command(cmd);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("train shard 'data/train\\.bin' is 4096 tokens, fingerprint "
+                                                        "[0-9a-f]{8} on process 0 and 4096 tokens, fingerprint [0-9a-f]{8} "
+                                                        "on process 1"))) << r.output;
+    EXPECT_EQ(r.output.find("step    1/2"), std::string::npos) << "training must not start";
+    std::vector<uint16_t> shorter(4095, 1);
+    shard_write(work + "/b/data/train.bin", shorter.data(), 4095);
+    r = test::run_command(cmd);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("train shard 'data/train\\.bin' is 4096 tokens, .* on process 0 "
+                                                        "and 4095 tokens, .* on process 1"))) << r.output;
+}
+
 // Item 10: processes that fail together wrote "Error: Error: ..." lines into each other. Each error is
 // now one write, naming its process: every line that reports an error is one whole message.
 TEST(Reliability, ErrorsOfSeveralProcessesAreWholeLinesNamingTheProcess) {
@@ -242,80 +279,121 @@ TEST(Reliability, ErrorsOfSeveralProcessesAreWholeLinesNamingTheProcess) {
     EXPECT_GE(errors, 1) << r.output;
 }
 
-// Item 4: past a shard or epoch boundary the data order depended on the process count (each shard left
-// out its last U mod P units), so an elastic resume followed another order. A state file (version 4)
-// now holds a place in the one sample stream (llmc/io/dataloader.h), and
-// Distributed.GlobalBatchAcrossShardAndEpochBoundaries checks runs and resumes across layouts. Here,
-// data_position_from_state on older files, which hold sample k of the s-th shard of the epoch for each
-// of P processes: converted to unit k*P of that shard where the old loader read this stream (P = 1, or
-// P dividing every shard's units), refused otherwise, and refused for a version-1/2 shuffled file of
-// several processes (each shuffled its own samples then); a version-4 position of another data set is
-// refused too.
-TEST(Reliability, OlderDataPositionsConvertOnlyWhereExact) {
+// Items 2 and 4: the order was a permutation of B*T-token units, so another B (as -b auto picks per
+// card) read other data from step 0. A state file (version 5) now holds a place in the one stream of
+// T-token samples (llmc/io/dataloader.h), which any B and process count continue, and
+// Distributed.OneStreamWhateverTheLayout checks runs and resumes across layouts. Here,
+// data_position_from_state: a version-5 position is taken as it is, for its data set only (the sample
+// count and the fingerprint); an older file's position, in an order this version does not have, is
+// replaced by where this version's run is after the same steps, with a note.
+TEST(Reliability, DataPositionsOfThisAndOlderVersions) {
     std::string dir = test::scratch_dir("reliability_old_position");
     std::vector<uint16_t> tokens(200);
     for (int j = 0; j < 200; j++) tokens[j] = (uint16_t)j;
-    // units of B*T = 8: "even" shards of 24 and 12 (2 and 3 divide both), "odd" ones of 24 and 13
-    shard_write(dir + "/even_000000.bin", tokens.data(), 193);
-    shard_write(dir + "/even_000001.bin", tokens.data(), 97);
-    shard_write(dir + "/odd_000000.bin", tokens.data(), 193);
-    shard_write(dir + "/odd_000001.bin", tokens.data(), 105);
-    auto loader_for = [&](const std::string& name, bool shuffle) {
-        DataLoader loader;
-        dataloader_init(&loader, dir + "/" + name + "_*.bin", 2, 4, 0, 2, shuffle, 300);
-        return loader;
-    };
-    auto old_state = [](int version, int P, int64_t epoch, int64_t shard, int64_t sample) {
-        TrainState s;
-        s.version = version;
-        s.data_processes = P;
-        s.data_epoch = epoch;
-        s.data_shard = shard;
-        s.data_sample = sample;
-        return s;
-    };
-    auto position = [&](DataLoader* loader, const TrainState& s) {
+    shard_write(dir + "/d_000000.bin", tokens.data(), 193);  // 48 samples of T = 4
+    shard_write(dir + "/d_000001.bin", tokens.data(), 105);  // 26
+    DataLoader loader;
+    dataloader_init(&loader, dir + "/d_*.bin", 2, 4, 0, 2, true, 300);
+    ASSERT_EQ(dataloader_epoch_samples(&loader), 74);
+    auto position = [&](const TrainState& s, std::string* note = nullptr) {
         testing::internal::CaptureStdout();
-        DataPosition p = data_position_from_state(s, loader, dir, 7);
-        testing::internal::GetCapturedStdout();
+        DataPosition p = data_position_from_state(s, &loader, dir, 7, 12);
+        std::string out = testing::internal::GetCapturedStdout();
+        if (note) *note = out;
         return p;
     };
-    DataLoader even = loader_for("even", false), even_shuffled = loader_for("even", true);
-    DataLoader odd = loader_for("odd", false), odd_shuffled = loader_for("odd", true);
-    // version 4: as stored, for this data set only
     TrainState now;
     now.data_epoch = 2;
-    now.data_unit = 7;
-    now.data_epoch_units = 36;
-    DataPosition p = position(&even, now);
+    now.data_sample = 9;
+    now.data_epoch_samples = 74;
+    now.data_fingerprint = loader.fingerprint;
+    DataPosition p = position(now);
     EXPECT_EQ(p.epoch, 2);
-    EXPECT_EQ(p.unit, 7);
-    now.data_epoch_units = 37;
-    EXPECT_EXIT(position(&even, now), testing::ExitedWithCode(1),
-                "checkpoint 7 in .*: its data position is unit 7 of epoch 2 of a data set of 37 units of B=2 x T=4 "
-                "tokens; the training data now \\(-i\\) holds 36 such units");
-    // version 3, 2 processes, unshuffled: sample 3 of the second shard = unit 24 + 3*2 of the epoch
-    p = position(&even, old_state(3, 2, 1, 1, 3));
-    EXPECT_EQ(p.epoch, 1);
-    EXPECT_EQ(p.unit, 30);
-    EXPECT_EQ(position(&even, old_state(2, 2, 1, 1, 3)).unit, 30);  // unshuffled, any version
-    // shuffled: the s-th shard of the epoch's order
-    for (int P : {2, 3}) {
-        p = position(&even_shuffled, old_state(3, P, 1, 1, 3));
-        DataPosition want = dataloader_position_in_shard(&even_shuffled, 1, 1, 3 * P);
+    EXPECT_EQ(p.sample, 9);
+    now.data_fingerprint = 0;  // not known: not compared
+    EXPECT_EQ(position(now).sample, 9);
+    now.data_fingerprint = loader.fingerprint ^ 1;
+    EXPECT_EXIT(position(now), testing::ExitedWithCode(1),
+                "checkpoint 7 in .*: its data position is sample 9 of epoch 2 of a data set of 74 samples of T=4 tokens "
+                "\\(fingerprint [0-9a-f]{16}\\); the training data now \\(-i\\) holds 74 such samples \\(fingerprint "
+                "[0-9a-f]{16}\\). The data changed since the checkpoint");
+    now.data_fingerprint = loader.fingerprint;
+    now.data_epoch_samples = 75;
+    EXPECT_EXIT(position(now), testing::ExitedWithCode(1), "a data set of 75 samples of T=4 tokens");
+    // versions 1 to 4: where this version is after 7 steps of 12 samples, 84 = 74 + 10
+    for (int version : {1, 3, 4}) {
+        TrainState old;
+        old.version = version;
+        std::string note;
+        p = position(old, &note);
         EXPECT_EQ(p.epoch, 1);
-        EXPECT_EQ(p.unit, want.unit) << "P=" << P;
+        EXPECT_EQ(p.sample, 10);
+        EXPECT_NE(note.find("resume: checkpoint 7 was written by an older version of this program (state version " +
+                            std::to_string(version) + "), whose data order this version does not have; the run "
+                            "continues this version's sample stream where it would be after step 7: sample 10 of epoch 1"),
+                  std::string::npos) << note;
     }
-    // one process: always exact, also where the shards have odd unit counts
-    p = position(&odd_shuffled, old_state(1, 1, 0, 1, 5));
-    EXPECT_EQ(p.unit, dataloader_position_in_shard(&odd_shuffled, 0, 1, 5).unit);
-    EXPECT_EQ(position(&odd, old_state(3, 1, 0, 1, 5)).unit, 29);
-    // refused: 2 processes left out a unit of the 13-unit shard; version 2 shuffled per process
-    EXPECT_EXIT(position(&odd, old_state(3, 2, 0, 1, 5)), testing::ExitedWithCode(1),
-                "checkpoint 7 in .* was written by an older version of this program \\(state version 3\\), whose 2 "
-                "data-parallel processes left out the last 1 of the 13 units of B\\*T tokens of shard '.*odd_000001\\.bin'");
-    EXPECT_EXIT(position(&even_shuffled, old_state(2, 2, 0, 1, 5)), testing::ExitedWithCode(1),
-                "\\(state version 2\\) with 2 data-parallel processes, whose shuffle gave each process an order of its own");
+}
+
+// Item 1.3: the FP16 build resuming a checkpoint of a run without loss scaling (bf16, fp32, the CPU
+// trainer: S stays 1 there) started at S = 1, whatever -ls said, so fp16 gradients underflowed for the
+// ~32k clean steps S needs to grow back. The state file now says whether its S was a dynamic scale
+// (version 5); a resumed FP16 run takes S from the file only then, and otherwise keeps the S of its
+// flags (-ls, or the build's default). A version-4 file cannot say: S = 1 there is taken as "no scaling"
+// (a dynamic S reaches exactly 1 only after 16 halvings from the default 65536, a run in trouble anyway).
+TEST(Reliability, ResumingACheckpointWithoutLossScalingKeepsTheFlagsScale) {
+    std::string dir = test::scratch_dir("reliability_loss_scale");
+    TrainArgs args;
+    args.loss_scale = 4096.0f;
+    auto written_by = [&](bool dynamic, float scale, int version) {
+        LossScaler writer = loss_scaler_from_args(args, dynamic);
+        writer.scale = scale;
+        writer.updates = 5;
+        TrainState s;
+        s.B = 2;
+        s.T = 4;
+        s.step = 5;
+        s.data_epoch_samples = 10;
+        s.num_parameters = 3;
+        s.shard_length = 3;
+        s.m.assign(3, 0.0f);
+        s.v.assign(3, 0.0f);
+        train_state_set_scaler(&s, writer);
+        std::string path = dir + "/state.bin";
+        state_file_write(path, s);
+        if (version == 4) {  // the same header with version 4's number and without h[33], which it did not have
+            std::string bytes = test::read_text(path);
+            int32_t* header = (int32_t*)&bytes[0];
+            header[1] = 4;
+            header[33] = 0;
+            std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+            test::reseal_header_checksum(path);
+        }
+        TrainState r;
+        state_file_read(path, &r);
+        EXPECT_EQ(r.version, version);
+        return r;
+    };
+    LossScaler fp16 = loss_scaler_from_args(args, true);
+    // bf16 / CPU checkpoint (S = 1, not dynamic): the FP16 run keeps -ls
+    loss_scaler_restore(&fp16, written_by(false, 1.0f, STATE_VERSION));
+    EXPECT_EQ(fp16.scale, 4096.0f);
+    EXPECT_EQ(fp16.updates, 5);
+    // an FP16 checkpoint: its S continues
+    fp16 = loss_scaler_from_args(args, true);
+    loss_scaler_restore(&fp16, written_by(true, 512.0f, STATE_VERSION));
+    EXPECT_EQ(fp16.scale, 512.0f);
+    // version 4: S = 1 means a run without scaling; any other S was dynamic
+    fp16 = loss_scaler_from_args(args, true);
+    loss_scaler_restore(&fp16, written_by(false, 1.0f, 4));
+    EXPECT_EQ(fp16.scale, 4096.0f);
+    fp16 = loss_scaler_from_args(args, true);
+    loss_scaler_restore(&fp16, written_by(true, 512.0f, 4));
+    EXPECT_EQ(fp16.scale, 512.0f);
+    // a run without scaling keeps S = 1 whatever the file holds
+    LossScaler bf16 = loss_scaler_from_args(args, false);
+    loss_scaler_restore(&bf16, written_by(true, 512.0f, STATE_VERSION));
+    EXPECT_EQ(bf16.scale, 1.0f);
 }
 
 // Item 5: the val loss averaged -m batches per process, so it changed with the data-parallel count.

@@ -853,16 +853,16 @@ TEST(TokenizerPrepro, ShardsRoundTripThroughTheDataLoader) {
              std::to_string(shard_tokens)));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::vector<uint16_t> stream = expected_stream(split_blank_lines(text));
-    const int B = 2, T = 32;
+    const int B = 1, T = 64;  // one sample a batch: sample i of a shard is its T+1 tokens from i*T
     // val: one shard, the first val_tokens tokens
     DataLoader val;
     dataloader_init(&val, dir + "/out/rt_val_*.bin", B, T, 0, 1, false, 50257);
-    ASSERT_EQ(dataloader_epoch_units(&val), (val_tokens - 1) / (B * T));
-    for (int64_t b = 0; b < dataloader_epoch_units(&val); b++) {
+    ASSERT_EQ(dataloader_epoch_samples(&val), (val_tokens - 1) / T);
+    for (int64_t b = 0; b < dataloader_epoch_samples(&val); b++) {
         dataloader_next_batch(&val);
-        for (int i = 0; i < B * T; i++) {
-            ASSERT_EQ(val.inputs[i], stream[b * B * T + i]);
-            ASSERT_EQ(val.targets[i], stream[b * B * T + i + 1]);
+        for (int i = 0; i < T; i++) {
+            ASSERT_EQ(val.inputs[i], stream[b * T + i]);
+            ASSERT_EQ(val.targets[i], stream[b * T + i + 1]);
         }
     }
     // train: shards in order, each read from its own start
@@ -874,15 +874,15 @@ TEST(TokenizerPrepro, ShardsRoundTripThroughTheDataLoader) {
         size_t shard_start = val_tokens + shard * shard_tokens;
         size_t shard_size = std::min((size_t)shard_tokens, stream.size() - shard_start);
         EXPECT_EQ(train.file_tokens[shard], (int64_t)shard_size);
-        for (size_t sample = 0; sample < (shard_size - 1) / (B * T); sample++, batches++) {
+        for (size_t sample = 0; sample < (shard_size - 1) / T; sample++, batches++) {
             dataloader_next_batch(&train);
-            for (int i = 0; i < B * T; i++) {
-                ASSERT_EQ(train.inputs[i], stream[shard_start + sample * B * T + i]);
-                ASSERT_EQ(train.targets[i], stream[shard_start + sample * B * T + i + 1]);
+            for (int i = 0; i < T; i++) {
+                ASSERT_EQ(train.inputs[i], stream[shard_start + sample * T + i]);
+                ASSERT_EQ(train.targets[i], stream[shard_start + sample * T + i + 1]);
             }
         }
     }
-    EXPECT_EQ(batches, dataloader_epoch_units(&train));
+    EXPECT_EQ(batches, dataloader_epoch_samples(&train));
 }
 
 }  // namespace

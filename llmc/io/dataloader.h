@@ -1,37 +1,40 @@
 // Data loader over token shards (../shared/FORMATS.md): files of uint16 token ids found by a glob.
 //
-// A shard of N tokens is cut into U = (N - 1) / (B*T) units of B*T tokens: unit u starts at token u*B*T
-// and spans B*T+1 tokens (inputs are the first B*T, targets the last B*T). The units of all shards,
-// epoch after epoch, make one stream, the same on every rank and for every process count:
-//   epoch e reads its shards in one order and each shard's U units in one order;
-//   unshuffled, both orders are the identity: shards in glob order, units in order (with one process,
-//   FORMATS's layout);
+// The stream. A shard of N tokens holds S = (N - 1) / T samples of T tokens: sample i starts at token
+// i*T and spans T+1 tokens (inputs are the first T, targets the last T). The samples of all shards,
+// epoch after epoch, make one stream, fixed by the data and the seed alone, whatever B, the process
+// count or the card:
+//   epoch e reads its shards in one order and each shard's S samples in one order;
+//   unshuffled, both orders are the identity: shards in glob order, samples in order;
 //   shuffled, one mt19937 seeded with 42 draws each epoch's shard order when the epoch begins and each
-//   shard's unit order when the stream reaches the shard (rand.h's Fisher-Yates).
-// With P data-parallel processes, global micro-step k reads stream entries k*P .. k*P + P - 1, rank r
-// entry k*P + r. A micro-step's entries may straddle two shards or two epochs: one rank reads the next
-// shard (or epoch) while another still reads the last unit of the previous. So P processes with A
-// accumulation steps read the same B*T-token samples per step as 1 process with P*A steps, at every
-// step of the run, and a checkpoint, which saves the stream position (DataPosition, the same on every
-// rank), resumes with any P (doc/model_parallel.md).
-// Deviations from FORMATS.md, both so that the order does not depend on P: FORMATS gives rank r sample
-// i of a shard at token i*P*B*T + r*B*T, which leaves out the last U mod P units of every shard, and
-// seeds the shuffle with 42 + rank to permute each rank's own samples. Here no unit is left out and one
-// order is dealt to the ranks; with P = 1, or a P that divides every shard's U, unshuffled, the two
-// layouts are the same.
+//   shard's sample order when the stream reaches the shard (rand.h's Fisher-Yates).
+// The batches. With P data-parallel processes and B rows, global micro-step k reads the B*P samples
+// k*B*P .. k*B*P + B*P - 1 of the stream, rank r the B samples from k*B*P + r*B, one per row. A step of
+// A micro-steps therefore reads samples s*N .. s*N + N - 1 of the stream, N = B*A*P = tokens per step /
+// T, however N is split into B, A and P: any layout trains on the same samples at every step as one
+// process does (its rows in another order, which changes only the order of the sums). A row's B
+// samples may come from two shards, or two epochs. The position in the stream (DataPosition, the same
+// on every rank) is what a checkpoint saves, so a run resumes with another B, process count or card and
+// continues the same stream (doc/data_parallel.md).
+// Deviations from FORMATS.md, so that the order depends on the data alone: FORMATS gives rank r the
+// B*T tokens at i*P*B*T + r*B*T of a shard as its i-th batch, which leaves out the S mod (B*P) samples
+// at every shard's end, and seeds the shuffle with 42 + rank. Here no sample is left out; unshuffled,
+// with one process and a B that divides every shard's S, the two layouts are the same token for token.
 //
 // API:
 //   dataloader_init(&loader, pattern, B, T, rank, num_processes, shuffle, vocab_size)
 //   dataloader_next_batch(&loader)        fills loader.inputs / loader.targets (B*T each) and advances
 //   dataloader_reset(&loader)             back to the first batch of epoch 0
 //   loader.position / dataloader_seek()   where the next global micro-step starts; seek replays the shuffles
-//   dataloader_epoch_units(&loader)       B*T-token units in one epoch (all shards, all processes together)
+//   dataloader_epoch_samples(&loader)     T-token samples in one epoch (all shards)
+//   loader.fingerprint                    the data set's lengths and a sample of its bytes, hashed
 // Every shard's header and size are checked at init; its tokens are checked against vocab_size when
 // it is loaded, before any of them can index an embedding.
 #pragma once
 
 #include <glob.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -39,24 +42,25 @@
 
 #include "../rand.h"
 #include "../utils.h"
+#include "checksum.h"
 
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int32_t SHARD_VERSION = 1;
 
-// A place in the stream, the same on every rank: the next global micro-step starts at the unit-th
-// entry of epoch `epoch` (0 <= unit < the epoch's units). Saved in the state file, so a resumed run, with
-// any process count, reads the batches the uninterrupted run would have.
+// A place in the stream, the same on every rank: the next global micro-step starts at sample `sample`
+// of epoch `epoch` (0 <= sample < the epoch's samples). Saved in the state file, so a resumed run, with
+// any B and process count, reads the samples the uninterrupted run would have.
 struct DataPosition {
     int64_t epoch = 0;
-    int64_t unit = 0;
+    int64_t sample = 0;
 };
 
-// This rank's next entry of the stream (position + process_rank): the unit_index-th unit (in the shard's
-// unit order) of the shard_index-th shard (in the epoch's shard order) of epoch `epoch`.
+// Where this rank reads next: the sample_index-th sample (in the shard's sample order) of the
+// shard_index-th shard (in the epoch's shard order) of epoch `epoch`.
 struct StreamCursor {
     int64_t epoch = 0;
     int64_t shard_index = 0;
-    int64_t unit_index = 0;
+    int64_t sample_index = 0;
 };
 
 struct DataLoader {
@@ -67,13 +71,15 @@ struct DataLoader {
     int vocab_size = 0;
     std::vector<std::string> files;
     std::vector<int64_t> file_tokens;  // token count of each file
-    int64_t epoch_units = 0;           // units of all files
+    std::vector<uint32_t> file_prints; // shard_fingerprint of each file
+    int64_t epoch_samples = 0;         // samples of all files
+    uint64_t fingerprint = 0;          // dataloader_fingerprint of the files
     // state
     DataPosition position;
     StreamCursor cursor;
     std::mt19937 rng;                   // draws the orders up to the cursor's shard
     std::vector<int> shard_order;       // permutation of file indices for the cursor's epoch
-    std::vector<int64_t> unit_order;    // permutation of the cursor's shard's B*T-token units
+    std::vector<int64_t> sample_order;  // permutation of the cursor's shard's samples
     int loaded_file = -1;               // file index whose tokens are in `tokens`
     std::vector<uint16_t> tokens;       // the shard read last
     // output of dataloader_next_batch
@@ -108,9 +114,28 @@ inline int64_t shard_open(const std::string& path, FILE** fp_out) {
     return num_tokens;
 }
 
-inline int64_t shard_num_tokens(const std::string& path) {
+// A cheap fingerprint of one shard's contents: the CRC-32 of its token count and of up to 16 blocks of
+// 4 KiB of its tokens, spread evenly over the file (all of a file up to 64 KiB). Two copies of a data set
+// that differ in a length, or in tokens that the blocks cover, differ here; reading it costs 64 KiB a shard.
+inline uint32_t shard_fingerprint(FILE* fp, int64_t num_tokens) {
+    uint32_t crc = crc32_update(0, &num_tokens, sizeof(num_tokens));
+    const int64_t block = 2048, blocks = 16;  // tokens
+    std::vector<uint16_t> buffer(block);
+    for (int64_t i = 0; i < blocks; i++) {
+        int64_t begin = num_tokens <= block * blocks ? i * block : (num_tokens - block) * i / (blocks - 1);
+        if (begin >= num_tokens) break;
+        int64_t count = std::min(block, num_tokens - begin);
+        fseekCheck(fp, HEADER_BYTES + 2 * begin, SEEK_SET);
+        freadCheck(buffer.data(), sizeof(uint16_t), (size_t)count, fp);
+        crc = crc32_update(crc, buffer.data(), sizeof(uint16_t) * (size_t)count);
+    }
+    return crc;
+}
+
+inline int64_t shard_num_tokens(const std::string& path, uint32_t* fingerprint = nullptr) {
     FILE* fp;
     int64_t n = shard_open(path, &fp);
+    if (fingerprint) *fingerprint = shard_fingerprint(fp, n);
     fcloseCheck(fp);
     return n;
 }
@@ -128,14 +153,14 @@ inline void shard_write(const std::string& path, const uint16_t* tokens, int64_t
     atomic_commit(&f);
 }
 
-// Units of B*T tokens in file `file` (each needs one more token for its last target).
-inline int64_t dataloader_units_in_file(const DataLoader* loader, int file) {
-    return (loader->file_tokens[file] - 1) / ((int64_t)loader->B * loader->T);
+// Samples of T tokens in file `file` (each needs one more token for its last target).
+inline int64_t dataloader_samples_in_file(const DataLoader* loader, int file) {
+    return (loader->file_tokens[file] - 1) / loader->T;
 }
 
-// Units in one epoch of the stream: all shards, read by all processes together.
-inline int64_t dataloader_epoch_units(const DataLoader* loader) {
-    return loader->epoch_units;
+// Samples in one epoch of the stream: all shards.
+inline int64_t dataloader_epoch_samples(const DataLoader* loader) {
+    return loader->epoch_samples;
 }
 
 // Reads file `file` into loader->tokens and checks every token id.
@@ -156,15 +181,15 @@ inline void dataloader_load_file(DataLoader* loader, int file) {
     loader->loaded_file = file;
 }
 
-// Draws the unit order of the cursor's shard (consumes the rng when shuffling).
+// Draws the sample order of the cursor's shard (consumes the rng when shuffling).
 inline void dataloader_begin_shard(DataLoader* loader) {
     int file = loader->shard_order[loader->cursor.shard_index];
-    int64_t n = dataloader_units_in_file(loader, file);
-    loader->unit_order.resize(n);
+    int64_t n = dataloader_samples_in_file(loader, file);
+    loader->sample_order.resize(n);
     if (loader->shuffle) {
-        random_permutation<int64_t>(loader->unit_order.data(), n, loader->rng);
+        random_permutation<int64_t>(loader->sample_order.data(), n, loader->rng);
     } else {
-        for (int64_t i = 0; i < n; i++) loader->unit_order[i] = i;
+        for (int64_t i = 0; i < n; i++) loader->sample_order[i] = i;
     }
 }
 
@@ -179,14 +204,14 @@ inline void dataloader_begin_epoch(DataLoader* loader) {
     }
 }
 
-// Moves the cursor n entries down the stream, through as many shards and epochs as that takes. Every
-// shard it reaches draws its unit order, even one it steps over, so the rng is where the stream's
+// Moves the cursor n samples down the stream, through as many shards and epochs as that takes. Every
+// shard it reaches draws its sample order, even one it steps over, so the rng is where the stream's
 // definition has it, on every rank. Only counts are needed, no tokens are read.
 inline void dataloader_advance_cursor(DataLoader* loader, int64_t n) {
     StreamCursor* c = &loader->cursor;
-    c->unit_index += n;
-    while (c->unit_index >= (int64_t)loader->unit_order.size()) {
-        c->unit_index -= (int64_t)loader->unit_order.size();
+    c->sample_index += n;
+    while (c->sample_index >= (int64_t)loader->sample_order.size()) {
+        c->sample_index -= (int64_t)loader->sample_order.size();
         c->shard_index++;
         if (c->shard_index == (int64_t)loader->files.size()) {
             c->shard_index = 0;
@@ -197,7 +222,7 @@ inline void dataloader_advance_cursor(DataLoader* loader, int64_t n) {
     }
 }
 
-// Puts the cursor at entry `index` of the stream, counted from the start of epoch 0 (replays the draws
+// Puts the cursor at sample `index` of the stream, counted from the start of epoch 0 (replays the draws
 // from the seed).
 inline void dataloader_cursor_to(DataLoader* loader, int64_t index) {
     loader->rng.seed(42);  // the same on every rank: the ranks deal out one stream (see the top)
@@ -207,9 +232,14 @@ inline void dataloader_cursor_to(DataLoader* loader, int64_t index) {
     dataloader_advance_cursor(loader, index);
 }
 
+// This rank's first sample of the global micro-step that starts at `position`.
+inline int64_t dataloader_rank_start(const DataLoader* loader, const DataPosition& position) {
+    return position.epoch * loader->epoch_samples + position.sample + (int64_t)loader->process_rank * loader->B;
+}
+
 inline void dataloader_reset(DataLoader* loader) {
     loader->position = DataPosition();
-    dataloader_cursor_to(loader, loader->process_rank);
+    dataloader_cursor_to(loader, dataloader_rank_start(loader, loader->position));
 }
 
 inline void dataloader_init(DataLoader* loader, const std::string& pattern, int B, int T, int process_rank,
@@ -222,76 +252,68 @@ inline void dataloader_init(DataLoader* loader, const std::string& pattern, int 
     loader->vocab_size = vocab_size;
     loader->files = glob_files(pattern);
     loader->file_tokens.clear();
-    loader->epoch_units = 0;
-    int64_t BT = (int64_t)B * T;
+    loader->file_prints.clear();
+    loader->epoch_samples = 0;
+    uint32_t fingerprint = crc32_update(0, &T, sizeof(T));
     for (const std::string& path : loader->files) {
-        int64_t n = shard_num_tokens(path);
-        if (n < BT + 1) {  // a shard that adds nothing to the stream is a mistake, not a silent no-op
-            fatal("data shard '%s' has %ld tokens, fewer than the %ld one sample needs (B=%d x T=%d, plus one)",
-                  path.c_str(), (long)n, (long)(BT + 1), B, T);
+        uint32_t shard_print = 0;
+        int64_t n = shard_num_tokens(path, &shard_print);
+        if (n < T + 1) {  // a shard that adds nothing to the stream is a mistake, not a silent no-op
+            fatal("data shard '%s' has %ld tokens, fewer than the %d one sample needs (T=%d, plus one)", path.c_str(),
+                  (long)n, T + 1, T);
         }
         loader->file_tokens.push_back(n);
-        loader->epoch_units += (n - 1) / BT;
+        loader->file_prints.push_back(shard_print);
+        loader->epoch_samples += (n - 1) / T;
+        fingerprint = crc32_update(fingerprint, &shard_print, sizeof(shard_print));
     }
-    loader->inputs.assign((size_t)BT, 0);
-    loader->targets.assign((size_t)BT, 0);
+    // 64 bits: the shard count and total length beside the CRC, so a fingerprint is never 0
+    loader->fingerprint = ((uint64_t)(loader->files.size() & 0xffff) << 48 |
+                           (uint64_t)(loader->epoch_samples & 0xffff) << 32 | fingerprint) | ((uint64_t)1 << 63);
+    loader->inputs.assign((size_t)B * T, 0);
+    loader->targets.assign((size_t)B * T, 0);
     loader->loaded_file = -1;
     dataloader_reset(loader);
 }
 
-// Reads this rank's entry of the next global micro-step, then moves on by one micro-step: the cursor and
-// the position P entries each.
+// Reads this rank's B samples of the next global micro-step (one per row), then moves on by one
+// micro-step: the cursor past the other ranks' samples, the position B*P samples.
 inline void dataloader_next_batch(DataLoader* loader) {
-    int file = loader->shard_order[loader->cursor.shard_index];
-    dataloader_load_file(loader, file);
-    int64_t unit = loader->unit_order[loader->cursor.unit_index];
-    size_t BT = (size_t)loader->B * loader->T;
-    const uint16_t* span = loader->tokens.data() + unit * (int64_t)BT;  // B*T + 1 tokens, inside the shard (unit < U)
-    for (size_t i = 0; i < BT; i++) {
-        loader->inputs[i] = span[i];
-        loader->targets[i] = span[i + 1];
+    size_t T = (size_t)loader->T;
+    for (int b = 0; b < loader->B; b++) {
+        dataloader_load_file(loader, loader->shard_order[loader->cursor.shard_index]);
+        int64_t sample = loader->sample_order[loader->cursor.sample_index];
+        const uint16_t* span = loader->tokens.data() + sample * (int64_t)T;  // T + 1 tokens, inside the shard
+        for (size_t i = 0; i < T; i++) {
+            loader->inputs[b * T + i] = span[i];
+            loader->targets[b * T + i] = span[i + 1];
+        }
+        dataloader_advance_cursor(loader, 1);
     }
-    dataloader_advance_cursor(loader, loader->num_processes);
-    loader->position.unit += loader->num_processes;
-    while (loader->position.unit >= loader->epoch_units) {
-        loader->position.unit -= loader->epoch_units;
+    int64_t step = (int64_t)loader->B * loader->num_processes;
+    dataloader_advance_cursor(loader, step - loader->B);
+    loader->position.sample += step;
+    while (loader->position.sample >= loader->epoch_samples) {
+        loader->position.sample -= loader->epoch_samples;
         loader->position.epoch++;
     }
 }
 
-// Puts the loader at `target` (for this rank: target's entry plus process_rank), replaying the shuffles
-// from the seed (cheap: only counts are needed, no tokens are read), so the batches that follow are
-// those an uninterrupted run would read, whatever its process count.
+// Puts the loader at `target` (for this rank: target plus process_rank*B samples), replaying the
+// shuffles from the seed (cheap: only counts are needed, no tokens are read), so the batches that follow
+// are those an uninterrupted run would read, whatever its B and process count.
 inline void dataloader_seek(DataLoader* loader, const DataPosition& target) {
-    if (target.epoch < 0 || target.epoch > INT64_MAX / 2 / loader->epoch_units || target.unit < 0 ||
-        target.unit >= loader->epoch_units) {
-        fatal("data position (epoch %ld, unit %ld) is outside this data set, whose epochs have %ld units of B=%d x "
-              "T=%d tokens; the data set changed since the checkpoint", (long)target.epoch, (long)target.unit,
-              (long)loader->epoch_units, loader->B, loader->T);
+    if (target.epoch < 0 || target.epoch > INT64_MAX / 4 / loader->epoch_samples || target.sample < 0 ||
+        target.sample >= loader->epoch_samples) {
+        fatal("data position (epoch %ld, sample %ld) is outside this data set, whose epochs have %ld samples of "
+              "T=%d tokens; the data set changed since the checkpoint", (long)target.epoch, (long)target.sample,
+              (long)loader->epoch_samples, loader->T);
     }
-    dataloader_cursor_to(loader, target.epoch * loader->epoch_units + target.unit + loader->process_rank);
+    dataloader_cursor_to(loader, dataloader_rank_start(loader, target));
     loader->position = target;
 }
 
-// The stream position of the unit_index-th unit (in the shard's unit order) of the shard_index-th shard
-// (in the epoch's shard order) of epoch `epoch`: how an older state file, which counted by shard, names
-// a place in the stream. Leaves the loader where it was.
-inline DataPosition dataloader_position_in_shard(DataLoader* loader, int64_t epoch, int64_t shard_index,
-                                                 int64_t unit_index) {
-    DataPosition here = loader->position;
-    if (epoch < 0 || epoch > INT64_MAX / 2 / loader->epoch_units || shard_index < 0 ||
-        shard_index >= (int64_t)loader->files.size() || unit_index < 0) {
-        fatal("data position (epoch %ld, shard %ld, unit %ld) does not fit the %zu shard(s) of this data set",
-              (long)epoch, (long)shard_index, (long)unit_index, loader->files.size());
-    }
-    dataloader_cursor_to(loader, epoch * loader->epoch_units);  // at the epoch's start: shard_order is its order
-    DataPosition p{epoch, unit_index};
-    for (int64_t i = 0; i < shard_index; i++) p.unit += dataloader_units_in_file(loader, loader->shard_order[i]);
-    int64_t units = dataloader_units_in_file(loader, loader->shard_order[shard_index]);
-    if (unit_index >= units) {
-        fatal("data position (epoch %ld, shard %ld, unit %ld) is past the end of that shard (%ld units); the data set "
-              "changed since the checkpoint", (long)epoch, (long)shard_index, (long)unit_index, (long)units);
-    }
-    dataloader_seek(loader, here);
-    return p;
+// The position `samples` samples from the start of the stream (epoch 0, sample 0).
+inline DataPosition dataloader_position_at(const DataLoader* loader, int64_t samples) {
+    return DataPosition{samples / loader->epoch_samples, samples % loader->epoch_samples};
 }

@@ -131,7 +131,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-n", FlagKind::Int, &a->checkpoint_every, 0, INT_MAX, false, "checkpoint every N steps, and at the end (0: never; needs -o)"},
         {"-y", FlagKind::Int, &a->resume, 0, 1, false, "1: resume from the newest complete checkpoint in -o"},
         {"-a", FlagKind::Int, &a->overfit_single_batch, 0, 1, false, "1: train on the first batch only (overfit)"},
-        {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle training batches; 0: file order"},
+        {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle the training samples (one stream whatever B and the layout); 0: file order"},
         {"-sd", FlagKind::Int, &a->seed, 0, INT_MAX, false, "seed of the random initialization"},
         {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
         {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (divides the processes, the heads and the padded vocabulary)"},

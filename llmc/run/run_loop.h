@@ -140,15 +140,16 @@ inline const TokenizerFile* run_tokenizer(const TrainRun& run) { return run.have
 
 // Everything but the model, before the trainer allocates activations and restores a checkpoint into
 // run->data.train, run->sampler_rng and run->scaler: the data of this data-parallel rank (dp_rank of
-// dp_size), the learning-rate schedule, the sampling settings and tokenizer, the HellaSwag set, the
+// dp_size), the same on every process of `world` (check_same_data), the learning-rate schedule, the sampling settings and tokenizer, the HellaSwag set, the
 // output directory, the loss scaler (dynamic: FP16's loss scaling; otherwise skipping only).
-inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Config& cfg, int world_rank, int dp_rank,
-                           int dp_size, int resume_step, bool dynamic_loss_scale) {
+inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Config& cfg, const ProcessGroup& world,
+                           int dp_rank, int dp_size, int resume_step, bool dynamic_loss_scale) {
     run->args = args;
-    run->world_rank = world_rank;
+    run->world_rank = world.rank;
     run->dp_size = dp_size;
     run->resume_step = resume_step;
     training_data_init(&run->data, args, cfg, dp_rank, dp_size, resume_step);
+    check_same_data(world, run->data);
     run->scheduler = lr_scheduler_from_args(args, run->data.max_steps);
     run->muon_scheduler = run->scheduler;
     run->muon_scheduler.learning_rate = args.muon_learning_rate;

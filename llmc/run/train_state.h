@@ -29,8 +29,9 @@ inline TrainState train_state_header(int step, const DataLoader& loader, uint64_
     state.grad_accum_steps = grad_accum_steps;
     state.step = step;
     state.data_epoch = loader.position.epoch;
-    state.data_unit = loader.position.unit;
-    state.data_epoch_units = dataloader_epoch_units(&loader);
+    state.data_sample = loader.position.sample;
+    state.data_epoch_samples = dataloader_epoch_samples(&loader);
+    state.data_fingerprint = loader.fingerprint;
     state.sampler_rng = sampler_rng;
     state.num_parameters = (int64_t)num_parameters;
     state.shard_offset = (int64_t)opt_begin;
@@ -53,15 +54,17 @@ inline LossScaler loss_scaler_from_args(const TrainArgs& args, bool dynamic) {
 
 inline void train_state_set_scaler(TrainState* state, const LossScaler& s) {
     state->loss_scale = s.scale;
+    state->loss_scale_dynamic = s.dynamic;
     state->clean_steps = s.clean_steps;
     state->consecutive_skipped = s.consecutive;
     state->skipped_total = s.skipped_total;
     state->updates = s.updates;
 }
 
-// A state file without a loss scale (version 1) keeps the run's initial S.
+// S continues from the file only where the file's S was a dynamic scale too: a run that scales resuming
+// the checkpoint of one that did not (bf16, fp32, the CPU trainer: S = 1 there) keeps the S of its flags.
 inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
-    if (state.loss_scale > 0.0f && s->dynamic) s->scale = state.loss_scale;
+    if (state.loss_scale_dynamic && s->dynamic) s->scale = state.loss_scale;
     s->clean_steps = state.clean_steps;
     s->consecutive = state.consecutive_skipped;
     s->skipped_total = state.skipped_total;
@@ -88,50 +91,30 @@ void checkpoint_finish(const std::string& dir, int step, int rank, TrainState* s
     printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
-// The place in the data stream where a resumed run continues, from the checkpoint's state (written
-// by `data_processes` processes). Version 4 stores it as it is, a stream position that any process count
-// continues (llmc/io/dataloader.h); it must belong to this data set, whose epochs must have as many units.
-// Older versions stored "sample k of the s-th shard of the epoch" of each of P processes, from a loader
-// that left out the last U mod P units of every shard and, before version 3, shuffled each rank's own
-// samples. Such a position converts exactly (to unit k*P of that shard: the stream then goes on as the
-// writing run did) where that loader read this one's stream: with P = 1, or with a P that divides
-// every shard's U (shuffled, from version 3 on). Otherwise the checkpoint is refused rather than
-// continued in an order the run never had.
+// The place in the data stream where a resumed run continues, from the checkpoint's state. Version 5
+// stores it as it is, a position in the stream of T-token samples that any B and process count continue
+// (llmc/io/dataloader.h); it must belong to this data set: as many samples an epoch, and the same
+// fingerprint. Older versions stored a place in an order of B*T-token units (version 4) or of each
+// process's samples (3 and older), which this stream does not have: the run continues where this
+// version's run would be after the same number of steps, `samples_per_step` samples a step, with a note.
 inline DataPosition data_position_from_state(const TrainState& state, DataLoader* loader, const std::string& dir,
-                                             int step) {
-    if (state.version >= 4) {
-        if (state.data_epoch_units != dataloader_epoch_units(loader)) {
-            fatal("checkpoint %d in %s: its data position is unit %ld of epoch %ld of a data set of %ld units of B=%d "
-                  "x T=%d tokens; the training data now (-i) holds %ld such units. The data changed since the "
-                  "checkpoint: resume with the data it was written with", step, dir.c_str(), (long)state.data_unit,
-                  (long)state.data_epoch, (long)state.data_epoch_units, loader->B, loader->T,
-                  (long)dataloader_epoch_units(loader));
+                                             int step, int64_t samples_per_step) {
+    if (state.version >= 5) {
+        if (state.data_epoch_samples != dataloader_epoch_samples(loader) ||
+            (state.data_fingerprint != 0 && state.data_fingerprint != loader->fingerprint)) {
+            fatal("checkpoint %d in %s: its data position is sample %ld of epoch %ld of a data set of %ld samples of "
+                  "T=%d tokens (fingerprint %016llx); the training data now (-i) holds %ld such samples (fingerprint "
+                  "%016llx). The data changed since the checkpoint: resume with the data it was written with", step,
+                  dir.c_str(), (long)state.data_sample, (long)state.data_epoch, (long)state.data_epoch_samples,
+                  loader->T, (unsigned long long)state.data_fingerprint, (long)dataloader_epoch_samples(loader),
+                  (unsigned long long)loader->fingerprint);
         }
-        return DataPosition{state.data_epoch, state.data_unit};
+        return DataPosition{state.data_epoch, state.data_sample};
     }
-    int P = state.data_processes;
-    if (P > 1) {
-        if (loader->shuffle && state.version < 3) {
-            fatal("checkpoint %d in %s was written by an older version of this program (state version %d) with %d "
-                  "data-parallel processes, whose shuffle gave each process an order of its own; this version deals "
-                  "one order to all processes, so the run cannot continue in its order. Resume it with the program "
-                  "that wrote it, or start a new run from its model file (-e)", step, dir.c_str(), state.version, P);
-        }
-        for (size_t f = 0; f < loader->files.size(); f++) {
-            int64_t units = dataloader_units_in_file(loader, (int)f);
-            if (units % P != 0) {
-                fatal("checkpoint %d in %s was written by an older version of this program (state version %d), "
-                      "whose %d data-parallel processes left out the last %ld of the %ld units of B*T tokens of "
-                      "shard '%s'; this version reads every unit, so the run cannot continue in its order. Resume "
-                      "it with the program that wrote it, or start a new run from its model file (-e)", step,
-                      dir.c_str(), state.version, P, (long)(units % P), (long)units, loader->files[f].c_str());
-            }
-        }
-    }
-    DataPosition p = dataloader_position_in_shard(loader, state.data_epoch, state.data_shard, state.data_sample * P);
-    printf("resume: the data position of state version %d (epoch %ld, shard %ld, sample %ld of %d process(es)) is "
-           "unit %ld of epoch %ld of the data stream\n", state.version, (long)state.data_epoch, (long)state.data_shard,
-           (long)state.data_sample, P, (long)p.unit, (long)p.epoch);
+    DataPosition p = dataloader_position_at(loader, (int64_t)step * samples_per_step);
+    printf("resume: checkpoint %d was written by an older version of this program (state version %d), whose data "
+           "order this version does not have; the run continues this version's sample stream where it would be "
+           "after step %d: sample %ld of epoch %ld\n", step, state.version, step, (long)p.sample, (long)p.epoch);
     return p;
 }
 
@@ -139,9 +122,9 @@ inline DataPosition data_position_from_state(const TrainState& state, DataLoader
 // process count and layout wrote it. Each state file holds one segment of the checkpoint-order
 // parameter vector, [shard_offset, shard_offset + shard_length): all of it (-z 0) or a ZeRO-1 shard.
 // The segments this process needs are assembled from as many of the checkpoint's files as cover its
-// range (with -z 0 the first file does). Checks that the files belong to this run (same model, B, T
+// range (with -z 0 the first file does). Checks that the files belong to this run (same model, T
 // and tokens per step, complete coverage); then moves the data loader to the saved position (the
-// same for any process count: data_position_from_state) and restores the sampler. The returned
+// same for any B and process count: data_position_from_state) and restores the sampler. The returned
 // state's m, v (and master, when the files have it) are (opt_end - opt_begin) long (m empty for
 // Adafactor); the trainer copies them into place. The files must have been written with the run's
 // optimizer (-opt): another one's moments mean nothing to it. For Adafactor, [opt_begin, opt_end)
@@ -161,13 +144,16 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
               "fresh run in another -o)", step, dir.c_str(), optimizer_name(first.optimizer), optimizer_name(optimizer),
               optimizer_name(first.optimizer));
     }
+    // B and the process count may differ (the stream is one of T-token samples); T and the tokens per
+    // step may not: they define the samples and the step
     long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
     long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
-    if (first.B != loader->B || first.T != loader->T || written_tokens != our_tokens) {
+    if (first.T != loader->T || written_tokens != our_tokens) {
         fatal("state file '%s' was written with B=%d T=%d x %d accumulation steps x %d data-parallel processes = %ld "
-              "tokens per step; this run has B=%d T=%d x %d x %d = %ld (resume with the same -b, -t and -d)",
-              first_path.c_str(), first.B, first.T, first.grad_accum_steps, first.data_processes, written_tokens,
-              loader->B, loader->T, grad_accum_steps, loader->num_processes, our_tokens);
+              "tokens per step; this run has B=%d T=%d x %d x %d = %ld (resume with the same -t and -d; -b, -b auto "
+              "and the process count may change)", first_path.c_str(), first.B, first.T, first.grad_accum_steps,
+              first.data_processes, written_tokens, loader->B, loader->T, grad_accum_steps, loader->num_processes,
+              our_tokens);
     }
     size_t n = opt_end - opt_begin;
     TrainState state = first;  // header fields (step, data position, sampler, loss scale) from process 0
@@ -222,7 +208,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
               "(corrupt or incomplete checkpoint)", step, dir.c_str(), opt_begin, opt_end);
     }
     if (state.step != step) fatal("state file '%s' is for step %ld", first_path.c_str(), (long)state.step);
-    DataPosition position = data_position_from_state(state, loader, dir, step);
+    DataPosition position = data_position_from_state(state, loader, dir, step, our_tokens / loader->T);
     dataloader_seek(loader, position);
     *sampler_rng = state.sampler_rng;
     return state;

@@ -552,7 +552,7 @@ TEST(TrainMemory, DeviceMemoryLineShowsWhatIsInUse) {
 // accumulation making up the rest. The memory is set between what the plans (-P 1) of B=32 and B=64
 // need, so B=64 (one micro-step) no longer fits and B=32 (two) does; the step computes the same 64
 // sequences, so its loss equals the ample run's within the oracle tolerance (a different summation
-// order, not a different step).
+// order, not a different step). And a checkpoint of the one resumes as the other (below).
 TEST(TrainMemory, BatchAutoTakesTheLargestMicroBatchThatFits) {
 #if !defined(CUDA_EMULATION)
     GTEST_SKIP() << "sets the device's memory with EMU_DEVICE_MEMORY: emulator only";
@@ -580,6 +580,24 @@ TEST(TrainMemory, BatchAutoTakesTheLargestMicroBatchThatFits) {
     ASSERT_EQ(a.size(), 1u);
     ASSERT_EQ(t.size(), 1u);
     EXPECT_NEAR(t[0], a[0], step_loss_tolerance(a[0]));
+    // issue 51, items 2 and 4: a run checkpointed with B=64 resumed where only B=32 fits (-b auto on
+    // another card) was refused, and would have read other data (the order was one of B*T-token units).
+    // Now it continues the one stream of T-token samples (llmc/io/dataloader.h), shuffled: its steps 2
+    // and 3 are the uninterrupted B=64 run's within the oracle tolerance.
+    std::string elastic = model + " -i " + dir + "/train.bin -v 0 -s 0 -b auto -d 2048 -x 3 -n 1";
+    TrainerRun whole = run_trainer("gpu_batch_whole", elastic);
+    std::string cut = test::scratch_dir("gpu_batch_cut");
+    ASSERT_EQ(test::run_command("cp -r " + whole.dir + "/. " + cut + " && rm " + cut + "/*_00000002* " + cut +
+                                "/*_00000003*").exit_code, 0);
+    test::CommandResult resumed = test::run_command("EMU_DEVICE_MEMORY=" + std::to_string(memory) + " " + trainer() +
+                                                    " " + elastic + " -y 1 -o " + cut);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("-b auto chose B=32 (2 micro-step(s)"), std::string::npos) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 1"), std::string::npos) << resumed.output;
+    std::vector<double> w = train_losses(whole), c = test::jsonl_values(cut + "/metrics.jsonl", "train_loss");
+    ASSERT_EQ(w.size(), 3u);
+    ASSERT_EQ(c.size(), 3u);
+    for (int k = 1; k < 3; k++) EXPECT_NEAR(c[k], w[k], step_loss_tolerance(w[k])) << "step " << k + 1;
     // without -d there is nothing to keep fixed: refused
     test::CommandResult no_d = test::run_command(trainer() + " " + model + " -b auto");
     EXPECT_NE(no_d.exit_code, 0);

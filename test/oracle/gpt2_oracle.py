@@ -292,9 +292,17 @@ def markov_tokens(n, vocab, seed):
 
 
 def sample(tokens, i, B, T):
-    """Sample i of the shard: B*T+1 tokens from i*B*T; inputs the first B*T, targets the last B*T."""
+    """Batch i of the shard read from its start: B*T+1 tokens from i*B*T; inputs the first B*T, targets the last B*T."""
     chunk = tokens[i * B * T: i * B * T + B * T + 1]
     return chunk[:-1].view(B, T), chunk[1:].view(B, T)
+
+
+def stream_batch(tokens, first, B, T):
+    """B rows from the unshuffled sample stream (llmc/io/dataloader.h: sample j of the shard is the T+1
+    tokens from j*T; after the last whole sample the stream starts over): rows are samples first .. first+B-1."""
+    n = (len(tokens) - 1) // T
+    rows = [tokens[(j % n) * T: (j % n) * T + T + 1] for j in range(first, first + B)]
+    return torch.stack([r[:-1] for r in rows]), torch.stack([r[1:] for r in rows])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -552,7 +560,7 @@ def train_step(params, update, batches, loss_impl, autocast=None):
 
 def train(args, cfg, params, tokens, B, T, out_dir):
     S, K = args.steps, args.accum
-    num_samples = (len(tokens) - 1) // (B * T)
+    num_samples = (len(tokens) - 1) // T  # samples of T tokens; a micro-step reads B of them
     if args.opt == "adamw":
         m_state = [torch.zeros_like(p) for p in params]
         v_state = [torch.zeros_like(p) for p in params]
@@ -566,8 +574,7 @@ def train(args, cfg, params, tokens, B, T, out_dir):
     losses, lrs, norms = [], [], []
     t0 = time.perf_counter()
     for s in range(S):
-        batches = [tuple(z.to(device) for z in sample(tokens, (s * K + m) % num_samples, B, T))
-                   for m in range(K)]
+        batches = [tuple(z.to(device) for z in stream_batch(tokens, (s * K + m) * B, B, T)) for m in range(K)]
         lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
         muon_lr = learning_rate(s, S, args.muon_lr, args.warmup, args.final_frac, args.schedule)
         loss, norm = train_step(params, lambda grads: optimizer_step(grads, s, lr, muon_lr), batches, loss_impl)
