@@ -819,6 +819,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     h.sample = [=](TrainRun* run) { gpt2_sample(model, run); };
     h.step_note = [=] { return *note; };
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
+    if (args.peak_gflops <= 0) h.measure_peak = [] { return cpu_fma_peak_flops(); };  // not for -pk
     run_hooks_sums(&h, &model->layout);
     return h;
 }
@@ -829,6 +830,7 @@ int main(int argc, char** argv) {
     ProcessGroup world = process_group_init(&argc, &argv);
     TrainArgs args;
     parse_args(argc, argv, &args, false);
+    start_up_check(world, "train_gpt2 (fp32 CPU)", args.launch.timeout_s);  // watched from here on; one program
     stdout_for_process(world.rank);
     printf("train_gpt2 (fp32 CPU): %d process(es) x %d OpenMP threads\n", world.size, omp_get_max_threads());
     output_dir_lock_for_run(args, world.rank);

@@ -930,7 +930,7 @@ int main(int argc, char** argv) {
     TrainArgs args;
     parse_args(argc, argv, &args, true);
     // rank, process count, GPU, and the NCCL communicator when there are (or may be) several processes
-    DataParallel dp = dp_init(args.launch, &argc, &argv);
+    DataParallel dp = dp_init(args.launch, &argc, &argv, std::string("train_gpt2cu (") + PRECISION_NAME + ")");
     stdout_for_process(dp.rank);
     double peak_flops = describe_device(dp, args);
     output_dir_lock_for_run(args, dp.rank);

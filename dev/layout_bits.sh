@@ -10,7 +10,8 @@
 #                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
 #
-# The tutorial redesign (issue 47) compares against one fixed base: bdc40c7 for both trainers. With --cuda
+# Changes that must keep the bits compare against one fixed base: 3fbd63f (the one data stream of issue 51,
+# which changed every shuffled run's bits; the tutorial redesign of issue 47 used bdc40c7). With --cuda
 # each layout's bytes per step are also checked against the trainer's own prediction (comm_prediction_off).
 # Needs mpirun (scripts/install_deps.sh) and the PyTorch oracle (test/oracle/gpt2_oracle.py, for the
 # model and data files). Prints one line per layout and exits non-zero if any differ. Both binaries are

@@ -375,6 +375,21 @@ TEST(CheckpointDiskFull, FailedCheckpointCleansUpAfterItself) {
     EXPECT_EQ(checkpoint_find_latest(out), 4);
 }
 
+// Issue 51, item 1.7: a disk that filled while the run logged went unnoticed: the run finished with exit
+// 0, metrics.jsonl cut mid-line and main.log short. Now a failed log write stops the run (as a failed
+// checkpoint does), naming the file and the error; the lines written before are whole (a resume's
+// truncation drops a cut last line). Here any file may hold 4 KiB: metrics.jsonl, ~300 bytes a step,
+// overflows after about a dozen steps of 60.
+TEST(CheckpointDiskFull, ADiskThatFillsWhileLoggingStopsTheRun) {
+    TinyRun run = make_tiny_run("disk_full_log");
+    std::string out = test::scratch_dir("disk_full_log_out");
+    test::CommandResult r = run_trainer_file_limit(run.args() + " -v 0 -n 0 -x 60 -o " + out, 4096);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("Error: could not write the run's log '.*(metrics\\.jsonl|main\\.log)'"
+                                                        ".*File too large"))) << r.output;
+    EXPECT_EQ(r.output.find("step   59/60"), std::string::npos) << "the run must stop";
+}
+
 // A run that dies while writing a checkpoint (here SIGXFSZ, as a crash or a kill) cannot clean up: it
 // leaves the failed step's model file without its DONE marker and the state file's .tmp. The next
 // -y 1 removes those and every other incomplete checkpoint file (here also planted ones of steps 7 and

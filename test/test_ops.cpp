@@ -16,6 +16,7 @@
 #include "../llmc/adamw.h"
 #include "../llmc/attention.h"
 #include "../llmc/run/cpu_peak.h"
+#include "../llmc/run/phase_timer.h"
 #include "../llmc/crossentropy.h"
 #include "../llmc/encoder.h"
 #include "../llmc/expf.h"
@@ -613,4 +614,25 @@ TEST(CpuPeak, MoreThreadsThanCpusAddNothing) {
     EXPECT_GT(one_best, 1e9) << "an FMA loop below 1 GFLOP/s: the measurement is broken";
     EXPECT_LE(over_least, 1.25 * cpus * one_best) << cpus << " CPUs, " << 2 * cpus << " threads";
     EXPECT_GE(over_best, 0.75 * one_least);
+}
+
+// Issue 51, item 1.8: a 2-core VM printed "MFU 114.6%" for a whole run: the start-up measurement met a
+// busy core (103 GFLOP/s) and the model then ran at 118. No step can beat the machine's peak, so a step
+// above the measured one shows that measurement was low: peak_after_step measures again and takes the
+// larger of that and the step's own rate; a step below the peak changes nothing (and measures nothing).
+TEST(CpuPeak, AStepAboveTheMeasuredPeakMeasuresItAgain) {
+    int measured = 0;
+    auto measure = [&](double value) {
+        return std::function<double()>([&, value] {
+            measured++;
+            return value;
+        });
+    };
+    EXPECT_EQ(peak_after_step(103e9, 90e9, measure(200e9)), 103e9);
+    EXPECT_EQ(measured, 0);
+    EXPECT_EQ(peak_after_step(103e9, 118e9, measure(100e9)), 118e9);  // measured low again: the step's rate
+    EXPECT_EQ(peak_after_step(103e9, 118e9, measure(130e9)), 130e9);
+    EXPECT_EQ(measured, 2);
+    EXPECT_EQ(peak_after_step(103e9, 118e9, nullptr), 103e9);  // a peak given with -pk stays what it was
+    EXPECT_LE(step_throughput(118e9, 1000.0, peak_after_step(103e9, 118e9, measure(100e9))).mfu, 1.0);
 }

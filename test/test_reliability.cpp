@@ -220,6 +220,23 @@ TEST(Reliability, ProcessesWithDifferentFlagsAreNamedFieldByField) {
     EXPECT_EQ(r.output.find("step    1/2"), std::string::npos) << "training must not start";
 }
 
+// Item 2: a process that left before the first collective (here one given -P 1, which prints its
+// memory plan and ends) left the others waiting forever: the watchdog watched training only. Now it
+// watches from the first collective on, with the start-up limit -pt: the waiting process ends the run
+// after -pt seconds, naming the wait (the configuration check at start-up) and the process that never
+// arrived; mpirun ends with a non-zero status, well before the test's own 60 s limit.
+TEST(Reliability, AProcessThatLeavesDuringStartUpEndsTheRunAfterPt) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string base = "./train_gpt2 " + tiny_args() + " -x 2 -pt 3";
+    std::string cmd = "cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 60 mpirun --allow-run-as-root --oversubscribe -np 1 " +
+                      base + " : -np 1 " + base + " -P 1";
+    test::CommandResult r = test::run_command(cmd);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "still waiting after 60 s:\n" << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("watchdog: .* at start-up has waited [0-9]+ s \\(-pt 3\\); 1 "
+                                                        "process\\(es\\) had not arrived:\n  process 1: "))) << r.output;
+}
+
 // Item 1.5: node-local data files with the same name but other contents were accepted silently (one
 // epoch counted from process 0's file). Here each process runs in a directory of its own (mpirun's
 // -wdir), with the same flags, so `-i data/train.bin` names a different file on each: one a token

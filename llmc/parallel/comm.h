@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../utils.h"
+#include "watchdog.h"
 
 enum CommType { COMM_FLOAT32, COMM_FLOAT64, COMM_BFLOAT16, COMM_FLOAT16, COMM_UINT64 };
 enum CommOp { COMM_SUM, COMM_MAX };
@@ -463,4 +464,24 @@ inline void check_same_config(const ProcessGroup& g, const std::string& descript
     }
     if (g.rank == 0) comm_abort(g, "the processes were started with different configurations: " + differences);
     comm_abort(g, "process " + std::to_string(g.rank) + ": stopping, the configurations differ (process 0 says how)");
+}
+
+// The start of a run of several processes, the same in both trainers, before any other collective: from
+// here on every wait on the others is watched (llmc/parallel/watchdog.h), for -pt seconds until training
+// begins (the run loop then sets -wt), so a process that leaves or never arrives during start-up ends the
+// run with a message instead of a hang; and the processes check that they run the same program, the
+// trainer and its build (e.g. "train_gpt2 (fp32 CPU)", "train_gpt2cu (bf16)"): one launch that starts
+// two of them would issue different collectives, or train different things. An empty `program` skips
+// that check (a test program).
+inline void start_up_check(const ProcessGroup& world, const std::string& program, double timeout_s) {
+    watchdog_set_limit(timeout_s, "-pt");
+    if (!comm_active(world) || program.empty()) return;
+    std::vector<std::string> programs = config_gather_text(world, program);
+    std::string others;
+    for (int r = 1; r < world.size; r++) {
+        if (programs[r] != programs[0]) others += ", process " + std::to_string(r) + " runs " + programs[r];
+    }
+    if (others.empty()) return;
+    comm_abort(world, "the processes run different programs: process 0 runs " + programs[0] + others +
+                          " (one launch must start one trainer, built one way); stopping");
 }

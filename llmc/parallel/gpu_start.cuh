@@ -115,8 +115,8 @@ inline void dp_wait(const DataParallel& dp, cudaStream_t stream, const char* wha
         cudaCheck(cudaStreamSynchronize(stream));
         return;
     }
-    // once training runs, the watchdog's limit (-wt) and its report (llmc/parallel/watchdog.h): under
-    // MPI its thread asks the other processes what they wait for
+    // the watchdog's limit (-pt during start-up, -wt once training runs) and its report
+    // (llmc/parallel/watchdog.h): under MPI its thread asks the other processes what they wait for
     WatchdogWait watched(what, dp.group_name);
     const double limit = watchdog_limit();
     BootstrapClock::time_point deadline = deadline_after(limit > 0 ? limit : dp.timeout_s);
@@ -133,8 +133,8 @@ inline void dp_wait(const DataParallel& dp, cudaStream_t stream, const char* wha
         if (ms_until(deadline) == 0 && limit > 0) {
             std::string report;
             if (watchdog_expired_report(&report)) {  // without MPI; under MPI it ends the run itself
-                dp_abort(dp, "%s (another process has died or hangs, or is slower than -wt allows: raise -wt if a "
-                         "checkpoint or a sample takes longer)", report.c_str());
+                dp_abort(dp, "%s (another process has died or hangs, or is slower than the limit allows: raise -wt if "
+                         "a checkpoint or a sample takes longer, -pt if start-up does)", report.c_str());
             }
             std::this_thread::sleep_for(std::chrono::seconds(DP_ABORT_GRACE_S));  // the watchdog's thread is ending it
             dp_abort(dp, "the watchdog did not end the run");
@@ -174,7 +174,7 @@ inline void mpi_local_rank(int world_rank, int* local_rank, int* local_size) {
 
 // Rank, process count and GPU; then the NCCL communicator (all methods but Single). Selects the GPU
 // (cudaSetDevice) in every case.
-inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv) {
+inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv, const std::string& program = "") {
     DataParallel dp;
     dp.timeout_s = args.timeout_s;
     std::string error;
@@ -195,6 +195,7 @@ inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv)
         ProcessGroup pg = process_group_init(argc, argv);
         dp.rank = pg.rank;
         dp.size = pg.size;
+        start_up_check(pg, program, args.timeout_s);  // watched from here on; the same program everywhere
         int local_rank, local_size;
         mpi_local_rank(dp.rank, &local_rank, &local_size);
         if (args.num_processes != 1 && args.num_processes != dp.size) {
@@ -215,6 +216,7 @@ inline DataParallel dp_init(const LaunchSettings& args, int* argc, char*** argv)
     fatal_set_process(dp.rank, dp.size);  // each error says which process it comes from
     cudaCheck(cudaSetDevice(dp.device));
     if (dp.method == LaunchMethod::Single) return dp;
+    watchdog_set_limit(args.timeout_s, "-pt");  // (-pi tcp or file: no MPI to compare the programs over)
 
     // the NCCL id: made by rank 0, carried to the others by the chosen method
     ncclUniqueId id;

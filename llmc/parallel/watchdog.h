@@ -59,6 +59,7 @@ struct WatchdogAnswer {
 struct Watchdog {
     std::mutex mutex;
     double limit_s = 0;  // 0: not watching (before watchdog_set_limit)
+    const char* limit_flag = "-wt";  // the flag the limit came from: -pt during start-up, -wt in training
     bool waiting = false;
     std::string what, group;
     const std::vector<int>* members = nullptr;  // the group's processes (world ranks); null: all
@@ -80,12 +81,16 @@ inline Watchdog& watchdog() {
     return *w;
 }
 
-inline void watchdog_set_limit(double seconds) {
+// The limit on any wait from now on, and the flag it came from (for the report): each trainer sets -pt
+// (the start-up limit, as the launch's rendezvous has) right after its processes find each other, so
+// that the first collective is watched too, and the run loop sets -wt when training begins.
+inline void watchdog_set_limit(double seconds, const char* flag = "-wt") {
     std::lock_guard<std::mutex> lock(watchdog().mutex);
     watchdog().limit_s = seconds;
+    watchdog().limit_flag = flag;
 }
 
-// -wt once training runs, 0 before (start-up waits have their own limit, -pt)
+// The limit now (0: not watching)
 inline double watchdog_limit() {
     std::lock_guard<std::mutex> lock(watchdog().mutex);
     return watchdog().limit_s;
@@ -135,10 +140,12 @@ inline WatchdogAnswer watchdog_answer_locked(const Watchdog& w) {
 // processes had not arrived at this wait.
 inline std::string watchdog_report(const WatchdogAnswer& me, const std::vector<int>* members,
                                    const std::vector<WatchdogAnswer>& answers, const std::vector<bool>& answered,
-                                   double limit_s, bool asked) {
-    char line[512];
-    snprintf(line, sizeof(line), "watchdog: %s (group %s, its wait #%llu) at step %lld has waited %.0f s (-wt %g)",
-             me.what, me.group, (unsigned long long)me.serial, (long long)me.step, me.seconds, limit_s);
+                                   double limit_s, const char* limit_flag, bool asked) {
+    char line[512], when[64];
+    if (me.step < 0) snprintf(when, sizeof(when), "at start-up");
+    else snprintf(when, sizeof(when), "at step %lld", (long long)me.step);
+    snprintf(line, sizeof(line), "watchdog: %s (group %s, its wait #%llu) %s has waited %.0f s (%s %g)", me.what,
+             me.group, (unsigned long long)me.serial, when, me.seconds, limit_flag, limit_s);
     std::string text = line;
     if (!asked) return text + "; the other processes cannot be asked (no MPI: started with -pi tcp or file)";
     std::string missing;
@@ -154,10 +161,14 @@ inline std::string watchdog_report(const WatchdogAnswer& me, const std::vector<i
             snprintf(line, sizeof(line), "\n  process %zu: no answer within %.0f s (stopped, dead, or busy outside any "
                      "wait)", r, WATCHDOG_ANSWER_S);
         } else if (!a.waiting) {
-            snprintf(line, sizeof(line), "\n  process %zu: not waiting on the others (at step %lld)", r, (long long)a.step);
+            if (a.step < 0) snprintf(line, sizeof(line), "\n  process %zu: not waiting on the others (starting up)", r);
+            else snprintf(line, sizeof(line), "\n  process %zu: not waiting on the others (at step %lld)", r, (long long)a.step);
         } else {
-            snprintf(line, sizeof(line), "\n  process %zu: waiting in %s (group %s, its wait #%llu) at step %lld for "
-                     "%.0f s", r, a.what, a.group, (unsigned long long)a.serial, (long long)a.step, a.seconds);
+            char at[64];
+            if (a.step < 0) snprintf(at, sizeof(at), "at start-up");
+            else snprintf(at, sizeof(at), "at step %lld", (long long)a.step);
+            snprintf(line, sizeof(line), "\n  process %zu: waiting in %s (group %s, its wait #%llu) %s for %.0f s", r,
+                     a.what, a.group, (unsigned long long)a.serial, at, a.seconds);
         }
         missing += line;
     }
@@ -207,11 +218,13 @@ inline void watchdog_serve(Watchdog& w, std::vector<MPI_Request>* sends, std::ve
     WatchdogAnswer me;
     const std::vector<int>* members;
     double limit;
+    const char* flag;
     {
         std::lock_guard<std::mutex> lock(w.mutex);
         me = watchdog_answer_locked(w);
         members = w.members;
         limit = w.limit_s;
+        flag = w.limit_flag;
     }
     std::vector<WatchdogAnswer> answers(w.size);
     std::vector<bool> answered(w.size, false);
@@ -237,7 +250,7 @@ inline void watchdog_serve(Watchdog& w, std::vector<MPI_Request>* sends, std::ve
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(WATCHDOG_TICK_MS));
     }
-    std::string report = watchdog_report(me, members, answers, answered, limit, true);
+    std::string report = watchdog_report(me, members, answers, answered, limit, flag, true);
     fflush(stdout);
     error_print("%s", report.c_str());
     remove_files_on_error();  // this process's half-written files (llmc/utils.h)
@@ -301,6 +314,6 @@ inline bool watchdog_expired_report(std::string* report) {
         watchdog_fire(w, &sends, &buffers);  // does not return
     }
 #endif
-    *report = watchdog_report(me, nullptr, {}, {}, w.limit_s, false);
+    *report = watchdog_report(me, nullptr, {}, {}, w.limit_s, w.limit_flag, false);
     return true;
 }

@@ -168,7 +168,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-pg", FlagKind::Int, &a->launch.gpus_per_node, 0, 1024, true, "GPUs per node, GPU = rank % pg (0: all visible)"},
         {"-ps", FlagKind::String, &a->launch.server_address, NAN, NAN, true, "HOST:PORT where rank 0 listens (-pi tcp)"},
         {"-pf", FlagKind::String, &a->launch.bootstrap_file, NAN, NAN, true, "shared file for rank 0's NCCL id, new per run (-pi file)"},
-        {"-pt", FlagKind::Float, &a->launch.timeout_s, 1, 86400, true, "seconds to wait for other processes at start-up before aborting"},
+        {"-pt", FlagKind::Float, &a->launch.timeout_s, 1, 86400, false, "seconds a process may wait on the others during start-up (the launch and every collective before training) before the watchdog ends the run"},
         {"-wt", FlagKind::Float, &a->watchdog_s, 1, 604800, false, "seconds a process may wait on the others once training runs before the watchdog ends the run (llmc/parallel/watchdog.h)"},
     };
 }

@@ -14,7 +14,9 @@
 // are dropped first, so the logs read as if the run had never stopped.
 #pragma once
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -25,7 +27,23 @@
 struct Logger {
     FILE* main_log = nullptr;
     FILE* metrics = nullptr;
+    std::string main_path, metrics_path;
 };
+
+// Pushes the lines just written to the files. A write that failed (a full disk, a quota, a file-size
+// limit) stops the run, naming the file, as a failed checkpoint does: a run whose record cannot be kept
+// would go on with nothing saying so (and its next checkpoint would meet the same disk).
+inline void logger_flush(Logger* logger) {
+    FILE* files[2] = {logger->main_log, logger->metrics};
+    const std::string* paths[2] = {&logger->main_path, &logger->metrics_path};
+    for (int i = 0; i < 2; i++) {
+        if (fflush(files[i]) != 0 || ferror(files[i])) {
+            fatal("could not write the run's log '%s': %s (a full disk or quota?). The run stops here; its "
+                  "checkpoints so far are complete, and -y 1 resumes from the newest once there is room",
+                  paths[i]->c_str(), strerror(errno));
+        }
+    }
+}
 
 // Step number of a log line ("s:12 ..." or {"step": 12, ...}), or -1.
 inline long log_line_step(const std::string& line) {
@@ -67,6 +85,8 @@ inline void logger_open(Logger* logger, const std::string& dir, long resume_step
         log_truncate_from_step(metrics_path, resume_step);
     }
     const char* mode = resume_step >= 0 ? "a" : "w";
+    logger->main_path = main_path;
+    logger->metrics_path = metrics_path;
     logger->main_log = fopenCheck(main_path.c_str(), mode);
     logger->metrics = fopenCheck(metrics_path.c_str(), mode);
 }
@@ -96,16 +116,14 @@ inline void logger_log_train(Logger* logger, long step, float loss, float lr, fl
             "\"ms\": %.3f, \"tokens_per_s\": %.1f%s}\n",
             step, json_number(loss).c_str(), lr, json_number(grad_norm).c_str(), skipped ? "true" : "false",
             skipped_steps, fields.c_str(), ms, tokens_per_s, extra.c_str());
-    fflush(logger->main_log);
-    fflush(logger->metrics);
+    logger_flush(logger);
 }
 
 inline void logger_log_val(Logger* logger, long step, float val_loss) {
     if (logger->main_log == nullptr) return;
     fprintf(logger->main_log, "s:%ld tel:%.9g\n", step, val_loss);
     fprintf(logger->metrics, "{\"step\": %ld, \"val_loss\": %.9g}\n", step, val_loss);
-    fflush(logger->main_log);
-    fflush(logger->metrics);
+    logger_flush(logger);
 }
 
 inline void logger_log_hellaswag(Logger* logger, long step, double acc, double acc_norm, double acc_token,
@@ -115,8 +133,7 @@ inline void logger_log_hellaswag(Logger* logger, long step, double acc, double a
     fprintf(logger->metrics,
             "{\"step\": %ld, \"hellaswag_acc\": %.6f, \"hellaswag_acc_norm\": %.6f, \"hellaswag_acc_token\": %.6f, "
             "\"hellaswag_examples\": %ld}\n", step, acc, acc_norm, acc_token, examples);
-    fflush(logger->main_log);
-    fflush(logger->metrics);
+    logger_flush(logger);
 }
 
 inline void logger_close(Logger* logger) {

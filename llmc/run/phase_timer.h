@@ -18,7 +18,9 @@
 #pragma once
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "logger.h"
@@ -75,6 +77,16 @@ inline StepThroughput step_throughput(double flops_per_step, double step_ms, dou
     t.flops_per_s = step_ms > 0.0 ? flops_per_step / (step_ms / 1000.0) : 0.0;
     t.mfu = peak_flops > 0.0 ? t.flops_per_s / peak_flops : 0.0;
     return t;
+}
+
+// The peak a step's MFU is of, after a step that ran at `achieved` FLOP/s. No step can beat the machine's
+// peak, so one above the measured peak shows that measurement was low (a core busy or throttled while it
+// ran, as on a shared VM): `measure` takes it again, and the larger of that and the step's own rate is
+// the peak from then on. A step below the peak, or a peak given by hand (`measure` empty: -pk), leaves
+// it as it was.
+inline double peak_after_step(double peak, double achieved, const std::function<double()>& measure) {
+    if (!measure || !(peak > 0.0) || achieved <= peak) return peak;
+    return std::max(measure(), achieved);
 }
 
 // What the step line appends after tokens/s:

@@ -94,6 +94,9 @@ struct RunHooks {
     std::function<long long()> comm_bytes;
     // A number summed over every process of the run (all of its groups). Collective; unset: one process.
     std::function<double(double value, const char* what)> sum_over_world;
+    // Optional: measures MFU's denominator again, for a step that ran above it (phase_timer.h's
+    // peak_after_step); unset where the peak is not measured (a GPU's table, -pk).
+    std::function<double()> measure_peak;
 };
 
 // The hooks' sums over processes, the same in every trainer: over the model's replicas (the pipeline's
@@ -236,6 +239,14 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     double tokens_per_s = (double)run->data.tokens_per_step / (ms / 1000.0);
     StepThroughput throughput = step_throughput(run->flops_per_step, ms, run->peak_flops);
+    if (throughput.mfu > 1.0 && hooks.measure_peak) {  // the peak was measured low: measure it again
+        double was = run->peak_flops;
+        run->peak_flops = peak_after_step(was, throughput.flops_per_s, hooks.measure_peak);
+        printf("note: step %d ran at %.1f GFLOP/s, above the %.1f GFLOP/s peak measured at start-up (a busy or "
+               "throttled core then); measured again, the peak is %.1f GFLOP/s, and MFU is of that from here on\n",
+               step, throughput.flops_per_s / 1e9, was / 1e9, run->peak_flops / 1e9);
+        throughput = step_throughput(run->flops_per_step, ms, run->peak_flops);
+    }
     std::string note;
     char text[128];
     if (scaler->dynamic) {

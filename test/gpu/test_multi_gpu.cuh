@@ -642,6 +642,27 @@ TEST(MultiGpuMpirun, BatchAutoTakesTheLeastChoiceOfAllProcesses) {
 }
 #endif
 
+// Issue 51, item 2: one mpirun that started the CPU trainer beside this one hung before training (they
+// issued different collectives, and nothing watched start-up). The first collective of both trainers
+// now compares the programs (start_up_check, llmc/parallel/comm.h), under the start-up limit -pt: both
+// stop at once, process 0 naming what each process runs.
+TEST(MultiGpuMpirun, TwoTrainersInOneLaunchAreStoppedNamingEach) {
+    REQUIRE_MPIRUN_GPUS(2);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string cpu_trainer = test::root() + "/train_gpt2";
+    if (!file_exists(cpu_trainer)) GTEST_SKIP() << "needs the CPU trainer (make train_gpt2)";
+    std::string oracle_dir = tiny_oracle();
+    std::string flags = " -e " + oracle_dir + "/model.bin -i " + oracle_dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0 -pt 20";
+    auto start = std::chrono::steady_clock::now();
+    test::CommandResult r = test::run_command(mpirun_command(1) + trainer() + flags + " : -np 1 " + cpu_trainer + flags);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "hung until timeout\n" << r.output;
+    EXPECT_NE(r.output.find(std::string("the processes run different programs: process 0 runs train_gpt2cu (") +
+                            PRECISION_NAME + "), process 1 runs train_gpt2 (fp32 CPU)"), std::string::npos) << r.output;
+    EXPECT_LT(seconds, 20 + 60) << r.output;
+}
+
 #if defined(ENABLE_FP32)
 // The issue's acceptance check: `mpirun -np 3 train_gpt2fp32cu -z 1` on a small model follows the CPU
 // trainer (one process, 3-fold accumulation, the same global batch) to fp32 noise.
