@@ -75,11 +75,14 @@ TEST(Reliability, FreshRunInADirectoryWithCheckpointsIsRefused) {
 // the run finishes its step, writes a checkpoint of the step it stops at and exits with status 75;
 // -y 1 continues from it.
 TEST(Reliability, SigtermAndSigusr1WriteACheckpointAndExit75) {
-    for (const char* signal : {"TERM", "USR1"}) {
-        SCOPED_TRACE(signal);
-        std::string out = test::scratch_dir(std::string("rel_signal_") + signal);
+    // the third case: checkpoints written in the background (-ca 1) at every step, so one is in flight
+    // when the signal comes: it is completed first, then the stop's own
+    for (std::string flags : {"TERM -n 1000", "USR1 -n 1000", "TERM -n 1 -ca 1"}) {
+        std::string signal = flags.substr(0, 4), extra = flags.substr(5);
+        SCOPED_TRACE(flags);
+        std::string out = test::scratch_dir("rel_signal_" + signal + (extra.find("-ca") != std::string::npos ? "_ca" : ""));
         std::string script = "cd '" + test::root() + "' && { OMP_NUM_THREADS=1 ./train_gpt2 " + tiny_args() +
-                             " -x 1000000 -n 1000 -o " + out + " > " + out + ".log 2>&1 & pid=$!; " +
+                             " -x 1000000 " + extra + " -o " + out + " > " + out + ".log 2>&1 & pid=$!; " +
                              "for i in $(seq 600); do grep -q 'step    3/' " + out + ".log && break; sleep 0.1; done; "
                              "kill -" + signal + " $pid; timeout 60 tail --pid=$pid -f /dev/null; wait $pid; echo \"exit $?\"; }";
         test::CommandResult r = test::run_command(script);
@@ -95,6 +98,59 @@ TEST(Reliability, SigtermAndSigusr1WriteACheckpointAndExit75) {
         EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
         EXPECT_NE(resumed.output.find("continuing from step " + std::to_string(stopped)), std::string::npos) << resumed.output;
     }
+}
+
+// Issue 51, item 4: a checkpoint blocked its step while the files were written, checksummed and renamed.
+// With -ca 1 the step only puts the state together in host memory; a thread writes the files while
+// training goes on, and the checkpoint is completed (DONE_S) at a later step boundary once every process
+// has written its files. The files are the synchronous ones byte for byte, for one process and for two
+// (-z 1, each writing its state file), at every step (-n 1: each checkpoint waits for the one before),
+// and the run's metrics are the same.
+TEST(Reliability, AsyncCheckpointsWriteTheSameFiles) {
+    for (int np : {1, 2}) {
+        SCOPED_TRACE(std::to_string(np) + " process(es)");
+        if (np > 1 && !have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+        std::string dirs[2];
+        for (int async : {0, 1}) {
+            dirs[async] = test::scratch_dir("rel_async_np" + std::to_string(np) + "_ca" + std::to_string(async));
+            std::string launch = np == 1 ? "" : "mpirun --allow-run-as-root --oversubscribe -np 2 ";
+            test::CommandResult r = test::run_command("cd '" + test::root() + "' && OMP_NUM_THREADS=1 timeout 120 " + launch +
+                                                      "./train_gpt2 " + tiny_args() + " -x 5 -n 1 -z 1 -ca " +
+                                                      std::to_string(async) + " -o " + dirs[async]);
+            ASSERT_EQ(r.exit_code, 0) << r.output;
+            if (async) EXPECT_NE(r.output.find("checkpoint: wrote step 5 to " + dirs[1] + " (in the background"), std::string::npos) << r.output;
+        }
+        for (int step = 1; step <= 5; step++) {
+            EXPECT_TRUE(file_exists(checkpoint_done_path(dirs[1], step))) << step;
+            std::vector<std::string> files = {checkpoint_model_path(dirs[0], step)};
+            for (int rank = 0; rank < np; rank++) files.push_back(checkpoint_state_path(dirs[0], step, rank));
+            for (const std::string& sync_file : files) {
+                std::string async_file = dirs[1] + sync_file.substr(dirs[0].size());
+                EXPECT_EQ(test::read_text(async_file), test::read_text(sync_file)) << async_file;
+            }
+        }
+        EXPECT_EQ(test::metrics_without_timings(dirs[1] + "/metrics.jsonl"), test::metrics_without_timings(dirs[0] + "/metrics.jsonl"));
+    }
+}
+
+// A process killed while its thread writes a checkpoint (here: a file-size limit whose SIGXFSZ kills it
+// in the middle of checkpoint 3's state file, written in the background) leaves checkpoint 2 as the
+// newest complete one (no DONE_3), and -y 1 continues from it.
+TEST(Reliability, ACrashDuringABackgroundCheckpointLeavesThePreviousOneNewest) {
+    std::string out = test::scratch_dir("rel_async_crash");
+    std::string trainer = "env OMP_NUM_THREADS=1 timeout 120 '" + test::root() + "/train_gpt2' " + tiny_args() + " -n 1 -ca 1 -o " + out;
+    ASSERT_EQ(test::run_command(trainer + " -x 2").exit_code, 0);
+    long model_size = (long)test::read_text(checkpoint_model_path(out, 2)).size();
+    long state_size = (long)test::read_text(checkpoint_state_path(out, 2, 0)).size();
+    ASSERT_LT(model_size + 4096, state_size) << "the limit must fall inside the state file";
+    test::CommandResult killed = test::run_with_file_limit(trainer + " -x 4 -y 1", model_size + 4096, true);
+    EXPECT_NE(killed.exit_code, 0) << killed.output;
+    EXPECT_FALSE(file_exists(checkpoint_done_path(out, 3)));
+    EXPECT_EQ(checkpoint_find_latest(out), 2);
+    test::CommandResult resumed = test::run_command(trainer + " -x 4 -y 1");
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(checkpoint_find_latest(out), 4);
 }
 
 // Issue 51, item 6: SIGTERM while the run starts (here: while a d12 model's random weights are drawn,

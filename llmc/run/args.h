@@ -59,6 +59,7 @@ struct TrainArgs {
     int hellaswag_examples = 0;  // 0: all of the file
     std::string output_dir;
     int checkpoint_every = 0;
+    int checkpoint_async = 0;  // -ca 1: checkpoint files written by a thread while training goes on
     int resume = 0;
     // data parallelism (mpirun -np N)
     int zero_stage = 0;
@@ -129,6 +130,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-s", FlagKind::Int, &a->sample_every, 0, INT_MAX, false, "sample every N steps (0: never)"},
         {"-g", FlagKind::Int, &a->gen_tokens, 1, 1 << 20, false, "tokens to generate per sample"},
         {"-n", FlagKind::Int, &a->checkpoint_every, 0, INT_MAX, false, "checkpoint every N steps, and at the end (0: never; needs -o)"},
+        {"-ca", FlagKind::Int, &a->checkpoint_async, 0, 1, false, "1: write checkpoint files in a background thread while training goes on (llmc/run/checkpoint_writer.h)"},
         {"-y", FlagKind::Int, &a->resume, 0, 1, false, "1: resume from the newest complete checkpoint in -o"},
         {"-a", FlagKind::Int, &a->overfit_single_batch, 0, 1, false, "1: train on the first batch only (overfit)"},
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle the training samples (one stream whatever B and the layout); 0: file order"},

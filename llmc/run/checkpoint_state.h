@@ -26,6 +26,7 @@
 #include "../parallel/model_state.h"
 #include "../parallel/pipeline.h"
 #include "../parallel/zero.h"
+#include "checkpoint_writer.h"
 #include "run_loop.h"
 #include "train_common.h"
 
@@ -65,6 +66,9 @@ CheckpointModel checkpoint_model_of(const Model& model) {
     return c;
 }
 
+// Puts checkpoint `step` together in host memory (collective: the gathers across the layout) and writes
+// it: at once, or with -ca 1 by this process's writer thread while training goes on
+// (checkpoint_writer.h; the run loop completes it).
 inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run, int step) {
     const ParallelLayout& lay = *m.layout;
     const ProcessGroup& world = lay.world;
@@ -73,12 +77,19 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
     auto header = [&](size_t n, size_t begin, size_t end) {
         return train_state_header(step, run.data.train, run.sampler_rng, run.data.grad_accum_steps, world, n, begin, end);
     };
+    CheckpointJob job;
+    job.dir = dir;
+    job.step = step;
+    job.rank = world.rank;
+    job.write_model = writer;
+    job.model_version = m.model_version;
     TrainState state;
     if (lay.tp == 1 && lay.pp == 1) {
         if (writer || m.parameters_collective) {
             std::vector<float> params = m.parameters();
-            if (writer) model_file_write(checkpoint_model_path(dir, step), m.local, params.data(), m.model_version);
+            if (writer) job.params = std::move(params);
         }
+        job.model_config = m.local;
         if (m.optimizer == OPT_ADAFACTOR) {  // the whole state, on every process: process 0 writes it
             state = header(m.num_parameters, 0, writer ? adafactor_state_size(optimizer_tensors(m.local)) : 0);
             if (writer) state.v = m.optimizer_vector(CKPT_V);
@@ -95,7 +106,8 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
             return layout_gather_full(lay, m.whole, local.data(), n, m.staging);
         };
         std::vector<float> params = whole(m.parameters(), 0, n);
-        if (writer) model_file_write(checkpoint_model_path(dir, step), m.whole, params.data(), m.model_version);
+        if (writer) job.params = std::move(params);
+        job.model_config = m.whole;
         if (m.optimizer == OPT_ADAFACTOR) {  // -pp: the stages' factored states, put together
             std::vector<float> v;  // the first data-parallel replica's stages (every replica holds the same)
             if (lay.dp_rank == 0) {
@@ -120,7 +132,17 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
         }
     }
     state.optimizer = m.optimizer;  // AdamW, Muon (its momentum where AdamW's m is), Adafactor
-    checkpoint_finish(dir, step, world.rank, &state, run.scaler, [&](const char* what) { barrier(world, what); });
+    train_state_set_scaler(&state, run.scaler);  // the skip counters and S, as of this step
+    job.state = std::move(state);
+    if (run.args.checkpoint_async) {
+        checkpoint_writer_start(std::move(job));
+        return;
+    }
+    auto all = [&](const char* what) { barrier(world, what); };
+    checkpoint_job_write(job);
+    all("the other processes' checkpoint files");
+    checkpoint_mark_complete(dir, step, world.rank, all);
+    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
 // This process's optimizer state from checkpoint run->resume_step (m, v and master over [opt_begin,

@@ -31,6 +31,7 @@
 #include "hellaswag.h"
 #include "logger.h"
 #include "phase_timer.h"
+#include "checkpoint_writer.h"
 #include "stop_signal.h"
 #include "train_common.h"
 #include "../parallel/layout.h"
@@ -271,8 +272,25 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
                      step_breakdown_json(timer->times, throughput, run->peak_flops));
 }
 
-// Checkpoint `step` (collective): an error exit from here until it is complete removes its files.
+// A checkpoint written in the background (-ca 1, llmc/run/checkpoint_writer.h): complete once every
+// process's files are written, which the processes agree on here (an all-reduce, only while one is in
+// flight). wait: block until this process's are; otherwise a process not yet done leaves it for the
+// next step boundary. Collective.
+inline void run_checkpoint_settle(const RunHooks& hooks, bool wait) {
+    if (!checkpoint_writer_in_flight()) return;
+    if (wait) checkpoint_writer_wait();
+    double pending = checkpoint_writer_done() ? 0.0 : 1.0;
+    if (hooks.sum_over_world) pending = hooks.sum_over_world(pending, "the check for a finished checkpoint");
+    if (pending > 0.0) return;
+    checkpoint_writer_complete([&](const char* what) {
+        if (hooks.sum_over_world) hooks.sum_over_world(0.0, what);  // an all-reduce is a barrier
+    });
+}
+
+// Checkpoint `step` (collective): an error exit from here until it is complete removes its files. One
+// still written in the background is completed first.
 inline void run_save_checkpoint(TrainRun* run, const RunHooks& hooks, int step) {
+    run_checkpoint_settle(hooks, true);
     checkpoint_begin(run->args.output_dir, step, run->world_rank);
     hooks.save_checkpoint(*run, step);
 }
@@ -311,9 +329,11 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     }
     for (int step = start_step; step <= max_steps; step++) {
         watchdog_step = step;
+        run_checkpoint_settle(hooks, false);  // -ca 1: the checkpoint in flight, if every process has written it
         if (int signal = step > start_step ? run_stop_signal(hooks) : 0) {
             // steps start_step .. step - 1 are done: the parameters have had `step` updates
             if (!args.output_dir.empty()) run_save_checkpoint(run, hooks, step);
+            run_checkpoint_settle(hooks, true);
             printf("%s: stopping at step %d, %s; exit status %d\n", stop_signal_name(signal), step,
                    args.output_dir.empty() ? "no checkpoint (no -o)" : "checkpoint written (-y 1 continues from it)",
                    EXIT_STOPPED_BY_SIGNAL);
@@ -341,6 +361,7 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
         if (step == max_steps) break;
         run_train_step(run, hooks, step, &batches);
     }
+    run_checkpoint_settle(hooks, true);
     logger_close(&run->logger);
     return 0;
 }

@@ -71,26 +71,6 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
     s->updates = state.updates;
 }
 
-// The end of every checkpoint: this process's state file (with the loss scaler's counters), then, once
-// every process has written its files, the DONE marker that makes the checkpoint complete. Until then
-// an error removes the checkpoint's files (checkpoint_begin, called by the run loop before the trainer
-// writes the model file). barrier(what) waits for every process of the run.
-template <typename Barrier>
-void checkpoint_finish(const std::string& dir, int step, int rank, TrainState* state, const LossScaler& scaler,
-                       Barrier barrier) {
-    train_state_set_scaler(state, scaler);
-    state_file_write(checkpoint_state_path(dir, step, rank), *state);
-    barrier("the other processes' checkpoint files");
-    {
-        // not while an error exit removes this process's files (the watchdog's thread may be at it)
-        std::lock_guard<std::recursive_mutex> commit(files_commit_mutex());
-        if (rank == 0) checkpoint_mark_done(dir, step);
-        checkpoint_end(dir, step, rank);
-    }
-    barrier("rank 0's checkpoint marker");
-    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
-}
-
 // The place in the data stream where a resumed run continues, from the checkpoint's state. Version 5
 // stores it as it is, a position in the stream of T-token samples that any B and process count continue
 // (llmc/io/dataloader.h); it must belong to this data set: as many samples an epoch, and the same

@@ -916,6 +916,35 @@ TEST(TrainCheckpoints, FullDiskDuringACheckpointLeavesNothingOfIt) {
     EXPECT_EQ(test::dir_names_ending(run.dir, ".tmp"), "");
 }
 
+// -ca 1 (llmc/run/checkpoint_writer.h): this trainer copies its weights, moments and master weights from
+// the device and hands them to a thread that writes the files while training goes on; the files are
+// the synchronous run's byte for byte at every step (-n 1: each checkpoint waits for the one before),
+// and a disk that fills during a background write stops the run naming the file, leaving nothing of
+// that step, as the synchronous checkpoint does (above).
+TEST(TrainCheckpoints, AsyncCheckpointsWriteTheSameFiles) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -n 1 -x 3";
+    TrainerRun sync = run_trainer("gpu_ckpt_sync", flags + " -ca 0"), async = run_trainer("gpu_ckpt_async", flags + " -ca 1");
+    EXPECT_NE(async.result.output.find("(in the background"), std::string::npos) << async.result.output;
+    for (int step = 1; step <= 3; step++) {
+        for (const std::string& f : {checkpoint_model_path(sync.dir, step), checkpoint_state_path(sync.dir, step, 0)}) {
+            std::string other = async.dir + f.substr(sync.dir.size());
+            EXPECT_EQ(test::read_text(other), test::read_text(f)) << other;
+        }
+        EXPECT_TRUE(file_exists(checkpoint_done_path(async.dir, step))) << step;
+    }
+    long model_size = (long)test::read_text(checkpoint_model_path(sync.dir, 3)).size();
+    long state_size = (long)test::read_text(checkpoint_state_path(sync.dir, 3, 0)).size();
+    long limit = (model_size + state_size) / 2 / 1024 * 1024;
+    test::CommandResult full = test::run_with_file_limit(trainer() + " " + flags + " -x 5 -y 1 -ca 1 -o " + async.dir, limit);
+    EXPECT_EQ(full.exit_code, 1) << full.output;
+    EXPECT_TRUE(std::regex_search(full.output, std::regex("Error: could not write '.*state_00000004_00000\\.bin\\.tmp'.*File too large")))
+        << full.output;
+    EXPECT_EQ(checkpoint_find_latest(async.dir), 3);
+    for (const std::string& name : test::dir_names(async.dir)) EXPECT_EQ(name.find("00000004"), std::string::npos) << name;
+}
+
 // A flipped bit in this trainer's bf16 model file or in its state file stops the resume with the file
 // and the bytes named; a negative AdamW second moment with correct checksums is refused too.
 TEST(TrainCheckpoints, CorruptCheckpointIsRefusedOnResume) {
