@@ -52,8 +52,13 @@ inline std::recursive_mutex& files_commit_mutex() {
     return *m;
 }
 
+// Called first on the way out of an error (fatal, the watchdog, a communicator's abort) with what ended
+// the run: the flight recorder's dump (llmc/parallel/flight_recorder.h), once it knows where to write.
+inline void (*error_exit_hook)(const char* reason) = nullptr;
+
 // Called on the way out of an error: removes (and names on stderr) each registered file that exists.
 inline void remove_files_on_error() {
+    if (error_exit_hook) error_exit_hook("an error exit");  // a dump with a better reason came first, if any
     files_commit_mutex().lock();  // never unlocked: the process is ending
     std::vector<std::string> paths;
     paths.swap(files_removed_on_error());  // an error in here cannot come back to the same list
@@ -91,8 +96,14 @@ __attribute__((format(printf, 1, 2))) inline void error_print(const char* fmt, .
     fflush(stdout);
     va_list args;
     va_start(args, fmt);
+    char message[1024];
+    va_list copy;
+    va_copy(copy, args);
+    vsnprintf(message, sizeof(message), fmt, copy);
+    va_end(copy);
     error_vprint(fmt, args);
     va_end(args);
+    if (error_exit_hook) error_exit_hook(message);
     remove_files_on_error();
     exit(EXIT_FAILURE);
 }

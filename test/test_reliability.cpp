@@ -225,12 +225,72 @@ std::string expect_watchdog_ends_run_with_process_1_stopped(const std::string& n
     return out;
 }
 
+// Issue 51, item 5, the flight recorder: the process whose watchdog fired names its last collective by
+// its number in its group and writes flight_<rank>.json into -o (so do the processes the abort then
+// ends with an error; the stopped process writes none); dev/flight_report.py reads the files and names
+// process 1 (no file) and where the others wait.
 TEST(Reliability, WatchdogEndsARunWhoseProcessStopped) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string out = expect_watchdog_ends_run_with_process_1_stopped("rel_watchdog", 3, "-z 1 -n 2", "[02]");
     int last = checkpoint_find_latest(out);
     EXPECT_GE(last, 2);
     for (int rank = 0; rank < 3; rank++) EXPECT_TRUE(file_exists(checkpoint_state_path(out, last, rank))) << rank;
+    std::string log = test::read_text(out + ".log");
+    EXPECT_TRUE(std::regex_search(log, std::regex("flight recorder: this process's last collective is [a-z_]+ #[0-9]+ of "
+                                                  "group [a-z -]+ \\(not returned\\), written to .*flight_[02]\\.json"))) << log;
+    EXPECT_FALSE(file_exists(out + "/flight_1.json")) << "the stopped process cannot write";
+    std::string json = test::read_text(file_exists(out + "/flight_0.json") ? out + "/flight_0.json" : out + "/flight_2.json");
+    EXPECT_TRUE(std::regex_search(json, std::regex("\"reason\": \"watchdog: [a-z]"))) << json;
+    EXPECT_TRUE(std::regex_search(json, std::regex("\"end_s\": null"))) << json;
+    test::CommandResult r = test::run_command(test::python() + " '" + test::root() + "/dev/flight_report.py' " + out +
+                                              " --processes 3");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("process 1: no flight file"), std::string::npos) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("process [02]: last began #[0-9]+ [a-z_]+ .*not returned"))) << r.output;
+}
+
+// The recorder itself: it keeps the newest FLIGHT_ENTRIES collectives, numbered per process and per
+// group, an entry's end only once its call returned; it writes one file per process, once; and
+// dev/flight_report.py names a mismatch (two processes calling different collectives at the same
+// number of a group) and a process that never began the collective the other waits in.
+TEST(Reliability, FlightRecorderKeepsTheNewestAndTheReportFindsWhereProcessesParted) {
+    std::string dir = test::scratch_dir("rel_flight_unit");
+    uint64_t first = flight_last().seq;  // other tests of this binary may have recorded already
+    for (int i = 0; i < 300; i++) flight_end(flight_begin(i % 2 ? "all_reduce_sum" : "broadcast", "unit-a", 10, "f32", false));
+    uint64_t open = flight_begin("barrier", "unit-b", 0, "f32", false);
+    FlightEntry last = flight_last();
+    EXPECT_EQ(last.seq, first + 301);
+    EXPECT_EQ(last.group_seq, 1u);
+    EXPECT_LT(last.end_s, 0.0) << "not returned";
+    flight_set_output(dir, 4);
+    std::string path = flight_dump("a test");
+    flight_end(open);
+    EXPECT_EQ(path, dir + "/flight_4.json");
+    EXPECT_EQ(flight_dump("again"), "") << "one file per process";
+    flight_set_output("", 0);
+    std::string json = test::read_text(path);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(json, m, std::regex("\"seq\": ([0-9]+),"))) << json.substr(0, 300);
+    EXPECT_EQ(std::stoull(m[1]), first + 302 - FLIGHT_ENTRIES) << "the oldest kept";
+    EXPECT_NE(json.find("\"group\": \"unit-b\", \"group_seq\": 1, \"op\": \"barrier\""), std::string::npos);
+    // two processes' files, written by hand: a mismatch at #2 of group g, then process 1 never began #3
+    std::string parted = test::scratch_dir("rel_flight_parted");
+    auto entry = [](int seq, const char* op, const char* end) {
+        return std::string("{\"seq\": ") + std::to_string(seq) + ", \"group\": \"g\", \"group_seq\": " + std::to_string(seq) +
+               ", \"op\": \"" + op + "\", \"count\": 4, \"type\": \"f32\", \"step\": 7, \"begin_s\": 1.0, \"end_s\": " +
+               end + ", \"queued\": false}";
+    };
+    std::ofstream(parted + "/flight_0.json") << "{\"rank\": 0, \"reason\": \"x\", \"now_s\": 2, \"step\": 7, \"entries\": [" +
+                                                     entry(1, "broadcast", "1.5") + ", " + entry(2, "all_reduce_sum", "1.6") +
+                                                     ", " + entry(3, "barrier", "null") + "]}";
+    std::ofstream(parted + "/flight_1.json") << "{\"rank\": 1, \"reason\": \"y\", \"now_s\": 2, \"step\": 7, \"entries\": [" +
+                                                     entry(1, "broadcast", "1.5") + ", " + entry(2, "gather", "1.6") + "]}";
+    test::CommandResult r = test::run_command(test::python() + " '" + test::root() + "/dev/flight_report.py' " + parted +
+                                              " --processes 3");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("diverged at #3: process(es) 1 never began it"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("mismatch at #2: process 0 called all_reduce_sum, process 1 called gather"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("process 2: no flight file"), std::string::npos) << r.output;
 }
 
 // The same in a pipeline (-pp 2): stage 1 is stopped, and stage 0 waits for it in a point-to-point

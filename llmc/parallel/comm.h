@@ -28,10 +28,16 @@
 #include <vector>
 
 #include "../utils.h"
+#include "flight_recorder.h"
 #include "watchdog.h"
 
 enum CommType { COMM_FLOAT32, COMM_FLOAT64, COMM_BFLOAT16, COMM_FLOAT16, COMM_UINT64 };
 enum CommOp { COMM_SUM, COMM_MAX };
+
+inline const char* comm_type_name(CommType t) {
+    static const char* names[] = {"f32", "f64", "bf16", "f16", "u64"};
+    return names[t];
+}
 
 inline size_t comm_type_bytes(CommType t) {
     switch (t) {
@@ -113,6 +119,10 @@ struct ProcessGroup {
 
 inline bool comm_active(const ProcessGroup& g) { return g.size > 1 && g.backend != nullptr; }
 
+// The flight recorder's entry of a collective of g (llmc/parallel/flight_recorder.h), for the scope of
+// the backend's call.
+#define COMM_FLIGHT(g, op, n, type) FlightScope comm_flight_((op), (g).name, (uint64_t)(n), comm_type_name(type), (g).backend->queued)
+
 // Bytes this process has sent plus received in the collectives on parameters and gradients (the few
 // bytes of scalar sums left out), counted as a ring algorithm moves them: in a gather or a
 // reduce-scatter every process sends and receives every block but its own; an all-reduce is a
@@ -137,7 +147,9 @@ template <> constexpr CommType comm_type_of<uint64_t>() { return COMM_UINT64; }
 // uncounted, as do maxima.
 inline void all_reduce(const ProcessGroup& g, void* data, size_t n, CommType type, CommOp op) {
     if (op == COMM_SUM && type != COMM_FLOAT64) comm_count(g, n, n / g.size, 2 * comm_type_bytes(type));
-    if (comm_active(g)) g.backend->all_reduce(g, data, n, type, op);
+    if (!comm_active(g)) return;
+    COMM_FLIGHT(g, op == COMM_SUM ? "all_reduce_sum" : "all_reduce_max", n, type);
+    g.backend->all_reduce(g, data, n, type, op);
 }
 
 // In-place sum across processes of data[n].
@@ -152,14 +164,19 @@ inline void all_reduce_max(const ProcessGroup& g, float* data, size_t n) { all_r
 // The sum across processes of a host value (a loss, a count); waits for it. `what` names it if a
 // process waits too long for the others.
 inline double all_reduce_sum(const ProcessGroup& g, double value, const char* what = "a sum over processes") {
-    return comm_active(g) ? g.backend->sum_host(g, value, what) : value;
+    if (!comm_active(g)) return value;
+    COMM_FLIGHT(g, "sum_host", 1, COMM_FLOAT64);
+    return g.backend->sum_host(g, value, what);
 }
 
 // Every process's host value, in rank order (one 8-byte word each, on any backend; waits for all of
 // them). A group of one gets its own value back.
 inline std::vector<uint64_t> all_gather_host(const ProcessGroup& g, uint64_t value, const char* what) {
     std::vector<uint64_t> all(g.size, value);
-    if (comm_active(g)) g.backend->all_gather_host_u64(g, value, all.data(), what);
+    if (comm_active(g)) {
+        COMM_FLIGHT(g, "all_gather_host", 1, COMM_UINT64);
+        g.backend->all_gather_host_u64(g, value, all.data(), what);
+    }
     return all;
 }
 
@@ -183,7 +200,9 @@ inline uint64_t all_reduce_extreme(const ProcessGroup& g, uint64_t value, bool l
 // data[n] on process root = the sum over processes (the gradients' owner under ZeRO-1).
 inline void reduce_sum(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
     comm_count(g, n, n / g.size, comm_type_bytes(type));
-    if (comm_active(g)) g.backend->reduce(g, data, data, n, type, root);
+    if (!comm_active(g)) return;
+    COMM_FLIGHT(g, "reduce", n, type);
+    g.backend->reduce(g, data, data, n, type, root);
 }
 
 // recv[n] on process root = the sum over processes of their send[n] (recv is ignored elsewhere): a
@@ -191,6 +210,7 @@ inline void reduce_sum(const ProcessGroup& g, void* data, size_t n, CommType typ
 inline void reduce_sum(const ProcessGroup& g, const void* send, void* recv, size_t n, CommType type, int root) {
     comm_count(g, n, n / g.size, comm_type_bytes(type));
     if (comm_active(g)) {
+        COMM_FLIGHT(g, "reduce", n, type);
         g.backend->reduce(g, send, recv, n, type, root);
     } else if (send != recv) {
         fatal("reduce_sum: out of place needs a group of more than one process");
@@ -201,7 +221,9 @@ inline void reduce_sum(const ProcessGroup& g, const void* send, void* recv, size
 // processes of that block (the other blocks are left as they were on the host, unspecified on a device).
 inline void reduce_scatter_sum(const ProcessGroup& g, void* data, size_t count, CommType type) {
     comm_count(g, count * g.size, count, comm_type_bytes(type));
-    if (comm_active(g)) g.backend->reduce_scatter(g, data, count, type);
+    if (!comm_active(g)) return;
+    COMM_FLIGHT(g, "reduce_scatter", count * g.size, type);
+    g.backend->reduce_scatter(g, data, count, type);
 }
 inline void reduce_scatter_sum(const ProcessGroup& g, float* data, size_t count) {
     reduce_scatter_sum(g, data, count, COMM_FLOAT32);
@@ -210,7 +232,9 @@ inline void reduce_scatter_sum(const ProcessGroup& g, float* data, size_t count)
 // data holds size * count elements; gathers every process's block rank*count .. into all of them.
 inline void all_gather(const ProcessGroup& g, void* data, size_t count, CommType type) {
     comm_count(g, count * g.size, count, comm_type_bytes(type));
-    if (comm_active(g)) g.backend->all_gather(g, data, count, type);
+    if (!comm_active(g)) return;
+    COMM_FLIGHT(g, "all_gather", count * g.size, type);
+    g.backend->all_gather(g, data, count, type);
 }
 inline void all_gather(const ProcessGroup& g, float* data, size_t count) { all_gather(g, data, count, COMM_FLOAT32); }
 
@@ -219,13 +243,16 @@ inline void all_gather(const ProcessGroup& g, float* data, size_t count) { all_g
 // and its predecessor sends nothing): 2n(P-1)/P elements per process on average, an all-gather's count.
 inline void broadcast(const ProcessGroup& g, void* data, size_t n, CommType type, int root) {
     comm_count(g, n, n / g.size, comm_type_bytes(type));
-    if (comm_active(g)) g.backend->broadcast(g, data, n, type, root);
+    if (!comm_active(g)) return;
+    COMM_FLIGHT(g, "broadcast", n, type);
+    g.backend->broadcast(g, data, n, type, root);
 }
 inline void broadcast(const ProcessGroup& g, float* data, size_t n, int root) { broadcast(g, data, n, COMM_FLOAT32, root); }
 
 // Every process's mine[n] to process 0, which receives them in rank order in all[size * n].
 inline void gather(const ProcessGroup& g, const float* mine, size_t n, float* all) {
     if (comm_active(g)) {
+        COMM_FLIGHT(g, "gather", n * g.size, COMM_FLOAT32);
         g.backend->gather(g, mine, n, all, COMM_FLOAT32);
     } else {
         std::copy(mine, mine + n, all);
@@ -234,6 +261,7 @@ inline void gather(const ProcessGroup& g, const float* mine, size_t n, float* al
 // the same in the backend's memory and any element type (a group of more than one process)
 inline void gather(const ProcessGroup& g, const void* mine, size_t n, void* all, CommType type) {
     if (!comm_active(g)) fatal("gather: the typed form needs a group of more than one process");
+    COMM_FLIGHT(g, "gather", n * g.size, type);
     g.backend->gather(g, mine, n, all, type);
 }
 
@@ -245,7 +273,9 @@ inline void gather_to_rank0(const ProcessGroup& g, const float* mine, size_t cou
 }
 
 inline void barrier(const ProcessGroup& g, const char* what = "the other processes") {
-    if (comm_active(g)) g.backend->barrier(g, what);
+    if (!comm_active(g)) return;
+    COMM_FLIGHT(g, "barrier", 0, COMM_FLOAT32);
+    g.backend->barrier(g, what);
 }
 
 // ----------------------------------------------------------------------------
@@ -266,6 +296,7 @@ inline void all_gather_v_start(const ProcessGroup& g, float* full, const std::ve
     req->backend = nullptr;
     if (comm_active(g)) {
         req->backend = g.backend;
+        COMM_FLIGHT(g, "all_gather_v_start", total, COMM_FLOAT32);
         g.backend->all_gather_v_start(g, full, counts.data(), displs.data(), COMM_FLOAT32, req);
     }
 }
@@ -282,6 +313,7 @@ inline void all_gather_v(const ProcessGroup& g, void* full, const std::vector<in
     CommRequest req;
     req.pending = true;
     req.backend = g.backend;
+    COMM_FLIGHT(g, "all_gather_v", total, type);
     g.backend->all_gather_v_start(g, full, counts.data(), displs.data(), type, &req);
     if (!g.backend->queued) g.backend->wait(&req);
 }
@@ -299,6 +331,7 @@ inline void reduce_scatter_v_sum(const ProcessGroup& g, const float* full, float
     for (int c : counts) total += (size_t)c;
     comm_count(g, total, (size_t)counts[g.rank], sizeof(float));
     if (comm_active(g)) {
+        COMM_FLIGHT(g, "reduce_scatter_v", total, COMM_FLOAT32);
         g.backend->reduce_scatter_v(g, full, mine, counts.data(), COMM_FLOAT32);
     } else {
         std::copy(full, full + counts[0], mine);
@@ -314,11 +347,13 @@ inline void reduce_scatter_v_sum(const ProcessGroup& g, const float* full, float
 inline void comm_send(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int tag) {
     if (g.backend == nullptr) fatal("send to process %d: this process is alone (pipeline parallelism needs MPI)", peer);
     comm_bytes_moved += (uint64_t)n * comm_type_bytes(type);
+    COMM_FLIGHT(g, "send", n, type);
     g.backend->send(g, data, n, type, peer, tag);
 }
 inline void comm_recv(const ProcessGroup& g, void* data, size_t n, CommType type, int peer, int tag) {
     if (g.backend == nullptr) fatal("receive from process %d: this process is alone (pipeline parallelism needs MPI)", peer);
     comm_bytes_moved += (uint64_t)n * comm_type_bytes(type);
+    COMM_FLIGHT(g, "recv", n, type);
     g.backend->recv(g, data, n, type, peer, tag);
 }
 template <typename T>

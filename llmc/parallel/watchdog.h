@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../utils.h"
+#include "flight_recorder.h"
 
 #ifdef USE_MPI
 #include <mpi.h>
@@ -177,6 +178,21 @@ inline std::string watchdog_report(const WatchdogAnswer& me, const std::vector<i
     return text + line + missing;
 }
 
+// The report's last line: this process's newest collective by the flight recorder's numbers (the same
+// on every process of its group), and where the recorder was written (flight_<rank>.json, read by
+// dev/flight_report.py).
+inline std::string watchdog_flight_note(const std::string& report) {
+    FlightEntry last = flight_last();
+    std::string path = flight_dump(report);
+    if (last.seq == 0) return "";
+    char line[512];
+    snprintf(line, sizeof(line), "\n  flight recorder: this process's last collective is %s #%llu of group %s (%s)%s%s",
+             last.op, (unsigned long long)last.group_seq, last.group,
+             last.end_s < 0 ? "not returned" : last.queued ? "queued" : "returned", path.empty() ? "" : ", written to ",
+             path.c_str());
+    return line;
+}
+
 #ifdef USE_MPI
 constexpr int WATCHDOG_TAG_ASK = 1, WATCHDOG_TAG_ANSWER = 2;
 
@@ -251,6 +267,7 @@ inline void watchdog_serve(Watchdog& w, std::vector<MPI_Request>* sends, std::ve
         std::this_thread::sleep_for(std::chrono::milliseconds(WATCHDOG_TICK_MS));
     }
     std::string report = watchdog_report(me, members, answers, answered, limit, flag, true);
+    report += watchdog_flight_note(report);
     fflush(stdout);
     error_print("%s", report.c_str());
     remove_files_on_error();  // this process's half-written files (llmc/utils.h)
@@ -315,5 +332,6 @@ inline bool watchdog_expired_report(std::string* report) {
     }
 #endif
     *report = watchdog_report(me, nullptr, {}, {}, w.limit_s, w.limit_flag, false);
+    *report += watchdog_flight_note(*report);
     return true;
 }

@@ -1,5 +1,5 @@
-// A run's process output and directory: who prints, the lock on -o, and (-y 1) the checkpoint a run
-// resumes from.
+// A run's process output and directory: who prints, the lock on -o (and the flight recorder's place), and
+// (-y 1) the checkpoint a run resumes from.
 #pragma once
 
 #include <cstdio>
@@ -7,6 +7,7 @@
 
 #include "../io/checkpoint.h"
 #include "../io/output_lock.h"
+#include "../parallel/flight_recorder.h"
 #include "args.h"
 
 // Process 0 speaks for the run, a line at a time (a log redirected to a file keeps every line a kill
@@ -16,12 +17,14 @@ inline void stdout_for_process(int rank) {
     setvbuf(stdout, nullptr, _IOLBF, 0);
 }
 
-// One run per output directory (llmc/io/output_lock.h): process 0 makes -o and locks it until it ends.
+// One run per output directory (llmc/io/output_lock.h): process 0 makes -o and locks it until it ends;
+// every process's flight recorder writes there on an error (llmc/parallel/flight_recorder.h).
 inline void output_dir_lock_for_run(const TrainArgs& args, int rank) {
     if (!args.output_dir.empty() && rank == 0) {
         make_dir_check(args.output_dir);
         output_dir_lock(args.output_dir);
     }
+    flight_set_output(args.output_dir, rank);  // where this process's flight_<rank>.json goes on an error
 }
 
 // -y 1: the newest complete checkpoint in -o, whose model file the run starts from; -1 (from -e) when

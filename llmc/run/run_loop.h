@@ -329,11 +329,13 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     }
     for (int step = start_step; step <= max_steps; step++) {
         watchdog_step = step;
+        flight_set_step(step);
         run_checkpoint_settle(hooks, false);  // -ca 1: the checkpoint in flight, if every process has written it
         if (int signal = step > start_step ? run_stop_signal(hooks) : 0) {
             // steps start_step .. step - 1 are done: the parameters have had `step` updates
             if (!args.output_dir.empty()) run_save_checkpoint(run, hooks, step);
             run_checkpoint_settle(hooks, true);
+            flight_dump(std::string(stop_signal_name(signal)) + " at step " + std::to_string(step));  // the collectives so far
             printf("%s: stopping at step %d, %s; exit status %d\n", stop_signal_name(signal), step,
                    args.output_dir.empty() ? "no checkpoint (no -o)" : "checkpoint written (-y 1 continues from it)",
                    EXIT_STOPPED_BY_SIGNAL);
