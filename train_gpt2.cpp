@@ -601,14 +601,21 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
 
 // The end of a step, after every micro-step's backward: the gradients made complete over the layout
 // (llmc/parallel/grad_completion.h: the tensor-parallel replicas' broadcast, the stages' shared tensors'
-// sums, the data-parallel sum as the ZeRO stage cuts it) and their global norm (the same on every process).
-double gpt2_reduce_gradients(GPT2* model) {
+// sums, the data-parallel sum as the ZeRO stage cuts it); their global norm follows (gpt2_grad_norm).
+void gpt2_complete_gradients(GPT2* model) {
     const ParallelLayout& lay = model->layout;
     float* grads = model->grads_memory.data();
     // -tp and -pp come with -z 0 or 1: the gradient array is whole (grads_base 0)
     complete_model_parallel_gradients(lay, grads, 0, model->num_parameters, model->param_offsets, model->param_sizes,
                                       COMM_FLOAT32);
     reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
+}
+
+// The global norm of the completed gradients: this process's ranges (its shard, its slices), summed
+// over the groups that split them.
+double gpt2_grad_norm(GPT2* model) {
+    const ParallelLayout& lay = model->layout;
+    float* grads = model->grads_memory.data();
     double sum_sq = 0.0;
     for (auto r : gradient_norm_ranges(lay, model->param_offsets, model->param_sizes, model->opt_begin, model->opt_end)) {
         sum_sq += sum_of_squares(grads + (r.first - model->grads_base), r.second - r.first);
@@ -809,7 +816,8 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     h.forward_backward = [=](const StepBatches& b, float dloss, int bad_micro, PhaseTimer* timer) {
         return gpt2_forward_backward(model, pipe, schedule, b, dloss, bad_micro, timer, note);
     };
-    h.reduce_gradients = [=] { return gpt2_reduce_gradients(model); };
+    h.complete_gradients = [=] { gpt2_complete_gradients(model); };
+    h.grad_norm = [=] { return gpt2_grad_norm(model); };
     h.update = [=](bool apply, const OptimizerStep& settings) {
         if (apply) gpt2_apply_update(model, settings);
     };

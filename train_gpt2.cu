@@ -893,7 +893,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
         return gpt2_forward_backward(model, b, dloss, bad_micro, phases, timer);
     };
     // the global gradient norm (with several GPUs the gradients were reduced during the backward)
-    h.reduce_gradients = [=] { return gpt2_grad_norm(model); };
+    h.grad_norm = [=] { return gpt2_grad_norm(model); };  // the gradients were reduced during the backward
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);
         gpt2_sync(model, "the parameter update");

@@ -324,6 +324,26 @@ TEST(ModelGradients, FirstBackwardSetsWhatZeroGradLeftStale) {
     EXPECT_GT(sum_of_squares(added.grads_memory.data(), added.num_parameters), 0.0);
 }
 
+// Issue 51, item 1.8: one process's "comm" was the global norm's time (the sum of squares over every
+// gradient): nothing was communicated. The norm is its own phase now ("gradnorm", ms_gradnorm), and
+// comm times only collectives: a process alone reads 0 there (under 0.05 ms: a sum over a group of
+// one and the clock reads), while its norm over d6's 30M gradients takes milliseconds.
+TEST(StepBreakdown, OneProcessCommunicatesNothing) {
+    std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
+    std::string dir = test::scratch_dir("breakdown_one");
+    test::CommandResult run = test::run_command("OMP_NUM_THREADS=2 " + test::root() + "/train_gpt2 -e d6 -i " + oracle_dir +
+                                                "/train.bin -sh 0 -v 0 -s 0 -b 1 -t 16 -x 3 -o " + dir);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    std::vector<double> comm = test::jsonl_values(dir + "/metrics.jsonl", "ms_comm");
+    std::vector<double> norm = test::jsonl_values(dir + "/metrics.jsonl", "ms_gradnorm");
+    ASSERT_EQ(comm.size(), 3u);
+    ASSERT_EQ(norm.size(), 3u) << "metrics.jsonl has no ms_gradnorm";
+    for (int s = 0; s < 3; s++) {
+        EXPECT_LT(comm[s], 0.05) << "step " << s;
+        EXPECT_GT(norm[s], 0.1) << "step " << s;
+    }
+}
+
 // The step line and metrics.jsonl carry the time of each phase, FLOP/s and MFU. With a given peak
 // (-pk), MFU must be FLOP/s / peak (both are printed with 9 significant digits: 1e-6 relative
 // allows for that rounding); the phases inside the step (all but the checkpoint, written before it)
@@ -352,7 +372,7 @@ TEST(StepBreakdown, PhasesFlopsAndMfu) {
     double flops_per_step = flops_per_token(cfg, 16) * 64;
     for (size_t s = 0; s < ms.size(); s++) {
         double inside = 0;
-        for (const char* phase : {"ms_data", "ms_forward", "ms_backward", "ms_comm", "ms_optimizer"}) {
+        for (const char* phase : {"ms_data", "ms_forward", "ms_backward", "ms_comm", "ms_gradnorm", "ms_optimizer"}) {
             double t = test::jsonl_values(path, phase)[s];
             EXPECT_GE(t, 0.0) << phase;
             inside += t;

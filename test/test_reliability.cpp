@@ -118,7 +118,9 @@ TEST(Reliability, AsyncCheckpointsWriteTheSameFiles) {
                                                       "./train_gpt2 " + tiny_args() + " -x 5 -n 1 -z 1 -ca " +
                                                       std::to_string(async) + " -o " + dirs[async]);
             ASSERT_EQ(r.exit_code, 0) << r.output;
-            if (async) EXPECT_NE(r.output.find("checkpoint: wrote step 5 to " + dirs[1] + " (in the background"), std::string::npos) << r.output;
+            if (async) {
+                EXPECT_NE(r.output.find("checkpoint: wrote step 5 to " + dirs[1] + " (in the background"), std::string::npos) << r.output;
+            }
         }
         for (int step = 1; step <= 5; step++) {
             EXPECT_TRUE(file_exists(checkpoint_done_path(dirs[1], step))) << step;

@@ -25,11 +25,13 @@
 
 #include "logger.h"
 
-enum StepPhase { PHASE_DATA, PHASE_FORWARD, PHASE_BACKWARD, PHASE_COMM, PHASE_OPTIMIZER, PHASE_CHECKPOINT, NUM_PHASES };
+// comm: the collectives that complete a step's gradients (and its loss's sum); gradnorm: the global
+// norm (its sums over processes included), which a process alone computes too
+enum StepPhase { PHASE_DATA, PHASE_FORWARD, PHASE_BACKWARD, PHASE_COMM, PHASE_GRADNORM, PHASE_OPTIMIZER, PHASE_CHECKPOINT, NUM_PHASES };
 
 // Short names, for the step line and the metrics.jsonl keys ("ms_forward", ...).
 inline const char* phase_name(int phase) {
-    static const char* names[NUM_PHASES] = {"data", "forward", "backward", "comm", "optimizer", "checkpoint"};
+    static const char* names[NUM_PHASES] = {"data", "forward", "backward", "comm", "gradnorm", "optimizer", "checkpoint"};
     return names[phase];
 }
 
@@ -90,7 +92,7 @@ inline double peak_after_step(double peak, double achieved, const std::function<
 }
 
 // What the step line appends after tokens/s:
-//   " | MFU 55.1% | 123.4 GFLOP/s | data 0.1 forward 512.3 backward 1001.2 comm 0.4 optimizer 40.2 checkpoint 0.0 ms"
+//   " | MFU 55.1% | 123.4 GFLOP/s | data 0.1 forward 512.3 backward 1001.2 comm 0.4 gradnorm 3.1 optimizer 40.2 checkpoint 0.0 ms"
 // (a pipeline step: "forward+backward 1513.5" in place of the two)
 inline std::string step_breakdown_text(const StepTimes& times, const StepThroughput& t, double peak_flops) {
     char text[512];

@@ -10,7 +10,7 @@
 //       SIGTERM or SIGUSR1 on any process: a checkpoint of this step, and the run ends (stop_signal.h)
 //       zero_grad; read the step's micro-batches  hooks.zero_grad; the train loader
 //       forward and backward of every micro-batch hooks.forward_backward (a pipeline runs its schedule)
-//       combine the gradients: global norm       hooks.reduce_gradients
+//       combine the gradients, global norm       hooks.complete_gradients, hooks.grad_norm
 //       skip a non-finite step, or update        llmc/run/loss_scaler.h; hooks.update
 //       the step line and metrics.jsonl          timings by phase (llmc/run/phase_timer.h), MFU
 //
@@ -68,9 +68,12 @@ struct RunHooks {
     // the micro-batches' mean losses on this process (0 where it computes no loss: a pipeline stage
     // before the last).
     std::function<double(const StepBatches& batches, float dloss, int bad_micro, PhaseTimer* timer)> forward_backward;
-    // Combines the gradients of all processes; returns their global norm as computed (times S), the
-    // same on every process.
-    std::function<double()> reduce_gradients;
+    // Optional: completes the step's gradients over the processes (the collectives that make them
+    // whole); unset where nothing is left to do (the CUDA trainer reduced them during the backward).
+    std::function<void()> complete_gradients;
+    // The gradients' global norm as computed (times S), the same on every process (its sums over the
+    // processes included).
+    std::function<double()> grad_norm;
     // The end of a step's optimizer phase: with apply, the optimizer's update with these settings (and
     // whatever must follow it, e.g. gathering ZeRO shards); without, the step is skipped.
     std::function<void(bool apply, const OptimizerStep& settings)> update;
@@ -224,7 +227,10 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     double loss_sum = hooks.forward_backward(*batches, dloss, bad_micro, timer);
     phase_begin(timer, PHASE_COMM);
     float loss = (float)(hooks.sum_over_replicas(loss_sum, "the step's loss") / ((double)m * run->dp_size));
-    double scaled_norm = hooks.reduce_gradients();  // global: every process decides the same
+    if (hooks.complete_gradients) hooks.complete_gradients();
+    phase_end(timer);
+    phase_begin(timer, PHASE_GRADNORM);
+    double scaled_norm = hooks.grad_norm();  // global: every process decides the same
     phase_end(timer);
     OptimizerStep update;
     float lr = update.lr = lr_at_step(run->scheduler, step);

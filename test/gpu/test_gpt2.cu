@@ -225,7 +225,7 @@ TEST(TrainOracle, Tiny10StepsCosineWithAccumulation) {
     ASSERT_EQ(ms.size(), loss.size());
     for (size_t s = 0; s < ms.size(); s++) {
         double inside = 0;
-        for (const char* phase : {"ms_data", "ms_forward", "ms_backward", "ms_comm", "ms_optimizer"}) {
+        for (const char* phase : {"ms_data", "ms_forward", "ms_backward", "ms_comm", "ms_gradnorm", "ms_optimizer"}) {
             std::vector<double> t = test::jsonl_values(metrics, phase);
             ASSERT_EQ(t.size(), ms.size()) << phase;
             EXPECT_GE(t[s], 0.0) << phase;
