@@ -563,6 +563,10 @@ TEST(FilesState, ExtraSectionsRoundTripAndAnUnknownRequiredOneIsRefused) {
     EXPECT_EXIT(read_state(dir + "/dynamic.bin"), testing::ExitedWithCode(1), "has an inconsistent header");
     copy_with_header(dir + "/sections.bin", dir + "/count.bin", 40, 6);
     EXPECT_EXIT(read_state(dir + "/count.bin"), testing::ExitedWithCode(1), "has an inconsistent header");
+    // a section claiming 256 GiB (its header's checksum right, as a buggy writer would make it): refused by
+    // the file's size before anything is allocated for it
+    copy_with_header(dir + "/sections.bin", dir + "/huge.bin", 44, 64);
+    EXPECT_EXIT(read_state(dir + "/huge.bin"), testing::ExitedWithCode(1), "'.*huge\\.bin' is [0-9]+ bytes but its header implies");
     copy_with_header(dir + "/sections.bin", dir + "/encoding.bin", 36, 1);
     EXPECT_EXIT(read_state(dir + "/encoding.bin"), testing::ExitedWithCode(1),
                 "'.*encoding\\.bin' stores its moments in encoding 1, which this program does not read");

@@ -260,7 +260,7 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         fatal("%s '%s' has an inconsistent loss scale or step counts (corrupt?)", what, path.c_str());
     }
     s->sections.assign(sections, StateSection());
-    int64_t section_bytes = 0;
+    int64_t section_bytes = 0, sections_length[STATE_MAX_SECTIONS] = {};
     for (int i = 0; i < sections; i++) {
         StateSection& section = s->sections[i];
         section.kind = header[41 + 4 * i];
@@ -275,13 +275,14 @@ inline void state_file_read(const std::string& path, TrainState* s) {
             fatal("%s '%s' holds state of kind %d, which this program does not know and the file says it must "
                   "(written by a newer version: resume with it)", what, path.c_str(), section.kind);
         }
-        section.bytes.resize((size_t)length);
         section_bytes += length;
+        sections_length[i] = length;
     }
     bool has_m = state_has_first_moment(s->optimizer);
     long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * ((has_m ? 2 : 1) + has_master) +
                     (long)section_bytes;
-    expect_file_size(fp, path.c_str(), what, expected);
+    expect_file_size(fp, path.c_str(), what, expected);  // before anything is allocated for the payload
+    for (int i = 0; i < sections; i++) s->sections[i].bytes.resize((size_t)sections_length[i]);
     BlockChecksums sums = checksums_from_header(header, path, what, expected - HEADER_BYTES, version >= 3);
     size_t bytes = sizeof(float) * (size_t)s->shard_length;
     s->m.resize(has_m ? s->shard_length : 0);
