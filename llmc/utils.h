@@ -94,15 +94,12 @@ __attribute__((format(printf, 1, 2))) inline void error_print(const char* fmt, .
 // Prints the error (error_vprint), removes the incomplete files (above) and exits with status 1.
 [[noreturn]] __attribute__((format(printf, 1, 2))) inline void fatal(const char* fmt, ...) {
     fflush(stdout);
+    char message[4000];
     va_list args;
     va_start(args, fmt);
-    char message[1024];
-    va_list copy;
-    va_copy(copy, args);
-    vsnprintf(message, sizeof(message), fmt, copy);
-    va_end(copy);
-    error_vprint(fmt, args);
+    vsnprintf(message, sizeof(message), fmt, args);
     va_end(args);
+    error_print("%s", message);
     if (error_exit_hook) error_exit_hook(message);
     remove_files_on_error();
     exit(EXIT_FAILURE);

@@ -137,16 +137,19 @@ inline WatchdogAnswer watchdog_answer_locked(const Watchdog& w) {
     return a;
 }
 
+// Where a process is, for the report: "at start-up" before the first step, else "at step N".
+inline std::string watchdog_when(int64_t step) {
+    return step < 0 ? std::string("at start-up") : "at step " + std::to_string((long long)step);
+}
+
 // The report, given the other processes' answers (answered[r] false: none came): which of the group's
 // processes had not arrived at this wait.
 inline std::string watchdog_report(const WatchdogAnswer& me, const std::vector<int>* members,
                                    const std::vector<WatchdogAnswer>& answers, const std::vector<bool>& answered,
                                    double limit_s, const char* limit_flag, bool asked) {
-    char line[512], when[64];
-    if (me.step < 0) snprintf(when, sizeof(when), "at start-up");
-    else snprintf(when, sizeof(when), "at step %lld", (long long)me.step);
+    char line[512];
     snprintf(line, sizeof(line), "watchdog: %s (group %s, its wait #%llu) %s has waited %.0f s (%s %g)", me.what,
-             me.group, (unsigned long long)me.serial, when, me.seconds, limit_flag, limit_s);
+             me.group, (unsigned long long)me.serial, watchdog_when(me.step).c_str(), me.seconds, limit_flag, limit_s);
     std::string text = line;
     if (!asked) return text + "; the other processes cannot be asked (no MPI: started with -pi tcp or file)";
     std::string missing;
@@ -162,14 +165,11 @@ inline std::string watchdog_report(const WatchdogAnswer& me, const std::vector<i
             snprintf(line, sizeof(line), "\n  process %zu: no answer within %.0f s (stopped, dead, or busy outside any "
                      "wait)", r, WATCHDOG_ANSWER_S);
         } else if (!a.waiting) {
-            if (a.step < 0) snprintf(line, sizeof(line), "\n  process %zu: not waiting on the others (starting up)", r);
-            else snprintf(line, sizeof(line), "\n  process %zu: not waiting on the others (at step %lld)", r, (long long)a.step);
+            snprintf(line, sizeof(line), "\n  process %zu: not waiting on the others (%s)", r,
+                     a.step < 0 ? "starting up" : watchdog_when(a.step).c_str());
         } else {
-            char at[64];
-            if (a.step < 0) snprintf(at, sizeof(at), "at start-up");
-            else snprintf(at, sizeof(at), "at step %lld", (long long)a.step);
             snprintf(line, sizeof(line), "\n  process %zu: waiting in %s (group %s, its wait #%llu) %s for %.0f s", r,
-                     a.what, a.group, (unsigned long long)a.serial, at, a.seconds);
+                     a.what, a.group, (unsigned long long)a.serial, watchdog_when(a.step).c_str(), a.seconds);
         }
         missing += line;
     }

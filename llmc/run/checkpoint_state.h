@@ -142,7 +142,6 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
     checkpoint_job_write(job);
     all("the other processes' checkpoint files");
     checkpoint_mark_complete(dir, step, world.rank, all);
-    printf("checkpoint: wrote step %d to %s\n", step, dir.c_str());
 }
 
 // This process's optimizer state from checkpoint run->resume_step (m, v and master over [opt_begin,

@@ -14,7 +14,7 @@
 //   checkpoint_writer_start(job)          hands a checkpoint's files to the thread (none may be in flight)
 //   checkpoint_writer_in_flight()         a checkpoint was handed over and not yet completed
 //   checkpoint_writer_done()              this process's files of it are written
-//   checkpoint_writer_complete(barrier)   once every process's files are written: DONE_S, the message
+//   checkpoint_writer_complete(barrier)   once the processes agree that all files are written: DONE_S, the message
 #pragma once
 
 #include <atomic>
@@ -89,11 +89,12 @@ inline void checkpoint_writer_wait() {
     if (w.thread.joinable()) w.thread.join();
 }
 
-// The end of every checkpoint, once every process's files are written (synchronously, or by the
-// threads): process 0 writes the DONE marker that makes the checkpoint complete, then every process
-// keeps its files whatever happens next. barrier(what) waits for every process of the run.
+// The end of every checkpoint, once the processes know that every process's files are written (a
+// barrier after the synchronous writes; the run loop's sum over the writer threads' "done"): process 0
+// writes the DONE marker that makes the checkpoint complete, every process keeps its files whatever
+// happens next, and the run says so (`how`: "" or a note). barrier(what) waits for every process.
 template <typename Barrier>
-void checkpoint_mark_complete(const std::string& dir, int step, int rank, Barrier barrier) {
+void checkpoint_mark_complete(const std::string& dir, int step, int rank, Barrier barrier, const std::string& how = "") {
     {
         // not while an error exit removes this process's files (the watchdog's thread may be at it)
         std::lock_guard<std::recursive_mutex> commit(files_commit_mutex());
@@ -101,17 +102,18 @@ void checkpoint_mark_complete(const std::string& dir, int step, int rank, Barrie
         checkpoint_end(dir, step, rank);
     }
     barrier("rank 0's checkpoint marker");
+    printf("checkpoint: wrote step %d to %s%s\n", step, dir.c_str(), how.c_str());
 }
 
-// The in-flight checkpoint, once every process's files are written (the caller has checked that, or
-// waits for it with barrier): DONE_S, and the message.
+// The in-flight checkpoint, once every process's thread has written its files (the caller has agreed
+// on that with the others): the thread reaped, DONE_S, the message.
 template <typename Barrier>
 void checkpoint_writer_complete(Barrier barrier) {
     CheckpointWriter& w = checkpoint_writer();
     if (!w.in_flight) return;
-    checkpoint_writer_wait();
-    barrier("the other processes' checkpoint files");
-    checkpoint_mark_complete(w.dir, w.step, w.rank, barrier);
+    checkpoint_writer_wait();  // done already: this only reaps the thread
+    char how[64];
+    snprintf(how, sizeof(how), " (in the background: %.2f s)", w.write_seconds);
+    checkpoint_mark_complete(w.dir, w.step, w.rank, barrier, how);
     w.in_flight = false;
-    printf("checkpoint: wrote step %d to %s (in the background: %.2f s)\n", w.step, w.dir.c_str(), w.write_seconds);
 }
