@@ -8,7 +8,8 @@ prints, for each group, the newest collective each process began (its number in 
 operation, whether its call returned) and where they part: the process(es) that never began the
 collective another waits in, or processes whose collective of the same number is another operation
 (they called different collectives). With --processes N, the ranks without a file are named too (a
-process that was killed, or stopped, writes none). Exit status 0; 2 when no file is found.
+process that was killed, or stopped, writes none). Exit status 0; 2 when no file is found; 1, naming
+the file, when one is not a flight recorder's (cut short, another file of that name).
 """
 import argparse
 import glob
@@ -24,8 +25,13 @@ def load(out_dir):
         m = re.search(r"flight_(\d+)\.json$", path)
         if not m:
             continue
-        with open(path) as f:
-            runs[int(m.group(1))] = json.load(f)
+        try:
+            with open(path) as f:
+                run = json.load(f)
+            run["reason"], run["entries"]  # the fields the report reads
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"flight_report: {path} is not a flight recorder file ({type(e).__name__}: {e})")
+        runs[int(m.group(1))] = run
     return runs
 
 

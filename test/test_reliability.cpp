@@ -293,6 +293,11 @@ TEST(Reliability, FlightRecorderKeepsTheNewestAndTheReportFindsWhereProcessesPar
     EXPECT_NE(r.output.find("diverged at #3: process(es) 1 never began it"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("mismatch at #2: process 0 called all_reduce_sum, process 1 called gather"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("process 2: no flight file"), std::string::npos) << r.output;
+    // a file cut short is named, not a traceback
+    std::ofstream(parted + "/flight_1.json", std::ios::trunc) << "{\"rank\": 1, \"reason\": \"y\", \"entr";
+    r = test::run_command(test::python() + " '" + test::root() + "/dev/flight_report.py' " + parted);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("flight_report: .*flight_1\\.json is not a flight recorder file"))) << r.output;
 }
 
 // The same in a pipeline (-pp 2): stage 1 is stopped, and stage 0 waits for it in a point-to-point
