@@ -60,6 +60,7 @@ struct TrainArgs {
     std::string output_dir;
     int checkpoint_every = 0;
     int checkpoint_async = 0;  // -ca 1: checkpoint files written by a thread while training goes on
+    std::string checkpoint_format = "ours";  // -cf llmc: state files in llm.c's format (llmc/io/llmc_state.h)
     int resume = 0;
     // data parallelism (mpirun -np N)
     int zero_stage = 0;
@@ -131,6 +132,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-g", FlagKind::Int, &a->gen_tokens, 1, 1 << 20, false, "tokens to generate per sample"},
         {"-n", FlagKind::Int, &a->checkpoint_every, 0, INT_MAX, false, "checkpoint every N steps, and at the end (0: never; needs -o)"},
         {"-ca", FlagKind::Int, &a->checkpoint_async, 0, 1, false, "1: write checkpoint files in a background thread while training goes on (llmc/run/checkpoint_writer.h)"},
+        {"-cf", FlagKind::String, &a->checkpoint_format, NAN, NAN, false, "state files of checkpoints: ours|llmc (llm.c's, which its -y 1 continues; AdamW, no -tp/-pp)"},
         {"-y", FlagKind::Int, &a->resume, 0, 1, false, "1: resume from the newest complete checkpoint in -o"},
         {"-a", FlagKind::Int, &a->overfit_single_batch, 0, 1, false, "1: train on the first batch only (overfit)"},
         {"-sh", FlagKind::Int, &a->shuffle, 0, 1, false, "1: shuffle the training samples (one stream whatever B and the layout); 0: file order"},
@@ -321,6 +323,14 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     }
     if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
         fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
+    }
+    if (args->checkpoint_format != "ours" && args->checkpoint_format != "llmc") {
+        fatal("flag -cf: unknown checkpoint format '%s' (ours or llmc)", args->checkpoint_format.c_str());
+    }
+    if (args->checkpoint_format == "llmc" && (optimizer != OPT_ADAMW || args->tensor_parallel > 1 ||
+                                              args->pipeline_parallel > 1)) {
+        fatal("flag -cf llmc: llm.c's trainer runs AdamW with data parallelism only; this run has -opt %s -tp %d -pp %d "
+              "(use -cf ours)", args->optimizer.c_str(), args->tensor_parallel, args->pipeline_parallel);
     }
     check_layout_flags(*args, cuda);
     if (args->total_batch_tokens == 0) fatal("flag -d: total batch must be -1 or positive");

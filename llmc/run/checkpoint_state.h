@@ -9,6 +9,8 @@
 //   -tp or -pp     the slices, then the stages, are put together (llmc/parallel/model_state.h): world
 //                  rank 0 writes the whole model and the whole optimizer state (one segment [0, N)), the
 //                  others state files with empty segments, so that any layout of either trainer resumes it
+//   -cf llmc       as with no tp, no pp, but each state file is llm.c's (llmc/io/llmc_state.h), master
+//                  weights always included (the fp32 parameters where the run keeps none)
 //
 // Resuming reads what this process needs from whichever layout wrote the checkpoint (train_state_restore)
 // and cuts this process's part out of the whole model's vectors (layout_local_part).
@@ -84,9 +86,12 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
     job.write_model = writer;
     job.model_version = m.model_version;
     TrainState state;
+    const bool llmc = run.args.checkpoint_format == "llmc";  // AdamW, no -tp or -pp (args.h)
+    std::vector<float> master;  // -cf llmc without master weights: the fp32 parameters of the optimizer's range
     if (lay.tp == 1 && lay.pp == 1) {
-        if (writer || m.parameters_collective) {
+        if (writer || m.parameters_collective || (llmc && !m.has_master)) {
             std::vector<float> params = m.parameters();
+            if (llmc && !m.has_master) master.assign(params.begin() + m.opt_begin, params.begin() + m.opt_end);
             if (writer) job.params = std::move(params);
         }
         job.model_config = m.local;
@@ -97,7 +102,7 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
             state = header(m.num_parameters, m.opt_begin, m.opt_end);
             state.m = m.optimizer_vector(CKPT_M);
             state.v = m.optimizer_vector(CKPT_V);
-            if (m.has_master) state.master = m.optimizer_vector(CKPT_MASTER);
+            state.master = m.has_master ? m.optimizer_vector(CKPT_MASTER) : std::move(master);
         }
     } else {  // the whole model and optimizer state, put together on world rank 0
         size_t N = num_parameters(m.whole), n = m.num_parameters;
@@ -133,7 +138,12 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
     }
     state.optimizer = m.optimizer;  // AdamW, Muon (its momentum where AdamW's m is), Adafactor
     train_state_set_scaler(&state, run.scaler);  // the skip counters and S, as of this step
-    job.state = std::move(state);
+    if (llmc) {
+        job.llmc = true;
+        job.llmc_state = llmc_state_of(std::move(state), run.data.train, run.data.grad_accum_steps);
+    } else {
+        job.state = std::move(state);
+    }
     if (run.args.checkpoint_async) {
         checkpoint_writer_start(std::move(job));
         return;

@@ -28,6 +28,7 @@
 
 #include "../gpt2_config.h"
 #include "../io/checkpoint.h"
+#include "../io/llmc_state.h"
 
 // The files of one process's part of checkpoint `step`, in host memory.
 struct CheckpointJob {
@@ -38,6 +39,8 @@ struct CheckpointJob {
     std::vector<float> params;
     int model_version = 0;
     TrainState state;  // this process's state file, with the loss scaler's fields set
+    bool llmc = false;  // -cf llmc: the state file is llm.c's instead (llmc/io/llmc_state.h)
+    LlmcState llmc_state;
 };
 
 struct CheckpointWriter {
@@ -59,7 +62,11 @@ inline void checkpoint_job_write(const CheckpointJob& job) {
     if (job.write_model) {
         model_file_write(checkpoint_model_path(job.dir, job.step), job.model_config, job.params.data(), job.model_version);
     }
-    state_file_write(checkpoint_state_path(job.dir, job.step, job.rank), job.state);
+    if (job.llmc) {
+        llmc_state_write(checkpoint_state_path(job.dir, job.step, job.rank), job.llmc_state);
+    } else {
+        state_file_write(checkpoint_state_path(job.dir, job.step, job.rank), job.state);
+    }
 }
 
 inline bool checkpoint_writer_in_flight() { return checkpoint_writer().in_flight; }

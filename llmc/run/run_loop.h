@@ -151,6 +151,14 @@ inline const TokenizerFile* run_tokenizer(const TrainRun& run) { return run.have
 // output directory, the loss scaler (dynamic: FP16's loss scaling; otherwise skipping only).
 inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Config& cfg, const ProcessGroup& world,
                            int dp_rank, int dp_size, int resume_step, bool dynamic_loss_scale) {
+    if (args.checkpoint_format == "llmc") {  // what llm.c's state file cannot hold (llmc/io/llmc_state.h)
+        size_t N = num_parameters(cfg);
+        if (dynamic_loss_scale) fatal("flag -cf llmc: llm.c's state file has no loss scale for this FP16 build; use -cf ours");
+        if (args.zero_stage > 0 && dp_size > 1 && N % dp_size != 0) {
+            fatal("flag -cf llmc with -z %d: llm.c shards the optimizer state in equal parts, and %zu parameters do not "
+                  "divide among %d processes (use -z 0 or -cf ours)", args.zero_stage, N, dp_size);
+        }
+    }
     run->args = args;
     run->world_rank = world.rank;
     run->dp_size = dp_size;

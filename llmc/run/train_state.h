@@ -12,6 +12,7 @@
 
 #include "../io/checkpoint.h"
 #include "../io/dataloader.h"
+#include "../io/llmc_state.h"
 #include "../parallel/comm.h"
 #include "args.h"
 #include "loss_scaler.h"
@@ -71,6 +72,34 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
     s->updates = state.updates;
 }
 
+// llm.c's state file as one of ours: what it holds (the step, every step an update, AdamW's m and v, the
+// master weights, its loader's place); what it does not record (B, T, the accumulation, the sampler, a loss
+// scale) is this run's.
+inline TrainState train_state_from_llmc(LlmcState l, const DataLoader& loader, int grad_accum_steps,
+                                        uint64_t sampler_rng) {
+    TrainState s;
+    s.version = 0;
+    s.llmc = true;
+    s.llmc_shuffled = l.shuffled;
+    s.llmc_shard = l.shard;
+    s.llmc_batch = l.batch;
+    s.num_processes = s.data_processes = l.num_processes;
+    s.rank = l.rank;
+    s.B = loader.B;
+    s.T = loader.T;
+    s.grad_accum_steps = grad_accum_steps;
+    s.step = s.updates = l.step;
+    s.sampler_rng = sampler_rng;
+    s.num_parameters = 0;  // the reader's N (llm.c's file does not record it)
+    s.shard_offset = l.shard_offset;
+    s.shard_length = l.shard_length;
+    s.optimizer = OPT_ADAMW;
+    s.m = std::move(l.m);
+    s.v = std::move(l.v);
+    s.master = std::move(l.master);
+    return s;
+}
+
 // The place in the data stream where a resumed run continues, from the checkpoint's state. Version 5
 // stores it as it is, a position in the stream of T-token samples that any B and process count continue
 // (llmc/io/dataloader.h); it must belong to this data set: as many samples an epoch, and the same
@@ -79,6 +108,26 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
 // version's run would be after the same number of steps, `samples_per_step` samples a step, with a note.
 inline DataPosition data_position_from_state(const TrainState& state, DataLoader* loader, const std::string& dir,
                                              int step, int64_t samples_per_step) {
+    if (state.llmc) {  // llm.c's (shard, batch): moved across where its loader reads this stream (llmc_state.h)
+        DataPosition by_step = dataloader_position_at(loader, (int64_t)step * samples_per_step);
+        std::string why = state.llmc_shuffled ? "llm.c's loader shuffled, in an order of its own"
+                                              : llmc_stream_mismatch(*loader, state.data_processes);
+        if (!why.empty()) {
+            printf("resume: llm.c's data position (shard %ld, batch %ld) is not a place in this stream: %s; the run "
+                   "continues this stream where it would be after step %d: sample %ld of epoch %ld\n",
+                   (long)state.llmc_shard, (long)state.llmc_batch, why.c_str(), step, (long)by_step.sample,
+                   (long)by_step.epoch);
+            return by_step;
+        }
+        // llm.c counts no epochs: the one that puts the sample nearest to where the step would be
+        int64_t E = dataloader_epoch_samples(loader), sample = llmc_position_in_stream(*loader, state.llmc_shard, state.llmc_batch);
+        int64_t at = (int64_t)step * samples_per_step, epoch = std::max<int64_t>(0, (at - sample + E / 2) / E);
+        printf("resume: llm.c's data position (shard %ld, batch %ld of B=%d x T=%d x %d processes; llm.c does not record "
+               "B: this run's) is sample %ld of epoch %ld of this stream: the run continues there\n",
+               (long)state.llmc_shard, (long)state.llmc_batch, loader->B, loader->T, loader->num_processes, (long)sample,
+               (long)epoch);
+        return DataPosition{epoch, sample};
+    }
     if (state.version >= 5) {
         if (state.data_epoch_samples != dataloader_epoch_samples(loader) ||
             (state.data_fingerprint != 0 && state.data_fingerprint != loader->fingerprint)) {
@@ -117,18 +166,37 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     if (!file_exists(first_path)) {
         fatal("checkpoint %d in %s has no state file for process 0 (%s)", step, dir.c_str(), first_path.c_str());
     }
+    // ours, or llm.c's (llmc_state.h): the first file says which, and all of a checkpoint's files are alike
+    const bool llmc = llmc_state_file(first_path);
+    auto read_piece = [&](const std::string& path, TrainState* piece) {
+        if (!llmc) {
+            state_file_read(path, piece);
+            return;
+        }
+        if (!llmc_state_file(path)) fatal("state file '%s' is not llm.c's like the others of checkpoint %d", path.c_str(), step);
+        LlmcState l;
+        llmc_state_read(path, (int64_t)num_parameters, &l);
+        *piece = train_state_from_llmc(std::move(l), *loader, grad_accum_steps, *sampler_rng);
+        piece->num_parameters = (int64_t)num_parameters;
+    };
     TrainState first;
-    state_file_read(first_path, &first);
+    read_piece(first_path, &first);
     if (first.optimizer != optimizer) {
-        fatal("checkpoint %d in %s was written with -opt %s; this run has -opt %s (resume with -opt %s, or start a "
-              "fresh run in another -o)", step, dir.c_str(), optimizer_name(first.optimizer), optimizer_name(optimizer),
-              optimizer_name(first.optimizer));
+        fatal("checkpoint %d in %s was written with -opt %s%s; this run has -opt %s (resume with -opt %s, or start a "
+              "fresh run in another -o)", step, dir.c_str(), optimizer_name(first.optimizer), llmc ? " (by llm.c)" : "",
+              optimizer_name(optimizer), optimizer_name(first.optimizer));
+    }
+    long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
+    if (llmc) {
+        printf("resume: checkpoint %d in %s was written by llm.c (%d process%s%s), whose state file records neither B, T "
+               "nor the tokens per step: this run continues with B=%d T=%d and %ld tokens per step (llm.c's -b, -t and "
+               "-d continue it as it was)\n", step, dir.c_str(), first.num_processes, first.num_processes == 1 ? "" : "es",
+               first.master.empty() ? "" : ", fp32 master weights", loader->B, loader->T, our_tokens);
     }
     // B and the process count may differ (the stream is one of T-token samples); T and the tokens per
     // step may not: they define the samples and the step
     long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
-    long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
-    if (first.T != loader->T || written_tokens != our_tokens) {
+    if (!llmc && (first.T != loader->T || written_tokens != our_tokens)) {
         fatal("state file '%s' was written with B=%d T=%d x %d accumulation steps x %d data-parallel processes = %ld "
               "tokens per step; this run has B=%d T=%d x %d x %d = %ld (resume with the same -t and -d; -b, -b auto "
               "and the process count may change)", first_path.c_str(), first.B, first.T, first.grad_accum_steps,
@@ -163,7 +231,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
         if (rank == 0) {
             piece = std::move(first);
         } else {
-            state_file_read(path, &piece);
+            read_piece(path, &piece);
         }
         if (piece.num_processes != state.num_processes || piece.rank != rank || piece.step != state.step ||
             piece.master.empty() != state.master.empty() || piece.optimizer != state.optimizer) {

@@ -46,6 +46,7 @@ HEADER_INTS = 256                 # every file starts with 256 little-endian int
 MODEL_MAGIC = 20240326            # version 3: fp32 tensors, version 5: bf16 tensors
 STATE_MAGIC, STATE_VERSION = 20240327, 2
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
+LLMC_STATE_MAGIC, LLMC_STATE_VERSION = 20240527, 1   # llm.c's train_gpt2.cu optimizer state (its save_state)
 
 PARAM_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
@@ -105,6 +106,13 @@ def parse_args(argv):
     g.add_argument("--muon-lr", type=float, default=0.02, help="--opt muon: Muon's learning rate (-ml)")
     g.add_argument("--muon-ns-dtype", choices=["bfloat16", "compute"], default="bfloat16",
                    help="--opt muon: Newton-Schulz in bfloat16 (torch.optim.Muon as it is) or in --dtype")
+    g.add_argument("--llmc-checkpoint", metavar="S[:J]",
+                   help="--opt adamw: after step S write llm.c's checkpoint of it into OUT/llmc (model_S.bin, "
+                        "state_S_00000.bin in llm.c's format, DONE_S) whose loader stands at batch J of the shard "
+                        "(default S*accum, where a straight run is), and continue the run from batch J")
+    g.add_argument("--resume-llmc", metavar="DIR:S",
+                   help="--opt adamw: start from llm.c's checkpoint S in DIR (one process, unshuffled): its master "
+                        "weights (else its model file), m, v, step and loader batch; train steps S+1..--steps")
     g = ap.add_argument_group("other modes")
     g.add_argument("--check-grads", action="store_true",
                    help="compare autograd with finite differences (float64; tiny model by default)")
@@ -270,6 +278,59 @@ def write_state(path, B, T, inputs, targets, logits, loss, grads):
 
 # ---------------------------------------------------------------------------------------------------
 # synthetic data: a random bigram Markov chain, so a model can learn it and the loss visibly falls
+
+def write_llmc_checkpoint(out_dir, step, cfg, params, m_state, v_state, batch):
+    """llm.c's checkpoint of step S as its train_gpt2.cu writes one with one process: model_S.bin (here fp32,
+    version 3), state_S_00000.bin and then the empty DONE_S. The state file: 256 int32 with h[0] magic,
+    h[1] version, h[2] processes (1), h[3] rank (0), h[4] master weights follow (1), h[5] shuffled (0),
+    h[10] the step, h[20..23] two uint64 (its rounding generator: any value), h[30..33] two uint64, the
+    loader's shard (0) and batch in it (a batch = B*T tokens with one process); then fp32 m, v and the
+    master weights over all parameters in checkpoint order."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_model(os.path.join(out_dir, f"model_{step:08d}.bin"), cfg, params)
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:6] = [LLMC_STATE_MAGIC, LLMC_STATE_VERSION, 1, 0, 1, 0]
+    header[10] = step
+    wide = header.view("<u8")   # int32 slots 2k, 2k+1 are uint64 k
+    wide[10] = wide[11] = 13371337
+    wide[15], wide[16] = 0, batch
+    with open(os.path.join(out_dir, f"state_{step:08d}_00000.bin"), "wb") as f:
+        f.write(header.tobytes())
+        for group in (m_state, v_state, params):
+            for t in group:
+                write_f32(f, t)
+    open(os.path.join(out_dir, f"DONE_{step:08d}"), "wb").close()
+
+
+def read_llmc_checkpoint(directory, step):
+    """llm.c's checkpoint S of one process, unshuffled: (cfg, parameters (its master weights when the state
+    has them, else the model file's), m, v, the step, the loader's batch), each a list of 16 fp32 tensors."""
+    cfg, params = read_model(os.path.join(directory, f"model_{step:08d}.bin"))
+    path = os.path.join(directory, f"state_{step:08d}_00000.bin")
+    h, size = read_header(path, "llm.c state file")
+    if h[0] != LLMC_STATE_MAGIC or h[1] != LLMC_STATE_VERSION:
+        raise UsageError(f"{path}: magic {h[0]} version {h[1]}, not llm.c's state file")
+    if h[2] != 1 or h[3] != 0 or h[5] != 0:
+        raise UsageError(f"{path}: processes {h[2]} rank {h[3]} shuffled {h[5]}; this reader takes one "
+                         f"unshuffled process")
+    N, arrays = cfg.num_params(), 3 if h[4] == 1 else 2
+    if size != HEADER_INTS * 4 + 4 * N * arrays:
+        raise UsageError(f"{path}: {size} bytes, expected {HEADER_INTS * 4 + 4 * N * arrays} for {N} parameters")
+    wide = h.view("<u8")
+    shard, batch = int(wide[15]), int(wide[16])
+    if shard != 0:
+        raise UsageError(f"{path}: loader at shard {shard}; this reader takes one shard")
+    flat = np.fromfile(path, dtype="<f4", offset=HEADER_INTS * 4)
+
+    def tensors(k):
+        out, offset = [], k * N
+        for shape in cfg.shapes():
+            n = math.prod(shape)
+            out.append(torch.from_numpy(flat[offset:offset + n].copy()).view(shape))
+            offset += n
+        return out
+    return cfg, (tensors(2) if arrays == 3 else params), tensors(0), tensors(1), int(h[10]), batch
+
 
 def markov_tokens(n, vocab, seed):
     """Each token has 4 random successors, taken with probability 0.6/0.2/0.1/0.05; with probability
@@ -558,12 +619,21 @@ def train_step(params, update, batches, loss_impl, autocast=None):
     return sum(losses) / K, norm
 
 
-def train(args, cfg, params, tokens, B, T, out_dir):
+def train(args, cfg, params, tokens, B, T, out_dir, start=None):
+    """start: (step, m, v, batch) to continue llm.c's checkpoint (--resume-llmc), else None."""
     S, K = args.steps, args.accum
     num_samples = (len(tokens) - 1) // T  # samples of T tokens; a micro-step reads B of them
+    first_step, jump = 0, None   # jump (s0, J): from step s0 on, the stream continues from batch J (B*T-token units)
+    if args.llmc_checkpoint:
+        s0, _, j = args.llmc_checkpoint.partition(":")
+        jump = (int(s0), int(j) if j else int(s0) * K)
+        if args.opt != "adamw" or not 0 < jump[0] <= S or jump[1] < 0:
+            raise UsageError("--llmc-checkpoint S[:J] needs --opt adamw, 0 < S <= --steps and J >= 0")
+    if start is not None:
+        first_step, jump = start[0], (start[0], start[3])
     if args.opt == "adamw":
-        m_state = [torch.zeros_like(p) for p in params]
-        v_state = [torch.zeros_like(p) for p in params]
+        m_state = [torch.zeros_like(p) for p in params] if start is None else [t.to(params[0]) for t in start[1]]
+        v_state = [torch.zeros_like(p) for p in params] if start is None else [t.to(params[0]) for t in start[2]]
         optimizer_step = lambda grads, s, lr, muon_lr: adamw_update(params, grads, m_state, v_state, s, lr,
                                                                       args.weight_decay)
     else:
@@ -573,15 +643,23 @@ def train(args, cfg, params, tokens, B, T, out_dir):
     loss_impl = lambda p, x, y: loss_fn(p, x, y, cfg)[0]
     losses, lrs, norms = [], [], []
     t0 = time.perf_counter()
-    for s in range(S):
-        batches = [tuple(z.to(device) for z in stream_batch(tokens, (s * K + m) * B, B, T)) for m in range(K)]
+    def first_sample(s, m):
+        if jump is not None and s >= jump[0]:
+            return (jump[1] + (s - jump[0]) * K + m) * B
+        return (s * K + m) * B
+    for s in range(first_step, S):
+        if args.llmc_checkpoint and s == jump[0]:
+            write_llmc_checkpoint(os.path.join(out_dir, "llmc"), s, cfg, params, m_state, v_state, jump[1])
+        batches = [tuple(z.to(device) for z in stream_batch(tokens, first_sample(s, m), B, T)) for m in range(K)]
         lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
         muon_lr = learning_rate(s, S, args.muon_lr, args.warmup, args.final_frac, args.schedule)
         loss, norm = train_step(params, lambda grads: optimizer_step(grads, s, lr, muon_lr), batches, loss_impl)
         losses.append(loss), lrs.append(lr), norms.append(norm)
         print(f"step {s + 1:4d}/{S} | loss {loss:.6f} | lr {lr:.4e} | grad norm {norm:.4f} "
               f"| {time.perf_counter() - t0:.1f} s")
-    run = {"losses": losses, "lrs": lrs, "grad_norms": norms, "config": {
+    if args.llmc_checkpoint and S == jump[0]:
+        write_llmc_checkpoint(os.path.join(out_dir, "llmc"), S, cfg, params, m_state, v_state, jump[1])
+    run = {"losses": losses, "lrs": lrs, "grad_norms": norms, "first_step": first_step, "config": {
         **cfg.as_dict(), "B": B, "T": T, "dtype": args.dtype, "seed": args.seed, "steps": S,
         "lr": args.lr, "warmup": args.warmup, "final_frac": args.final_frac,
         "schedule": args.schedule, "weight_decay": args.weight_decay, "accum": K,
@@ -614,10 +692,18 @@ def run_oracle(args):
         raise UsageError("--out DIR is required")
     if args.bf16 or args.compile or args.sdpa:
         raise UsageError("--bf16, --compile and --sdpa are for --bench only")
-    if args.init_from:
+    start = None
+    if args.init_from or args.resume_llmc:
         if args.model or any(x is not None for x in
                              [args.layers, args.channels, args.heads, args.max_seq_len, args.vocab]):
-            raise UsageError("--init-from takes the model shape from the file; drop the model flags")
+            raise UsageError("--init-from and --resume-llmc take the model shape from the file; drop the model flags")
+    if args.resume_llmc:
+        directory, _, step = args.resume_llmc.rpartition(":")
+        if args.opt != "adamw" or args.init_from or not step.isdigit():
+            raise UsageError("--resume-llmc DIR:S needs --opt adamw, a step S, and no --init-from")
+        cfg, params32, m, v, step, batch = read_llmc_checkpoint(directory, int(step))
+        start = (step, m, v, batch)
+    elif args.init_from:
         cfg, params32 = read_model(args.init_from)
     else:
         cfg = config_from_args(args, default_tiny=False)
@@ -659,7 +745,7 @@ def run_oracle(args):
     print(f"wrote {model_path}, {state_path}"
           + (f", {os.path.join(args.out, 'train.bin')}" if args.data_tokens is not None else ""))
     if args.steps > 0:
-        losses = train(args, cfg, params, tokens, B, T, args.out)
+        losses = train(args, cfg, params, tokens, B, T, args.out, start)
         print(f"trained {args.steps} steps: loss {losses[0]:.6f} -> {losses[-1]:.6f}; wrote "
               f"{os.path.join(args.out, 'run.json')}, {os.path.join(args.out, 'final.bin')}")
 
