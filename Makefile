@@ -28,7 +28,7 @@ LLMC_HEADERS = $(wildcard llmc/*.h llmc/*/*.h)
 
 .PHONY: all test bench-cpu bench-gemm clean cuda-all
 
-all: train_gpt2 tokenizer_gpt2
+all: train_gpt2 tokenizer_gpt2 check_gpt2
 
 # With MPI installed (mpicxx on PATH) the trainer is built for data-parallel runs under mpirun;
 # `make NO_MPI=1` builds it single-process. The test binary is always single-process.
@@ -62,6 +62,10 @@ TOKENIZER_LIBS = $(shell pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre
 tokenizer_gpt2: tokenizer_gpt2.cpp $(LLMC_HEADERS)
 	$(CXX) $(CXXFLAGS) $< $(TOKENIZER_LIBS) -lpthread -o $@
 
+# a model file against a debug state, as llm.c's test_gpt2 checks one (check_gpt2.cpp; doc/reliability.md)
+check_gpt2: check_gpt2.cpp train_gpt2.cpp $(LLMC_HEADERS)
+	$(CXX) $(CXXFLAGS) $< $(TOKENIZER_LIBS) $(LDLIBS_CPU) -o $@
+
 # ---------------------------------------------------------------------------
 # tests: one googletest binary for all CPU suites, so CI reads one summary
 
@@ -87,7 +91,7 @@ $(BUILD):
 # dev/emu/tests.mk; built here with -j2), and ends with one line "tests: N passed, N failed, N skipped".
 # Everything is built first, two compilers at a time (the CI machine has 2 cores), then run.
 test:
-	$(MAKE) -j2 --no-print-directory $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2 $(if $(MPICXX),$(BUILD)/comm_check) emu-test-binaries
+	$(MAKE) -j2 --no-print-directory $(BUILD)/test_cpu train_gpt2 tokenizer_gpt2 check_gpt2 $(if $(MPICXX),$(BUILD)/comm_check) emu-test-binaries
 	GPT2_ROOT=$(CURDIR) GPT2_PYTHON=$(PYTHON) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} EMU_BUILD=$(EMU_BUILD) MAKE="$(MAKE)" \
 		TEST_ARGS="$(TEST_ARGS)" test/run_tests.sh
 
@@ -114,7 +118,7 @@ bench-gemm: $(BUILD)/bench_gemm
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BUILD)/bench_gemm
 
 clean:
-	rm -rf $(BUILD) train_gpt2 tokenizer_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu \
+	rm -rf $(BUILD) train_gpt2 tokenizer_gpt2 check_gpt2 train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu \
 		train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu
 
 # ---------------------------------------------------------------------------

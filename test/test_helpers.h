@@ -20,6 +20,7 @@
 
 #include "../llmc/io/checksum.h"
 #include "../llmc/io/dataloader.h"
+#include "../llmc/io/debug_state.h"
 #include "../llmc/utils.h"
 
 namespace test {
@@ -129,37 +130,10 @@ inline std::string oracle(const std::string& name, const std::string& args) {
     return dir;
 }
 
-// The debug state the oracle writes (../shared/FORMATS.md, "Test state").
-struct DebugState {
-    int B = 0, T = 0;
-    std::vector<int> inputs, targets;  // (B, T)
-    std::vector<float> logits;         // (B, T, V)
-    float loss = 0;
-    std::vector<float> grads;          // all 16 tensors, checkpoint order
-};
-
+// The debug state the oracle writes (llmc/io/debug_state.h reads it, for check_gpt2 too).
+using ::DebugState;
 inline DebugState read_debug_state(const std::string& path, int V, size_t num_params) {
-    DebugState s;
-    const char* what = "debug state";
-    const int32_t version = 2;
-    FILE* fp = fopenCheck(path.c_str(), "rb");
-    int32_t header[HEADER_INTS];
-    read_file_header(fp, path.c_str(), what, 20240327, &version, 1, header);
-    s.B = header[2];
-    s.T = header[3];
-    size_t BT = (size_t)s.B * s.T;
-    expect_file_size(fp, path.c_str(), what, HEADER_BYTES + (long)(BT * 8 + BT * V * 4 + 4 + num_params * 4));
-    s.inputs.resize(BT);
-    s.targets.resize(BT);
-    s.logits.resize(BT * V);
-    s.grads.resize(num_params);
-    freadCheck(s.inputs.data(), 4, BT, fp);
-    freadCheck(s.targets.data(), 4, BT, fp);
-    freadCheck(s.logits.data(), 4, BT * V, fp);
-    freadCheck(&s.loss, 4, 1, fp);
-    freadCheck(s.grads.data(), 4, num_params, fp);
-    fclose(fp);
-    return s;
+    return debug_state_read(path, V, num_params);
 }
 
 // Largest |a - b| over the array, relative to the largest |b|: one number per tensor that does not

@@ -7,10 +7,13 @@
 // step's loss by far more (1e-3 and up on this model, lr 1e-3).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "../llmc/gpt2_config.h"
 #include "../llmc/io/checkpoint.h"
 #include "../llmc/io/llmc_state.h"
 #include "test_helpers.h"
@@ -226,4 +229,65 @@ TEST(LlmcInterop, ZeroOneShardsAsLlmcDoesAndOneProcessResumesThem) {
     ASSERT_GE(got.size(), 3u);
     expect_losses(std::vector<double>(got.end() - 3, got.end()), std::vector<double>(want.begin() + 3, want.end()),
                   "steps 4-6");
+}
+
+// check_gpt2 checks a model + debug state pair as llm.c's test_gpt2 does: the oracle's tiny pair passes,
+// with the losses of 10 steps of llm.c's test recipe that torch.optim.AdamW took (--llmc-test-steps);
+// one gradient tensor off, a wrong expected loss, or a state of another model fail, naming what.
+TEST(LlmcInterop, CheckGpt2ChecksAModelAndDebugStatePair) {
+    std::string dir = test::oracle("llmc_check", std::string(MODEL) + " -b 2 -t 16 --data-tokens 4096 --llmc-test-steps 10");
+    std::string check = test::root() + "/check_gpt2 ";
+    std::vector<double> want = test::json_array(test::read_text(dir + "/llmc_test.json"), "losses");
+    ASSERT_EQ(want.size(), 10u);
+    std::string losses;
+    for (double l : want) {
+        char item[32];
+        snprintf(item, sizeof(item), "%s%.9f", losses.empty() ? "" : ",", l);
+        losses += item;
+    }
+    test::CommandResult r = test::run_command(check + dir + "/model.bin " + dir + "/state.bin -l " + losses + " -ts 1e-5");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("overall: OK (16/16 gradients)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 9: loss"), std::string::npos) << r.output;
+
+    // the 8th tensor's gradient (attprojb), its first element moved by its tensor's largest magnitude
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(dir + "/model.bin", &cfg, &params);
+    size_t sizes[NUM_PARAMETER_TENSORS], offsets[NUM_PARAMETER_TENSORS];
+    param_tensor_sizes(cfg, sizes);
+    param_tensor_offsets(cfg, offsets);
+    DebugState state = debug_state_read(dir + "/state.bin", cfg.vocab_size, params.size());
+    float largest = 0;
+    for (size_t j = offsets[7]; j < offsets[7] + sizes[7]; j++) largest = std::max(largest, std::fabs(state.grads[j]));
+    std::string bad = test::scratch_dir("check_gpt2") + "/state_bad.bin";
+    ASSERT_EQ(test::run_command("cp " + dir + "/state.bin " + bad).exit_code, 0);
+    FILE* fp = fopen(bad.c_str(), "r+b");
+    ASSERT_NE(fp, nullptr);
+    size_t BT = 2 * 16;
+    float moved = state.grads[offsets[7]] + largest;
+    fseek(fp, HEADER_BYTES + (long)(BT * 8 + BT * cfg.vocab_size * 4 + 4 + offsets[7] * 4), SEEK_SET);
+    fwrite(&moved, 4, 1, fp);
+    fclose(fp);
+    r = test::run_command(check + dir + "/model.bin " + bad);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("gradient attprojb +max difference [0-9.e+-]+ of the largest "
+                                                       "\\(tolerance 1e-03\\): NOT OK"))) << r.output;
+    EXPECT_NE(r.output.find("overall: NOT OK (15/16 gradients)"), std::string::npos) << r.output;
+
+    r = test::run_command(check + dir + "/model.bin " + dir + "/state.bin -l " + losses.substr(0, losses.find(',')) + ",5.0");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("step 1: loss"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("expected 5.000000"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("overall: NOT OK (16/16 gradients)"), std::string::npos) << r.output;
+
+    // a debug state of another model: its size says so
+    std::string other = test::oracle("llmc_check_other", "--layers 1 --channels 32 --heads 2 --max-seq-len 16 --vocab 300 "
+                                                         "--seed 1 -b 2 -t 16 --data-tokens 1024");
+    r = test::run_command(check + dir + "/model.bin " + other + "/state.bin");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("debug state '" + other + "/state.bin' is"), std::string::npos) << r.output;
+    r = test::run_command(check + dir + "/model.bin");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("usage: check_gpt2 MODEL.bin DEBUG_STATE.bin"), std::string::npos) << r.output;
 }

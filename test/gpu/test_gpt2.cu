@@ -720,6 +720,52 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRun) {
     EXPECT_EQ(test::read_text(a.dir + "/state_00000012_00000.bin"), test::read_text(b.dir + "/state_00000012_00000.bin"));
 }
 
+// llm.c's checkpoint format (-cf llmc, llmc/io/llmc_state.h) from this trainer: its master weights, m, v
+// and step carry the run on to the same bits as the uninterrupted run (unshuffled, the data position comes
+// from the step: 255 samples are no multiple of B = 2). And a checkpoint the oracle wrote in llm.c's format
+// (fp32 model file and master weights, loader at batch 20) is continued from sample 40 of the stream, within
+// the step tolerance of the oracle's own continuation (test/test_llmc_interop.cpp holds the fp32 CPU
+// trainer to 1e-5 on the same files).
+TEST(TrainCheckpoints, LlmcCheckpointsContinueTheRun) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string common = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -d 64 -x 6 -l 1e-3 -u 1 -q 0.1 "
+                         "-c 0.1 -sh 0 -v 0 -s 0";
+    TrainerRun a = run_trainer("gpu_llmc_a", common + " -n 6");
+    TrainerRun b = run_trainer("gpu_llmc_b", common + " -n 3 -cf llmc");
+    std::vector<int32_t> h(HEADER_INTS);
+    FILE* fp = fopenCheck((b.dir + "/state_00000003_00000.bin").c_str(), "rb");
+    freadCheck(h.data(), 4, HEADER_INTS, fp);
+    fcloseCheck(fp);
+    EXPECT_EQ(h[0], 20240527);
+    EXPECT_EQ(h[4], 1) << "llm.c's default -w 1 needs the master weights";
+    for (const char* f : {"/model_00000006.bin", "/state_00000006_00000.bin", "/DONE_00000006"}) {
+        ASSERT_EQ(remove((b.dir + f).c_str()), 0) << f;
+    }
+    test::CommandResult resumed = test::run_command(trainer() + " " + common + " -n 3 -cf llmc -o " + b.dir + " -y 1");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("was written by llm.c (1 process, fp32 master weights)"), std::string::npos)
+        << resumed.output;
+    EXPECT_EQ(test::metrics_without_timings(a.dir + "/metrics.jsonl"), test::metrics_without_timings(b.dir + "/metrics.jsonl"));
+    EXPECT_EQ(test::read_text(a.dir + "/model_00000006.bin"), test::read_text(b.dir + "/model_00000006.bin"));
+
+    const std::string jump_args = std::string(TINY_MODEL) + " -b 2 -t 16 --steps 6 --lr 1e-3 --accum 2 --warmup 1 "
+                                  "--final-frac 0.1 --data-tokens 4097 --llmc-checkpoint 3:20";  // as test_llmc_interop.cpp
+    REQUIRE_ORACLE("llmc_jump", jump_args);
+    std::string jump = test::oracle("llmc_jump", jump_args);
+    std::string out = test::scratch_dir("gpu_llmc_oracle");
+    ASSERT_EQ(system(("cp " + jump + "/llmc/* " + out).c_str()), 0);
+    test::CommandResult r = test::run_command(trainer() + " -e " + jump + "/model.bin -i " + jump + "/train.bin -b 2 -t 16 "
+                                              "-d 64 -x 6 -l 1e-3 -u 1 -q 0.1 -c 0 -sh 0 -v 0 -s 0 -o " + out + " -y 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("is sample 40 of epoch 0 of this stream"), std::string::npos) << r.output;
+    std::vector<double> want = test::json_array(test::read_text(jump + "/run.json"), "losses");
+    std::vector<double> got = test::jsonl_values(out + "/metrics.jsonl", "train_loss");
+    ASSERT_EQ(want.size(), 6u);
+    ASSERT_EQ(got.size(), 3u);
+    for (int i = 0; i < 3; i++) EXPECT_NEAR(got[i], want[3 + i], step_loss_tolerance(want[3 + i])) << "step " << 4 + i;
+}
+
 // -ni 2: rank 0's gradients of step 2 are made non-finite (an infinite loss weight, as from one bad
 // micro-batch or an fp16 overflow). The step is skipped: the checkpoint after it holds exactly the
 // weights and AdamW state of the one before (master weights included), the metrics say so, and the

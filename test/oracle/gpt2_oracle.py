@@ -12,6 +12,9 @@ What it writes into --out DIR:
   run.json    with --steps S: per-step loss, learning rate and gradient norm of the run (--opt: AdamW,
               or torch.optim.Muon / torch.optim.Adafactor as train_gpt2's -opt uses them)
   final.bin   with --steps S: the parameters after S updates (version 3)
+  llmc/       with --llmc-checkpoint S: llm.c's checkpoint of step S (its state file format, see
+              write_llmc_checkpoint); --resume-llmc DIR:S continues one
+  llmc_test.json  with --llmc-test-steps N: N losses of llm.c's test_gpt2 recipe on state.bin's batch
 
 Other modes: --check-grads compares autograd with central finite differences (float64);
 --hellaswag FILE.jsonl --init-from MODEL.bin --bpe-dir DIR scores HellaSwag-format examples with the
@@ -113,6 +116,10 @@ def parse_args(argv):
     g.add_argument("--resume-llmc", metavar="DIR:S",
                    help="--opt adamw: start from llm.c's checkpoint S in DIR (one process, unshuffled): its master "
                         "weights (else its model file), m, v, step and loader batch; train steps S+1..--steps")
+    g.add_argument("--llmc-test-steps", type=int, default=0, metavar="N",
+                   help="also write llmc_test.json: the losses of N steps on the debug state's batch as llm.c's "
+                        "test_gpt2 takes them (torch.optim.AdamW lr 1e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01 "
+                        "on every tensor, no clipping), for check_gpt2 -l")
     g = ap.add_argument_group("other modes")
     g.add_argument("--check-grads", action="store_true",
                    help="compare autograd with finite differences (float64; tiny model by default)")
@@ -740,6 +747,18 @@ def run_oracle(args):
     state_path = os.path.join(args.out, "state.bin")
     write_state(state_path, B, T, inputs, targets, logits[..., :cfg.V], loss.detach(),
                 [p.grad for p in params])
+    if args.llmc_test_steps > 0:
+        test_params = [p.detach().clone().requires_grad_() for p in params]
+        optimizer = torch.optim.AdamW(test_params, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        test_losses = []
+        for _ in range(args.llmc_test_steps):
+            optimizer.zero_grad()
+            step_loss = loss_fn(test_params, inputs, targets, cfg)[0]
+            step_loss.backward()
+            optimizer.step()
+            test_losses.append(step_loss.item())
+        with open(os.path.join(args.out, "llmc_test.json"), "w") as f:
+            json.dump({"losses": test_losses}, f, indent=1)
     print(f"model {cfg} | B={B} T={T} dtype={args.dtype} seed={args.seed} tokens={len(tokens)}")
     print(f"loss at init {loss.item():.6f} (ln V = {math.log(cfg.V):.6f})")
     print(f"wrote {model_path}, {state_path}"
