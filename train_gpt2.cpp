@@ -758,12 +758,18 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
     return c;
 }
 
-// Resumes the optimizer state, data position, sampler and loss scaler from checkpoint run->resume_step,
-// whatever layout or trainer wrote it.
+// Resumes the optimizer state, data position, sampler and loss scaler (and the parameters, from master
+// weights) from checkpoint run->resume_step, whatever layout or trainer wrote it.
 void gpt2_resume(GPT2* model, TrainRun* run) {
     TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
     model->m_memory = state.m;
     model->v_memory = state.v;
+    // Master weights in the checkpoint (the CUDA trainer's -w 1, llm.c's) are the fp32 parameters, more exact
+    // than a bf16 model file: each process takes its optimizer range's, then they are shared as after an update.
+    if (!state.master.empty()) {
+        std::copy(state.master.begin(), state.master.end(), model->params_memory.begin() + (model->opt_begin - model->params_base));
+        zero_gather_updated_parameters(model->layout, model->params_memory.data(), model->shard.shard_size, COMM_FLOAT32);
+    }
 }
 
 

@@ -68,11 +68,16 @@ bool have_mpirun() { return test::run_command("command -v mpirun").exit_code == 
 
 // llm.c's checkpoint of step 3 whose loader stands at batch 20 of the shard (not where a straight run would
 // be, batch 6: so the test sees the position itself move across). The oracle went on from there; so must
-// we, from sample 40 of our stream.
+// we, from sample 40 of our stream. Its model file is made bf16 (version 5), as llm.c's bf16 trainer writes
+// it: the fp32 master weights in the state file are the parameters to continue from.
 TEST(LlmcInterop, OurTrainerContinuesAnLlmcCheckpoint) {
     std::string dir = oracle_run("llmc_jump", "--data-tokens 4097", "3:20");
     std::string out = test::scratch_dir("llmc_resume");
     ASSERT_EQ(test::run_command("cp " + dir + "/llmc/* " + out).exit_code, 0);
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(checkpoint_model_path(out, 3), &cfg, &params);
+    model_file_write(checkpoint_model_path(out, 3), cfg, params.data(), MODEL_VERSION_BF16);
     test::CommandResult r = test::run_command(trainer(dir) + " -o " + out + " -y 1");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("was written by llm.c (1 process, fp32 master weights)"), std::string::npos) << r.output;
