@@ -13,6 +13,9 @@
 #include <cooperative_groups/reduce.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExtCudaRt.h>
 #include <cuda_runtime.h>
 
 namespace cg = cooperative_groups;
@@ -465,6 +468,54 @@ TEST(EmuExec, DynamicSharedMemory) {
     for (int b = 0; b < blocks; b++)
         for (int t = 0; t < n; t++) ASSERT_EQ(got[b * n + t], (float)(b * n + n - 1 - t));
     cudaFree(d);
+}
+
+// cu2cpp.sh's rewrites of what llm.c's sources hold: an `extern __shared__` array of pointers (layernorm.cuh's
+// `char* params[]`), and a `>>>` that closes nested templates (encoder.cuh's
+// std::vector<std::pair<uint64_t, std::vector<uint64_t>>>), which is no launch: before, the converter
+// turned it into `}` and the file did not compile.
+__global__ void pointer_slots_kernel(float* out, const float* in) {
+    extern __shared__ const float* slots[];
+    slots[threadIdx.x] = in + (blockDim.x - 1 - threadIdx.x);
+    __syncthreads();
+    out[threadIdx.x] = *slots[threadIdx.x];
+}
+
+TEST(EmuExec, ConverterKeepsNestedTemplatesAndPointerSharedArrays) {
+    std::vector<std::pair<int, std::vector<int>>> nested = {{1, {2, 3}}};  // a >>> that is no launch
+    ASSERT_EQ(nested[0].second.size(), 2u);
+    int n = 8;
+    std::vector<float> h(n);
+    for (int i = 0; i < n; i++) h[i] = (float)i;
+    float* in = device_array<float>(n);
+    float* out = device_array<float>(n);
+    cudaMemcpy(in, h.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    pointer_slots_kernel<<<1, n, n * sizeof(const float*)>>>(out, in);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    std::vector<float> got = download(out, n);
+    for (int t = 0; t < n; t++) EXPECT_EQ(got[t], (float)(n - 1 - t));
+    cudaFree(in);
+    cudaFree(out);
+}
+
+// What programs written for the GPU call beside kernels (llm.c's trainer: pinned memory with flags, managed
+// memory as a fallback, advice on it, the profiler's start and stop, NVTX ranges): accepted, and the
+// memory works as device memory (a kernel writes it, the host reads it back).
+TEST(EmuExec, HostAndManagedAllocationsOfGpuPrograms) {
+    float* pinned = nullptr;
+    int* managed = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned, 16 * sizeof(float), cudaHostAllocWriteCombined), cudaSuccess);
+    ASSERT_EQ(cudaMallocManaged(&managed, sizeof(int)), cudaSuccess);
+    EXPECT_EQ(cudaMemAdvise(managed, sizeof(int), cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId), cudaSuccess);
+    EXPECT_EQ(cudaProfilerStart(), cudaSuccess);
+    nvtxRangePush("range");
+    store_kernel<<<1, 1>>>(managed, 7);
+    nvtxRangePop();
+    EXPECT_EQ(cudaProfilerStop(), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(download(managed, 1)[0], 7);
+    cudaFree(managed);
+    cudaFreeHost(pinned);
 }
 
 TEST(EmuExec, StaticSharedMemoryStartsEveryBlockPoisoned) {

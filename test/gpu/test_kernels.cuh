@@ -701,7 +701,7 @@ TEST(Kernels, VocabularyParallelClassifier) {
     crossentropy_forward(losses.data(), logits.data(), targets.data(), N, V, Vp);
     crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
 
-    using Logits = std::unique_ptr<DeviceArray<floatX>>;  // (no ">>>": the emulator's converter reads it as a launch)
+    using Logits = std::unique_ptr<DeviceArray<floatX>>;
     using Stats = std::unique_ptr<DeviceArray<float>>;
     std::vector<Logits> slices;
     std::vector<Stats> stats;  // per slice (3, N): max, sum, target logit

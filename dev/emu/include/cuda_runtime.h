@@ -163,6 +163,23 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes);
 template <typename T>
 inline cudaError_t cudaMallocHost(T** ptr, size_t bytes) { return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes); }
 cudaError_t cudaFreeHost(void* ptr);
+// cudaHostAlloc's flags (portable, mapped, write-combined) change nothing for host memory the emulator's
+// kernels read directly; accepted so that programs written for the GPU build unchanged
+constexpr unsigned int cudaHostAllocDefault = 0, cudaHostAllocPortable = 1, cudaHostAllocMapped = 2,
+                       cudaHostAllocWriteCombined = 4;
+template <typename T>
+inline cudaError_t cudaMallocHost(T** ptr, size_t bytes, unsigned int) { return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes); }
+// Managed memory is device memory that the host may also read: here all device memory is (cudaMalloc's)
+constexpr unsigned int cudaMemAttachGlobal = 1, cudaMemAttachHost = 2;
+template <typename T>
+inline cudaError_t cudaMallocManaged(T** ptr, size_t bytes, unsigned int = cudaMemAttachGlobal) {
+    return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
+// Advice on where managed memory should live: one memory here, so none to act on
+enum cudaMemoryAdvise { cudaMemAdviseSetReadMostly = 1, cudaMemAdviseUnsetReadMostly, cudaMemAdviseSetPreferredLocation,
+                        cudaMemAdviseUnsetPreferredLocation, cudaMemAdviseSetAccessedBy, cudaMemAdviseUnsetAccessedBy };
+constexpr int cudaCpuDeviceId = -1;
+inline cudaError_t cudaMemAdvise(const void*, size_t, cudaMemoryAdvise, int) { return cudaSuccess; }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = 0);
 // height rows of width bytes, row r from src + r·spitch to dst + r·dpitch (memcpy2d.cpp); width must not
