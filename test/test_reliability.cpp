@@ -475,6 +475,25 @@ TEST(Reliability, DataPositionsOfThisAndOlderVersions) {
     }
 }
 
+// -a 1 (overfit one batch) resumed: the resumed run read "the one batch every step reuses" at the
+// checkpoint's data position, another batch than the uninterrupted run's (the stream's first), so it
+// trained on other data from then on. Found continuing an llm.c checkpoint with -a 1. Now both take the
+// stream's first batch: the resumed run's metrics are the uninterrupted run's.
+TEST(Reliability, AnOverfitRunResumesOnTheSameBatch) {
+    std::string a = test::scratch_dir("rel_overfit_a"), b = test::scratch_dir("rel_overfit_b");
+    std::string run = test::root() + "/train_gpt2 " + tiny_args() + " -a 1 -n 2 -x 4 -o ";
+    test::CommandResult ra = test::run_command(run + a);
+    ASSERT_EQ(ra.exit_code, 0) << ra.output;
+    ASSERT_EQ(test::run_command("rm " + a + "/DONE_00000004 && cp " + a + "/*_00000002* " + a + "/DONE_00000002 " + b).exit_code, 0);
+    test::CommandResult rb = test::run_command(run + b + " -y 1");
+    ASSERT_EQ(rb.exit_code, 0) << rb.output;
+    std::vector<double> la = test::jsonl_values(a + "/metrics.jsonl", "train_loss"), lb = test::jsonl_values(b + "/metrics.jsonl", "train_loss");
+    ASSERT_EQ(la.size(), 4u);
+    ASSERT_EQ(lb.size(), 2u);
+    EXPECT_EQ(lb[0], la[2]);
+    EXPECT_EQ(lb[1], la[3]);
+}
+
 // Item 1.3: the FP16 build resuming a checkpoint of a run without loss scaling (bf16, fp32, the CPU
 // trainer: S stays 1 there) started at S = 1, whatever -ls said, so fp16 gradients underflowed for the
 // ~32k clean steps S needs to grow back. The state file now says whether its S was a dynamic scale

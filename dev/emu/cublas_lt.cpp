@@ -36,7 +36,8 @@
 // Not emulated (refused with CUBLAS_STATUS_NOT_SUPPORTED and a printed reason): RELU epilogues,
 // DGELU_BGRAD (the documentation, "apply independently GELU and Bias gradient to matmul output", does
 // not settle whether the bias gradient sums the values before or after gelu'; test/gpu's
-// Kernels.CublasLtDgeluBgradIsOneOfItsTwoReadings asks a GPU), BGRADA, batched layouts, orders other
+// Kernels.CublasLtDgeluBgradIsOneOfItsTwoReadings asks a GPU), BGRADA, batched layouts with an epilogue
+// or unequal batch counts (strided batches with the DEFAULT epilogue are, as llm.c's attention uses them), orders other
 // than column-major, device pointer modes, FP8 outputs and their D scale and amax, C scales.
 //
 // Alignment: cublasLtMatmulAlgoGetHeuristic returns algorithms valid for pointers aligned as the
@@ -147,6 +148,7 @@ cublasStatus_t read_attribute(const char* fn, int attr, const void* buf, size_t 
 // The product a descriptor and four layouts describe, checked; everything but the pointers.
 struct Problem {
     int64_t m = 0, n = 0, k = 0;
+    int64_t batch = 1;  // strided batched: batch_count products, each layout's STRIDED_BATCH_OFFSET apart
     bool trans_a = false, trans_b = false, tf32 = false;
     cudaDataType bias_type = CUDA_R_32F, aux_type = CUDA_R_32F;
 };
@@ -157,9 +159,9 @@ cublasStatus_t check_layout(const char* fn, const char* name, cublasLtMatrixLayo
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: %s has order %d; only CUBLASLT_ORDER_COL is emulated", fn, name,
                       (int)layout->order);
     }
-    if (layout->batch_count != 1) {
-        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: %s has batch count %d; only 1 is emulated", fn, name,
-                      (int)layout->batch_count);
+    if (layout->batch_count < 1 || layout->batch_stride < 0) {
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: %s has batch count %d and stride %lld", fn, name,
+                      (int)layout->batch_count, (long long)layout->batch_stride);
     }
     if (layout->ld < (int64_t)std::max<uint64_t>(1, layout->rows)) {
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: %s has ld %lld < rows %llu", fn, name, (long long)layout->ld,
@@ -197,6 +199,11 @@ cublasStatus_t check_problem(const char* fn, cublasLtMatmulDesc_t desc, cublasLt
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "%s: TRANSA %d / TRANSB %d / TRANSC %d not allowed", fn,
                       (int)desc->transa, (int)desc->transb, (int)desc->transc);
     }
+    if (a->batch_count != d->batch_count || b->batch_count != d->batch_count || c->batch_count != d->batch_count) {
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: batch counts A %d, B %d, C %d, D %d; only equal ones are emulated",
+                      fn, (int)a->batch_count, (int)b->batch_count, (int)c->batch_count, (int)d->batch_count);
+    }
+    problem->batch = d->batch_count;
     problem->trans_a = desc->transa != CUBLAS_OP_N;
     problem->trans_b = desc->transb != CUBLAS_OP_N;
     problem->m = (int64_t)d->rows;
@@ -501,10 +508,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
 
     int64_t m = problem.m, n = problem.n, k = problem.k;
+    uint32_t e = desc->epilogue;
     size_t a_bytes = emu_blas::matrix_extent_bytes((int64_t)Adesc->rows, (int64_t)Adesc->cols, Adesc->ld, Adesc->type);
     size_t b_bytes = emu_blas::matrix_extent_bytes((int64_t)Bdesc->rows, (int64_t)Bdesc->cols, Bdesc->ld, Bdesc->type);
     size_t c_bytes = emu_blas::matrix_extent_bytes(m, n, Cdesc->ld, Cdesc->type);
     size_t d_bytes = emu_blas::matrix_extent_bytes(m, n, Ddesc->ld, Ddesc->type);
+    if (problem.batch > 1) {  // the batches' extents: the last matrix starts (batch - 1) strides in
+        if (e != CUBLASLT_EPILOGUE_DEFAULT || desc->a_scale || desc->b_scale) {
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: a batched product (batch count %lld) with epilogue %u or FP8 "
+                          "scales is not emulated (the DEFAULT epilogue is)", fn, (long long)problem.batch, (unsigned)e);
+        }
+        auto batched = [&](size_t bytes, const cublasLtMatrixLayout_t layout) {
+            return bytes + (size_t)(problem.batch - 1) * (size_t)layout->batch_stride * emu_blas::type_bytes(layout->type);
+        };
+        a_bytes = batched(a_bytes, Adesc);
+        b_bytes = batched(b_bytes, Bdesc);
+        c_bytes = batched(c_bytes, Cdesc);
+        d_bytes = batched(d_bytes, Ddesc);
+    }
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     if ((status = check_pointer("A", A, k > 0 ? a_bytes : 0, promised[SLOT_A])) ||
         (status = check_pointer("B", B, k > 0 ? b_bytes : 0, promised[SLOT_B])) ||
@@ -512,7 +533,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         (status = check_pointer("D", D, d_bytes, promised[SLOT_D]))) {
         return status;
     }
-    uint32_t e = desc->epilogue;
     emu_blas::Gemm g;
     g.m = m;
     g.n = n;
@@ -528,6 +548,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     g.d_type = Ddesc->type;
     g.ldd = Ddesc->ld;
     g.tf32 = problem.tf32;
+    g.batch_count = problem.batch;
+    g.stride_a = Adesc->batch_stride;
+    g.stride_b = Bdesc->batch_stride;
+    g.stride_c = Cdesc->batch_stride;
+    g.stride_d = Ddesc->batch_stride;
     for (const float* scale : {desc->a_scale, desc->b_scale}) {
         if (scale == nullptr) continue;
         if (!emu::is_device_pointer(scale, sizeof(float))) {

@@ -419,6 +419,8 @@ struct LtCall {
     const float* a_scale = nullptr;  // FP8: A_SCALE_POINTER, B_SCALE_POINTER (set when not null)
     const float* b_scale = nullptr;
     int8_t fast_accum = -1;  // FP8: FAST_ACCUM (set when 0 or 1)
+    int32_t batch = 1;        // strided batched: BATCH_COUNT and each layout's STRIDED_BATCH_OFFSET (set when > 1)
+    int64_t stride_a = 0, stride_b = 0, stride_d = 0;
     int found = -1;
     cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;
 
@@ -456,6 +458,14 @@ struct LtCall {
         EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, ta, trans_a ? k : m, trans_a ? m : k, lda), 0);
         EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, tb, trans_b ? n : k, trans_b ? k : n, ldb), 0);
         EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, type, m, n, ldd), 0);
+        if (batch > 1) {
+            for (auto [layout, stride] : {std::pair{la, stride_a}, std::pair{lb, stride_b}, std::pair{ld, stride_d}}) {
+                EXPECT_EQ(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)), 0);
+                EXPECT_EQ(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                           sizeof(stride)),
+                          0);
+            }
+        }
         cublasLtMatmulPreference_t pref;
         EXPECT_EQ(cublasLtMatmulPreferenceCreate(&pref), 0);
         uint64_t workspace_bytes = 0;
@@ -500,6 +510,30 @@ TEST(CublasLtMatmul, DefaultAndBiasWithTransposedA) {
     ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
     // bias[i] is added to row i: [58+10 64+10; 139+20 154+20]
     EXPECT_EQ(d.download(), (std::vector<float>{68, 159, 74, 174}));
+}
+
+// Strided batches (llm.c's attention runs its products this way): the worked example of
+// CublasGemmStridedBatchedEx.TwoBatchesWithGaps through cuBLASLt; with an epilogue, refused; a last batch
+// past the allocation, refused.
+TEST(CublasLtMatmul, StridedBatchesWithTheDefaultEpilogue) {
+    Device<float> a(std::vector<float>{1, 3, 2, 4, PAD, 1, 0, 0, 1});        // stride 5
+    Device<float> b(std::vector<float>{5, 7, 6, 8, PAD, PAD, 2, 4, 3, 5});   // stride 6
+    Device<float> d(std::vector<float>(14, PAD));                            // stride 7, ld 3
+    LtCall call;
+    call.m = 2, call.n = 2, call.k = 2, call.lda = 2, call.ldb = 2, call.ldd = 3;
+    call.batch = 2, call.stride_a = 5, call.stride_b = 6, call.stride_d = 7;
+    ASSERT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(d.download(), (std::vector<float>{19, 43, PAD, 22, 50, PAD, PAD, 2, 4, PAD, 3, 5, PAD, PAD}));
+    Device<float> bias(std::vector<float>{1, 2});
+    call.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    call.bias = bias.ptr;
+    EXPECT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    call.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    call.bias = nullptr;
+    call.stride_d = 8;  // the second D would end at 8 + 3 + 2 = 13 < 14: fits; at stride 12 it would not
+    EXPECT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_SUCCESS);
+    call.stride_d = 12;
+    EXPECT_EQ(call.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_INVALID_VALUE);
 }
 
 TEST(CublasLtMatmul, AccumulateWithTransposedB) {

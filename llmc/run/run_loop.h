@@ -327,7 +327,12 @@ inline int train_run_loop(TrainRun* run, const RunHooks& hooks) {
     const TrainArgs& args = run->args;
     int max_steps = run->data.max_steps;
     logger_open(&run->logger, run->world_rank == 0 ? args.output_dir : std::string(), run->resume_step);
-    if (args.overfit_single_batch && max_steps > 0) dataloader_next_batch(&run->data.train);  // the one batch every step reuses
+    if (args.overfit_single_batch && max_steps > 0) {  // the one batch every step reuses: the stream's first, resumed or not
+        DataPosition saved = run->data.train.position;
+        dataloader_reset(&run->data.train);
+        dataloader_next_batch(&run->data.train);
+        if (run->resume_step >= 0) dataloader_seek(&run->data.train, saved);  // the checkpoints keep the resumed position
+    }
     int start_step = run->resume_step >= 0 ? run->resume_step : 0;
     StepBatches batches;
     stop_signals_install();  // the trainers install them first thing too (a signal during start-up)

@@ -325,6 +325,9 @@ struct LaunchConfig {
     }
     template <typename... A>
     PendingLaunch<std::decay_t<A>...> operator()(A&&... args) const;
+    // `kernel<<<...>>>(args)` as cu2cpp.sh writes it with EMU_LAUNCH_BY_CALL=1 (below)
+    template <typename F, typename... A>
+    void by_call(F call, A&&... args) const;
 };
 
 template <typename... A>
@@ -407,6 +410,36 @@ void launch(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
 template <typename... P, typename... A>
 void operator*(void (*kernel)(P...), PendingLaunch<A...>&& pending) {
     launch(kernel, std::move(pending));
+}
+
+// A launch that names its kernel by a call, for programs written elsewhere: cu2cpp.sh with
+// EMU_LAUNCH_BY_CALL=1 writes `LaunchConfig{...}.by_call([](auto... a) { kernel(a...); }, args)`, so a
+// kernel template's arguments are deduced as in a call, as CUDA deduces them (a float* for a const
+// float* parameter, which the pointer form above cannot take). Each thread calls the lambda on its own
+// copy of the arguments. The launch is known by the lambda's own entry point: it has no ptxas register
+// count, and cudaFuncSetAttribute on the kernel does not reach it (above 48 KiB of dynamic shared memory
+// the launch is refused).
+template <typename F, typename... A>
+struct BoundCall {
+    F call;
+    std::tuple<A...> args;
+    static void run_thread(void* self) {
+        BoundCall* bound = static_cast<BoundCall*>(self);
+        std::apply(bound->call, bound->args);
+    }
+};
+
+template <typename F, typename... A>
+void LaunchConfig::by_call(F call, A&&... args) const {
+    using Bound = BoundCall<F, std::decay_t<A>...>;
+    const void* id = reinterpret_cast<const void*>(&Bound::run_thread);
+    auto bound = std::make_shared<Bound>(Bound{call, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...)});
+    if (!launch_check(id, *this)) return;
+    std::apply([&](const auto&... values) {
+        int index = 0;
+        (check_argument(id, ++index, values), ...);
+    }, bound->args);
+    launch_enqueue(id, *this, &Bound::run_thread, std::move(bound));
 }
 
 }  // namespace emu
