@@ -518,6 +518,28 @@ TEST(EmuExec, HostAndManagedAllocationsOfGpuPrograms) {
     cudaFreeHost(pinned);
 }
 
+// A launch by call (cu2cpp.sh with EMU_LAUNCH_BY_CALL=1): a kernel template whose arguments are deduced
+// as in a call, a float* given for its const T* parameter, which the pointer form cannot deduce.
+template <typename T>
+__global__ void scaled_copy_kernel(float* out, const T* in, T scale) {
+    out[threadIdx.x] = (float)(in[threadIdx.x] * scale);
+}
+
+TEST(EmuExec, LaunchByCallDeducesTemplateArgumentsAsACall) {
+    int n = 4;
+    std::vector<float> h = {1, 2, 3, 4};
+    float* in = device_array<float>(n);
+    float* out = device_array<float>(n);
+    cudaMemcpy(in, h.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    emu::LaunchConfig{1, n}.by_call([](auto... a) { scaled_copy_kernel(a...); }, out, in, 2.0f);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(download(out, n), (std::vector<float>{2, 4, 6, 8}));
+    emu::LaunchConfig{1, 2048}.by_call([](auto... a) { scaled_copy_kernel(a...); }, out, in, 2.0f);  // refused
+    EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    cudaFree(in);
+    cudaFree(out);
+}
+
 TEST(EmuExec, StaticSharedMemoryStartsEveryBlockPoisoned) {
     // twice: the second launch's block 0 must see its own writes again, block 1 poison again
     for (int launch = 0; launch < 2; launch++) {
