@@ -754,6 +754,10 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
     c.parameters_collective = model->layout.zero_stage == 3;
     c.parameters = [model] { return gpt2_full_parameters(model); };
     c.optimizer_vector = [model](CheckpointVector which) { return which == CKPT_M ? model->m_memory : model->v_memory; };
+    c.optimizer_parameters = [model] {  // held by every process: its shard with -z 3, all of them otherwise
+        auto first = model->params_memory.begin() - model->params_base;
+        return std::vector<float>(first + model->opt_begin, first + model->opt_end);
+    };
     c.staging = host_staging();
     return c;
 }

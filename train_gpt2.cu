@@ -759,6 +759,10 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         cudaCheck(cudaMemcpy(host.data(), src, n * sizeof(float), cudaMemcpyDefault));
         return host;
     };
+    c.optimizer_parameters = [model] {  // -w 0 (the bf16 parameters widened); -z 3 gathers them on every process
+        std::vector<float> all = gpt2_download_parameters(model);
+        return std::vector<float>(all.begin() + model->opt_begin, all.begin() + model->opt_end);
+    };
     c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
     return c;
 }

@@ -202,38 +202,41 @@ TEST(LlmcInterop, WhatLlmcCannotContinueIsRefused) {
     EXPECT_NE(r.output.find("was written with -opt adamw (by llm.c); this run has -opt muon"), std::string::npos) << r.output;
 }
 
-// ZeRO-1 over 2 processes: llm.c's files hold N/2 of each vector from rank*N/2, as ours are laid out; one
-// process resumes them (its reader puts the two halves together), from the step (llm.c's run had 2
+// ZeRO-1 (and -z 3) over 2 processes: llm.c's files hold N/2 of each vector from rank*N/2, as ours are laid
+// out; one process resumes them (its reader puts the two halves together), from the step (llm.c's run had 2
 // processes), with the uninterrupted oracle's losses.
 TEST(LlmcInterop, ZeroOneShardsAsLlmcDoesAndOneProcessResumesThem) {
     if (!have_mpirun() || !file_exists(test::root() + "/train_gpt2")) GTEST_SKIP() << "needs mpirun";
     std::string dir = oracle_run("llmc_straight", "--data-tokens 4097", "3");
-    std::string out = test::scratch_dir("llmc_zero1");
-    std::string cmd = "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 " + trainer(dir) +
-                      " -b 1 -z 1 -n 3 -cf llmc -o " + out;
-    test::CommandResult r = test::run_command(cmd);
-    ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-    const long N = 126720;
-    for (int rank = 0; rank < 2; rank++) {
-        std::string path = checkpoint_state_path(out, 3, rank);
-        std::vector<int32_t> h = header_of(path);
-        EXPECT_EQ(h[2], 2);
-        EXPECT_EQ(h[3], rank);
-        EXPECT_EQ(h[4], 1) << "master weights: the fp32 parameters";
-        FILE* fp = fopen(path.c_str(), "rb");
-        ASSERT_NE(fp, nullptr);
-        EXPECT_EQ(file_size_of(fp), HEADER_BYTES + 4 * (N / 2) * 3) << path;
-        fclose(fp);
+    for (int zero : {1, 3}) {  // -z 3: each process's parameters are its shard only
+        SCOPED_TRACE("-z " + std::to_string(zero));
+        std::string out = test::scratch_dir("llmc_zero" + std::to_string(zero));
+        std::string cmd = "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 " + trainer(dir) +
+                          " -b 1 -z " + std::to_string(zero) + " -n 3 -cf llmc -o " + out;
+        test::CommandResult r = test::run_command(cmd);
+        ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+        const long N = 126720;
+        for (int rank = 0; rank < 2; rank++) {
+            std::string path = checkpoint_state_path(out, 3, rank);
+            std::vector<int32_t> h = header_of(path);
+            EXPECT_EQ(h[2], 2);
+            EXPECT_EQ(h[3], rank);
+            EXPECT_EQ(h[4], 1) << "master weights: the fp32 parameters";
+            FILE* fp = fopen(path.c_str(), "rb");
+            ASSERT_NE(fp, nullptr);
+            EXPECT_EQ(file_size_of(fp), HEADER_BYTES + 4 * (N / 2) * 3) << path;
+            fclose(fp);
+        }
+        ASSERT_EQ(test::run_command("rm " + checkpoint_done_path(out, 6)).exit_code, 0);  // resume from step 3
+        r = test::run_command(trainer(dir) + " -o " + out + " -y 1");
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("llm.c's run had 2 processes, this one 1 data-parallel processes; the run continues this "
+                                "stream where it would be after step 3: sample 12 of epoch 0"), std::string::npos) << r.output;
+        std::vector<double> want = oracle_losses(dir), got = losses(out);  // the resumed run's are the last 3
+        ASSERT_GE(got.size(), 3u);
+        expect_losses(std::vector<double>(got.end() - 3, got.end()), std::vector<double>(want.begin() + 3, want.end()),
+                      "steps 4-6");
     }
-    ASSERT_EQ(test::run_command("rm " + checkpoint_done_path(out, 6)).exit_code, 0);  // resume from step 3
-    r = test::run_command(trainer(dir) + " -o " + out + " -y 1");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("llm.c's run had 2 processes, this one 1 data-parallel processes; the run continues this "
-                            "stream where it would be after step 3: sample 12 of epoch 0"), std::string::npos) << r.output;
-    std::vector<double> want = oracle_losses(dir), got = losses(out);  // the resumed run's are the last 3
-    ASSERT_GE(got.size(), 3u);
-    expect_losses(std::vector<double>(got.end() - 3, got.end()), std::vector<double>(want.begin() + 3, want.end()),
-                  "steps 4-6");
 }
 
 // check_gpt2 checks a model + debug state pair as llm.c's test_gpt2 does: the oracle's tiny pair passes,

@@ -49,6 +49,9 @@ struct CheckpointModel {
     std::function<std::vector<float>()> parameters;
     // CKPT_M, CKPT_V, CKPT_MASTER over [opt_begin, opt_end); Adafactor's CKPT_V: its whole (stage's) state
     std::function<std::vector<float>(CheckpointVector which)> optimizer_vector;
+    // the parameters of [opt_begin, opt_end), fp32 (-cf llmc's master weights where the run keeps none); every
+    // process calls it (-z 3: it may gather)
+    std::function<std::vector<float>()> optimizer_parameters;
     CommStaging staging;
 };
 
@@ -88,10 +91,10 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
     TrainState state;
     const bool llmc = run.args.checkpoint_format == "llmc";  // AdamW, no -tp or -pp (args.h)
     std::vector<float> master;  // -cf llmc without master weights: the fp32 parameters of the optimizer's range
+    if (llmc && !m.has_master) master = m.optimizer_parameters();
     if (lay.tp == 1 && lay.pp == 1) {
-        if (writer || m.parameters_collective || (llmc && !m.has_master)) {
+        if (writer || m.parameters_collective) {
             std::vector<float> params = m.parameters();
-            if (llmc && !m.has_master) master.assign(params.begin() + m.opt_begin, params.begin() + m.opt_end);
             if (writer) job.params = std::move(params);
         }
         job.model_config = m.local;

@@ -749,6 +749,15 @@ TEST(TrainCheckpoints, LlmcCheckpointsContinueTheRun) {
     EXPECT_EQ(test::metrics_without_timings(a.dir + "/metrics.jsonl"), test::metrics_without_timings(b.dir + "/metrics.jsonl"));
     EXPECT_EQ(test::read_text(a.dir + "/model_00000006.bin"), test::read_text(b.dir + "/model_00000006.bin"));
 
+    // -w 0: no master weights in the run; the state file's are its parameters, those of the model file widened
+    TrainerRun w0 = run_trainer("gpu_llmc_w0", common + " -x 1 -n 1 -w 0 -cf llmc");
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(w0.dir + "/model_00000001.bin", &cfg, &params);
+    LlmcState l;
+    llmc_state_read(w0.dir + "/state_00000001_00000.bin", (int64_t)params.size(), &l);
+    EXPECT_EQ(l.master, params);
+
     const std::string jump_args = std::string(TINY_MODEL) + " -b 2 -t 16 --steps 6 --lr 1e-3 --accum 2 --warmup 1 "
                                   "--final-frac 0.1 --data-tokens 4097 --llmc-checkpoint 3:20";  // as test_llmc_interop.cpp
     REQUIRE_ORACLE("llmc_jump", jump_args);
