@@ -180,15 +180,30 @@ inline void validate_config(const GPT2Config& cfg, const char* source) {
     }
 }
 
-// The model descriptors "d6", "d12", ... name GPT-2 shapes by depth (GPT-2 small is d12).
-// Returns false if `name` is not a descriptor (then it is taken as a checkpoint path).
+// The model descriptors "d6", "d12", ... name GPT-2 shapes by depth (GPT-2 small is d12), with GPT-2's
+// context of 1024 positions; "d6:4096" is the same shape with another context (maxT, the rows of wpe), for
+// sequences longer than GPT-2's. Returns false if `name` is not a descriptor (then it is taken as a
+// checkpoint path); a descriptor with a bad context ("d6:0", "d6:x") is an error.
+constexpr int MAX_DESCRIPTOR_CONTEXT = 1 << 20;
 inline bool config_from_descriptor(const char* name, GPT2Config* cfg) {
     struct Shape { const char* name; int L, C, NH; };
     static const Shape shapes[] = {
         {"d6", 6, 384, 6}, {"d12", 12, 768, 12}, {"d24", 24, 1024, 16}, {"d36", 36, 1280, 20}, {"d48", 48, 1600, 25}};
+    const char* colon = strchr(name, ':');
+    size_t depth_length = colon ? (size_t)(colon - name) : strlen(name);
     for (const Shape& s : shapes) {
-        if (strcmp(name, s.name) == 0) {
-            cfg->max_seq_len = 1024;
+        if (strlen(s.name) == depth_length && strncmp(name, s.name, depth_length) == 0) {
+            int context = 1024;
+            if (colon) {
+                char* end = nullptr;
+                long value = strtol(colon + 1, &end, 10);
+                if (colon[1] < '0' || colon[1] > '9' || *end != '\0' || value < 1 || value > MAX_DESCRIPTOR_CONTEXT) {
+                    fatal("model descriptor '%s': the context after ':' must be a number of positions from 1 to %d "
+                          "(e.g. %.*s:4096)", name, MAX_DESCRIPTOR_CONTEXT, (int)depth_length, name);
+                }
+                context = (int)value;
+            }
+            cfg->max_seq_len = context;
             cfg->vocab_size = 50257;
             cfg->padded_vocab_size = pad_vocab(50257);
             cfg->num_layers = s.L;
@@ -200,11 +215,11 @@ inline bool config_from_descriptor(const char* name, GPT2Config* cfg) {
     return false;
 }
 
-// True for strings of the form "d<digits>", which we treat as descriptors (and reject if unknown).
+// True for strings of the form "d<digits>" or "d<digits>:...", which we treat as descriptors (and reject if
+// unknown).
 inline bool looks_like_descriptor(const char* name) {
-    if (name[0] != 'd' || name[1] == '\0') return false;
-    for (const char* p = name + 1; *p; p++) {
-        if (*p < '0' || *p > '9') return false;
-    }
-    return true;
+    if (name[0] != 'd' || name[1] < '0' || name[1] > '9') return false;
+    const char* p = name + 1;
+    while (*p >= '0' && *p <= '9') p++;
+    return *p == '\0' || *p == ':';
 }

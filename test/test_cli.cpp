@@ -203,6 +203,13 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
     expect_refused_all("cli_bad_fit", {
         // -t above the model's maxT (d6: 1024; the tiny model: 16)
         {"-e d6 -t 1025", "flag -t: sequence length 1025 exceeds the model's maximum 1024"},
+        {"-e d6:512 -t 513", "flag -t: sequence length 513 exceeds the model's maximum 512"},
+        // a descriptor's context: a number of positions from 1 to 2^20; an unknown depth with one is unknown
+        {"-e d6:0", "model descriptor 'd6:0': the context after ':' must be a number of positions from 1 to 1048576"},
+        {"-e d6:4k", "model descriptor 'd6:4k': the context after ':' must be a number"},
+        {"-e d6:", "model descriptor 'd6:': the context after ':' must be a number"},
+        {"-e d7:512", "flag -e: unknown model descriptor 'd7:512' \\(d6, d12, d24, d36 or d48, each with an optional "
+                      "context: d6:4096\\)"},
         {run.args() + " -t 17", "flag -t: sequence length 17 exceeds the model's maximum 16"},
         // -d not a multiple of B*T = 16
         {run.args() + " -d 24", "flag -d: total batch 24 tokens is not a multiple of B\\*T\\*\\(data-parallel processes\\)"},
@@ -216,6 +223,26 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
         // more val batches than the val set holds (6 of B=2 x T=8)
         {run.args() + " -m 7", "flag -m: 7 val batches but the val data .* holds only 6 of B=2 x T=8"},
     });
+}
+
+// A descriptor with a context longer than GPT-2's (issue 50, item 3): d6 with 2048 positions trains a step
+// at T = 2048 (GPT-2's d6 refuses it, above), from a loss near ln V (GPT-2's initialization: the logits
+// start near 0), and its checkpoint has 2048 rows of wpe (maxT in the header).
+TEST(CliTrainer, DescriptorWithALongerContextTrainsAtThatLength) {
+    std::string dir = test::oracle("tiny_reliability", "--layers 2 --channels 64 --heads 4 --max-seq-len 32 --vocab 300 "
+                                                       "--seed 1 -b 2 -t 16 --data-tokens 4096");
+    std::string out = test::scratch_dir("cli_long_context");
+    test::CommandResult r = run_trainer("-e d6:2048 -i " + dir + "/train.bin -b 1 -t 2048 -x 1 -v 0 -s 0 -n 1 -o " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("maxT=2048"), std::string::npos) << r.output;
+    std::vector<double> loss = test::jsonl_values(out + "/metrics.jsonl", "train_loss");
+    ASSERT_EQ(loss.size(), 1u);
+    EXPECT_NEAR(loss[0], std::log(50257.0), 0.1);
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(checkpoint_model_path(out, 1), &cfg, &params);
+    EXPECT_EQ(cfg.max_seq_len, 2048);
+    EXPECT_EQ(params.size(), num_parameters(cfg));
 }
 
 // ----------------------------------------------------------------------------

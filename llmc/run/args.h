@@ -113,7 +113,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
     return {
         {"-i", FlagKind::String, &a->train_pattern, NAN, NAN, false, "train data shards (glob pattern)"},
         {"-j", FlagKind::String, &a->val_pattern, NAN, NAN, false, "val data shards (glob pattern)"},
-        {"-e", FlagKind::String, &a->model, NAN, NAN, false, "model: checkpoint .bin, or d6|d12|d24|d36|d48 for random init"},
+        {"-e", FlagKind::String, &a->model, NAN, NAN, false, "model: checkpoint .bin, or d6|d12|d24|d36|d48 for random init (d6:4096: with a context of 4096 positions)"},
         {"-o", FlagKind::String, &a->output_dir, NAN, NAN, false, "output dir for main.log, metrics.jsonl, checkpoints"},
         {"-b", FlagKind::Int, &a->B, 1, 1 << 20, false, "micro-batch size B; CUDA with -d: auto, the largest that fits the GPU"},
         {"-t", FlagKind::Int, &a->T, 1, 1 << 20, false, "sequence length T (at most the model's maxT)"},

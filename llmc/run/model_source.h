@@ -17,7 +17,8 @@ inline GPT2Config gpt2_config_from_flag(const std::string& name) {
     GPT2Config cfg;
     if (config_from_descriptor(name.c_str(), &cfg)) return cfg;
     if (looks_like_descriptor(name.c_str())) {
-        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
+        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48, each with an optional context: "
+              "d6:4096)", name.c_str());
     }
     int version;
     BlockChecksums sums;
@@ -29,7 +30,8 @@ inline GPT2Config gpt2_config_from_flag(const std::string& name) {
 inline std::vector<float> gpt2_parameters_from_flag(const std::string& name, unsigned seed, GPT2Config* cfg) {
     if (config_from_descriptor(name.c_str(), cfg)) return gpt2_random_parameters(*cfg, seed);
     if (looks_like_descriptor(name.c_str())) {
-        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48)", name.c_str());
+        fatal("flag -e: unknown model descriptor '%s' (d6, d12, d24, d36 or d48, each with an optional context: "
+              "d6:4096)", name.c_str());
     }
     std::vector<float> params;
     model_file_read(name, cfg, &params);
