@@ -173,6 +173,23 @@ TEST(LlmcInterop, ShuffledAndTruncatedLlmcFiles) {
     std::vector<double> want = oracle_losses(dir);
     expect_losses(losses(out), std::vector<double>(want.begin() + 3, want.end()), "steps 4-6");
 
+    // a position past the data (batch 200 of a shard of 128): from the step, saying why
+    std::string past = test::scratch_dir("llmc_past");
+    ASSERT_EQ(test::run_command("cp " + dir + "/llmc/* " + past).exit_code, 0);
+    {
+        FILE* fp = fopen(checkpoint_state_path(past, 3, 0).c_str(), "r+b");
+        ASSERT_NE(fp, nullptr);
+        uint64_t batch = 200;
+        fseek(fp, 32 * 4, SEEK_SET);
+        fwrite(&batch, 8, 1, fp);
+        fclose(fp);
+    }
+    r = test::run_command(trainer(dir) + " -o " + past + " -y 1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("llm.c's data position (shard 0, batch 200) is not a place in this stream: it lies past this "
+                            "data (1 shard(s)): other data than llm.c's run read?; the run continues this stream where it "
+                            "would be after step 3: sample 12 of epoch 0"), std::string::npos) << r.output;
+
     std::string cut = test::scratch_dir("llmc_truncated");
     ASSERT_EQ(test::run_command("cp " + dir + "/llmc/* " + cut + " && truncate -s -4 " + checkpoint_state_path(cut, 3, 0)).exit_code, 0);
     r = test::run_command(trainer(dir) + " -o " + cut + " -y 1");

@@ -194,6 +194,13 @@ inline std::string llmc_stream_mismatch(const DataLoader& loader, int processes)
     return "";
 }
 
+// True when llm.c's (shard, batch) is a place in this data: an existing shard, and a batch of it or its end
+// (llm.c moves to the next shard only when it reads again).
+inline bool llmc_position_in_data(const DataLoader& loader, int64_t shard, int64_t batch) {
+    if (shard < 0 || shard >= (int64_t)loader.files.size() || batch < 0) return false;
+    return batch <= dataloader_samples_in_file(&loader, (int)shard) / ((int64_t)loader.B * loader.num_processes);
+}
+
 // The sample of an epoch of this stream where llm.c's (shard, batch) starts (llmc_stream_mismatch empty).
 inline int64_t llmc_position_in_stream(const DataLoader& loader, int64_t shard, int64_t batch) {
     int64_t sample = 0;

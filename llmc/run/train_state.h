@@ -112,6 +112,9 @@ inline DataPosition data_position_from_state(const TrainState& state, DataLoader
         DataPosition by_step = dataloader_position_at(loader, (int64_t)step * samples_per_step);
         std::string why = state.llmc_shuffled ? "llm.c's loader shuffled, in an order of its own"
                                               : llmc_stream_mismatch(*loader, state.data_processes);
+        if (why.empty() && !llmc_position_in_data(*loader, state.llmc_shard, state.llmc_batch)) {
+            why = "it lies past this data (" + std::to_string(loader->files.size()) + " shard(s)): other data than llm.c's run read?";
+        }
         if (!why.empty()) {
             printf("resume: llm.c's data position (shard %ld, batch %ld) is not a place in this stream: %s; the run "
                    "continues this stream where it would be after step %d: sample %ld of epoch %ld\n",
