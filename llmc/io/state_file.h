@@ -109,10 +109,6 @@ struct TrainState {
     int32_t data_processes = 0;
     bool loss_scale_dynamic = false;  // S above is a dynamic loss scale (the FP16 build)
     std::vector<StateSection> sections;  // extra sections (see the top), in file order
-    // Read from llm.c's state file (llmc/io/llmc_state.h; version is 0 then): its loader's place, a shard and
-    // a global micro-batch in it, and whether that loader shuffled
-    bool llmc = false, llmc_shuffled = false;
-    int64_t llmc_shard = 0, llmc_batch = 0;
 };
 
 // Adafactor keeps no first moment: its files have v (and master) only.

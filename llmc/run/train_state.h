@@ -72,25 +72,51 @@ inline void loss_scaler_restore(LossScaler* s, const TrainState& state) {
     s->updates = state.updates;
 }
 
-// llm.c's state file as one of ours: what it holds (the step, every step an update, AdamW's m and v, the
-// master weights, its loader's place); what it does not record (B, T, the accumulation, the sampler, a loss
-// scale) is this run's.
-inline TrainState train_state_from_llmc(LlmcState l, const DataLoader& loader, int grad_accum_steps,
-                                        uint64_t sampler_rng) {
+// llm.c's (shard, batch) as a place in this stream: as it is where llm.c's loader reads this stream (not
+// shuffled, shards of whole batches, the same processes; llm.c does not record B: this run's is taken),
+// else where this run would be after `step` steps of `samples_per_step` samples; a note says which.
+inline DataPosition llmc_data_position(const LlmcState& l, const DataLoader& loader, int step, int64_t samples_per_step) {
+    DataPosition by_step = dataloader_position_at(&loader, (int64_t)step * samples_per_step);
+    std::string why = l.shuffled ? "llm.c's loader shuffled, in an order of its own" : llmc_stream_mismatch(loader, l.num_processes);
+    if (why.empty() && !llmc_position_in_data(loader, l.shard, l.batch)) {
+        why = "it lies past this data (" + std::to_string(loader.files.size()) + " shard(s)): other data than llm.c's run read?";
+    }
+    if (!why.empty()) {
+        printf("resume: llm.c's data position (shard %ld, batch %ld) is not a place in this stream: %s; the run "
+               "continues this stream where it would be after step %d: sample %ld of epoch %ld\n", (long)l.shard,
+               (long)l.batch, why.c_str(), step, (long)by_step.sample, (long)by_step.epoch);
+        return by_step;
+    }
+    // llm.c counts no epochs: the one that puts the sample nearest to where the step would be
+    int64_t E = dataloader_epoch_samples(&loader), sample = llmc_position_in_stream(loader, l.shard, l.batch);
+    int64_t at = (int64_t)step * samples_per_step, epoch = std::max<int64_t>(0, (at - sample + E / 2) / E);
+    printf("resume: llm.c's data position (shard %ld, batch %ld of B=%d x T=%d x %d processes; llm.c does not record "
+           "B: this run's) is sample %ld of epoch %ld of this stream: the run continues there\n", (long)l.shard,
+           (long)l.batch, loader.B, loader.T, loader.num_processes, (long)sample, (long)epoch);
+    return DataPosition{epoch, sample};
+}
+
+// llm.c's state file as one of ours (llmc/io/llmc_state.h): what it holds (the step, every step an update,
+// AdamW's m and v, the master weights) and its data position placed in this stream (the note comes from
+// process 0's file); what it does not record (B, T, the accumulation, the sampler, a loss scale) is this
+// run's. Its data position is then this version's kind, of this data set.
+inline TrainState train_state_from_llmc(LlmcState l, const DataLoader& loader, int grad_accum_steps, uint64_t sampler_rng,
+                                        int64_t num_parameters, int step, int64_t samples_per_step) {
     TrainState s;
-    s.version = 0;
-    s.llmc = true;
-    s.llmc_shuffled = l.shuffled;
-    s.llmc_shard = l.shard;
-    s.llmc_batch = l.batch;
     s.num_processes = s.data_processes = l.num_processes;
     s.rank = l.rank;
     s.B = loader.B;
     s.T = loader.T;
     s.grad_accum_steps = grad_accum_steps;
     s.step = s.updates = l.step;
+    if (l.rank == 0) {
+        DataPosition p = llmc_data_position(l, loader, step, samples_per_step);
+        s.data_epoch = p.epoch;
+        s.data_sample = p.sample;
+    }
+    s.data_epoch_samples = dataloader_epoch_samples(&loader);
     s.sampler_rng = sampler_rng;
-    s.num_parameters = 0;  // the reader's N (llm.c's file does not record it)
+    s.num_parameters = num_parameters;
     s.shard_offset = l.shard_offset;
     s.shard_length = l.shard_length;
     s.optimizer = OPT_ADAMW;
@@ -108,29 +134,6 @@ inline TrainState train_state_from_llmc(LlmcState l, const DataLoader& loader, i
 // version's run would be after the same number of steps, `samples_per_step` samples a step, with a note.
 inline DataPosition data_position_from_state(const TrainState& state, DataLoader* loader, const std::string& dir,
                                              int step, int64_t samples_per_step) {
-    if (state.llmc) {  // llm.c's (shard, batch): moved across where its loader reads this stream (llmc_state.h)
-        DataPosition by_step = dataloader_position_at(loader, (int64_t)step * samples_per_step);
-        std::string why = state.llmc_shuffled ? "llm.c's loader shuffled, in an order of its own"
-                                              : llmc_stream_mismatch(*loader, state.data_processes);
-        if (why.empty() && !llmc_position_in_data(*loader, state.llmc_shard, state.llmc_batch)) {
-            why = "it lies past this data (" + std::to_string(loader->files.size()) + " shard(s)): other data than llm.c's run read?";
-        }
-        if (!why.empty()) {
-            printf("resume: llm.c's data position (shard %ld, batch %ld) is not a place in this stream: %s; the run "
-                   "continues this stream where it would be after step %d: sample %ld of epoch %ld\n",
-                   (long)state.llmc_shard, (long)state.llmc_batch, why.c_str(), step, (long)by_step.sample,
-                   (long)by_step.epoch);
-            return by_step;
-        }
-        // llm.c counts no epochs: the one that puts the sample nearest to where the step would be
-        int64_t E = dataloader_epoch_samples(loader), sample = llmc_position_in_stream(*loader, state.llmc_shard, state.llmc_batch);
-        int64_t at = (int64_t)step * samples_per_step, epoch = std::max<int64_t>(0, (at - sample + E / 2) / E);
-        printf("resume: llm.c's data position (shard %ld, batch %ld of B=%d x T=%d x %d processes; llm.c does not record "
-               "B: this run's) is sample %ld of epoch %ld of this stream: the run continues there\n",
-               (long)state.llmc_shard, (long)state.llmc_batch, loader->B, loader->T, loader->num_processes, (long)sample,
-               (long)epoch);
-        return DataPosition{epoch, sample};
-    }
     if (state.version >= 5) {
         if (state.data_epoch_samples != dataloader_epoch_samples(loader) ||
             (state.data_fingerprint != 0 && state.data_fingerprint != loader->fingerprint)) {
@@ -179,8 +182,15 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
         if (!llmc_state_file(path)) fatal("state file '%s' is not llm.c's like the others of checkpoint %d", path.c_str(), step);
         LlmcState l;
         llmc_state_read(path, (int64_t)num_parameters, &l);
-        *piece = train_state_from_llmc(std::move(l), *loader, grad_accum_steps, *sampler_rng);
-        piece->num_parameters = (int64_t)num_parameters;
+        if (l.rank == 0) {
+            printf("resume: checkpoint %d in %s was written by llm.c (%d process%s%s), whose state file records neither B, "
+                   "T nor the tokens per step: this run continues with B=%d T=%d and %ld tokens per step (llm.c's -b, -t "
+                   "and -d continue it as it was)\n", step, dir.c_str(), l.num_processes, l.num_processes == 1 ? "" : "es",
+                   l.master.empty() ? "" : ", fp32 master weights", loader->B, loader->T,
+                   (long)loader->B * loader->T * grad_accum_steps * loader->num_processes);
+        }
+        *piece = train_state_from_llmc(std::move(l), *loader, grad_accum_steps, *sampler_rng, (int64_t)num_parameters,
+                                       step, (long)loader->B * grad_accum_steps * loader->num_processes);
     };
     TrainState first;
     read_piece(first_path, &first);
@@ -190,12 +200,6 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
               optimizer_name(optimizer), optimizer_name(first.optimizer));
     }
     long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
-    if (llmc) {
-        printf("resume: checkpoint %d in %s was written by llm.c (%d process%s%s), whose state file records neither B, T "
-               "nor the tokens per step: this run continues with B=%d T=%d and %ld tokens per step (llm.c's -b, -t and "
-               "-d continue it as it was)\n", step, dir.c_str(), first.num_processes, first.num_processes == 1 ? "" : "es",
-               first.master.empty() ? "" : ", fp32 master weights", loader->B, loader->T, our_tokens);
-    }
     // B and the process count may differ (the stream is one of T-token samples); T and the tokens per
     // step may not: they define the samples and the step
     long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
