@@ -24,16 +24,6 @@
 
 namespace {
 
-// Largest |a - b| relative to the largest |b| (the reference).
-double max_rel_diff(const float* a, const float* b, size_t n) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < n; i++) {
-        diff = std::max(diff, std::fabs((double)a[i] - b[i]));
-        ref = std::max(ref, std::fabs((double)b[i]));
-    }
-    return ref > 0 ? diff / ref : diff;
-}
-
 void usage(const char* why) {
     fprintf(stderr,
             "check_gpt2: %s\n"
@@ -108,14 +98,14 @@ int main(int argc, char** argv) {
                 std::copy(model.acts.logits + (size_t)i * Vp, model.acts.logits + (size_t)i * Vp + V,
                           logits.begin() + (size_t)i * V);
             }
-            double e = max_rel_diff(logits.data(), state.logits.data(), logits.size());
+            double e = max_rel_error(logits.data(), state.logits.data(), logits.size());
             printf("logits: max difference %.2e of the largest (tolerance %.0e): %s\n", e, tol_logits, verdict(e <= tol_logits));
             double le = std::fabs((double)loss - state.loss) / std::fabs(state.loss);
             printf("loss: %.6f, reference %.6f, relative difference %.2e (tolerance %.0e): %s\n", loss, state.loss, le,
                    tol_logits, verdict(le <= tol_logits));
             for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
                 size_t off = model.param_offsets[i], n = model.param_sizes[i];
-                double g = max_rel_diff(model.grads_memory.data() + off, state.grads.data() + off, n);
+                double g = max_rel_error(model.grads_memory.data() + off, state.grads.data() + off, n);
                 bool ok = g <= tol_grads;
                 passed_grads += ok;
                 printf("gradient %-9s max difference %.2e of the largest (tolerance %.0e): %s\n", param_tensor_name(i), g,

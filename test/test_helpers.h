@@ -136,16 +136,9 @@ inline DebugState read_debug_state(const std::string& path, int V, size_t num_pa
     return debug_state_read(path, V, num_params);
 }
 
-// Largest |a - b| over the array, relative to the largest |b|: one number per tensor that does not
-// blow up on elements that happen to be near zero.
-inline double max_rel_error(const float* a, const float* b, size_t n) {
-    double max_diff = 0, max_ref = 0;
-    for (size_t i = 0; i < n; i++) {
-        max_diff = std::max(max_diff, std::fabs((double)a[i] - b[i]));
-        max_ref = std::max(max_ref, std::fabs((double)b[i]));
-    }
-    return max_ref > 0 ? max_diff / max_ref : max_diff;
-}
+// The error measure of every comparison with a reference (llmc/io/debug_state.h): the largest |a - b|
+// relative to the largest |b|.
+using ::max_rel_error;
 
 // The numbers of a JSON array "key": [..] in text (the oracle's run.json); enough JSON for our files.
 inline std::vector<double> json_array(const std::string& text, const std::string& key) {

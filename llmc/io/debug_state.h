@@ -5,6 +5,8 @@
 // Read by check_gpt2 (a model + debug state pair, as llm.c's test_gpt2 checks one) and by the tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -22,6 +24,18 @@ struct DebugState {
     float loss = 0;
     std::vector<float> grads;          // all 16 tensors, checkpoint order
 };
+
+// How far a tensor is from its reference: the largest |a - b| over the array, relative to the largest |b|,
+// one number per tensor that does not blow up on elements that happen to be near zero (check_gpt2 and the
+// tests measure with it).
+inline double max_rel_error(const float* a, const float* b, size_t n) {
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        max_diff = std::max(max_diff, std::fabs((double)a[i] - b[i]));
+        max_ref = std::max(max_ref, std::fabs((double)b[i]));
+    }
+    return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
 
 // V: the model's vocabulary (unpadded), num_params: its parameter count (padded); the file's size must match.
 inline DebugState debug_state_read(const std::string& path, int V, size_t num_params) {

@@ -131,11 +131,8 @@ inline void llmc_state_read(const std::string& path, int64_t num_parameters, Llm
         freadCheck(s->master.data(), 1, bytes, fp);
     }
     fcloseCheck(fp);
-    std::string of = std::string(" of ") + what + " '" + path + "'";
-    require_finite(s->m.data(), s->m.size(), "reading", "AdamW m" + of);
-    require_finite(s->v.data(), s->v.size(), "reading", "AdamW v" + of);
-    require_non_negative(s->v.data(), s->v.size(), "reading", "AdamW v" + of);
-    require_finite(s->master.data(), s->master.size(), "reading", "master weights" + of);
+    require_valid_optimizer_state(s->m, s->v, s->master, "reading", "AdamW m", "AdamW v",
+                                  std::string(" of ") + what + " '" + path + "'");
 }
 
 // Writes llm.c's state file: unshuffled (llm.c's loader continues in file order from shard, batch).
@@ -144,11 +141,7 @@ inline void llmc_state_write(const std::string& path, const LlmcState& s) {
         (!s.master.empty() && (int64_t)s.master.size() != s.shard_length)) {
         fatal("llmc_state_write: optimizer buffers do not match the shard length %ld", (long)s.shard_length);
     }
-    std::string of = " of '" + path + "'";
-    require_finite(s.m.data(), s.m.size(), "writing", "AdamW m" + of);
-    require_finite(s.v.data(), s.v.size(), "writing", "AdamW v" + of);
-    require_non_negative(s.v.data(), s.v.size(), "writing", "AdamW v" + of);
-    require_finite(s.master.data(), s.master.size(), "writing", "master weights" + of);
+    require_valid_optimizer_state(s.m, s.v, s.master, "writing", "AdamW m", "AdamW v", " of '" + path + "'");
     int32_t header[HEADER_INTS] = {0};
     header[0] = LLMC_STATE_MAGIC;
     header[1] = LLMC_STATE_VERSION;
@@ -174,6 +167,9 @@ inline void llmc_state_write(const std::string& path, const LlmcState& s) {
 // ----------------------------------------------------------------------------
 // the data position, between llm.c's (shard, batch) and this project's stream
 
+// Samples of T tokens in one of llm.c's batches (a global micro-batch): B x processes.
+inline int64_t llmc_batch_samples(const DataLoader& loader) { return (int64_t)loader.B * loader.num_processes; }
+
 // Why llm.c's unshuffled loader with `processes` processes and this loader's B would not read this
 // loader's stream sample for sample; empty when it would.
 inline std::string llmc_stream_mismatch(const DataLoader& loader, int processes) {
@@ -182,7 +178,7 @@ inline std::string llmc_stream_mismatch(const DataLoader& loader, int processes)
         return "llm.c's run had " + std::to_string(processes) + " processes, this one " +
                std::to_string(loader.num_processes) + " data-parallel processes";
     }
-    int64_t per_batch = (int64_t)loader.B * loader.num_processes;
+    int64_t per_batch = llmc_batch_samples(loader);
     for (size_t f = 0; f < loader.files.size(); f++) {
         int64_t samples = dataloader_samples_in_file(&loader, (int)f);
         if (samples % per_batch != 0) {
@@ -198,14 +194,14 @@ inline std::string llmc_stream_mismatch(const DataLoader& loader, int processes)
 // (llm.c moves to the next shard only when it reads again).
 inline bool llmc_position_in_data(const DataLoader& loader, int64_t shard, int64_t batch) {
     if (shard < 0 || shard >= (int64_t)loader.files.size() || batch < 0) return false;
-    return batch <= dataloader_samples_in_file(&loader, (int)shard) / ((int64_t)loader.B * loader.num_processes);
+    return batch <= dataloader_samples_in_file(&loader, (int)shard) / llmc_batch_samples(loader);
 }
 
 // The sample of an epoch of this stream where llm.c's (shard, batch) starts (llmc_stream_mismatch empty).
 inline int64_t llmc_position_in_stream(const DataLoader& loader, int64_t shard, int64_t batch) {
     int64_t sample = 0;
     for (int64_t f = 0; f < shard && f < (int64_t)loader.files.size(); f++) sample += dataloader_samples_in_file(&loader, (int)f);
-    sample += batch * loader.B * loader.num_processes;
+    sample += batch * llmc_batch_samples(loader);
     return sample % dataloader_epoch_samples(&loader);  // llm.c may stand at a shard's end: the next one's start
 }
 
@@ -217,13 +213,13 @@ inline void llmc_position_of_sample(const DataLoader& loader, int64_t sample, in
         f++;
     }
     *shard = f;
-    *batch = sample / ((int64_t)loader.B * loader.num_processes);
+    *batch = sample / llmc_batch_samples(loader);
 }
 
 // Where llm.c's own unshuffled loader (this loader's B, T and processes) stands after `micro_steps` global
 // micro-batches from the start: its shards hold floor(S / (B*P)) batches each.
 inline void llmc_position_after(const DataLoader& loader, int64_t micro_steps, int64_t* shard, int64_t* batch) {
-    int64_t per_batch = (int64_t)loader.B * loader.num_processes, epoch = 0;
+    int64_t per_batch = llmc_batch_samples(loader), epoch = 0;
     for (size_t f = 0; f < loader.files.size(); f++) epoch += dataloader_samples_in_file(&loader, (int)f) / per_batch;
     *shard = 0;
     *batch = 0;

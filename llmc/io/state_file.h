@@ -120,6 +120,18 @@ inline std::string state_moment_name(int optimizer, char moment) {
     return std::string(owner) + " " + moment;
 }
 
+// The states no run reaches, refused in any state file (ours, llm.c's) read or written: non-finite
+// moments or master weights, a negative second moment. `of` ends each vector's name in the message
+// (" of optimizer state file 'PATH'").
+inline void require_valid_optimizer_state(const std::vector<float>& m, const std::vector<float>& v,
+                                          const std::vector<float>& master, const char* action, const std::string& m_name,
+                                          const std::string& v_name, const std::string& of) {
+    require_finite(m.data(), m.size(), action, m_name + of);
+    require_finite(v.data(), v.size(), action, v_name + of);
+    require_non_negative(v.data(), v.size(), action, v_name + of);
+    require_finite(master.data(), master.size(), action, "master weights" + of);
+}
+
 // Bytes of the extra sections together.
 inline int64_t state_sections_bytes(const std::vector<StateSection>& sections) {
     int64_t total = 0;
@@ -166,11 +178,8 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
         int64_t length = (int64_t)s.sections[i].bytes.size();
         memcpy(&header[43 + 4 * i], &length, sizeof(length));
     }
-    std::string m_name = state_moment_name(s.optimizer, 'm'), v_name = state_moment_name(s.optimizer, 'v');
-    require_finite(s.m.data(), s.m.size(), "writing", m_name + " of '" + path + "'");
-    require_finite(s.v.data(), s.v.size(), "writing", v_name + " of '" + path + "'");
-    require_non_negative(s.v.data(), s.v.size(), "writing", v_name + " of '" + path + "'");
-    require_finite(s.master.data(), s.master.size(), "writing", "master weights of '" + path + "'");
+    require_valid_optimizer_state(s.m, s.v, s.master, "writing", state_moment_name(s.optimizer, 'm'),
+                                  state_moment_name(s.optimizer, 'v'), " of '" + path + "'");
     size_t bytes = sizeof(float) * (size_t)s.shard_length;
     AtomicFile f = atomic_open(path);
     int arrays = (has_m ? 2 : 1) + (s.master.empty() ? 0 : 1);
@@ -296,10 +305,6 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     }
     for (StateSection& section : s->sections) checksummed_read(fp, &sums, section.bytes.data(), section.bytes.size());
     fcloseCheck(fp);
-    std::string of = std::string(" of ") + what + " '" + path + "'";
-    std::string m_name = state_moment_name(s->optimizer, 'm'), v_name = state_moment_name(s->optimizer, 'v');
-    require_finite(s->m.data(), s->m.size(), "reading", m_name + of);
-    require_finite(s->v.data(), s->v.size(), "reading", v_name + of);
-    require_non_negative(s->v.data(), s->v.size(), "reading", v_name + of);
-    require_finite(s->master.data(), s->master.size(), "reading", "master weights" + of);
+    require_valid_optimizer_state(s->m, s->v, s->master, "reading", state_moment_name(s->optimizer, 'm'),
+                                  state_moment_name(s->optimizer, 'v'), std::string(" of ") + what + " '" + path + "'");
 }

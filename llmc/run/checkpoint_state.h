@@ -90,8 +90,6 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
     job.model_version = m.model_version;
     TrainState state;
     const bool llmc = run.args.checkpoint_format == "llmc";  // AdamW, no -tp or -pp (args.h)
-    std::vector<float> master;  // -cf llmc without master weights: the fp32 parameters of the optimizer's range
-    if (llmc && !m.has_master) master = m.optimizer_parameters();
     if (lay.tp == 1 && lay.pp == 1) {
         if (writer || m.parameters_collective) {
             std::vector<float> params = m.parameters();
@@ -105,7 +103,9 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
             state = header(m.num_parameters, m.opt_begin, m.opt_end);
             state.m = m.optimizer_vector(CKPT_M);
             state.v = m.optimizer_vector(CKPT_V);
-            state.master = m.has_master ? m.optimizer_vector(CKPT_MASTER) : std::move(master);
+            // -cf llmc without master weights: the fp32 parameters of the optimizer's range stand in for them
+            if (m.has_master) state.master = m.optimizer_vector(CKPT_MASTER);
+            else if (llmc) state.master = m.optimizer_parameters();
         }
     } else {  // the whole model and optimizer state, put together on world rank 0
         size_t N = num_parameters(m.whole), n = m.num_parameters;

@@ -174,6 +174,7 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     }
     // ours, or llm.c's (llmc_state.h): the first file says which, and all of a checkpoint's files are alike
     const bool llmc = llmc_state_file(first_path);
+    long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
     auto read_piece = [&](const std::string& path, TrainState* piece) {
         if (!llmc) {
             state_file_read(path, piece);
@@ -186,11 +187,10 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
             printf("resume: checkpoint %d in %s was written by llm.c (%d process%s%s), whose state file records neither B, "
                    "T nor the tokens per step: this run continues with B=%d T=%d and %ld tokens per step (llm.c's -b, -t "
                    "and -d continue it as it was)\n", step, dir.c_str(), l.num_processes, l.num_processes == 1 ? "" : "es",
-                   l.master.empty() ? "" : ", fp32 master weights", loader->B, loader->T,
-                   (long)loader->B * loader->T * grad_accum_steps * loader->num_processes);
+                   l.master.empty() ? "" : ", fp32 master weights", loader->B, loader->T, our_tokens);
         }
         *piece = train_state_from_llmc(std::move(l), *loader, grad_accum_steps, *sampler_rng, (int64_t)num_parameters,
-                                       step, (long)loader->B * grad_accum_steps * loader->num_processes);
+                                       step, our_tokens / loader->T);
     };
     TrainState first;
     read_piece(first_path, &first);
@@ -199,7 +199,6 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
               "fresh run in another -o)", step, dir.c_str(), optimizer_name(first.optimizer), llmc ? " (by llm.c)" : "",
               optimizer_name(optimizer), optimizer_name(first.optimizer));
     }
-    long our_tokens = (long)loader->B * loader->T * grad_accum_steps * loader->num_processes;
     // B and the process count may differ (the stream is one of T-token samples); T and the tokens per
     // step may not: they define the samples and the step
     long written_tokens = (long)first.B * first.T * first.grad_accum_steps * first.data_processes;
