@@ -19,6 +19,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 
 #include "llmc/adafactor.h"
 #include "llmc/adamw.h"
+#include "llmc/adamw8.h"
 #include "llmc/attention.h"
 #include "llmc/run/cpu_peak.h"
 #include "llmc/crossentropy.h"
@@ -44,6 +45,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/tensor_parallel.h"
 #include "llmc/parallel/zero.h"
+#include "llmc/parallel/zero_blocks.h"
 #include "llmc/parallel/zero_sharded.h"
 #include "llmc/rand.h"
 #include "llmc/residual.h"
@@ -107,6 +109,9 @@ struct GPT2 {
     // m, and its whole factored state in v (every process has all of it: llmc/parallel/matrix_owners.h)
     OptimizerPlan optimizer;
     std::vector<float> m_memory, v_memory;
+    // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end), in the blocks of the flat vector (llmc/adamw8.h)
+    Adamw8Blocks blocks8;
+    Adamw8State moments8;
     // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
     // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, and num_parameters
     // and param_sizes/offsets are local (llmc/parallel/model_state.h moves state to and from the whole)
@@ -174,14 +179,17 @@ void gpt2_setup_optimizer(GPT2* model) {
     model->optimizer = optimizer_plan(model->optimizer.kind, model->config, pg.size);
     const OptimizerPlan& opt = model->optimizer;
     // new vectors, not assign(): a shrunk vector would keep (and the process keep resident) its old size
-    size_t moments = model->opt_end - model->opt_begin;
+    const bool eight_bit = opt.kind == OPT_ADAMW8;
+    size_t moments = eight_bit ? 0 : model->opt_end - model->opt_begin;
     size_t second = opt.kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : moments;
     std::vector<float>(opt.kind == OPT_ADAFACTOR ? 0 : moments, 0.0f).swap(model->m_memory);
     std::vector<float>(second, 0.0f).swap(model->v_memory);
+    model->blocks8 = eight_bit ? adamw8_blocks(opt.tensors) : Adamw8Blocks();
+    model->moments8 = eight_bit ? adamw8_state(model->blocks8, model->opt_begin, model->opt_end) : Adamw8State();
     ZeroMemory& mem = model->memory;
     mem.params = model->params_memory.size() * sizeof(float);
     mem.grads = model->grads_memory.size() * sizeof(float);
-    mem.optimizer = (model->m_memory.size() + model->v_memory.size()) * sizeof(float);
+    mem.optimizer = (model->m_memory.size() + model->v_memory.size()) * sizeof(float) + model->moments8.bytes();
     const ZeroSharding& zs = model->zero;
     mem.gather_params = (zs.outer_params.size() + zs.block_params[0].size() + zs.block_params[1].size()) * sizeof(float);
     mem.gather_grads = (zs.outer_grads.size() + zs.block_grads.size() + zs.shard_part.size()) * sizeof(float);
@@ -536,6 +544,17 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
     }
 }
 
+// One 8-bit AdamW update (llmc/adamw8.h) of parameters [opt_begin, opt_end); with ZeRO the blocks cut by
+// the shard's edges are completed with the neighbours' maxima (llmc/parallel/zero_blocks.h).
+void gpt2_update_adamw8(GPT2* model, const OptimizerStep& s) {
+    const size_t begin = model->opt_begin;
+    adamw8_update(model->params_memory.data() + (begin - model->params_base),
+                  model->grads_memory.data() + (begin - model->grads_base), &model->moments8, model->blocks8, AdamWHyper(),
+                  s.lr, s.weight_decay, s.grad_scale, s.t, [&](std::vector<Adamw8Edge>& edges) {
+                      zero_complete_adamw8_edges(model->layout, model->shard, model->blocks8, edges, host_staging());
+                  });
+}
+
 // One Muon update: AdamW on the tensors that are not block matrices, then Muon's step over the layout
 // (llmc/parallel/muon_step.h) with this trainer's loops (llmc/muon.h) and host copies.
 void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
@@ -596,6 +615,7 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
         case OPT_ADAMW: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
         case OPT_MUON: gpt2_update_muon(model, s); break;
         case OPT_ADAFACTOR: gpt2_update_adafactor(model, s); break;
+        case OPT_ADAMW8: gpt2_update_adamw8(model, s); break;
     }
 }
 
@@ -758,6 +778,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         auto first = model->params_memory.begin() - model->params_base;
         return std::vector<float>(first + model->opt_begin, first + model->opt_end);
     };
+    c.moments8 = [model] { return model->moments8; };
     c.staging = host_staging();
     return c;
 }
@@ -768,6 +789,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
     model->m_memory = state.m;
     model->v_memory = state.v;
+    if (model->optimizer.kind == OPT_ADAMW8) model->moments8 = state.moments8;
     // Master weights in the checkpoint (the CUDA trainer's -w 1, llm.c's) are the fp32 parameters, more exact
     // than a bf16 model file: each process takes its optimizer range's, then they are shared as after an update.
     if (!state.master.empty()) {
@@ -787,13 +809,14 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
     gpt2_setup_optimizer(model);
     optimizer_print(model->optimizer, model->layout, model->opt_begin, model->opt_end, model->shard, model->num_parameters,
                     model->v_memory.size());
-    zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory);
+    zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory,
+                      optimizer == OPT_ADAMW8 ? 2.0 + 8.0 / ADAMW8_BLOCK : 8.0);
 }
 
 size_t gpt2_allocated_bytes(const GPT2* model) {
     size_t floats = model->params_memory.size() + model->grads_memory.size() + model->m_memory.size() +
                     model->v_memory.size() + model->acts_memory.size() + model->scratch_memory.size();
-    return floats * sizeof(float) + model->memory.gather_params + model->memory.gather_grads;
+    return floats * sizeof(float) + model->moments8.bytes() + model->memory.gather_params + model->memory.gather_grads;
 }
 
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
@@ -812,7 +835,7 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
     const char* state = model->optimizer.kind == OPT_ADAMW ? "AdamW moments" : "optimizer state";
     printf("memory per process: parameters %.3f MiB, gradients %.3f MiB, %s %.3f MiB, activations %.3f "
            "MiB, backward scratch %.3f MiB\n", mib(model->params_memory.size()), mib(model->grads_memory.size()), state,
-           mib(model->m_memory.size() + model->v_memory.size()), mib(model->acts_memory.size()),
+           mib(model->m_memory.size() + model->v_memory.size()) + model->moments8.bytes() / 1048576.0, mib(model->acts_memory.size()),
            mib(model->scratch_memory.size()));
 }
 

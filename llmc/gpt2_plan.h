@@ -8,6 +8,7 @@
 
 #include "gpt2_activations.h"
 #include "gpt2_config.h"
+#include "adamw8.h"
 #include "optimizer.h"
 #include "parallel/layout.h"
 #include "parallel/matrix_owners.h"
@@ -35,7 +36,12 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     const int z = lay.zero_stage;
     const size_t F = sizeof(float), opt_n = z >= 1 ? sh.end - sh.begin : n;
     OptimizerPlan opt = optimizer_plan(kind, cfg, lay.dp);
-    size_t moments = kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : 2 * opt_n;
+    size_t moments_bytes = (kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : 2 * opt_n) * sizeof(float);
+    if (kind == OPT_ADAMW8) {  // the codes and the maxima of the blocks holding the range (llmc/adamw8.h)
+        size_t b0, b1;
+        adamw8_blocks(opt.tensors).blocks_of(z >= 1 ? sh.begin : 0, z >= 1 ? sh.end : n, &b0, &b1);
+        moments_bytes = adamw8_state_bytes(opt_n, b1 - b0);
+    }
     size_t gathers = 0;
     if (z >= 2) {  // the outer unit and a block's, for the gradients (and a reduce-scatter piece); -z 3 params too
         std::vector<ZeroUnit> units = zero_units(cfg);
@@ -58,7 +64,8 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     plan.add("parameters", (z == 3 ? sh.shard_size : sh.padded_size) * F, note);
     plan.add("gradients", (z >= 2 ? sh.shard_size : sh.padded_size) * F, z >= 2 ? "-z 2, 3: its shard" : "");
     snprintf(note, sizeof(note), "%s over %zu parameters%s", optimizer_name(kind), opt_n, z >= 1 ? " (its ZeRO shard)" : "");
-    plan.add(kind == OPT_ADAFACTOR ? "optimizer state (factors)" : "optimizer state (m, v)", moments * F, note);
+    plan.add(kind == OPT_ADAFACTOR ? "optimizer state (factors)" : kind == OPT_ADAMW8 ? "optimizer state (m, v in 8 bits)"
+             : "optimizer state (m, v)", moments_bytes, note);
     if (gathers > 0) plan.add("ZeRO unit buffers", gathers * F, "a block's and the outer tensors' gathers and reductions");
     snprintf(note, sizeof(note), "B=%d T=%d at -r %d, %d set(s); -r 0/1/2/3 a set: %.1f %.1f %.1f %.1f MiB", args.B,
              args.T, args.recompute, slots,
@@ -84,6 +91,14 @@ inline void optimizer_print(const OptimizerPlan& opt, const ParallelLayout& layo
     if (opt.kind == OPT_ADAMW) {
         printf("optimizer: AdamW over %zu parameters on this process (%s), moments %.1f MiB per process\n", n, range,
                mib(2 * n));
+        return;
+    }
+    if (opt.kind == OPT_ADAMW8) {
+        size_t b0, b1;
+        adamw8_blocks(opt.tensors).blocks_of(opt_begin, opt_end, &b0, &b1);
+        printf("optimizer: 8-bit AdamW over %zu parameters on this process (%s), moments in %zu blocks of %zu: %.2f MiB "
+               "per process (fp32 moments would be %.1f MiB)\n", n, range, b1 - b0, ADAMW8_BLOCK,
+               adamw8_state_bytes(n, b1 - b0) / 1048576.0, mib(2 * n));
         return;
     }
     if (opt.kind == OPT_ADAFACTOR) {

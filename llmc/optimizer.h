@@ -1,6 +1,7 @@
 // Which optimizer updates the parameters (-opt), and the tensors it updates one by one.
 //
-// AdamW (llmc/adamw.h) is element-wise: it walks the flat parameter array in any cut (ZeRO shards).
+// AdamW (llmc/adamw.h) is element-wise: it walks the flat parameter array in any cut (ZeRO shards);
+// 8-bit AdamW (llmc/adamw8.h) too, with its moments encoded in blocks of 256 counted from each tensor's start.
 // The matrix optimizers look at whole matrices: Muon (llmc/muon.h) orthogonalizes each one, Adafactor
 // (llmc/adafactor.h) keeps a row and a column factor of each one's second moment and scales each
 // tensor's step by its RMS. Their unit is one layer's slice of a stacked (L, ...) tensor, or a whole
@@ -20,19 +21,20 @@
 #include "gpt2_config.h"
 
 // The numbers are the state file's (llmc/io/checkpoint.h): do not renumber.
-enum OptimizerKind { OPT_ADAMW = 0, OPT_MUON = 1, OPT_ADAFACTOR = 2 };
+enum OptimizerKind { OPT_ADAMW = 0, OPT_MUON = 1, OPT_ADAFACTOR = 2, OPT_ADAMW8 = 3 };
 
 inline const char* optimizer_name(int kind) {
     switch (kind) {
         case OPT_ADAMW: return "adamw";
         case OPT_MUON: return "muon";
         case OPT_ADAFACTOR: return "adafactor";
+        case OPT_ADAMW8: return "adamw8";
     }
     return "unknown";
 }
 
 inline bool optimizer_from_name(const std::string& name, OptimizerKind* kind) {
-    for (OptimizerKind k : {OPT_ADAMW, OPT_MUON, OPT_ADAFACTOR}) {
+    for (OptimizerKind k : {OPT_ADAMW, OPT_MUON, OPT_ADAFACTOR, OPT_ADAMW8}) {
         if (name == optimizer_name(k)) {
             *kind = k;
             return true;
@@ -114,6 +116,6 @@ inline size_t adafactor_state_size(const std::vector<OptimizerTensor>& tensors) 
 // data parallelism) which process orthogonalizes each matrix (llmc/parallel/matrix_owners.h).
 struct OptimizerPlan {
     OptimizerKind kind = OPT_ADAMW;
-    std::vector<OptimizerTensor> tensors;  // muon, adafactor: optimizer_tensors()
+    std::vector<OptimizerTensor> tensors;  // muon, adafactor, adamw8: optimizer_tensors()
     std::vector<int> owner;                // muon: per tensor, a block matrix's owner; -1 for the other tensors
 };

@@ -40,6 +40,7 @@ struct Agreement {
     double loss = 0, norm = 0;         // worst relative loss and gradient-norm error over the steps
     double params = 0, matrices = 0;   // worst parameter error (see below): all tensors, Muon's four matrices
     std::vector<double> comm_bytes;    // process 0's, per step (metrics.jsonl)
+    std::string dir;                   // the run's output directory
 };
 
 // Our run in `dir` against the oracle's. Parameters: per tensor, the largest difference from the oracle's
@@ -47,6 +48,7 @@ struct Agreement {
 // (so 1e-3 means "a thousandth of how far training moved the tensor").
 inline Agreement compare_with_oracle(const std::string& oracle_dir, const std::string& dir, int steps) {
     Agreement a;
+    a.dir = dir;
     std::string run_json = test::read_text(oracle_dir + "/run.json");
     std::vector<double> want_loss = test::json_array(run_json, "losses"), want_norm = test::json_array(run_json, "grad_norms");
     std::vector<double> loss = test::jsonl_values(dir + "/metrics.jsonl", "train_loss"),

@@ -567,11 +567,60 @@ TEST(FilesState, ExtraSectionsRoundTripAndAnUnknownRequiredOneIsRefused) {
     // the file's size before anything is allocated for it
     copy_with_header(dir + "/sections.bin", dir + "/huge.bin", 44, 64);
     EXPECT_EXIT(read_state(dir + "/huge.bin"), testing::ExitedWithCode(1), "'.*huge\\.bin' is [0-9]+ bytes but its header implies");
-    copy_with_header(dir + "/sections.bin", dir + "/encoding.bin", 36, 1);
+    copy_with_header(dir + "/sections.bin", dir + "/encoding.bin", 36, 2);
     EXPECT_EXIT(read_state(dir + "/encoding.bin"), testing::ExitedWithCode(1),
-                "'.*encoding\\.bin' stores its moments in encoding 1, which this program does not read");
+                "'.*encoding\\.bin' stores its moments in encoding 2, which this program does not read");
+    // encoding 1 is 8-bit AdamW's, and only its
+    copy_with_header(dir + "/sections.bin", dir + "/adamw_8bit.bin", 36, 1);
+    EXPECT_EXIT(read_state(dir + "/adamw_8bit.bin"), testing::ExitedWithCode(1),
+                "inconsistent header \\(corrupt\\?\\): optimizer 0 with moments in encoding 1");
     s.sections.assign(6, other);
     EXPECT_EXIT(state_file_write(dir + "/six.bin", s), testing::ExitedWithCode(1), "6 extra sections, more than the 5");
+}
+
+// 8-bit AdamW's state (encoding 1): the codes and the block maxima come back as written, with an extra
+// section and master weights after them; a code no encoding writes (-128) and a negative maximum are refused
+// on reading and on writing, and a file claiming more blocks than its size holds by its size.
+TEST(FilesState, EightBitMomentsRoundTrip) {
+    std::string dir = test::scratch_dir("files_state_8bit");
+    TrainState s;
+    s.B = 2, s.T = 8, s.num_parameters = 1000, s.shard_offset = 300, s.shard_length = 400, s.data_epoch_samples = 10;
+    s.optimizer = OPT_ADAMW8;
+    Adamw8State& q = s.moments8;
+    q.begin = 300, q.end = 700, q.block_begin = 1, q.block_end = 4;
+    for (int i = 0; i < 400; i++) q.m.push_back((int8_t)(i % 255 - 127)), q.v.push_back((uint8_t)(i * 7));
+    q.m_max = {0.5f, 0.0f, 2.0f};
+    q.v_max = {1e-6f, 0.0f, 3.0f};
+    s.master.assign(400, 0.25f);
+    StateSection extra;
+    extra.kind = 4242;
+    extra.bytes = {1, 2, 3};
+    s.sections = {extra};
+    state_file_write(dir + "/state.bin", s);
+    TrainState r;
+    state_file_read(dir + "/state.bin", &r);
+    EXPECT_EQ(r.optimizer, OPT_ADAMW8);
+    EXPECT_TRUE(r.m.empty() && r.v.empty());
+    EXPECT_EQ(r.moments8.begin, 300u);
+    EXPECT_EQ(r.moments8.end, 700u);
+    EXPECT_EQ(r.moments8.block_begin, 1u);
+    EXPECT_EQ(r.moments8.block_end, 4u);
+    EXPECT_EQ(r.moments8.m, q.m);
+    EXPECT_EQ(r.moments8.v, q.v);
+    EXPECT_EQ(r.moments8.m_max, q.m_max);
+    EXPECT_EQ(r.moments8.v_max, q.v_max);
+    EXPECT_EQ(r.master, s.master);
+    ASSERT_EQ(r.sections.size(), 1u);
+    EXPECT_EQ(r.sections[0].bytes, extra.bytes);
+    EXPECT_EQ(test::read_text(dir + "/state.bin").size(), (size_t)HEADER_BYTES + 2 * 400 + 2 * 4 * 3 + 4 * 400 + 3);
+    TrainState bad = s;
+    bad.moments8.m[7] = -128;
+    EXPECT_EXIT(state_file_write(dir + "/bad.bin", bad), testing::ExitedWithCode(1), "code -128, which the encoding never writes");
+    bad = s;
+    bad.moments8.v_max[2] = -1.0f;
+    EXPECT_EXIT(state_file_write(dir + "/bad.bin", bad), testing::ExitedWithCode(1), "8-bit AdamW's max v of blocks");
+    copy_with_header(dir + "/state.bin", dir + "/blocks.bin", 37, 4);
+    EXPECT_EXIT(read_state(dir + "/blocks.bin"), testing::ExitedWithCode(1), "bytes but its header implies");
 }
 
 // ----------------------------------------------------------------------------

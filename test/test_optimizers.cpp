@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../llmc/adafactor.h"
+#include "../llmc/adamw8.h"
 #include "../llmc/io/checkpoint.h"
 #include "../llmc/muon.h"
 #include "../llmc/optimizer.h"
@@ -263,6 +264,76 @@ TEST(OptimizerOwners, BalancedByWork) {
 }
 
 // ----------------------------------------------------------------------------
+// 8-bit AdamW's codes (llmc/adamw8.h) against their definition, values worked out by hand
+
+// v: level q is b 2^((q - 255) / 8); a level itself codes to q, a value just inside the geometric midpoint
+// 2^((k - 254.5) / 8) between levels k and k + 1 to the nearer one, anything below half the smallest level
+// (2^-32.75) to 0, and then m codes to 0 too. m: q = round(127 m / a), ties to even; its largest is +-127.
+TEST(OptimizerAdamw8, CodesFollowTheDefinition) {
+    const Adamw8Tables& t = adamw8_tables();
+    EXPECT_EQ(t.level[255], 1.0f);
+    EXPECT_EQ(t.level[247], 0.5f);  // 8 codes an octave
+    EXPECT_EQ(t.level[1], (float)std::exp2(-31.75));
+    for (int q : {1, 2, 100, 200, 254, 255}) EXPECT_EQ(adamw8_code_v((float)std::exp2((q - 255) / 8.0), t.threshold), q) << q;
+    for (int k : {1, 50, 128, 254}) {
+        float mid = (float)std::exp2((k - 254.5) / 8.0);
+        EXPECT_EQ(adamw8_code_v(std::nextafter(mid, 0.0f), t.threshold), k) << k;
+        EXPECT_EQ(adamw8_code_v(std::nextafter(mid, 2.0f), t.threshold), k + 1) << k;
+    }
+    float half_lowest = (float)std::exp2(-32.75);
+    EXPECT_EQ(adamw8_code_v(std::nextafter(half_lowest, 0.0f), t.threshold), 0);
+    EXPECT_EQ(adamw8_code_v(half_lowest, t.threshold), 1);
+    EXPECT_EQ(adamw8_code_v(0.0f, t.threshold), 0);
+    // a block of four: m (a = 2), v (b = 8)
+    const float m[4] = {2.0f, -1.0f, 0.0078125f, 0.5f}, v[4] = {8.0f, 2.0f, 1e-12f, 4.0f};
+    int8_t qm[4];
+    uint8_t qv[4];
+    adamw8_encode(m, v, 4, 2.0f, 8.0f, qm, qv);
+    EXPECT_EQ(qm[0], 127);
+    EXPECT_EQ(qm[1], -64);  // -63.5 rounds to even
+    EXPECT_EQ(qm[3], 32);   // 31.75
+    EXPECT_EQ(qv[0], 255);
+    EXPECT_EQ(qv[1], 239);  // v / b = 1/4: two octaves down
+    EXPECT_EQ(qv[3], 247);
+    EXPECT_EQ(qv[2], 0) << "1.25e-13 of b is below the smallest level";
+    EXPECT_EQ(qm[2], 0) << "where v codes to 0, m does too (0.0078125 alone would be code 0.5 -> 0 anyway)";
+    EXPECT_EQ(adamw8_decode_m(127, 2.0f), 2.0f);
+    EXPECT_EQ(adamw8_decode_m(-64, 2.0f), -64 * (2.0f / 127.0f));
+    EXPECT_EQ(adamw8_decode_v(239, 8.0f, t.level), 2.0f);
+    EXPECT_EQ(adamw8_decode_v(0, 8.0f, t.level), 0.0f);
+    // a block whose m is all 0 (a = 0) codes m to 0; one whose v is all 0 (b = 0) codes everything to 0
+    const float zeros[2] = {0.0f, 0.0f}, some[2] = {1.0f, 2.0f};
+    adamw8_encode(zeros, some, 2, 0.0f, 2.0f, qm, qv);
+    EXPECT_EQ(qm[0], 0);
+    EXPECT_EQ(qv[1], 255);
+    adamw8_encode(some, zeros, 2, 2.0f, 0.0f, qm, qv);
+    EXPECT_EQ(qm[1], 0);
+    EXPECT_EQ(qv[1], 0);
+}
+
+// Blocks start at each tensor's start (each layer's slice of a stacked tensor is one), so no block holds
+// two tensors' elements; the tiny model's 16 tensors of 2 layers, counted by hand.
+TEST(OptimizerAdamw8, BlocksStartAtEachTensor) {
+    GPT2Config cfg = {32, 300, 384, 2, 4, 64};
+    std::vector<OptimizerTensor> tensors = optimizer_tensors(cfg);
+    Adamw8Blocks map = adamw8_blocks(tensors);
+    size_t expected = 0;
+    for (const OptimizerTensor& t : tensors) {
+        size_t first = map.block_of(t.offset), last = map.block_of(t.offset + t.size() - 1);
+        EXPECT_EQ(map.block_begin(first), t.offset);
+        EXPECT_EQ(map.block_end(last), t.offset + t.size());
+        EXPECT_EQ(last - first + 1, (t.size() + 255) / 256);
+        EXPECT_EQ(map.decayed[map.tensor_of_block(first)], param_tensor_is_decayed(t.param));
+        expected += (t.size() + 255) / 256;
+    }
+    EXPECT_EQ(map.num_blocks(), expected);
+    size_t first, last;
+    map.blocks_of(10, 300, &first, &last);  // wte's elements 10..299: its blocks 0 and 1
+    EXPECT_EQ(first, 0u);
+    EXPECT_EQ(last, 2u);
+}
+
+// ----------------------------------------------------------------------------
 // the trainer against the PyTorch oracle
 
 bool have_mpirun() { return test::run_command("command -v mpirun").exit_code == 0; }
@@ -379,6 +450,88 @@ TEST(OptimizerOracle, MuonAndAdafactorThreeProcesses) {
     }
 }
 
+// 8-bit AdamW against the oracle's (gpt2_oracle.py --opt adamw8, torch's operations in float64 on the
+// decoded moments, the codes written from the definition). A code can round the other way where the new
+// moment lies within fp32's rounding of a threshold (ours fp32, the oracle float64), and that element's
+// next steps then move by up to one code (a / 127 of m, which for an element near a / 254 doubles its
+// step; 4.4% of v): measured 6e-3 of the distance the tensor moved on one process (qkvw), 9e-3 on four
+// and 2e-2 on three (their fp32 gradient sums, in another order, put other moments near a threshold);
+// bound 5e-2. The 8-bit
+// codes are what the bound sees: the fp32 AdamW oracle's run ends 0.5 of the distance moved (qkvb) from
+// this one. Losses and norms as for AdamW (1e-5): measured the same to 7 digits over 5 steps.
+// On 4 processes at each ZeRO stage the same bars; 3 of the tiny model's shard boundaries cut a block
+// (3 processes' would cut none), whose parts are encoded with the whole block's maxima
+// (llmc/parallel/zero_blocks.h): the neighbours' state files agree on them (the resume checks it too),
+// every block's codes reach +-127 and 255 (its maxima are its own elements', not a part's), and -z 2 and
+// -z 3 give the same bits.
+TEST(OptimizerOracle, Adamw8OneProcessAndFourAtEachZeroStage) {
+    Agreement one = train_against_oracle("opt_adamw8", {"adamw8", 1e-3, 0.02}, "", 1);
+    expect_agreement(one, 1e-5, 1e-5, 5e-2);
+    std::string dir = test::oracle("opt_adamw8_np1", std::string(OPTIMIZER_TINY) + OptimizerRun{"adamw8", 1e-3, 0.02}.oracle_args(1));
+    std::vector<float> init, eight, fp32;
+    GPT2Config cfg;
+    model_file_read(dir + "/model.bin", &cfg, &init);
+    model_file_read(dir + "/final.bin", &cfg, &eight);
+    std::string adamw_dir = test::oracle("opt_adamw_plain_np1", std::string(OPTIMIZER_TINY) + OptimizerRun{"adamw", 1e-3, 0.02}.oracle_args(1));
+    model_file_read(adamw_dir + "/final.bin", &cfg, &fp32);
+    double apart = 0, moved = 0;
+    for (size_t i = 0; i < init.size(); i++) {
+        apart = std::max(apart, (double)std::fabs(eight[i] - fp32[i]));
+        moved = std::max(moved, (double)std::fabs(fp32[i] - init[i]));
+    }
+    EXPECT_GT(apart / moved, 0.1) << "the 8-bit oracle's run is not AdamW's: the test sees the codes";
+    if (!have_mpirun()) return;
+    std::vector<std::string> finals;
+    for (int z : {1, 2, 3}) {
+        SCOPED_TRACE("-z " + std::to_string(z));
+        Agreement agreement = train_against_oracle("opt_adamw8", {"adamw8", 1e-3, 0.02}, "", 4, " -z " + std::to_string(z));
+        expect_agreement(agreement, 1e-5, 1e-5, 5e-2);
+        const std::string& run = agreement.dir;
+        finals.push_back(test::read_text(run + "/model_00000005.bin"));
+        // the state files: process r holds [r S, (r + 1) S); a block two of them cut has the same maxima in both
+        Adamw8Blocks map = adamw8_blocks(optimizer_tensors(cfg));
+        std::vector<TrainState> files(4);
+        for (int r = 0; r < 4; r++) {
+            char name[64];
+            snprintf(name, sizeof(name), "/state_00000005_%05d.bin", r);
+            state_file_read(run + name, &files[r]);
+            ASSERT_EQ(files[r].optimizer, OPT_ADAMW8);
+        }
+        int cut = 0;
+        for (int r = 0; r + 1 < 4; r++) {
+            const Adamw8State &left = files[r].moments8, &right = files[r + 1].moments8;
+            if (left.block_end - 1 != right.block_begin) continue;  // the boundary falls between two blocks
+            cut++;
+            EXPECT_EQ(left.m_max.back(), right.m_max.front()) << "boundary " << r + 1;
+            EXPECT_EQ(left.v_max.back(), right.v_max.front()) << "boundary " << r + 1;
+        }
+        EXPECT_EQ(cut, 3) << "the tiny model's 3 shard boundaries each cut a block";
+        // every block's extreme codes: its largest |m| codes to 127 and its largest v to 255 (the blocks of
+        // wte's padded rows, which no gradient reaches, are all 0)
+        std::vector<int> top_m(map.num_blocks(), 0), top_v(map.num_blocks(), 0);
+        std::vector<float> a(map.num_blocks(), 0.0f), b(map.num_blocks(), 0.0f);
+        for (const TrainState& f : files) {
+            const Adamw8State& q = f.moments8;
+            for (size_t i = 0; i < q.m.size(); i++) {
+                size_t k = map.block_of(q.begin + i);
+                top_m[k] = std::max(top_m[k], std::abs((int)q.m[i]));
+                top_v[k] = std::max(top_v[k], (int)q.v[i]);
+            }
+            for (size_t k = q.block_begin; k < q.block_end; k++) a[k] = q.m_max[k - q.block_begin], b[k] = q.v_max[k - q.block_begin];
+        }
+        int short_m = 0, short_v = 0, used = 0;
+        for (size_t k = 0; k < map.num_blocks(); k++) {
+            used += b[k] > 0;
+            short_v += b[k] > 0 && top_v[k] != 255;
+            short_m += a[k] > 0 && top_m[k] != 127;
+        }
+        EXPECT_GT(used, (int)map.num_blocks() * 9 / 10);
+        EXPECT_EQ(short_v, 0) << "blocks whose largest v code is not 255";
+        EXPECT_EQ(short_m, 0) << "blocks whose largest m code is not 127";
+    }
+    EXPECT_EQ(finals[1], finals[2]) << "-z 2 and -z 3: the same bits";
+}
+
 // Muon with ZeRO-2 and 3 (CPU trainer): a process holds only its shard of the gradients (and with -z 3 of
 // the parameters), so each matrix's Nesterov update is all-gathered on its own, orthogonalized by its
 // owner and broadcast: 3 processes follow the oracle accumulating their batches, with the one-process
@@ -454,7 +607,8 @@ std::string base_command(int steps) {
 // Run A: 6 steps, checkpoints every 3. Run B: the same, its last checkpoint removed, resumed from step 3:
 // the same bits (the momentum, the factored moments and the update count all come back), on one process,
 // on 3 processes with ZeRO-1 (Muon: momentum in shards, Adafactor: its whole state from process 0's file)
-// and Muon with ZeRO-3,
+// and Muon with ZeRO-3, 8-bit AdamW on one process, on 4 with ZeRO-1 and 2 with ZeRO-3 (its codes and block maxima, blocks cut
+// by the shards' boundaries included),
 // Muon on 2 tensor-parallel processes and on 2 pipeline stages, and Adafactor on 2 pipeline stages (the
 // state put together whole in process 0's file).
 TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
@@ -465,7 +619,8 @@ TEST(OptimizerCheckpoint, ResumedRunEqualsUninterrupted) {
     };
     for (const Case& c : {Case{"muon", 1, ""}, Case{"muon", 3, " -z 1 -d 192"}, Case{"muon", 3, " -z 3 -d 192"}, Case{"muon", 2, " -tp 2"},
                           Case{"muon", 2, " -pp 2"}, Case{"adafactor", 2, " -pp 2"},
-                          Case{"adafactor", 1, ""}, Case{"adafactor", 3, " -z 1 -d 192"}}) {
+                          Case{"adafactor", 1, ""}, Case{"adafactor", 3, " -z 1 -d 192"},
+                          Case{"adamw8", 1, ""}, Case{"adamw8", 4, " -z 1 -d 256"}, Case{"adamw8", 2, " -z 3 -d 128"}}) {
         const char* opt = c.opt;
         int np = c.np;
         if (np > 1 && !have_mpirun()) continue;
@@ -567,7 +722,7 @@ TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesWhatItLacks) {
 TEST(OptimizerCli, RefusesWhatItCannotRun) {
     test::CommandResult bad = test::run_command(base_command(1) + " -opt sgd");
     EXPECT_EQ(bad.exit_code, 1);
-    EXPECT_NE(bad.output.find("flag -opt: unknown optimizer 'sgd' (adamw, muon or adafactor)"), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("flag -opt: unknown optimizer 'sgd' (adamw, muon, adafactor or adamw8)"), std::string::npos) << bad.output;
     if (!have_mpirun()) return;
     // Muon runs in each of these layouts (MuonZero2And3, MuonTensorParallel, MuonPipelineStages), Adafactor
     // on pipeline stages (AdafactorPipelineStages) but not these

@@ -11,10 +11,11 @@
 //   h[24] loss scale S (fp32 bits; llmc/run/loss_scaler.h)   h[25] clean steps since S last changed
 //   h[26] consecutive skipped steps   h[27] data-parallel processes
 //   h[28..31] two int64: skipped steps, optimizer updates applied
-//   h[32] the optimizer (llmc/optimizer.h: 0 AdamW, 1 Muon, 2 Adafactor)
+//   h[32] the optimizer (llmc/optimizer.h: 0 AdamW, 1 Muon, 2 Adafactor, 3 8-bit AdamW)
 //   h[33] 1 when S is a dynamic loss scale (the FP16 build), 0 when the run did not scale (S = 1)
 //   h[34..35] int64: the training data's fingerprint (dataloader.h; 0: not known)
-//   h[36] how m and v are stored: 0 fp32 (the only encoding so far)
+//   h[36] how m and v are stored: 0 fp32; 1 8-bit codes in blocks (-opt adamw8, llmc/adamw8.h), with
+//         h[37] the number of blocks that hold the shard's elements and h[38..39] (int64) the first of them
 //   h[40] number of extra sections (at most STATE_MAX_SECTIONS), then for section i, h[41 + 4i..44 + 4i]:
 //         its kind, its flags (bit 0: a reader that does not know the kind must refuse the file), and its
 //         length in bytes (int64)
@@ -22,7 +23,9 @@
 // then, fp32, for the shard: the first moments m (AdamW's m; Muon's momentum on its matrices, AdamW's m
 // elsewhere; none for Adafactor), the second moments v (AdamW's v, zero on Muon's matrices; Adafactor's
 // factors, whose segment indexes its whole state vector, llmc/optimizer.h), and the master weights when
-// has_master; then the extra sections' bytes, in order.
+// has_master; then the extra sections' bytes, in order. Encoding 1 holds instead of m and v: m's codes
+// (int8, one per element of the shard), its blocks' max |m| (fp32, one per block), v's codes (uint8), its
+// blocks' max v (fp32); a block cut by the shard's edge is in both neighbours' files, the same maxima.
 //
 // The version plan. Version 5 is the one change of layout that the coming state needs: the position in
 // the sample stream (issue 51), whether S was dynamic (so an FP16 run resuming a bf16 checkpoint keeps
@@ -45,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "../adamw8.h"
 #include "../optimizer.h"
 #include "../utils.h"
 #include "checksum.h"
@@ -97,7 +101,8 @@ struct TrainState {
     int64_t shard_offset = 0;   // this rank's optimizer shard: parameters [offset, offset + length)
     int64_t shard_length = 0;
     int32_t optimizer = OPT_ADAMW;  // which optimizer's moments m and v hold (llmc/optimizer.h)
-    std::vector<float> m, v;    // (shard_length); m empty for Adafactor (no first moment)
+    std::vector<float> m, v;    // (shard_length); m empty for Adafactor (no first moment), both for adamw8
+    Adamw8State moments8;       // -opt adamw8: the shard's codes and its blocks' maxima (encoding 1)
     std::vector<float> master;  // (shard_length) or empty
     // skipped steps and loss scaling (llmc/run/loss_scaler.h): S is 1 in a run without scaling; read from a
     // version-1 file, which has none, it is 0 (the resumed run keeps its initial S)
@@ -111,8 +116,12 @@ struct TrainState {
     std::vector<StateSection> sections;  // extra sections (see the top), in file order
 };
 
-// Adafactor keeps no first moment: its files have v (and master) only.
-inline bool state_has_first_moment(int optimizer) { return optimizer != OPT_ADAFACTOR; }
+// Adafactor keeps no first moment: its files have v (and master) only. 8-bit AdamW's are encoded.
+inline bool state_has_first_moment(int optimizer) { return optimizer != OPT_ADAFACTOR && optimizer != OPT_ADAMW8; }
+inline bool state_has_fp32_v(int optimizer) { return optimizer != OPT_ADAMW8; }
+
+// Encoding 1's payload: the codes of `length` elements and the maxima of `blocks` blocks.
+inline int64_t state_moments8_bytes(int64_t length, int64_t blocks) { return 2 * length + 2 * (int64_t)sizeof(float) * blocks; }
 
 // What m and v hold, for messages: "AdamW m", "Muon and AdamW m", "Adafactor v", ...
 inline std::string state_moment_name(int optimizer, char moment) {
@@ -132,6 +141,18 @@ inline void require_valid_optimizer_state(const std::vector<float>& m, const std
     require_finite(master.data(), master.size(), action, "master weights" + of);
 }
 
+// The same for 8-bit AdamW's state: finite, non-negative block maxima (the codes are any bytes but -128,
+// which no encoding writes).
+inline void require_valid_moments8(const Adamw8State& q, const char* action, const std::string& of) {
+    require_finite(q.m_max.data(), q.m_max.size(), action, "8-bit AdamW's max |m| of blocks" + of);
+    require_non_negative(q.m_max.data(), q.m_max.size(), action, "8-bit AdamW's max |m| of blocks" + of);
+    require_finite(q.v_max.data(), q.v_max.size(), action, "8-bit AdamW's max v of blocks" + of);
+    require_non_negative(q.v_max.data(), q.v_max.size(), action, "8-bit AdamW's max v of blocks" + of);
+    for (int8_t c : q.m) {
+        if (c == -128) fatal("%s 8-bit AdamW's m codes%s: code -128, which the encoding never writes (corrupt?)", action, of.c_str());
+    }
+}
+
 // Bytes of the extra sections together.
 inline int64_t state_sections_bytes(const std::vector<StateSection>& sections) {
     int64_t total = 0;
@@ -140,8 +161,12 @@ inline int64_t state_sections_bytes(const std::vector<StateSection>& sections) {
 }
 
 inline void state_file_write(const std::string& path, const TrainState& s) {
-    bool has_m = state_has_first_moment(s.optimizer);
-    if ((int64_t)s.m.size() != (has_m ? s.shard_length : 0) || (int64_t)s.v.size() != s.shard_length ||
+    bool has_m = state_has_first_moment(s.optimizer), has_v = state_has_fp32_v(s.optimizer);
+    const Adamw8State& q = s.moments8;
+    const size_t blocks = q.block_end - q.block_begin;
+    if ((int64_t)s.m.size() != (has_m ? s.shard_length : 0) || (int64_t)s.v.size() != (has_v ? s.shard_length : 0) ||
+        (!has_v && ((int64_t)q.m.size() != s.shard_length || (int64_t)q.v.size() != s.shard_length ||
+                    q.m_max.size() != blocks || q.v_max.size() != blocks || (int64_t)q.begin != s.shard_offset)) ||
         (!s.master.empty() && (int64_t)s.master.size() != s.shard_length)) {
         fatal("state_file_write: optimizer buffers do not match the shard length %ld", (long)s.shard_length);
     }
@@ -170,7 +195,12 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     header[32] = s.optimizer;
     header[33] = s.loss_scale_dynamic ? 1 : 0;
     memcpy(&header[34], &s.data_fingerprint, sizeof(uint64_t));
-    header[36] = 0;  // m and v in fp32
+    header[36] = has_v ? 0 : 1;  // m and v in fp32, or 8-bit codes in blocks
+    if (!has_v) {
+        header[37] = (int32_t)blocks;
+        int64_t first_block = (int64_t)q.block_begin;
+        memcpy(&header[38], &first_block, sizeof(first_block));
+    }
     header[40] = (int32_t)s.sections.size();
     for (size_t i = 0; i < s.sections.size(); i++) {
         header[41 + 4 * i] = s.sections[i].kind;
@@ -180,13 +210,22 @@ inline void state_file_write(const std::string& path, const TrainState& s) {
     }
     require_valid_optimizer_state(s.m, s.v, s.master, "writing", state_moment_name(s.optimizer, 'm'),
                                   state_moment_name(s.optimizer, 'v'), " of '" + path + "'");
+    require_valid_moments8(q, "writing", " of '" + path + "'");
     size_t bytes = sizeof(float) * (size_t)s.shard_length;
     AtomicFile f = atomic_open(path);
-    int arrays = (has_m ? 2 : 1) + (s.master.empty() ? 0 : 1);
-    BlockChecksums sums = checksummed_write_begin(&f, header, (int64_t)bytes * arrays + state_sections_bytes(s.sections),
+    int arrays = (has_m ? 1 : 0) + (has_v ? 1 : 0) + (s.master.empty() ? 0 : 1);
+    int64_t moments8 = has_v ? 0 : state_moments8_bytes(s.shard_length, (int64_t)blocks);
+    BlockChecksums sums = checksummed_write_begin(&f, header, (int64_t)bytes * arrays + moments8 + state_sections_bytes(s.sections),
                                                   "optimizer state file");
     if (has_m) checksummed_write(&f, &sums, s.m.data(), bytes);
-    checksummed_write(&f, &sums, s.v.data(), bytes);
+    if (has_v) {
+        checksummed_write(&f, &sums, s.v.data(), bytes);
+    } else {
+        checksummed_write(&f, &sums, q.m.data(), q.m.size());
+        checksummed_write(&f, &sums, q.m_max.data(), blocks * sizeof(float));
+        checksummed_write(&f, &sums, q.v.data(), q.v.size());
+        checksummed_write(&f, &sums, q.v_max.data(), blocks * sizeof(float));
+    }
     if (!s.master.empty()) checksummed_write(&f, &sums, s.master.data(), bytes);
     for (const StateSection& section : s.sections) {
         checksummed_write(&f, &sums, section.bytes.data(), section.bytes.size());
@@ -249,7 +288,7 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     int sections = version >= 5 ? header[40] : 0;
     if (s->num_processes < 1 || s->rank < 0 || s->rank >= s->num_processes || s->B < 1 || s->T < 1 ||
         s->grad_accum_steps < 1 || s->data_processes < 1 || s->data_processes > s->num_processes ||
-        s->optimizer < OPT_ADAMW || s->optimizer > OPT_ADAFACTOR ||
+        s->optimizer < OPT_ADAMW || s->optimizer > OPT_ADAMW8 ||
         (has_master != 0 && has_master != 1) || s->step < 0 || s->data_epoch < 0 || s->data_sample < 0 ||
         (version >= 5 && (s->data_sample >= s->data_epoch_samples || (header[33] != 0 && header[33] != 1))) ||
         sections < 0 || sections > STATE_MAX_SECTIONS || s->num_parameters < 1 ||
@@ -259,9 +298,21 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         s->shard_offset + s->shard_length > s->num_parameters + s->num_processes) {
         fatal("%s '%s' has an inconsistent header (corrupt?)", what, path.c_str());
     }
-    if (version >= 5 && header[36] != 0) {
+    const int encoding = version >= 5 ? header[36] : 0;
+    if (encoding != 0 && encoding != 1) {
         fatal("%s '%s' stores its moments in encoding %d, which this program does not read (written by a newer "
               "version?)", what, path.c_str(), header[36]);
+    }
+    int64_t first_block = 0, blocks = 0;
+    if (encoding == 1) {
+        memcpy(&first_block, &header[38], sizeof(first_block));
+        blocks = header[37];
+    }
+    // 8-bit AdamW's moments are encoding 1's, and only its; at most one block per element, plus the two cut ones
+    if ((encoding == 1) != (s->optimizer == OPT_ADAMW8) || blocks < 0 || first_block < 0 ||
+        first_block > s->num_parameters || blocks > s->shard_length + 2) {
+        fatal("%s '%s' has an inconsistent header (corrupt?): optimizer %d with moments in encoding %d", what,
+              path.c_str(), s->optimizer, encoding);
     }
     if (version >= 2 && (!(s->loss_scale > 0.0f) || !std::isfinite(s->loss_scale) || s->clean_steps < 0 ||
                          s->consecutive_skipped < 0 || s->skipped_total < 0 || s->updates < 0 || s->updates > s->step ||
@@ -287,17 +338,34 @@ inline void state_file_read(const std::string& path, TrainState* s) {
         section_bytes += length;
         sections_length[i] = length;
     }
-    bool has_m = state_has_first_moment(s->optimizer);
-    long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * ((has_m ? 2 : 1) + has_master) +
-                    (long)section_bytes;
+    bool has_m = state_has_first_moment(s->optimizer), has_v = state_has_fp32_v(s->optimizer);
+    long expected = HEADER_BYTES + (long)sizeof(float) * s->shard_length * ((has_m ? 1 : 0) + (has_v ? 1 : 0) + has_master) +
+                    (long)state_moments8_bytes(encoding == 1 ? s->shard_length : 0, blocks) + (long)section_bytes;
     expect_file_size(fp, path.c_str(), what, expected);  // before anything is allocated for the payload
     for (int i = 0; i < sections; i++) s->sections[i].bytes.resize((size_t)sections_length[i]);
     BlockChecksums sums = checksums_from_header(header, path, what, expected - HEADER_BYTES, version >= 3);
     size_t bytes = sizeof(float) * (size_t)s->shard_length;
     s->m.resize(has_m ? s->shard_length : 0);
-    s->v.resize(s->shard_length);
+    s->v.resize(has_v ? s->shard_length : 0);
     if (has_m) checksummed_read(fp, &sums, s->m.data(), bytes);
-    checksummed_read(fp, &sums, s->v.data(), bytes);
+    Adamw8State& q = s->moments8;
+    q = Adamw8State();
+    if (has_v) {
+        checksummed_read(fp, &sums, s->v.data(), bytes);
+    } else {
+        q.begin = (size_t)s->shard_offset;
+        q.end = (size_t)(s->shard_offset + s->shard_length);
+        q.block_begin = (size_t)first_block;
+        q.block_end = (size_t)(first_block + blocks);
+        q.m.resize((size_t)s->shard_length);
+        q.v.resize((size_t)s->shard_length);
+        q.m_max.resize((size_t)blocks);
+        q.v_max.resize((size_t)blocks);
+        checksummed_read(fp, &sums, q.m.data(), q.m.size());
+        checksummed_read(fp, &sums, q.m_max.data(), q.m_max.size() * sizeof(float));
+        checksummed_read(fp, &sums, q.v.data(), q.v.size());
+        checksummed_read(fp, &sums, q.v_max.data(), q.v_max.size() * sizeof(float));
+    }
     s->master.clear();
     if (has_master) {
         s->master.resize(s->shard_length);
@@ -307,4 +375,5 @@ inline void state_file_read(const std::string& path, TrainState* s) {
     fcloseCheck(fp);
     require_valid_optimizer_state(s->m, s->v, s->master, "reading", state_moment_name(s->optimizer, 'm'),
                                   state_moment_name(s->optimizer, 'v'), std::string(" of ") + what + " '" + path + "'");
+    require_valid_moments8(q, "reading", std::string(" of ") + what + " '" + path + "'");
 }

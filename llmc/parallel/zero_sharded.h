@@ -197,25 +197,27 @@ inline void zero_reduce_scatter_unit(ZeroSharding* zs, int u, const float* grads
 
 // ----------------------------------------------------------------------------
 // Memory per process: what a stage allocates, next to the ZeRO paper's formulas (fp32 here: 4 bytes
-// per parameter, 4 per gradient, 8 for AdamW's two moments; Ψ parameters, N processes).
+// per parameter, 4 per gradient, K for the optimizer's state: 8 for AdamW's two moments, 2 + 8/256 for
+// 8-bit AdamW's codes and block maxima; Ψ parameters, N processes).
 
 struct ZeroMemory {
     size_t params = 0, grads = 0, optimizer = 0;        // bytes allocated for the model state
     size_t gather_params = 0, gather_grads = 0;         // bytes of the per-unit buffers of stages 2 and 3
 };
 
-inline void zero_formula(int stage, double psi, int n, double* params, double* grads, double* optimizer) {
+inline void zero_formula(int stage, double psi, int n, double k, double* params, double* grads, double* optimizer) {
     *params = stage == 3 ? 4 * psi / n : 4 * psi;
     *grads = stage >= 2 ? 4 * psi / n : 4 * psi;
-    *optimizer = stage >= 1 ? 8 * psi / n : 8 * psi;
+    *optimizer = stage >= 1 ? k * psi / n : k * psi;
 }
 
-inline void zero_memory_print(int stage, size_t num_parameters, int n, const ZeroMemory& m) {
+inline void zero_memory_print(int stage, size_t num_parameters, int n, const ZeroMemory& m, double k = 8.0) {
     double fp, fg, fo;
-    zero_formula(stage, (double)num_parameters, n, &fp, &fg, &fo);
-    const char* formula[4] = {"4Ψ + 4Ψ + 8Ψ", "4Ψ + 4Ψ + 8Ψ/N", "4Ψ + (4Ψ + 8Ψ)/N", "16Ψ/N"};
-    printf("memory per process, ZeRO-%d with N=%d, Ψ=%zu (bytes; formula %s):\n", stage, n, num_parameters,
-           formula[stage]);
+    zero_formula(stage, (double)num_parameters, n, k, &fp, &fg, &fo);
+    char formula[64];
+    const char* shapes[4] = {"4Ψ + 4Ψ + %gΨ", "4Ψ + 4Ψ + %gΨ/N", "4Ψ + (4Ψ + %gΨ)/N", "(8 + %g)Ψ/N"};
+    snprintf(formula, sizeof(formula), shapes[stage], k);
+    printf("memory per process, ZeRO-%d with N=%d, Ψ=%zu (bytes; formula %s):\n", stage, n, num_parameters, formula);
     printf("  parameters       %12zu  (formula %.0f)\n", m.params, fp);
     printf("  gradients        %12zu  (formula %.0f)\n", m.grads, fg);
     printf("  optimizer state  %12zu  (formula %.0f)\n", m.optimizer, fo);

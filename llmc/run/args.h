@@ -41,7 +41,7 @@ struct TrainArgs {
     float final_lr_frac = 1.0f;
     std::string schedule = "cosine";
     float weight_decay = 0.0f;
-    std::string optimizer = "adamw";   // adamw|muon|adafactor (llmc/optimizer.h)
+    std::string optimizer = "adamw";   // adamw|muon|adafactor|adamw8 (llmc/optimizer.h)
     float muon_learning_rate = 0.02f;  // -opt muon: Muon's rate for the block matrices (-l is AdamW's)
     int overfit_single_batch = 0;
     // evaluation, sampling, output
@@ -124,7 +124,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-q", FlagKind::Float, &a->final_lr_frac, 0, 1, false, "final learning rate as a fraction of -l"},
         {"-k", FlagKind::String, &a->schedule, NAN, NAN, false, "learning rate schedule: cosine|linear|constant|wsd"},
         {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
-        {"-opt", FlagKind::String, &a->optimizer, NAN, NAN, false, "optimizer: adamw|muon|adafactor (doc/optimizers.md)"},
+        {"-opt", FlagKind::String, &a->optimizer, NAN, NAN, false, "optimizer: adamw|muon|adafactor|adamw8 (doc/optimizers.md)"},
         {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
         {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
@@ -253,7 +253,13 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
               "part of each matrix, not both; use -z 0 or -z 1 with -tp, or -z %d without", args.zero_stage, tp,
               args.zero_stage);
     }
-    if (args.optimizer != "adamw" && !muon && (args.zero_stage >= 2 || tp > 1)) {
+    // 8-bit AdamW's blocks are counted from each tensor's start in the flat vector of a data-parallel layout;
+    // a rank's slices or a stage's layers would need their blocks put together for a checkpoint (not built)
+    if (args.optimizer == "adamw8" && (tp > 1 || pp > 1)) {
+        fatal("-opt adamw8 runs with data parallelism at every ZeRO stage, not with -tp or -pp (this run has -tp %d "
+              "-pp %d): its checkpoints are not put together across slices and stages; use -opt adamw there", tp, pp);
+    }
+    if (args.optimizer != "adamw" && args.optimizer != "adamw8" && !muon && (args.zero_stage >= 2 || tp > 1)) {
         fatal("-opt %s runs with data parallelism and ZeRO stages 0 and 1 only, and on pipeline stages (this run has -z %d, "
               "-tp %d); use -z 0 or -z 1 without -tp, or -opt adamw", args.optimizer.c_str(), args.zero_stage, tp);
     }
@@ -303,7 +309,10 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     }
     OptimizerKind optimizer;
     if (!optimizer_from_name(args->optimizer, &optimizer)) {
-        fatal("flag -opt: unknown optimizer '%s' (adamw, muon or adafactor)", args->optimizer.c_str());
+        fatal("flag -opt: unknown optimizer '%s' (adamw, muon, adafactor or adamw8)", args->optimizer.c_str());
+    }
+    if (cuda && optimizer == OPT_ADAMW8) {
+        fatal("flag -opt adamw8: the CUDA trainer does not run 8-bit AdamW yet (the CPU trainer does)");
     }
     if (cuda && optimizer != OPT_ADAMW && args->offload_optimizer) {
         fatal("flag -oo 1 with -opt %s: the optimizer offload runs AdamW (Muon and Adafactor keep their state on the "

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../gpt2_config.h"
+#include "../adamw8.h"
 #include "../io/checkpoint.h"
 #include "../optimizer.h"
 #include "../parallel/comm.h"
@@ -52,6 +53,8 @@ struct CheckpointModel {
     // the parameters of [opt_begin, opt_end), fp32 (-cf llmc's master weights where the run keeps none); every
     // process calls it (-z 3: it may gather)
     std::function<std::vector<float>()> optimizer_parameters;
+    // -opt adamw8: the codes of [opt_begin, opt_end) and their blocks' maxima (llmc/adamw8.h)
+    std::function<Adamw8State()> moments8;
     CommStaging staging;
 };
 
@@ -99,6 +102,10 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
         if (m.optimizer == OPT_ADAFACTOR) {  // the whole state, on every process: process 0 writes it
             state = header(m.num_parameters, 0, writer ? adafactor_state_size(optimizer_tensors(m.local)) : 0);
             if (writer) state.v = m.optimizer_vector(CKPT_V);
+        } else if (m.optimizer == OPT_ADAMW8) {  // each process its range's codes (args.h: no -tp, -pp, -cf llmc)
+            state = header(m.num_parameters, m.opt_begin, m.opt_end);
+            state.moments8 = m.moments8();
+            if (m.has_master) state.master = m.optimizer_vector(CKPT_MASTER);
         } else {
             state = header(m.num_parameters, m.opt_begin, m.opt_end);
             state.m = m.optimizer_vector(CKPT_M);
@@ -108,6 +115,7 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
             else if (llmc) state.master = m.optimizer_parameters();
         }
     } else {  // the whole model and optimizer state, put together on world rank 0
+        if (m.optimizer == OPT_ADAMW8) fatal("checkpoint: -opt adamw8 with -tp or -pp (refused at start-up, args.h)");
         size_t N = num_parameters(m.whole), n = m.num_parameters;
         auto whole = [&](const std::vector<float>& mine, size_t begin, size_t end) {
             std::vector<float> local = zero_gather_local(lay.dp_group, m.shard, mine, begin, end, n, m.staging);
@@ -175,8 +183,9 @@ inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* r
                                     OPT_ADAFACTOR);
         if (stages) state.v = layout_local_adafactor_state(lay, m.whole, state.v);
     } else if (lay.tp == 1 && lay.pp == 1) {
+        Adamw8Blocks blocks8 = adamw8_blocks(optimizer_tensors(m.local));
         state = train_state_restore(dir, step, lay.dp_group, accum, m.num_parameters, m.opt_begin, m.opt_end, loader, rng,
-                                    m.optimizer);
+                                    m.optimizer, &blocks8);
     } else {  // the whole state, then this process's part (its stage's layers, its slices) and its -z shard of that
         size_t N = num_parameters(m.whole);
         state = train_state_restore(dir, step, lay.dp_group, accum, N, 0, N, loader, rng, m.optimizer);

@@ -163,10 +163,12 @@ inline DataPosition data_position_from_state(const TrainState& state, DataLoader
 // state's m, v (and master, when the files have it) are (opt_end - opt_begin) long (m empty for
 // Adafactor); the trainer copies them into place. The files must have been written with the run's
 // optimizer (-opt): another one's moments mean nothing to it. For Adafactor, [opt_begin, opt_end)
-// indexes its whole state vector (llmc/optimizer.h), not the parameters.
+// indexes its whole state vector (llmc/optimizer.h), not the parameters. For 8-bit AdamW (blocks8, the
+// model's blocks: llmc/adamw8.h) the returned state's moments8 holds the range's codes and its blocks' maxima.
 inline TrainState train_state_restore(const std::string& dir, int step, const ProcessGroup& pg, int grad_accum_steps,
                                       size_t num_parameters, size_t opt_begin, size_t opt_end, DataLoader* loader,
-                                      uint64_t* sampler_rng, int optimizer = OPT_ADAMW) {
+                                      uint64_t* sampler_rng, int optimizer = OPT_ADAMW,
+                                      const Adamw8Blocks* blocks8 = nullptr) {
     (void)pg;  // every process reads what it needs; the data-parallel size is loader->num_processes
     std::string first_path = checkpoint_state_path(dir, step, 0);
     if (!file_exists(first_path)) {
@@ -214,8 +216,15 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
     state.rank = 0;
     state.shard_offset = (int64_t)opt_begin;
     state.shard_length = (int64_t)n;
+    const bool eight_bit = optimizer == OPT_ADAMW8;
+    if (eight_bit && !blocks8) fatal("train_state_restore: -opt adamw8 without its blocks");
     state.m.assign(state_has_first_moment(optimizer) ? n : 0, 0.0f);
-    state.v.assign(n, 0.0f);
+    state.v.assign(state_has_fp32_v(optimizer) ? n : 0, 0.0f);
+    std::vector<bool> block_read;  // 8-bit AdamW: the range's blocks whose maxima a file gave already
+    if (eight_bit) {
+        state.moments8 = adamw8_state(*blocks8, opt_begin, opt_end);
+        block_read.assign(state.moments8.m_max.size(), false);
+    }
     state.master.assign(first.master.empty() ? 0 : n, 0.0f);
     std::vector<std::pair<size_t, size_t>> covered;  // pieces of [opt_begin, opt_end) filled so far
     auto covered_all = [&]() {
@@ -253,7 +262,29 @@ inline TrainState train_state_restore(const std::string& dir, int step, const Pr
         if (begin >= end) continue;
         size_t from = begin - piece.shard_offset, to = begin - opt_begin, count = end - begin;
         if (!state.m.empty()) std::copy_n(piece.m.begin() + from, count, state.m.begin() + to);
-        std::copy_n(piece.v.begin() + from, count, state.v.begin() + to);
+        if (!state.v.empty()) std::copy_n(piece.v.begin() + from, count, state.v.begin() + to);
+        if (eight_bit) {  // the codes of [begin, end) and the maxima of the blocks holding them
+            const Adamw8State& have = piece.moments8;
+            Adamw8State& want = state.moments8;
+            size_t b0, b1;
+            blocks8->blocks_of(begin, end, &b0, &b1);
+            if (have.block_begin > b0 || have.block_end < b1) {
+                fatal("state file '%s' holds the 8-bit maxima of blocks [%zu, %zu), not all those of its parameters "
+                      "[%zu, %zu) in this model (corrupt?)", path.c_str(), have.block_begin, have.block_end, begin, end);
+            }
+            std::copy_n(have.m.begin() + from, count, want.m.begin() + to);
+            std::copy_n(have.v.begin() + from, count, want.v.begin() + to);
+            // a block cut by a shard boundary is in two files, which must agree on its maxima (the whole block's)
+            for (size_t b = b0; b < b1; b++) {
+                float a = have.m_max[b - have.block_begin], v = have.v_max[b - have.block_begin];
+                size_t k = b - want.block_begin;
+                if (block_read[k] && (want.m_max[k] != a || want.v_max[k] != v)) {
+                    fatal("checkpoint %d in %s: state file '%s' and the one before it disagree on the 8-bit maxima of "
+                          "block %zu, which both hold part of (corrupt checkpoint?)", step, dir.c_str(), path.c_str(), b);
+                }
+                want.m_max[k] = a, want.v_max[k] = v, block_read[k] = true;
+            }
+        }
         if (!state.master.empty()) std::copy_n(piece.master.begin() + from, count, state.master.begin() + to);
         covered.push_back({begin, end});
     }

@@ -23,6 +23,7 @@
 
 #include "../../llmc/adafactor.h"
 #include "../../llmc/adamw.h"
+#include "../../llmc/adamw8.cuh"
 #include "../../llmc/attention.h"
 #include "../../llmc/crossentropy.h"
 #include "../../llmc/encoder.h"
@@ -1004,6 +1005,165 @@ TEST(Kernels, AdafactorOddShapesAgainstTheCpuUpdate) {
                      std::is_same<floatX, float>::value ? 1e-5 : 1.0 / 128);
         EXPECT_EQ(std::vector<float>(got_p.begin(), got_p.begin() + o), pad) << "nothing written before the arrays";
     }
+}
+
+// Padded arrays (nothing may be written around an array) and bit-exact comparisons, for 8-bit AdamW below.
+template <typename T>
+inline std::vector<T> with_padding(const std::vector<T>& v, size_t pad, T fill) {
+    std::vector<T> out(pad, fill);
+    out.insert(out.end(), v.begin(), v.end());
+    out.insert(out.end(), pad, fill);
+    return out;
+}
+
+template <typename T>
+inline std::vector<T> download_raw(const DeviceArray<T>& d) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<T> out(d.n);
+    cudaCheck(cudaMemcpy(out.data(), d.ptr, d.n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+// The middle of a padded array, after checking that its padding still holds `fill`.
+template <typename T>
+inline std::vector<T> without_padding(const std::vector<T>& got, size_t pad, T fill, const char* what) {
+    for (size_t i = 0; i < pad; i++) {
+        EXPECT_EQ(memcmp(&got[i], &fill, sizeof(T)), 0) << what << ": written before the array";
+        EXPECT_EQ(memcmp(&got[got.size() - 1 - i], &fill, sizeof(T)), 0) << what << ": written after the array";
+    }
+    return std::vector<T>(got.begin() + pad, got.end() - pad);
+}
+
+template <typename T>
+inline void expect_same_bits(const char* what, const std::vector<T>& got, const std::vector<T>& want) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < want.size(); i++) {
+        if (memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+            ADD_FAILURE() << what << ": element " << i << " is " << +got[i] << ", expected " << +want[i];
+            return;
+        }
+    }
+}
+
+template <typename T>
+inline std::vector<T> slice(const std::vector<T>& v, size_t begin, size_t end) {
+    return std::vector<T>(v.begin() + begin, v.begin() + end);
+}
+
+// 8-bit AdamW on the GPU (llmc/adamw8.cuh) against the CPU's update (llmc/adamw8.h), with the ZeRO edge
+// exchange done by hand. A flat vector of two tensors, 300 elements decayed and 45 not, so blocks
+// [0, 256), [256, 300) and [300, 345). The CPU updates all of it at once; the GPU as two shards, [0, 170)
+// and [170, 345), so block 0 is cut: each shard's plan keeps its part's new moments and maxima, the
+// test takes the maximum of the two parts (what zero_complete_block_maxima's all-reduce does), and each
+// shard encodes its part. The state updated is a realistic one, the CPU's after one step from zero,
+// with block 0's largest |m'| planted in the second shard's part and its largest v' in the first's, so
+// each shard needs the other's maximum.
+// Expected: everything bit for bit. The codes, the maxima and the fp32 parameter (the master weights,
+// or the value rounded into floatX) come from the same element functions (explicit fmaf, IEEE division
+// and sqrt) on the same inputs, and the maxima are exact; the floatX parameters are that fp32 value
+// stochastically rounded with hash_u32(flat index, seed), which the host computes with the same
+// function: in the fp32 build the value itself, in bf16 or fp16 one of its two floatX neighbours, so
+// within one floatX step (2^-7 relative in bf16) in any case. A tolerance would hide a wrong index
+// (the shard's offset instead of the flat one) or a wrong maximum, so there is none. Every device array
+// sits inside padding that must come back untouched.
+TEST(Kernels, Adamw8AgainstTheCpuUpdate) {
+    std::mt19937 rng(53);
+    const size_t n = 345, cut = 170, pad = 5;
+    Adamw8Blocks map;
+    map.tensor_begin = {0, 300, n};
+    map.first_block = {0, 2, 3};
+    map.decayed = {true, false};
+    AdamWHyper hyper;
+    const float lr = 1e-2f, weight_decay = 0.1f, grad_scale = 0.5f;
+    const uint32_t seed = 77u;
+    std::vector<float> p0 = random_values(n, rng), g1 = random_values(n, rng, -0.1f, 0.1f);
+    std::vector<float> g2 = random_values(n, rng, -0.1f, 0.1f);
+    // block 0: element 10's gradients 1 then -1 nearly cancel in m' but give the largest v'; element
+    // 200's, 0.9 twice, the largest |m'| (checked below)
+    const float g_big = host_from_floatX(host_to_floatX(0.9f));
+    g1[10] = 1.0f, g2[10] = -1.0f, g1[200] = g_big, g2[200] = g_big;
+
+    auto no_edges = [](std::vector<Adamw8Edge>&) {};
+    Adamw8State cpu = adamw8_state(map, 0, n);
+    std::vector<float> p_step1 = p0;  // only its state is kept
+    adamw8_update(p_step1.data(), g1.data(), &cpu, map, hyper, lr, weight_decay, grad_scale, 1, no_edges);
+    const Adamw8State state0 = cpu;  // the state both sides start the tested update from
+    std::vector<float> want_p = p0;  // from floatX values, as the GPU's parameters are
+    adamw8_update(want_p.data(), g2.data(), &cpu, map, hyper, lr, weight_decay, grad_scale, 2, no_edges);
+    std::vector<float> want_rounded(n);
+    for (size_t i = 0; i < n; i++) {
+        floatX rounded;
+        stochastic_round(want_p[i], &rounded, hash_u32((uint32_t)i, seed));
+        want_rounded[i] = host_from_floatX(rounded);
+    }
+    AdamWSettings s{lr, hyper.beta1, hyper.beta2, hyper.eps, weight_decay, grad_scale, 2, seed};
+
+    const size_t shard_begin[2] = {0, cut}, shard_end[2] = {cut, n};
+    for (bool use_master : {true, false}) {
+        SCOPED_TRACE(use_master ? "master weights" : "no master weights");
+        DeviceArray<floatX> d_params(n + 2 * pad), d_grads(n + 2 * pad);
+        DeviceArray<float> d_master(n + 2 * pad);
+        upload(d_params, with_padding(p0, pad, 0.25f)), upload(d_grads, with_padding(g2, pad, 0.25f));
+        upload_raw(d_master, with_padding(p0, pad, 0.25f));
+        std::unique_ptr<DeviceArray<int8_t>> d_m[2];
+        std::unique_ptr<DeviceArray<uint8_t>> d_v[2];
+        std::unique_ptr<DeviceArray<float>> d_m_max[2], d_v_max[2];
+        Adamw8Plan plan[2];
+        Adamw8Device state[2];
+        size_t block_begin[2], block_end[2];
+        for (int r = 0; r < 2; r++) {
+            const size_t begin = shard_begin[r], end = shard_end[r];
+            map.blocks_of(begin, end, &block_begin[r], &block_end[r]);
+            const size_t blocks = block_end[r] - block_begin[r];
+            d_m[r] = std::make_unique<DeviceArray<int8_t>>(end - begin + 2 * pad);
+            d_v[r] = std::make_unique<DeviceArray<uint8_t>>(end - begin + 2 * pad);
+            d_m_max[r] = std::make_unique<DeviceArray<float>>(blocks + 2 * pad);
+            d_v_max[r] = std::make_unique<DeviceArray<float>>(blocks + 2 * pad);
+            upload_raw(*d_m[r], with_padding(slice(state0.m, begin, end), pad, (int8_t)99));
+            upload_raw(*d_v[r], with_padding(slice(state0.v, begin, end), pad, (uint8_t)0xAB));
+            upload_raw(*d_m_max[r], with_padding(slice(state0.m_max, block_begin[r], block_end[r]), pad, -1.0f));
+            upload_raw(*d_v_max[r], with_padding(slice(state0.v_max, block_begin[r], block_end[r]), pad, -1.0f));
+            plan[r] = adamw8_plan_create(map, begin, end);
+            state[r] = Adamw8Device{d_m[r]->ptr + pad, d_v[r]->ptr + pad, d_m_max[r]->ptr + pad, d_v_max[r]->ptr + pad};
+            adamw8_update_blocks(d_params.ptr + pad + begin, use_master ? d_master.ptr + pad + begin : nullptr,
+                                 d_grads.ptr + pad + begin, state[r], plan[r], s, 0);
+        }
+        // the exchange: both shards hold one cut block, block 0, whose maxima are the larger of the parts'
+        ASSERT_EQ(plan[0].num_edges, 1);
+        ASSERT_EQ(plan[1].num_edges, 1);
+        EXPECT_EQ(plan[0].edge_elements[0], std::make_pair((size_t)0, (size_t)256));
+        EXPECT_EQ(plan[1].edge_elements[0], std::make_pair((size_t)0, (size_t)256));
+        float part[2][2];
+        cudaCheck(cudaDeviceSynchronize());
+        for (int r = 0; r < 2; r++) cudaCheck(cudaMemcpy(part[r], plan[r].edge_maxima, sizeof(part[r]), cudaMemcpyDeviceToHost));
+        EXPECT_LT(part[0][0], part[1][0]) << "block 0's largest |m'| is in the second shard's part";
+        EXPECT_GT(part[0][1], part[1][1]) << "block 0's largest v' is in the first shard's part";
+        const float whole[2] = {std::max(part[0][0], part[1][0]), std::max(part[0][1], part[1][1])};
+        for (int r = 0; r < 2; r++) {
+            cudaCheck(cudaMemcpy(plan[r].edge_maxima, whole, sizeof(whole), cudaMemcpyHostToDevice));
+            adamw8_encode_edges(state[r], plan[r], 0);
+        }
+
+        for (int r = 0; r < 2; r++) {
+            SCOPED_TRACE(r == 0 ? "shard [0, 170)" : "shard [170, 345)");
+            const size_t begin = shard_begin[r], end = shard_end[r];
+            expect_same_bits("m codes", without_padding(download_raw(*d_m[r]), pad, (int8_t)99, "m codes"),
+                             slice(cpu.m, begin, end));
+            expect_same_bits("v codes", without_padding(download_raw(*d_v[r]), pad, (uint8_t)0xAB, "v codes"),
+                             slice(cpu.v, begin, end));
+            expect_same_bits("max |m|", without_padding(download_raw(*d_m_max[r]), pad, -1.0f, "max |m|"),
+                             slice(cpu.m_max, block_begin[r], block_end[r]));
+            expect_same_bits("max v", without_padding(download_raw(*d_v_max[r]), pad, -1.0f, "max v"),
+                             slice(cpu.v_max, block_begin[r], block_end[r]));
+            adamw8_plan_free(&plan[r]);
+        }
+        std::vector<float> got_p = without_padding(download(d_params), pad, 0.25f, "parameters");
+        expect_same_bits("parameters", got_p, want_rounded);
+        record_output_hash(use_master ? "adamw8 parameters, master" : "adamw8 parameters", got_p);
+        std::vector<float> got_master = without_padding(download_raw(d_master), pad, 0.25f, "master weights");
+        expect_same_bits("master weights", got_master, use_master ? want_p : p0);
+    }
+    EXPECT_NE(state0.m_max[0], 0.0f) << "the state updated is not all zero";
 }
 
 #if !defined(ENABLE_FP32)

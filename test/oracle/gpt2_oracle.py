@@ -104,7 +104,7 @@ def parse_args(argv):
     g.add_argument("--schedule", choices=["cosine", "linear", "constant", "wsd"], default="cosine")
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--accum", type=int, default=1, help="gradient accumulation micro-steps K")
-    g.add_argument("--opt", choices=["adamw", "muon", "adafactor"], default="adamw",
+    g.add_argument("--opt", choices=["adamw", "muon", "adafactor", "adamw8"], default="adamw",
                    help="optimizer, as train_gpt2 -opt (see train_with_optimizer)")
     g.add_argument("--muon-lr", type=float, default=0.02, help="--opt muon: Muon's learning rate (-ml)")
     g.add_argument("--muon-ns-dtype", choices=["bfloat16", "compute"], default="bfloat16",
@@ -605,6 +605,64 @@ class MatrixOptimizer:
             self.adafactor.step()
 
 
+class Adamw8:
+    """8-bit AdamW as train_gpt2 -opt adamw8 defines it (doc/optimizers.md), written from the definition
+    with torch's operations: AdamW's update on moments kept as 8-bit codes in blocks of 256 elements,
+    counted from the start of each tensor the matrix optimizers see (a layer's slice of a stacked tensor,
+    or a whole unstacked one; layer_views), the last block of each shorter. Per block, a = max |m| and
+    b = max v of the new moments; m = code * (a / 127) with code = round(m * (127 / a)) in [-127, 127]
+    (half to even); v = b * 2^((code - 255) / 8), code 0 meaning 0, the code being the number of
+    thresholds 2^((k - 254.5) / 8) (k = 1..254) and 2^-32.75 at or below v / b; where v's code is 0, m's
+    is 0 too. The step uses the new moments before they are encoded."""
+
+    def __init__(self, params):
+        self.views = layer_views(PARAM_NAMES, params)
+        levels = [0.0] + [2.0 ** ((q - 255) / 8) for q in range(1, 256)]
+        thresholds = [levels[1] / 2] + [2.0 ** ((k - 254.5) / 8) for k in range(1, 255)]
+        # the codes' tables in float32, as the trainer's (computed in double, rounded once)
+        self.levels = torch.tensor(levels, dtype=torch.float32)
+        self.thresholds = torch.tensor(thresholds, dtype=torch.float32)
+        self.state = []
+        for _, _, v in self.views:
+            blocks = (v.numel() + 255) // 256
+            self.state.append({"m": torch.zeros(blocks * 256, dtype=torch.int64),
+                               "v": torch.zeros(blocks * 256, dtype=torch.int64),
+                               "a": torch.zeros(blocks, dtype=torch.float32),
+                               "b": torch.zeros(blocks, dtype=torch.float32)})
+
+    def step(self, grads, step, lr, weight_decay):
+        t = step + 1
+        bias1, bias2 = 1.0 - BETA1 ** t, 1.0 - BETA2 ** t
+        by_name = dict(zip(PARAM_NAMES, grads))
+        with torch.no_grad():
+            for (name, l, p), st in zip(self.views, self.state):
+                n = p.numel()
+                g = (by_name[name] if l is None else by_name[name][l]).reshape(-1)
+                blocks = st["a"].numel()
+                pad = blocks * 256 - n
+                gb = torch.nn.functional.pad(g, (0, pad)).view(blocks, 256)
+                # decode (float32, as stored), then AdamW's moments in the run's dtype
+                m = (st["m"].view(blocks, 256).to(torch.float32) * (st["a"] / 127.0)[:, None]).to(p.dtype)
+                v = (st["b"][:, None] * self.levels[st["v"].view(blocks, 256)]).to(p.dtype)
+                m = BETA1 * m + (1.0 - BETA1) * gb
+                v = BETA2 * v + (1.0 - BETA2) * gb * gb
+                update = ((m / bias1) / ((v / bias2).sqrt() + ADAM_EPS)).reshape(-1)[:n]
+                flat = p.view(-1)
+                if name in DECAYED and weight_decay != 0.0:
+                    update = update + weight_decay * flat
+                flat.sub_(lr * update)
+                # encode: the padding's moments are 0 and change no maximum
+                m32, v32 = m.to(torch.float32), v.to(torch.float32)
+                a = m32.abs().amax(dim=1)
+                b = v32.amax(dim=1)
+                x = torch.where(b[:, None] > 0, v32 / torch.where(b > 0, b, 1.0)[:, None], torch.zeros_like(v32))
+                qv = torch.bucketize(x, self.thresholds, right=True)
+                r = torch.where(a > 0, 127.0 / torch.where(a > 0, a, 1.0), torch.zeros_like(a))
+                qm = torch.round(m32 * r[:, None]).clamp(-127, 127).to(torch.int64)
+                qm = torch.where(qv == 0, torch.zeros_like(qm), qm)
+                st["m"], st["v"], st["a"], st["b"] = qm.reshape(-1), qv.reshape(-1), a, b
+
+
 def train_step(params, update, batches, loss_impl, autocast=None):
     """Accumulates the grads of loss_m / K over the K micro-batches, clips, calls update(grads).
     loss_impl(params, inputs, targets) -> scalar loss. Returns (mean of the K losses, grad norm)."""
@@ -643,6 +701,9 @@ def train(args, cfg, params, tokens, B, T, out_dir, start=None):
         v_state = [torch.zeros_like(p) for p in params] if start is None else [t.to(params[0]) for t in start[2]]
         optimizer_step = lambda grads, s, lr, muon_lr: adamw_update(params, grads, m_state, v_state, s, lr,
                                                                       args.weight_decay)
+    elif args.opt == "adamw8":
+        adamw8 = Adamw8(params)
+        optimizer_step = lambda grads, s, lr, muon_lr: adamw8.step(grads, s, lr, args.weight_decay)
     else:
         matrix_optimizer = MatrixOptimizer(args, params)
         optimizer_step = lambda grads, s, lr, muon_lr: matrix_optimizer.step(grads, s, lr, muon_lr, args.weight_decay)
