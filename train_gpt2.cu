@@ -56,6 +56,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/cuda_common.cuh"  // first: floatX and the checks the kernels use
 #include "llmc/adafactor.cuh"
 #include "llmc/adamw.cuh"
+#include "llmc/adamw8.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/classifier.cuh"
 #include "llmc/encoder.cuh"
@@ -118,6 +119,7 @@ struct GPT2 : GPT2Plan {
     // -z 2, 3: the packed gradient buffers and (-z 3) the gathered parameters, with their collectives
     // (llmc/parallel/zero_device.cuh); params and grads point their 4 outer tensors into them
     ZeroDevice zero;
+    Adamw8Gpu adamw8;  // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end) (llmc/adamw8.cuh)
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
@@ -596,7 +598,6 @@ uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
 // skip_muon_matrices, the block matrices are left to Muon.
 void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, float grad_scale, int t,
                        bool skip_muon_matrices = false) {
-    AdamWHyper hyper;
     std::vector<OffloadPart> parts;   // -oo 1: the tensors' parts, updated on the host after the loop
     std::vector<AdamWTensor> tensors;  // else: on the device, in one launch (llmc/adamw.cuh)
     AdamWSettings common{};
@@ -607,20 +608,10 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
         size_t end = std::min(off + model->param_sizes[i], model->opt_end);
         if (begin >= end) continue;
         size_t opt_index = begin - model->opt_begin;
-        AdamWSettings s;
-        s.lr = learning_rate;
-        s.beta1 = hyper.beta1;
-        s.beta2 = hyper.beta2;
-        s.eps = hyper.eps;
-        s.weight_decay = param_tensor_is_decayed(i) ? weight_decay : 0.0f;
-        s.grad_scale = grad_scale;
-        s.t = t;
-        s.seed = rounding_seed(t, i, model->tensor_origin[i] + begin - off);
-        // -z 2, 3: the gradient (and -z 3 the parameter) array is the shard, whose element 0 is flat
-        // element rank * shard_size
-        size_t shard_start = shard_first(model->shard);
-        const floatX* grads = model->grads_memory + (model->packed_grads ? begin - shard_start : begin);
-        floatX* params = model->params_memory + (model->sharded_params ? begin - shard_start : begin);
+        AdamWSettings s = adamw_settings(learning_rate, param_tensor_is_decayed(i) ? weight_decay : 0.0f, grad_scale, t,
+                                         rounding_seed(t, i, model->tensor_origin[i] + begin - off));
+        const floatX* grads = grad_at(model, begin);
+        floatX* params = param_at(model, begin);
         common = s;
         if (model->offload) {
             parts.push_back({opt_index, opt_index + (end - begin), s});
@@ -631,10 +622,7 @@ void gpt2_update_adamw(GPT2* model, float learning_rate, float weight_decay, flo
     }
     adamw_update_many(tensors, common, model->stream);
     if (model->offload) {  // the range [opt_begin, opt_end) is contiguous in the device arrays too
-        size_t shard_start = shard_first(model->shard), begin = model->opt_begin;
-        offload_adamw_step(&model->offloaded, parts,
-                           model->params_memory + (model->sharded_params ? begin - shard_start : begin),
-                           model->grads_memory + (model->packed_grads ? begin - shard_start : begin),
+        offload_adamw_step(&model->offloaded, parts, param_at(model, model->opt_begin), grad_at(model, model->opt_begin),
                            model->m_memory, model->v_memory, model->master_memory, model->stream);
     }
 }
@@ -661,7 +649,7 @@ void gpt2_update_muon(GPT2* model, const OptimizerStep& s) {
     };
     ops.apply = [&](const OptimizerTensor& t, size_t begin, size_t end, const floatX* update) {
         size_t opt_index = begin - model->opt_begin;
-        muon_apply(model->params_memory + (model->sharded_params ? begin - shard_start : begin),
+        muon_apply(param_at(model, begin),
                    model->master_memory ? model->master_memory + opt_index : nullptr, update, end - begin, s.muon_lr,
                    s.weight_decay, (float)(s.muon_lr * muon_lr_ratio(t.rows, t.cols)),
                    rounding_seed(s.t, t.param, begin - model->param_offsets[t.param]), stream);
@@ -690,12 +678,21 @@ void gpt2_update_adafactor(GPT2* model, const OptimizerStep& s) {
     }
 }
 
+// One 8-bit AdamW update (llmc/adamw8.cuh) of parameters [opt_begin, opt_end): no master weights, one
+// rounding seed per update (the flat index makes each element's bits), the cut blocks' exchange under ZeRO.
+void gpt2_update_adamw8(GPT2* model, const OptimizerStep& s) {
+    AdamWSettings settings = adamw_settings(s.lr, s.weight_decay, s.grad_scale, s.t, rounding_seed(s.t, 0, 0));
+    adamw8_gpu_step(&model->adamw8, param_at(model, model->opt_begin), grad_at(model, model->opt_begin), settings,
+                    model->layout, model->shard, [model](const char* what) { gpt2_sync(model, what); }, model->stream);
+}
+
 // One optimizer update of the step (-opt). With -z 1 and 2, the updated shards are then all-gathered, so
 // every process has all the new parameters.
 void gpt2_update(GPT2* model, const OptimizerStep& s) {
     switch (model->optimizer.kind) {
         case OPT_MUON: gpt2_update_muon(model, s); break;
         case OPT_ADAFACTOR: gpt2_update_adafactor(model, s); break;
+        case OPT_ADAMW8: gpt2_update_adamw8(model, s); break;
         default: gpt2_update_adamw(model, s.lr, s.weight_decay, s.grad_scale, s.t); break;
     }
     model->zero.outer_gathered = false;  // -z 3: the next pass gathers the new values
@@ -763,6 +760,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         std::vector<float> all = gpt2_download_parameters(model);
         return std::vector<float>(all.begin() + model->opt_begin, all.begin() + model->opt_end);
     };
+    c.moments8 = [model] { return adamw8_gpu_download(model->adamw8); };
     c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
     return c;
 }
@@ -776,6 +774,10 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     if (model->optimizer.kind == OPT_ADAFACTOR) {
         size_t length = adafactor_state_size(model->optimizer.tensors);
         cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), length * sizeof(float), cudaMemcpyHostToDevice));
+        return;
+    }
+    if (model->optimizer.kind == OPT_ADAMW8) {  // no master weights: the parameters came from the model file
+        adamw8_gpu_upload(&model->adamw8, state.moments8);
         return;
     }
     size_t opt_n = model->opt_end - model->opt_begin;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "adamw.h"  // AdamWHyper
 #include "cuda_common.cuh"
 
 // ----------------------------------------------------------------------------
@@ -165,6 +166,12 @@ struct AdamWSettings {
     int t;             // 1-based step count, for the bias corrections
     uint32_t seed;     // stochastic rounding seed: derive from (step, tensor)
 };
+
+// The settings of one update with AdamW's constants (llmc/adamw.h).
+inline AdamWSettings adamw_settings(float lr, float weight_decay, float grad_scale, int t, uint32_t seed) {
+    AdamWHyper h;
+    return AdamWSettings{lr, h.beta1, h.beta2, h.eps, weight_decay, grad_scale, t, seed};
+}
 
 // 1 - beta^t, in double on the host as the CPU trainer computes them, then rounded to float
 inline void adamw_bias_corrections(const AdamWSettings& s, float* bias_correction1, float* bias_correction2) {

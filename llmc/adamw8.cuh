@@ -16,7 +16,8 @@
 // upload), and the second kernel encodes them. This is adamw8_update's complete_edges step, on the GPU:
 //
 //   adamw8_update_blocks(...)                      every block; whole ones encoded, cut ones kept
-//   plan.edge_maxima -> host -> all-reduce max -> plan.edge_maxima     (only when plan.num_edges > 0)
+//   plan.edge_maxima -> host -> all-reduce max -> plan.edge_maxima     (every process of the group takes
+//                                                                       part, cut blocks or not)
 //   adamw8_encode_edges(...)                        the cut blocks encoded with the whole block's maxima
 #pragma once
 
@@ -24,9 +25,13 @@
 #include <utility>
 #include <vector>
 
+#include <functional>
+
 #include "adamw.cuh"  // AdamWSettings, adamw_bias_corrections
 #include "adamw8.h"
 #include "cuda_common.cuh"
+#include "parallel/layout.h"
+#include "parallel/zero_blocks.h"
 
 constexpr int ADAMW8_THREADS = (int)ADAMW8_BLOCK;  // one thread per element of an 8-bit block
 
@@ -222,4 +227,97 @@ inline void adamw8_encode_edges(Adamw8Device state, const Adamw8Plan& plan, cuda
         state, plan.blocks, plan.tables + 256, plan.edge_moments, plan.edge_maxima, plan.edge_block[0],
         plan.edge_block[1]);
     cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------
+// a process's 8-bit state on the device, as the CUDA trainer keeps it over its optimizer range
+
+struct Adamw8Gpu {
+    void* memory = nullptr;  // one allocation: the block maxima, the exchange's 2 P floats, the codes
+    Adamw8Device state{};
+    float* bounds = nullptr;  // 2 P floats: zero_complete_block_maxima's buffer
+    Adamw8Blocks blocks;
+    Adamw8Plan plan{};
+    size_t begin = 0, end = 0;
+};
+
+// The device bytes of the state of n parameters in `blocks` blocks among P data-parallel processes.
+inline size_t adamw8_gpu_bytes(size_t n, size_t blocks, int P) {
+    return adamw8_state_bytes(n, blocks) + adamw8_plan_bytes(blocks) + 2 * (size_t)P * sizeof(float);
+}
+
+// The state of [begin, end) of the flat vector the optimizer's tensors tile, all zero.
+inline void adamw8_gpu_allocate(Adamw8Gpu* g, const std::vector<OptimizerTensor>& tensors, size_t begin, size_t end, int P) {
+    g->blocks = adamw8_blocks(tensors);
+    g->plan = adamw8_plan_create(g->blocks, begin, end);
+    g->begin = begin, g->end = end;
+    size_t blocks = g->plan.num_blocks, n = end - begin;
+    size_t bytes = adamw8_state_bytes(n, blocks) + 2 * (size_t)P * sizeof(float);
+    cudaCheck(cudaMalloc(&g->memory, bytes));
+    cudaCheck(cudaMemset(g->memory, 0, bytes));
+    float* floats = (float*)g->memory;  // the floats first (4-byte aligned), then the codes
+    g->bounds = floats + 2 * blocks;
+    int8_t* codes = (int8_t*)(g->bounds + 2 * (size_t)P);
+    g->state = Adamw8Device{codes, (uint8_t*)(codes + n), floats, floats + blocks};
+}
+
+inline void adamw8_gpu_free(Adamw8Gpu* g) {
+    if (g->memory == nullptr) return;
+    cudaCheck(cudaFree(g->memory));
+    adamw8_plan_free(&g->plan);
+    *g = Adamw8Gpu{};
+}
+
+// The state as a checkpoint holds it (llmc/io/state_file.h), and back.
+inline Adamw8State adamw8_gpu_download(const Adamw8Gpu& g) {
+    Adamw8State q = adamw8_state(g.blocks, g.begin, g.end);
+    cudaCheck(cudaMemcpy(q.m.data(), g.state.m, q.m.size(), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(q.v.data(), g.state.v, q.v.size(), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(q.m_max.data(), g.state.m_max, q.m_max.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(q.v_max.data(), g.state.v_max, q.v_max.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return q;
+}
+
+inline void adamw8_gpu_upload(Adamw8Gpu* g, const Adamw8State& q) {
+    if (q.begin != g->begin || q.end != g->end || q.m_max.size() != g->plan.num_blocks) {
+        fatal("adamw8: a state of [%zu, %zu) for a process updating [%zu, %zu)", q.begin, q.end, g->begin, g->end);
+    }
+    cudaCheck(cudaMemcpy(g->state.m, q.m.data(), q.m.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g->state.v, q.v.data(), q.v.size(), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g->state.m_max, q.m_max.data(), q.m_max.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(g->state.v_max, q.v_max.data(), q.v_max.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// One update of the range (params and grads at its first element; no master weights): every block, then
+// under ZeRO the cut blocks' maxima made whole with the other processes' (every process takes part; sync
+// waits for the stream, through the trainer's watchdog) and the cut blocks encoded.
+inline void adamw8_gpu_step(Adamw8Gpu* g, floatX* params, const floatX* grads, const AdamWSettings& s,
+                            const ParallelLayout& lay, const ShardLayout& shard,
+                            const std::function<void(const char*)>& sync, cudaStream_t stream) {
+    Adamw8Plan& plan = g->plan;
+    adamw8_update_blocks(params, nullptr, grads, g->state, plan, s, stream);
+    if (lay.zero_stage == 0) return;
+    std::vector<float> maxima(2 * plan.num_edges);
+    if (plan.num_edges > 0) {
+        cudaCheck(cudaMemcpyAsync(maxima.data(), plan.edge_maxima, maxima.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream));
+    }
+    sync("the 8-bit blocks' maxima");
+    CommStaging staging;  // the collective's buffer: bounds, allocated with the state
+    staging.buffer = [g](size_t) { return g->bounds; };
+    staging.put = [stream](float* buf, const float* host, size_t n) {
+        cudaCheck(cudaMemcpyAsync(buf, host, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+    };
+    staging.get = [](float* host, const float* buf, size_t n) {
+        cudaCheck(cudaMemcpy(host, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
+    };
+    staging.wait = sync;
+    staging.release = [] {};
+    zero_complete_block_maxima(lay.dp_group, shard, plan.edge_elements, maxima.data(), staging);
+    if (plan.num_edges == 0) return;
+    cudaCheck(cudaMemcpyAsync(plan.edge_maxima, maxima.data(), maxima.size() * sizeof(float), cudaMemcpyHostToDevice,
+                              stream));
+    adamw8_encode_edges(g->state, plan, stream);
+    cudaCheck(cudaStreamSynchronize(stream));  // the copy reads `maxima` (host) before it goes
 }

@@ -42,6 +42,17 @@ BlockTensorsOf<T> packed_block(T* packed, const Model* model) {
             at[P_LN2W], at[P_LN2B], at[P_FCW],  at[P_FCB],  at[P_FCPROJW],  at[P_FCPROJB]};
 }
 
+// Where flat element e of the parameters (of the gradients) is on the device: -z 3 (-z 2 and 3) keeps a
+// shard of them, whose element 0 is flat element rank * shard_size.
+template <typename Model>
+floatX* param_at(Model* model, size_t e) {
+    return model->params_memory + (model->sharded_params ? e - shard_first(model->shard) : e);
+}
+template <typename Model>
+floatX* grad_at(Model* model, size_t e) {
+    return model->grads_memory + (model->packed_grads ? e - shard_first(model->shard) : e);
+}
+
 // The model state on the device (with -oo 1 the optimizer's in pinned host memory): parameters and
 // gradients, the flat arrays padded to whole shards with several processes (llmc/parallel/grad_buckets.h;
 // with -z 2 and 3 a shard of them, and the packed and gathering buffers), the optimizer's state (with
@@ -73,6 +84,9 @@ void gpt2_allocate_model_state(Model* model) {
     model->m_memory = model->opt_memory;
     model->v_memory = model->opt_memory + m_n;
     model->master_memory = model->use_master_weights ? model->opt_memory + m_n + v_n : nullptr;
+    if (model->optimizer.kind == OPT_ADAMW8) {  // its codes and block maxima (llmc/adamw8.cuh)
+        adamw8_gpu_allocate(&model->adamw8, model->optimizer.tensors, model->opt_begin, model->opt_end, model->layout.dp);
+    }
     if (model->sharded_params) {
         point_outer_packed(&model->params, model->zero.gathered_outer, model->param_sizes);
     } else {
@@ -164,6 +178,7 @@ void gpt2_free(Model* model) {
         cudaCheck(cudaFree(model->opt_memory));
     }
     cudaCheck(cudaFree(model->muon_memory));
+    adamw8_gpu_free(&model->adamw8);
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));
     cudaCheck(cudaFreeHost(model->host_norm_sq));

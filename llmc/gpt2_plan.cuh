@@ -25,6 +25,7 @@
 #include "utils.h"
 
 #include "cuda_common.cuh"
+#include "adamw8.cuh"             // adamw8_gpu_bytes
 #include "gpt2_activations.cuh"
 #include "attention.cuh"          // check_attention_shape
 #include "muon.cuh"               // muon_scratch_layout
@@ -126,6 +127,9 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
     int zero_stage = plan->layout.zero_stage;
     plan->optimizer = optimizer_plan(optimizer_kind, cfg, plan->layout.dp);
     if (optimizer_kind == OPT_ADAFACTOR) plan->use_master_weights = false;  // its state is its factors alone
+    // 8-bit AdamW is for when memory is short: its moments take 2 bytes a parameter, fp32 master weights
+    // would add 4; as Adafactor, it rounds the floatX parameters stochastically instead (llmc/adamw8.cuh)
+    if (optimizer_kind == OPT_ADAMW8) plan->use_master_weights = false;
     plan->offload = args.offload_optimizer != 0;
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
@@ -171,10 +175,20 @@ int least_recompute_that_fits(const GPT2Plan* model, int B, int T, size_t room) 
 // momentum in m) and the master weights (-w 1); Adafactor's factors (the whole state on every process;
 // no m, no master weights).
 void optimizer_state_floats(const GPT2Plan* model, size_t opt_n, size_t* m, size_t* v, size_t* master) {
-    bool adafactor = model->optimizer.kind == OPT_ADAFACTOR;
-    *m = adafactor ? 0 : opt_n;
-    *v = adafactor ? adafactor_state_size(model->optimizer.tensors) : opt_n;
+    bool adafactor = model->optimizer.kind == OPT_ADAFACTOR, eight_bit = model->optimizer.kind == OPT_ADAMW8;
+    *m = adafactor || eight_bit ? 0 : opt_n;
+    *v = adafactor ? adafactor_state_size(model->optimizer.tensors) : eight_bit ? 0 : opt_n;
     *master = model->use_master_weights ? opt_n : 0;
+}
+
+// 8-bit AdamW's device bytes for the range [begin, end): its codes and block maxima (llmc/adamw8.h), the
+// block table and edge buffers of its plan (llmc/adamw8.cuh), and the 2 P floats of the maxima's exchange
+// (llmc/parallel/zero_blocks.h); 0 for another optimizer.
+size_t adamw8_device_bytes(const GPT2Plan* model, size_t begin, size_t end) {
+    if (model->optimizer.kind != OPT_ADAMW8) return 0;
+    size_t b0, b1;
+    adamw8_blocks(model->optimizer.tensors).blocks_of(begin, end, &b0, &b1);
+    return adamw8_gpu_bytes(end - begin, b1 - b0, model->layout.dp);
 }
 
 size_t predicted_model_state_bytes(const GPT2Plan* model, int z) {
@@ -187,7 +201,8 @@ size_t predicted_model_state_bytes(const GPT2Plan* model, int z) {
     size_t m, v, master;
     optimizer_state_floats(model, z >= 1 ? model->shard.end - model->shard.begin : n, &m, &v, &master);
     if (model->offload) return params + grads;  // -oo 1: the optimizer's state is in host memory
-    return params + grads + (m + v + master) * sizeof(float);
+    size_t eight_bit = z >= 1 ? adamw8_device_bytes(model, model->shard.begin, model->shard.end) : adamw8_device_bytes(model, 0, n);
+    return params + grads + (m + v + master) * sizeof(float) + eight_bit;
 }
 
 // The device memory -oo 1 would free: AdamW's state (0 when offloaded already, or for another optimizer)
@@ -235,7 +250,13 @@ void print_model_state_allocation(const GPT2Plan* model) {
     }
     printf("\n");
     double all_mib = (model->use_master_weights ? 3 : 2) * n * sizeof(float) / 1048576.0;
-    if (model->optimizer.kind == OPT_ADAFACTOR) {
+    if (model->optimizer.kind == OPT_ADAMW8) {
+        size_t bytes = adamw8_device_bytes(model, model->opt_begin, model->opt_end);
+        printf("optimizer: 8-bit AdamW over %zu parameters on this process (%s), m and v in 8 bits in blocks of %zu: "
+               "%.2f MiB per process (AdamW's m and v would take %.1f MiB), no master weights (stochastic rounding)\n",
+               opt_n, model->layout.zero_stage >= 1 ? "ZeRO shard" : "all", ADAMW8_BLOCK, bytes / 1048576.0,
+               2 * opt_n * sizeof(float) / 1048576.0);
+    } else if (model->optimizer.kind == OPT_ADAFACTOR) {
         printf("optimizer: Adafactor over %zu tensors (each layer's its own), factored second moments of %zu floats "
                "(%.2f MiB; AdamW's m and v would take %.1f MiB), no master weights (stochastic rounding)\n",
                model->optimizer.tensors.size(), v_n, v_n * sizeof(float) / 1048576.0, 2 * n * sizeof(float) / 1048576.0);
@@ -317,6 +338,7 @@ MemoryPlan gpt2_memory_plan_before_activations(const GPT2Plan* model) {
              predicted_model_state_bytes(model, 2) / MiB, predicted_model_state_bytes(model, 3) / MiB);
     const char* state = model->offload                            ? "model state (w, grads; -oo 1)"
                         : model->optimizer.kind == OPT_ADAFACTOR ? "model state (w, grads, factors)"
+                        : model->optimizer.kind == OPT_ADAMW8    ? "model state (w, grads, m, v in 8 bits)"
                         : model->use_master_weights              ? "model state (w, grads, m, v, master)"
                                                                  : "model state (w, grads, m, v)";
     plan.add(state, predicted_model_state_bytes(model, z), note);

@@ -717,6 +717,19 @@ TEST(OptimizerCli, ParsesAndTheCudaTrainerRefusesWhatItLacks) {
                 "flag -oo 1 with -opt adafactor: the optimizer offload runs AdamW");
     EXPECT_EXIT(parse({"-oo", "1"}, false), testing::ExitedWithCode(1), "unknown flag '-oo'");
     EXPECT_EXIT(parse({"-ml", "-1"}, false), testing::ExitedWithCode(1), "flag -ml: -1 is outside the allowed range");
+    // 8-bit AdamW: both trainers, every ZeRO stage; not with -tp, -pp (its blocks are not put together across
+    // slices and stages), -oo 1 (the offload runs AdamW) or -cf llmc (llm.c's files hold fp32 moments)
+    for (bool cuda : {false, true}) {
+        EXPECT_EQ(parse({"-opt", "adamw8", "-z", "3"}, cuda).optimizer, "adamw8");
+        EXPECT_EXIT(parse({"-opt", "adamw8", "-tp", "2", "-s", "0"}, cuda), testing::ExitedWithCode(1),
+                    "-opt adamw8 runs with data parallelism at every ZeRO stage, not with -tp or -pp");
+        EXPECT_EXIT(parse({"-opt", "adamw8", "-pp", "2", "-s", "0"}, cuda), testing::ExitedWithCode(1),
+                    "-opt adamw8 runs with data parallelism at every ZeRO stage, not with -tp or -pp");
+        EXPECT_EXIT(parse({"-opt", "adamw8", "-cf", "llmc"}, cuda), testing::ExitedWithCode(1),
+                    "flag -cf llmc: llm.c's trainer runs AdamW with data parallelism only; this run has -opt adamw8");
+    }
+    EXPECT_EXIT(parse({"-opt", "adamw8", "-oo", "1"}, true), testing::ExitedWithCode(1),
+                "flag -oo 1 with -opt adamw8: the optimizer offload runs AdamW");
 }
 
 TEST(OptimizerCli, RefusesWhatItCannotRun) {

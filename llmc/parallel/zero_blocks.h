@@ -51,6 +51,7 @@ inline void zero_complete_block_maxima(const ProcessGroup& g, const ShardLayout&
     float* buf = staging.buffer(bounds.size());
     staging.put(buf, bounds.data(), bounds.size());
     all_reduce(g, buf, bounds.size(), COMM_FLOAT32, COMM_MAX);
+    comm_join(g);  // NCCL: the compute stream (which the wait waits for) waits for the all-reduce
     staging.wait("the maxima of the 8-bit blocks cut by shard boundaries");
     staging.get(bounds.data(), buf, bounds.size());
     staging.release();

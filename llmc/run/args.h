@@ -311,9 +311,6 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (!optimizer_from_name(args->optimizer, &optimizer)) {
         fatal("flag -opt: unknown optimizer '%s' (adamw, muon, adafactor or adamw8)", args->optimizer.c_str());
     }
-    if (cuda && optimizer == OPT_ADAMW8) {
-        fatal("flag -opt adamw8: the CUDA trainer does not run 8-bit AdamW yet (the CPU trainer does)");
-    }
     if (cuda && optimizer != OPT_ADAMW && args->offload_optimizer) {
         fatal("flag -oo 1 with -opt %s: the optimizer offload runs AdamW (Muon and Adafactor keep their state on the "
               "GPU); use -opt adamw or -oo 0", args->optimizer.c_str());

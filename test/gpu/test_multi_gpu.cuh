@@ -730,6 +730,44 @@ TEST(MultiGpuMpirun, AdafactorPipelineMatchesTorchAndResumes) {
     EXPECT_EQ(test::read_text(a + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
 }
 
+// -opt adamw8 on 2 processes at each ZeRO stage (fp32) against the oracle's 8-bit AdamW accumulating the
+// same global batch, with the one-process bars (TrainOptimizers.Adamw8AgainstTorch...): the tiny model's shard
+// boundary cuts an 8-bit block, whose two parts are encoded with the whole block's maxima
+// (llmc/parallel/zero_blocks.h; the two state files agree on them, checked, and the resume below checks
+// it again); the bytes per step as predicted (AdamW's: the maxima's exchange is not counted); and a run
+// resumed from the -z 1 checkpoint with -z 3 continues (the codes and maxima cut out again).
+TEST(MultiGpuMpirun, Adamw8EveryZeroStageMatchesTorch) {
+    REQUIRE_MPIRUN_GPUS(2);
+    OptimizerRun run{"adamw8", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(2);
+    REQUIRE_ORACLE("opt_adamw8_np2", oracle_args);
+    std::string oracle_dir = test::oracle("opt_adamw8_np2", oracle_args);
+    for (int z : {1, 2, 3}) {
+        SCOPED_TRACE("-z " + std::to_string(z));
+        std::string dir = test::scratch_dir("mpi_2_adamw8_z" + std::to_string(z));
+        test::CommandResult r = test::run_command(mpirun_command(2) + run.trainer_args(oracle_dir, 2, TRAINER) + " -z " +
+                                                  std::to_string(z) + " -n 3 -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+        expect_agreement(a, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 5e-2);
+        expect_comm_bytes_as_predicted(r.output, dir);
+        TrainState left, right;
+        state_file_read(dir + "/state_00000005_00000.bin", &left);
+        state_file_read(dir + "/state_00000005_00001.bin", &right);
+        ASSERT_EQ(left.moments8.block_end - 1, right.moments8.block_begin) << "the boundary cuts a block";
+        EXPECT_EQ(left.moments8.m_max.back(), right.moments8.m_max.front());
+        EXPECT_EQ(left.moments8.v_max.back(), right.moments8.v_max.front());
+        if (z != 1) continue;
+        std::string other = test::scratch_dir("mpi_2_adamw8_z1_to_z3");
+        ASSERT_EQ(test::run_command("cp " + dir + "/model_00000003.bin " + dir + "/state_00000003_0000* " + dir +
+                                    "/DONE_00000003 " + other).exit_code, 0);
+        test::CommandResult resumed = test::run_command(mpirun_command(2) + run.trainer_args(oracle_dir, 2, TRAINER) +
+                                                        " -z 3 -y 1 -o " + other);
+        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+        EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
+    }
+}
+
 // -oo 1 with ZeRO over 2 processes: each process offloads its shard of AdamW's state (-z 1), and with
 // -z 3 its shard of the parameters' updates too; the runs equal their -oo 0 twins bit for bit (the
 // CPU runs the GPU kernel's element body, llmc/optimizer_offload.cuh): the model file and both
