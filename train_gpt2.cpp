@@ -38,6 +38,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/optimizer.h"
 #include "llmc/parallel/comm_mpi.h"
 #include "llmc/parallel/grad_completion.h"
+#include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
 #include "llmc/parallel/muon_step.h"
@@ -112,6 +113,10 @@ struct GPT2 {
     // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end), in the blocks of the flat vector (llmc/adamw8.h)
     Adamw8Blocks blocks8;
     Adamw8State moments8;
+    // -gc sign: the data-parallel gradients compressed to a bit an element, with this process's residuals
+    // (llmc/parallel/grad_compression.h); compressed false: all-reduced in fp32
+    bool compressed = false;
+    SignCompression compression;
     // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
     // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, and num_parameters
     // and param_sizes/offsets are local (llmc/parallel/model_state.h moves state to and from the whole)
@@ -628,7 +633,11 @@ void gpt2_complete_gradients(GPT2* model) {
     // -tp and -pp come with -z 0 or 1: the gradient array is whole (grads_base 0)
     complete_model_parallel_gradients(lay, grads, 0, model->num_parameters, model->param_offsets, model->param_sizes,
                                       COMM_FLOAT32);
-    reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
+    if (model->compressed) {
+        sign_compressed_reduce(lay.dp_group, &model->compression, grads);
+    } else {
+        reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
+    }
 }
 
 // The global norm of the completed gradients: this process's ranges (its shard, its slices), summed
@@ -779,6 +788,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         return std::vector<float>(first + model->opt_begin, first + model->opt_end);
     };
     c.moments8 = [model] { return model->moments8; };
+    if (model->compressed) c.own_sections = [model] { return std::vector<StateSection>{error_feedback_section(model->compression)}; };
     c.staging = host_staging();
     return c;
 }
@@ -790,6 +800,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     model->m_memory = state.m;
     model->v_memory = state.v;
     if (model->optimizer.kind == OPT_ADAMW8) model->moments8 = state.moments8;
+    if (model->compressed) error_feedback_restore(&model->compression, state.sections);
     // Master weights in the checkpoint (the CUDA trainer's -w 1, llm.c's) are the fp32 parameters, more exact
     // than a bf16 model file: each process takes its optimizer range's, then they are shared as after an update.
     if (!state.master.empty()) {
@@ -800,8 +811,10 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
 
 
 // This process's part of the model for the layout: its pipeline stage's layers, its tensor-parallel
-// slices of them, and its ZeRO shard of what the optimizer updates; the optimizer's state (-opt).
-void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind optimizer = OPT_ADAMW) {
+// slices of them, and its ZeRO shard of what the optimizer updates; the optimizer's state (-opt); the
+// gradients' compression (-gc: llmc/parallel/grad_compression.h).
+void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind optimizer = OPT_ADAMW,
+                     const std::string& compression = "none") {
     const ProcessGroup& dp = layout.dp_group;
     model->layout = layout;
     model->optimizer.kind = optimizer;
@@ -811,6 +824,8 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
                     model->v_memory.size());
     zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory,
                       optimizer == OPT_ADAMW8 ? 2.0 + 8.0 / ADAMW8_BLOCK : 8.0);
+    model->compressed = grad_compression_start(compression, dp, optimizer_tensors(model->config), model->num_parameters,
+                                               &model->compression);
 }
 
 size_t gpt2_allocated_bytes(const GPT2* model) {
@@ -913,7 +928,7 @@ int main(int argc, char** argv) {
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
     layout.sequence_parallel = args.sequence_parallel;
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
-    gpt2_distribute(&model, layout, optimizer);
+    gpt2_distribute(&model, layout, optimizer, args.grad_compression);
 
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;

@@ -30,6 +30,7 @@
 #include "adamw.cuh"  // AdamWSettings, adamw_bias_corrections
 #include "adamw8.h"
 #include "cuda_common.cuh"
+#include "parallel/comm_nccl.cuh"  // device_staging_in
 #include "parallel/layout.h"
 #include "parallel/zero_blocks.h"
 
@@ -303,18 +304,8 @@ inline void adamw8_gpu_step(Adamw8Gpu* g, floatX* params, const floatX* grads, c
                                   stream));
     }
     sync("the 8-bit blocks' maxima");
-    CommStaging staging;  // the collective's buffer: bounds, allocated with the state
-    staging.buffer = [g](size_t) { return g->bounds; };
-    staging.put = [stream](float* buf, const float* host, size_t n) {
-        cudaCheck(cudaMemcpyAsync(buf, host, n * sizeof(float), cudaMemcpyHostToDevice, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-    };
-    staging.get = [](float* host, const float* buf, size_t n) {
-        cudaCheck(cudaMemcpy(host, buf, n * sizeof(float), cudaMemcpyDeviceToHost));
-    };
-    staging.wait = sync;
-    staging.release = [] {};
-    zero_complete_block_maxima(lay.dp_group, shard, plan.edge_elements, maxima.data(), staging);
+    // the collective's buffer: bounds, allocated with the state
+    zero_complete_block_maxima(lay.dp_group, shard, plan.edge_elements, maxima.data(), device_staging_in(g->bounds, stream, sync));
     if (plan.num_edges == 0) return;
     cudaCheck(cudaMemcpyAsync(plan.edge_maxima, maxima.data(), maxima.size() * sizeof(float), cudaMemcpyHostToDevice,
                               stream));

@@ -61,6 +61,7 @@ struct TrainArgs {
     int checkpoint_every = 0;
     int checkpoint_async = 0;  // -ca 1: checkpoint files written by a thread while training goes on
     std::string checkpoint_format = "ours";  // -cf llmc: state files in llm.c's format (llmc/io/llmc_state.h)
+    std::string grad_compression = "none";   // -gc sign: compressed gradient reduction (llmc/parallel/grad_compression.h)
     int resume = 0;
     // data parallelism (mpirun -np N)
     int zero_stage = 0;
@@ -126,6 +127,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
         {"-opt", FlagKind::String, &a->optimizer, NAN, NAN, false, "optimizer: adamw|muon|adafactor|adamw8 (doc/optimizers.md)"},
         {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
+        {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign (1 bit an element with error feedback; -z 0, CPU trainer; doc/data_parallel.md)"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
         {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
         {"-s", FlagKind::Int, &a->sample_every, 0, INT_MAX, false, "sample every N steps (0: never)"},
@@ -329,6 +331,19 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     }
     if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
         fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
+    }
+    if (args->grad_compression != "none" && args->grad_compression != "sign") {
+        fatal("flag -gc: unknown gradient compression '%s' (none or sign)", args->grad_compression.c_str());
+    }
+    if (args->grad_compression != "none") {
+        if (cuda) fatal("flag -gc %s: the CUDA trainer does not compress gradients yet (the CPU trainer does)", args->grad_compression.c_str());
+        // each process keeps the residual of every gradient element; ZeRO's shards, -tp's slices and -pp's
+        // stages would need it cut and put together
+        if (args->zero_stage != 0 || args->tensor_parallel > 1 || args->pipeline_parallel > 1 || args->checkpoint_format == "llmc") {
+            fatal("flag -gc %s compresses the whole gradient of data parallelism alone: it runs with -z 0 and no -tp, -pp "
+                  "or -cf llmc (this run has -z %d -tp %d -pp %d -cf %s)", args->grad_compression.c_str(), args->zero_stage,
+                  args->tensor_parallel, args->pipeline_parallel, args->checkpoint_format.c_str());
+        }
     }
     if (args->checkpoint_format != "ours" && args->checkpoint_format != "llmc") {
         fatal("flag -cf: unknown checkpoint format '%s' (ours or llmc)", args->checkpoint_format.c_str());

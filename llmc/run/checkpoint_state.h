@@ -55,6 +55,9 @@ struct CheckpointModel {
     std::function<std::vector<float>()> optimizer_parameters;
     // -opt adamw8: the codes of [opt_begin, opt_end) and their blocks' maxima (llmc/adamw8.h)
     std::function<Adamw8State()> moments8;
+    // state of this process's own beyond the optimizer's (-gc's residuals): extra sections of its state file,
+    // restored from its own file (-y 1 needs the same processes then)
+    std::function<std::vector<StateSection>()> own_sections;
     CommStaging staging;
 };
 
@@ -147,7 +150,8 @@ inline void checkpoint_save_state(const CheckpointModel& m, const TrainRun& run,
             }
         }
     }
-    state.optimizer = m.optimizer;  // AdamW, Muon (its momentum where AdamW's m is), Adafactor
+    state.optimizer = m.optimizer;  // AdamW, Muon (its momentum where AdamW's m is), Adafactor, 8-bit AdamW
+    if (m.own_sections) state.sections = m.own_sections();
     train_state_set_scaler(&state, run.scaler);  // the skip counters and S, as of this step
     if (llmc) {
         job.llmc = true;
@@ -194,5 +198,29 @@ inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* r
         }
     }
     loss_scaler_restore(&run->scaler, state);
+    // each process's own sections come from its own file (the others' are another process's)
+    std::string own = checkpoint_state_path(dir, step, lay.world.rank);
+    if (lay.world.rank != 0 && file_exists(own) && !llmc_state_file(own)) {
+        TrainState mine;
+        state_file_read(own, &mine);
+        state.sections = std::move(mine.sections);
+    } else if (lay.world.rank != 0) {
+        state.sections.clear();
+    }
+    for (const StateSection& s : state.sections) {
+        if (s.kind == STATE_SECTION_ERROR_FEEDBACK && !m.own_sections && lay.world.rank == 0) {
+            printf("resume: checkpoint %d holds -gc's error-feedback residuals; this run has no -gc and drops them\n", step);
+        }
+    }
+    if (state.num_processes != lay.world.size) {  // another layout's files: its processes' sections are not ours
+        for (const StateSection& s : state.sections) {
+            if (s.kind == STATE_SECTION_ERROR_FEEDBACK && m.own_sections) {
+                fatal("checkpoint %d in %s holds the error-feedback residuals of %d processes, each its own; this run "
+                      "has %d: resume -gc with as many processes (or without -gc, which drops them)", step, dir.c_str(),
+                      state.num_processes, lay.world.size);
+            }
+        }
+        state.sections.clear();
+    }
     return state;
 }

@@ -281,6 +281,33 @@ TEST(TrainOptimizers, MuonAgainstTorch) {
 #endif
 }
 
+// `run` on one process against its oracle's run (build/oracle/opt_<opt>_np1), into scratch dir `name`.
+struct OracleRun {
+    std::string oracle_dir, dir;
+    test::CommandResult result;
+};
+OracleRun one_process_against_oracle(const OptimizerRun& run, const std::string& name) {
+    OracleRun o;
+    o.oracle_dir = test::oracle("opt_" + run.opt + "_np1", std::string(OPTIMIZER_TINY) + run.oracle_args(1));
+    o.dir = test::scratch_dir(name);
+    o.result = test::run_command(run.trainer_args(o.oracle_dir, 1, TRAINER) + " -o " + o.dir);
+    return o;
+}
+
+// `run` with a checkpoint every 2 steps, cut after step 2 and resumed: step 4's model and state files are
+// the uninterrupted run's, bit for bit.
+void expect_resume_bit_for_bit(const OptimizerRun& run, const std::string& oracle_dir, const std::string& name) {
+    std::string common = run.trainer_args(oracle_dir, 1, TRAINER) + " -n 2";
+    std::string full = test::scratch_dir(name + "_full"), cut = test::scratch_dir(name + "_cut");
+    ASSERT_EQ(test::run_command(common + " -o " + full).exit_code, 0);
+    ASSERT_EQ(test::run_command(common + " -x 2 -o " + cut).exit_code, 0);
+    test::CommandResult resumed = test::run_command(common + " -y 1 -o " + cut);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_EQ(test::read_text(full + "/model_00000004.bin"), test::read_text(cut + "/model_00000004.bin"));
+    EXPECT_EQ(test::read_text(full + "/state_00000004_00000.bin"), test::read_text(cut + "/state_00000004_00000.bin"));
+}
+
 // The 2-D tensors' elements (wte, wpe and the block matrices) against the oracle's final values, less
 // `steps` bf16 steps (2^-7 relative) of each element for the stochastic roundings of as many updates
 // without master weights: the worst excess as a share of how far the oracle moved that tensor.
@@ -326,35 +353,23 @@ double matrices_beyond_rounding(const std::string& oracle_dir, const std::string
 // holds the whole factor vector and names Adafactor).
 TEST(TrainOptimizers, AdafactorAgainstTorchAndResumesBitForBit) {
     OptimizerRun run{"adafactor", 1e-2, 0.0};
-    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1);
-    REQUIRE_ORACLE("opt_adafactor_np1", oracle_args);
-    std::string oracle_dir = test::oracle("opt_adafactor_np1", oracle_args);
-    std::string dir = test::scratch_dir("adafactor_torch");
-    test::CommandResult r = test::run_command(run.trainer_args(oracle_dir, 1, TRAINER) + " -o " + dir);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("optimizer: Adafactor over 28 tensors"), std::string::npos) << r.output;
-    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+    REQUIRE_ORACLE("opt_adafactor_np1", std::string(OPTIMIZER_TINY) + run.oracle_args(1));
+    OracleRun o = one_process_against_oracle(run, "adafactor_torch");
+    ASSERT_EQ(o.result.exit_code, 0) << o.result.output;
+    EXPECT_NE(o.result.output.find("optimizer: Adafactor over 28 tensors"), std::string::npos) << o.result.output;
+    Agreement a = compare_with_oracle(o.oracle_dir, o.dir, run.steps);
     const double loss_bar = TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0;  // the losses are above 5
 #if defined(ENABLE_FP32)
     expect_agreement(a, loss_bar, TOL_STEP_NORM_REL, 1e-3);
 #else
     EXPECT_LE(a.loss, loss_bar) << "loss";
     EXPECT_LE(a.norm, TOL_STEP_NORM_REL) << "grad norm";
-    double worst = matrices_beyond_rounding(oracle_dir, dir + "/model_00000005.bin", 5);
+    double worst = matrices_beyond_rounding(o.oracle_dir, o.dir + "/model_00000005.bin", 5);
     EXPECT_LE(worst, 0.1) << "factored parameters beyond 5 bf16 steps of rounding, as a share of the movement";
     printf("  factored parameters beyond the rounding allowance: %.2e of their movement\n", worst);
 #endif
     printf("  losses %.1e, norms %.1e, parameters %.1e of their movement\n", a.loss, a.norm, a.params);
-
-    std::string common = run.trainer_args(oracle_dir, 1, TRAINER) + " -n 2";
-    std::string full = test::scratch_dir("adafactor_full"), cut = test::scratch_dir("adafactor_cut");
-    ASSERT_EQ(test::run_command(common + " -o " + full).exit_code, 0);
-    ASSERT_EQ(test::run_command(common + " -x 2 -o " + cut).exit_code, 0);
-    test::CommandResult resumed = test::run_command(common + " -y 1 -o " + cut);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
-    EXPECT_EQ(test::read_text(full + "/model_00000004.bin"), test::read_text(cut + "/model_00000004.bin"));
-    EXPECT_EQ(test::read_text(full + "/state_00000004_00000.bin"), test::read_text(cut + "/state_00000004_00000.bin"));
+    expect_resume_bit_for_bit(run, o.oracle_dir, "adafactor");
 }
 
 // -opt adamw8 against the oracle's 8-bit AdamW (gpt2_oracle.py --opt adamw8, float64; the CPU trainer's
@@ -369,14 +384,11 @@ TEST(TrainOptimizers, AdafactorAgainstTorchAndResumesBitForBit) {
 // the uninterrupted one's bits.
 TEST(TrainOptimizers, Adamw8AgainstTorchAndResumesBitForBit) {
     OptimizerRun run{"adamw8", 1e-3, 0.02};
-    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(1);
-    REQUIRE_ORACLE("opt_adamw8_np1", oracle_args);
-    std::string oracle_dir = test::oracle("opt_adamw8_np1", oracle_args);
-    std::string dir = test::scratch_dir("adamw8_torch");
-    test::CommandResult r = test::run_command(run.trainer_args(oracle_dir, 1, TRAINER) + " -o " + dir);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("optimizer: 8-bit AdamW over 126720 parameters"), std::string::npos) << r.output;
-    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+    REQUIRE_ORACLE("opt_adamw8_np1", std::string(OPTIMIZER_TINY) + run.oracle_args(1));
+    OracleRun o = one_process_against_oracle(run, "adamw8_torch");
+    ASSERT_EQ(o.result.exit_code, 0) << o.result.output;
+    EXPECT_NE(o.result.output.find("optimizer: 8-bit AdamW over 126720 parameters"), std::string::npos) << o.result.output;
+    Agreement a = compare_with_oracle(o.oracle_dir, o.dir, run.steps);
     const double loss_bar = TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0;  // the losses are above 5
 #if defined(ENABLE_FP32)
     expect_agreement(a, loss_bar, TOL_STEP_NORM_REL, 5e-2);
@@ -387,21 +399,12 @@ TEST(TrainOptimizers, Adamw8AgainstTorchAndResumesBitForBit) {
     printf("  losses %.1e, norms %.1e, parameters %.1e of their movement\n", a.loss, a.norm, a.params);
     std::string adamw = test::scratch_dir("adamw8_against_adamw");
     OptimizerRun plain{"adamw", 1e-3, 0.02};
-    ASSERT_EQ(test::run_command(plain.trainer_args(oracle_dir, 1, TRAINER) + " -o " + adamw).exit_code, 0);
-    size_t eight = test::read_text(dir + "/state_00000005_00000.bin").size();
+    ASSERT_EQ(test::run_command(plain.trainer_args(o.oracle_dir, 1, TRAINER) + " -o " + adamw).exit_code, 0);
+    size_t eight = test::read_text(o.dir + "/state_00000005_00000.bin").size();
     size_t fp32 = test::read_text(adamw + "/state_00000005_00000.bin").size();
     EXPECT_LE(eight, 0.4 * fp32) << eight << " bytes against AdamW's " << fp32;
     printf("  state file: %zu bytes, AdamW's %zu (%.0f%%)\n", eight, fp32, 100.0 * eight / fp32);
-
-    std::string common = run.trainer_args(oracle_dir, 1, TRAINER) + " -n 2";
-    std::string full = test::scratch_dir("adamw8_full"), cut = test::scratch_dir("adamw8_cut");
-    ASSERT_EQ(test::run_command(common + " -o " + full).exit_code, 0);
-    ASSERT_EQ(test::run_command(common + " -x 2 -o " + cut).exit_code, 0);
-    test::CommandResult resumed = test::run_command(common + " -y 1 -o " + cut);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
-    EXPECT_EQ(test::read_text(full + "/model_00000004.bin"), test::read_text(cut + "/model_00000004.bin"));
-    EXPECT_EQ(test::read_text(full + "/state_00000004_00000.bin"), test::read_text(cut + "/state_00000004_00000.bin"));
+    expect_resume_bit_for_bit(run, o.oracle_dir, "adamw8");
 }
 
 // A Muon run resumed from its checkpoint continues bit for bit (the momentum is in the state file's m,

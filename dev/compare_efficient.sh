@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Memory- and communication-efficient training against plain data parallelism (issue 49; doc/optimizers.md
+# "8-bit AdamW", doc/data_parallel.md "Compressed gradients"): 2 data-parallel processes, 30 steps of a
+# small GPT-2 (2 layers, C = 64, the GPT-2 vocabulary: 3.3 M parameters, most of them wte) on
+# tinyshakespeare, the same flags for every run but the one under test; prints each run's final val loss
+# against plain AdamW's, its bytes moved a step (metrics.jsonl's comm_bytes, process 0) and its state
+# file (process 0).
+#   dev/compare_efficient.sh                                 the CPU trainer (mpirun -np 2)
+#   TRAINER=train_gpt2cu_emu dev/compare_efficient.sh        the CUDA trainer under the emulator (minutes)
+#   TRAINER=train_gpt2cu dev/compare_efficient.sh            on GPUs (2 of them)
+# RUNS picks the runs (default: "adamw8 sign" on the CPU, "adamw8" for the CUDA trainer, which has no -gc
+# yet); Z (default 0) the ZeRO stage of all of them (-gc needs 0); STEPS (30). Writes build/compare_efficient/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+trainer=${TRAINER:-train_gpt2}
+z=${Z:-0}
+steps=${STEPS:-30}
+case $trainer in train_gpt2) runs=${RUNS:-adamw8 sign} ;; *) runs=${RUNS:-adamw8} ;; esac
+python=$(scripts/find_python.sh)
+data=dev/data/tinyshakespeare
+[ -f $data/tinyshakespeare_train_000000.bin ] || { echo "run dev/data/tinyshakespeare.sh first" >&2; exit 1; }
+make -s "$trainer"
+out=build/compare_efficient/$trainer
+mkdir -p "$out"
+"$python" test/oracle/gpt2_oracle.py --out "$out/init" --layers 2 --channels 64 --heads 4 --max-seq-len 64 \
+    --vocab 50257 --seed 1 -b 1 -t 8 --data-tokens 100 > /dev/null
+launch="mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2"
+case $trainer in *_emu) launch="env EMU_DEVICE_COUNT=2 $launch -x EMU_DEVICE_COUNT" ;; esac
+flags_of() {
+    case $1 in
+        adamw) echo "" ;;
+        adamw8) echo "-opt adamw8" ;;
+        sign) echo "-gc sign" ;;
+        *) echo "unknown run '$1' (adamw8, sign)" >&2; exit 1 ;;
+    esac
+}
+for run in adamw $runs; do
+    rm -rf "${out:?}/$run"
+    OMP_NUM_THREADS=1 $launch ./$trainer -e "$out/init/model.bin" -i "$data/tinyshakespeare_train_*.bin" \
+        -j "$data/tinyshakespeare_val_*.bin" -b 4 -t 64 -x "$steps" -l 1e-3 -u 3 -c 0.1 -v "$steps" -m 16 -s 0 \
+        -n "$steps" -z "$z" $(flags_of $run) -o "$out/$run" > "$out/$run.log" 2>&1
+done
+val() { grep 'val loss' "$out/$1.log" | tail -1 | awk '{print $NF}'; }
+state() { cat "$out/$1"/state_*_00000.bin | wc -c; }
+bytes() { grep -o '"comm_bytes": [0-9]*' "$out/$1/metrics.jsonl" | awk '{s += $2; n++} END {printf "%.0f", s / n}'; }
+echo "$trainer, 2 processes, -z $z, $steps steps"
+printf "  %-8s %10s %9s %14s %9s %12s %9s\n" run "val loss" "vs adamw" "bytes a step" "vs adamw" "state file" "vs adamw"
+for run in adamw $runs; do
+    awk -v r="$run" -v v="$(val $run)" -v v0="$(val adamw)" -v b="$(bytes $run)" -v b0="$(bytes adamw)" \
+        -v s="$(state $run)" -v s0="$(state adamw)" 'BEGIN {
+        printf "  %-8s %10.4f %8.2f%% %14d %8.1f%% %12d %8.1f%%\n", r, v, 100 * (v / v0 - 1), b, 100 * b / b0, s, 100 * s / s0 }'
+done
