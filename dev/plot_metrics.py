@@ -4,6 +4,7 @@
     dev/plot_metrics.py log_tinyshakespeare/metrics.jsonl [-o plot.png]
     dev/plot_metrics.py run_a/metrics.jsonl run_b/metrics.jsonl --labels a b -o compare.png
     dev/plot_metrics.py run_a/metrics.jsonl run_b/metrics.jsonl --x seconds   # against training time
+    dev/plot_metrics.py run_a/metrics.jsonl run_b/metrics.jsonl --x mib       # against bytes communicated
 
 Panels: train and val loss, learning rate, gradient norm, tokens/s, and HellaSwag accuracy when the
 runs logged it (-hs). Several runs are overlaid, one colour per run, with a legend; a run is labelled
@@ -36,6 +37,7 @@ PANELS = [  # (title, [(key, line style)], log scale)
     ("gradient norm (before clipping)", [("grad_norm", "-")], True),
     ("tokens/s", [("tokens_per_s", "-")], False),
 ]
+X_KEYS = {"seconds": ("ms", 1000.0), "mib": ("comm_bytes", 1048576.0)}  # --x: each step's key, per unit
 HELLASWAG_PANEL = ("HellaSwag accuracy", [("hellaswag_acc_norm", "o-"), ("hellaswag_acc", "s:")], False)
 
 
@@ -84,15 +86,16 @@ def read_metrics(path):
     return series
 
 
-def seconds_before_steps(run, path):
-    """{step: seconds of training before it}, from the steps' "ms"."""
-    if "ms" not in run:
-        die(f"{path}: no \"ms\" of the steps, which --x seconds needs")
-    steps, ms = run["ms"]
+def seconds_before_steps(run, path, key="ms", unit=1000.0):
+    """{step: seconds of training before it}, from the steps' "ms" (or, key "comm_bytes" and unit 2^20:
+    MiB communicated before it)."""
+    if key not in run:
+        die(f"{path}: no \"{key}\" of the steps, which --x {'seconds' if key == 'ms' else 'mib'} needs")
+    steps, ms = run[key]
     at, total = {}, 0.0
     for step, value in sorted(zip(steps, ms)):
         at[step] = total
-        total += value / 1000.0
+        total += value / unit
     last = max(steps)
     at[last + 1] = total
     return lambda step: at.get(step, total if step > last else 0.0)
@@ -114,14 +117,14 @@ def plot(runs, labels, out, width, height, x_axis="step", paths=None):
                 if key not in run:
                     continue
                 steps, values = run[key]
-                if x_axis == "seconds":
-                    seconds = seconds_before_steps(run, paths[i])
-                    steps = [seconds(step) for step in steps]
+                if x_axis != "step":
+                    before = seconds_before_steps(run, paths[i], *X_KEYS[x_axis])
+                    steps = [before(step) for step in steps]
                 name = label if len(keys) == 1 else f"{label}: {key}"
                 ax.plot(steps, values, style, color=colours[i % len(colours)], label=name, markersize=3,
                         linewidth=1.2, alpha=1.0 if style.endswith("-") and "--" not in style else 0.85)
         ax.set_title(title)
-        ax.set_xlabel("step" if x_axis == "step" else "seconds of training")
+        ax.set_xlabel({"step": "step", "seconds": "seconds of training", "mib": "MiB communicated (process 0)"}[x_axis])
         if log:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
@@ -141,7 +144,8 @@ def main():
     ap.add_argument("--labels", nargs="+", help="one name per run (default: each file's directory)")
     ap.add_argument("--width", type=int, default=1600)
     ap.add_argument("--height", type=int, default=1000)
-    ap.add_argument("--x", choices=["step", "seconds"], default="step", help="the horizontal axis")
+    ap.add_argument("--x", choices=["step", "seconds", "mib"], default="step",
+                    help="the horizontal axis: steps, seconds of training, or MiB communicated (comm_bytes)")
     args = ap.parse_args()
     if args.labels and len(args.labels) != len(args.metrics):
         die(f"{len(args.labels)} labels for {len(args.metrics)} runs")
@@ -151,9 +155,9 @@ def main():
     labels = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(p))) or p for p in args.metrics]
     out = args.output or os.path.join(os.path.dirname(os.path.abspath(args.metrics[0])), "metrics.png")
     need("matplotlib")  # else .venv/bin/python runs this script, or one line says what to run
-    if args.x == "seconds":
+    if args.x != "step":
         for run, path in zip(runs, args.metrics):
-            seconds_before_steps(run, path)  # refuses a run without timings before anything is drawn
+            seconds_before_steps(run, path, *X_KEYS[args.x])  # refuses a run without them before anything is drawn
     plot(runs, labels, out, args.width, args.height, args.x, args.metrics)
     print(f"wrote {out}")
 

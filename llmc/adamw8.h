@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "adamw.h"
@@ -73,11 +74,23 @@ inline const Adamw8Tables& adamw8_tables() {
 // explicit fmaf and nothing else can be contracted; division, sqrtf and rintf are IEEE on both (no
 // --use_fast_math), so the two give the same bits.
 
-// v's code of x = v / b in [0, 1]: how many thresholds are at or below x (a branch-free binary search).
+// v's code of x = v / b in [0, 1]: how many thresholds are at or below x. The count is 254.5 + 8 log2(x)
+// rounded down (and clamped) for the real thresholds; log2(x) is estimated from x's exponent and
+// mantissa (E + f - 1, within 0.09 of it: within one threshold), and the table's own (float) thresholds
+// then settle it, so the result is the table's count exactly, as a search of it would give.
 ADAMW8_HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold) {
-    int q = 0;
-    for (int step = 128; step > 0; step >>= 1) q += threshold[q + step - 1] <= x ? step : 0;
-    return (uint8_t)q;
+    if (!(x >= threshold[0])) return 0;
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    float f;  // x's mantissa as a number in [1, 2)
+    uint32_t mantissa = (bits & 0x007fffffu) | 0x3f800000u;
+    memcpy(&f, &mantissa, sizeof(f));
+    float log2x = (float)((int)(bits >> 23) - 127) + (f - 1.0f);
+    int k = (int)floorf(254.5f + 8.0f * log2x);  // thresholds 1..k at or below x, nearly
+    k = k < 0 ? 0 : k > 254 ? 254 : k;
+    while (k < 254 && threshold[k + 1] <= x) k++;
+    while (k > 0 && threshold[k] > x) k--;
+    return (uint8_t)(k + 1);  // and threshold[0]
 }
 
 // m's code of m with the block's factor r = 127 / a.

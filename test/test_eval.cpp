@@ -360,6 +360,10 @@ TEST(Plot, TwoRunsToPngOfTheRequestedSizeAndMalformedFilesRefused) {
     r = test::run_command(plot + dir + "/untimed.jsonl --x seconds -o " + dir + "/untimed.png");
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("no \"ms\" of the steps, which --x seconds needs"), std::string::npos) << r.output;
+    // against bytes communicated (the steps' "comm_bytes"), likewise
+    r = test::run_command(plot + dir + "/untimed.jsonl --x mib -o " + dir + "/untimed.png");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("no \"comm_bytes\" of the steps, which --x mib needs"), std::string::npos) << r.output;
 
     struct Bad { const char* content; const char* message; };
     for (const Bad& bad : std::vector<Bad>{
