@@ -823,7 +823,7 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
     optimizer_print(model->optimizer, model->layout, model->opt_begin, model->opt_end, model->shard, model->num_parameters,
                     model->v_memory.size());
     zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory,
-                      optimizer == OPT_ADAMW8 ? 2.0 + 8.0 / ADAMW8_BLOCK : 8.0);
+                      optimizer_bytes_per_parameter(optimizer));
     model->compressed = grad_compression_start(compression, dp, optimizer_tensors(model->config), model->num_parameters,
                                                &model->compression);
 }

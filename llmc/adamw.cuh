@@ -19,23 +19,8 @@
 // ----------------------------------------------------------------------------
 // kernels
 
-// One element's update, on the GPU (adamw_kernel) and on the CPU (-oo 1, llmc/optimizer_offload.cuh):
-// one body, so the two give the same bits. Every multiply-add is an explicit fmaf and nothing else
-// can be contracted, so no compiler (nvcc, g++, with FMA or without) is free to fuse differently; the
-// division and sqrtf are IEEE-rounded on both (no --use_fast_math). Returns the new fp32 value of p.
-__host__ __device__ inline float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1,
-                                               float beta2, float bias_correction1, float bias_correction2,
-                                               float eps, float weight_decay, float grad_scale) {
-    float g = grad * grad_scale;
-    float mi = fmaf(beta1, *m, (1.0f - beta1) * g);
-    float vi = fmaf(beta2, *v, (1.0f - beta2) * g * g);
-    *m = mi;
-    *v = vi;
-    float m_hat = mi / bias_correction1;
-    float v_hat = vi / bias_correction2;
-    float step = m_hat / (sqrtf(v_hat) + eps);
-    return fmaf(-lr, fmaf(weight_decay, p, step), p);  // p - lr (step + wd p)
-}
+// One element's update is adamw_element (llmc/adamw.h): the GPU kernels', -oo 1's on the CPU
+// (llmc/optimizer_offload.cuh) and 8-bit AdamW's (llmc/adamw8.h), one body.
 
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float bias_correction1, float bias_correction2,

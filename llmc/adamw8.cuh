@@ -97,8 +97,8 @@ __global__ void __launch_bounds__(ADAMW8_THREADS)
         m = adamw8_decode_m(state.m[i], state.m_max[k]);
         v = adamw8_decode_v(state.v[i], state.v_max[k], level);
         float p = master != nullptr ? master[i] : (float)params[i];
-        p = adamw8_element(p, (float)grads[i], &m, &v, lr, beta1, beta2, bias_correction1, bias_correction2, eps,
-                           block.decayed ? weight_decay : 0.0f, grad_scale);
+        p = adamw_element(p, (float)grads[i], &m, &v, lr, beta1, beta2, bias_correction1, bias_correction2, eps,
+                          block.decayed ? weight_decay : 0.0f, grad_scale);
         if (master != nullptr) master[i] = p;
         stochastic_round(p, &params[i], hash_u32((uint32_t)(base + i), seed));
     }

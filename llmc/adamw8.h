@@ -25,7 +25,7 @@
 //   m' = b1 m + (1 - b1) g,   v' = b2 v + (1 - b2) g^2,   p -= lr ((m' / (1 - b1^t)) / (sqrt(v' / (1 - b2^t)) + eps) + wd p)
 // then each block's new maxima, and m', v' encoded with them. A block that a ZeRO shard boundary cuts
 // (its elements updated by two processes) needs both parts' maxima: the processes exchange them
-// (llmc/parallel/zero.h, zero_block_edges) before encoding it.
+// (llmc/parallel/zero_blocks.h, zero_complete_block_maxima) before encoding it.
 //
 // Memory: 2 bytes per parameter and 8 per 256 (against AdamW's 8): 25.4%. Every tensor is encoded,
 // biases and LayerNorm parameters included (a block of 256 never mixes them with a matrix's elements,
@@ -64,21 +64,16 @@ inline const Adamw8Tables& adamw8_tables() {
     return tables;
 }
 
-#ifdef __CUDACC__
-#define ADAMW8_HOST_DEVICE __host__ __device__
-#else
-#define ADAMW8_HOST_DEVICE
-#endif
-
-// The element-wise pieces, one body for the CPU and the GPU (llmc/adamw8.cuh): every multiply-add is an
-// explicit fmaf and nothing else can be contracted; division, sqrtf and rintf are IEEE on both (no
-// --use_fast_math), so the two give the same bits.
+// The element-wise pieces, one body for the CPU and the GPU (llmc/adamw8.cuh), and the step itself
+// AdamW's adamw_element (llmc/adamw.h) on the decoded moments: every multiply-add is an explicit fmaf and
+// nothing else can be contracted; division, sqrtf and rintf are IEEE on both (no --use_fast_math), so
+// the two give the same bits.
 
 // v's code of x = v / b in [0, 1]: how many thresholds are at or below x. The count is 254.5 + 8 log2(x)
 // rounded down (and clamped) for the real thresholds; log2(x) is estimated from x's exponent and
 // mantissa (E + f - 1, within 0.09 of it: within one threshold), and the table's own (float) thresholds
 // then settle it, so the result is the table's count exactly, as a search of it would give.
-ADAMW8_HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold) {
+ADAMW_HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold) {
     if (!(x >= threshold[0])) return 0;
     uint32_t bits;
     memcpy(&bits, &x, sizeof(bits));
@@ -94,36 +89,22 @@ ADAMW8_HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold)
 }
 
 // m's code of m with the block's factor r = 127 / a.
-ADAMW8_HOST_DEVICE inline int8_t adamw8_code_m(float m, float r) {
+ADAMW_HOST_DEVICE inline int8_t adamw8_code_m(float m, float r) {
     return (int8_t)fminf(127.0f, fmaxf(-127.0f, rintf(m * r)));
 }
 
-ADAMW8_HOST_DEVICE inline float adamw8_decode_m(int8_t q, float a) { return (float)q * (a / 127.0f); }
-ADAMW8_HOST_DEVICE inline float adamw8_decode_v(uint8_t q, float b, const float* level) { return b * level[q]; }
+ADAMW_HOST_DEVICE inline float adamw8_decode_m(int8_t q, float a) { return (float)q * (a / 127.0f); }
+ADAMW_HOST_DEVICE inline float adamw8_decode_v(uint8_t q, float b, const float* level) { return b * level[q]; }
 
 // One element's codes, with the block's maxima a = max |m| (as r = 127 / a, 0 when a = 0) and b = max v.
-ADAMW8_HOST_DEVICE inline void adamw8_encode_element(float m, float v, float r, float b, const float* threshold,
+ADAMW_HOST_DEVICE inline void adamw8_encode_element(float m, float v, float r, float b, const float* threshold,
                                                      int8_t* qm, uint8_t* qv) {
     uint8_t cv = b > 0.0f ? adamw8_code_v(v / b, threshold) : 0;
     *qv = cv;
     *qm = cv == 0 ? 0 : adamw8_code_m(m, r);
 }
 
-ADAMW8_HOST_DEVICE inline float adamw8_ratio(float a) { return a > 0.0f ? 127.0f / a : 0.0f; }
-
-// One element's step from its decoded moments m, v (replaced by the new ones): AdamW's (llmc/adamw.cuh's
-// adamw_element, the same operations). Returns the new p.
-ADAMW8_HOST_DEVICE inline float adamw8_element(float p, float grad, float* m, float* v, float lr, float beta1, float beta2,
-                                               float bias_correction1, float bias_correction2, float eps,
-                                               float weight_decay, float grad_scale) {
-    float g = grad * grad_scale;
-    float mi = fmaf(beta1, *m, (1.0f - beta1) * g);
-    float vi = fmaf(beta2, *v, (1.0f - beta2) * g * g);
-    *m = mi;
-    *v = vi;
-    float step = (mi / bias_correction1) / (sqrtf(vi / bias_correction2) + eps);
-    return fmaf(-lr, fmaf(weight_decay, p, step), p);  // p - lr (step + wd p)
-}
+ADAMW_HOST_DEVICE inline float adamw8_ratio(float a) { return a > 0.0f ? 127.0f / a : 0.0f; }
 
 // Encodes a block's new moments (n elements) with its maxima a = max |m|, b = max v.
 inline void adamw8_encode(const float* m, const float* v, size_t n, float a, float b, int8_t* qm, uint8_t* qv) {
@@ -177,6 +158,13 @@ inline Adamw8Blocks adamw8_blocks(const std::vector<OptimizerTensor>& tensors) {
     return map;
 }
 
+// How many of the model's blocks hold some element of [begin, end) (the memory plans' count).
+inline size_t adamw8_blocks_in(const std::vector<OptimizerTensor>& tensors, size_t begin, size_t end) {
+    size_t first, last;
+    adamw8_blocks(tensors).blocks_of(begin, end, &first, &last);
+    return last - first;
+}
+
 // The 8-bit state of elements [begin, end) of the flat vector (all of them, or a ZeRO shard): each
 // element's codes, and the maxima of blocks [block_begin, block_end), those holding some of its elements
 // (a block cut by the shard's edge is held, with the same maxima, by both processes).
@@ -201,8 +189,10 @@ inline Adamw8State adamw8_state(const Adamw8Blocks& map, size_t begin, size_t en
     return s;
 }
 
-// The bytes of a state over n parameters in `blocks` blocks (the memory plan's count).
+// The bytes of a state over n parameters in `blocks` blocks (the memory plan's count), and per parameter
+// at large n (the ZeRO formula's K, llmc/parallel/zero_sharded.h).
 inline size_t adamw8_state_bytes(size_t n, size_t blocks) { return 2 * n + 2 * sizeof(float) * blocks; }
+constexpr double ADAMW8_BYTES_PER_PARAMETER = 2.0 + 2.0 * sizeof(float) / ADAMW8_BLOCK;
 
 // A block of the state cut by its range's edge: its new moments over this process's part, kept until the
 // other part's maxima are known, and this part's maxima.
@@ -239,8 +229,8 @@ void adamw8_update(float* params, const float* grads, Adamw8State* s, const Adam
             size_t i = begin - s->begin + j;
             m[j] = adamw8_decode_m(s->m[i], a_old);
             v[j] = adamw8_decode_v(s->v[i], b_old, tab.level);
-            params[i] = adamw8_element(params[i], grads[i], &m[j], &v[j], lr, hyper.beta1, hyper.beta2, bias_correction1,
-                                       bias_correction2, hyper.eps, decay, grad_scale);
+            params[i] = adamw_element(params[i], grads[i], &m[j], &v[j], lr, hyper.beta1, hyper.beta2, bias_correction1,
+                                      bias_correction2, hyper.eps, decay, grad_scale);
             m_max = fmaxf(m_max, fabsf(m[j]));
             v_max = fmaxf(v_max, v[j]);
         }

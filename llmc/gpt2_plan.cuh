@@ -186,9 +186,7 @@ void optimizer_state_floats(const GPT2Plan* model, size_t opt_n, size_t* m, size
 // (llmc/parallel/zero_blocks.h); 0 for another optimizer.
 size_t adamw8_device_bytes(const GPT2Plan* model, size_t begin, size_t end) {
     if (model->optimizer.kind != OPT_ADAMW8) return 0;
-    size_t b0, b1;
-    adamw8_blocks(model->optimizer.tensors).blocks_of(begin, end, &b0, &b1);
-    return adamw8_gpu_bytes(end - begin, b1 - b0, model->layout.dp);
+    return adamw8_gpu_bytes(end - begin, adamw8_blocks_in(model->optimizer.tensors, begin, end), model->layout.dp);
 }
 
 size_t predicted_model_state_bytes(const GPT2Plan* model, int z) {

@@ -38,9 +38,7 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     OptimizerPlan opt = optimizer_plan(kind, cfg, lay.dp);
     size_t moments_bytes = (kind == OPT_ADAFACTOR ? adafactor_state_size(opt.tensors) : 2 * opt_n) * sizeof(float);
     if (kind == OPT_ADAMW8) {  // the codes and the maxima of the blocks holding the range (llmc/adamw8.h)
-        size_t b0, b1;
-        adamw8_blocks(opt.tensors).blocks_of(z >= 1 ? sh.begin : 0, z >= 1 ? sh.end : n, &b0, &b1);
-        moments_bytes = adamw8_state_bytes(opt_n, b1 - b0);
+        moments_bytes = adamw8_state_bytes(opt_n, adamw8_blocks_in(opt.tensors, z >= 1 ? sh.begin : 0, z >= 1 ? sh.end : n));
     }
     size_t gathers = 0;
     if (z >= 2) {  // the outer unit and a block's, for the gradients (and a reduce-scatter piece); -z 3 params too
@@ -78,6 +76,13 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
 
 // Bytes of the arrays the plan counts, as allocated (their sizes, not the process's resident memory).
 
+// The bytes per parameter of the optimizer's state (the ZeRO formula's K, llmc/parallel/zero_sharded.h):
+// AdamW's two fp32 moments (Muon's momentum in their place; Adafactor's factors are counted as AdamW's
+// there), 8-bit AdamW's codes and block maxima.
+inline double optimizer_bytes_per_parameter(OptimizerKind kind) {
+    return kind == OPT_ADAMW8 ? ADAMW8_BYTES_PER_PARAMETER : 2.0 * sizeof(float);
+}
+
 // What the optimizer keeps and does on this process (-opt): its state's memory, and for Muon which
 // matrices this process orthogonalizes and what that adds to a step's communication.
 inline void optimizer_print(const OptimizerPlan& opt, const ParallelLayout& layout, size_t opt_begin, size_t opt_end,
@@ -94,11 +99,10 @@ inline void optimizer_print(const OptimizerPlan& opt, const ParallelLayout& layo
         return;
     }
     if (opt.kind == OPT_ADAMW8) {
-        size_t b0, b1;
-        adamw8_blocks(opt.tensors).blocks_of(opt_begin, opt_end, &b0, &b1);
+        size_t blocks = adamw8_blocks_in(opt.tensors, opt_begin, opt_end);
         printf("optimizer: 8-bit AdamW over %zu parameters on this process (%s), moments in %zu blocks of %zu: %.2f MiB "
-               "per process (fp32 moments would be %.1f MiB)\n", n, range, b1 - b0, ADAMW8_BLOCK,
-               adamw8_state_bytes(n, b1 - b0) / 1048576.0, mib(2 * n));
+               "per process (fp32 moments would be %.1f MiB)\n", n, range, blocks, ADAMW8_BLOCK,
+               adamw8_state_bytes(n, blocks) / 1048576.0, mib(2 * n));
         return;
     }
     if (opt.kind == OPT_ADAFACTOR) {

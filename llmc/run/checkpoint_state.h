@@ -198,29 +198,20 @@ inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* r
         }
     }
     loss_scaler_restore(&run->scaler, state);
-    // each process's own sections come from its own file (the others' are another process's)
-    std::string own = checkpoint_state_path(dir, step, lay.world.rank);
-    if (lay.world.rank != 0 && file_exists(own) && !llmc_state_file(own)) {
+    // -gc's residuals (an extra section) are each process's own: a run with -gc takes them from its own file,
+    // which needs the processes that wrote them; without -gc they are dropped
+    bool residuals = false;
+    for (const StateSection& s : state.sections) residuals |= s.kind == STATE_SECTION_ERROR_FEEDBACK;
+    if (residuals && !m.own_sections) {
+        if (lay.world.rank == 0) printf("resume: checkpoint %d holds -gc's error-feedback residuals; this run has no -gc and drops them\n", step);
+    } else if (residuals && state.num_processes != lay.world.size) {
+        fatal("checkpoint %d in %s holds the error-feedback residuals of %d processes, each its own; this run has %d: "
+              "resume -gc with as many processes (or without -gc, which drops them)", step, dir.c_str(),
+              state.num_processes, lay.world.size);
+    } else if (residuals && lay.world.rank != 0) {  // process 0's file gave its own already
         TrainState mine;
-        state_file_read(own, &mine);
+        state_file_read(checkpoint_state_path(dir, step, lay.world.rank), &mine);
         state.sections = std::move(mine.sections);
-    } else if (lay.world.rank != 0) {
-        state.sections.clear();
-    }
-    for (const StateSection& s : state.sections) {
-        if (s.kind == STATE_SECTION_ERROR_FEEDBACK && !m.own_sections && lay.world.rank == 0) {
-            printf("resume: checkpoint %d holds -gc's error-feedback residuals; this run has no -gc and drops them\n", step);
-        }
-    }
-    if (state.num_processes != lay.world.size) {  // another layout's files: its processes' sections are not ours
-        for (const StateSection& s : state.sections) {
-            if (s.kind == STATE_SECTION_ERROR_FEEDBACK && m.own_sections) {
-                fatal("checkpoint %d in %s holds the error-feedback residuals of %d processes, each its own; this run "
-                      "has %d: resume -gc with as many processes (or without -gc, which drops them)", step, dir.c_str(),
-                      state.num_processes, lay.world.size);
-            }
-        }
-        state.sections.clear();
     }
     return state;
 }
