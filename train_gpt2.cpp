@@ -39,6 +39,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/parallel/comm_mpi.h"
 #include "llmc/parallel/grad_completion.h"
 #include "llmc/parallel/grad_compression.h"
+#include "llmc/parallel/local_steps.h"
 #include "llmc/parallel/layout.h"
 #include "llmc/parallel/matrix_owners.h"
 #include "llmc/parallel/muon_step.h"
@@ -117,6 +118,8 @@ struct GPT2 {
     // (llmc/parallel/grad_compression.h); compressed false: all-reduced in fp32
     bool compressed = false;
     SignCompression compression;
+    // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.h); every 0: every step
+    LocalSteps local;
     // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
     // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, and num_parameters
     // and param_sizes/offsets are local (llmc/parallel/model_state.h moves state to and from the whole)
@@ -635,7 +638,7 @@ void gpt2_complete_gradients(GPT2* model) {
                                       COMM_FLOAT32);
     if (model->compressed) {
         sign_compressed_reduce(lay.dp_group, &model->compression, grads);
-    } else {
+    } else if (model->local.every == 0) {  // -lh: each replica's own until it synchronizes
         reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
     }
 }
@@ -788,7 +791,14 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         return std::vector<float>(first + model->opt_begin, first + model->opt_end);
     };
     c.moments8 = [model] { return model->moments8; };
-    if (model->compressed) c.own_sections = [model] { return std::vector<StateSection>{error_feedback_section(model->compression)}; };
+    if (model->compressed) c.own_kinds.push_back(STATE_SECTION_ERROR_FEEDBACK);
+    if (model->local.every) c.own_kinds.push_back(STATE_SECTION_LOCAL_STEPS);
+    c.own_sections = [model] {
+        std::vector<StateSection> own;
+        if (model->compressed) own.push_back(error_feedback_section(model->compression));
+        if (model->local.every) own.push_back(local_steps_section(model->local, model->params_memory.data(), model->num_parameters));
+        return own;
+    };
     c.staging = host_staging();
     return c;
 }
@@ -801,6 +811,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     model->v_memory = state.v;
     if (model->optimizer.kind == OPT_ADAMW8) model->moments8 = state.moments8;
     if (model->compressed) error_feedback_restore(&model->compression, state.sections);
+    if (model->local.every) local_steps_restore(&model->local, state.sections, model->params_memory.data(), model->num_parameters);
     // Master weights in the checkpoint (the CUDA trainer's -w 1, llm.c's) are the fp32 parameters, more exact
     // than a bf16 model file: each process takes its optimizer range's, then they are shared as after an update.
     if (!state.master.empty()) {
@@ -812,9 +823,8 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
 
 // This process's part of the model for the layout: its pipeline stage's layers, its tensor-parallel
 // slices of them, and its ZeRO shard of what the optimizer updates; the optimizer's state (-opt); the
-// gradients' compression (-gc: llmc/parallel/grad_compression.h).
-void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind optimizer = OPT_ADAMW,
-                     const std::string& compression = "none") {
+// gradients' compression (-gc: llmc/parallel/grad_compression.h) or local steps (-lh: local_steps.h).
+void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind optimizer, const TrainArgs& args) {
     const ProcessGroup& dp = layout.dp_group;
     model->layout = layout;
     model->optimizer.kind = optimizer;
@@ -824,14 +834,17 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
                     model->v_memory.size());
     zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory,
                       optimizer_bytes_per_parameter(optimizer));
-    model->compressed = grad_compression_start(compression, dp, optimizer_tensors(model->config), model->num_parameters,
-                                               &model->compression);
+    model->compressed = grad_compression_start(args.grad_compression, dp, optimizer_tensors(model->config),
+                                               model->num_parameters, &model->compression);
+    local_steps_start(args.local_steps, args.local_outer, dp, model->params_memory.data(), model->num_parameters, &model->local);
 }
 
 size_t gpt2_allocated_bytes(const GPT2* model) {
     size_t floats = model->params_memory.size() + model->grads_memory.size() + model->m_memory.size() +
                     model->v_memory.size() + model->acts_memory.size() + model->scratch_memory.size();
-    return floats * sizeof(float) + model->moments8.bytes() + model->memory.gather_params + model->memory.gather_grads;
+    floats += model->compression.residual.size() + model->local.anchor.size() + model->local.momentum.size();
+    return floats * sizeof(float) + model->moments8.bytes() + model->memory.gather_params + model->memory.gather_grads +
+           model->compression.gathered.size() * sizeof(uint64_t);
 }
 
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch
@@ -868,6 +881,9 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     h.grad_norm = [=] { return gpt2_grad_norm(model); };
     h.update = [=](bool apply, const OptimizerStep& settings) {
         if (apply) gpt2_apply_update(model, settings);
+        if (local_steps_sync_due(model->local, settings.step, settings.last)) {
+            local_steps_sync(dp, &model->local, model->params_memory.data(), model->num_parameters);
+        }
     };
     h.eval_loss = [=](const int* in, const int* tg, int B, int T) { return gpt2_eval_loss(model, pipe, in, tg, B, T); };
     h.hellaswag = [=, &dp, &args](const HellaSwagSet& set) { return hellaswag_eval(model, set, args, dp); };
@@ -928,7 +944,7 @@ int main(int argc, char** argv) {
         parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
     layout.sequence_parallel = args.sequence_parallel;
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
-    gpt2_distribute(&model, layout, optimizer, args.grad_compression);
+    gpt2_distribute(&model, layout, optimizer, args);
 
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;

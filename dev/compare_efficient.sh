@@ -42,7 +42,10 @@ flags_of() {
         adamw) echo "" ;;
         adamw8) echo "-opt adamw8" ;;
         sign) echo "-gc sign" ;;
-        *) echo "unknown run '$1' (adamw8, sign)" >&2; exit 1 ;;
+        lh4) echo "-lh 4" ;;
+        lh16) echo "-lh 16" ;;
+        lh4avg) echo "-lh 4 -lo 0" ;;
+        *) echo "unknown run '$1' (adamw8, sign, lh4, lh16, lh4avg)" >&2; exit 1 ;;
     esac
 }
 for run in adamw $runs; do

@@ -10,7 +10,9 @@
 #include "gpt2_config.h"
 #include "adamw8.h"
 #include "optimizer.h"
+#include "parallel/grad_compression.h"
 #include "parallel/layout.h"
+#include "parallel/local_steps.h"
 #include "parallel/matrix_owners.h"
 #include "parallel/model_state.h"
 #include "parallel/pipeline.h"
@@ -71,6 +73,12 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
              activations(3) * F / 1048576.0);
     plan.add("activations", set * slots * F, note);
     plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
+    if (lay.dp > 1 && args.grad_compression == "sign") {
+        plan.add("-gc sign state", sign_compression_state_bytes(opt.tensors, n, lay.dp), "residuals, every process's bits and scales");
+    }
+    if (lay.dp > 1 && args.local_steps > 0) {
+        plan.add("-lh state", local_steps_state_bytes(n, args.local_outer), args.local_outer == 1 ? "anchor, outer momentum" : "anchor");
+    }
     return plan;
 }
 

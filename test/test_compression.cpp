@@ -10,6 +10,7 @@
 
 #include "../llmc/io/state_file.h"
 #include "../llmc/parallel/grad_compression.h"
+#include "../llmc/parallel/local_steps.h"
 #include "../llmc/run/args.h"
 #include "optimizer_oracle.h"
 #include "test_helpers.h"
@@ -154,6 +155,109 @@ TEST(GradCompression, RefusedWhereItCannotRun) {
     test::CommandResult alone = test::run_command(one + "-gc sign -o " + test::scratch_dir("gc_alone"));
     EXPECT_EQ(alone.exit_code, 0) << alone.output;
     EXPECT_NE(alone.output.find("one data-parallel process, nothing to send: -gc sign runs as -gc none"), std::string::npos);
+}
+
+// The outer step by hand: anchor 1, two replicas at 0.5 and 0.7 (delta_sum 0.5 + 0.3 = 0.8, d = 0.4).
+// Mean: 1 - 0.4 = 0.6, the replicas' mean. Nesterov from u = 0.1: u = 0.09 + 0.4 = 0.49, then
+// theta = 1 - 0.7 (0.4 + 0.9 * 0.49) = 0.4113. Single precision: one rounding per operation, 1e-6.
+TEST(LocalSteps, OuterStepByHand) {
+    float u = 0.0f;
+    EXPECT_NEAR(outer_element(1.0f, 0.8f, 0.5f, &u, false), 0.6f, 1e-6);
+    EXPECT_EQ(u, 0.0f) << "-lo 0 keeps no momentum";
+    u = 0.1f;
+    EXPECT_NEAR(outer_element(1.0f, 0.8f, 0.5f, &u, true), 0.4113f, 1e-6);
+    EXPECT_NEAR(u, 0.49f, 1e-6);
+    LocalSteps ls;
+    ls.every = 4;
+    EXPECT_FALSE(local_steps_sync_due(ls, 2, false));
+    EXPECT_TRUE(local_steps_sync_due(ls, 3, false)) << "after 4 updates (steps 0..3)";
+    EXPECT_TRUE(local_steps_sync_due(ls, 5, true)) << "after the run's last";
+}
+
+// 2 processes, -lh 2, 5 steps of the tiny model against the oracle's replicas (gpt2_oracle.py
+// --local-steps: two AdamW replicas on the micro-batches the data loader gives each process, averaged
+// after steps 2, 4 and 5), for both outer steps: the losses (the replicas' mean) and process 0's gradient
+// norms to 1e-5 relative and the final parameters to 1e-2 of the distance each tensor moved, AdamW's bars
+// (test_model.cpp: fp32 rounding against float64, measured <= 1e-7 and 5e-4). Bytes: the parameters'
+// all-reduce, 2 x 2 (N - N/2) x 4, after steps 2, 4 and 5, nothing on the others. Then the -lo 1 run
+// resumed from step 3, where the replicas differ, ends with the uninterrupted run's bits.
+TEST(LocalSteps, TwoReplicasFollowTheOracleAndResumeBitForBit) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    OptimizerRun run{"adamw", 1e-3, 0.02};
+    std::string launch = "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 ";
+    for (std::string outer : {"nesterov", "mean"}) {
+        SCOPED_TRACE(outer);
+        std::string oracle_dir = test::oracle("local_steps_" + outer, std::string(OPTIMIZER_TINY) + run.oracle_args(2) +
+                                              " --local-steps 2 --outer " + outer);
+        std::string dir = test::scratch_dir("lh_" + outer);
+        std::string flags = " -lh 2 -lo " + std::string(outer == "nesterov" ? "1" : "0") + " -n 1 -o " + dir;
+        test::CommandResult r = test::run_command(launch + run.trainer_args(oracle_dir, 2) + flags);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.output.find("local steps: -lh 2, each replica alone for 2 steps"), std::string::npos) << r.output;
+        Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+        expect_agreement(a, 1e-5, 1e-5, 1e-2);
+        std::vector<float> params;
+        GPT2Config cfg;
+        model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+        double sync = 2.0 * 2.0 * (double)(params.size() - params.size() / 2) * 4;
+        ASSERT_EQ(a.comm_bytes.size(), 5u);
+        for (int s = 0; s < 5; s++) EXPECT_EQ(a.comm_bytes[s], s == 1 || s == 3 || s == 4 ? sync : 0.0) << "step " << s;
+        // step 3: the replicas differ, the anchors do not
+        TrainState s0, s1;
+        state_file_read(dir + "/state_00000003_00000.bin", &s0);
+        state_file_read(dir + "/state_00000003_00001.bin", &s1);
+        ASSERT_EQ(s0.sections.size(), 1u);
+        ASSERT_EQ(s1.sections.size(), 1u);
+        ASSERT_EQ(s0.sections[0].kind, STATE_SECTION_LOCAL_STEPS);
+        size_t n = params.size() * sizeof(float);
+        const std::vector<uint8_t> &b0 = s0.sections[0].bytes, &b1 = s1.sections[0].bytes;
+        ASSERT_EQ(b0.size(), 3 * n);
+        EXPECT_NE(std::vector<uint8_t>(b0.begin(), b0.begin() + n), std::vector<uint8_t>(b1.begin(), b1.begin() + n));
+        EXPECT_EQ(std::vector<uint8_t>(b0.begin() + n, b0.end()), std::vector<uint8_t>(b1.begin() + n, b1.end()));
+        EXPECT_NE(s0.m, s1.m) << "each replica's own moments";
+        if (outer != "nesterov") continue;
+        std::string b = test::scratch_dir("lh_resumed");
+        ASSERT_EQ(test::run_command("cp -r " + dir + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " +
+                                    b + "/DONE_0000000[45]").exit_code, 0);
+        test::CommandResult rb = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -lh 2 -n 1 -y 1 -o " + b);
+        ASSERT_EQ(rb.exit_code, 0) << rb.output;
+        EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
+        EXPECT_EQ(test::read_text(dir + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
+        EXPECT_EQ(test::read_text(dir + "/state_00000004_00001.bin"), test::read_text(b + "/state_00000004_00001.bin"));
+        EXPECT_EQ(test::read_text(dir + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+        // the state is each process's: another process count is refused; a run without -lh drops it (its
+        // processes take process 0's replica: the model file, and process 0's moments)
+        std::string launch4 = "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 4 ";
+        test::CommandResult other = test::run_command(launch4 + run.trainer_args(oracle_dir, 2) + " -b 1 -lh 2 -y 1 -o " + b);
+        EXPECT_NE(other.exit_code, 0);
+        EXPECT_NE(other.output.find("holds the local steps' state of 2 processes, each its own; this run has 4: resume -lh"),
+                  std::string::npos) << other.output;
+        test::CommandResult dropped = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -y 1 -o " + b);
+        EXPECT_EQ(dropped.exit_code, 0) << dropped.output;
+        EXPECT_NE(dropped.output.find("holds -lh's local steps' state; this run has no -lh and drops them"), std::string::npos)
+            << dropped.output;
+    }
+}
+
+// What -lh cannot run with, refused with the reason; one data-parallel process runs every step.
+TEST(LocalSteps, RefusedWhereItCannotRun) {
+    std::string dir = tiny_dir();
+    std::string one = test::root() + "/train_gpt2 -e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -x 1 ";
+    for (std::string flags : {"-lh 2 -z 1", "-lh 2 -opt muon", "-lh 2 -gc sign"}) {
+        test::CommandResult r = test::run_command(one + flags);
+        EXPECT_EQ(r.exit_code, 1) << flags;
+        EXPECT_NE(r.output.find("flag -lh 2: local steps train whole replicas alone: they run with -z 0, -opt adamw and no -tp, "
+                                "-pp, -gc or -cf llmc"), std::string::npos) << r.output;
+    }
+    std::vector<std::string> words = {"train", "-lh", "4"};
+    std::vector<char*> argv;
+    for (std::string& w : words) argv.push_back(&w[0]);
+    TrainArgs args;
+    EXPECT_EXIT(parse_args((int)argv.size(), argv.data(), &args, true), testing::ExitedWithCode(1),
+                "flag -lh 4: the CUDA trainer does not take local steps yet");
+    test::CommandResult alone = test::run_command(one + "-lh 4 -o " + test::scratch_dir("lh_alone"));
+    EXPECT_EQ(alone.exit_code, 0) << alone.output;
+    EXPECT_NE(alone.output.find("one data-parallel process, nothing to synchronize: -lh 4 runs as every step"), std::string::npos);
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ constexpr int32_t STATE_VERSION = 5;  // 4 with a position in B*T-token units, 3
 enum StateSectionKind : int32_t {
     STATE_SECTION_FP8_SCALES = 1,      // FP8 training's per-tensor scaling state (issue 48)
     STATE_SECTION_ERROR_FEEDBACK = 2,  // compressed communication's residuals (issue 49)
+    STATE_SECTION_POWERSGD = 3,        // PowerSGD's factors Q, its warm start (issue 49)
+    STATE_SECTION_LOCAL_STEPS = 4,     // local steps' parameters, anchor and outer momentum (issue 49)
     STATE_SECTION_TEST = 999,          // written by the tests only
 };
 constexpr int STATE_MAX_SECTIONS = 5;
@@ -77,6 +79,8 @@ inline const char* state_section_name(int32_t kind) {
     switch (kind) {
         case STATE_SECTION_FP8_SCALES: return "FP8 scaling state";
         case STATE_SECTION_ERROR_FEEDBACK: return "error-feedback residuals";
+        case STATE_SECTION_POWERSGD: return "PowerSGD's factors";
+        case STATE_SECTION_LOCAL_STEPS: return "local steps' state";
         case STATE_SECTION_TEST: return "test section";
         default: return nullptr;
     }

@@ -69,6 +69,12 @@ inline SignCompression sign_compression_init(const std::vector<OptimizerTensor>&
     return sc;
 }
 
+// The bytes of a process's -gc state (the memory plan): the residuals and every process's gathered block.
+inline size_t sign_compression_state_bytes(const std::vector<OptimizerTensor>& tensors, size_t n, int processes) {
+    SignCompression shape = sign_compression_init(tensors, 0, 0);
+    return n * sizeof(float) + (size_t)processes * shape.block_words * sizeof(uint64_t);
+}
+
 // The bytes one step moves per process (comm.h's count of the all-gather).
 inline double sign_compression_bytes(const SignCompression& sc, int processes) {
     return 2.0 * (processes - 1) * (double)sc.block_words * sizeof(uint64_t);

@@ -62,6 +62,8 @@ struct TrainArgs {
     int checkpoint_async = 0;  // -ca 1: checkpoint files written by a thread while training goes on
     std::string checkpoint_format = "ours";  // -cf llmc: state files in llm.c's format (llmc/io/llmc_state.h)
     std::string grad_compression = "none";   // -gc sign: compressed gradient reduction (llmc/parallel/grad_compression.h)
+    int local_steps = 0;   // -lh H: replicas synchronize every H steps (llmc/parallel/local_steps.h); 0: every step
+    int local_outer = 1;   // -lo 1: DiLoCo's outer Nesterov step; 0: plain averaging
     int resume = 0;
     // data parallelism (mpirun -np N)
     int zero_stage = 0;
@@ -127,6 +129,8 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
         {"-opt", FlagKind::String, &a->optimizer, NAN, NAN, false, "optimizer: adamw|muon|adafactor|adamw8 (doc/optimizers.md)"},
         {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
+        {"-lh", FlagKind::Int, &a->local_steps, 0, 1000000, false, "local steps: data-parallel replicas synchronize every H steps (0: every step; -z 0, AdamW, CPU trainer; doc/data_parallel.md)"},
+        {"-lo", FlagKind::Int, &a->local_outer, 0, 1, false, "-lh's outer step: 1 DiLoCo's Nesterov momentum, 0 the replicas' mean"},
         {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign (1 bit an element with error feedback; -z 0, CPU trainer; doc/data_parallel.md)"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
         {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
@@ -343,6 +347,18 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
             fatal("flag -gc %s compresses the whole gradient of data parallelism alone: it runs with -z 0 and no -tp, -pp "
                   "or -cf llmc (this run has -z %d -tp %d -pp %d -cf %s)", args->grad_compression.c_str(), args->zero_stage,
                   args->tensor_parallel, args->pipeline_parallel, args->checkpoint_format.c_str());
+        }
+    }
+    if (args->local_steps > 0) {
+        if (cuda) fatal("flag -lh %d: the CUDA trainer does not take local steps yet (the CPU trainer does)", args->local_steps);
+        // each replica keeps its own parameters and moments between synchronizations: ZeRO's shards, -tp's
+        // slices and -pp's stages are cut across replicas; Muon and Adafactor share work across processes
+        if (args->zero_stage != 0 || args->tensor_parallel > 1 || args->pipeline_parallel > 1 || args->checkpoint_format == "llmc" ||
+            optimizer != OPT_ADAMW || args->grad_compression != "none") {
+            fatal("flag -lh %d: local steps train whole replicas alone: they run with -z 0, -opt adamw and no -tp, -pp, -gc or "
+                  "-cf llmc (this run has -z %d -opt %s -tp %d -pp %d -gc %s -cf %s)", args->local_steps, args->zero_stage,
+                  args->optimizer.c_str(), args->tensor_parallel, args->pipeline_parallel, args->grad_compression.c_str(),
+                  args->checkpoint_format.c_str());
         }
     }
     if (args->checkpoint_format != "ours" && args->checkpoint_format != "llmc") {

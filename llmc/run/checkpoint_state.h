@@ -16,6 +16,7 @@
 // and cuts this process's part out of the whole model's vectors (layout_local_part).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -55,11 +56,22 @@ struct CheckpointModel {
     std::function<std::vector<float>()> optimizer_parameters;
     // -opt adamw8: the codes of [opt_begin, opt_end) and their blocks' maxima (llmc/adamw8.h)
     std::function<Adamw8State()> moments8;
-    // state of this process's own beyond the optimizer's (-gc's residuals): extra sections of its state file,
-    // restored from its own file (-y 1 needs the same processes then)
+    // state of this process's own beyond the optimizer's (-gc's residuals, -lh's replica): extra sections of
+    // its state file, of the kinds own_kinds, restored from its own file (-y 1 needs the same processes then)
     std::function<std::vector<StateSection>()> own_sections;
+    std::vector<int32_t> own_kinds;
     CommStaging staging;
 };
+
+// The flag whose state a section of each process's own holds; null for the other kinds.
+inline const char* own_section_flag(int32_t kind) {
+    switch (kind) {
+        case STATE_SECTION_ERROR_FEEDBACK: return "-gc";
+        case STATE_SECTION_POWERSGD: return "-gc powersgd";
+        case STATE_SECTION_LOCAL_STEPS: return "-lh";
+        default: return nullptr;
+    }
+}
 
 // The fields both trainers' models hold under the same names: the layout, the whole and the local shapes,
 // the optimizer's range, the shard layout and the optimizer. The trainer adds the rest.
@@ -198,20 +210,36 @@ inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* r
         }
     }
     loss_scaler_restore(&run->scaler, state);
-    // -gc's residuals (an extra section) are each process's own: a run with -gc takes them from its own file,
-    // which needs the processes that wrote them; without -gc they are dropped
-    bool residuals = false;
-    for (const StateSection& s : state.sections) residuals |= s.kind == STATE_SECTION_ERROR_FEEDBACK;
-    if (residuals && !m.own_sections) {
-        if (lay.world.rank == 0) printf("resume: checkpoint %d holds -gc's error-feedback residuals; this run has no -gc and drops them\n", step);
-    } else if (residuals && state.num_processes != lay.world.size) {
-        fatal("checkpoint %d in %s holds the error-feedback residuals of %d processes, each its own; this run has %d: "
-              "resume -gc with as many processes (or without -gc, which drops them)", step, dir.c_str(),
-              state.num_processes, lay.world.size);
-    } else if (residuals && lay.world.rank != 0) {  // process 0's file gave its own already
+    // -gc's residuals and factors and -lh's state (extra sections) are each process's own: a run that uses a
+    // kind takes it from its own file, which needs the processes that wrote them; a run without drops it.
+    // -lh's replicas differ between synchronizations: their moments come from their own files too.
+    bool read_own = false, own_moments = false;
+    for (const StateSection& s : state.sections) {
+        const char* flag = own_section_flag(s.kind);
+        if (!flag) continue;
+        bool used = std::find(m.own_kinds.begin(), m.own_kinds.end(), s.kind) != m.own_kinds.end();
+        if (!used) {
+            if (lay.world.rank == 0) printf("resume: checkpoint %d holds %s's %s; this run has no %s and drops them\n", step, flag,
+                                            state_section_name(s.kind), flag);
+        } else if (state.num_processes != lay.world.size) {
+            fatal("checkpoint %d in %s holds the %s of %d processes, each its own; this run has %d: resume %s with as many "
+                  "processes (or without %s, which drops them)", step, dir.c_str(), state_section_name(s.kind),
+                  state.num_processes, lay.world.size, flag, flag);
+        } else {
+            read_own = true;
+            own_moments |= s.kind == STATE_SECTION_LOCAL_STEPS;
+        }
+    }
+    if (read_own && lay.world.rank != 0) {  // process 0's file gave its own already
         TrainState mine;
         state_file_read(checkpoint_state_path(dir, step, lay.world.rank), &mine);
         state.sections = std::move(mine.sections);
+        if (own_moments) {  // -z 0 (args.h): its file holds the moments of every parameter
+            state.m = std::move(mine.m);
+            state.v = std::move(mine.v);
+            state.master = std::move(mine.master);
+            state.moments8 = std::move(mine.moments8);
+        }
     }
     return state;
 }

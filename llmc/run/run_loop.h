@@ -50,12 +50,14 @@ struct TrainRun;
 
 // One update's settings (the loop's hooks.update): the step's learning rates (-l's schedule for AdamW,
 // Adafactor; -ml's, the same shape, for Muon), -c, the factor the gradients are multiplied by (1/S and the
-// clipping) and t, the update's number from 1.
+// clipping) and t, the update's number from 1; the step's number (from 0) and whether it is the run's last.
 struct OptimizerStep {
     float lr = 0.0f, muon_lr = 0.0f;
     float weight_decay = 0.0f;
     float grad_scale = 1.0f;
     int t = 0;
+    int step = 0;
+    bool last = false;
 };
 
 // What the loop asks of a trainer. Unset optional hooks are skipped.
@@ -135,6 +137,7 @@ struct TrainRun {
     uint64_t sampler_rng = 0;
     Logger logger;
     int world_rank = 0, dp_size = 1;
+    bool local_steps = false;  // -lh with more than one data-parallel process: gradients are each replica's own
     int resume_step = -1;  // the checkpoint this run resumed from, or -1
     bool injects_bad_micro = false;  // -ni: this process's last micro-batch of an inject step is made bad
     double flops_per_step = 0.0;     // this process's model FLOPs per step (MFU's numerator)
@@ -162,6 +165,7 @@ inline void train_run_init(TrainRun* run, const TrainArgs& args, const GPT2Confi
     run->args = args;
     run->world_rank = world.rank;
     run->dp_size = dp_size;
+    run->local_steps = args.local_steps > 0 && dp_size > 1;
     run->resume_step = resume_step;
     training_data_init(&run->data, args, cfg, dp_rank, dp_size, resume_step);
     check_same_data(world, run->data);
@@ -229,7 +233,8 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     phase_end(timer);
     // every position of every micro-batch of every process weighs the same in the step's mean loss;
     // times S, the loss scale (1 unless FP16): the gradients come out S times too large
-    float dloss = scaler->scale / ((float)batches->B * batches->T * m * run->dp_size);
+    // (-lh: each replica steps alone on its own batches' mean, llmc/parallel/local_steps.h)
+    float dloss = scaler->scale / ((float)batches->B * batches->T * m * (run->local_steps ? 1 : run->dp_size));
     float step_scale = scaler->scale;  // the S these gradients carry (the scaler may move it below)
     int bad_micro = run->injects_bad_micro && is_inject_step(args, step) ? m - 1 : -1;
     double loss_sum = hooks.forward_backward(*batches, dloss, bad_micro, timer);
@@ -247,6 +252,8 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     update.grad_scale = loss_scaler_grad_scale(*scaler, scaled_norm, 1.0);  // 1/S and the clipping
     bool apply = loss_scaler_step(scaler, scaled_norm, step);
     update.t = (int)scaler->updates;
+    update.step = step;
+    update.last = step + 1 == max_steps;
     phase_begin(timer, PHASE_OPTIMIZER);
     hooks.update(apply, update);
     phase_end(timer);

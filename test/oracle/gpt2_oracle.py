@@ -107,6 +107,12 @@ def parse_args(argv):
     g.add_argument("--opt", choices=["adamw", "muon", "adafactor", "adamw8"], default="adamw",
                    help="optimizer, as train_gpt2 -opt (see train_with_optimizer)")
     g.add_argument("--muon-lr", type=float, default=0.02, help="--opt muon: Muon's learning rate (-ml)")
+    g.add_argument("--local-steps", type=int, default=0, metavar="H",
+                   help="train_gpt2 -lh H: --replicas replicas, each with its share of --accum's micro-batches, "
+                        "synchronized every H steps and after the last (--opt adamw)")
+    g.add_argument("--replicas", type=int, default=2, help="--local-steps: data-parallel replicas P")
+    g.add_argument("--outer", choices=["nesterov", "mean"], default="nesterov",
+                   help="--local-steps: DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9; -lo 1) or the mean (-lo 0)")
     g.add_argument("--muon-ns-dtype", choices=["bfloat16", "compute"], default="bfloat16",
                    help="--opt muon: Newton-Schulz in bfloat16 (torch.optim.Muon as it is) or in --dtype")
     g.add_argument("--llmc-checkpoint", metavar="S[:J]",
@@ -684,8 +690,56 @@ def train_step(params, update, batches, loss_impl, autocast=None):
     return sum(losses) / K, norm
 
 
+def train_local_steps(args, cfg, params, tokens, B, T, out_dir):
+    """train_gpt2 -lh H (llmc/parallel/local_steps.h) from its definition: P replicas, replica p taking the
+    step's micro-batches p, p + P, ... (the data loader's order: each micro-step's P batches in rank order),
+    each with its own AdamW moments and clipping; after every H steps and after the last, with theta_0 the
+    anchor: d = mean_p (theta_0 - theta_p); Nesterov: u = 0.9 u + d, theta = theta_0 - 0.7 (d + 0.9 u);
+    mean: theta = theta_0 - d; every replica and the anchor become theta. Logs the mean of the replicas'
+    losses and replica 0's gradient norm (train_gpt2's process 0)."""
+    S, K, P, H = args.steps, args.accum, args.replicas, args.local_steps
+    if args.opt != "adamw" or K % P != 0 or P < 2:
+        raise UsageError("--local-steps needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    loss_impl = lambda p, x, y: loss_fn(p, x, y, cfg)[0]
+    replicas = [[p.detach().clone().requires_grad_(True) for p in params] for _ in range(P)]
+    moments = [([torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]) for _ in range(P)]
+    anchor = [p.detach().clone() for p in params]
+    momentum = [torch.zeros_like(p) for p in params]
+    losses, lrs, norms = [], [], []
+    for s in range(S):
+        lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
+        step_losses, step_norms = [], []
+        for r in range(P):
+            batches = [stream_batch(tokens, (s * K + m) * B, B, T) for m in range(r, K, P)]
+            m_state, v_state = moments[r]
+            update = lambda grads: adamw_update(replicas[r], grads, m_state, v_state, s, lr, args.weight_decay)
+            loss, norm = train_step(replicas[r], update, batches, loss_impl)
+            step_losses.append(loss), step_norms.append(norm)
+        if (s + 1) % H == 0 or s + 1 == S:
+            with torch.no_grad():
+                for i in range(len(params)):
+                    d = sum(anchor[i] - rep[i] for rep in replicas) / P
+                    if args.outer == "nesterov":
+                        momentum[i].mul_(0.9).add_(d)
+                        anchor[i] = anchor[i] - 0.7 * (d + 0.9 * momentum[i])
+                    else:
+                        anchor[i] = anchor[i] - d
+                    for rep in replicas:
+                        rep[i].copy_(anchor[i])
+        losses.append(sum(step_losses) / P), lrs.append(lr), norms.append(step_norms[0])
+        print(f"step {s + 1:4d}/{S} | loss {losses[-1]:.6f} | lr {lr:.4e} | replica 0's grad norm {norms[-1]:.4f}")
+    with open(os.path.join(out_dir, "run.json"), "w") as f:
+        json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms, "first_step": 0,
+                   "config": {**cfg.as_dict(), "B": B, "T": T, "steps": S, "accum": K, "local_steps": H,
+                              "replicas": P, "outer": args.outer}}, f, indent=1)
+    write_model(os.path.join(out_dir, "final.bin"), cfg, replicas[0])
+    return losses
+
+
 def train(args, cfg, params, tokens, B, T, out_dir, start=None):
     """start: (step, m, v, batch) to continue llm.c's checkpoint (--resume-llmc), else None."""
+    if args.local_steps:
+        return train_local_steps(args, cfg, params, tokens, B, T, out_dir)
     S, K = args.steps, args.accum
     num_samples = (len(tokens) - 1) // T  # samples of T tokens; a micro-step reads B of them
     first_step, jump = 0, None   # jump (s0, J): from step s0 on, the stream continues from batch J (B*T-token units)
