@@ -114,10 +114,9 @@ struct GPT2 {
     // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end), in the blocks of the flat vector (llmc/adamw8.h)
     Adamw8Blocks blocks8;
     Adamw8State moments8;
-    // -gc sign: the data-parallel gradients compressed to a bit an element, with this process's residuals
-    // (llmc/parallel/grad_compression.h); compressed false: all-reduced in fp32
-    bool compressed = false;
-    SignCompression compression;
+    // -gc sign|powersgd: the data-parallel gradients compressed, with this process's residuals
+    // (llmc/parallel/grad_compression.h); kind none: all-reduced in fp32
+    GradCompression compression;
     // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.h); every 0: every step
     LocalSteps local;
     // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
@@ -636,8 +635,8 @@ void gpt2_complete_gradients(GPT2* model) {
     // -tp and -pp come with -z 0 or 1: the gradient array is whole (grads_base 0)
     complete_model_parallel_gradients(lay, grads, 0, model->num_parameters, model->param_offsets, model->param_sizes,
                                       COMM_FLOAT32);
-    if (model->compressed) {
-        sign_compressed_reduce(lay.dp_group, &model->compression, grads);
+    if (model->compression.on()) {
+        grad_compression_reduce(lay.dp_group, &model->compression, grads);
     } else if (model->local.every == 0) {  // -lh: each replica's own until it synchronizes
         reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
     }
@@ -791,11 +790,10 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         return std::vector<float>(first + model->opt_begin, first + model->opt_end);
     };
     c.moments8 = [model] { return model->moments8; };
-    if (model->compressed) c.own_kinds.push_back(STATE_SECTION_ERROR_FEEDBACK);
+    c.own_kinds = grad_compression_own_kinds(model->compression);
     if (model->local.every) c.own_kinds.push_back(STATE_SECTION_LOCAL_STEPS);
     c.own_sections = [model] {
-        std::vector<StateSection> own;
-        if (model->compressed) own.push_back(error_feedback_section(model->compression));
+        std::vector<StateSection> own = grad_compression_sections(model->compression);
         if (model->local.every) own.push_back(local_steps_section(model->local, model->params_memory.data(), model->num_parameters));
         return own;
     };
@@ -810,7 +808,7 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     model->m_memory = state.m;
     model->v_memory = state.v;
     if (model->optimizer.kind == OPT_ADAMW8) model->moments8 = state.moments8;
-    if (model->compressed) error_feedback_restore(&model->compression, state.sections);
+    if (model->compression.on()) grad_compression_restore(&model->compression, state.sections);
     if (model->local.every) local_steps_restore(&model->local, state.sections, model->params_memory.data(), model->num_parameters);
     // Master weights in the checkpoint (the CUDA trainer's -w 1, llm.c's) are the fp32 parameters, more exact
     // than a bf16 model file: each process takes its optimizer range's, then they are shared as after an update.
@@ -834,17 +832,17 @@ void gpt2_distribute(GPT2* model, const ParallelLayout& layout, OptimizerKind op
                     model->v_memory.size());
     zero_memory_print(layout.zero_stage, model->num_parameters, dp.size, model->memory,
                       optimizer_bytes_per_parameter(optimizer));
-    model->compressed = grad_compression_start(args.grad_compression, dp, optimizer_tensors(model->config),
-                                               model->num_parameters, &model->compression);
+    grad_compression_start(args.grad_compression, args.grad_rank, dp, optimizer_tensors(model->config), model->num_parameters,
+                           &model->compression);
     local_steps_start(args.local_steps, args.local_outer, dp, model->params_memory.data(), model->num_parameters, &model->local);
 }
 
 size_t gpt2_allocated_bytes(const GPT2* model) {
     size_t floats = model->params_memory.size() + model->grads_memory.size() + model->m_memory.size() +
                     model->v_memory.size() + model->acts_memory.size() + model->scratch_memory.size();
-    floats += model->compression.residual.size() + model->local.anchor.size() + model->local.momentum.size();
+    floats += model->local.anchor.size() + model->local.momentum.size();
     return floats * sizeof(float) + model->moments8.bytes() + model->memory.gather_params + model->memory.gather_grads +
-           model->compression.gathered.size() * sizeof(uint64_t);
+           model->compression.state_bytes();
 }
 
 // The activations of a step's micro-batches (B, T): one set, or on a pipeline stage one per micro-batch

@@ -42,10 +42,12 @@ flags_of() {
         adamw) echo "" ;;
         adamw8) echo "-opt adamw8" ;;
         sign) echo "-gc sign" ;;
+        powersgd) echo "-gc powersgd -gr 4" ;;
+        powersgd1) echo "-gc powersgd -gr 1" ;;
         lh4) echo "-lh 4" ;;
         lh16) echo "-lh 16" ;;
         lh4avg) echo "-lh 4 -lo 0" ;;
-        *) echo "unknown run '$1' (adamw8, sign, lh4, lh16, lh4avg)" >&2; exit 1 ;;
+        *) echo "unknown run '$1' (adamw8, sign, powersgd, powersgd1, lh4, lh16, lh4avg)" >&2; exit 1 ;;
     esac
 }
 for run in adamw $runs; do

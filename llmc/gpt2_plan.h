@@ -73,8 +73,9 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
              activations(3) * F / 1048576.0);
     plan.add("activations", set * slots * F, note);
     plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
-    if (lay.dp > 1 && args.grad_compression == "sign") {
-        plan.add("-gc sign state", sign_compression_state_bytes(opt.tensors, n, lay.dp), "residuals, every process's bits and scales");
+    if (lay.dp > 1 && args.grad_compression != "none") {
+        plan.add("-gc state", grad_compression_state_bytes(args.grad_compression, args.grad_rank, opt.tensors, n, lay.dp),
+                 args.grad_compression == "sign" ? "residuals, every process's bits and scales" : "residuals, Q, P and Q's buffers");
     }
     if (lay.dp > 1 && args.local_steps > 0) {
         plan.add("-lh state", local_steps_state_bytes(n, args.local_outer), args.local_outer == 1 ? "anchor, outer momentum" : "anchor");

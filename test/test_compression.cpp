@@ -11,6 +11,7 @@
 #include "../llmc/io/state_file.h"
 #include "../llmc/parallel/grad_compression.h"
 #include "../llmc/parallel/local_steps.h"
+#include "../llmc/parallel/powersgd.h"
 #include "../llmc/run/args.h"
 #include "optimizer_oracle.h"
 #include "test_helpers.h"
@@ -141,7 +142,7 @@ TEST(GradCompression, RefusedWhereItCannotRun) {
     std::string one = test::root() + "/train_gpt2 -e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -x 1 ";
     test::CommandResult unknown = test::run_command(one + "-gc topk");
     EXPECT_EQ(unknown.exit_code, 1);
-    EXPECT_NE(unknown.output.find("flag -gc: unknown gradient compression 'topk' (none or sign)"), std::string::npos);
+    EXPECT_NE(unknown.output.find("flag -gc: unknown gradient compression 'topk' (none, sign or powersgd)"), std::string::npos);
     test::CommandResult zero = test::run_command(one + "-gc sign -z 1");
     EXPECT_EQ(zero.exit_code, 1);
     EXPECT_NE(zero.output.find("flag -gc sign compresses the whole gradient of data parallelism alone: it runs with -z 0"),
@@ -155,6 +156,158 @@ TEST(GradCompression, RefusedWhereItCannotRun) {
     test::CommandResult alone = test::run_command(one + "-gc sign -o " + test::scratch_dir("gc_alone"));
     EXPECT_EQ(alone.exit_code, 0) << alone.output;
     EXPECT_NE(alone.output.find("one data-parallel process, nothing to send: -gc sign runs as -gc none"), std::string::npos);
+}
+
+// PowerSGD's step on one process against its definition, worked out in double here: with R = 1 and q0 the
+// matrix's first Q, p = M q0 and p^ = p / |p|, the sent gradient is p^ p^^T M (M projected on p^), the
+// residual M less it and the new Q = M^T p^. A matrix of rank 2 at R = 2 comes through whole (residual ~0).
+// Single precision against double: 1e-6 relative to the matrix's largest element.
+TEST(PowerSgd, OneStepIsTheProjectionOnMq) {
+    const size_t rows = 6, cols = 4;
+    std::vector<float> m(rows * cols);
+    for (size_t i = 0; i < m.size(); i++) m[i] = std::sin(0.7f * (float)i + 0.3f) * (1.0f + (float)(i % 3));
+    std::vector<OptimizerTensor> tensors = {{P_QKVW, 0, 0, rows, cols, 0}};
+    PowerSgd ps = powersgd_init(tensors, rows * cols, 1);
+    ASSERT_EQ(ps.matrices.size(), 1u);
+    std::vector<float> q0 = ps.q, g = m;
+    powersgd_reduce(ProcessGroup(), &ps, g.data());
+    std::vector<double> p(rows, 0.0);
+    double norm = 0.0;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t c = 0; c < cols; c++) p[r] += (double)m[r * cols + c] * q0[c];
+        norm += p[r] * p[r];
+    }
+    for (double& x : p) x /= std::sqrt(norm);
+    for (size_t c = 0; c < cols; c++) {
+        double q = 0.0;
+        for (size_t r = 0; r < rows; r++) q += (double)m[r * cols + c] * p[r];
+        EXPECT_NEAR(ps.q[c], q, 1e-6 * 3) << "Q " << c;
+        for (size_t r = 0; r < rows; r++) {
+            EXPECT_NEAR(g[r * cols + c], p[r] * q, 1e-6 * 3) << r << "," << c;
+            EXPECT_NEAR(ps.residual[r * cols + c], m[r * cols + c] - p[r] * q, 1e-6 * 3) << r << "," << c;
+        }
+    }
+    // rank 2: m = a b^T + c d^T
+    std::vector<float> two(rows * cols);
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t c = 0; c < cols; c++) two[r * cols + c] = (float)(r + 1) * (float)(c % 3) - 0.5f * (float)(r % 2) * (float)(c + 2);
+    }
+    PowerSgd ps2 = powersgd_init({{P_QKVW, 0, 0, rows, cols, 0}}, rows * cols, 2);
+    std::vector<float> g2 = two;
+    powersgd_reduce(ProcessGroup(), &ps2, g2.data());
+    for (size_t i = 0; i < two.size(); i++) {
+        EXPECT_NEAR(g2[i], two[i], 1e-5) << i;
+        EXPECT_NEAR(ps2.residual[i], 0.0f, 1e-5) << i;
+    }
+}
+
+// Gram-Schmidt leaves orthonormal columns spanning the same space, and a column with nothing of its own
+// left (a copy of an earlier one) becomes 0.
+TEST(PowerSgd, OrthonormalColumns) {
+    const size_t rows = 50;
+    const int R = 3;
+    std::vector<float> p(rows * R);
+    for (size_t i = 0; i < rows; i++) {
+        p[i * R] = std::cos((float)i), p[i * R + 1] = 1.0f + 0.01f * (float)i, p[i * R + 2] = 2.0f * std::cos((float)i);
+    }
+    powersgd_orthonormalize(p.data(), rows, R);
+    double d00 = 0, d01 = 0, d11 = 0, d22 = 0;
+    for (size_t i = 0; i < rows; i++) {
+        d00 += p[i * R] * p[i * R], d01 += p[i * R] * p[i * R + 1], d11 += p[i * R + 1] * p[i * R + 1];
+        d22 += std::fabs(p[i * R + 2]);
+    }
+    EXPECT_NEAR(d00, 1.0, 1e-6);
+    EXPECT_NEAR(d11, 1.0, 1e-6);
+    EXPECT_NEAR(d01, 0.0, 1e-6);
+    EXPECT_LT(d22, 1e-4) << "the third column is twice the first: nothing left";
+}
+
+// Error feedback over 30 steps on one process: the sent gradients plus the last residual add up to the
+// true ones (fp32 rounding of values of order 1 over 30 steps: 1e-4), where the sent ones alone miss by
+// O(1) (rank 1 of a 40 x 30 matrix); a vector is sent exactly.
+TEST(PowerSgd, ErrorFeedbackSumsToTheTrueGradients) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const size_t rows = 40, cols = 30, n = rows * cols + 30;
+    std::vector<OptimizerTensor> tensors = {{P_FCW, 0, 0, rows, cols, 0}, {P_FCB, 0, rows * cols, 1, 30, 0}};
+    PowerSgd ps = powersgd_init(tensors, n, 1);
+    std::vector<double> sum_g(n, 0.0), sum_q(n, 0.0);
+    for (int step = 0; step < 30; step++) {
+        std::vector<float> g(n);
+        for (float& x : g) x = normal(rng);
+        for (size_t i = 0; i < n; i++) sum_g[i] += g[i];
+        powersgd_reduce(ProcessGroup(), &ps, g.data());
+        for (size_t i = 0; i < n; i++) sum_q[i] += g[i];
+    }
+    double worst = 0, without = 0, vector = 0;
+    for (size_t i = 0; i < n; i++) {
+        worst = std::max(worst, std::fabs(sum_q[i] + ps.residual[i] - sum_g[i]));
+        without = std::max(without, std::fabs(sum_q[i] - sum_g[i]));
+        if (i >= rows * cols) vector = std::max(vector, std::fabs(sum_q[i] - sum_g[i]));
+    }
+    EXPECT_LT(worst, 1e-4);
+    EXPECT_GT(without, 1.0);
+    EXPECT_LT(vector, 1e-5) << "the vector is summed exactly";
+}
+
+// 2 processes, -gc powersgd -gr 2, 5 steps of the tiny model against the oracle (gpt2_oracle.py
+// --powersgd: each process's gradient share compressed by the definition with torch's QR, in float64):
+// losses and gradient norms to 1e-5 relative and parameters to 1e-2 of the distance moved (AdamW's bars,
+// test_model.cpp; the compression's own rounding is fp32's, far below). Bytes a step: the two all-reduces,
+// of sum (rows R) + the exact elements and of sum (cols R) floats, from the tiny model's shapes here. Both
+// processes keep their own residuals and the same Q; resumed from step 3 the run ends with the same bits.
+TEST(PowerSgd, TwoProcessesFollowTheOracleAndResumeBitForBit) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    OptimizerRun run{"adamw", 1e-3, 0.02};
+    std::string launch = "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 ";
+    std::string oracle_dir = test::oracle("powersgd_r2", std::string(OPTIMIZER_TINY) + run.oracle_args(2) + " --powersgd 2");
+    std::string dir = test::scratch_dir("powersgd"), b = test::scratch_dir("powersgd_resumed");
+    test::CommandResult r = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -gc powersgd -gr 2 -n 1 -o " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("gradient compression: -gc powersgd -gr 2, 10 matrices as rank-2 factors, 18 tensors summed exactly"),
+              std::string::npos) << r.output;
+    Agreement a = compare_with_oracle(oracle_dir, dir, run.steps);
+    expect_agreement(a, 1e-5, 1e-5, 1e-2);
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+    size_t p_length = 0, q_length = 0;
+    for (const OptimizerTensor& t : optimizer_tensors(cfg)) {
+        bool factored = t.rows > 1 && (t.rows + t.cols) * 2 < t.rows * t.cols;
+        p_length += factored ? t.rows * 2 : t.size();
+        q_length += factored ? t.cols * 2 : 0;
+    }
+    double bytes = 2.0 * 2.0 * (p_length - p_length / 2) * 4 + 2.0 * 2.0 * (q_length - q_length / 2) * 4;
+    ASSERT_EQ(a.comm_bytes.size(), 5u);
+    for (int s = 0; s < 5; s++) EXPECT_EQ(a.comm_bytes[s], bytes) << "step " << s;
+    double all_reduce = 2.0 * 2.0 * (params.size() - params.size() / 2) * 4;
+    printf("  bytes a step: %.0f, the all-reduce's %.0f (%.1f%%)\n", bytes, all_reduce, 100.0 * bytes / all_reduce);
+    EXPECT_LE(bytes, all_reduce / 4);
+    TrainState s0, s1;
+    state_file_read(dir + "/state_00000003_00000.bin", &s0);
+    state_file_read(dir + "/state_00000003_00001.bin", &s1);
+    ASSERT_EQ(s0.sections.size(), 2u);
+    ASSERT_EQ(s1.sections.size(), 2u);
+    EXPECT_EQ(s0.sections[0].kind, STATE_SECTION_ERROR_FEEDBACK);
+    EXPECT_EQ(s0.sections[1].kind, STATE_SECTION_POWERSGD);
+    EXPECT_NE(s0.sections[0].bytes, s1.sections[0].bytes) << "each process's own residuals";
+    EXPECT_EQ(s0.sections[1].bytes, s1.sections[1].bytes) << "one Q";
+    EXPECT_EQ(s0.sections[1].bytes.size(), q_length * sizeof(float));
+    ASSERT_EQ(test::run_command("cp -r " + dir + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " +
+                                b + "/DONE_0000000[45]").exit_code, 0);
+    test::CommandResult rb = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -gc powersgd -gr 2 -n 1 -y 1 -o " + b);
+    ASSERT_EQ(rb.exit_code, 0) << rb.output;
+    EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
+    EXPECT_EQ(test::read_text(dir + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
+    EXPECT_EQ(test::read_text(dir + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+    // another rank: the residuals carry over, Q starts afresh; -gc sign takes the residuals alone
+    test::CommandResult other = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -gc powersgd -gr 1 -y 1 -o " + b);
+    EXPECT_EQ(other.exit_code, 0) << other.output;
+    EXPECT_NE(other.output.find("PowerSGD factors are of another -gr"), std::string::npos) << other.output;
+    test::CommandResult sign = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -gc sign -y 1 -o " + b);
+    EXPECT_EQ(sign.exit_code, 0) << sign.output;
+    EXPECT_NE(sign.output.find("holds -gc powersgd's PowerSGD's factors; this run has no -gc powersgd and drops them"),
+              std::string::npos) << sign.output;
 }
 
 // The outer step by hand: anchor 1, two replicas at 0.5 and 0.7 (delta_sum 0.5 + 0.3 = 0.8, d = 0.4).

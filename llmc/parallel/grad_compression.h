@@ -1,4 +1,5 @@
-// Compressed data-parallel gradient reduction (-gc), with error feedback (issue 49).
+// Compressed data-parallel gradient reduction (-gc sign|powersgd), with error feedback (issue 49): -gc sign
+// here, PowerSGD in powersgd.h, and GradCompression, the one face both trainers' code sees.
 //
 // Plain data parallelism all-reduces every gradient element in fp32: 16 N (P-1)/P bytes a step per
 // process (ring counts, sent plus received; llmc/parallel/comm.h). -gc sign sends one bit an element
@@ -33,6 +34,7 @@
 #include "../io/state_file.h"
 #include "../optimizer.h"
 #include "comm.h"
+#include "powersgd.h"
 
 // Elements sharing a scale, counted from each tensor's start: one word of bits. A scale per tensor (the
 // paper's) lets a tensor's large elements set the step of its small ones, which under AdamW's per-element
@@ -94,6 +96,7 @@ inline void sign_encode(const float* g, float* e, size_t n, uint64_t* bits, floa
             bool negative = c < 0.0f;
             if (negative) bits[i / 64] |= (uint64_t)1 << (i % 64);
             e[i] = c - (negative ? -scale : scale);
+            if (!std::isfinite(e[i])) e[i] = 0.0f;  // a non-finite gradient (a skipped step) leaves nothing behind
         }
     }
 }
@@ -132,45 +135,109 @@ inline void sign_compressed_reduce(const ProcessGroup& dp, SignCompression* sc, 
     }
 }
 
-// -gc at start-up: true when the run compresses (sc set up); with one data-parallel process there is
+// -gc's scheme on this process: none, sign or powersgd, with its state.
+struct GradCompression {
+    std::string kind = "none";
+    SignCompression sign;
+    PowerSgd power;
+    bool on() const { return kind != "none"; }
+    const std::vector<float>& residual() const { return kind == "sign" ? sign.residual : power.residual; }
+    std::vector<float>& residual() { return kind == "sign" ? sign.residual : power.residual; }
+    size_t state_bytes() const {
+        return (sign.residual.size() + power.residual.size() + power.q.size() + power.q_buffer.size() +
+                power.p_buffer.size()) * sizeof(float) + sign.gathered.size() * sizeof(uint64_t);
+    }
+};
+
+// The bytes of a process's -gc state (the memory plan).
+inline size_t grad_compression_state_bytes(const std::string& flag, int rank, const std::vector<OptimizerTensor>& tensors,
+                                           size_t n, int processes) {
+    if (processes == 1 || flag == "none") return 0;
+    return flag == "sign" ? sign_compression_state_bytes(tensors, n, processes) : powersgd_state_bytes(tensors, n, rank);
+}
+
+// -gc at start-up: true when the run compresses (gc set up); with one data-parallel process there is
 // nothing to send, and the run reduces nothing, as without -gc (a note says so).
-inline bool grad_compression_start(const std::string& flag, const ProcessGroup& dp, const std::vector<OptimizerTensor>& tensors,
-                                   size_t n, SignCompression* sc) {
-    if (flag == "none") return false;  // else "sign": parse_args took no other
+inline bool grad_compression_start(const std::string& flag, int rank, const ProcessGroup& dp,
+                                   const std::vector<OptimizerTensor>& tensors, size_t n, GradCompression* gc) {
+    if (flag == "none") return false;  // else "sign" or "powersgd": parse_args took no other
     if (dp.size == 1) {
         printf("gradient compression: one data-parallel process, nothing to send: -gc %s runs as -gc none\n", flag.c_str());
         return false;
     }
-    *sc = sign_compression_init(tensors, n, dp.size);
-    double bytes = sign_compression_bytes(*sc, dp.size), all_reduce = 16.0 * n * (dp.size - 1) / dp.size;
-    printf("gradient compression: -gc sign, 1 bit an element and a scale a block of %zu (%zu tensors), error feedback; "
-           "%.0f bytes a step per process against the fp32 all-reduce's %.0f (%.1f%%)\n", SIGN_BLOCK, tensors.size(),
-           bytes, all_reduce, 100.0 * bytes / all_reduce);
+    gc->kind = flag;
+    double all_reduce = 16.0 * (double)(n - n / dp.size), bytes;
+    if (flag == "sign") {
+        gc->sign = sign_compression_init(tensors, n, dp.size);
+        bytes = sign_compression_bytes(gc->sign, dp.size);
+        printf("gradient compression: -gc sign, 1 bit an element and a scale a block of %zu (%zu tensors), error feedback; ",
+               SIGN_BLOCK, tensors.size());
+    } else {
+        gc->power = powersgd_init(tensors, n, rank);
+        bytes = powersgd_bytes(gc->power, dp.size);
+        printf("gradient compression: -gc powersgd -gr %d, %zu matrices as rank-%d factors, %zu tensors summed exactly, "
+               "error feedback; ", rank, gc->power.matrices.size(), rank, gc->power.exact.size());
+    }
+    printf("%.0f bytes a step per process against the fp32 all-reduce's %.0f (%.1f%%)\n", bytes, all_reduce,
+           100.0 * bytes / all_reduce);
     return true;
 }
 
-// The residuals in a checkpoint: an extra section of this process's state file (llmc/io/state_file.h),
-// optional (a reader that drops them loses a few steps' rounding, nothing else).
-inline StateSection error_feedback_section(const SignCompression& sc) {
-    StateSection s;
-    s.kind = STATE_SECTION_ERROR_FEEDBACK;
-    s.bytes.resize(sc.residual.size() * sizeof(float));
-    memcpy(s.bytes.data(), sc.residual.data(), s.bytes.size());
-    return s;
+// The step's gradients (N) reduced over the data-parallel group as -gc says. A collective.
+inline void grad_compression_reduce(const ProcessGroup& dp, GradCompression* gc, float* grads) {
+    if (gc->kind == "sign") sign_compressed_reduce(dp, &gc->sign, grads);
+    else powersgd_reduce(dp, &gc->power, grads);
 }
 
-// The residuals from this process's sections: its own, or zero (a note says why) from a checkpoint
-// written without -gc.
-inline void error_feedback_restore(SignCompression* sc, const std::vector<StateSection>& sections) {
+// The checkpoint's sections of this process's own (llmc/io/state_file.h): the residuals (the same
+// meaning for both schemes: what the sent gradients still owe), and PowerSGD's Q. Optional: a reader that
+// drops them loses a few steps' rounding or the warm start, nothing else.
+inline std::vector<int32_t> grad_compression_own_kinds(const GradCompression& gc) {
+    if (!gc.on()) return {};
+    if (gc.kind == "sign") return {STATE_SECTION_ERROR_FEEDBACK};
+    return {STATE_SECTION_ERROR_FEEDBACK, STATE_SECTION_POWERSGD};
+}
+
+inline std::vector<StateSection> grad_compression_sections(const GradCompression& gc) {
+    std::vector<StateSection> out;
+    auto section = [&](int32_t kind, const std::vector<float>& v) {
+        StateSection s;
+        s.kind = kind;
+        s.bytes.resize(v.size() * sizeof(float));
+        memcpy(s.bytes.data(), v.data(), s.bytes.size());
+        out.push_back(std::move(s));
+    };
+    if (gc.on()) section(STATE_SECTION_ERROR_FEEDBACK, gc.residual());
+    if (gc.kind == "powersgd") section(STATE_SECTION_POWERSGD, gc.power.q);
+    return out;
+}
+
+// The residuals (and Q) from this process's sections; what a checkpoint lacks starts afresh (a note says
+// so): residuals at 0, Q at its first value (also when written with another -gr).
+inline void grad_compression_restore(GradCompression* gc, const std::vector<StateSection>& sections) {
+    bool residuals = false, factors = gc->kind != "powersgd";
     for (const StateSection& s : sections) {
-        if (s.kind != STATE_SECTION_ERROR_FEEDBACK) continue;
-        if (s.bytes.size() != sc->residual.size() * sizeof(float)) {
-            fatal("the checkpoint's error-feedback residuals hold %zu bytes; this model's are %zu", s.bytes.size(),
-                  sc->residual.size() * sizeof(float));
+        if (s.kind == STATE_SECTION_ERROR_FEEDBACK) {
+            std::vector<float>& e = gc->residual();
+            if (s.bytes.size() != e.size() * sizeof(float)) {
+                fatal("the checkpoint's error-feedback residuals hold %zu bytes; this model's are %zu", s.bytes.size(),
+                      e.size() * sizeof(float));
+            }
+            memcpy(e.data(), s.bytes.data(), s.bytes.size());
+            require_finite(e.data(), e.size(), "reading", "the checkpoint's error-feedback residuals");
+            residuals = true;
+        } else if (s.kind == STATE_SECTION_POWERSGD && gc->kind == "powersgd") {
+            std::vector<float>& q = gc->power.q;
+            if (s.bytes.size() != q.size() * sizeof(float)) {
+                printf("resume: the checkpoint's PowerSGD factors are of another -gr (%zu bytes, this run's %zu): Q starts "
+                       "afresh\n", s.bytes.size(), q.size() * sizeof(float));
+                continue;
+            }
+            memcpy(q.data(), s.bytes.data(), s.bytes.size());
+            require_finite(q.data(), q.size(), "reading", "the checkpoint's PowerSGD factors");
+            factors = true;
         }
-        memcpy(sc->residual.data(), s.bytes.data(), s.bytes.size());
-        require_finite(sc->residual.data(), sc->residual.size(), "reading", "the checkpoint's error-feedback residuals");
-        return;
     }
-    printf("resume: the checkpoint has no error-feedback residuals (written without -gc): they start at 0\n");
+    if (!residuals) printf("resume: the checkpoint has no error-feedback residuals (written without -gc): they start at 0\n");
+    if (!factors) printf("resume: the checkpoint has no PowerSGD factors (written without -gc powersgd): Q starts afresh\n");
 }

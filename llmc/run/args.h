@@ -61,7 +61,8 @@ struct TrainArgs {
     int checkpoint_every = 0;
     int checkpoint_async = 0;  // -ca 1: checkpoint files written by a thread while training goes on
     std::string checkpoint_format = "ours";  // -cf llmc: state files in llm.c's format (llmc/io/llmc_state.h)
-    std::string grad_compression = "none";   // -gc sign: compressed gradient reduction (llmc/parallel/grad_compression.h)
+    std::string grad_compression = "none";   // -gc sign|powersgd: compressed gradient reduction (llmc/parallel/grad_compression.h)
+    int grad_rank = 4;                        // -gr R: PowerSGD's rank (llmc/parallel/powersgd.h)
     int local_steps = 0;   // -lh H: replicas synchronize every H steps (llmc/parallel/local_steps.h); 0: every step
     int local_outer = 1;   // -lo 1: DiLoCo's outer Nesterov step; 0: plain averaging
     int resume = 0;
@@ -131,7 +132,8 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
         {"-lh", FlagKind::Int, &a->local_steps, 0, 1000000, false, "local steps: data-parallel replicas synchronize every H steps (0: every step; -z 0, AdamW, CPU trainer; doc/data_parallel.md)"},
         {"-lo", FlagKind::Int, &a->local_outer, 0, 1, false, "-lh's outer step: 1 DiLoCo's Nesterov momentum, 0 the replicas' mean"},
-        {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign (1 bit an element with error feedback; -z 0, CPU trainer; doc/data_parallel.md)"},
+        {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign|powersgd (1 bit an element, or each matrix as rank -gr factors; error feedback; -z 0, CPU trainer; doc/data_parallel.md)"},
+        {"-gr", FlagKind::Int, &a->grad_rank, 1, 64, false, "-gc powersgd's rank R"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
         {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
         {"-s", FlagKind::Int, &a->sample_every, 0, INT_MAX, false, "sample every N steps (0: never)"},
@@ -336,8 +338,8 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
     if (args->pipeline_schedule != "gpipe" && args->pipeline_schedule != "1f1b") {
         fatal("flag -pm: unknown pipeline schedule '%s' (gpipe or 1f1b)", args->pipeline_schedule.c_str());
     }
-    if (args->grad_compression != "none" && args->grad_compression != "sign") {
-        fatal("flag -gc: unknown gradient compression '%s' (none or sign)", args->grad_compression.c_str());
+    if (args->grad_compression != "none" && args->grad_compression != "sign" && args->grad_compression != "powersgd") {
+        fatal("flag -gc: unknown gradient compression '%s' (none, sign or powersgd)", args->grad_compression.c_str());
     }
     if (args->grad_compression != "none") {
         if (cuda) fatal("flag -gc %s: the CUDA trainer does not compress gradients yet (the CPU trainer does)", args->grad_compression.c_str());

@@ -110,7 +110,9 @@ def parse_args(argv):
     g.add_argument("--local-steps", type=int, default=0, metavar="H",
                    help="train_gpt2 -lh H: --replicas replicas, each with its share of --accum's micro-batches, "
                         "synchronized every H steps and after the last (--opt adamw)")
-    g.add_argument("--replicas", type=int, default=2, help="--local-steps: data-parallel replicas P")
+    g.add_argument("--replicas", type=int, default=2, help="--local-steps, --powersgd: data-parallel replicas P")
+    g.add_argument("--powersgd", type=int, default=0, metavar="R",
+                   help="train_gpt2 -gc powersgd -gr R: --replicas replicas' gradients compressed (--opt adamw)")
     g.add_argument("--outer", choices=["nesterov", "mean"], default="nesterov",
                    help="--local-steps: DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9; -lo 1) or the mean (-lo 0)")
     g.add_argument("--muon-ns-dtype", choices=["bfloat16", "compute"], default="bfloat16",
@@ -736,8 +738,81 @@ def train_local_steps(args, cfg, params, tokens, B, T, out_dir):
     return losses
 
 
+def xorshift_uniforms(seed, count):
+    """llmc/rand.h's xorshift64*: count floats uniform in [0, 1) (24 bits each) from state seed."""
+    mask, out, x = (1 << 64) - 1, [], seed
+    for _ in range(count):
+        x ^= x >> 12
+        x ^= (x << 25) & mask
+        x ^= x >> 27
+        out.append((((x * 0x2545F4914F6CDD1D) & mask) >> 32 >> 8) / 16777216.0)
+    return out
+
+
+def train_powersgd(args, cfg, params, tokens, B, T, out_dir):
+    """train_gpt2 -gc powersgd -gr R (llmc/parallel/powersgd.h) from its definition, with torch's QR: P
+    replicas, replica p's gradient share from micro-batches p, p + P, ... (each weighted 1/K, so the shares
+    sum to the step's gradient); for each matrix view (layer_views) with (rows + cols) R < rows cols:
+    M_p = g_p + e_p, P = sum_p M_p Q, P^ = an orthonormal basis of P's columns (QR), Q = sum_p M_p^T P^,
+    g = P^ Q^T, e_p = M_p - g / P, Q kept; the other views summed exactly. Q's first value: matrix k's
+    entries 2u - 1 from xorshift64* seeded with (k + 1) * 0x9E3779B97F4A7C15, (cols x R) row by row. The
+    result is the same whichever orthonormal basis of P's columns is taken. Then clipping and AdamW as
+    without compression."""
+    S, K, P, R = args.steps, args.accum, args.replicas, args.powersgd
+    if args.opt != "adamw" or K % P != 0 or P < 2:
+        raise UsageError("--powersgd needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    m_state = [torch.zeros_like(p) for p in params]
+    v_state = [torch.zeros_like(p) for p in params]
+    views = layer_views(PARAM_NAMES, params)
+    compressed = [v.dim() == 2 and (v.shape[0] + v.shape[1]) * R < v.numel() for _, _, v in views]
+    Q = {k: torch.tensor(xorshift_uniforms((k + 1) * 0x9E3779B97F4A7C15 & ((1 << 64) - 1), v.shape[1] * R),
+                         dtype=params[0].dtype).view(v.shape[1], R) * 2 - 1
+         for k, (_, _, v) in enumerate(views) if compressed[k]}
+    residual = [{k: torch.zeros_like(v) for k, (_, _, v) in enumerate(views) if compressed[k]} for _ in range(P)]
+    losses, lrs, norms = [], [], []
+    for s in range(S):
+        lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
+        shares, step_losses = [], []
+        for r in range(P):
+            for p in params:
+                p.grad = None
+            for m in range(r, K, P):
+                inputs, targets = stream_batch(tokens, (s * K + m) * B, B, T)
+                loss = loss_fn(params, inputs, targets, cfg)[0]
+                (loss / K).backward()
+                step_losses.append(loss.item())
+            shares.append([p.grad.detach().clone() for p in params])
+        grads = [torch.zeros_like(p) for p in params]
+        with torch.no_grad():
+            for k, (name, l, _) in enumerate(views):
+                i = PARAM_NAMES.index(name)
+                part = lambda g: g[i] if l is None else g[i][l]
+                if not compressed[k]:
+                    part(grads).copy_(sum(part(g) for g in shares))
+                    continue
+                M = [part(shares[r]) + residual[r][k] for r in range(P)]
+                basis = torch.linalg.qr(sum(x @ Q[k] for x in M)).Q
+                Q[k] = sum(x.T @ basis for x in M)
+                g = basis @ Q[k].T
+                part(grads).copy_(g)
+                for r in range(P):
+                    residual[r][k] = M[r] - g / P
+        norm = clip_gradients(grads)
+        adamw_update(params, grads, m_state, v_state, s, lr, args.weight_decay)
+        losses.append(sum(step_losses) / K), lrs.append(lr), norms.append(norm)
+        print(f"step {s + 1:4d}/{S} | loss {losses[-1]:.6f} | lr {lr:.4e} | grad norm {norm:.4f}")
+    with open(os.path.join(out_dir, "run.json"), "w") as f:
+        json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms, "first_step": 0,
+                   "config": {**cfg.as_dict(), "B": B, "T": T, "steps": S, "accum": K, "powersgd": R,
+                              "replicas": P}}, f, indent=1)
+    write_model(os.path.join(out_dir, "final.bin"), cfg, params)
+    return losses
+
+
 def train(args, cfg, params, tokens, B, T, out_dir, start=None):
     """start: (step, m, v, batch) to continue llm.c's checkpoint (--resume-llmc), else None."""
+    if args.powersgd:
+        return train_powersgd(args, cfg, params, tokens, B, T, out_dir)
     if args.local_steps:
         return train_local_steps(args, cfg, params, tokens, B, T, out_dir)
     S, K = args.steps, args.accum
