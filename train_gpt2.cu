@@ -74,21 +74,8 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/gpt2_plan.cuh"         // GPT2Plan: shapes, settings, memory and byte predictions
 #include "llmc/gpt2_memory.cuh"       // allocating and freeing what GPT2 points to
 
-#if defined(ENABLE_FP32)
-constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;
-#elif defined(ENABLE_FP16)
-constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_FP32;  // llm.c's format has no fp16 version; fp16 widens exactly
-#else
-constexpr int MODEL_VERSION_NATIVE = MODEL_VERSION_BF16;
-#endif
-
-// Dynamic loss scaling (llmc/run/loss_scaler.h) in the FP16 build only: bf16 has fp32's exponent range,
-// so its gradients do not underflow, and fp32 needs nothing.
-#if defined(ENABLE_FP16)
-constexpr bool USE_LOSS_SCALING = true;
-#else
-constexpr bool USE_LOSS_SCALING = false;
-#endif
+// The model files this build writes: bf16's own, or fp32 (llm.c's format has no fp16 version; fp16 widens exactly)
+constexpr int MODEL_VERSION_NATIVE = std::is_same<floatX, __nv_bfloat16>::value ? MODEL_VERSION_BF16 : MODEL_VERSION_FP32;
 
 // ----------------------------------------------------------------------------
 // Parameters: 16 tensors in checkpoint order, pointers into one device allocation.
@@ -120,6 +107,7 @@ struct GPT2 : GPT2Plan {
     // (llmc/parallel/zero_device.cuh); params and grads point their 4 outer tensors into them
     ZeroDevice zero;
     Adamw8Gpu adamw8;  // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end) (llmc/adamw8.cuh)
+    LocalStepsGpu local;  // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.cuh)
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
@@ -149,7 +137,7 @@ void gpt2_sync(GPT2* model, const char* what) {
 
 // Uploads fp32 host parameters (checkpoint order) to the device as floatX, and this process's part
 // [opt_begin, opt_end) of them to the master weights.
-void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
+void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params, bool to_master = true) {
     // -z 3: this process's shard only, [opt_begin, opt_end) (the padding after N stays zero)
     size_t first = model->sharded_params ? model->opt_begin : 0;
     size_t last = model->sharded_params ? model->opt_end : model->num_parameters;
@@ -158,7 +146,7 @@ void gpt2_upload_parameters(GPT2* model, const std::vector<float>& params) {
     cudaCheck(cudaMemcpy(model->params_memory, converted.data(), converted.size() * sizeof(floatX),
                          cudaMemcpyHostToDevice));
     model->zero.outer_gathered = false;
-    if (model->master_memory) {
+    if (model->master_memory && to_master) {
         cudaCheck(cudaMemcpy(model->master_memory, params.data() + model->opt_begin,
                              (model->opt_end - model->opt_begin) * sizeof(float), cudaMemcpyDefault));
     }
@@ -205,6 +193,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     if (model->optimizer.kind == OPT_MUON) gpt2_allocate_muon_scratch(model);
 }
 
+// The fp32 weights -lh averages: the master weights, or the fp32 build's parameters (gpt2_plan_init)
+float* gpt2_fp32_weights(GPT2* model) { return model->master_memory ? model->master_memory : (float*)model->params_memory; }
+
 // Builds the model (this process's pipeline stage of it) from a checkpoint file, or (for a descriptor)
 // from a random initialization; returns the whole model's fp32 parameters it was built from.
 std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args, DataParallel* dp = nullptr) {
@@ -219,6 +210,8 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
     } else {
         gpt2_upload_parameters(model, params);
     }
+    local_steps_gpu_start(args.local_steps, args.local_outer, model->layout.dp_group, gpt2_fp32_weights(model),
+                          model->num_parameters, &model->local);
     return params;
 }
 
@@ -586,13 +579,6 @@ double gpt2_grad_norm(GPT2* model) {
     return gradient_norm(lay, sum_sq);
 }
 
-// The seed of a tensor's stochastic rounding: a fixed function of (step, tensor, where this part of the
-// tensor starts), so the rounding bits of a tensor cut between two shards do not repeat, and a whole
-// tensor draws what one GPU draws.
-uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
-    return (uint32_t)t * 2654435761u + (uint32_t)tensor * 40503u + (uint32_t)start_in_tensor * 2246822519u;
-}
-
 // One AdamW update (t = number of this update, from 1) of parameters [opt_begin, opt_end), per tensor
 // so weight decay reaches only the 2-D tensors. grad_scale is the clipping factor. With
 // skip_muon_matrices, the block matrices are left to Muon.
@@ -761,6 +747,10 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         return std::vector<float>(all.begin() + model->opt_begin, all.begin() + model->opt_end);
     };
     c.moments8 = [model] { return adamw8_gpu_download(model->adamw8); };
+    if (model->local.scheme.every) {  // its replica, anchor and momentum
+        c.own_kinds = {STATE_SECTION_LOCAL_STEPS};
+        c.own_sections = [model] { return std::vector<StateSection>{local_steps_gpu_section(model->local, gpt2_download_parameters(model))}; };
+    }
     c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
     return c;
 }
@@ -786,6 +776,9 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     if (model->master_memory && !state.master.empty()) {
         cudaCheck(cudaMemcpy(model->master_memory, state.master.data(), opt_n * sizeof(float), cudaMemcpyDefault));
     }
+    std::vector<float> replica;  // -lh: this process's own parameters (its master weights came with m and v)
+    if (model->local.scheme.every) local_steps_gpu_restore(&model->local, state.sections, gpt2_fp32_weights(model), &replica);
+    if (!replica.empty()) gpt2_upload_parameters(model, replica, false);
 }
 
 // ----------------------------------------------------------------------------
@@ -868,7 +861,7 @@ double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int
     double loss_sum = 0.0;
     bool tensor_parallel = model->layout.tp > 1;  // its reductions follow the last backward
     for (int micro = 0; micro < b.count; micro++) {
-        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1;
+        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1 && !model->local.scheme.every;
         gpu_phase_begin(phases, PHASE_FORWARD, model->stream);
         gpt2_forward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T, micro == bad_micro ? INFINITY : dloss);
         gpu_phase_end(phases, PHASE_FORWARD, model->stream);
@@ -902,6 +895,8 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     h.grad_norm = [=] { return gpt2_grad_norm(model); };  // the gradients were reduced during the backward
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);
+        floatX* rounded = model->master_memory ? model->params_memory : nullptr;  // -lh: the floatX copy of the weights
+        local_steps_gpu_after_update(dp, &model->local, s.step, s.last, gpt2_fp32_weights(model), rounded, model->stream);
         gpt2_sync(model, "the parameter update");
     };
     h.eval_loss = [=](const int* inputs, const int* targets, int B, int T) {

@@ -158,6 +158,13 @@ inline AdamWSettings adamw_settings(float lr, float weight_decay, float grad_sca
     return AdamWSettings{lr, h.beta1, h.beta2, h.eps, weight_decay, grad_scale, t, seed};
 }
 
+// The seed of a tensor's stochastic rounding: a fixed function of (step, tensor, where this part of the
+// tensor starts), so the rounding bits of a tensor cut between two shards do not repeat, and a whole
+// tensor draws what one GPU draws.
+inline uint32_t rounding_seed(int t, int tensor, size_t start_in_tensor) {
+    return (uint32_t)t * 2654435761u + (uint32_t)tensor * 40503u + (uint32_t)start_in_tensor * 2246822519u;
+}
+
 // 1 - beta^t, in double on the host as the CPU trainer computes them, then rounded to float
 inline void adamw_bias_corrections(const AdamWSettings& s, float* bias_correction1, float* bias_correction2) {
     *bias_correction1 = (float)(1.0 - pow((double)s.beta1, s.t));

@@ -45,20 +45,25 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
 // ----------------------------------------------------------------------------
 // storage precision
 
+// USE_LOSS_SCALING: dynamic loss scaling (llmc/run/loss_scaler.h) in the FP16 build only: bf16 has fp32's
+// exponent range, so its gradients do not underflow, and fp32 needs nothing.
 #if defined(ENABLE_FP32)
 typedef float floatX;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_32F;
 constexpr const char* PRECISION_NAME = "fp32";
+constexpr bool USE_LOSS_SCALING = false;
 #elif defined(ENABLE_FP16)
 // fp16: 10 mantissa bits (finer than bf16's 7) but 5 exponent bits: nothing beyond 65504, and
-// gradients below 2^-24 vanish, hence the trainer's dynamic loss scaling (llmc/run/loss_scaler.h)
+// gradients below 2^-24 vanish, hence the trainer's dynamic loss scaling
 typedef half floatX;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16F;
 constexpr const char* PRECISION_NAME = "fp16";
+constexpr bool USE_LOSS_SCALING = true;
 #else
 typedef __nv_bfloat16 floatX;
 constexpr cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
 constexpr const char* PRECISION_NAME = "bf16";
+constexpr bool USE_LOSS_SCALING = false;
 #endif
 
 // ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include "gpt2_plan.cuh"
 #include "muon.cuh"
 #include "optimizer_offload.cuh"
+#include "parallel/local_steps.cuh"
 #include "parallel/zero_device.cuh"
 
 // Points the 4 outer tensors (wte, wpe, lnfw, lnfb) one after another into `packed` (bucket L's packed
@@ -179,6 +180,7 @@ void gpt2_free(Model* model) {
     }
     cudaCheck(cudaFree(model->muon_memory));
     adamw8_gpu_free(&model->adamw8);
+    local_steps_gpu_free(&model->local);
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));
     cudaCheck(cudaFreeHost(model->host_norm_sq));

@@ -15,6 +15,7 @@
 #include "optimizer.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/layout.h"
+#include "parallel/local_steps.h"
 #include "parallel/matrix_owners.h"
 #include "parallel/model_state.h"
 #include "parallel/pipeline.h"
@@ -51,6 +52,7 @@ struct GPT2Plan {
     bool use_master_weights = false;
     OptimizerPlan optimizer;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices, with their owners
     bool offload = false;     // -oo 1: the optimizer's state in pinned host memory
+    int local_steps = 0, local_outer = 1;  // -lh, -lo with several data-parallel processes (llmc/parallel/local_steps.cuh)
     int recompute = 1;
     bool gelu_fusion = false;
     bool flash_attention = true;  // -fa; always false in the fp32 build
@@ -131,6 +133,11 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
     // would add 4; as Adafactor, it rounds the floatX parameters stochastically instead (llmc/adamw8.cuh)
     if (optimizer_kind == OPT_ADAMW8) plan->use_master_weights = false;
     plan->offload = args.offload_optimizer != 0;
+    if (plan->layout.dp > 1) plan->local_steps = args.local_steps, plan->local_outer = args.local_outer;
+    if (plan->local_steps > 0 && sizeof(floatX) != sizeof(float) && !plan->use_master_weights) {
+        fatal("flag -lh %d with -w 0: the replicas' changes are averaged in fp32, on the master weights (use -w 1)",
+              plan->local_steps);
+    }
     // shards of a multiple of 8 elements start 16 bytes apart (x128 loads); N is a multiple of C, so
     // one process's shard is exactly [0, N)
     plan->shard = aligned_shard_layout(n, plan->layout.dp, plan->layout.dp_rank, 8);
@@ -345,6 +352,10 @@ MemoryPlan gpt2_memory_plan_before_activations(const GPT2Plan* model) {
                       offload_host_bytes(model), "pinned; with the gradient and parameter staging copies");
     }
     if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
+    if (model->local_steps > 0) {
+        plan.add("-lh state", local_steps_state_bytes(model->num_parameters, model->local_outer),
+                 model->local_outer == 1 ? "anchor, outer momentum (fp32)" : "anchor (fp32)");
+    }
     return plan;
 }
 
@@ -417,7 +428,7 @@ int choose_batch(const GPT2Plan* model, const TrainArgs& args, int processes) {
 double predicted_data_parallel_bytes(const GPT2Plan* model, int A) {
     const double P = model->layout.dp, X = sizeof(floatX), N = (double)model->num_parameters;
     const double S = (double)model->shard.shard_size, f = (P - 1) / P;
-    if (P == 1) return 0.0;
+    if (P == 1 || model->local_steps > 0) return 0.0;  // -lh: nothing but every H steps' synchronization
     const int z = model->layout.zero_stage;
     // -opt muon (llmc/parallel/matrix_owners.h): each matrix broadcast by its owner; -z 1 first gathers U
     double muon = 0;
@@ -579,6 +590,10 @@ void print_predictions_and_memory(const GPT2Plan* model, const TrainArgs& args, 
         printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
                "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n",
                predicted_comm_bytes(model, micro_steps), layout.zero_stage, layout.dp, layout.tp, layout.pp, micro_steps);
+        if (model->local_steps > 0) {
+            printf("communication: -lh %d: %.0f bytes at each synchronization (after every %d steps and the last)\n",
+                   model->local_steps, local_steps_sync_bytes(model->num_parameters, layout.dp), model->local_steps);
+        }
     }
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));

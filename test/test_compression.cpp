@@ -392,7 +392,8 @@ TEST(LocalSteps, TwoReplicasFollowTheOracleAndResumeBitForBit) {
     }
 }
 
-// What -lh cannot run with, refused with the reason; one data-parallel process runs every step.
+// What -lh cannot run with, refused with the reason (the CUDA trainer's -oo 1 too: its master weights are on the
+// host); one data-parallel process runs every step.
 TEST(LocalSteps, RefusedWhereItCannotRun) {
     std::string dir = tiny_dir();
     std::string one = test::root() + "/train_gpt2 -e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -v 0 -s 0 -x 1 ";
@@ -402,12 +403,12 @@ TEST(LocalSteps, RefusedWhereItCannotRun) {
         EXPECT_NE(r.output.find("flag -lh 2: local steps train whole replicas alone: they run with -z 0, -opt adamw and no -tp, "
                                 "-pp, -gc or -cf llmc"), std::string::npos) << r.output;
     }
-    std::vector<std::string> words = {"train", "-lh", "4"};
+    std::vector<std::string> words = {"train", "-lh", "4", "-oo", "1"};
     std::vector<char*> argv;
     for (std::string& w : words) argv.push_back(&w[0]);
     TrainArgs args;
     EXPECT_EXIT(parse_args((int)argv.size(), argv.data(), &args, true), testing::ExitedWithCode(1),
-                "flag -lh 4: the CUDA trainer does not take local steps yet");
+                "flag -lh 4 with -oo 1: the synchronization runs on the GPU's master weights");
     test::CommandResult alone = test::run_command(one + "-lh 4 -o " + test::scratch_dir("lh_alone"));
     EXPECT_EQ(alone.exit_code, 0) << alone.output;
     EXPECT_NE(alone.output.find("one data-parallel process, nothing to synchronize: -lh 4 runs as every step"), std::string::npos);

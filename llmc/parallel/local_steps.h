@@ -72,9 +72,10 @@ inline double local_steps_sync_bytes(size_t n, int processes) {
     return 2.0 * 2.0 * (double)(n - n / processes) * sizeof(float);
 }
 
-// -lh at start-up: true when the run takes local steps (ls set up, the anchor = the parameters now);
-// with one data-parallel process there is nothing to synchronize (a note says so).
-inline bool local_steps_start(int every, int outer, const ProcessGroup& dp, const float* params, size_t n, LocalSteps* ls) {
+// -lh at start-up, the scheme's settings (ls->every, nesterov) and its note: true when the run takes local
+// steps; with one data-parallel process there is nothing to synchronize (a note says so). The trainer then
+// sets the anchor to its parameters and the momentum to 0.
+inline bool local_steps_configure(int every, int outer, const ProcessGroup& dp, size_t n, LocalSteps* ls) {
     if (every == 0) return false;
     if (dp.size == 1) {
         printf("local steps: one data-parallel process, nothing to synchronize: -lh %d runs as every step\n", every);
@@ -82,13 +83,18 @@ inline bool local_steps_start(int every, int outer, const ProcessGroup& dp, cons
     }
     ls->every = every;
     ls->nesterov = outer == 1;
+    printf("local steps: -lh %d, each replica alone for %d steps, then %s; %.0f bytes a synchronization per process "
+           "(the parameters' all-reduce, as big as the gradients' every step without -lh)\n", every, every,
+           ls->nesterov ? "DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on the mean change" : "the replicas' mean",
+           local_steps_sync_bytes(n, dp.size));
+    return true;
+}
+
+// The CPU trainer's start: the anchor is the parameters now.
+inline bool local_steps_start(int every, int outer, const ProcessGroup& dp, const float* params, size_t n, LocalSteps* ls) {
+    if (!local_steps_configure(every, outer, dp, n, ls)) return false;
     ls->anchor.assign(params, params + n);
     ls->momentum.assign(ls->nesterov ? n : 0, 0.0f);
-    double bytes = local_steps_sync_bytes(n, dp.size), all_reduce = bytes;  // the gradients' all-reduce: the same size
-    printf("local steps: -lh %d, each replica alone for %d steps, then %s; %.0f bytes a synchronization per process "
-           "(the parameters' all-reduce), %.1f%% of all-reducing the gradients every step\n", every, every,
-           ls->nesterov ? "DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on the mean change" : "the replicas' mean",
-           bytes, 100.0 * bytes / (all_reduce * every));
     return true;
 }
 
@@ -109,35 +115,53 @@ inline void local_steps_sync(const ProcessGroup& dp, LocalSteps* ls, float* para
 }
 
 // The state in a checkpoint: an extra section of this process's state file, [its parameters | the anchor |
-// the outer momentum (zeros with -lo 0)], N floats each.
-inline StateSection local_steps_section(const LocalSteps& ls, const float* params, size_t n) {
+// the outer momentum (zeros with -lo 0)], N floats each (host copies).
+inline StateSection local_steps_section_of(const float* params, const float* anchor, const float* momentum, size_t n) {
     StateSection s;
     s.kind = STATE_SECTION_LOCAL_STEPS;
     s.bytes.resize(3 * n * sizeof(float));
     float* out = (float*)s.bytes.data();
     memcpy(out, params, n * sizeof(float));
-    memcpy(out + n, ls.anchor.data(), n * sizeof(float));
-    if (ls.nesterov) memcpy(out + 2 * n, ls.momentum.data(), n * sizeof(float));
+    memcpy(out + n, anchor, n * sizeof(float));
+    if (momentum) memcpy(out + 2 * n, momentum, n * sizeof(float));
     else memset(out + 2 * n, 0, n * sizeof(float));
     return s;
 }
 
-// This process's parameters, anchor and momentum from its sections; from a checkpoint written without -lh
-// the anchor is the parameters as resumed and the momentum 0 (a note says so).
-inline void local_steps_restore(LocalSteps* ls, const std::vector<StateSection>& sections, float* params, size_t n) {
+inline StateSection local_steps_section(const LocalSteps& ls, const float* params, size_t n) {
+    return local_steps_section_of(params, ls.anchor.data(), ls.nesterov ? ls.momentum.data() : nullptr, n);
+}
+
+// The section among this process's, as three host vectors of n (params, anchor, momentum); false, with a
+// note, from a checkpoint written without -lh (the trainer then takes the resumed parameters as the anchor
+// and 0 as the momentum).
+inline bool local_steps_section_read(const std::vector<StateSection>& sections, size_t n, std::vector<float>* params,
+                                     std::vector<float>* anchor, std::vector<float>* momentum) {
     for (const StateSection& s : sections) {
         if (s.kind != STATE_SECTION_LOCAL_STEPS) continue;
         if (s.bytes.size() != 3 * n * sizeof(float)) {
             fatal("the checkpoint's local-steps state holds %zu bytes; this model's is %zu", s.bytes.size(), 3 * n * sizeof(float));
         }
         const float* in = (const float*)s.bytes.data();
-        memcpy(params, in, n * sizeof(float));
-        ls->anchor.assign(in + n, in + 2 * n);
-        if (ls->nesterov) ls->momentum.assign(in + 2 * n, in + 3 * n);
         require_finite(in, 3 * n, "reading", "the checkpoint's local-steps state");
-        return;
+        params->assign(in, in + n);
+        anchor->assign(in + n, in + 2 * n);
+        momentum->assign(in + 2 * n, in + 3 * n);
+        return true;
     }
-    ls->anchor.assign(params, params + n);
     printf("resume: the checkpoint has no local-steps state (written without -lh): the anchor is the resumed model, "
            "the outer momentum 0\n");
+    return false;
+}
+
+// The CPU trainer's restore: its parameters, anchor and momentum.
+inline void local_steps_restore(LocalSteps* ls, const std::vector<StateSection>& sections, float* params, size_t n) {
+    std::vector<float> mine, anchor, momentum;
+    if (!local_steps_section_read(sections, n, &mine, &anchor, &momentum)) {
+        ls->anchor.assign(params, params + n);
+        return;
+    }
+    std::copy(mine.begin(), mine.end(), params);
+    ls->anchor = std::move(anchor);
+    if (ls->nesterov) ls->momentum = std::move(momentum);
 }

@@ -130,7 +130,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-c", FlagKind::Float, &a->weight_decay, 0, 10, false, "weight decay (2-D tensors only)"},
         {"-opt", FlagKind::String, &a->optimizer, NAN, NAN, false, "optimizer: adamw|muon|adafactor|adamw8 (doc/optimizers.md)"},
         {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
-        {"-lh", FlagKind::Int, &a->local_steps, 0, 1000000, false, "local steps: data-parallel replicas synchronize every H steps (0: every step; -z 0, AdamW, CPU trainer; doc/data_parallel.md)"},
+        {"-lh", FlagKind::Int, &a->local_steps, 0, 1000000, false, "local steps: data-parallel replicas synchronize every H steps (0: every step; -z 0, AdamW; doc/data_parallel.md)"},
         {"-lo", FlagKind::Int, &a->local_outer, 0, 1, false, "-lh's outer step: 1 DiLoCo's Nesterov momentum, 0 the replicas' mean"},
         {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign|powersgd (1 bit an element, or each matrix as rank -gr factors; error feedback; -z 0, CPU trainer; doc/data_parallel.md)"},
         {"-gr", FlagKind::Int, &a->grad_rank, 1, 64, false, "-gc powersgd's rank R"},
@@ -352,7 +352,7 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         }
     }
     if (args->local_steps > 0) {
-        if (cuda) fatal("flag -lh %d: the CUDA trainer does not take local steps yet (the CPU trainer does)", args->local_steps);
+        if (cuda && args->offload_optimizer) fatal("flag -lh %d with -oo 1: the synchronization runs on the GPU's master weights", args->local_steps);
         // each replica keeps its own parameters and moments between synchronizations: ZeRO's shards, -tp's
         // slices and -pp's stages are cut across replicas; Muon and Adafactor share work across processes
         if (args->zero_stage != 0 || args->tensor_parallel > 1 || args->pipeline_parallel > 1 || args->checkpoint_format == "llmc" ||

@@ -768,6 +768,40 @@ TEST(MultiGpuMpirun, Adamw8EveryZeroStageMatchesTorch) {
     }
 }
 
+// -lh 2 on 2 processes (fp32) against the oracle's two AdamW replicas averaged by DiLoCo's outer step after
+// steps 2, 4 and 5 (gpt2_oracle.py --local-steps, the CPU trainer's test: LocalSteps.TwoReplicas...), with
+// the fp32 bars of the one-process runs; the bytes are the parameters' all-reduce at those steps and
+// nothing between (the start-up's line says how many); a run resumed from step 3, where the replicas
+// differ (each from its own state file), ends with the same bits.
+TEST(MultiGpuMpirun, LocalStepsMatchTheOracleAndResumeBitForBit) {
+    REQUIRE_MPIRUN_GPUS(2);
+    OptimizerRun run{"adamw", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(2) + " --local-steps 2 --outer nesterov";
+    REQUIRE_ORACLE("local_steps_nesterov", oracle_args);
+    std::string oracle_dir = test::oracle("local_steps_nesterov", oracle_args);
+    std::string cmd = mpirun_command(2) + run.trainer_args(oracle_dir, 2, TRAINER) + " -lh 2 -n 1";
+    std::string a = test::scratch_dir("mpi_2_lh2"), b = test::scratch_dir("mpi_2_lh2_resumed");
+    test::CommandResult r = test::run_command(cmd + " -o " + a);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    Agreement agree = compare_with_oracle(oracle_dir, a, run.steps);
+    expect_agreement(agree, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-2);
+    GPT2Config cfg;
+    std::vector<float> params;
+    model_file_read(oracle_dir + "/model.bin", &cfg, &params);
+    double sync = 2.0 * 2.0 * (double)(params.size() - params.size() / 2) * 4;
+    EXPECT_NE(r.output.find("communication: -lh 2: " + std::to_string((long long)sync) + " bytes at each synchronization"),
+              std::string::npos) << r.output;
+    ASSERT_EQ(agree.comm_bytes.size(), 5u);
+    for (int s = 0; s < 5; s++) EXPECT_EQ(agree.comm_bytes[s], s == 1 || s == 3 || s == 4 ? sync : 0.0) << "step " << s;
+    ASSERT_EQ(test::run_command("cp -r " + a + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " +
+                                b + "/DONE_0000000[45]").exit_code, 0);
+    test::CommandResult resumed = test::run_command(cmd + " -y 1 -o " + b);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
+    EXPECT_EQ(test::read_text(a + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
+    EXPECT_EQ(test::read_text(a + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+}
+
 // -oo 1 with ZeRO over 2 processes: each process offloads its shard of AdamW's state (-z 1), and with
 // -z 3 its shard of the parameters' updates too; the runs equal their -oo 0 twins bit for bit (the
 // CPU runs the GPU kernel's element body, llmc/optimizer_offload.cuh): the model file and both
