@@ -108,6 +108,7 @@ struct GPT2 : GPT2Plan {
     ZeroDevice zero;
     Adamw8Gpu adamw8;  // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end) (llmc/adamw8.cuh)
     LocalStepsGpu local;  // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.cuh)
+    GradCompressionGpu compression;  // -gc sign|powersgd (llmc/parallel/grad_compression.cuh)
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
@@ -128,11 +129,8 @@ struct GPT2 : GPT2Plan {
 // Waits for the compute stream. With several processes its work can depend on theirs, so the wait
 // goes through the watchdog (dp_wait), which gives up after -pt seconds instead of hanging.
 void gpt2_sync(GPT2* model, const char* what) {
-    if (model->dp != nullptr) {
-        dp_wait(*model->dp, model->stream, what);
-    } else {
-        cudaCheck(cudaStreamSynchronize(model->stream));
-    }
+    if (model->dp != nullptr) dp_wait(*model->dp, model->stream, what);
+    else cudaCheck(cudaStreamSynchronize(model->stream));
 }
 
 // Uploads fp32 host parameters (checkpoint order) to the device as floatX, and this process's part
@@ -159,8 +157,7 @@ std::vector<float> gpt2_download_parameters(GPT2* model) {
         return zero_gather_all_parameters(&model->zero, model->num_parameters, [&](const char* what) { gpt2_sync(model, what); });
     }
     std::vector<floatX> raw(model->num_parameters);
-    cudaCheck(cudaMemcpy(raw.data(), model->params_memory, model->num_parameters * sizeof(floatX),
-                         cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(raw.data(), model->params_memory, model->num_parameters * sizeof(floatX), cudaMemcpyDeviceToHost));
     std::vector<float> params(model->num_parameters);
     for (size_t i = 0; i < model->num_parameters; i++) params[i] = host_from_floatX(raw[i]);
     return params;
@@ -193,9 +190,6 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     if (model->optimizer.kind == OPT_MUON) gpt2_allocate_muon_scratch(model);
 }
 
-// The fp32 weights -lh averages: the master weights, or the fp32 build's parameters (gpt2_plan_init)
-float* gpt2_fp32_weights(GPT2* model) { return model->master_memory ? model->master_memory : (float*)model->params_memory; }
-
 // Builds the model (this process's pipeline stage of it) from a checkpoint file, or (for a descriptor)
 // from a random initialization; returns the whole model's fp32 parameters it was built from.
 std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainArgs& args, DataParallel* dp = nullptr) {
@@ -210,8 +204,10 @@ std::vector<float> gpt2_build(GPT2* model, const std::string& name, const TrainA
     } else {
         gpt2_upload_parameters(model, params);
     }
-    local_steps_gpu_start(args.local_steps, args.local_outer, model->layout.dp_group, gpt2_fp32_weights(model),
-                          model->num_parameters, &model->local);
+    const ProcessGroup& group = model->layout.dp_group;
+    local_steps_gpu_start(args.local_steps, args.local_outer, group, gpt2_fp32_weights(model), model->num_parameters, &model->local);
+    grad_compression_gpu_start(args.grad_compression, args.grad_rank, group, optimizer_tensors(model->config), model->num_parameters,
+                               &model->compression);
     return params;
 }
 
@@ -747,10 +743,12 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         return std::vector<float>(all.begin() + model->opt_begin, all.begin() + model->opt_end);
     };
     c.moments8 = [model] { return adamw8_gpu_download(model->adamw8); };
-    if (model->local.scheme.every) {  // its replica, anchor and momentum
-        c.own_kinds = {STATE_SECTION_LOCAL_STEPS};
-        c.own_sections = [model] { return std::vector<StateSection>{local_steps_gpu_section(model->local, gpt2_download_parameters(model))}; };
-    }
+    c.own_kinds = model->local.scheme.every ? std::vector<int32_t>{STATE_SECTION_LOCAL_STEPS}
+                                            : grad_compression_own_kinds(model->compression.host);
+    c.own_sections = [model] {  // -lh: its replica, anchor and momentum; -gc: its residuals (and Q)
+        if (!model->local.scheme.every) return grad_compression_gpu_sections(model->compression);
+        return std::vector<StateSection>{local_steps_gpu_section(model->local, gpt2_download_parameters(model))};
+    };
     c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
     return c;
 }
@@ -761,6 +759,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
 // model file is fp32).
 void gpt2_resume(GPT2* model, TrainRun* run) {
     TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
+    if (model->compression.on()) grad_compression_gpu_restore(&model->compression, state.sections);
     if (model->optimizer.kind == OPT_ADAFACTOR) {
         size_t length = adafactor_state_size(model->optimizer.tensors);
         cudaCheck(cudaMemcpy(model->v_memory, state.v.data(), length * sizeof(float), cudaMemcpyHostToDevice));
@@ -861,7 +860,7 @@ double gpt2_forward_backward(GPT2* model, const StepBatches& b, float dloss, int
     double loss_sum = 0.0;
     bool tensor_parallel = model->layout.tp > 1;  // its reductions follow the last backward
     for (int micro = 0; micro < b.count; micro++) {
-        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1 && !model->local.scheme.every;
+        model->reduce_in_backward = comm_active(model->layout.dp_group) && micro == b.count - 1 && model->reduces_in_buckets();
         gpu_phase_begin(phases, PHASE_FORWARD, model->stream);
         gpt2_forward(model, b.inputs_of(micro), b.targets_of(micro), b.B, b.T, micro == bad_micro ? INFINITY : dloss);
         gpu_phase_end(phases, PHASE_FORWARD, model->stream);
@@ -893,6 +892,10 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     };
     // the global gradient norm (with several GPUs the gradients were reduced during the backward)
     h.grad_norm = [=] { return gpt2_grad_norm(model); };  // the gradients were reduced during the backward
+    if (model->compression.on()) {  // or -gc's reduction after it
+        auto sync = [model](const char* what) { gpt2_sync(model, what); };
+        h.complete_gradients = [=] { grad_compression_gpu_reduce(dp, &model->compression, model->grads_memory, model->stream, sync); };
+    }
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);
         floatX* rounded = model->master_memory ? model->params_memory : nullptr;  // -lh: the floatX copy of the weights

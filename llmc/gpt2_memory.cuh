@@ -18,6 +18,7 @@
 #include "gpt2_plan.cuh"
 #include "muon.cuh"
 #include "optimizer_offload.cuh"
+#include "parallel/grad_compression.cuh"
 #include "parallel/local_steps.cuh"
 #include "parallel/zero_device.cuh"
 
@@ -166,6 +167,11 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     }
 }
 
+// The fp32 weights -lh averages: the master weights, or the fp32 build's parameters (gpt2_plan_init
+// refuses -lh with neither).
+template <typename Model>
+float* gpt2_fp32_weights(Model* model) { return model->master_memory ? model->master_memory : (float*)model->params_memory; }
+
 // Frees everything gpt2_setup and gpt2_allocate_activations allocated, and the stream.
 template <typename Model>
 void gpt2_free(Model* model) {
@@ -181,6 +187,7 @@ void gpt2_free(Model* model) {
     cudaCheck(cudaFree(model->muon_memory));
     adamw8_gpu_free(&model->adamw8);
     local_steps_gpu_free(&model->local);
+    grad_compression_gpu_free(&model->compression);
     cudaCheck(cudaFree(model->acts_memory));
     cudaCheck(cudaFreeHost(model->host_losses));
     cudaCheck(cudaFreeHost(model->host_norm_sq));

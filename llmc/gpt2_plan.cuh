@@ -15,6 +15,7 @@
 #include "optimizer.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/layout.h"
+#include "parallel/grad_compression.h"
 #include "parallel/local_steps.h"
 #include "parallel/matrix_owners.h"
 #include "parallel/model_state.h"
@@ -27,6 +28,7 @@
 
 #include "cuda_common.cuh"
 #include "adamw8.cuh"             // adamw8_gpu_bytes
+#include "parallel/grad_compression.cuh"  // grad_compression_gpu_bytes
 #include "gpt2_activations.cuh"
 #include "attention.cuh"          // check_attention_shape
 #include "muon.cuh"               // muon_scratch_layout
@@ -53,6 +55,10 @@ struct GPT2Plan {
     OptimizerPlan optimizer;  // -opt: adamw, or muon (llmc/muon.cuh) on the block matrices, with their owners
     bool offload = false;     // -oo 1: the optimizer's state in pinned host memory
     int local_steps = 0, local_outer = 1;  // -lh, -lo with several data-parallel processes (llmc/parallel/local_steps.cuh)
+    std::string grad_compression = "none";  // -gc, -gr likewise (llmc/parallel/grad_compression.cuh)
+    int grad_rank = 4;
+    // the data-parallel sum runs bucket by bucket during the last backward; -lh and -gc have their own
+    bool reduces_in_buckets() const { return local_steps == 0 && grad_compression == "none"; }
     int recompute = 1;
     bool gelu_fusion = false;
     bool flash_attention = true;  // -fa; always false in the fp32 build
@@ -133,7 +139,10 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
     // would add 4; as Adafactor, it rounds the floatX parameters stochastically instead (llmc/adamw8.cuh)
     if (optimizer_kind == OPT_ADAMW8) plan->use_master_weights = false;
     plan->offload = args.offload_optimizer != 0;
-    if (plan->layout.dp > 1) plan->local_steps = args.local_steps, plan->local_outer = args.local_outer;
+    if (plan->layout.dp > 1) {
+        plan->local_steps = args.local_steps, plan->local_outer = args.local_outer;
+        plan->grad_compression = args.grad_compression, plan->grad_rank = args.grad_rank;
+    }
     if (plan->local_steps > 0 && sizeof(floatX) != sizeof(float) && !plan->use_master_weights) {
         fatal("flag -lh %d with -w 0: the replicas' changes are averaged in fp32, on the master weights (use -w 1)",
               plan->local_steps);
@@ -352,6 +361,10 @@ MemoryPlan gpt2_memory_plan_before_activations(const GPT2Plan* model) {
                       offload_host_bytes(model), "pinned; with the gradient and parameter staging copies");
     }
     if (muon_scratch_bytes(model) > 0) plan.add("Muon scratch", muon_scratch_bytes(model), "Newton-Schulz buffers");
+    if (model->grad_compression != "none") {
+        plan.add("-gc state", grad_compression_gpu_bytes(model->grad_compression, model->grad_rank, optimizer_tensors(model->config),
+                                                         model->num_parameters, model->layout.dp), "residuals, buffers");
+    }
     if (model->local_steps > 0) {
         plan.add("-lh state", local_steps_state_bytes(model->num_parameters, model->local_outer),
                  model->local_outer == 1 ? "anchor, outer momentum (fp32)" : "anchor (fp32)");
@@ -429,6 +442,9 @@ double predicted_data_parallel_bytes(const GPT2Plan* model, int A) {
     const double P = model->layout.dp, X = sizeof(floatX), N = (double)model->num_parameters;
     const double S = (double)model->shard.shard_size, f = (P - 1) / P;
     if (P == 1 || model->local_steps > 0) return 0.0;  // -lh: nothing but every H steps' synchronization
+    if (model->grad_compression != "none") {
+        return grad_compression_step_bytes(model->grad_compression, model->grad_rank, optimizer_tensors(model->config), (int)P);
+    }
     const int z = model->layout.zero_stage;
     // -opt muon (llmc/parallel/matrix_owners.h): each matrix broadcast by its owner; -z 1 first gathers U
     double muon = 0;

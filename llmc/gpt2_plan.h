@@ -74,7 +74,7 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     plan.add("activations", set * slots * F, note);
     plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
     if (lay.dp > 1 && args.grad_compression != "none") {
-        plan.add("-gc state", grad_compression_state_bytes(args.grad_compression, args.grad_rank, opt.tensors, n, lay.dp),
+        plan.add("-gc state", grad_compression_state_bytes(args.grad_compression, args.grad_rank, optimizer_tensors(cfg), n, lay.dp),
                  args.grad_compression == "sign" ? "residuals, every process's bits and scales" : "residuals, Q, P and Q's buffers");
     }
     if (lay.dp > 1 && args.local_steps > 0) {

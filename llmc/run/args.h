@@ -132,7 +132,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-ml", FlagKind::Float, &a->muon_learning_rate, 0, 10, false, "-opt muon: Muon's learning rate (block matrices; -l: AdamW's, the rest)"},
         {"-lh", FlagKind::Int, &a->local_steps, 0, 1000000, false, "local steps: data-parallel replicas synchronize every H steps (0: every step; -z 0, AdamW; doc/data_parallel.md)"},
         {"-lo", FlagKind::Int, &a->local_outer, 0, 1, false, "-lh's outer step: 1 DiLoCo's Nesterov momentum, 0 the replicas' mean"},
-        {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign|powersgd (1 bit an element, or each matrix as rank -gr factors; error feedback; -z 0, CPU trainer; doc/data_parallel.md)"},
+        {"-gc", FlagKind::String, &a->grad_compression, NAN, NAN, false, "data-parallel gradients: none|sign|powersgd (1 bit an element, or each matrix as rank -gr factors; error feedback; -z 0; doc/data_parallel.md)"},
         {"-gr", FlagKind::Int, &a->grad_rank, 1, 64, false, "-gc powersgd's rank R"},
         {"-v", FlagKind::Int, &a->val_every, 0, INT_MAX, false, "val loss every N steps (0: never)"},
         {"-m", FlagKind::Int, &a->val_batches, 1, INT_MAX, false, "val batches per val loss (all data-parallel processes together)"},
@@ -342,7 +342,6 @@ inline void parse_args(int argc, char** argv, TrainArgs* args, bool cuda) {
         fatal("flag -gc: unknown gradient compression '%s' (none, sign or powersgd)", args->grad_compression.c_str());
     }
     if (args->grad_compression != "none") {
-        if (cuda) fatal("flag -gc %s: the CUDA trainer does not compress gradients yet (the CPU trainer does)", args->grad_compression.c_str());
         // each process keeps the residual of every gradient element; ZeRO's shards, -tp's slices and -pp's
         // stages would need it cut and put together
         if (args->zero_stage != 0 || args->tensor_parallel > 1 || args->pipeline_parallel > 1 || args->checkpoint_format == "llmc") {

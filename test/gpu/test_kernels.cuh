@@ -24,6 +24,7 @@
 #include "../../llmc/adafactor.h"
 #include "../../llmc/adamw.h"
 #include "../../llmc/adamw8.cuh"
+#include "../../llmc/parallel/grad_compression.cuh"
 #include "../../llmc/attention.h"
 #include "../../llmc/crossentropy.h"
 #include "../../llmc/encoder.h"
@@ -1048,6 +1049,70 @@ inline void expect_same_bits(const char* what, const std::vector<T>& got, const 
 template <typename T>
 inline std::vector<T> slice(const std::vector<T>& v, size_t begin, size_t end) {
     return std::vector<T>(v.begin() + begin, v.begin() + end);
+}
+
+// -gc's GPU kernels (llmc/parallel/grad_compression.cuh) against the CPU's reduce (grad_compression.h,
+// powersgd.h) on one process, over three steps of new gradients (floatX values, the same numbers on both
+// sides), the residuals carried: four tensors (a 40 x 24 and a 30 x 8 matrix, vectors of 24 and 100)
+// whose 64-element blocks end part-way, and which PowerSGD at R = 2 factors (the matrices) or sums exactly
+// (the vectors). Sign: the sums have no products, so the residuals and gradients are bit for bit. PowerSGD:
+// the dot products' double sums run in the same order, but the compilers may fuse a multiply and an add
+// differently (fma), a last-bit difference of a double before it is rounded to float: the gradients,
+// residuals and Q to 1e-6 of each array's largest value (measured: equal). A wrong index or order is far
+// above that.
+TEST(Kernels, GradCompressionAgainstTheCpu) {
+    std::mt19937 rng(29);
+    const std::vector<OptimizerTensor> tensors = {
+        {P_QKVW, 0, 0, 40, 24, 0}, {P_QKVB, 0, 960, 1, 24, 0}, {P_FCW, 0, 984, 30, 8, 0}, {P_FCB, 0, 1224, 1, 100, 0}};
+    const size_t n = 1324;
+    for (std::string kind : {"sign", "powersgd"}) {
+        SCOPED_TRACE(kind);
+        GradCompression cpu;
+        cpu.kind = kind;
+        GradCompressionGpu gpu;
+        gpu.host.kind = kind;
+        if (kind == "sign") {
+            cpu.sign = sign_compression_init(tensors, n, 1);
+            gpu.host.sign = sign_compression_init(tensors, n, 1);
+        } else {
+            cpu.power = powersgd_init(tensors, n, 2);
+            gpu.host.power = powersgd_init(tensors, n, 2);
+            ASSERT_EQ(cpu.power.matrices.size(), 2u);
+        }
+        grad_compression_gpu_setup(&gpu, n, 1);
+        DeviceArray<floatX> d_grads(n);
+        double worst = 0.0;
+        auto compare = [&](const std::vector<float>& want, const std::vector<float>& got, const char* what) {
+            ASSERT_EQ(want.size(), got.size());
+            double largest = 0.0, diff = 0.0;
+            for (size_t i = 0; i < want.size(); i++) {
+                largest = std::max(largest, (double)std::fabs(want[i]));
+                diff = std::max(diff, (double)std::fabs(want[i] - got[i]));
+            }
+            if (kind == "sign") EXPECT_EQ(diff, 0.0) << what;
+            else EXPECT_LE(diff, 1e-6 * largest) << what;
+            worst = std::max(worst, diff / largest);
+        };
+        for (int step = 0; step < 3; step++) {
+            std::vector<float> g = random_values(n, rng);
+            upload(d_grads, g);
+            grad_compression_reduce(ProcessGroup(), &cpu, g.data());
+            grad_compression_gpu_reduce(ProcessGroup(), &gpu, d_grads.ptr, 0, [](const char*) { cudaCheck(cudaDeviceSynchronize()); });
+            std::vector<float> want(n);
+            for (size_t i = 0; i < n; i++) want[i] = host_from_floatX(host_to_floatX(g[i]));
+            compare(want, download(d_grads), "gradients");
+            std::vector<float> residual(n);
+            cudaCheck(cudaMemcpy(residual.data(), gpu.residual, n * sizeof(float), cudaMemcpyDeviceToHost));
+            compare(cpu.residual(), residual, "residuals");
+            if (kind == "powersgd") {
+                std::vector<float> q(cpu.power.q.size());
+                cudaCheck(cudaMemcpy(q.data(), gpu.q, q.size() * sizeof(float), cudaMemcpyDeviceToHost));
+                compare(cpu.power.q, q, "Q");
+            }
+        }
+        printf("  %s: worst difference %.2e of the largest value\n", kind.c_str(), worst);
+        grad_compression_gpu_free(&gpu);
+    }
 }
 
 // 8-bit AdamW on the GPU (llmc/adamw8.cuh) against the CPU's update (llmc/adamw8.h), with the ZeRO edge

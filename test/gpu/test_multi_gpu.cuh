@@ -802,6 +802,38 @@ TEST(MultiGpuMpirun, LocalStepsMatchTheOracleAndResumeBitForBit) {
     EXPECT_EQ(test::read_text(a + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
 }
 
+// -gc powersgd -gr 2 on 2 processes (fp32) against the oracle's compression by its definition
+// (gpt2_oracle.py --powersgd, with torch's QR), with the fp32 bars of the one-process runs; the bytes of
+// each step as the start-up predicts (the two all-reduces); and -gc sign's bytes likewise. Each scheme
+// resumed from step 3 (its residuals, and Q, from each process's own state file) ends with the same bits.
+TEST(MultiGpuMpirun, CompressedGradientsMatchTheOracleAndResumeBitForBit) {
+    REQUIRE_MPIRUN_GPUS(2);
+    OptimizerRun run{"adamw", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(2) + " --powersgd 2";
+    REQUIRE_ORACLE("powersgd_r2", oracle_args);
+    std::string oracle_dir = test::oracle("powersgd_r2", oracle_args);
+    for (std::string flags : {" -gc powersgd -gr 2", " -gc sign"}) {
+        SCOPED_TRACE(flags);
+        std::string cmd = mpirun_command(2) + run.trainer_args(oracle_dir, 2, TRAINER) + flags + " -n 1";
+        std::string name = flags.find("sign") != std::string::npos ? "sign" : "powersgd";
+        std::string a = test::scratch_dir("mpi_2_gc_" + name), b = test::scratch_dir("mpi_2_gc_" + name + "_resumed");
+        test::CommandResult r = test::run_command(cmd + " -o " + a);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        expect_comm_bytes_as_predicted(r.output, a);
+        if (name == "powersgd") {
+            Agreement agree = compare_with_oracle(oracle_dir, a, run.steps);
+            expect_agreement(agree, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-2);
+        }
+        ASSERT_EQ(test::run_command("cp -r " + a + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b +
+                                    "/state_0000000[45]_* " + b + "/DONE_0000000[45]").exit_code, 0);
+        test::CommandResult resumed = test::run_command(cmd + " -y 1 -o " + b);
+        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+        EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
+        EXPECT_EQ(test::read_text(a + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
+        EXPECT_EQ(test::read_text(a + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+    }
+}
+
 // -oo 1 with ZeRO over 2 processes: each process offloads its shard of AdamW's state (-z 1), and with
 // -z 3 its shard of the parameters' updates too; the runs equal their -oo 0 twins bit for bit (the
 // CPU runs the GPU kernel's element body, llmc/optimizer_offload.cuh): the model file and both
