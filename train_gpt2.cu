@@ -899,7 +899,8 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);
         floatX* rounded = model->master_memory ? model->params_memory : nullptr;  // -lh: the floatX copy of the weights
-        local_steps_gpu_after_update(dp, &model->local, s.step, s.last, gpt2_fp32_weights(model), rounded, model->stream);
+        local_steps_gpu_after_update(dp, &model->local, s.step, s.last, gpt2_fp32_weights(model), rounded, model->grads_memory,
+                                     COMM_FLOATX, model->stream);
         gpt2_sync(model, "the parameter update");
     };
     h.eval_loss = [=](const int* inputs, const int* targets, int B, int T) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Memory- and communication-efficient training against plain data parallelism (issue 49; doc/optimizers.md
-# "8-bit AdamW", doc/data_parallel.md "Compressed gradients"): 2 data-parallel processes, 30 steps of a
+# "8-bit AdamW", doc/data_parallel.md "Moving fewer bytes"): NP (default 2) data-parallel processes, 30 steps of a
 # small GPT-2 (2 layers, C = 64, the GPT-2 vocabulary: 3.3 M parameters, most of them wte) on
 # tinyshakespeare, the same flags for every run but the one under test; prints each run's final val loss
 # against plain AdamW's, its bytes moved a step (metrics.jsonl's comm_bytes, process 0) and its state
@@ -11,20 +11,21 @@
 #   MODEL=main dev/compare_efficient.sh                      the main job's model and batch instead (d6, 400
 #       steps of 4 x 64 tokens a process, warmup 10, val every 50), with plots of val loss against steps
 #       and against MiB communicated: doc/efficient_main_steps.png, doc/efficient_main_mib.png
-# RUNS picks the runs (default: "adamw8 sign" on the CPU, "adamw8" for the CUDA trainer, which has no -gc
-# yet); Z (default 0) the ZeRO stage of all of them (-gc needs 0); STEPS (30, main: 400). Writes
+# RUNS picks the runs besides plain AdamW (default "adamw8 sign powersgd lh4"; also powersgd1 (-gr 1),
+# lh16, lh4avg (-lh 4 -lo 0)); Z (default 0) the ZeRO stage of all of them (-gc and -lh need 0); STEPS
+# (30, main: 400); REUSE=1 keeps the runs whose log has their last val loss already. Writes
 # build/compare_efficient/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trainer=${TRAINER:-train_gpt2}
 z=${Z:-0}
 model=${MODEL:-small}
-case $trainer in train_gpt2) runs=${RUNS:-adamw8 sign} ;; *) runs=${RUNS:-adamw8} ;; esac
+runs=${RUNS:-adamw8 sign powersgd lh4}
 python=$(scripts/find_python.sh)
 data=dev/data/tinyshakespeare
 [ -f $data/tinyshakespeare_train_000000.bin ] || { echo "run dev/data/tinyshakespeare.sh first" >&2; exit 1; }
 make -s "$trainer"
-out=build/compare_efficient/$trainer/$model
+out=build/compare_efficient/$trainer/$model$([ "${NP:-2}" = 2 ] || echo "_np${NP}")
 mkdir -p "$out"
 case $model in
     small)
@@ -35,8 +36,9 @@ case $model in
         steps=${STEPS:-400} val_every=50 init=d6 schedule="-u 10 -q 0.1 -m 16" ;;
     *) echo "MODEL must be small or main, not '$model'" >&2; exit 1 ;;
 esac
-launch="mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2"
-case $trainer in *_emu) launch="env EMU_DEVICE_COUNT=2 $launch -x EMU_DEVICE_COUNT" ;; esac
+np=${NP:-2}
+launch="mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np"
+case $trainer in *_emu) launch="env EMU_DEVICE_COUNT=$np $launch -x EMU_DEVICE_COUNT" ;; esac
 flags_of() {
     case $1 in
         adamw) echo "" ;;
@@ -51,6 +53,7 @@ flags_of() {
     esac
 }
 for run in adamw $runs; do
+    if [ "${REUSE:-0}" = 1 ] && grep -q "^step $steps: val loss" "$out/$run.log" 2>/dev/null; then continue; fi
     rm -rf "${out:?}/$run"
     OMP_NUM_THREADS=1 $launch ./$trainer -e "$init" -i "$data/tinyshakespeare_train_*.bin" \
         -j "$data/tinyshakespeare_val_*.bin" -b 4 -t 64 -x "$steps" -l 1e-3 $schedule -c 0.1 -v "$val_every" -s 0 \
@@ -59,7 +62,7 @@ done
 val() { grep 'val loss' "$out/$1.log" | tail -1 | awk '{print $NF}'; }
 state() { cat "$out/$1"/state_*_00000.bin | wc -c; }
 bytes() { grep -o '"comm_bytes": [0-9]*' "$out/$1/metrics.jsonl" | awk '{s += $2; n++} END {printf "%.0f", s / n}'; }
-echo "$trainer, 2 processes, -z $z, MODEL=$model, $steps steps"
+echo "$trainer, $np processes, -z $z, MODEL=$model, $steps steps"
 printf "  %-8s %10s %9s %14s %9s %12s %9s\n" run "val loss" "vs adamw" "bytes a step" "vs adamw" "state file" "vs adamw"
 for run in adamw $runs; do
     awk -v r="$run" -v v="$(val $run)" -v v0="$(val adamw)" -v b="$(bytes $run)" -v b0="$(bytes adamw)" \

@@ -608,7 +608,7 @@ void print_predictions_and_memory(const GPT2Plan* model, const TrainArgs& args, 
                predicted_comm_bytes(model, micro_steps), layout.zero_stage, layout.dp, layout.tp, layout.pp, micro_steps);
         if (model->local_steps > 0) {
             printf("communication: -lh %d: %.0f bytes at each synchronization (after every %d steps and the last)\n",
-                   model->local_steps, local_steps_sync_bytes(model->num_parameters, layout.dp), model->local_steps);
+                   model->local_steps, local_steps_sync_bytes(model->num_parameters, layout.dp, sizeof(floatX)), model->local_steps);
         }
     }
     size_t free_bytes, total_bytes;

@@ -293,13 +293,7 @@ TEST(PowerSgd, TwoProcessesFollowTheOracleAndResumeBitForBit) {
     EXPECT_NE(s0.sections[0].bytes, s1.sections[0].bytes) << "each process's own residuals";
     EXPECT_EQ(s0.sections[1].bytes, s1.sections[1].bytes) << "one Q";
     EXPECT_EQ(s0.sections[1].bytes.size(), q_length * sizeof(float));
-    ASSERT_EQ(test::run_command("cp -r " + dir + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " +
-                                b + "/DONE_0000000[45]").exit_code, 0);
-    test::CommandResult rb = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -gc powersgd -gr 2 -n 1 -y 1 -o " + b);
-    ASSERT_EQ(rb.exit_code, 0) << rb.output;
-    EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
-    EXPECT_EQ(test::read_text(dir + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
-    EXPECT_EQ(test::read_text(dir + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+    test::expect_resume_from_step_3_same_bits(launch + run.trainer_args(oracle_dir, 2) + " -gc powersgd -gr 2 -n 1", dir, b);
     // another rank: the residuals carry over, Q starts afresh; -gc sign takes the residuals alone
     test::CommandResult other = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -gc powersgd -gr 1 -y 1 -o " + b);
     EXPECT_EQ(other.exit_code, 0) << other.output;
@@ -370,14 +364,7 @@ TEST(LocalSteps, TwoReplicasFollowTheOracleAndResumeBitForBit) {
         EXPECT_NE(s0.m, s1.m) << "each replica's own moments";
         if (outer != "nesterov") continue;
         std::string b = test::scratch_dir("lh_resumed");
-        ASSERT_EQ(test::run_command("cp -r " + dir + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " +
-                                    b + "/DONE_0000000[45]").exit_code, 0);
-        test::CommandResult rb = test::run_command(launch + run.trainer_args(oracle_dir, 2) + " -lh 2 -n 1 -y 1 -o " + b);
-        ASSERT_EQ(rb.exit_code, 0) << rb.output;
-        EXPECT_NE(rb.output.find("continuing from step 3"), std::string::npos) << rb.output;
-        EXPECT_EQ(test::read_text(dir + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
-        EXPECT_EQ(test::read_text(dir + "/state_00000004_00001.bin"), test::read_text(b + "/state_00000004_00001.bin"));
-        EXPECT_EQ(test::read_text(dir + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+        test::expect_resume_from_step_3_same_bits(launch + run.trainer_args(oracle_dir, 2) + " -lh 2 -n 1", dir, b);
         // the state is each process's: another process count is refused; a run without -lh drops it (its
         // processes take process 0's replica: the model file, and process 0's moments)
         std::string launch4 = "OMP_NUM_THREADS=1 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 4 ";

@@ -277,4 +277,17 @@ inline CommandResult run_with_file_limit(const std::string& command, long limit_
     return run_command("bash -c '" + quoted + "'");
 }
 
+// A 5-step run in `a` with a checkpoint every step, copied to `b` without its checkpoints 4 and 5, resumed
+// there with `command` -y 1 (it must say it continues from step 3) must end with a's bits: the model file
+// and process 1's state file of step 5.
+inline void expect_resume_from_step_3_same_bits(const std::string& command, const std::string& a, const std::string& b) {
+    ASSERT_EQ(run_command("cp -r " + a + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " + b +
+                          "/DONE_0000000[45]").exit_code, 0);
+    CommandResult resumed = run_command(command + " -y 1 -o " + b);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
+    EXPECT_EQ(read_text(a + "/model_00000005.bin"), read_text(b + "/model_00000005.bin"));
+    EXPECT_EQ(read_text(a + "/state_00000005_00001.bin"), read_text(b + "/state_00000005_00001.bin"));
+}
+
 }  // namespace test

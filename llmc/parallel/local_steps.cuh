@@ -1,8 +1,10 @@
 // Local steps (-lh H) on the GPU: llmc/parallel/local_steps.h's scheme with its anchor and outer momentum
 // in device memory, the synchronization as two element-wise kernels around the same all-reduce, and the
 // same outer_element. The fp32 weights it moves are the master weights (the bf16 build's -w 1, which -lh
-// needs: args.h), or the parameters themselves in the fp32 build; the floatX parameters are then
-// rounded to nearest from them, the same on every process.
+// needs: gpt2_plan_init), or the parameters themselves in the fp32 build; the floatX parameters are then
+// rounded to nearest from them, the same on every process. The changes travel in the build's floatX, as
+// its gradients do (bf16: half the CPU trainer's bytes; a change's rounding, 2^-9 of it, is far below a
+// bf16 parameter's), in the gradient buffer, which the update has used and the next step clears.
 #pragma once
 
 #include <vector>
@@ -18,10 +20,11 @@ struct LocalStepsGpu {
     size_t n = 0;
 };
 
-// Starts -lh (the note, the device state; the anchor = weights, n fp32 on the device); false without it.
+// Starts -lh (the note, the device state; the anchor = weights, n fp32 on the device) for changes sent as
+// floatX; false without it.
 inline bool local_steps_gpu_start(int every, int outer, const ProcessGroup& dp, const float* weights, size_t n,
                                   LocalStepsGpu* ls) {
-    if (!local_steps_configure(every, outer, dp, n, &ls->scheme)) return false;
+    if (!local_steps_configure(every, outer, dp, n, &ls->scheme, sizeof(floatX))) return false;
     ls->n = n;
     cudaCheck(cudaMalloc(&ls->anchor, n * sizeof(float)));
     cudaCheck(cudaMemcpy(ls->anchor, weights, n * sizeof(float), cudaMemcpyDeviceToDevice));
@@ -38,36 +41,39 @@ inline void local_steps_gpu_free(LocalStepsGpu* ls) {
     ls->anchor = ls->momentum = nullptr;
 }
 
-__global__ void local_steps_change_kernel(float* weights, const float* anchor, size_t n) {
+template <typename T>
+__global__ void local_steps_change_kernel(T* change, const float* weights, const float* anchor, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) weights[i] = anchor[i] - weights[i];
+    if (i < n) change[i] = (T)(anchor[i] - weights[i]);
 }
 
-// weights hold the all-reduced changes; params (null in the fp32 build without master weights, where the
+// change holds the all-reduced changes; params (null in the fp32 build without master weights, where the
 // weights are the parameters) get the new weights rounded to nearest.
 template <typename T>
-__global__ void local_steps_outer_kernel(float* weights, T* params, float* anchor, float* momentum, size_t n,
+__global__ void local_steps_outer_kernel(float* weights, T* params, const T* change, float* anchor, float* momentum, size_t n,
                                          float inv_processes) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float unused = 0.0f;
-    float x = outer_element(anchor[i], weights[i], inv_processes, momentum ? &momentum[i] : &unused, momentum != nullptr);
+    float x = outer_element(anchor[i], (float)change[i], inv_processes, momentum ? &momentum[i] : &unused, momentum != nullptr);
     anchor[i] = x;
     weights[i] = x;
     if (params) params[i] = (T)x;
 }
 
 // The synchronization (a collective of the data-parallel group, queued on the stream the group's
-// collectives follow): weights (n fp32) become the outer step's; params, when not null, their floatX copy.
+// collectives follow): weights (n fp32) become the outer step's; params, when not null, their floatX copy;
+// change (n of T, `type` for the all-reduce) is scratch.
 template <typename T>
-void local_steps_gpu_sync(const ProcessGroup& dp, LocalStepsGpu* ls, float* weights, T* params, cudaStream_t stream) {
+void local_steps_gpu_sync(const ProcessGroup& dp, LocalStepsGpu* ls, float* weights, T* params, T* change, CommType type,
+                          cudaStream_t stream) {
     const int threads = 256;
     const unsigned blocks = (unsigned)((ls->n + threads - 1) / threads);
-    local_steps_change_kernel<<<blocks, threads, 0, stream>>>(weights, ls->anchor, ls->n);
+    local_steps_change_kernel<T><<<blocks, threads, 0, stream>>>(change, weights, ls->anchor, ls->n);
     cudaCheck(cudaGetLastError());
-    all_reduce(dp, weights, ls->n, COMM_FLOAT32, COMM_SUM);
+    all_reduce(dp, change, ls->n, type, COMM_SUM);
     comm_join(dp);
-    local_steps_outer_kernel<T><<<blocks, threads, 0, stream>>>(weights, params, ls->anchor, ls->momentum, ls->n,
+    local_steps_outer_kernel<T><<<blocks, threads, 0, stream>>>(weights, params, change, ls->anchor, ls->momentum, ls->n,
                                                                 1.0f / (float)dp.size);
     cudaCheck(cudaGetLastError());
 }
@@ -75,8 +81,8 @@ void local_steps_gpu_sync(const ProcessGroup& dp, LocalStepsGpu* ls, float* weig
 // The end of step `step`'s update (last: the run's last step): the synchronization when it is due.
 template <typename T>
 void local_steps_gpu_after_update(const ProcessGroup& dp, LocalStepsGpu* ls, int step, bool last, float* weights, T* params,
-                                  cudaStream_t stream) {
-    if (local_steps_sync_due(ls->scheme, step, last)) local_steps_gpu_sync(dp, ls, weights, params, stream);
+                                  T* change, CommType type, cudaStream_t stream) {
+    if (local_steps_sync_due(ls->scheme, step, last)) local_steps_gpu_sync(dp, ls, weights, params, change, type, stream);
 }
 
 // The checkpoint section: params (this process's parameters as fp32 host values), the anchor and the

@@ -67,15 +67,17 @@ inline bool local_steps_sync_due(const LocalSteps& ls, int step, bool last) {
 // The bytes of a process's -lh state (the memory plan): the anchor, and the outer momentum with -lo 1.
 inline size_t local_steps_state_bytes(size_t n, int outer) { return (outer == 1 ? 2 : 1) * n * sizeof(float); }
 
-// The bytes one synchronization moves per process: the ring all-reduce of N fp32 (comm.h's count).
-inline double local_steps_sync_bytes(size_t n, int processes) {
-    return 2.0 * 2.0 * (double)(n - n / processes) * sizeof(float);
+// The bytes one synchronization moves per process: the ring all-reduce of N values of `bytes` each (fp32;
+// the CUDA trainer's floatX), comm.h's count.
+inline double local_steps_sync_bytes(size_t n, int processes, size_t bytes = sizeof(float)) {
+    return 2.0 * 2.0 * (double)(n - n / processes) * bytes;
 }
 
-// -lh at start-up, the scheme's settings (ls->every, nesterov) and its note: true when the run takes local
-// steps; with one data-parallel process there is nothing to synchronize (a note says so). The trainer then
+// -lh at start-up, the scheme's settings (ls->every, nesterov) and its note (the changes sent as values of
+// value_bytes); true when the run takes local steps; with one data-parallel process there is nothing to synchronize (a note says so). The trainer then
 // sets the anchor to its parameters and the momentum to 0.
-inline bool local_steps_configure(int every, int outer, const ProcessGroup& dp, size_t n, LocalSteps* ls) {
+inline bool local_steps_configure(int every, int outer, const ProcessGroup& dp, size_t n, LocalSteps* ls,
+                                  size_t value_bytes = sizeof(float)) {
     if (every == 0) return false;
     if (dp.size == 1) {
         printf("local steps: one data-parallel process, nothing to synchronize: -lh %d runs as every step\n", every);
@@ -84,9 +86,9 @@ inline bool local_steps_configure(int every, int outer, const ProcessGroup& dp, 
     ls->every = every;
     ls->nesterov = outer == 1;
     printf("local steps: -lh %d, each replica alone for %d steps, then %s; %.0f bytes a synchronization per process "
-           "(the parameters' all-reduce, as big as the gradients' every step without -lh)\n", every, every,
+           "(the changes' all-reduce, as big as the gradients' every step without -lh)\n", every, every,
            ls->nesterov ? "DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on the mean change" : "the replicas' mean",
-           local_steps_sync_bytes(n, dp.size));
+           local_steps_sync_bytes(n, dp.size, value_bytes));
     return true;
 }
 

@@ -793,13 +793,7 @@ TEST(MultiGpuMpirun, LocalStepsMatchTheOracleAndResumeBitForBit) {
               std::string::npos) << r.output;
     ASSERT_EQ(agree.comm_bytes.size(), 5u);
     for (int s = 0; s < 5; s++) EXPECT_EQ(agree.comm_bytes[s], s == 1 || s == 3 || s == 4 ? sync : 0.0) << "step " << s;
-    ASSERT_EQ(test::run_command("cp -r " + a + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b + "/state_0000000[45]_* " +
-                                b + "/DONE_0000000[45]").exit_code, 0);
-    test::CommandResult resumed = test::run_command(cmd + " -y 1 -o " + b);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
-    EXPECT_EQ(test::read_text(a + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
-    EXPECT_EQ(test::read_text(a + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+    test::expect_resume_from_step_3_same_bits(cmd, a, b);
 }
 
 // -gc powersgd -gr 2 on 2 processes (fp32) against the oracle's compression by its definition
@@ -824,13 +818,7 @@ TEST(MultiGpuMpirun, CompressedGradientsMatchTheOracleAndResumeBitForBit) {
             Agreement agree = compare_with_oracle(oracle_dir, a, run.steps);
             expect_agreement(agree, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-2);
         }
-        ASSERT_EQ(test::run_command("cp -r " + a + "/. " + b + " && rm " + b + "/model_0000000[45].bin " + b +
-                                    "/state_0000000[45]_* " + b + "/DONE_0000000[45]").exit_code, 0);
-        test::CommandResult resumed = test::run_command(cmd + " -y 1 -o " + b);
-        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-        EXPECT_NE(resumed.output.find("continuing from step 3"), std::string::npos) << resumed.output;
-        EXPECT_EQ(test::read_text(a + "/model_00000005.bin"), test::read_text(b + "/model_00000005.bin"));
-        EXPECT_EQ(test::read_text(a + "/state_00000005_00001.bin"), test::read_text(b + "/state_00000005_00001.bin"));
+        test::expect_resume_from_step_3_same_bits(cmd, a, b);
     }
 }
 
