@@ -663,6 +663,40 @@ TEST(MultiGpuMpirun, TwoTrainersInOneLaunchAreStoppedNamingEach) {
     EXPECT_LT(seconds, 20 + 60) << r.output;
 }
 
+#if !defined(ENABLE_FP32)
+// The bf16 build's side of -lh and -gc (the fp32 build's tests follow the oracle): the bf16 parameters
+// rounded from the master weights after a synchronization, the changes and gradients sent in bf16 or
+// compressed from bf16; each run's bytes as predicted (-gc: every step; -lh: the start-up's count at
+// every second step and the last, nothing between), and each resumed from step 3 ends with its bits.
+TEST(MultiGpuMpirun, BytesSavingFlagsResumeBitForBitInBf16) {
+    REQUIRE_MPIRUN_GPUS(2);
+    OptimizerRun run{"adamw", 1e-3, 0.02};
+    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(2) + " --local-steps 2 --outer nesterov";
+    REQUIRE_ORACLE("local_steps_nesterov", oracle_args);
+    std::string oracle_dir = test::oracle("local_steps_nesterov", oracle_args);
+    int k = 0;
+    for (std::string flags : {" -lh 2", " -gc powersgd -gr 2", " -gc sign"}) {
+        SCOPED_TRACE(flags);
+        std::string cmd = mpirun_command(2) + run.trainer_args(oracle_dir, 2, TRAINER) + flags + " -n 1";
+        std::string a = test::scratch_dir("bf16_saving_" + std::to_string(k)), b = test::scratch_dir("bf16_saving_r" + std::to_string(k++));
+        test::CommandResult r = test::run_command(cmd + " -o " + a);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        if (flags.find("-gc") != std::string::npos) {
+            expect_comm_bytes_as_predicted(r.output, a);
+        } else {
+            double sync = 0;
+            size_t at = r.output.find("communication: -lh 2: ");
+            ASSERT_NE(at, std::string::npos) << r.output;
+            ASSERT_EQ(sscanf(r.output.c_str() + at, "communication: -lh 2: %lf bytes", &sync), 1);
+            std::vector<double> counted = test::jsonl_values(a + "/metrics.jsonl", "comm_bytes");
+            ASSERT_EQ(counted.size(), 5u);
+            for (int s = 0; s < 5; s++) EXPECT_EQ(counted[s], s == 1 || s == 3 || s == 4 ? sync : 0.0) << "step " << s;
+        }
+        test::expect_resume_from_step_3_same_bits(cmd, a, b);
+    }
+}
+#endif
+
 #if defined(ENABLE_FP32)
 // The issue's acceptance check: `mpirun -np 3 train_gpt2fp32cu -z 1` on a small model follows the CPU
 // trainer (one process, 3-fold accumulation, the same global batch) to fp32 noise.
