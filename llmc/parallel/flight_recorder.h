@@ -46,6 +46,7 @@ struct FlightRecorder {
     int rank = 0;
     long step = -1;
     bool dumped = false;
+    bool frozen = false;  // flight_freeze: no entry ends from here on
 };
 
 inline FlightRecorder& flight_recorder() {
@@ -79,7 +80,15 @@ inline void flight_end(uint64_t seq) {
     FlightRecorder& r = flight_recorder();
     std::lock_guard<std::mutex> lock(r.mutex);
     FlightEntry& e = r.ring[seq % FLIGHT_ENTRIES];
-    if (e.seq == seq) e.end_s = flight_now(r);
+    if (e.seq == seq && !r.frozen) e.end_s = flight_now(r);
+}
+
+// The recorder as it is when a watchdog fires: a collective it waits in that returns later (with an
+// error, once another process has ended the run) stays "not returned" in the file written after the
+// watchdog has asked the others, so the file shows where this process was waiting.
+inline void flight_freeze() {
+    std::lock_guard<std::mutex> lock(flight_recorder().mutex);
+    flight_recorder().frozen = true;
 }
 
 // The newest entry (seq 0 when there is none).

@@ -231,6 +231,7 @@ inline void watchdog_serve(Watchdog& w, std::vector<MPI_Request>* sends, std::ve
 
 // This process's wait ran out: ask everyone, report, end the run.
 [[noreturn]] inline void watchdog_fire(Watchdog& w, std::vector<MPI_Request>* sends, std::vector<WatchdogAnswer*>* buffers) {
+    flight_freeze();  // the wait that ran out stays open in the recorder, whatever ends it while we ask
     WatchdogAnswer me;
     const std::vector<int>* members;
     double limit;
