@@ -8,8 +8,8 @@
 //
 // Per step, after the backward (the buckets' reductions do not run, gpt2_plan_init):
 //   sign      encode (a thread per 64-element block) -> all-gather of every process's words -> decode
-//   powersgd  M = g + e and P = M Q (a thread per row) -> all-reduce of P and the vectors -> vectors back,
-//             P to the host, Gram-Schmidt, back -> Q = M^T P (a thread per column) -> all-reduce of Q ->
+//   powersgd  M = g + e, P = M Q (a thread per element of P) -> all-reduce of P and the vectors -> vectors
+//             back, P to the host, Gram-Schmidt, back -> Q = M^T P (a thread per element) -> all-reduce of Q ->
 //             g = P Q^T and e = M - g / P (a thread per element); a non-finite Q restarts from its first value
 #pragma once
 
@@ -179,22 +179,24 @@ void sign_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, c
 // ---------------------------------------------------------------------------------------------------
 // PowerSGD (the sums in powersgd.h's order: over a row's columns, a column's rows, a product's R terms)
 
-// Row r of matrix t: M = g + e (kept in e), P's row = M's row times Q.
+// Element x of matrix t: M = g + e, kept in e.
 template <typename T>
-__global__ void powersgd_p_kernel(const T* grads, float* residual, const float* q, float* p, const PowerSgdTensorGpu t, int R) {
-    size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= t.rows) return;
-    double acc[64];
-    for (int j = 0; j < R; j++) acc[j] = 0.0;
-    float* m = residual + t.offset + r * t.cols;
-    const T* g = grads + t.offset + r * t.cols;
+__global__ void powersgd_add_kernel(const T* grads, float* residual, const PowerSgdTensorGpu t) {
+    size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x < (size_t)t.rows * t.cols) residual[t.offset + x] += (float)grads[t.offset + x];
+}
+
+// P's element (r, j) of matrix t: M's row r times Q's column j (a thread each: one sum in registers).
+__global__ void powersgd_p_kernel(const float* residual, const float* q, float* p, const PowerSgdTensorGpu t, int R) {
+    size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= (size_t)t.rows * R) return;
+    size_t r = x / R;
+    int j = (int)(x % R);
+    const float* m = residual + t.offset + r * t.cols;
     const float* qt = q + t.q_first;
-    for (size_t c = 0; c < t.cols; c++) {
-        float x = m[c] + (float)g[c];
-        m[c] = x;
-        for (int j = 0; j < R; j++) acc[j] += (double)x * qt[c * R + j];
-    }
-    for (int j = 0; j < R; j++) p[t.p_first + r * R + j] = (float)acc[j];
+    double acc = 0.0;
+    for (size_t c = 0; c < t.cols; c++) acc += (double)m[c] * qt[c * R + j];
+    p[t.p_first + x] = (float)acc;
 }
 
 // An exact tensor's elements into P's tail (to_p) or back from it.
@@ -207,19 +209,17 @@ __global__ void powersgd_exact_kernel(T* grads, float* p, const PowerSgdTensorGp
     else grads[t.offset + i] = (T)p[t.p_first + i];
 }
 
-// Column c of matrix t: Q's row c = M's column c times P^.
+// Q's element (c, j) of matrix t: M's column c times P^'s column j.
 __global__ void powersgd_q_kernel(const float* residual, const float* p, float* q, const PowerSgdTensorGpu t, int R) {
-    size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= t.cols) return;
-    double acc[64];
-    for (int j = 0; j < R; j++) acc[j] = 0.0;
+    size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= (size_t)t.cols * R) return;
+    size_t c = x / R;
+    int j = (int)(x % R);
     const float* m = residual + t.offset;
     const float* pt = p + t.p_first;
-    for (size_t i = 0; i < t.rows; i++) {
-        double x = m[i * t.cols + c];
-        for (int j = 0; j < R; j++) acc[j] += x * pt[i * R + j];
-    }
-    for (int j = 0; j < R; j++) q[t.q_first + c * R + j] = (float)acc[j];
+    double acc = 0.0;
+    for (size_t i = 0; i < t.rows; i++) acc += (double)m[i * t.cols + c] * pt[i * R + j];
+    q[t.q_first + x] = (float)acc;
 }
 
 // Element x of matrix t: g = P^ Q^T, e = M - g / P.
@@ -254,7 +254,8 @@ void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grad
     auto blocks = [&](size_t count) { return (unsigned)((count + threads - 1) / threads); };
     const unsigned E = (unsigned)gc->num_exact;
     for (const PowerSgdTensorGpu& t : gc->matrices) {
-        powersgd_p_kernel<T><<<blocks(t.rows), threads, 0, stream>>>(grads, gc->residual, gc->q, gc->p, t, R);
+        powersgd_add_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->residual, t);
+        powersgd_p_kernel<<<blocks((size_t)t.rows * R), threads, 0, stream>>>(gc->residual, gc->q, gc->p, t, R);
     }
     if (E) powersgd_exact_kernel<T><<<dim3(blocks(gc->max_exact), E), threads, 0, stream>>>(grads, gc->p, gc->exact, true);
     cudaCheck(cudaGetLastError());
@@ -274,7 +275,7 @@ void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grad
     // (from pageable memory: the call returns once p_host has been read)
     cudaCheck(cudaMemcpyAsync(gc->p, gc->p_host.data(), matrices_p * sizeof(float), cudaMemcpyHostToDevice, stream));
     for (const PowerSgdTensorGpu& t : gc->matrices) {
-        powersgd_q_kernel<<<blocks(t.cols), threads, 0, stream>>>(gc->residual, gc->p, gc->q_new, t, R);
+        powersgd_q_kernel<<<blocks((size_t)t.cols * R), threads, 0, stream>>>(gc->residual, gc->p, gc->q_new, t, R);
     }
     cudaCheck(cudaGetLastError());
     all_reduce(dp, gc->q_new, ps.q_length, COMM_FLOAT32, COMM_SUM);

@@ -54,8 +54,9 @@ __global__ void local_steps_outer_kernel(float* weights, T* params, const T* cha
                                          float inv_processes) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float unused = 0.0f;
-    float x = outer_element(anchor[i], (float)change[i], inv_processes, momentum ? &momentum[i] : &unused, momentum != nullptr);
+    float u = momentum ? momentum[i] : 0.0f;  // (a register: no pointer chosen at run time)
+    float x = outer_element(anchor[i], (float)change[i], inv_processes, &u, momentum != nullptr);
+    if (momentum) momentum[i] = u;
     anchor[i] = x;
     weights[i] = x;
     if (params) params[i] = (T)x;
