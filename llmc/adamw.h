@@ -15,18 +15,14 @@
 #include <immintrin.h>
 #endif
 
-#ifdef __CUDACC__
-#define ADAMW_HOST_DEVICE __host__ __device__
-#else
-#define ADAMW_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 // One element's update, on the GPU (llmc/adamw.cuh's kernels) and on the CPU (-oo 1, llmc/optimizer_offload.cuh;
 // 8-bit AdamW's, llmc/adamw8.h, on its decoded moments):
 // one body, so the two give the same bits. Every multiply-add is an explicit fmaf and nothing else
 // can be contracted, so no compiler (nvcc, g++, with FMA or without) is free to fuse differently; the
 // division and sqrtf are IEEE-rounded on both (no --use_fast_math). Returns the new fp32 value of p.
-ADAMW_HOST_DEVICE inline float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1,
+HOST_DEVICE inline float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1,
                                                float beta2, float bias_correction1, float bias_correction2,
                                                float eps, float weight_decay, float grad_scale) {
     float g = grad * grad_scale;

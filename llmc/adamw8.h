@@ -73,7 +73,7 @@ inline const Adamw8Tables& adamw8_tables() {
 // rounded down (and clamped) for the real thresholds; log2(x) is estimated from x's exponent and
 // mantissa (E + f - 1, within 0.09 of it: within one threshold), and the table's own (float) thresholds
 // then settle it, so the result is the table's count exactly, as a search of it would give.
-ADAMW_HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold) {
+HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold) {
     if (!(x >= threshold[0])) return 0;
     uint32_t bits;
     memcpy(&bits, &x, sizeof(bits));
@@ -89,22 +89,22 @@ ADAMW_HOST_DEVICE inline uint8_t adamw8_code_v(float x, const float* threshold) 
 }
 
 // m's code of m with the block's factor r = 127 / a.
-ADAMW_HOST_DEVICE inline int8_t adamw8_code_m(float m, float r) {
+HOST_DEVICE inline int8_t adamw8_code_m(float m, float r) {
     return (int8_t)fminf(127.0f, fmaxf(-127.0f, rintf(m * r)));
 }
 
-ADAMW_HOST_DEVICE inline float adamw8_decode_m(int8_t q, float a) { return (float)q * (a / 127.0f); }
-ADAMW_HOST_DEVICE inline float adamw8_decode_v(uint8_t q, float b, const float* level) { return b * level[q]; }
+HOST_DEVICE inline float adamw8_decode_m(int8_t q, float a) { return (float)q * (a / 127.0f); }
+HOST_DEVICE inline float adamw8_decode_v(uint8_t q, float b, const float* level) { return b * level[q]; }
 
 // One element's codes, with the block's maxima a = max |m| (as r = 127 / a, 0 when a = 0) and b = max v.
-ADAMW_HOST_DEVICE inline void adamw8_encode_element(float m, float v, float r, float b, const float* threshold,
+HOST_DEVICE inline void adamw8_encode_element(float m, float v, float r, float b, const float* threshold,
                                                      int8_t* qm, uint8_t* qv) {
     uint8_t cv = b > 0.0f ? adamw8_code_v(v / b, threshold) : 0;
     *qv = cv;
     *qm = cv == 0 ? 0 : adamw8_code_m(m, r);
 }
 
-ADAMW_HOST_DEVICE inline float adamw8_ratio(float a) { return a > 0.0f ? 127.0f / a : 0.0f; }
+HOST_DEVICE inline float adamw8_ratio(float a) { return a > 0.0f ? 127.0f / a : 0.0f; }
 
 // Encodes a block's new moments (n elements) with its maxima a = max |m|, b = max v.
 inline void adamw8_encode(const float* m, const float* v, size_t n, float a, float b, int8_t* qm, uint8_t* qv) {

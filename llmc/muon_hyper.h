@@ -6,11 +6,7 @@
 #include <cmath>
 #include <cstddef>
 
-#ifdef __CUDACC__
-#define MUON_HOST_DEVICE __host__ __device__
-#else
-#define MUON_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 struct MuonHyper {
     float momentum = 0.95f;
@@ -21,7 +17,7 @@ struct MuonHyper {
 
 // torch.lerp(start, end, w): start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w), the
 // two forms that keep the result exact at w = 0 and w = 1.
-MUON_HOST_DEVICE inline float lerp_as_torch(float start, float end, float w) {
+HOST_DEVICE inline float lerp_as_torch(float start, float end, float w) {
     return fabsf(w) < 0.5f ? start + w * (end - start) : end - (end - start) * (1.0f - w);
 }
 

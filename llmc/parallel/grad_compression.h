@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../host_device.h"
 #include "../io/state_file.h"
 #include "../optimizer.h"
 #include "comm.h"
@@ -82,13 +83,7 @@ inline double sign_compression_bytes(const SignCompression& sc, int processes) {
     return 2.0 * (processes - 1) * (double)sc.block_words * sizeof(uint64_t);
 }
 
-#ifdef __CUDACC__
-#define GC_HOST_DEVICE __host__ __device__
-#else
-#define GC_HOST_DEVICE
-#endif
-
-GC_HOST_DEVICE inline bool gc_finite(float x) {
+HOST_DEVICE inline bool gc_finite(float x) {
 #ifdef __CUDA_ARCH__
     return isfinite(x);
 #else
@@ -100,7 +95,7 @@ GC_HOST_DEVICE inline bool gc_finite(float x) {
 // the new residual. Sums in double in index order: the same bits on every machine, host or GPU (T: the
 // gradient's type, fp32 or the CUDA build's floatX).
 template <typename T>
-GC_HOST_DEVICE inline void sign_encode_block(const T* g, float* e, size_t n, uint64_t* word, float* scale) {
+HOST_DEVICE inline void sign_encode_block(const T* g, float* e, size_t n, uint64_t* word, float* scale) {
     double l1 = 0.0;
     for (size_t i = 0; i < n; i++) l1 += fabs((double)((float)g[i] + e[i]));
     const float s = *scale = (float)(l1 / (double)n);
@@ -118,7 +113,7 @@ GC_HOST_DEVICE inline void sign_encode_block(const T* g, float* e, size_t n, uin
 // Element j of block `block` (= its word: SIGN_BLOCK is 64) from every process's word and scale in
 // `gathered` (P parts of W words: `words` words of bits, then the scales, two a word), summed in rank
 // order from 0.
-GC_HOST_DEVICE inline float sign_decode_element(const uint64_t* gathered, size_t W, size_t words, size_t block, int P, int j) {
+HOST_DEVICE inline float sign_decode_element(const uint64_t* gathered, size_t W, size_t words, size_t block, int P, int j) {
     float sum = 0.0f;
     for (int p = 0; p < P; p++) {
         const uint64_t* part = gathered + (size_t)p * W;

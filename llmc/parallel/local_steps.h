@@ -30,22 +30,17 @@
 #include <string>
 #include <vector>
 
+#include "../host_device.h"
 #include "../io/state_file.h"
 #include "../utils.h"
 #include "comm.h"
-
-#ifdef __CUDACC__
-#define OUTER_HOST_DEVICE __host__ __device__
-#else
-#define OUTER_HOST_DEVICE
-#endif
 
 // DiLoCo's outer Nesterov step (the paper's setting, kept for any H).
 constexpr float OUTER_LR = 0.7f, OUTER_MOMENTUM = 0.9f;
 
 // One parameter's synchronization: delta_sum = sum_p (anchor - theta_p) as the all-reduce left it;
 // returns the new parameter (also the new anchor). u: the outer momentum (-lo 1).
-OUTER_HOST_DEVICE inline float outer_element(float anchor, float delta_sum, float inv_processes, float* u, bool nesterov) {
+HOST_DEVICE inline float outer_element(float anchor, float delta_sum, float inv_processes, float* u, bool nesterov) {
     float d = delta_sum * inv_processes;
     if (!nesterov) return anchor - d;
     *u = OUTER_MOMENTUM * *u + d;
