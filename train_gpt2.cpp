@@ -37,6 +37,7 @@ Run `./train_gpt2 -h` for the flags; README.md shows a complete run.
 #include "llmc/muon.h"
 #include "llmc/optimizer.h"
 #include "llmc/parallel/comm_mpi.h"
+#include "llmc/parallel/context_parallel.h"
 #include "llmc/parallel/grad_completion.h"
 #include "llmc/parallel/grad_compression.h"
 #include "llmc/parallel/local_steps.h"
@@ -119,6 +120,7 @@ struct GPT2 {
     GradCompression compression;
     // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.h); every 0: every step
     LocalSteps local;
+    ContextParallel cp;  // -cp: this process's positions of every sequence (llmc/parallel/context_parallel.h)
     // this process's place in the run (llmc/parallel/layout.h): its groups, ZeRO stage, layers.
     // With tensor parallelism (tp > 1) the arrays above hold this rank's slices, and num_parameters
     // and param_sizes/offsets are local (llmc/parallel/model_state.h moves state to and from the whole)
@@ -254,11 +256,14 @@ void gpt2_use_activation_slot(GPT2* model, int slot);
 // flight, llmc/parallel/pipeline.h), and the backward scratch.
 void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     const GPT2Config& cfg = model->config;
-    size_t tp = model->layout.tp;  // tensor parallelism: this rank's C/tp columns and Vp/tp logits
+    size_t tp = model->layout.tp, cp = model->layout.cp;  // this rank's C/tp columns, Vp/tp logits, T/cp positions
     bool sp = model->layout.sequence_parallel;
-    size_t total = layout_activations(nullptr, nullptr, cfg, B, T, model->recompute, tp, model->last_stage(), sp);
+    int Tl = T / (int)cp;
+    size_t total = layout_activations(nullptr, nullptr, cfg, B, Tl, model->recompute, tp, model->last_stage(), sp, cp);
     model->acts_memory.assign(total * slots, 0.0f);
-    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, T, model->recompute, tp, model->last_stage(), sp);
+    layout_activations(&model->acts, model->acts_memory.data(), cfg, B, Tl, model->recompute, tp, model->last_stage(), sp, cp);
+    context_parallel_start(model->layout.cp_group, model->layout.cp_mode, B, T, cfg.channels, cfg.channels / tp,
+                           cfg.num_heads / tp, &model->cp);
     model->acts_per_slot = total;
     model->act_slots = slots;
     model->act_slot = 0;
@@ -268,7 +273,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
                               &model->scratch.dqkv, &model->scratch.dfch, &model->scratch.dfch_gelu,
                               &model->scratch.dlogits, &model->scratch.gathered};
     size_t scratch_sizes[NUM_SCRATCH_TENSORS];
-    backward_scratch_sizes(cfg, B, T, tp, model->last_stage(), scratch_sizes, sp);
+    backward_scratch_sizes(cfg, B, Tl, tp, model->last_stage(), scratch_sizes, sp);
     size_t scratch_total = 0;
     for (size_t s : scratch_sizes) scratch_total += s;
     model->scratch_memory.assign(scratch_total, 0.0f);
@@ -282,7 +287,7 @@ void gpt2_allocate_activations(GPT2* model, int B, int T, int slots = 1) {
     printf("activations: %.1f MiB for B=%d T=%d at recompute -r %d (-r 0/1/2/3:", total * slots * 4.0 / (1 << 20), B,
            T, model->recompute);
     for (int r = 0; r <= 3; r++) {
-        printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, T, r, tp, model->last_stage(), sp) * 4.0 / (1 << 20));
+        printf(" %.1f", layout_activations(nullptr, nullptr, cfg, B, Tl, r, tp, model->last_stage(), sp, cp) * 4.0 / (1 << 20));
     }
     printf(" MiB a set), %d set(s), backward scratch %.1f MiB\n", slots, scratch_total * 4.0 / (1 << 20));
 }
@@ -294,8 +299,8 @@ void gpt2_use_activation_slot(GPT2* model, int slot) {
     model->ce_max.swap(model->slot_ce_max[slot]);
     model->ce_sum.swap(model->slot_ce_sum[slot]);
     layout_activations(&model->acts, model->acts_memory.data() + (size_t)slot * model->acts_per_slot, model->config,
-                       model->batch_size, model->seq_len, model->recompute, model->layout.tp, model->last_stage(),
-                       model->layout.sequence_parallel);
+                       model->batch_size, model->seq_len / model->layout.cp, model->recompute, model->layout.tp,
+                       model->last_stage(), model->layout.sequence_parallel, model->layout.cp);
     model->act_slot = slot;
 }
 
@@ -305,12 +310,13 @@ void gpt2_use_activation_slot(GPT2* model, int slot) {
 // qkv and fc produce C/tp columns (NH/tp heads), attproj and fcproj are row-parallel, one all-reduce each.
 // With sequence parallelism (sq on) the residual stream and the layernorms hold this rank's sq.rows rows:
 // each layernorm's output is all-gathered for the matmul after it, and each all-reduce is a reduce-scatter.
-void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH,
-                   const ProcessGroup& tp = ProcessGroup(), const SequenceShard& sq = SequenceShard()) {
+// With context parallelism (cp) T is this process's positions of each row, and attention is the scheme's.
+void block_forward(const BlockParams& w, const BlockActs& a, int B, int T, int C, int NH, const ProcessGroup& tp = ProcessGroup(),
+                   const SequenceShard& sq = SequenceShard(), ContextParallel* cp = nullptr) {
     int BT = B * T, Cl = C / tp.size, N = sq.on ? (int)sq.rows : BT;  // N: rows of the residual stream here
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, w.ln1w, w.ln1b, N, C);
     matmul_forward(a.qkv, sp_all_gather(a.ln1, sq, C, tp), w.qkvw, w.qkvb, BT, C, 3 * Cl);
-    attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NH / tp.size);
+    cp_attention_forward(cp, a.atty, a.att, a.qkv, B, T, Cl, NH / tp.size);
     row_parallel_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, Cl, C, tp, sq);
     residual_forward(a.residual2, a.residual, a.attproj, (size_t)N * C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
@@ -340,7 +346,6 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     model->ce_exps_kept = false;
     ParameterTensors p = model->params;
     const ActivationTensors& a = model->acts;
-    size_t BT = (size_t)B * T;
     // -z 3: unit 0 and then each block are gathered just before they are used (llmc/parallel/zero_sharded.h)
     ZeroSharding* zs = model->layout.zero_stage == 3 ? &model->zero : nullptr;
     const float* shard_params = model->params_memory.data();
@@ -348,6 +353,10 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
         p = outer_tensors_in_unit((float*)zero_gather_outer(zs, shard_params), zs->units[ZERO_OUTER_UNIT]);
         zero_blocks_begin(zs);
     }
+    // -cp: from here on this process's T/cp positions of each row: their tokens and rows of wpe
+    ContextParallel* cp = model->cp.on() ? &model->cp : nullptr;
+    if (cp) T = context_parallel_enter(cp, B, T, &inputs, &targets, &p.wpe, C);
+    size_t BT = (size_t)B * T;
 
     // tensor parallel: this rank holds vocabulary rows [v0, v0 + Vl) of wte and computes those logits
     // (sequence parallel: this rank's rows of the residual stream, llmc/parallel/tensor_parallel.h)
@@ -355,12 +364,12 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     SequenceShard sq = sequence_shard(BT, tp, model->layout.sequence_parallel, model->scratch.gathered);
     if (model->first_stage()) tp_encoder_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C, v0, Vl, tp, sq);
-    LayerStrides ls = layer_strides(model->config, B, T, a.recompute, tp.size, sq.rows_per_rank);
+    LayerStrides ls = layer_strides(model->config, B, T, a.recompute, tp.size, sq.rows_per_rank, model->layout.cp);
     for (int l = 0; l < L; l++) {
         BlockParams w = zs ? block_tensors_in_unit(zero_gather_block(zs, l, l + 1 < L ? l + 1 : -1, shard_params),
                                                    zs->units[zero_block_unit(l)])
                            : block_tensors<const float>(p, l, C, tp.size);
-        block_forward(w, block_acts(a, ls, l), B, T, C, NH, tp, sq);
+        block_forward(w, block_acts(a, ls, l), B, T, C, NH, tp, sq, cp);
     }
     if (!model->last_stage()) return 0.0f;
     const float* final_residual = a.residual3 + (L - 1) * sq.rows_per_rank * C;
@@ -382,7 +391,7 @@ float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, in
     }
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += a.losses[i];
-    return (float)(sum / BT);
+    return (float)(sum / ((double)BT * model->layout.cp));  // -cp: this process's share of the rows' mean
 }
 
 // Clears the gradients before a step's first micro-step. Half a gigabyte at d12 would be written here
@@ -417,7 +426,7 @@ void gpt2_zero_grad(GPT2* model) {
 // and each column-parallel input gradient is reduce-scattered back to this rank's rows.
 void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& a, const BackwardScratch& s, int B,
                     int T, int C, int NH, const ProcessGroup& tp = ProcessGroup(), bool set_grads = false,
-                    const SequenceShard& sq = SequenceShard()) {
+                    const SequenceShard& sq = SequenceShard(), ContextParallel* cp = nullptr) {
     int BT = B * T, Cl = C / tp.size, N = sq.on ? (int)sq.rows : BT;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
     const bool set = true;  // set_dinp: the scratch gradient starts with this product
@@ -437,7 +446,7 @@ void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& 
     matmul_backward(s.datty, g.attprojw, g.attprojb, sp_all_gather(s.dresidual, sq, C, tp), a.atty, w.attprojw, BT,
                     Cl, C, set, set_grads);
     zero(s.dqkv, (size_t)BT * 3 * Cl);
-    attention_backward(s.dqkv, s.datty, a.qkv, a.att, B, T, Cl, NH / tp.size);
+    cp_attention_backward(cp, s.dqkv, s.datty, a.atty, a.qkv, a.att, B, T, Cl, NH / tp.size);
     matmul_backward(s.dln, g.qkvw, g.qkvb, s.dqkv, sp_all_gather(a.ln1, sq, C, tp), w.qkvw, BT, C, 3 * Cl, set, set_grads);
     layernorm_backward(s.dresidual, g.ln1w, g.ln1b, sum_dln(), a.residual, w.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }
@@ -446,10 +455,11 @@ void block_backward(const BlockGrads& g, const BlockParams& w, const BlockActs& 
 // same inputs: the same bits as the forward produced. -r 3 reruns the whole block (residual3 comes
 // out as stored); -r 2 the layernorms (their mean and rstd come out as stored); -r 1 the GELU.
 void block_recompute(const BlockParams& w, const BlockActs& a, int recompute, int B, int T, int C, int NH,
-                     const ProcessGroup& tp = ProcessGroup(), const SequenceShard& sq = SequenceShard()) {
+                     const ProcessGroup& tp = ProcessGroup(), const SequenceShard& sq = SequenceShard(),
+                     ContextParallel* cp = nullptr) {
     int BT = B * T, Cl = C / tp.size, N = sq.on ? (int)sq.rows : BT;
     if (recompute >= 3) {
-        block_forward(w, a, B, T, C, NH, tp, sq);
+        block_forward(w, a, B, T, C, NH, tp, sq, cp);
         return;
     }
     if (recompute >= 2) {
@@ -470,6 +480,8 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     ParameterTensors g = model->grads;
     const ActivationTensors& a = model->acts;
     const BackwardScratch& s = model->scratch;
+    ContextParallel* cp = model->cp.on() ? &model->cp : nullptr;  // -cp: this process's positions, as in the forward
+    if (cp) T = context_parallel_enter(cp, B, T, &inputs, &targets, nullptr, C);
     size_t BT = (size_t)B * T;
     auto zero = [](float* x, size_t n) { memset(x, 0, n * sizeof(float)); };
     // -z 2/3: each unit's gradient goes into a unit buffer and is reduce-scattered into this process's
@@ -493,7 +505,7 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
     int Vl = Vp / tp.size, v0 = tp.rank * Vl;
     SequenceShard sq = sequence_shard(BT, tp, model->layout.sequence_parallel, s.gathered);
     size_t R = sq.rows_per_rank;  // rows of each layer's residual-stream tensors (B·T without -sq)
-    LayerStrides ls = layer_strides(model->config, B, T, a.recompute, tp.size, R);
+    LayerStrides ls = layer_strides(model->config, B, T, a.recompute, tp.size, R, model->layout.cp);
     if (model->last_stage()) {  // else the next stage sent d(loss)/d(output) into s.dresidual
         if (model->ce_exps_kept) {
             crossentropy_backward_from_exps(s.dlogits, model->ce_sum.data(), targets, dloss, (int)BT, V, Vp);
@@ -520,13 +532,15 @@ void gpt2_backward(GPT2* model, const int* inputs, const int* targets, int B, in
                             : block_tensors<const float>(p, l, C, tp.size);
         BlockGrads gl = zs ? block_tensors_in_unit(zs->block_grads.data(), *unit) : block_tensors<float>(g, l, C, tp.size);
         BlockActs ba = block_acts(a, ls, l);
-        block_recompute(w, ba, model->recompute, B, T, C, NH, tp, sq);
+        block_recompute(w, ba, model->recompute, B, T, C, NH, tp, sq, cp);
         if (zs) zero(zs->block_grads.data(), zs->block_grads.size());
-        block_backward(gl, w, ba, s, B, T, C, NH, tp, set_grads, sq);
+        block_backward(gl, w, ba, s, B, T, C, NH, tp, set_grads, sq, cp);
         if (zs) zero_reduce_scatter_unit(zs, zero_block_unit(l), zs->block_grads.data(), shard_grads);
     }
     if (model->first_stage()) {  // with -sq every row's gradient: wte's rows and wpe see them all
-        tp_encoder_backward(g.wte, g.wpe, sp_all_gather(s.dresidual, sq, C, tp), inputs, B, T, C, v0, Vl, tp);
+        float* dwpe = cp ? context_parallel_dwpe(cp) : g.wpe;  // -cp: its positions' rows, added into g.wpe's
+        tp_encoder_backward(g.wte, dwpe, sp_all_gather(s.dresidual, sq, C, tp), inputs, B, T, C, v0, Vl, tp);
+        if (cp) context_parallel_add_dwpe(*cp, g.wpe, C);
     }
     if (zs) zero_reduce_scatter_unit(zs, ZERO_OUTER_UNIT, zs->outer_grads.data(), shard_grads);
 }
@@ -691,7 +705,7 @@ void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng,
 // from a full copy of the parameters made for the moment.
 void gpt2_sample(GPT2* model, TrainRun* run) {
     const ParallelLayout& lay = model->layout;
-    if (lay.zero_stage == 3) {
+    if (lay.zero_stage == 3 || lay.cp > 1) {  // -cp: a window's positions are not split
         std::vector<float> full = gpt2_full_parameters(model);
         if (lay.world.rank == 0) {
             GPT2 whole;
@@ -730,7 +744,7 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
                                        int bad_micro) {
     size_t BT = (size_t)B * T, L = model->config.num_layers;
     // a stage's input and output: its rows of the residual stream (all B·T without -sq)
-    size_t BTC = sp_rows_per_rank(BT, model->layout.tp, model->layout.sequence_parallel) * model->config.channels;
+    size_t BTC = sp_rows_per_rank(BT / model->layout.cp, model->layout.tp, model->layout.sequence_parallel) * model->config.channels;
     PipelineStageHooks h;
     h.boundary_elements = BTC;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
@@ -841,7 +855,7 @@ size_t gpt2_allocated_bytes(const GPT2* model) {
     size_t floats = model->params_memory.size() + model->grads_memory.size() + model->m_memory.size() +
                     model->v_memory.size() + model->acts_memory.size() + model->scratch_memory.size();
     floats += model->local.anchor.size() + model->local.momentum.size();
-    return floats * sizeof(float) + model->moments8.bytes() + model->memory.gather_params + model->memory.gather_grads +
+    return floats * sizeof(float) + model->cp.bytes() + model->moments8.bytes() + model->memory.gather_params + model->memory.gather_grads +
            model->compression.state_bytes();
 }
 
@@ -856,6 +870,11 @@ void gpt2_allocate_for_run(GPT2* model, const TrainArgs& args, int m) {
         printf("%s\n", pipeline_describe(pp, stage, model->layout.layer_begin, model->layout.layer_end,
                                          model->model_config.num_layers, schedule, m,
                                          model->acts_per_slot * sizeof(float)).c_str());
+    }
+    if (model->cp.on()) {
+        const GPT2Config& c = model->config;
+        printf("%s\n", context_parallel_describe(model->cp, args.B, args.T, c.channels / model->layout.tp, c.num_layers, m,
+                                                 args.recompute).c_str());
     }
     auto mib = [](size_t floats) { return floats * sizeof(float) / 1048576.0; };
     const char* state = model->optimizer.kind == OPT_ADAMW ? "AdamW moments" : "optimizer state";
@@ -913,9 +932,8 @@ int main(int argc, char** argv) {
     {  // the memory plan from the shapes alone, before anything is read or allocated: -P 1 prints it and
        // stops; a run whose arrays alone exceed the host's available memory stops here
         GPT2Config shape = gpt2_config_from_flag(model_name);
-        ParallelLayout layout = parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, shape);
-        layout.sequence_parallel = args.sequence_parallel;
-        MemoryPlan plan = gpt2_memory_plan(shape, layout, optimizer, args, validate_batch_args(args, shape, layout.dp));
+        ParallelLayout layout = parallel_layout_from_args(world, args, shape);
+        MemoryPlan plan = gpt2_memory_plan(shape, layout, optimizer, args, validate_batch_args(args, shape, layout_data_size(layout)));
         plan.capacity = host_available_bytes();
         plan.place = "the host (MemAvailable, shared by the processes on it)";
         if (args.plan) {
@@ -938,15 +956,13 @@ int main(int argc, char** argv) {
     std::vector<float>().swap(params);
 
     // the process layout (llmc/parallel/layout.h) and this process's part of the model
-    ParallelLayout layout =
-        parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg);
-    layout.sequence_parallel = args.sequence_parallel;
+    ParallelLayout layout = parallel_layout_from_args(world, args, cfg);
     printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     gpt2_distribute(&model, layout, optimizer, args);
 
     // the run: data of this data-parallel rank, schedules, evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
-    train_run_init(&run, args, cfg, world, layout.dp_rank, layout.dp, resume_step, false);
+    train_run_init(&run, args, cfg, world, layout_data_rank(layout), layout_data_size(layout), resume_step, false);
     gpt2_allocate_for_run(&model, args, run.data.grad_accum_steps);
     {
         size_t planned = gpt2_memory_plan(cfg, layout, optimizer, args, run.data.grad_accum_steps).total();
@@ -959,7 +975,7 @@ int main(int argc, char** argv) {
     run.peak_flops = args.peak_gflops > 0 ? args.peak_gflops * 1e9 : cpu_fma_peak_flops();
     printf("peak: %.1f GFLOP/s fp32 (%s)\n", run.peak_flops / 1e9,
            args.peak_gflops > 0 ? "-pk" : "measured FMA loop, llmc/run/cpu_peak.h; -pk to set");
-    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * run.data.grad_accum_steps / layout.tp;
+    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * run.data.grad_accum_steps / (layout.tp * layout.cp);
     // -ni (testing): the last stage of the first pipeline stands for one bad micro-batch
     run.injects_bad_micro = layout.tp_rank == 0 && layout.dp_rank == 0 && layout.pp_rank == layout.pp - 1;
     // the peak resident memory reported at the end is that of training, not of loading the full model

@@ -80,7 +80,7 @@ struct BackwardScratch {
 // attproj and fcproj hold `rows` of the B·T rows (llmc/parallel/tensor_parallel.h).
 using BlockActs = BlockActsOf<float>;
 
-LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, size_t tp = 1, size_t rows = 0) {
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, size_t tp = 1, size_t rows = 0, size_t cp = 1) {
     size_t BT = (size_t)B * T, C = cfg.channels, Cl = C / tp, NH = cfg.num_heads / tp, R = rows ? rows : BT;
     size_t block = recompute >= 3 ? 0 : 1;  // -r 3 keeps one layer of every block tensor but residual3
     LayerStrides s;
@@ -88,7 +88,7 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, s
     s.stats = block * R;
     s.qkv = block * BT * 3 * Cl;
     s.atty = block * BT * Cl;
-    s.att = block * B * NH * T * T;
+    s.att = block * B * NH * T * (cp * T);
     s.attproj = block * R * C;
     s.residual2 = block * R * C;
     s.fch = block * BT * 4 * Cl;
@@ -102,9 +102,12 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, s
 // `memory` (which holds that many floats). With tensor parallelism (tp > 1), this rank's columns:
 // C/tp of qkv/atty/fch, NH/tp heads, Vp/tp logits; with sequence parallelism (sp) also R = ceil(B·T/tp)
 // of the rows of the (B, T, C) tensors and their layernorm statistics, but lnf gathered whole (tp·R
-// rows, the LM head's input). A pipeline stage before the last has no lnf, logits or losses.
+// rows, the LM head's input). A pipeline stage before the last has no lnf, logits or losses. With context
+// parallelism (cp > 1, llmc/parallel/context_parallel.h) T is this process's T/cp positions of each row,
+// and att holds their weights over all cp·T keys (the ring's; Ulysses's NH/cp heads over T·cp queries are
+// as many).
 size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Config& cfg, int B, int T, int recompute,
-                          size_t tp = 1, bool last_stage = true, bool sp = false) {
+                          size_t tp = 1, bool last_stage = true, bool sp = false, size_t cp = 1) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
     size_t R = sp_rows_per_rank(BT, tp, sp && tp > 1), lnf_rows = sp && tp > 1 ? tp * R : BT;
@@ -116,7 +119,7 @@ size_t layout_activations(ActivationTensors* acts, float* memory, const GPT2Conf
                           &a->attproj, &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch, &a->fch_gelu,
                           &a->fcproj, &a->residual3, &a->lnf, &a->lnf_mean, &a->lnf_rstd, &a->logits, &a->losses};
     size_t act_sizes[] = {R * C, k.layernorm * R * C, k.block * R, k.block * R, k.block * BT * 3 * Cl,
-                          k.block * BT * Cl, k.block * B * NH * T * T, k.block * R * C, k.block * R * C,
+                          k.block * BT * Cl, k.block * B * NH * T * (cp * T), k.block * R * C, k.block * R * C,
                           k.layernorm * R * C, k.block * R, k.block * R, k.block * BT * 4 * Cl, k.gelu * BT * 4 * Cl,
                           k.block * R * C, L * R * C, lnf_rows * C, R, R, BT * Vp, BT};
     if (!last_stage) {

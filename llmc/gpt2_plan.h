@@ -10,6 +10,7 @@
 #include "gpt2_config.h"
 #include "adamw8.h"
 #include "optimizer.h"
+#include "parallel/context_parallel.h"
 #include "parallel/grad_compression.h"
 #include "parallel/layout.h"
 #include "parallel/local_steps.h"
@@ -50,12 +51,13 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     }
     bool last = lay.pp_rank == lay.pp - 1;
     int slots = lay.pp > 1 ? pp_activation_slots(args.pipeline_schedule, lay.pp, lay.pp_rank, m) : 1;
+    const int Tl = args.T / lay.cp;  // -cp: this process's positions of each row
     auto activations = [&](int r) {
-        return layout_activations(nullptr, nullptr, cfg, args.B, args.T, r, lay.tp, last, lay.sequence_parallel);
+        return layout_activations(nullptr, nullptr, cfg, args.B, Tl, r, lay.tp, last, lay.sequence_parallel, lay.cp);
     };
     size_t set = activations(args.recompute);
     size_t scratch_sizes[NUM_SCRATCH_TENSORS], scratch = 0;
-    backward_scratch_sizes(cfg, args.B, args.T, lay.tp, last, scratch_sizes, lay.sequence_parallel);
+    backward_scratch_sizes(cfg, args.B, Tl, lay.tp, last, scratch_sizes, lay.sequence_parallel);
     for (size_t n_i : scratch_sizes) scratch += n_i;
     char note[160];
     MemoryPlan plan;
@@ -73,6 +75,12 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
              activations(3) * F / 1048576.0);
     plan.add("activations", set * slots * F, note);
     plan.add("backward scratch", scratch * F, last ? "with the logits' gradient" : "");
+    if (lay.cp > 1) {
+        size_t C = cfg.channels, Cl = C / lay.tp;
+        plan.add("-cp buffers", context_parallel_state_bytes(lay.cp_mode, lay.cp, args.B, args.T, C, Cl, cfg.num_heads / lay.tp),
+                 lay.cp_mode == ContextMode::ring ? "K/V chunks, their gradients, log-sum-exps; tokens, wpe rows"
+                                                  : "all-to-all staging; tokens, wpe rows");
+    }
     if (lay.dp > 1 && args.grad_compression != "none") {
         plan.add("-gc state", grad_compression_state_bytes(args.grad_compression, args.grad_rank, optimizer_tensors(cfg), n, lay.dp),
                  args.grad_compression == "sign" ? "residuals, every process's bits and scales" : "residuals, Q, P and Q's buffers");

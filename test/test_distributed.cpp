@@ -560,6 +560,97 @@ TEST(ModelParallel, TensorParallelCheckpointResumesInAnyLayout) {
                                              {"tp2", mpirun(2), " -tp 2"}});
 }
 
+// Context parallelism (llmc/parallel/context_parallel.h): -cp 2, 3, 4 by the ring and by Ulysses (ODD's 3
+// heads for Ulysses over 3), 2 replicas x cp 2 with ZeRO-1, cp 2 with ZeRO-3 and whole blocks recomputed
+// (the ring runs again in the backward), with -tp 2 and with -pp 2, each at T = 24 (the ring's 2N chunks
+// of 6, 4, 3 positions), follow one process over 4 steps: the losses, norms and final weights of
+// expect_same_training (the sums differ in order only). Each process's activations are 1/cp of one
+// process's (every tensor is per row, and the stored attention weights are its rows' against all T keys,
+// or Ulysses's heads': 1/cp of them either way). The communication logged per step is what the start-up
+// line predicted for the attention plus the gradients' all-reduce, which a data-parallel run of as many
+// processes moves alone.
+TEST(ModelParallel, ContextParallelMatchesOneProcess) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    struct Case { const char* model; std::string name; int np; std::string flags; };
+    std::vector<Case> cases = {
+        {TINY, "tiny", 2, "-cp 2"},
+        {TINY, "tiny", 3, "-cp 3"},
+        {TINY, "tiny", 4, "-cp 4"},
+        {TINY, "tiny", 2, "-cp 2 -cpm ulysses"},
+        {TINY, "tiny", 4, "-cp 4 -cpm ulysses"},
+        {ODD, "tiny_odd", 3, "-cp 3 -cpm ulysses"},
+        {TINY, "tiny", 4, "-cp 2 -z 1"},
+        {TINY, "tiny", 2, "-cp 2 -z 3 -r 3"},
+        {TINY, "tiny", 4, "-cp 2 -tp 2 -cpm ulysses"},
+        {TINY, "tiny", 4, "-cp 2 -pp 2"},
+    };
+    auto activations = [](const std::string& out) {
+        size_t at = out.find("MiB, activations ");
+        return at == std::string::npos ? -1.0 : atof(out.c_str() + at + strlen("MiB, activations "));
+    };
+    int steps = 4, total = 2 * 24 * 4;  // 4 micro-batches of 2 x 24 tokens per step on one replica
+    std::map<std::string, test::CommandResult> ones;  // the one-process runs, by model
+    std::map<std::string, std::string> one_dirs;
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name + " np " + std::to_string(c.np) + " " + c.flags);
+        std::string oracle_dir = test::oracle(c.name, c.model);
+        std::string cmd = train_args(oracle_dir, steps, total) + " -t 24", many = test::scratch_dir("cp_many");
+        if (!ones.count(c.name)) {
+            one_dirs[c.name] = test::scratch_dir("cp_one_" + c.name);
+            ones[c.name] = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -o " + one_dirs[c.name]);
+        }
+        const std::string& one = one_dirs[c.name];
+        ASSERT_EQ(ones[c.name].exit_code, 0) << ones[c.name].output;
+        test::CommandResult rn = test::run_command(mpirun(c.np) + cmd + " " + c.flags + " -o " + many);
+        ASSERT_EQ(rn.exit_code, 0) << rn.output;
+        int cp = c.flags[4] - '0';
+        EXPECT_NE(rn.output.find("replica(s) x cp " + std::to_string(cp)), std::string::npos) << rn.output;
+        expect_same_training(read_run(one, steps), read_run(many, steps), steps, 1e-3);
+        if (c.flags.find("-tp") == std::string::npos && c.flags.find("-pp") == std::string::npos &&
+            c.flags.find("-r") == std::string::npos) {  // (the one-process run is at -r 1)
+            double mine = activations(rn.output), whole = activations(ones[c.name].output);
+            EXPECT_GT(mine, 0.0) << rn.output;
+            EXPECT_NEAR(mine, whole / cp, 0.002) << rn.output;  // printed to 3 decimals
+        }
+    }
+    // the bytes: cp 2 (4 micro-batches) against dp 2 (2 each), both all-reducing the same gradients over 2
+    std::string dir = test::oracle("tiny", TINY);
+    for (const char* mode : {"ring", "ulysses"}) {
+        SCOPED_TRACE(mode);
+        std::string cp_dir = test::scratch_dir("cp_bytes"), dp_dir = test::scratch_dir("dp_bytes");
+        std::string cmd = train_args(dir, 2, total) + " -t 24";
+        test::CommandResult cp = test::run_command(mpirun(2) + cmd + " -cp 2 -cpm " + mode + " -o " + cp_dir);
+        test::CommandResult dp = test::run_command(mpirun(2) + cmd + " -o " + dp_dir);
+        ASSERT_EQ(cp.exit_code, 0) << cp.output;
+        ASSERT_EQ(dp.exit_code, 0) << dp.output;
+        size_t at = cp.output.find("attention traffic ");
+        ASSERT_NE(at, std::string::npos) << cp.output;
+        double predicted = atof(cp.output.c_str() + at + strlen("attention traffic "));
+        std::vector<double> cp_bytes = test::jsonl_values(cp_dir + "/metrics.jsonl", "comm_bytes");
+        std::vector<double> dp_bytes = test::jsonl_values(dp_dir + "/metrics.jsonl", "comm_bytes");
+        ASSERT_EQ(cp_bytes.size(), 2u);
+        ASSERT_EQ(dp_bytes.size(), 2u);
+        EXPECT_GT(predicted, 0.0);
+        for (int s = 0; s < 2; s++) EXPECT_EQ(cp_bytes[s] - dp_bytes[s], predicted) << "step " << s;
+    }
+}
+
+// A -cp 2 run (2 replicas, ZeRO-1) resumed from its step-3 checkpoint in the same layout ends with the
+// uninterrupted run's bits; its checkpoint resumed as one process and as -cp 4 by Ulysses continues as
+// one process would (the state files are the layout's, not the split's).
+TEST(ModelParallel, ContextParallelCheckpointResumes) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string oracle_dir = test::oracle("tiny", TINY);
+    std::string cmd = mpirun(4) + test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
+                      "/train.bin -b 2 -t 16 -d 128 -x 5 -n 1 -l 1e-3 -sh 1 -v 0 -s 0 -cp 2 -z 1";
+    std::string a = test::scratch_dir("cp_bits_a"), b = test::scratch_dir("cp_bits_b");
+    test::CommandResult r = test::run_command(cmd + " -o " + a);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    test::expect_resume_from_step_3_same_bits(cmd, a, b);
+    expect_checkpoint_resumes_in_any_layout(oracle_dir, "cp_ck", " -cp 2 -z 1",
+                                            {{"one", "OMP_NUM_THREADS=1 ", ""}, {"cp4", mpirun(4), " -cp 4 -cpm ulysses"}});
+}
+
 // The stages cover every layer once, as evenly as possible; each schedule runs every micro-batch's
 // forward then its backward once per stage, in order, and never needs more activation slots than
 // pp_activation_slots says (micro-batch i uses slot i % slots: the slot must be free when its forward starts).
@@ -707,6 +798,12 @@ TEST(Distributed, BadLayoutsAreRefused) {
         {1, "-tp 2 -z 2", "the CPU trainer runs ZeRO stages 2 and 3 with data parallelism alone"},
         {1, "-sq 1", "it needs -tp 2 or more"},
         {1, "-pp 2 -z 3", "ZeRO stages 2 and 3 do not run with pipeline stages"},
+        {3, "-cp 3", "T = 16 does not divide into 6 chunks"},
+        {3, "-cp 3 -cpm ulysses -t 15", "does not divide the 4 heads"},
+        {3, "-cp 2", "-cp 2 does not divide the 3 data-parallel process(es)"},
+        {2, "-cp 2 -cpm zigzag", "unknown context-parallel attention 'zigzag'"},
+        {2, "-cp 2 -he 1", "HellaSwag (-he) scores whole rows"},
+        {2, "-cp 2 -lh 2", "which -lh and -gc do not form"},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE("np " + std::to_string(c.np) + " " + c.flags);

@@ -81,6 +81,9 @@ struct CommBackend {
     void (*broadcast)(const ProcessGroup& g, void* data, size_t n, CommType type, int root);
     // every process's mine (n) to process 0's all (size * n), in rank order
     void (*gather)(const ProcessGroup& g, const void* mine, size_t n, void* all, CommType type);
+    // send holds size blocks of count, block r for process r; afterwards recv's block r is process r's
+    // block for this process (send and recv distinct)
+    void (*all_to_all)(const ProcessGroup& g, const void* send, void* recv, size_t count, CommType type);
     // point to point: send returns at once (the data is copied or queued), finish_sends waits for this
     // process's sends so far; recv returns when the data is there
     void (*send)(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int tag);
@@ -267,6 +270,19 @@ inline void gather(const ProcessGroup& g, const void* mine, size_t n, void* all,
 
 // gather(), counted in comm_bytes_moved: process 0 receives every process's count elements in rank
 // order into full (size * count; ignored elsewhere), the sharded parameters assembled for a model file.
+// send (size blocks of count) -> recv (size blocks of count): block r of recv is what process r put in
+// its block for this process (context parallelism's Ulysses, llmc/parallel/context_parallel.h). Every
+// process sends and receives all blocks but its own; a group of one copies its block.
+inline void all_to_all(const ProcessGroup& g, const void* send, void* recv, size_t count, CommType type) {
+    comm_count(g, count * g.size, count, comm_type_bytes(type));
+    if (!comm_active(g)) {
+        if (send != recv && g.backend == nullptr) memcpy(recv, send, count * comm_type_bytes(type));
+        return;
+    }
+    COMM_FLIGHT(g, "all_to_all", count * g.size, type);
+    g.backend->all_to_all(g, send, recv, count, type);
+}
+
 inline void gather_to_rank0(const ProcessGroup& g, const float* mine, size_t count, float* full) {
     if (g.size > 1) comm_bytes_moved += (uint64_t)(g.rank == 0 ? count * (g.size - 1) : count) * sizeof(float);
     gather(g, mine, count, full);

@@ -161,6 +161,12 @@ inline void mpi_gather(const ProcessGroup& g, const void* mine, size_t n, void* 
     mpiCheck(MPI_Gather(mine, (int)n, mpi_type(type), all, (int)n, mpi_type(type), 0, mpi_comm(g)));
 }
 
+inline void mpi_all_to_all(const ProcessGroup& g, const void* send, void* recv, size_t count, CommType type) {
+    MpiWait wait(g, "an all-to-all");
+    if (count > (size_t)INT_MAX) fatal("all-to-all of %zu elements a block: more than MPI's int count", count);
+    mpiCheck(MPI_Alltoall(send, (int)count, mpi_type(type), recv, (int)count, mpi_type(type), mpi_comm(g)));
+}
+
 // Sends are nonblocking from a copy, so no schedule can deadlock on two processes sending to each other.
 inline void mpi_send(const ProcessGroup& g, const void* data, size_t n, CommType type, int peer, int tag) {
     MpiGroup* m = mpi_group(g);
@@ -221,7 +227,7 @@ inline void mpi_wait_fence(const ProcessGroup&, uint64_t) {}
 inline const CommBackend* mpi_backend() {
     static const CommBackend backend = {
         "MPI",           mpi_all_reduce, mpi_reduce,       mpi_reduce_scatter, mpi_all_gather, mpi_all_gather_v_start,
-        mpi_wait,        mpi_reduce_scatter_v, mpi_broadcast, mpi_gather, mpi_send, mpi_recv, mpi_finish_sends,
+        mpi_wait,        mpi_reduce_scatter_v, mpi_broadcast, mpi_gather, mpi_all_to_all, mpi_send, mpi_recv, mpi_finish_sends,
         mpi_sum_host,    mpi_all_gather_host_u64, mpi_barrier, mpi_nothing, mpi_nothing, mpi_nothing, mpi_abort,
         mpi_split,       mpi_fence, mpi_wait_fence, false};
     return &backend;

@@ -161,6 +161,25 @@ inline void nccl_gather(const ProcessGroup& g, const void* mine, size_t n, void*
     nccl_group_end(g);
 }
 
+// Block r of send to process r, block r of recv from it: NCCL has no all-to-all, so it is a send and a
+// receive per peer in one group (the own block copied on the stream).
+inline void nccl_all_to_all(const ProcessGroup& g, const void* send, void* recv, size_t count, CommType type) {
+    DataParallel& dp = nccl_state(g);
+    const size_t bytes = count * comm_type_bytes(type);
+    nccl_group_start(g);
+    for (int r = 0; r < dp.size; r++) {
+        const char* out = (const char*)send + r * bytes;
+        char* in = (char*)recv + r * bytes;
+        if (r == dp.rank) {
+            cudaCheck(cudaMemcpyAsync(in, out, bytes, cudaMemcpyDeviceToDevice, dp.stream));
+            continue;
+        }
+        ncclQueued(dp, ncclSend(out, count, nccl_type(type), r, dp.comm, dp.stream));
+        ncclQueued(dp, ncclRecv(in, count, nccl_type(type), r, dp.comm, dp.stream));
+    }
+    nccl_group_end(g);
+}
+
 // Point to point, on the group's communication stream. NCCL matches a process's sends to a peer with
 // that peer's receives in the order they were called, so the tag only documents the caller's intent.
 // The host returns at once; the send holds the stream until the peer receives (so sends that cross
@@ -266,7 +285,7 @@ inline void nccl_wait_fence(const ProcessGroup& g, uint64_t fence) {
 inline const CommBackend* nccl_backend() {
     static const CommBackend backend = {
         "NCCL",        nccl_all_reduce, nccl_reduce,    nccl_reduce_scatter, nccl_all_gather, nccl_all_gather_v_start,
-        nccl_wait,     nccl_reduce_scatter_v, nccl_broadcast, nccl_gather, nccl_send, nccl_recv, nccl_finish_sends,
+        nccl_wait,     nccl_reduce_scatter_v, nccl_broadcast, nccl_gather, nccl_all_to_all, nccl_send, nccl_recv, nccl_finish_sends,
         nccl_sum_host, nccl_all_gather_host_u64, nccl_barrier, nccl_group_start, nccl_group_end, nccl_join, nccl_abort,
         nccl_split,    nccl_fence, nccl_wait_fence, true};
     return &backend;

@@ -18,6 +18,7 @@
 #include "../gpt2_config.h"
 #include "../optimizer.h"
 #include "../parallel/bootstrap.h"
+#include "../parallel/context_split.h"
 #include "../utils.h"
 #include "schedulers.h"
 
@@ -72,6 +73,8 @@ struct TrainArgs {
     int tensor_parallel = 1;
     int pipeline_parallel = 1;
     int sequence_parallel = 0;  // -sq 1: with -tp, the residual stream split by rows (tensor_parallel.h)
+    int context_parallel = 1;   // -cp N: each sequence's positions split over N processes (context_parallel.h)
+    std::string context_mode = "ring";  // -cpm ring|ulysses: how their attention sees every key
     std::string pipeline_schedule = "1f1b";  // gpipe|1f1b
     int recompute = 1;  // activation recomputation level, both trainers (-r); RECOMPUTE_AUTO: -r auto (CUDA)
     float peak_gflops = 0;  // MFU's denominator (-pk); 0: CPU measures it, CUDA uses its table
@@ -148,6 +151,8 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
         {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (divides the processes, the heads and the padded vocabulary)"},
         {"-sq", FlagKind::Int, &a->sequence_parallel, 0, 1, false, "1: sequence parallelism with -tp (layernorms and residuals split by rows across the TP group)"},
+        {"-cp", FlagKind::Int, &a->context_parallel, 1, 1 << 16, false, "context-parallel size: each sequence's positions split over N processes (CPU trainer)"},
+        {"-cpm", FlagKind::String, &a->context_mode, NAN, NAN, false, "context parallelism's attention: ring (K/V passed around, load-balanced split) | ulysses (all-to-all to whole heads)"},
         {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (at most the layers)"},
         {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
         {"-st", FlagKind::Float, &a->temperature, 0, 100, false, "sampling temperature (0: greedy)"},
@@ -228,6 +233,13 @@ inline double parse_number(const char* flag, const char* text, bool integer, dou
     return value;
 }
 
+// -cpm as the layout takes it (parse_args has checked the name).
+inline ContextMode context_mode(const TrainArgs& args) {
+    ContextMode mode = ContextMode::ring;
+    context_mode_from_name(args.context_mode, &mode);
+    return mode;
+}
+
 // Flags that cannot be combined with the process layout (-tp, -pp): fatal, with the reason. The CUDA
 // trainer (cuda) also runs ZeRO-2/3 with tensor parallelism (2-D: the data-parallel group shards each
 // tensor-parallel rank's slices).
@@ -236,6 +248,25 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
     if (tp > 1 && (args.sample_every > 0 || args.hellaswag_every > 0)) {
         fatal("-tp %d: sampling (-s) and HellaSwag (-he) need the whole logits, which tensor parallelism keeps split "
               "by vocabulary; run with -s 0 (and no -he)", tp);
+    }
+    ContextMode cp_mode;
+    if (!context_mode_from_name(args.context_mode, &cp_mode)) {
+        fatal("flag -cpm: unknown context-parallel attention '%s' (ring or ulysses)", args.context_mode.c_str());
+    }
+    if (int cp = args.context_parallel; cp > 1) {
+        if (cuda) {
+            fatal("flag -cp %d: context parallelism runs in the CPU trainer (train_gpt2) so far; the CUDA trainer's flash "
+                  "attention does not yet take a key/value chunk", cp);
+        }
+        std::string problem = context_parallel_problem(cp, cp_mode, args.T, 0);
+        if (!problem.empty()) fatal("%s", problem.c_str());
+        if (args.hellaswag_every > 0) {
+            fatal("flag -cp %d: HellaSwag (-he) scores whole rows, which context parallelism splits; run it without -cp", cp);
+        }
+        if (args.local_steps > 0 || args.grad_compression != "none") {
+            fatal("flag -cp %d with %s: a replica's gradient is the sum of its %d context-parallel processes' parts, "
+                  "which -lh and -gc do not form; use them without -cp", cp, args.local_steps > 0 ? "-lh" : "-gc", cp);
+        }
     }
     if (args.sequence_parallel && tp == 1) {
         fatal("flag -sq 1: sequence parallelism splits the rows of the tensor-parallel group; it needs -tp 2 or more");

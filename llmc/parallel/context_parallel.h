@@ -1,0 +1,449 @@
+// Context parallelism (-cp N, -cpm ring|ulysses) over the context-parallel group of llmc/parallel/layout.h:
+// each sequence's T positions are split over N processes for the whole model, so every activation of a
+// process, the attention's included, shrinks about N-fold, and a sequence longer than one process's
+// memory can train.
+//
+// Everything in a block but attention acts on each position alone (the embedding, the layernorms, the
+// matmuls, GELU, the residuals, the loss), so a process runs it on its own B·T/N rows unchanged. The
+// embedding adds wpe's rows of the *global* positions the process holds (context_parallel_enter gathers
+// them into a (T/N, C) table, and the backward adds that table's gradient back into dwpe's rows). The
+// parameters' gradients are each process's partial sums over the batch's tokens, summed over the
+// data-parallel group, which holds the N processes as neighbours (layout.h). Attention needs every key
+// and value at or before each query, and the two schemes bring them:
+//
+// Ring (Liu et al. 2023, "Ring Attention with Blockwise Transformers"). The processes form a ring. Each
+// holds its positions' K and V as a chunk; in N steps every chunk visits every process: at step s a
+// process attends its queries to the chunk of process (rank - s) mod N, while it already passes that
+// chunk on to rank + 1 (a send that returns at once; the receive of the next chunk comes after the
+// step's compute, so the transfer overlaps it). Each step's partial result, softmax-normalized over
+// its chunk alone, is merged into the running one by their log-sum-exps:
+//     lse = log(e^lse_a + e^lse_b),   out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse)
+// which is the softmax over both chunks' keys (the flash-attention identity). The backward passes the
+// ring again: each chunk travels with its dK and dV, which every process adds its queries' part to,
+// and after N steps and one more hop they are home. With the causal mask a contiguous split idles the
+// early ranks (their queries see few keys), so the ring's split is load-balanced: the sequence is cut
+// into 2N chunks and rank r holds chunk r and chunk 2N-1-r (front and mirrored back), the same work
+// for every rank. T must divide into 2N chunks.
+//
+// Ulysses (Jacobs et al. 2023, "DeepSpeed Ulysses"). An all-to-all turns the sequence split of q, k, v
+// into a head split: afterwards a process holds all T positions of NH/N heads and runs the ordinary
+// attention on them; a second all-to-all turns its output back into its rows. The backward does the
+// same with q, k, v again (not kept: memory), dout and dqkv. N must divide the heads (of a tensor-
+// parallel rank), and T must divide into N contiguous chunks.
+//
+// The CPU reference stores its attention weights (llmc/attention.h), and so does each scheme: the ring
+// its queries' rows against all T keys, (B, NH, T/N, T); Ulysses its heads' (B, NH/N, T, T): the same
+// size, 1/N of one process's.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../attention.h"
+#include "../gemm.h"
+#include "../utils.h"
+#include "comm.h"
+#include "context_split.h"
+
+// The scheme's state on one process: its group and mode, the current pass's split, and its buffers.
+struct ContextParallel {
+    ProcessGroup group;                   // the N processes sharing each sequence (size 1: off)
+    ContextMode mode = ContextMode::ring;
+    int T = 0, Tl = 0;                    // the sequence's positions and this process's share, T / N
+    std::vector<int> tokens;              // (2, B, Tl): its rows' inputs, then targets
+    std::vector<float> wpe;               // (Tl, C): wpe's rows at its positions; their gradient in the backward
+    std::vector<float> buffer[4];         // ring: the travelling chunks (2) and the running lse; Ulysses: 4 staging
+    bool on() const { return group.size > 1; }
+    int position(int rank, int t) const { return context_position(mode, group.size, rank, T, t); }
+    size_t bytes() const {
+        size_t n = tokens.size() * sizeof(int) + wpe.size() * sizeof(float);
+        for (const std::vector<float>& b : buffer) n += b.size() * sizeof(float);
+        return n;
+    }
+};
+
+// Floats of each of the scheme's 4 buffers for micro-batches of B rows of T positions, Cl = C/tp
+// channels and NH heads (of this tensor-parallel rank): the memory plan's row.
+inline void context_parallel_buffer_sizes(ContextMode mode, int N, size_t B, size_t T, size_t Cl, size_t NH, size_t out[4]) {
+    size_t rows = B * (T / N);
+    if (mode == ContextMode::ring) {
+        out[0] = out[1] = rows * 4 * Cl;  // a chunk's k, v, dk, dv, twice (the one in use, the one arriving)
+        out[2] = rows * NH;               // the running log-sum-exp of each query row and head
+        out[3] = 0;
+    } else {
+        out[0] = out[1] = out[2] = out[3] = rows * 3 * Cl;  // q, k, v of NH/N heads at all T positions, and staging
+    }
+}
+
+// Bytes of the whole scheme state for the plan: the buffers, the tokens, the wpe table.
+inline size_t context_parallel_state_bytes(ContextMode mode, int N, size_t B, size_t T, size_t C, size_t Cl, size_t NH) {
+    if (N <= 1) return 0;
+    size_t sizes[4], floats = (T / N) * C;
+    context_parallel_buffer_sizes(mode, N, B, T, Cl, NH, sizes);
+    for (size_t s : sizes) floats += s;
+    return floats * sizeof(float) + 2 * B * (T / N) * sizeof(int);
+}
+
+// The bytes one micro-batch's forward (or backward) moves per process over L layers, as comm.h counts
+// them (each side counts what it sends and what it receives): the ring's N-1 hops of K and V forward,
+// and backward N-1 hops of K, V and N of dK, dV; Ulysses's all-to-alls of q, k, v (3 columns) and the
+// output (1) forward, and backward q, k, v, dout and dqkv (7), each moving (N-1)/N of its block.
+inline double context_parallel_pass_bytes(ContextMode mode, int N, size_t B, size_t T, size_t Cl, size_t L, bool backward) {
+    if (N <= 1) return 0.0;
+    double rows = (double)B * (T / N), f = sizeof(float);
+    if (mode == ContextMode::ring) {
+        double hops = backward ? (N - 1) + N : N - 1;  // each hop 2·Cl columns
+        return L * 2.0 * hops * rows * 2 * Cl * f;
+    }
+    double columns = backward ? 7.0 : 4.0;
+    return L * 2.0 * (N - 1) * rows * columns * Cl / N * f;
+}
+
+// The bytes of a training step of `micro` micro-batches (-r 3 runs each block's forward again in the backward).
+inline double context_parallel_step_bytes(ContextMode mode, int N, size_t B, size_t T, size_t Cl, size_t L, int micro,
+                                          int recompute) {
+    double forward = context_parallel_pass_bytes(mode, N, B, T, Cl, L, false);
+    return micro * (forward * (recompute >= 3 ? 2 : 1) + context_parallel_pass_bytes(mode, N, B, T, Cl, L, true));
+}
+
+// The start-up line: the split and this process's share, the buffers, and the step's predicted traffic.
+inline std::string context_parallel_describe(const ContextParallel& cp, int B, int T, int Cl, int L, int micro, int recompute) {
+    const int N = cp.group.size, Tl = T / N;
+    std::string spans;
+    for (int t = 0; t < Tl; t++) {  // this process's positions as runs "a-b"
+        int first = context_position(cp.mode, N, cp.group.rank, T, t), last = first;
+        while (t + 1 < Tl && context_position(cp.mode, N, cp.group.rank, T, t + 1) == last + 1) last++, t++;
+        spans += (spans.empty() ? "" : ", ") + std::to_string(first) + "-" + std::to_string(last);
+    }
+    char text[512];
+    snprintf(text, sizeof(text), "context parallel: -cp %d -cpm %s, positions %s of each row's %d on this process; "
+             "buffers %.3f MiB; attention traffic %.0f bytes per step predicted (%d micro-batch(es), %d layer(s))", N,
+             context_mode_name(cp.mode), spans.c_str(), T, cp.bytes() / 1048576.0,
+             context_parallel_step_bytes(cp.mode, N, B, T, Cl, L, micro, recompute), micro, L);
+    return text;
+}
+
+// Starts the scheme on `group` (its size N; 1: off) for B rows of T positions: the buffers, once.
+inline void context_parallel_start(const ProcessGroup& group, ContextMode mode, int B, int T, int C, int Cl, int NH,
+                                   ContextParallel* cp) {
+    cp->group = group;
+    cp->mode = mode;
+    if (!cp->on()) return;
+    int N = group.size;
+    std::string problem = context_parallel_problem(N, mode, T, NH);
+    if (!problem.empty()) fatal("%s", problem.c_str());
+    size_t sizes[4];
+    context_parallel_buffer_sizes(mode, N, B, T, Cl, NH, sizes);
+    for (int i = 0; i < 4; i++) cp->buffer[i].assign(sizes[i], 0.0f);
+    cp->tokens.assign(2 * (size_t)B * (T / N), 0);
+    cp->wpe.assign((size_t)(T / N) * C, 0.0f);
+}
+
+// A pass over B rows of T positions: this process's T/N positions of each row. Points *inputs and
+// *targets (when not null) at its rows' tokens and *wpe (when wpe is not null) at its positions' rows of
+// wpe, and returns T/N.
+inline int context_parallel_enter(ContextParallel* cp, int B, int T, const int** inputs, const int** targets,
+                                  float** wpe, int C) {
+    int N = cp->group.size;
+    std::string problem = context_parallel_problem(N, cp->mode, T, 0);  // (the heads were checked at the start)
+    if (!problem.empty()) fatal("%s", problem.c_str());
+    if ((size_t)B * (T / N) * 2 > cp->tokens.size()) {
+        fatal("context parallelism: B=%d T=%d is larger than the %zu rows allocated", B, T, cp->tokens.size() / 2);
+    }
+    cp->T = T;
+    cp->Tl = T / N;
+    int Tl = cp->Tl;
+    int* in = cp->tokens.data();
+    int* tg = in + (size_t)B * Tl;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < Tl; t++) {
+            size_t from = (size_t)b * T + cp->position(cp->group.rank, t);
+            in[(size_t)b * Tl + t] = (*inputs)[from];
+            if (*targets) tg[(size_t)b * Tl + t] = (*targets)[from];
+        }
+    }
+    *inputs = in;
+    if (*targets) *targets = tg;
+    if (wpe == nullptr) return Tl;  // (the backward's encoder needs no wpe)
+    for (int t = 0; t < Tl; t++) {
+        memcpy(cp->wpe.data() + (size_t)t * C, *wpe + (size_t)cp->position(cp->group.rank, t) * C, C * sizeof(float));
+    }
+    *wpe = cp->wpe.data();
+    return Tl;
+}
+
+// The backward's end of the embedding: the (Tl, C) gradient the encoder left in cp->wpe (cleared by
+// context_parallel_dwpe before it) added into dwpe's rows at this process's positions.
+inline float* context_parallel_dwpe(ContextParallel* cp) {
+    std::fill(cp->wpe.begin(), cp->wpe.end(), 0.0f);
+    return cp->wpe.data();
+}
+inline void context_parallel_add_dwpe(const ContextParallel& cp, float* dwpe, int C) {
+    for (int t = 0; t < cp.Tl; t++) {
+        float* row = dwpe + (size_t)cp.position(cp.group.rank, t) * C;
+        const float* d = cp.wpe.data() + (size_t)t * C;
+        for (int c = 0; c < C; c++) row[c] += d[c];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The ring
+
+// Copies columns [from, from + width) of each of n rows (row stride `stride`) to `to` (row stride `to_stride`).
+inline void copy_columns(float* to, size_t to_stride, const float* from, size_t stride, size_t n, size_t width) {
+    for (size_t i = 0; i < n; i++) memcpy(to + i * to_stride, from + i * stride, width * sizeof(float));
+}
+
+// Forward: out (B, Tl, C) and att (B, NH, Tl, T), the weights of this process's queries over all T key
+// positions (zero where masked), from its qkv (B, Tl, 3C). C and NH are this tensor-parallel rank's.
+inline void ring_attention_forward(ContextParallel* cp, float* out, float* att, const float* qkv, int B, int C, int NH) {
+    const ProcessGroup& g = cp->group;
+    const int N = g.size, Tl = cp->Tl, T = cp->T, hs = C / NH, me = g.rank;
+    const size_t C3 = 3 * (size_t)C, W = 2 * (size_t)C, rows = (size_t)B * Tl;  // a chunk's row: k, v
+    const float scale = (float)(1.0 / std::sqrt((double)hs));
+    float* lse = cp->buffer[2].data();  // (B, NH, Tl)
+    std::fill(lse, lse + rows * NH, -INFINITY);
+    memset(out, 0, rows * C * sizeof(float));
+    memset(att, 0, rows * NH * T * sizeof(float));
+    float* chunk = cp->buffer[0].data();
+    float* next = cp->buffer[1].data();
+    copy_columns(chunk, W, qkv + C, C3, rows, W);  // this process's k and v
+    for (int s = 0; s < N; s++) {
+        const int src = (me - s + N) % N;  // whose positions the chunk holds
+        if (s + 1 < N) comm_send(g, chunk, rows * W, COMM_FLOAT32, (me + 1) % N, 0);  // on while we compute
+#pragma omp parallel
+        {
+            std::vector<float> S((size_t)Tl * Tl), O((size_t)Tl * hs);
+#pragma omp for collapse(2)
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < NH; h++) {
+                    const float* q = qkv + (size_t)b * Tl * C3 + h * hs;  // (Tl, hs), row stride 3C
+                    const float* k = chunk + (size_t)b * Tl * W + h * hs;  // (Tl, hs), row stride 2C
+                    const float* v = k + C;
+                    // S = Q Kᵀ / sqrt(hs), masked by the global positions; its softmax P over the chunk's keys
+                    gemm_accumulate(S.data(), Tl, MatrixView<float>{q, C3, 1}, MatrixView<float>{k, 1, W}, Tl, Tl, hs, true);
+                    std::vector<float> chunk_lse(Tl, -INFINITY);
+                    for (int i = 0; i < Tl; i++) {
+                        int pi = cp->position(me, i);
+                        float* row = S.data() + (size_t)i * Tl;
+                        float* att_row = att + (((size_t)b * NH + h) * Tl + i) * T;
+                        float m = -INFINITY;
+                        for (int j = 0; j < Tl; j++) {
+                            row[j] = cp->position(src, j) <= pi ? row[j] * scale : -INFINITY;
+                            m = std::max(m, row[j]);
+                        }
+                        if (m == -INFINITY) continue;  // no key of this chunk is visible to query i
+                        double sum = 0.0;
+                        for (int j = 0; j < Tl; j++) {
+                            if (row[j] == -INFINITY) { row[j] = 0.0f; continue; }
+                            att_row[cp->position(src, j)] = row[j];  // the score, normalized below
+                            row[j] = std::exp(row[j] - m);
+                            sum += row[j];
+                        }
+                        for (int j = 0; j < Tl; j++) row[j] = (float)(row[j] / sum);
+                        chunk_lse[i] = m + (float)std::log(sum);
+                    }
+                    // the chunk's output P V, merged into the running one by log-sum-exp
+                    gemm_accumulate(O.data(), hs, MatrixView<float>{S.data(), (size_t)Tl, 1}, MatrixView<float>{v, W, 1},
+                                    Tl, hs, Tl, true);
+                    float* lse_bh = lse + ((size_t)b * NH + h) * Tl;
+                    for (int i = 0; i < Tl; i++) {
+                        if (chunk_lse[i] == -INFINITY) continue;
+                        float before = lse_bh[i], after = chunk_lse[i];
+                        if (before != -INFINITY) after = std::max(before, after) + std::log1p(std::exp(-std::fabs(before - after)));
+                        float keep = before == -INFINITY ? 0.0f : std::exp(before - after), add = std::exp(chunk_lse[i] - after);
+                        float* o = out + ((size_t)b * Tl + i) * C + h * hs;
+                        for (int d = 0; d < hs; d++) o[d] = o[d] * keep + O[(size_t)i * hs + d] * add;
+                        lse_bh[i] = after;
+                    }
+                }
+            }
+        }
+        if (s + 1 < N) {
+            comm_recv(g, next, rows * W, COMM_FLOAT32, (me - 1 + N) % N, 0);
+            comm_finish_sends(g);
+            std::swap(chunk, next);
+        }
+    }
+    // the stored weights: each score against its row's final log-sum-exp
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int i = 0; i < Tl; i++) {
+                int pi = cp->position(me, i);
+                float* att_row = att + (((size_t)b * NH + h) * Tl + i) * T;
+                float l = lse[((size_t)b * NH + h) * Tl + i];
+                for (int j = 0; j <= pi; j++) att_row[j] = std::exp(att_row[j] - l);
+            }
+        }
+    }
+}
+
+// Backward: accumulates (+=) into dqkv (B, Tl, 3C) from dout (B, Tl, C), with the forward's out, att, qkv.
+//   D_i = dout_i · out_i,  dS_ij = P_ij (dout_i · v_j - D_i) / sqrt(hs)
+//   dq_i += Σ_j dS_ij k_j,  dk_j += Σ_i dS_ij q_i,  dv_j += Σ_i P_ij dout_i
+// the key side summed by every process into the chunk's travelling dk, dv.
+inline void ring_attention_backward(ContextParallel* cp, float* dqkv, const float* dout, const float* out,
+                                    const float* att, const float* qkv, int B, int C, int NH) {
+    const ProcessGroup& g = cp->group;
+    const int N = g.size, Tl = cp->Tl, T = cp->T, hs = C / NH, me = g.rank;
+    // a chunk: its k, v (rows, 2C), then the dk, dv it collects (rows, 2C)
+    const size_t C3 = 3 * (size_t)C, W = 2 * (size_t)C, rows = (size_t)B * Tl, half = rows * W;
+    const float scale = (float)(1.0 / std::sqrt((double)hs));
+    float* chunk = cp->buffer[0].data();
+    float* next = cp->buffer[1].data();
+    copy_columns(chunk, W, qkv + C, C3, rows, W);
+    memset(chunk + half, 0, half * sizeof(float));
+    for (int s = 0; s < N; s++) {
+        const int src = (me - s + N) % N;
+        // k, v go on at once (tag 0); dk, dv once this process has added its part (tag 1)
+        if (s + 1 < N) comm_send(g, chunk, half, COMM_FLOAT32, (me + 1) % N, 0);
+#pragma omp parallel
+        {
+            std::vector<float> P((size_t)Tl * Tl), dS((size_t)Tl * Tl), D(Tl);
+#pragma omp for collapse(2)
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < NH; h++) {
+                    const float* q = qkv + (size_t)b * Tl * C3 + h * hs;
+                    const float* k = chunk + (size_t)b * Tl * W + h * hs;
+                    const float* v = k + C;
+                    float* dk = chunk + half + (size_t)b * Tl * W + h * hs;
+                    float* dv = dk + C;
+                    float* dq = dqkv + (size_t)b * Tl * C3 + h * hs;
+                    const float* dout_bh = dout + (size_t)b * Tl * C + h * hs;  // (Tl, hs), row stride C
+                    for (int i = 0; i < Tl; i++) {
+                        const float* att_row = att + (((size_t)b * NH + h) * Tl + i) * T;
+                        for (int j = 0; j < Tl; j++) P[(size_t)i * Tl + j] = att_row[cp->position(src, j)];
+                        const float* o = out + ((size_t)b * Tl + i) * C + h * hs;
+                        double d = 0.0;
+                        for (int c = 0; c < hs; c++) d += (double)o[c] * dout_bh[(size_t)i * C + c];
+                        D[i] = (float)d;
+                    }
+                    gemm_accumulate(dS.data(), Tl, MatrixView<float>{dout_bh, (size_t)C, 1}, MatrixView<float>{v, 1, W},
+                                    Tl, Tl, hs, true);
+                    for (size_t i = 0; i < (size_t)Tl; i++) {
+                        for (size_t j = 0; j < (size_t)Tl; j++) {
+                            float p = P[i * Tl + j];
+                            dS[i * Tl + j] = p * (dS[i * Tl + j] - D[i]) * scale;  // 0 where masked (p = 0)
+                        }
+                    }
+                    gemm_accumulate(dq, C3, MatrixView<float>{dS.data(), (size_t)Tl, 1}, MatrixView<float>{k, W, 1}, Tl, hs, Tl);
+                    gemm_accumulate(dk, W, MatrixView<float>{dS.data(), 1, (size_t)Tl}, MatrixView<float>{q, C3, 1}, Tl, hs, Tl);
+                    gemm_accumulate(dv, W, MatrixView<float>{P.data(), 1, (size_t)Tl}, MatrixView<float>{dout_bh, (size_t)C, 1},
+                                    Tl, hs, Tl);
+                }
+            }
+        }
+        // the chunk's dk, dv to the next process (after the last step: home, to its owner)
+        comm_send(g, chunk + half, half, COMM_FLOAT32, (me + 1) % N, 1);
+        if (s + 1 < N) comm_recv(g, next, half, COMM_FLOAT32, (me - 1 + N) % N, 0);
+        comm_recv(g, next + half, half, COMM_FLOAT32, (me - 1 + N) % N, 1);
+        comm_finish_sends(g);
+        std::swap(chunk, next);
+    }
+    // chunk is this process's own again, with every process's dk, dv
+    for (size_t r = 0; r < rows; r++) {
+        float* d = dqkv + r * C3 + C;
+        const float* from = chunk + half + r * W;
+        for (size_t c = 0; c < W; c++) d[c] += from[c];
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Ulysses
+
+// Rows to heads: x (B, Tl, k·C), k sections of C columns (q, k, v: 3; an output: 1), this process's rows
+// -> x_heads (B, T, k·C/N), all positions of process r's NH/N heads for r = this process. Through
+// `send` and `recv` (each B·Tl·k·C floats): the block for process j holds its columns of each section.
+inline void ulysses_to_heads(ContextParallel* cp, float* x_heads, const float* x, int k, int B, int C, float* send, float* recv) {
+    const ProcessGroup& g = cp->group;
+    const int N = g.size, Tl = cp->Tl, T = cp->T, Cn = C / N;
+    const size_t rows = (size_t)B * Tl, width = (size_t)k * Cn, block = rows * width;
+    for (int j = 0; j < N; j++) {
+        for (size_t r = 0; r < rows; r++) {
+            for (int s = 0; s < k; s++) {
+                memcpy(send + j * block + r * width + s * Cn, x + r * k * C + s * C + j * Cn, Cn * sizeof(float));
+            }
+        }
+    }
+    all_to_all(g, send, recv, block, COMM_FLOAT32);
+    for (int src = 0; src < N; src++) {  // process src's rows, at their positions
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < Tl; t++) {
+                memcpy(x_heads + ((size_t)b * T + cp->position(src, t)) * width, recv + src * block + ((size_t)b * Tl + t) * width,
+                       width * sizeof(float));
+            }
+        }
+    }
+}
+
+// Heads to rows, the inverse: x_heads (B, T, k·C/N) -> x (B, Tl, k·C), this process's rows of every
+// process's heads; set (=), or with accumulate added (+=).
+inline void ulysses_to_rows(ContextParallel* cp, float* x, const float* x_heads, int k, int B, int C, float* send, float* recv,
+                            bool accumulate) {
+    const ProcessGroup& g = cp->group;
+    const int N = g.size, Tl = cp->Tl, T = cp->T, Cn = C / N;
+    const size_t rows = (size_t)B * Tl, width = (size_t)k * Cn, block = rows * width;
+    for (int j = 0; j < N; j++) {  // process j's rows
+        for (int b = 0; b < B; b++) {
+            for (int t = 0; t < Tl; t++) {
+                memcpy(send + j * block + ((size_t)b * Tl + t) * width, x_heads + ((size_t)b * T + cp->position(j, t)) * width,
+                       width * sizeof(float));
+            }
+        }
+    }
+    all_to_all(g, send, recv, block, COMM_FLOAT32);
+    for (int src = 0; src < N; src++) {  // process src's heads, this process's rows
+        for (size_t r = 0; r < rows; r++) {
+            for (int s = 0; s < k; s++) {
+                float* to = x + r * k * C + s * C + src * Cn;
+                const float* from = recv + src * block + r * width + s * Cn;
+                for (int c = 0; c < Cn; c++) to[c] = accumulate ? to[c] + from[c] : from[c];
+            }
+        }
+    }
+}
+
+// Forward: out (B, Tl, C) from qkv (B, Tl, 3C); att (B, NH/N, T, T) of this process's heads.
+inline void ulysses_attention_forward(ContextParallel* cp, float* out, float* att, const float* qkv, int B, int C, int NH) {
+    const int N = cp->group.size;
+    float* u[4] = {cp->buffer[0].data(), cp->buffer[1].data(), cp->buffer[2].data(), cp->buffer[3].data()};
+    ulysses_to_heads(cp, u[2], qkv, 3, B, C, u[0], u[1]);  // u2: q, k, v of NH/N heads, (B, T, 3C/N)
+    memset(u[3], 0, (size_t)B * cp->T * (C / N) * sizeof(float));
+    attention_forward(u[3], att, u[2], B, cp->T, C / N, NH / N);
+    ulysses_to_rows(cp, out, u[3], 1, B, C, u[0], u[1], false);
+}
+
+// Backward: accumulates (+=) into dqkv (B, Tl, 3C) from dout (B, Tl, C), with the forward's att and qkv
+// (q, k, v go through the all-to-all again rather than being kept).
+inline void ulysses_attention_backward(ContextParallel* cp, float* dqkv, const float* dout, const float* att, const float* qkv,
+                                       int B, int C, int NH) {
+    const int N = cp->group.size;
+    const size_t heads_floats = (size_t)B * cp->T * 3 * (C / N);
+    float* u[4] = {cp->buffer[0].data(), cp->buffer[1].data(), cp->buffer[2].data(), cp->buffer[3].data()};
+    ulysses_to_heads(cp, u[2], qkv, 3, B, C, u[0], u[1]);  // u2: q, k, v
+    ulysses_to_heads(cp, u[3], dout, 1, B, C, u[0], u[1]);  // u3: dout of the heads, (B, T, C/N)
+    memset(u[0], 0, heads_floats * sizeof(float));
+    attention_backward(u[0], u[3], u[2], att, B, cp->T, C / N, NH / N);  // u0: dq, dk, dv
+    ulysses_to_rows(cp, dqkv, u[0], 3, B, C, u[1], u[2], true);
+}
+
+// ----------------------------------------------------------------------------
+// What a block calls: plain attention (llmc/attention.h) on one process, the scheme's with -cp. T is
+// this process's positions per row (T/N with -cp), C and NH this tensor-parallel rank's.
+
+inline void cp_attention_forward(ContextParallel* cp, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    if (cp == nullptr || !cp->on()) return attention_forward(out, att, qkv, B, T, C, NH);
+    if (cp->mode == ContextMode::ring) return ring_attention_forward(cp, out, att, qkv, B, C, NH);
+    ulysses_attention_forward(cp, out, att, qkv, B, C, NH);
+}
+
+inline void cp_attention_backward(ContextParallel* cp, float* dqkv, const float* dout, const float* out, const float* qkv,
+                                  const float* att, int B, int T, int C, int NH) {
+    if (cp == nullptr || !cp->on()) return attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+    if (cp->mode == ContextMode::ring) return ring_attention_backward(cp, dqkv, dout, out, att, qkv, B, C, NH);
+    ulysses_attention_backward(cp, dqkv, dout, att, qkv, B, C, NH);
+}
