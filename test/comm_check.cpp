@@ -370,6 +370,30 @@ void check_pipeline_schedules() {
     }
 }
 
+// all-to-all: process r puts 100 r + 10 j + i in element i of its block j (for process j); afterwards
+// block j of its receive buffer holds process j's block r, 100 j + 10 r + i. 2 bytes counted per element
+// of the P - 1 blocks sent and of the P - 1 received (4-byte floats: 8 each way).
+void check_all_to_all() {
+    const ProcessGroup& g = g_world;
+    int P = g.size, r = g.rank;
+    const size_t count = 3;
+    std::vector<float> mine(P * count);
+    for (int j = 0; j < P; j++) {
+        for (size_t i = 0; i < count; i++) mine[j * count + i] = (float)(100 * r + 10 * j + i);
+    }
+    Buffer<float> send(mine), recv(std::vector<float>(P * count, -1.0f));
+    uint64_t before = comm_bytes_moved;
+    all_to_all(g, send.data(), recv.data(), count, COMM_FLOAT32);
+    CHECK(comm_bytes_moved - before == 2 * (uint64_t)(P - 1) * count * 4, "counted %llu bytes",
+          (unsigned long long)(comm_bytes_moved - before));
+    const std::vector<float>& got = recv.result(g);
+    for (int j = 0; j < P; j++) {
+        for (size_t i = 0; i < count; i++) {
+            CHECK(got[j * count + i] == (float)(100 * j + 10 * r + i), "block %d element %zu = %g", j, i, got[j * count + i]);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -391,6 +415,7 @@ int main(int argc, char** argv) {
     run_check("host values: sum, 64-bit gather, configuration check, barrier", check_host_values);
     run_check("bytes counted as a ring moves them", check_byte_count);
     run_check("send/recv, sub-groups, gather", check_send_recv_and_split);
+    run_check("all-to-all", check_all_to_all);
 #ifdef COMM_CHECK_NCCL
     run_check("bf16 sums", check_bf16_sum);
 #endif
