@@ -212,7 +212,7 @@ TEST(CliTrainer, RefusesFlagsThatDoNotFitModelOrData) {
                       "context: d6:4096\\)"},
         {run.args() + " -t 17", "flag -t: sequence length 17 exceeds the model's maximum 16"},
         // -d not a multiple of B*T = 16
-        {run.args() + " -d 24", "flag -d: total batch 24 tokens is not a multiple of B\\*T\\*\\(data-parallel processes\\)"},
+        {run.args() + " -d 24", "flag -d: total batch 24 tokens is not a multiple of B\\*T\\*\\(data-parallel replicas\\)"},
         // -d so large that the accumulation steps do not fit the step's count (2^31 and 2^32 micro-batches
         // of 16 tokens): refused, not run with a negative count or a division by zero
         {run.args() + " -d 34359738368", "flag -d: total batch 34359738368 tokens is 2147483648 micro-batches"},
@@ -665,11 +665,11 @@ TEST(CliParse, BatchArgsAgainstModel) {
     EXPECT_EQ(validate_batch_args(a, cfg, 1), 4);  // 64 / (2*8)
     EXPECT_EQ(validate_batch_args(a, cfg, 2), 2);  // 64 / (2*8*2)
     EXPECT_EXIT(validate_batch_args(a, cfg, 3), testing::ExitedWithCode(1),
-                "flag -d: total batch 64 tokens is not a multiple of B\\*T\\*\\(data-parallel processes\\) = 2\\*8\\*3 = 48");
+                "flag -d: total batch 64 tokens is not a multiple of B\\*T\\*\\(data-parallel replicas\\) = 2\\*8\\*3 = 48");
     // 2^31 accumulation steps: more than a step counts (issue: it ran with -2147483648 of them)
     TrainArgs huge = parse({"-b", "2", "-t", "8", "-d", "34359738368"});
     EXPECT_EXIT(validate_batch_args(huge, cfg, 1), testing::ExitedWithCode(1),
-                "flag -d: total batch 34359738368 tokens is 2147483648 micro-batches of B\\*T\\*\\(data-parallel processes\\) = 16 "
+                "flag -d: total batch 34359738368 tokens is 2147483648 micro-batches of B\\*T\\*\\(data-parallel replicas\\) = 16 "
                 "tokens, more than the 2147483647 accumulation steps a step can take");
     TrainArgs one = parse({"-b", "2", "-t", "16"});
     EXPECT_EQ(validate_batch_args(one, cfg, 4), 1);  // -d -1: one micro-batch per step

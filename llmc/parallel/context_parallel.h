@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "../attention.h"
+#include "../expf.h"
 #include "../gemm.h"
 #include "../utils.h"
 #include "comm.h"
@@ -197,17 +198,28 @@ inline void copy_columns(float* to, size_t to_stride, const float* from, size_t 
     for (size_t i = 0; i < n; i++) memcpy(to + i * to_stride, from + i * stride, width * sizeof(float));
 }
 
+// Which of a query half-chunk's keys in a key half-chunk are visible: the ring's rows are two chunks of
+// the 2N (rank r: chunk r, then chunk 2N-1-r), half qh (0 or 1) of process me's against half kh of
+// process src's. 2: every key (an earlier chunk), 1: the causal triangle (the same chunk), 0: none.
+inline int ring_visibility(int N, int me, int qh, int src, int kh) {
+    int q_chunk = qh ? 2 * N - 1 - me : me, k_chunk = kh ? 2 * N - 1 - src : src;
+    return k_chunk < q_chunk ? 2 : k_chunk == q_chunk ? 1 : 0;
+}
+
+// The first position of half kh of process r's positions (each half one of the 2N chunks of Tc).
+inline int ring_half_start(int N, int r, int kh, int Tc) { return (kh ? 2 * N - 1 - r : r) * Tc; }
+
 // Forward: out (B, Tl, C) and att (B, NH, Tl, T), the weights of this process's queries over all T key
 // positions (zero where masked), from its qkv (B, Tl, 3C). C and NH are this tensor-parallel rank's.
 inline void ring_attention_forward(ContextParallel* cp, float* out, float* att, const float* qkv, int B, int C, int NH) {
     const ProcessGroup& g = cp->group;
     const int N = g.size, Tl = cp->Tl, T = cp->T, hs = C / NH, me = g.rank;
     const size_t C3 = 3 * (size_t)C, W = 2 * (size_t)C, rows = (size_t)B * Tl;  // a chunk's row: k, v
+    const int Tc = Tl / 2;  // a half-chunk: one of the 2N chunks
     const float scale = (float)(1.0 / std::sqrt((double)hs));
     float* lse = cp->buffer[2].data();  // (B, NH, Tl)
     std::fill(lse, lse + rows * NH, -INFINITY);
     memset(out, 0, rows * C * sizeof(float));
-    memset(att, 0, rows * NH * T * sizeof(float));
     float* chunk = cp->buffer[0].data();
     float* next = cp->buffer[1].data();
     copy_columns(chunk, W, qkv + C, C3, rows, W);  // this process's k and v
@@ -223,32 +235,48 @@ inline void ring_attention_forward(ContextParallel* cp, float* out, float* att, 
                     const float* q = qkv + (size_t)b * Tl * C3 + h * hs;  // (Tl, hs), row stride 3C
                     const float* k = chunk + (size_t)b * Tl * W + h * hs;  // (Tl, hs), row stride 2C
                     const float* v = k + C;
-                    // S = Q Kᵀ / sqrt(hs), masked by the global positions; its softmax P over the chunk's keys
-                    gemm_accumulate(S.data(), Tl, MatrixView<float>{q, C3, 1}, MatrixView<float>{k, 1, W}, Tl, Tl, hs, true);
+                    // S = Q Kᵀ / sqrt(hs), masked by the global positions; its softmax P over the chunk's keys.
+                    // By half-chunks, the masked ones skipped (their entries are set below, unread)
+                    for (int qh = 0; qh < 2; qh++) {
+                        for (int kh = 0; kh < 2; kh++) {
+                            int visible = ring_visibility(N, me, qh, src, kh);
+                            if (visible == 0) continue;
+                            gemm_accumulate(S.data() + (size_t)qh * Tc * Tl + kh * Tc, Tl, MatrixView<float>{q + qh * Tc * C3, C3, 1},
+                                            MatrixView<float>{k + kh * Tc * W, 1, W}, Tc, Tc, hs, true,
+                                            visible == 1 ? GemmTriangle::lower_c : GemmTriangle::none);
+                        }
+                    }
                     std::vector<float> chunk_lse(Tl, -INFINITY);
                     for (int i = 0; i < Tl; i++) {
-                        int pi = cp->position(me, i);
                         float* row = S.data() + (size_t)i * Tl;
                         float* att_row = att + (((size_t)b * NH + h) * Tl + i) * T;
+                        for (int kh = 0; kh < 2; kh++) {  // scaled where visible (the diagonal's up to i), -inf elsewhere
+                            int visible = ring_visibility(N, me, i / Tc, src, kh);
+                            int seen = visible == 2 ? Tc : visible == 1 ? i % Tc + 1 : 0;
+                            float* r = row + kh * Tc;
+                            for (int j = 0; j < seen; j++) r[j] *= scale;
+                            for (int j = seen; j < Tc; j++) r[j] = -INFINITY;
+                            memcpy(att_row + ring_half_start(N, src, kh, Tc), r, Tc * sizeof(float));  // normalized below
+                        }
                         float m = -INFINITY;
-                        for (int j = 0; j < Tl; j++) {
-                            row[j] = cp->position(src, j) <= pi ? row[j] * scale : -INFINITY;
-                            m = std::max(m, row[j]);
-                        }
+                        for (int j = 0; j < Tl; j++) m = std::max(m, row[j]);
                         if (m == -INFINITY) continue;  // no key of this chunk is visible to query i
-                        double sum = 0.0;
-                        for (int j = 0; j < Tl; j++) {
-                            if (row[j] == -INFINITY) { row[j] = 0.0f; continue; }
-                            att_row[cp->position(src, j)] = row[j];  // the score, normalized below
-                            row[j] = std::exp(row[j] - m);
-                            sum += row[j];
-                        }
-                        for (int j = 0; j < Tl; j++) row[j] = (float)(row[j] / sum);
+                        double sum = exp_and_sum(row, row, m, Tl);  // masked: exp(-inf) = 0
+                        float inv = (float)(1.0 / sum);
+                        for (int j = 0; j < Tl; j++) row[j] *= inv;
                         chunk_lse[i] = m + (float)std::log(sum);
                     }
-                    // the chunk's output P V, merged into the running one by log-sum-exp
-                    gemm_accumulate(O.data(), hs, MatrixView<float>{S.data(), (size_t)Tl, 1}, MatrixView<float>{v, W, 1},
-                                    Tl, hs, Tl, true);
+                    // the chunk's output P V (a half with no visible key is not merged), merged into the running
+                    // one by log-sum-exp
+                    for (int qh = 0; qh < 2; qh++) {
+                        bool first = true;
+                        for (int kh = 0; kh < 2; kh++) {
+                            if (ring_visibility(N, me, qh, src, kh) == 0) continue;
+                            gemm_accumulate(O.data() + (size_t)qh * Tc * hs, hs, MatrixView<float>{S.data() + (size_t)qh * Tc * Tl + kh * Tc, (size_t)Tl, 1},
+                                            MatrixView<float>{v + kh * Tc * W, W, 1}, Tc, hs, Tc, first);
+                            first = false;
+                        }
+                    }
                     float* lse_bh = lse + ((size_t)b * NH + h) * Tl;
                     for (int i = 0; i < Tl; i++) {
                         if (chunk_lse[i] == -INFINITY) continue;
@@ -275,8 +303,8 @@ inline void ring_attention_forward(ContextParallel* cp, float* out, float* att, 
             for (int i = 0; i < Tl; i++) {
                 int pi = cp->position(me, i);
                 float* att_row = att + (((size_t)b * NH + h) * Tl + i) * T;
-                float l = lse[((size_t)b * NH + h) * Tl + i];
-                for (int j = 0; j <= pi; j++) att_row[j] = std::exp(att_row[j] - l);
+                exp_and_sum(att_row, att_row, lse[((size_t)b * NH + h) * Tl + i], pi + 1);
+                for (int j = pi + 1; j < T; j++) att_row[j] = 0.0f;
             }
         }
     }
@@ -292,6 +320,7 @@ inline void ring_attention_backward(ContextParallel* cp, float* dqkv, const floa
     const int N = g.size, Tl = cp->Tl, T = cp->T, hs = C / NH, me = g.rank;
     // a chunk: its k, v (rows, 2C), then the dk, dv it collects (rows, 2C)
     const size_t C3 = 3 * (size_t)C, W = 2 * (size_t)C, rows = (size_t)B * Tl, half = rows * W;
+    const int Tc = Tl / 2;
     const float scale = (float)(1.0 / std::sqrt((double)hs));
     float* chunk = cp->buffer[0].data();
     float* next = cp->buffer[1].data();
@@ -316,24 +345,44 @@ inline void ring_attention_backward(ContextParallel* cp, float* dqkv, const floa
                     const float* dout_bh = dout + (size_t)b * Tl * C + h * hs;  // (Tl, hs), row stride C
                     for (int i = 0; i < Tl; i++) {
                         const float* att_row = att + (((size_t)b * NH + h) * Tl + i) * T;
-                        for (int j = 0; j < Tl; j++) P[(size_t)i * Tl + j] = att_row[cp->position(src, j)];
+                        for (int kh = 0; kh < 2; kh++) {
+                            memcpy(&P[(size_t)i * Tl + kh * Tc], att_row + ring_half_start(N, src, kh, Tc), Tc * sizeof(float));
+                        }
                         const float* o = out + ((size_t)b * Tl + i) * C + h * hs;
                         double d = 0.0;
                         for (int c = 0; c < hs; c++) d += (double)o[c] * dout_bh[(size_t)i * C + c];
                         D[i] = (float)d;
                     }
-                    gemm_accumulate(dS.data(), Tl, MatrixView<float>{dout_bh, (size_t)C, 1}, MatrixView<float>{v, 1, W},
-                                    Tl, Tl, hs, true);
+                    // dP = dout Vᵀ, then dS; then the three products, each by the visible half-chunk pairs
+                    // (elsewhere P = 0 and dS is set to 0 whatever dP's unwritten entries hold)
+                    for (int qh = 0; qh < 2; qh++) {
+                        for (int kh = 0; kh < 2; kh++) {
+                            int visible = ring_visibility(N, me, qh, src, kh);
+                            if (visible == 0) continue;
+                            gemm_accumulate(dS.data() + (size_t)qh * Tc * Tl + kh * Tc, Tl,
+                                            MatrixView<float>{dout_bh + qh * Tc * C, (size_t)C, 1}, MatrixView<float>{v + kh * Tc * W, 1, W},
+                                            Tc, Tc, hs, true, visible == 1 ? GemmTriangle::lower_c : GemmTriangle::none);
+                        }
+                    }
                     for (size_t i = 0; i < (size_t)Tl; i++) {
                         for (size_t j = 0; j < (size_t)Tl; j++) {
                             float p = P[i * Tl + j];
-                            dS[i * Tl + j] = p * (dS[i * Tl + j] - D[i]) * scale;  // 0 where masked (p = 0)
+                            dS[i * Tl + j] = p == 0.0f ? 0.0f : p * (dS[i * Tl + j] - D[i]) * scale;
                         }
                     }
-                    gemm_accumulate(dq, C3, MatrixView<float>{dS.data(), (size_t)Tl, 1}, MatrixView<float>{k, W, 1}, Tl, hs, Tl);
-                    gemm_accumulate(dk, W, MatrixView<float>{dS.data(), 1, (size_t)Tl}, MatrixView<float>{q, C3, 1}, Tl, hs, Tl);
-                    gemm_accumulate(dv, W, MatrixView<float>{P.data(), 1, (size_t)Tl}, MatrixView<float>{dout_bh, (size_t)C, 1},
-                                    Tl, hs, Tl);
+                    for (int qh = 0; qh < 2; qh++) {
+                        for (int kh = 0; kh < 2; kh++) {
+                            if (ring_visibility(N, me, qh, src, kh) == 0) continue;
+                            const float* ds = dS.data() + (size_t)qh * Tc * Tl + kh * Tc;  // (Tc, Tc), row stride Tl
+                            const float* p = P.data() + (size_t)qh * Tc * Tl + kh * Tc;
+                            gemm_accumulate(dq + qh * Tc * C3, C3, MatrixView<float>{ds, (size_t)Tl, 1},
+                                            MatrixView<float>{k + kh * Tc * W, W, 1}, Tc, hs, Tc);
+                            gemm_accumulate(dk + kh * Tc * W, W, MatrixView<float>{ds, 1, (size_t)Tl},
+                                            MatrixView<float>{q + qh * Tc * C3, C3, 1}, Tc, hs, Tc);
+                            gemm_accumulate(dv + kh * Tc * W, W, MatrixView<float>{p, 1, (size_t)Tl},
+                                            MatrixView<float>{dout_bh + qh * Tc * C, (size_t)C, 1}, Tc, hs, Tc);
+                        }
+                    }
                 }
             }
         }

@@ -434,14 +434,14 @@ inline int validate_batch_args(const TrainArgs& args, const GPT2Config& cfg, int
     long tokens_per_micro_step = (long)args.B * args.T * num_processes;
     long total = args.total_batch_tokens == -1 ? tokens_per_micro_step : args.total_batch_tokens;
     if (total % tokens_per_micro_step != 0) {
-        fatal("flag -d: total batch %ld tokens is not a multiple of B*T*(data-parallel processes) = %d*%d*%d = %ld", total, args.B,
+        fatal("flag -d: total batch %ld tokens is not a multiple of B*T*(data-parallel replicas) = %d*%d*%d = %ld", total, args.B,
               args.T, num_processes, tokens_per_micro_step);
     }
     // the accumulation steps are counted in an int (the step's loop, the state file): refuse what does
     // not fit rather than run with a wrapped count
     long micro_batches = total / tokens_per_micro_step;
     if (micro_batches > INT_MAX) {
-        fatal("flag -d: total batch %ld tokens is %ld micro-batches of B*T*(data-parallel processes) = %ld tokens, more than the %d "
+        fatal("flag -d: total batch %ld tokens is %ld micro-batches of B*T*(data-parallel replicas) = %ld tokens, more than the %d "
               "accumulation steps a step can take; lower -d or raise -b", total, micro_batches, tokens_per_micro_step,
               INT_MAX);
     }
