@@ -635,6 +635,35 @@ TEST(ModelParallel, ContextParallelMatchesOneProcess) {
     }
 }
 
+// The val loss of a -cp run is the sum of each process's share of its rows' mean: the one process's
+// (1e-5 relative, the sums' order); a sample is drawn from a whole copy of the parameters on process 0,
+// so before any step (the same parameters) the same tokens as one process's.
+TEST(ModelParallel, ContextParallelEvaluatesAndSamplesAsOneProcess) {
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
+    std::string dir = test::oracle("tiny", TINY);
+    std::string cmd = train_args(dir, 2, 192) + " -t 24 -v 2 -m 3 -j " + dir + "/train.bin -s 2 -g 8";
+    auto sample = [](const std::string& out) {
+        size_t at = out.find("--- sample ---");
+        return at == std::string::npos ? std::string() : out.substr(at, out.find("-----", at + 14) - at);
+    };
+    std::string one_dir = test::scratch_dir("cp_eval_one");
+    test::CommandResult one = test::run_command("OMP_NUM_THREADS=1 " + cmd + " -o " + one_dir);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    std::vector<double> one_val = test::jsonl_values(one_dir + "/metrics.jsonl", "val_loss");
+    ASSERT_EQ(one_val.size(), 2u);
+    ASSERT_FALSE(sample(one.output).empty()) << one.output;
+    for (const char* flags : {"-cp 2", "-cp 2 -cpm ulysses", "-cp 4 -z 1"}) {
+        SCOPED_TRACE(flags);
+        std::string many_dir = test::scratch_dir("cp_eval_many");
+        test::CommandResult many = test::run_command(mpirun(flags[4] - '0') + cmd + " " + flags + " -o " + many_dir);
+        ASSERT_EQ(many.exit_code, 0) << many.output;
+        std::vector<double> val = test::jsonl_values(many_dir + "/metrics.jsonl", "val_loss");
+        ASSERT_EQ(val.size(), 2u);
+        for (int i = 0; i < 2; i++) EXPECT_NEAR(val[i], one_val[i], 1e-5 * one_val[i]) << "val loss " << i;
+        EXPECT_EQ(sample(many.output), sample(one.output));
+    }
+}
+
 // A -cp 2 run (2 replicas, ZeRO-1) resumed from its step-3 checkpoint in the same layout ends with the
 // uninterrupted run's bits; its checkpoint resumed as one process and as -cp 4 by Ulysses continues as
 // one process would (the state files are the layout's, not the split's).
