@@ -81,6 +81,12 @@ void expect_same_training(const Run& a, const Run& b, int steps, double lr) {
     EXPECT_LE(worst, 0.01 * steps * lr) << "final weights";
 }
 
+// The number printed after `label` in a run's output (the start-up's memory lines), or -1.
+double mib_after(const std::string& out, const std::string& label) {
+    size_t at = out.find(label);
+    return at == std::string::npos ? -1.0 : atof(out.c_str() + at + label.size());
+}
+
 std::string train_args(const std::string& oracle_dir, int steps, int total_batch) {
     return test::root() + "/train_gpt2 -e " + oracle_dir + "/model.bin -i " + oracle_dir +
            "/train.bin -b 2 -t 16 -l 1e-3 -c 0.1 -u 1 -q 0.5 -sh 0 -v 0 -s 0 -x " + std::to_string(steps) +
@@ -487,10 +493,6 @@ TEST(ModelParallel, TensorParallelMatchesOneProcess) {
         {ODD, "tiny_odd", 3, "-tp 3 -sq 1"},
         {TINY, "tiny", 4, "-tp 2 -z 1 -sq 1 -r 2"},
     };
-    auto mib_after = [](const std::string& out, const std::string& label) {
-        size_t at = out.find(label);
-        return at == std::string::npos ? -1.0 : atof(out.c_str() + at + label.size());
-    };
     std::map<std::string, double> activations;
     int steps = 4, total = 2 * 16 * 4;  // 4 micro-batches per step: 4 x 1 process, 2 x 2 DP ranks
     for (const Case& c : cases) {
@@ -584,10 +586,7 @@ TEST(ModelParallel, ContextParallelMatchesOneProcess) {
         {TINY, "tiny", 4, "-cp 2 -tp 2 -cpm ulysses"},
         {TINY, "tiny", 4, "-cp 2 -pp 2"},
     };
-    auto activations = [](const std::string& out) {
-        size_t at = out.find("MiB, activations ");
-        return at == std::string::npos ? -1.0 : atof(out.c_str() + at + strlen("MiB, activations "));
-    };
+    auto activations = [](const std::string& out) { return mib_after(out, "MiB, activations "); };
     int steps = 4, total = 2 * 24 * 4;  // 4 micro-batches of 2 x 24 tokens per step on one replica
     std::map<std::string, test::CommandResult> ones;  // the one-process runs, by model
     std::map<std::string, std::string> one_dirs;
