@@ -166,9 +166,8 @@ std::vector<float> gpt2_download_parameters(GPT2* model) {
 void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, DataParallel* dp = nullptr) {
     model->dp = dp;
     cudaCheck(cudaStreamCreate(&model->stream));
-    // the collectives of llmc/parallel/comm.h run over the processes of the run (a group of one without NCCL),
-    // ordered after this stream's work; the layout (llmc/parallel/layout.h) splits them into tensor-parallel
-    // groups, pipeline stages and data-parallel replicas
+    // the collectives of llmc/parallel/comm.h run over the run's processes (one without NCCL), ordered after this
+    // stream's work; the layout (llmc/parallel/layout.h) splits them into tp, pp, dp (and cp) groups
     ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
     gpt2_plan_init(model, whole, args, world, dp != nullptr && dp->nccl);
     matmul_algorithms.autotune = args.matmul_autotune != 0;  // -at 1 (llmc/matmul.cuh)
@@ -259,7 +258,7 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     SequenceShard sq = gpt2_sequence_shard(model, BT);
     cudaStream_t stream = model->stream;
     matmul_forward(b.qkv, nullptr, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
-    attention_forward(b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH, model->flash_attention, stream);
+    cp_attention_forward(model->cp, a.cp_buffers, b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH, model->flash_attention, stream);
     matmul_forward(b.attproj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
     const floatX* proj = sp_sum(model, b.attproj, sq, C);
     fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, proj, w.ln2w, w.ln2b,
@@ -319,9 +318,10 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const ParameterTensors& p = model->params;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
+    int t0 = context_parallel_rows(&model->cp, B, &T, &inputs, &targets);  // -cp: T/cp positions from t0 on
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
-                                    model->layout.sequence_parallel);
+                                    model->layout.sequence_parallel, model->layout.cp);
     SequenceShard sq = gpt2_sequence_shard(model, BT);  // -sq 1: this process's rows of the residual stream
     const size_t R = sq.rows_per_rank, N = sq.rows;
     if (sq.on && (size_t)(tp - 1) * R >= BT) {
@@ -339,7 +339,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // (-sq 1: each process's rows of the sum: a reduce-scatter)
     if (model->first_stage()) {
         floatX* terms = sq.on ? a.attproj : a.encoded;  // -sq 1: the projections' scratch holds the sum's terms
-        encoder_forward(terms, a.inputs, p.wte, p.wpe, B, T, C, stream, v_begin, Vl);
+        encoder_forward(terms, a.inputs, p.wte, p.wpe + (size_t)t0 * C, B, T, C, stream, v_begin, Vl);
         const floatX* mine = sp_sum(model, terms, sq, C);
         if (sq.on && N > 0) {
             cudaCheck(cudaMemcpyAsync(a.encoded, mine, N * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
@@ -378,13 +378,13 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
 
 // Mean of the per-position losses of the last forward with targets; waits for the GPU.
 float gpt2_mean_loss(GPT2* model, int B, int T) {
-    size_t BT = (size_t)B * T;
+    size_t BT = (size_t)B * T / model->layout.cp;  // -cp: this process's rows, and its share of their mean
     cudaCheck(cudaMemcpyAsync(model->host_losses, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
                               model->stream));
     gpt2_sync(model, "the loss (and the gradient reduction before it)");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
-    return (float)(sum / BT);
+    return (float)(sum / (BT * model->layout.cp));
 }
 
 void gpt2_zero_grad(GPT2* model) {
@@ -456,8 +456,8 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
     dout = sp_gather(model, a.dresidual, sq, C);
     matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
                     C, stream);
-    attention_backward(a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH, model->flash_attention,
-                       stream);
+    cp_attention_backward(model->cp, a.cp_buffers, a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH,
+                          model->flash_attention, stream);
     matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
                     (int)BT, C, 3 * Cl, stream);
     const floatX* dln1 = sp_sum(model, a.dln, sq, C);
@@ -482,9 +482,10 @@ void gpt2_backward(GPT2* model, int B, int T) {
     cudaStream_t stream = model->stream;
     const bool packed = model->packed_grads;  // -z 2, 3 (with two or more data-parallel processes: layout.h)
     if (packed) zero_backward_begin(&model->zero);
+    int t0 = context_parallel_rows(&model->cp, B, &T, nullptr, nullptr);  // -cp: T/cp positions from t0 on
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
-                                    model->layout.sequence_parallel);
+                                    model->layout.sequence_parallel, model->layout.cp);
     // -sq 1: dresidual, the residuals and the layernorms hold this process's N rows; d(residual) is
     // gathered for each row-parallel matmul's backward, the layernorm outputs for the weight gradients
     // of the matmuls after them, and each column-parallel input gradient is reduce-scattered (sp_sum)
@@ -524,7 +525,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     // a stage after the first sends a.dresidual, d(loss)/d(its input), to the previous stage
     // (-sq 1: the embedding's gradients need every row's)
     if (model->first_stage()) {
-        encoder_backward(g.wte, g.wpe, sp_gather(model, a.dresidual, sq, C), *model->buckets, B, T, C, stream);
+        encoder_backward(g.wte, g.wpe + (size_t)t0 * C, sp_gather(model, a.dresidual, sq, C), *model->buckets, B, T, C, stream);
     }
     if (packed) {
         zero_reduce_bucket(&model->zero, L);
@@ -959,7 +960,7 @@ int main(int argc, char** argv) {
     // the run: data of this data-parallel replica (every stage of a pipeline reads the same), schedules,
     // evaluation, sampling (llmc/run/run_loop.h)
     TrainRun run;
-    train_run_init(&run, args, cfg, layout.world, layout.dp_rank, layout.dp, resume_step, USE_LOSS_SCALING);
+    train_run_init(&run, args, cfg, layout.world, layout_data_rank(layout), layout_data_size(layout), resume_step, USE_LOSS_SCALING);
     int m = run.data.grad_accum_steps;
     if (layout.tp > 1 || layout.pp > 1) printf("layout: %s\n", parallel_layout_describe(layout).c_str());
     if (layout.pp > 1) {
@@ -975,7 +976,7 @@ int main(int argc, char** argv) {
     }
     run.peak_flops = peak_flops;
     // per GPU: its stage's layers, 1/tp of them
-    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * m / layout.tp;
+    run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * m / (layout.tp * layout.cp);
     // -ni (testing): the last micro-batch of rank 0, or of the first pipeline's last stage, stands for a bad one
     run.injects_bad_micro = layout.dp_rank == 0 && model.last_stage();
     // the step breakdown (llmc/run/phase_timer.h): host phases by the clock, GPU ones by events, NVTX for both

@@ -10,6 +10,7 @@
 #include "cuda_common.cuh"
 #include "global_norm.cuh"  // NORM_BLOCKS
 #include "attention.cuh"  // attention_saved_elements, attention_scratch_elements
+#include "parallel/context_parallel.cuh"
 #include "encoder.cuh"    // encoder_buckets_ints
 #include "layernorm.cuh"  // layernorm_backward_scratch_floats
 #include "matmul.cuh"     // matmul_backward_scratch_floats
@@ -63,6 +64,7 @@ struct ActivationTensors {
     int* inputs;         // (B, T)
     int* targets;        // (B, T)
     int* encoder_buckets;// encoder_buckets_ints(B, T)
+    floatX* cp_buffers;  // -cp: Ulysses's staging and heads (llmc/parallel/context_parallel.cuh)
 };
 
 // One block's views (BlockActs) come from llmc/block_acts.h with this table's strides (layer_strides):
@@ -78,8 +80,10 @@ inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeo
 // This table's per-layer strides for a pass over (B, T). With tensor parallelism (tp > 1) qkv, atty, att
 // and fch hold this process's C/tp channels (NH/tp heads); with sequence parallelism (sp) ln1, ln2,
 // residual2, residual3 and the layernorm statistics R of the B·T rows. The statistics are kept for every
-// layer at every -r level.
-LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false) {
+// layer at every -r level. With context parallelism (cp > 1) T is this process's T/cp positions of each
+// row, and att holds what attention keeps for NH/cp heads over all cp·T positions (Ulysses).
+LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false,
+                           int cp = 1) {
     size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T, R = sp_rows_per_rank(BT, tp, sp && tp > 1);
     LayerStrides s;
     bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
@@ -88,7 +92,7 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
     s.attproj = s.fcproj = 0;  // the scratch proj
     s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
     s.atty = block ? 0 : aligned_elements(BT * Cl);
-    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, T, cfg.num_heads / tp, flash));
+    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, cp * T, cfg.num_heads / tp / cp, flash));
     s.residual2 = block ? 0 : aligned_elements(R * C);
     s.residual3 = aligned_elements(R * C);
     s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
@@ -102,14 +106,15 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
 // last (head false) has no logits. With tensor parallelism (tp > 1) the split tensors hold this
 // process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
 // vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
-// tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R.
+// tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R. With context parallelism (cp > 1)
+// T is this process's positions of each row (layer_strides), and the scratch holds Ulysses's buffers.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
-                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false) {
+                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false, int cp = 1) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
     bool on = sp && tp > 1;
     size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;  // rows here; rows of a gathered tensor
-    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on);  // a kept tensor holds L of these
+    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on, cp);  // a kept tensor holds L of these
     size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
@@ -148,7 +153,8 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&s->attproj, full * C);
     s->fcproj = s->attproj;
     take(&s->gathered, on ? full * C : 0);
-    take(&s->attn_scratch, attention_scratch_elements(B, T, Cl, NH, flash));
+    take(&s->attn_scratch, attention_scratch_elements(B, cp * T, Cl / cp, NH / cp, flash));
+    take(&s->cp_buffers, context_parallel_device_elements(cp, B, T, Cl));
     take(&s->dresidual, R * C);
     take(&s->dln, full * C);
     take(&s->datty, BT * Cl);
@@ -161,6 +167,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         a[k].attproj = a[k].fcproj = s->attproj;
         a[k].gathered = s->gathered;
         a[k].attn_scratch = s->attn_scratch;
+        a[k].cp_buffers = s->cp_buffers;
         a[k].dresidual = s->dresidual;
         a[k].dln = s->dln;
         a[k].datty = s->datty;

@@ -140,9 +140,13 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     cudaCheck(cudaMalloc(&model->acts_memory, bytes));
     model->slots.resize(model->act_slots);
     model->slot_buckets.resize(model->act_slots);
-    size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T,
-                                            model->recompute, flash, model->act_slots, model->last_stage(),
-                                            model->layout.tp, model->layout.sequence_parallel);
+    const ParallelLayout& lay = model->layout;  // -cp: T/cp positions of each row (llmc/parallel/context_split.h)
+    size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T / lay.cp,
+                                            model->recompute, flash, model->act_slots, model->last_stage(), lay.tp,
+                                            lay.sequence_parallel, lay.cp);
+    const GPT2Config& c = model->config;
+    context_parallel_start(lay.cp_group, lay.cp_mode, B, T, c.channels, c.channels / lay.tp, c.num_heads / lay.tp, &model->cp,
+                           false);
     for (int k = 0; k < model->act_slots; k++) model->slot_buckets[k].device = model->slots[k].encoder_buckets;
     gpt2_use_activation_slot(model, 0);
     // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)

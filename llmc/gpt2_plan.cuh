@@ -71,6 +71,7 @@ struct GPT2Plan {
     bool last_stage() const { return layout.pp_rank == layout.pp - 1; }
     int batch_size = 0, seq_len = 0;  // the (B, T) the activations are allocated for
     int act_slots = 1;                // sets of activations (a pipeline stage keeps one per micro-batch in flight)
+    ContextParallel cp;               // -cp: this process's positions of every sequence (llmc/parallel/context_split.h)
     size_t in_use_before = 0;         // device bytes in use before the model's allocations (context, cuBLAS)
 };
 
@@ -91,8 +92,10 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
               args.pipeline_parallel > 1 ? "pipeline stages" : "tensor-parallel ranks",
               args.pipeline_parallel * args.tensor_parallel);
     }
-    plan->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1,
-                                         distributed ? args.pipeline_parallel : 1, distributed ? args.zero_stage : 0, whole);
+    if (!distributed && args.context_parallel > 1) fatal("flag -cp %d: its processes are GPUs; launch %d or more", args.context_parallel, args.context_parallel);
+    plan->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1, distributed ? args.pipeline_parallel : 1,
+                                         distributed ? args.zero_stage : 0, whole, distributed ? args.context_parallel : 1,
+                                         context_mode(args));
     plan->layout.sequence_parallel = args.sequence_parallel && plan->layout.tp > 1;
     const int tp = plan->layout.tp;
     if (tp > 1 && (whole.padded_vocab_size / tp) % 8 != 0) {
@@ -171,8 +174,8 @@ size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool
     const ParallelLayout& lay = model->layout;
     size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
     size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
-    return layout_activations(unused.data(), nullptr, model->config, B, T, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel) + pipe;
+    return layout_activations(unused.data(), nullptr, model->config, B, T / lay.cp, recompute, flash, model->act_slots,
+                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp) + pipe;  // -cp: T/cp positions
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
@@ -483,6 +486,8 @@ double predicted_data_parallel_bytes(const GPT2Plan* model, int A) {
 double predicted_comm_bytes(const GPT2Plan* model, int A) {
     const ParallelLayout& lay = model->layout;
     double bytes = predicted_data_parallel_bytes(model, A);
+    bytes += context_parallel_step_bytes(lay.cp_mode, lay.cp, model->batch_size, model->seq_len, model->config.channels,
+                                         model->config.num_layers, A, model->recompute, sizeof(floatX), ULYSSES_BACKWARD_COLUMNS);
     if (lay.tp == 1 && lay.pp == 1) return bytes;
     if (lay.zero_stage >= 1 && lay.dp > 1) bytes -= 16;  // the norm's float, summed on the host instead
     const size_t X = sizeof(floatX);

@@ -416,6 +416,37 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
     }
 }
 
+// Context parallelism by Ulysses (-cp 2 -cpm ulysses, llmc/parallel/context_parallel.cuh): 2 processes
+// on each sequence's halves (8 of T=16 positions; their all-to-alls give each 2 of the 4 heads over all
+// 16), and 4 as 2 replicas x cp 2 with ZeRO-1, follow one process to this build's per-step tolerances
+// (the bf16 build: flash attention, and the cuBLAS path with -fa 0); the bytes per step are as predicted
+// (the gradients' reduction and the attention's all-to-alls, llmc/parallel/context_split.h).
+TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
+    REQUIRE_MPIRUN_GPUS(4);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    const int steps = 3;
+    std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * 4);  // one replica: 4 micro-batches of 2 x 16
+    TrainerRun one = run_trainer("cp_one", flags);
+    struct Case { int np; std::string flags; };
+    std::vector<Case> cases = {{2, "-cp 2 -cpm ulysses"}, {4, "-cp 2 -cpm ulysses -z 1"}};
+    if (FLASH_ATTENTION_AVAILABLE) cases.push_back({2, "-cp 2 -cpm ulysses -fa 0"});
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.flags);
+        std::string dir = test::scratch_dir("cp_ulysses");
+        test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        expect_comm_bytes_as_predicted(r.output, dir);
+        expect_same_training(one.dir, dir, steps, 1e-3);
+    }
+    // what the CUDA trainer does not have yet is refused, with the reason
+    for (const char* refused : {"-cp 2", "-cp 2 -cpm ulysses -s 1"}) {
+        test::CommandResult r = test::run_command(mpirun_command(2) + trainer() + " " + flags + " " + refused);
+        EXPECT_NE(r.exit_code, 0) << refused;
+        EXPECT_NE(r.output.find("the CUDA trainer has -cpm ulysses"), std::string::npos) << r.output;
+    }
+}
+
 // A hung collective must not hang the job (llmc/parallel/watchdog.h): process 1 of 2 is stopped
 // (SIGSTOP) during training; process 0 waits for it on its stream (dp_wait), and the watchdog (-wt 8)
 // ends the run within the limit, the answer time and a margin, naming the wait, the step and process 1
