@@ -258,7 +258,8 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     SequenceShard sq = gpt2_sequence_shard(model, BT);
     cudaStream_t stream = model->stream;
     matmul_forward(b.qkv, nullptr, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
-    cp_attention_forward(model->cp, a.cp_buffers, b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH, model->flash_attention, stream);
+    cp_attention_forward(model->cp, ulysses_buffers(a, (size_t)BT * Cl), b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH,
+                         model->flash_attention, stream);
     matmul_forward(b.attproj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
     const floatX* proj = sp_sum(model, b.attproj, sq, C);
     fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, proj, w.ln2w, w.ln2b,
@@ -379,8 +380,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
 // Mean of the per-position losses of the last forward with targets; waits for the GPU.
 float gpt2_mean_loss(GPT2* model, int B, int T) {
     size_t BT = (size_t)B * T / model->layout.cp;  // -cp: this process's rows, and its share of their mean
-    cudaCheck(cudaMemcpyAsync(model->host_losses, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
-                              model->stream));
+    cudaCheck(cudaMemcpyAsync(model->host_losses, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model->stream));
     gpt2_sync(model, "the loss (and the gradient reduction before it)");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
@@ -456,7 +456,7 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
     dout = sp_gather(model, a.dresidual, sq, C);
     matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
                     C, stream);
-    cp_attention_backward(model->cp, a.cp_buffers, a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH,
+    cp_attention_backward(model->cp, ulysses_buffers(a, BT * Cl), a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH,
                           model->flash_attention, stream);
     matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
                     (int)BT, C, 3 * Cl, stream);

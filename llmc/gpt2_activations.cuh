@@ -64,7 +64,6 @@ struct ActivationTensors {
     int* inputs;         // (B, T)
     int* targets;        // (B, T)
     int* encoder_buckets;// encoder_buckets_ints(B, T)
-    floatX* cp_buffers;  // -cp: Ulysses's staging and heads (llmc/parallel/context_parallel.cuh)
 };
 
 // One block's views (BlockActs) come from llmc/block_acts.h with this table's strides (layer_strides):
@@ -107,7 +106,8 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
 // process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
 // vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
 // tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R. With context parallelism (cp > 1)
-// T is this process's positions of each row (layer_strides), and the scratch holds Ulysses's buffers.
+// T is this process's positions of each row (layer_strides); Ulysses works in the backward scratch
+// (ulysses_buffers).
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
                           bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false, int cp = 1) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
@@ -154,7 +154,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     s->fcproj = s->attproj;
     take(&s->gathered, on ? full * C : 0);
     take(&s->attn_scratch, attention_scratch_elements(B, cp * T, Cl / cp, NH / cp, flash));
-    take(&s->cp_buffers, context_parallel_device_elements(cp, B, T, Cl));
+
     take(&s->dresidual, R * C);
     take(&s->dln, full * C);
     take(&s->datty, BT * Cl);
@@ -167,7 +167,6 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         a[k].attproj = a[k].fcproj = s->attproj;
         a[k].gathered = s->gathered;
         a[k].attn_scratch = s->attn_scratch;
-        a[k].cp_buffers = s->cp_buffers;
         a[k].dresidual = s->dresidual;
         a[k].dln = s->dln;
         a[k].datty = s->datty;
@@ -178,4 +177,10 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         a[k].classifier_stats = s->classifier_stats;
     }
     return offset;
+}
+
+// Ulysses's buffers (llmc/parallel/context_parallel.cuh) in the backward scratch, free while attention
+// runs; rows_C: this process's rows times its channels (B·T·C/tp).
+inline UlyssesBuffers ulysses_buffers(const ActivationTensors& a, size_t rows_C) {
+    return UlyssesBuffers{a.dfch, a.attproj, a.dqkv, a.dqkv + rows_C, a.datty, a.dln};
 }
