@@ -796,10 +796,10 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
                                        int bad_micro) {
     size_t BT = (size_t)B * T, L = model->config.num_layers;
     const ParallelLayout& lay = model->layout;
-    LayerStrides ls = layer_strides(model->config, B, T, model->recompute, model->flash_attention, lay.tp,
-                                    lay.sequence_parallel);
+    LayerStrides ls = layer_strides(model->config, B, T / lay.cp, model->recompute, model->flash_attention, lay.tp,
+                                    lay.sequence_parallel, lay.cp);  // -cp: its T/cp positions of each row
     PipelineStageHooks h;  // a stage's input and output: its rows of the residual stream (B·T without -sq)
-    h.boundary_elements = sp_rows_per_rank(BT, lay.tp, lay.sequence_parallel) * model->config.channels;
+    h.boundary_elements = sp_rows_per_rank(BT / lay.cp, lay.tp, lay.sequence_parallel) * model->config.channels;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };
     h.forward = [=](int micro) {
         float d = dloss > 0.0f && micro == bad_micro ? INFINITY : dloss;

@@ -486,13 +486,13 @@ double predicted_data_parallel_bytes(const GPT2Plan* model, int A) {
 double predicted_comm_bytes(const GPT2Plan* model, int A) {
     const ParallelLayout& lay = model->layout;
     double bytes = predicted_data_parallel_bytes(model, A);
-    bytes += context_parallel_step_bytes(lay.cp_mode, lay.cp, model->batch_size, model->seq_len, model->config.channels,
+    bytes += context_parallel_step_bytes(lay.cp_mode, lay.cp, model->batch_size, model->seq_len, model->config.channels / lay.tp,
                                          model->config.num_layers, A, model->recompute, sizeof(floatX), ULYSSES_BACKWARD_COLUMNS);
     if (lay.tp == 1 && lay.pp == 1) return bytes;
     if (lay.zero_stage >= 1 && lay.dp > 1) bytes -= 16;  // the norm's float, summed on the host instead
     const size_t X = sizeof(floatX);
     auto all_reduce_bytes = [](size_t n, size_t P, size_t x) { return 2.0 * (double)(n - n / P) * 2 * x; };
-    size_t BT = (size_t)model->batch_size * model->seq_len, C = model->config.channels;
+    size_t BT = (size_t)model->batch_size * model->seq_len / lay.cp, C = model->config.channels;  // -cp: its rows
     size_t R = sp_rows_per_rank(BT, lay.tp, lay.sequence_parallel);  // a process's rows of the residual stream
     if (lay.tp > 1) {
         size_t BTC = BT * C, P = lay.tp;

@@ -254,10 +254,10 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
         fatal("flag -cpm: unknown context-parallel attention '%s' (ring or ulysses)", args.context_mode.c_str());
     }
     if (int cp = args.context_parallel; cp > 1) {
-        if (cuda && (cp_mode == ContextMode::ring || tp > 1 || pp > 1 || args.sample_every > 0)) {
-            fatal("flag -cp %d: the CUDA trainer has -cpm ulysses with data parallelism (any -z), without sampling (-s 0); "
-                  "the ring (its flash kernel does not yet take a key/value chunk), -tp, -pp and samples with -cp are the "
-                  "CPU trainer's (train_gpt2)", cp);
+        if (cuda && (cp_mode == ContextMode::ring || args.sample_every > 0)) {
+            fatal("flag -cp %d: the CUDA trainer has -cpm ulysses (with any -z, -tp, -pp), without sampling (-s 0); the ring "
+                  "(its flash kernel does not yet take a key/value chunk) and samples with -cp are the CPU trainer's "
+                  "(train_gpt2)", cp);
         }
         std::string problem = context_parallel_problem(cp, cp_mode, args.T, 0);
         if (!problem.empty()) fatal("%s", problem.c_str());

@@ -419,7 +419,8 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
 // Context parallelism by Ulysses (-cp 2 -cpm ulysses, llmc/parallel/context_parallel.cuh): 2 processes
 // on each sequence's halves (8 of T=16 positions; their all-to-alls give each 2 of the 4 heads over all
 // 16), and 4 as 2 replicas x cp 2 with ZeRO-1, follow one process to this build's per-step tolerances
-// (the bf16 build: flash attention, and the cuBLAS path with -fa 0), also with -r 3 (the recomputed
+// (the bf16 build: flash attention, and the cuBLAS path with -fa 0), also with -tp 2 (each tensor-parallel
+// rank's 2 heads split again: one each), -pp 2 (the stages send their T/2 positions' rows) and -r 3 (the recomputed
 // forward's all-to-alls work in the backward's scratch, as the backward's own do); the bytes per step are as predicted
 // (the gradients' reduction and the attention's all-to-alls, llmc/parallel/context_split.h).
 TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
@@ -430,7 +431,8 @@ TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
     std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * 4);  // one replica: 4 micro-batches of 2 x 16
     TrainerRun one = run_trainer("cp_one", flags);
     struct Case { int np; std::string flags; };
-    std::vector<Case> cases = {{2, "-cp 2 -cpm ulysses"}, {4, "-cp 2 -cpm ulysses -z 1"}, {2, "-cp 2 -cpm ulysses -r 3"}};
+    std::vector<Case> cases = {{2, "-cp 2 -cpm ulysses"}, {4, "-cp 2 -cpm ulysses -z 1"}, {2, "-cp 2 -cpm ulysses -r 3"},
+                               {4, "-cp 2 -cpm ulysses -tp 2"}, {4, "-cp 2 -cpm ulysses -pp 2"}};
     if (FLASH_ATTENTION_AVAILABLE) cases.push_back({2, "-cp 2 -cpm ulysses -fa 0"});
     for (const Case& c : cases) {
         SCOPED_TRACE(c.flags);
