@@ -130,8 +130,8 @@ inline std::string context_parallel_describe(const ContextParallel& cp, int B, i
     return text;
 }
 
-// Starts the scheme on `group` (its size N; 1: off) for B rows of T positions: the buffers, once (host
-// ones: the CPU trainer's; the CUDA trainer's device buffers are among its activations).
+// Starts the scheme on `group` (its size N; 1: off) for B rows of T positions: the tokens' buffer and,
+// with host_buffers, the CPU trainer's (the CUDA trainer's Ulysses works in its backward scratch).
 inline void context_parallel_start(const ProcessGroup& group, ContextMode mode, int B, int T, int C, int Cl, int NH,
                                    ContextParallel* cp, bool host_buffers = true) {
     cp->group = group;
