@@ -289,7 +289,7 @@ TEST(Distributed, Zero2And3MatchZero0WithAccumulation) {
 // pattern matches nothing) and allocates nothing, and its total is exactly what the run then allocates
 // for the same layout (the printed count of the arrays' bytes: the vectors' sizes, counted apart from
 // the plan's arithmetic), for one process and for 2 with -z 3 (shards and unit buffers), -tp 2 (with and
-// without -sq 1) and -pp 2
+// without -sq 1), -pp 2 and -cp 2 (ring and Ulysses: their buffers)
 // (that those allocations follow the ZeRO formula is Zero2And3MatchZero0WithAccumulation's). A run whose arrays
 // exceed the host's available memory (d48 at B=64, T=1024: its model state alone is 25 GB) stops before
 // reading its model, with the sizes.
@@ -297,7 +297,8 @@ TEST(Distributed, MemoryPlanIsWhatTheRunAllocates) {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (scripts/install_deps.sh installs openmpi-bin)";
     std::string odd_dir = test::oracle("tiny_odd", ODD), tiny_dir = test::oracle("tiny", TINY);
     struct Case { int np, dp; const char* flags; bool odd; };
-    const Case cases[] = {{1, 1, "-z 0", true}, {2, 2, "-z 3", true}, {2, 1, "-tp 2", false}, {2, 1, "-tp 2 -sq 1", false}, {2, 1, "-pp 2", false}};
+    const Case cases[] = {{1, 1, "-z 0", true}, {2, 2, "-z 3", true}, {2, 1, "-tp 2", false}, {2, 1, "-tp 2 -sq 1", false}, {2, 1, "-pp 2", false},
+                          {2, 1, "-cp 2", false}, {2, 1, "-cp 2 -cpm ulysses", false}};
     for (const Case& c : cases) {
         SCOPED_TRACE(std::to_string(c.np) + " process(es), " + c.flags);
         std::string run_flags = train_args(c.odd ? odd_dir : tiny_dir, 1, 2 * 16 * c.dp) + " " + c.flags;

@@ -418,11 +418,12 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
 
 // Context parallelism by Ulysses (-cp 2 -cpm ulysses, llmc/parallel/context_parallel.cuh): 2 processes
 // on each sequence's halves (8 of T=16 positions; their all-to-alls give each 2 of the 4 heads over all
-// 16), and 4 as 2 replicas x cp 2 with ZeRO-1, follow one process to this build's per-step tolerances
-// (the bf16 build: flash attention, and the cuBLAS path with -fa 0), also with -tp 2 (each tensor-parallel
-// rank's 2 heads split again: one each), -pp 2 (the stages send their T/2 positions' rows) and -r 3 (the recomputed
-// forward's all-to-alls work in the backward's scratch, as the backward's own do); the bytes per step are as predicted
-// (the gradients' reduction and the attention's all-to-alls, llmc/parallel/context_split.h).
+// 16) follow one process to this build's per-step tolerances, and so do 2 replicas x cp 2 with ZeRO-1,
+// -r 3 (the recomputed forward's all-to-alls work in the backward's scratch, as the backward's own do),
+// cp 2 x tp 2 (each tensor-parallel rank's 2 heads split again: one each), cp 2 x pp 2 (the stages send
+// their T/2 positions' rows) and in the bf16 build the cuBLAS path (-fa 0) beside flash. The bytes per
+// step are as predicted (the gradients' reduction and the attention's all-to-alls,
+// llmc/parallel/context_split.h), and the val loss is one process's.
 TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
     REQUIRE_MPIRUN_GPUS(4);
     REQUIRE_ORACLE("tiny", tiny_args());
@@ -442,6 +443,17 @@ TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
         expect_comm_bytes_as_predicted(r.output, dir);
         expect_same_training(one.dir, dir, steps, 1e-3);
     }
+    // the val loss: each process's share of its rows' mean, summed (-v 2 over 3 batches of the train data)
+    std::string eval = " -v 2 -m 3 -j " + oracle_dir + "/train.bin";
+    std::string one_val = test::scratch_dir("cp_val_one"), cp_val = test::scratch_dir("cp_val");
+    ASSERT_EQ(test::run_command(mpirun_command(1) + trainer() + " " + flags + eval + " -o " + one_val).exit_code, 0);
+    test::CommandResult val = test::run_command(mpirun_command(2) + trainer() + " " + flags + eval + " -cp 2 -cpm ulysses -o " + cp_val);
+    ASSERT_EQ(val.exit_code, 0) << val.output;
+    std::vector<double> want = test::jsonl_values(one_val + "/metrics.jsonl", "val_loss"),
+                        got = test::jsonl_values(cp_val + "/metrics.jsonl", "val_loss");
+    ASSERT_EQ(want.size(), 3u);  // steps 0, 2 and the last
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], step_loss_tolerance(want[i])) << "val loss " << i;
     // what the CUDA trainer does not have yet is refused, with the reason
     for (const char* refused : {"-cp 2", "-cp 2 -cpm ulysses -s 1"}) {
         test::CommandResult r = test::run_command(mpirun_command(2) + trainer() + " " + flags + " " + refused);
