@@ -93,10 +93,8 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
               args.pipeline_parallel * args.tensor_parallel);
     }
     if (!distributed && args.context_parallel > 1) fatal("flag -cp %d: its processes are GPUs; launch %d or more", args.context_parallel, args.context_parallel);
-    plan->layout = parallel_layout_init(world, distributed ? args.tensor_parallel : 1, distributed ? args.pipeline_parallel : 1,
-                                         distributed ? args.zero_stage : 0, whole, distributed ? args.context_parallel : 1,
-                                         context_mode(args));
-    plan->layout.sequence_parallel = args.sequence_parallel && plan->layout.tp > 1;
+    // one GPU without NCCL: the whole model (-tp, -pp, -cp are refused above; -z has nothing to shard)
+    plan->layout = distributed ? parallel_layout_from_args(world, args, whole) : parallel_layout_init(world, 1, 1, 0, whole);
     const int tp = plan->layout.tp;
     if (tp > 1 && (whole.padded_vocab_size / tp) % 8 != 0) {
         fatal("-tp %d: each process's %d vocabulary rows must be a multiple of 8 (16-byte loads)", tp,

@@ -19,6 +19,7 @@
 #include "../optimizer.h"
 #include "../parallel/bootstrap.h"
 #include "../parallel/context_split.h"
+#include "../parallel/layout.h"
 #include "../utils.h"
 #include "schedulers.h"
 
@@ -238,6 +239,15 @@ inline ContextMode context_mode(const TrainArgs& args) {
     ContextMode mode = ContextMode::ring;
     context_mode_from_name(args.context_mode, &mode);
     return mode;
+}
+
+// The process layout the flags ask for (-tp, -pp, -cp, -cpm, -z, -sq; llmc/parallel/layout.h), both
+// trainers'; fatal, with the reason, when it cannot run. Every process must call it.
+inline ParallelLayout parallel_layout_from_args(const ProcessGroup& world, const TrainArgs& args, const GPT2Config& cfg) {
+    ParallelLayout lay = parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg,
+                                              args.context_parallel, context_mode(args));
+    lay.sequence_parallel = args.sequence_parallel && lay.tp > 1;
+    return lay;
 }
 
 // Flags that cannot be combined with the process layout (-tp, -pp): fatal, with the reason. The CUDA

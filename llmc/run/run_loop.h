@@ -114,15 +114,6 @@ inline void run_hooks_sums(RunHooks* h, const ParallelLayout* lay) {
     h->sum_over_world = [lay](double x, const char* what) { return all_reduce_sum(lay->world, x, what); };
 }
 
-// The process layout the flags ask for (-tp, -pp, -cp, -cpm, -z, -sq; llmc/parallel/layout.h); fatal, with
-// the reason, when it cannot run. Every process must call it.
-inline ParallelLayout parallel_layout_from_args(const ProcessGroup& world, const TrainArgs& args, const GPT2Config& cfg) {
-    ParallelLayout lay = parallel_layout_init(world, args.tensor_parallel, args.pipeline_parallel, args.zero_stage, cfg,
-                                              args.context_parallel, context_mode(args));
-    lay.sequence_parallel = args.sequence_parallel && lay.tp > 1;
-    return lay;
-}
-
 // HellaSwag over the data-parallel group (llmc/run/hellaswag.h): each process its share of the examples
 // (row_losses: its model's per-position losses), the counts summed.
 template <typename RowLosses>
