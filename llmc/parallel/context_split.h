@@ -25,17 +25,24 @@ inline bool context_mode_from_name(const std::string& name, ContextMode* mode) {
     return true;
 }
 
-// Why -cp N -cpm mode cannot split sequences of T positions with `heads` heads per process, or "".
-inline std::string context_parallel_problem(int N, ContextMode mode, int T, int heads) {
+// Why -cp N -cpm mode cannot split sequences of T positions, or "" (the flags check -t; each pass its T).
+inline std::string context_split_problem(int N, ContextMode mode, int T) {
     char text[320] = "";
-    if (N <= 1) return "";
-    if (mode == ContextMode::ring && T % (2 * N) != 0) {
+    if (N > 1 && mode == ContextMode::ring && T % (2 * N) != 0) {
         snprintf(text, sizeof(text), "-cp %d -cpm ring: T = %d does not divide into %d chunks (the ring's causal split "
                  "is load-balanced: each process holds a chunk from the front and its mirror from the back); use a T "
                  "divisible by %d", N, T, 2 * N, 2 * N);
-    } else if (mode == ContextMode::ulysses && T % N != 0) {
+    } else if (N > 1 && mode == ContextMode::ulysses && T % N != 0) {
         snprintf(text, sizeof(text), "-cp %d -cpm ulysses: T = %d does not divide into %d chunks", N, T, N);
-    } else if (mode == ContextMode::ulysses && heads % N != 0) {
+    }
+    return text;
+}
+
+// Why -cp N -cpm mode cannot split the attention of `heads` heads per process (-tp's share), or "" (the layout
+// checks it).
+inline std::string context_heads_problem(int N, ContextMode mode, int heads) {
+    char text[320] = "";
+    if (N > 1 && mode == ContextMode::ulysses && heads % N != 0) {
         snprintf(text, sizeof(text), "-cp %d -cpm ulysses: the all-to-all gives each process whole heads, and %d does "
                  "not divide the %d heads of a process (-tp's share); use -cpm ring", N, N, heads);
     }
@@ -138,7 +145,7 @@ inline void context_parallel_start(const ProcessGroup& group, ContextMode mode, 
     cp->mode = mode;
     if (!cp->on()) return;
     int N = group.size;
-    std::string problem = context_parallel_problem(N, mode, T, NH);
+    std::string problem = context_split_problem(N, mode, T) + context_heads_problem(N, mode, NH);
     if (!problem.empty()) fatal("%s", problem.c_str());
     cp->tokens.assign(2 * (size_t)B * (T / N), 0);
     if (!host_buffers) return;
@@ -154,7 +161,7 @@ inline void context_parallel_start(const ProcessGroup& group, ContextMode mode, 
 inline int context_parallel_enter(ContextParallel* cp, int B, int T, const int** inputs, const int** targets,
                                   float** wpe, int C) {
     int N = cp->group.size;
-    std::string problem = context_parallel_problem(N, cp->mode, T, 0);  // (the heads were checked at the start)
+    std::string problem = context_split_problem(N, cp->mode, T);
     if (!problem.empty()) fatal("%s", problem.c_str());
     if ((size_t)B * (T / N) * 2 > cp->tokens.size()) {
         fatal("context parallelism: B=%d T=%d is larger than the %zu rows allocated", B, T, cp->tokens.size() / 2);

@@ -95,7 +95,7 @@ inline std::string parallel_layout_problem(int world_size, int tp, int pp, const
     } else if (pp > cfg.num_layers) {
         snprintf(text, sizeof(text), "-pp %d: more pipeline stages than the model's %d layers", pp, cfg.num_layers);
     } else {
-        return context_parallel_problem(cp, cp_mode, 2 * cp, cfg.num_heads / tp);  // (T is checked with the flags)
+        return context_heads_problem(cp, cp_mode, cfg.num_heads / tp);  // (T is checked with the flags)
     }
     return text;
 }

@@ -269,7 +269,7 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
                   "(its flash kernel does not yet take a key/value chunk) and samples with -cp are the CPU trainer's "
                   "(train_gpt2)", cp);
         }
-        std::string problem = context_parallel_problem(cp, cp_mode, args.T, 0);
+        std::string problem = context_split_problem(cp, cp_mode, args.T);
         if (!problem.empty()) fatal("%s", problem.c_str());
         if (args.hellaswag_every > 0) {
             fatal("flag -cp %d: HellaSwag (-he) scores whole rows, which context parallelism splits; run it without -cp", cp);
