@@ -175,9 +175,9 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     size_t free_before = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
     model->in_use_before = total_bytes - free_before;
-    if (args.plan) {  // -P 1: the plan, and nothing allocated
-        int B = args.B == BATCH_AUTO ? choose_batch(model, args, model->layout.dp) : args.B;
-        print_memory_plan(gpt2_memory_plan(model, B, args.T, args.recompute));
+    if (args.plan) {  // -P 1: the plan, and nothing allocated; each process closes its communicator for mpirun
+        print_memory_plan(gpt2_memory_plan(model, planned_batch(model, args), args.T, args.recompute));
+        if (dp != nullptr) dp_finalize(dp);
         exit(EXIT_SUCCESS);
     }
     check_model_state_fits(model);
@@ -258,7 +258,7 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     SequenceShard sq = gpt2_sequence_shard(model, BT);
     cudaStream_t stream = model->stream;
     matmul_forward(b.qkv, nullptr, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
-    cp_attention_forward(model->cp, ulysses_buffers(a, (size_t)BT * Cl), b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH,
+    cp_attention_forward(model->cp, context_scratch(a), b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH,
                          model->flash_attention, stream);
     matmul_forward(b.attproj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
     const floatX* proj = sp_sum(model, b.attproj, sq, C);
@@ -319,10 +319,10 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     const ParameterTensors& p = model->params;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
-    int t0 = context_parallel_rows(&model->cp, B, &T, &inputs, &targets);  // -cp: T/cp positions from t0 on
+    RowPositions pos = context_parallel_positions(&model->cp, B, &T, &inputs, &targets);  // -cp: T/cp positions
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
-                                    model->layout.sequence_parallel, model->layout.cp);
+                                    model->layout.sequence_parallel, model->layout.cp, model->layout.cp_mode);
     SequenceShard sq = gpt2_sequence_shard(model, BT);  // -sq 1: this process's rows of the residual stream
     const size_t R = sq.rows_per_rank, N = sq.rows;
     if (sq.on && (size_t)(tp - 1) * R >= BT) {
@@ -340,7 +340,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     // (-sq 1: each process's rows of the sum: a reduce-scatter)
     if (model->first_stage()) {
         floatX* terms = sq.on ? a.attproj : a.encoded;  // -sq 1: the projections' scratch holds the sum's terms
-        encoder_forward(terms, a.inputs, p.wte, p.wpe + (size_t)t0 * C, B, T, C, stream, v_begin, Vl);
+        encoder_forward(terms, a.inputs, p.wte, p.wpe, B, T, C, stream, v_begin, Vl, pos);
         const floatX* mine = sp_sum(model, terms, sq, C);
         if (sq.on && N > 0) {
             cudaCheck(cudaMemcpyAsync(a.encoded, mine, N * C * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
@@ -456,7 +456,7 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
     dout = sp_gather(model, a.dresidual, sq, C);
     matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
                     C, stream);
-    cp_attention_backward(model->cp, ulysses_buffers(a, BT * Cl), a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH,
+    cp_attention_backward(model->cp, context_scratch(a), a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH,
                           model->flash_attention, stream);
     matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
                     (int)BT, C, 3 * Cl, stream);
@@ -482,10 +482,10 @@ void gpt2_backward(GPT2* model, int B, int T) {
     cudaStream_t stream = model->stream;
     const bool packed = model->packed_grads;  // -z 2, 3 (with two or more data-parallel processes: layout.h)
     if (packed) zero_backward_begin(&model->zero);
-    int t0 = context_parallel_rows(&model->cp, B, &T, nullptr, nullptr);  // -cp: T/cp positions from t0 on
+    RowPositions pos = context_parallel_positions(&model->cp, B, &T, nullptr, nullptr);  // -cp: T/cp positions
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
-                                    model->layout.sequence_parallel, model->layout.cp);
+                                    model->layout.sequence_parallel, model->layout.cp, model->layout.cp_mode);
     // -sq 1: dresidual, the residuals and the layernorms hold this process's N rows; d(residual) is
     // gathered for each row-parallel matmul's backward, the layernorm outputs for the weight gradients
     // of the matmuls after them, and each column-parallel input gradient is reduce-scattered (sp_sum)
@@ -525,7 +525,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     // a stage after the first sends a.dresidual, d(loss)/d(its input), to the previous stage
     // (-sq 1: the embedding's gradients need every row's)
     if (model->first_stage()) {
-        encoder_backward(g.wte, g.wpe + (size_t)t0 * C, sp_gather(model, a.dresidual, sq, C), *model->buckets, B, T, C, stream);
+        encoder_backward(g.wte, g.wpe, sp_gather(model, a.dresidual, sq, C), *model->buckets, B, T, C, stream, pos);
     }
     if (packed) {
         zero_reduce_bucket(&model->zero, L);
@@ -797,7 +797,7 @@ PipelineStageHooks gpt2_pipeline_hooks(GPT2* model, const int* inputs, const int
     size_t BT = (size_t)B * T, L = model->config.num_layers;
     const ParallelLayout& lay = model->layout;
     LayerStrides ls = layer_strides(model->config, B, T / lay.cp, model->recompute, model->flash_attention, lay.tp,
-                                    lay.sequence_parallel, lay.cp);  // -cp: its T/cp positions of each row
+                                    lay.sequence_parallel, lay.cp, lay.cp_mode);  // -cp: its T/cp positions of each row
     PipelineStageHooks h;  // a stage's input and output: its rows of the residual stream (B·T without -sq)
     h.boundary_elements = sp_rows_per_rank(BT / lay.cp, lay.tp, lay.sequence_parallel) * model->config.channels;
     h.select = [=](int micro) { gpt2_use_activation_slot(model, micro % model->act_slots); };

@@ -16,6 +16,13 @@
 // Every output element is owned by one warp and summed in a fixed order: no atomics, so two runs give
 // the same bits. The price is recomputing two of the products for dq (7 products instead of 5).
 //
+// The kernels take an AttentionProblem (below): one process's whole causal sequence, or for context
+// parallelism's ring (llmc/parallel/context_parallel.cuh) a chunk of queries against a chunk of keys and
+// values in buffers of their own, causal when both hold the same positions and fully visible when every
+// key comes earlier. A fully visible problem walks every key tile and masks only the padded keys of
+// the last; its lse is over the chunk's keys (the ring merges chunks by it), and its backward, given
+// the whole softmax's lse and D, adds into dq, dk and dv (accumulate).
+//
 // Versions of the three kernels, a template argument (dev/cuda/attention_forward.cu and
 // attention_backward.cu time them; the trainer runs v4; v5, below, differs from v4 only in the
 // forward's register bound):
@@ -37,12 +44,73 @@
 // (the kernels use bf16 mma.sync) and run the cuBLAS path.
 #pragma once
 
+#include "cuda_common.cuh"
+
+// One attention problem, as the kernels take it: B·NH heads, each Tq queries against Tk keys. An
+// operand is rows of a (B, rows, NH·hs) tensor: head h of row t of sequence b starts at
+// base + b·batch + t·row + h·hs. One process's whole sequence is q, k and v inside qkv (Tq = Tk = T,
+// causal); context parallelism's ring (llmc/parallel/context_parallel.cuh) gives a chunk of this
+// process's queries and a key/value chunk that arrived from another process, in buffers of their own,
+// causal when both hold the same positions and fully visible when the keys all come earlier. The
+// statistics of (b, h) are at lse + (b·NH + h)·stat_row (and delta likewise): the log-sum-exp of each
+// query's scaled scores over the problem's keys, and the backward's rowsum(dout * out).
+struct HeadRows {
+    floatX* base = nullptr;
+    long batch = 0;
+    int row = 0;
+    __host__ __device__ floatX* head(int b, int h, int hs) const { return base + b * batch + h * hs; }
+};
+
+struct AttentionProblem {
+    HeadRows q, k, v;
+    HeadRows out;         // the forward writes it (normalized over the problem's keys)
+    HeadRows dout;        // the backward's: dout, and dq, dk, dv laid out as q, k, v
+    HeadRows dq, dk, dv;
+    float* lse = nullptr;  // the forward writes it; the backward reads it (with delta) for the whole softmax
+    const float* delta = nullptr;
+    int stat_row = 0;
+    int B = 0, NH = 0, hs = 0, Tq = 0, Tk = 0;
+    bool causal = true;       // key j is visible to query i iff j <= i; otherwise every key is
+    bool accumulate = false;  // the backward adds into dq, dk, dv (the ring's chunks) instead of setting them
+};
+
+// One process's whole causal sequence: q, k, v inside qkv (B, T, 3·NH·hs), out (B, T, NH·hs), lse (B, NH, T).
+inline AttentionProblem attention_sequence(const floatX* qkv, floatX* out, float* lse, int B, int T, int NH, int hs) {
+    AttentionProblem p;
+    long C = (long)NH * hs;
+    floatX* base = const_cast<floatX*>(qkv);
+    p.q = HeadRows{base, T * 3 * C, (int)(3 * C)};
+    p.k = HeadRows{base + C, T * 3 * C, (int)(3 * C)};
+    p.v = HeadRows{base + 2 * C, T * 3 * C, (int)(3 * C)};
+    p.out = HeadRows{out, T * C, (int)C};
+    p.lse = lse;
+    p.stat_row = T;
+    p.B = B, p.NH = NH, p.hs = hs, p.Tq = p.Tk = T;
+    return p;
+}
+
+// D[b, h, t] = rowsum(dout * out) (the backward of a softmax over keys in chunks needs it whole), the sum over the head's values of dout * out: one thread per row (b, h, t)
+__global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* out, int B, int T, int NH,
+                                             int hs) {
+    int row_index = blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, t)
+    if (row_index >= B * NH * T) return;
+    int t = row_index % T, h = (row_index / T) % NH, b = row_index / (NH * T);
+    size_t offset = ((size_t)b * T + t) * NH * hs + h * hs;
+    float sum = 0.0f;
+    for (int d = 0; d < hs; d += x128::size) {
+        x128 dy = load128(dout + offset + d);
+        x128 o = load128(out + offset + d);
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) sum += (float)dy[k] * (float)o[k];
+    }
+    delta[row_index] = sum;
+}
+
 #if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
 #define LLMC_FLASH_ATTENTION 1
 
 #include <cmath>
 
-#include "cuda_common.cuh"
 #include "mma.cuh"
 
 constexpr int FLASH_TILE = 64;     // queries per block and keys per tile (a block's 4 warps x 16 rows)
@@ -83,17 +151,18 @@ __device__ inline float flash_exp2(float x) {
     }
 }
 
-// Scores of keys after their query to -inf (so 2^score is 0) in a warp's 16 x 64 tile of accumulator
+// Scores a query does not see to -inf (so 2^score is 0) in a warp's 16 x 64 tile of accumulator
 // fragments: the lane's rows are row0 and row0 + 8, its columns col0 + nt*8 + (lane%4)*2 + {0, 1}.
-// keys_are_rows: the backward's transposed frame (rows are keys, columns queries), where a query at or
-// past T (a padded row) is masked too.
-__device__ inline void flash_mask_causal(float (*s)[4], int row0, int col0, bool keys_are_rows, int T, int lane) {
+// Causal: keys after their query; and keys at or past Tk (a padded column, or row in the backward's
+// transposed frame, keys_are_rows, where a query at or past Tq is masked too).
+__device__ inline void flash_mask(float (*s)[4], int row0, int col0, bool keys_are_rows, bool causal, int Tq, int Tk,
+                                  int lane) {
 #pragma unroll
     for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int row = row0 + 8 * (e / 2), col = col0 + nt * 8 + (lane % 4) * 2 + e % 2;
-            bool masked = keys_are_rows ? (row > col || col >= T) : col > row;
+            bool masked = keys_are_rows ? ((causal && row > col) || col >= Tq) : ((causal && col > row) || col >= Tk);
             if (masked) s[nt][e] = -INFINITY;
         }
     }
@@ -211,10 +280,11 @@ __device__ inline void flash_mma_pb(float (*acc)[4], const float (*p)[4], const 
 }
 
 // Stores a warp's 16 x D accumulator rows (two per lane: row0 and row0 + 8), times the per-row factor,
-// into rows of a (T, row_stride) view; rows past T and columns past hs are skipped.
+// into rows of a (T, row_stride) view, or adds them there (accumulate); rows past T and columns past hs
+// are skipped.
 template <int D>
 __device__ inline void flash_store_rows(floatX* dst, size_t row_stride, const float (*acc)[4], int row0,
-                                        const float* factor, int T, int hs, int lane) {
+                                        const float* factor, int T, int hs, int lane, bool accumulate = false) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = row0 + 8 * r;
@@ -224,8 +294,13 @@ __device__ inline void flash_store_rows(floatX* dst, size_t row_stride, const fl
         for (int nt = 0; nt < D / 8; nt++) {
             int col = nt * 8 + (lane % 4) * 2;
             if (col >= hs) break;
-            *reinterpret_cast<__nv_bfloat162*>(out + col) =
-                __floats2bfloat162_rn(acc[nt][2 * r] * factor[r], acc[nt][2 * r + 1] * factor[r]);
+            __nv_bfloat162* to = reinterpret_cast<__nv_bfloat162*>(out + col);
+            float x = acc[nt][2 * r] * factor[r], y = acc[nt][2 * r + 1] * factor[r];
+            if (accumulate) {
+                float2 before = __bfloat1622float2(*to);
+                x += before.x, y += before.y;
+            }
+            *to = __floats2bfloat162_rn(x, y);
         }
     }
 }
@@ -237,19 +312,20 @@ struct FlashForwardShared {
 
 template <int D, FlashVersion V>
 __global__ void __launch_bounds__(FLASH_THREADS, flash_forward_min_blocks<D, V>()) attention_flash_forward_kernel(
-    floatX* out, float* lse, const floatX* qkv, int T, int NH, int hs) {
+    const AttentionProblem p) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashForwardShared<D>& sh = *reinterpret_cast<FlashForwardShared<D>*>(flash_shared);
-    int C = NH * hs;
+    const int hs = p.hs, Tq = p.Tq, Tk = p.Tk;
     int q_tile = gridDim.x - 1 - blockIdx.x;  // the longest rows first, so the short blocks fill in at the end
-    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH;
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;  // q of (b, t = 0, h); k at + C, v at + 2C
-    size_t stride = 3 * (size_t)C;
+    const floatX *q_head = p.q.head(b, h, hs), *k_head = p.k.head(b, h, hs), *v_head = p.v.head(b, h, hs);
+    // causal: the key tiles up to the diagonal; otherwise all of them
+    int last_tile = p.causal ? q_tile : (Tk - 1) / FLASH_TILE;
 
-    flash_load_tile<D, V>(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
-    flash_load_tile<D, V>(sh.k[0], q_head + C, stride, 0, T, hs);
-    flash_load_tile<D, V>(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
+    flash_load_tile<D, V>(sh.q, q_head, p.q.row, q_tile * FLASH_TILE, Tq, hs);
+    flash_load_tile<D, V>(sh.k[0], k_head, p.k.row, 0, Tk, hs);
+    flash_load_tile<D, V>(sh.v[0], v_head, p.v.row, 0, Tk, hs);
     cp_async_commit();
 
     const float scale_log2 = (1.0f / sqrtf((float)hs)) * FLASH_LOG2E;  // as the backward computes it
@@ -261,11 +337,11 @@ __global__ void __launch_bounds__(FLASH_THREADS, flash_forward_min_blocks<D, V>(
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.0f, 0.0f};  // this lane's share; the 4 lanes of a row are added at the end
 
-    for (int j = 0; j <= q_tile; j++) {
+    for (int j = 0; j <= last_tile; j++) {
         int stage = j % 2;
-        if (j + 1 <= q_tile) {
-            flash_load_tile<D, V>(sh.k[1 - stage], q_head + C, stride, (j + 1) * FLASH_TILE, T, hs);
-            flash_load_tile<D, V>(sh.v[1 - stage], q_head + 2 * C, stride, (j + 1) * FLASH_TILE, T, hs);
+        if (j + 1 <= last_tile) {
+            flash_load_tile<D, V>(sh.k[1 - stage], k_head, p.k.row, (j + 1) * FLASH_TILE, Tk, hs);
+            flash_load_tile<D, V>(sh.v[1 - stage], v_head, p.v.row, (j + 1) * FLASH_TILE, Tk, hs);
         }
         cp_async_commit();
         cp_async_wait<1>();  // all but the group just committed: tile j (and q) have landed
@@ -281,8 +357,11 @@ __global__ void __launch_bounds__(FLASH_THREADS, flash_forward_min_blocks<D, V>(
                 for (int e = 0; e < 4; e++) s[nt][e] *= scale_log2;
             }
         }
-        // on the diagonal tile mask keys after the query (that covers the zero rows past T too)
-        if (j == q_tile) flash_mask_causal(s, query0, j * FLASH_TILE, false, T, lane);
+        // on the diagonal tile mask keys after the query (that covers the zero rows past T too); with every
+        // key visible, the zero rows past Tk of the last tile
+        if (p.causal ? j == q_tile : (j + 1) * FLASH_TILE > Tk) {
+            flash_mask(s, query0, j * FLASH_TILE, false, p.causal, Tq, Tk, lane);
+        }
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
@@ -327,28 +406,11 @@ __global__ void __launch_bounds__(FLASH_THREADS, flash_forward_min_blocks<D, V>(
         inv_sum[r] = 1.0f / row_sum[r];
         int query = query0 + 8 * r;
         // lse in natural-log units: (max + log2(sum)) / log2(e)
-        if (lane % 4 == 0 && query < T) {
-            lse[(size_t)blockIdx.y * T + query] = (row_max[r] * step + log2f(row_sum[r])) / FLASH_LOG2E;
+        if (lane % 4 == 0 && query < Tq) {
+            p.lse[(size_t)blockIdx.y * p.stat_row + query] = (row_max[r] * step + log2f(row_sum[r])) / FLASH_LOG2E;
         }
     }
-    flash_store_rows<D>(out + (size_t)b * T * C + h * hs, C, o, query0, inv_sum, T, hs, lane);
-}
-
-// D[b, h, t] = sum over the head's values of dout * out: one thread per row (b, h, t)
-__global__ void attention_flash_delta_kernel(float* delta, const floatX* dout, const floatX* out, int B, int T, int NH,
-                                             int hs) {
-    int row_index = blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, t)
-    if (row_index >= B * NH * T) return;
-    int t = row_index % T, h = (row_index / T) % NH, b = row_index / (NH * T);
-    size_t offset = ((size_t)b * T + t) * NH * hs + h * hs;
-    float sum = 0.0f;
-    for (int d = 0; d < hs; d += x128::size) {
-        x128 dy = load128(dout + offset + d);
-        x128 o = load128(out + offset + d);
-#pragma unroll
-        for (int k = 0; k < x128::size; k++) sum += (float)dy[k] * (float)o[k];
-    }
-    delta[row_index] = sum;
+    flash_store_rows<D>(p.out.head(b, h, hs), p.out.row, o, query0, inv_sum, Tq, hs, lane);
 }
 
 template <int D>
@@ -361,37 +423,34 @@ struct FlashKVShared {
 // kernel 1: dk and dv for 64 keys of one head
 template <int D, FlashVersion V>
 __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_kernel(
-    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
-                                        const float* delta, int T, int NH, int hs) {
+    const AttentionProblem p) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashKVShared<D>& sh = *reinterpret_cast<FlashKVShared<D>*>(flash_shared);
-    int C = NH * hs;
+    const int hs = p.hs, Tq = p.Tq, Tk = p.Tk;
     int k_tile = blockIdx.x;  // tile 0 has the most query tiles after it, and starts first
-    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH;
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * hs;
-    const float* lse_head = lse + (size_t)blockIdx.y * T;  // rows of (b, h)
-    const float* delta_head = delta + (size_t)blockIdx.y * T;
-    size_t stride = 3 * (size_t)C;
-    int num_q_tiles = (T + FLASH_TILE - 1) / FLASH_TILE;
+    int num_q_tiles = (Tq + FLASH_TILE - 1) / FLASH_TILE;
+    int first_q_tile = p.causal ? k_tile : 0;  // causal: the queries from the diagonal on
 
     // lse and D with plain loads: a head's rows start at any float offset, too unaligned for cp.async.
-    // v4 keeps lse in log2 units.
+    // v4 keeps lse in log2 units. The operands' addresses are formed from p at each tile rather than
+    // held: at head sizes over 96 the registers they would take are the last ones free.
     const float lse_unit = V != FlashVersion::v3 ? FLASH_LOG2E : 1.0f;
     auto load_query_tile = [&](int stage, int q_tile) {
-        flash_load_tile<D, V>(sh.q[stage], q_head, stride, q_tile * FLASH_TILE, T, hs);
-        flash_load_tile<D, V>(sh.dout[stage], dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
+        flash_load_tile<D, V>(sh.q[stage], p.q.head(b, h, hs), p.q.row, q_tile * FLASH_TILE, Tq, hs);
+        flash_load_tile<D, V>(sh.dout[stage], p.dout.head(b, h, hs), p.dout.row, q_tile * FLASH_TILE, Tq, hs);
         int i = threadIdx.x % FLASH_TILE, query = q_tile * FLASH_TILE + i;
+        size_t stat = (size_t)blockIdx.y * p.stat_row + query;  // row query of (b, h)
         if (threadIdx.x < FLASH_TILE) {
-            sh.lse[stage][i] = query < T ? lse_head[query] * lse_unit : 0.0f;
+            sh.lse[stage][i] = query < Tq ? p.lse[stat] * lse_unit : 0.0f;
         } else {
-            sh.delta[stage][i] = query < T ? delta_head[query] : 0.0f;
+            sh.delta[stage][i] = query < Tq ? p.delta[stat] : 0.0f;
         }
     };
-    flash_load_tile<D, V>(sh.k, q_head + C, stride, k_tile * FLASH_TILE, T, hs);
-    flash_load_tile<D, V>(sh.v, q_head + 2 * C, stride, k_tile * FLASH_TILE, T, hs);
-    load_query_tile(0, k_tile);
+    flash_load_tile<D, V>(sh.k, p.k.head(b, h, hs), p.k.row, k_tile * FLASH_TILE, Tk, hs);
+    flash_load_tile<D, V>(sh.v, p.v.head(b, h, hs), p.v.row, k_tile * FLASH_TILE, Tk, hs);
+    load_query_tile(0, first_q_tile);
     cp_async_commit();
 
     const float scale = 1.0f / sqrtf((float)hs);
@@ -406,26 +465,26 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
     uint32_t k_frag[hold_kv ? D / 16 : 1][4], v_frag[hold_kv ? D / 16 : 1][4];
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
 
-    for (int q_tile = k_tile; q_tile < num_q_tiles; q_tile++) {
-        int stage = (q_tile - k_tile) % 2;
+    for (int q_tile = first_q_tile; q_tile < num_q_tiles; q_tile++) {
+        int stage = (q_tile - first_q_tile) % 2;
         if (q_tile + 1 < num_q_tiles) load_query_tile(1 - stage, q_tile + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (hold_kv && q_tile == k_tile) {
+        if (hold_kv && q_tile == first_q_tile) {
             flash_load_a<D>(k_frag, sh.k, warp * 16, lane);
             flash_load_a<D>(v_frag, sh.v, warp * 16, lane);
         }
-        // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse); 0 for a key after the query, or a query past
-        // T (v4: only the diagonal tile and a partial last tile have such pairs)
-        float p[FLASH_TILE / 8][4] = {};
+        // Pᵀ (16 keys x 64 queries) = exp(k·qᵀ scale - lse); 0 for a key after the query (causal), or a
+        // query past Tq (v4: only the diagonal tile and a partial last tile have such pairs)
+        float pt[FLASH_TILE / 8][4] = {};
         if constexpr (hold_kv) {
-            flash_mma_abt(p, k_frag, sh.q[stage], lane);
+            flash_mma_abt(pt, k_frag, sh.q[stage], lane);
         } else {
-            flash_mma_abt_shared_a(p, sh.k, warp * 16, sh.q[stage], lane);
+            flash_mma_abt_shared_a(pt, sh.k, warp * 16, sh.q[stage], lane);
         }
-        if (V == FlashVersion::v3 || q_tile == k_tile || (q_tile + 1) * FLASH_TILE > T) {
-            flash_mask_causal(p, key0, q_tile * FLASH_TILE, true, T, lane);
+        if (V == FlashVersion::v3 || (p.causal && q_tile == k_tile) || (q_tile + 1) * FLASH_TILE > Tq) {
+            flash_mask(pt, key0, q_tile * FLASH_TILE, true, p.causal, Tq, Tk, lane);
         }
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
@@ -435,13 +494,13 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
             for (int e = 0; e < 4; e++) {
                 float lse_e = e % 2 ? row_lse.y : row_lse.x;
                 if constexpr (V != FlashVersion::v3) {
-                    p[nt][e] = flash_exp2<V>(fmaf(p[nt][e], scale_log2, -lse_e));
+                    pt[nt][e] = flash_exp2<V>(fmaf(pt[nt][e], scale_log2, -lse_e));
                 } else {
-                    p[nt][e] = flash_exp2<V>(p[nt][e] * scale_log2 - lse_e * FLASH_LOG2E);
+                    pt[nt][e] = flash_exp2<V>(pt[nt][e] * scale_log2 - lse_e * FLASH_LOG2E);
                 }
             }
         }
-        flash_mma_pb(dv, p, sh.dout[stage], lane);  // dv += Pᵀ·dout
+        flash_mma_pb(dv, pt, sh.dout[stage], lane);  // dv += Pᵀ·dout
         // dPᵀ = v·doutᵀ, then dSᵀ = Pᵀ * (dPᵀ - D) in its place
         float ds[FLASH_TILE / 8][4] = {};
         if constexpr (hold_kv) {
@@ -453,16 +512,15 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dkv_ke
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
             float2 row_delta = *reinterpret_cast<const float2*>(&sh.delta[stage][nt * 8 + (lane % 4) * 2]);
 #pragma unroll
-            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - (e % 2 ? row_delta.y : row_delta.x));
+            for (int e = 0; e < 4; e++) ds[nt][e] = pt[nt][e] * (ds[nt][e] - (e % 2 ? row_delta.y : row_delta.x));
         }
         flash_mma_pb(dk, ds, sh.q[stage], lane);  // dk += dSᵀ·q
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
-    floatX* dk_head = dqkv + (size_t)b * T * 3 * C + C + h * hs;
-    flash_store_rows<D>(dk_head, stride, dk, key0, dk_factor, T, hs, lane);
-    flash_store_rows<D>(dk_head + C, stride, dv, key0, dv_factor, T, hs, lane);
+    flash_store_rows<D>(p.dk.head(b, h, hs), p.dk.row, dk, key0, dk_factor, Tk, hs, lane, p.accumulate);
+    flash_store_rows<D>(p.dv.head(b, h, hs), p.dv.row, dv, key0, dv_factor, Tk, hs, lane, p.accumulate);
 }
 
 template <int D>
@@ -473,22 +531,20 @@ struct FlashQShared {
 // kernel 2: dq for 64 queries of one head
 template <int D, FlashVersion V>
 __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_kernel(
-    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse,
-                                       const float* delta, int T, int NH, int hs) {
+    const AttentionProblem p) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
     FlashQShared<D>& sh = *reinterpret_cast<FlashQShared<D>*>(flash_shared);
-    int C = NH * hs;
+    const int hs = p.hs, Tq = p.Tq, Tk = p.Tk;
     int q_tile = gridDim.x - 1 - blockIdx.x;  // longest first
-    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH;
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const floatX* q_head = qkv + (size_t)b * T * 3 * C + h * hs;
-    const floatX* dout_head = dout + (size_t)b * T * C + h * hs;
-    size_t stride = 3 * (size_t)C;
+    const floatX *k_head = p.k.head(b, h, hs), *v_head = p.v.head(b, h, hs);
+    int last_tile = p.causal ? q_tile : (Tk - 1) / FLASH_TILE;  // causal: up to the diagonal
 
-    flash_load_tile<D, V>(sh.q, q_head, stride, q_tile * FLASH_TILE, T, hs);
-    flash_load_tile<D, V>(sh.dout, dout_head, (size_t)C, q_tile * FLASH_TILE, T, hs);
-    flash_load_tile<D, V>(sh.k[0], q_head + C, stride, 0, T, hs);
-    flash_load_tile<D, V>(sh.v[0], q_head + 2 * C, stride, 0, T, hs);
+    flash_load_tile<D, V>(sh.q, p.q.head(b, h, hs), p.q.row, q_tile * FLASH_TILE, Tq, hs);
+    flash_load_tile<D, V>(sh.dout, p.dout.head(b, h, hs), p.dout.row, q_tile * FLASH_TILE, Tq, hs);
+    flash_load_tile<D, V>(sh.k[0], k_head, p.k.row, 0, Tk, hs);
+    flash_load_tile<D, V>(sh.v[0], v_head, p.v.row, 0, Tk, hs);
     cp_async_commit();
 
     const float scale = 1.0f / sqrtf((float)hs);
@@ -498,17 +554,17 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_ker
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int query = query0 + 8 * r;
-        row_lse_log2[r] = query < T ? lse[(size_t)blockIdx.y * T + query] * FLASH_LOG2E : 0.0f;
-        row_delta[r] = query < T ? delta[(size_t)blockIdx.y * T + query] : 0.0f;
+        row_lse_log2[r] = query < Tq ? p.lse[(size_t)blockIdx.y * p.stat_row + query] * FLASH_LOG2E : 0.0f;
+        row_delta[r] = query < Tq ? p.delta[(size_t)blockIdx.y * p.stat_row + query] : 0.0f;
     }
     uint32_t q_frag[D / 16][4], dout_frag[D / 16][4];
     float dq[D / 8][4] = {};
 
-    for (int k_tile = 0; k_tile <= q_tile; k_tile++) {
+    for (int k_tile = 0; k_tile <= last_tile; k_tile++) {
         int stage = k_tile % 2;
-        if (k_tile + 1 <= q_tile) {
-            flash_load_tile<D, V>(sh.k[1 - stage], q_head + C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
-            flash_load_tile<D, V>(sh.v[1 - stage], q_head + 2 * C, stride, (k_tile + 1) * FLASH_TILE, T, hs);
+        if (k_tile + 1 <= last_tile) {
+            flash_load_tile<D, V>(sh.k[1 - stage], k_head, p.k.row, (k_tile + 1) * FLASH_TILE, Tk, hs);
+            flash_load_tile<D, V>(sh.v[1 - stage], v_head, p.v.row, (k_tile + 1) * FLASH_TILE, Tk, hs);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -517,14 +573,17 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_ker
             flash_load_a(q_frag, sh.q, warp * 16, lane);
             flash_load_a(dout_frag, sh.dout, warp * 16, lane);
         }
-        // P = exp(q·kᵀ scale - lse), 0 for a key after the query (v4: only the diagonal tile has them)
-        float p[FLASH_TILE / 8][4] = {};
-        flash_mma_abt(p, q_frag, sh.k[stage], lane);
-        if (V == FlashVersion::v3 || k_tile == q_tile) flash_mask_causal(p, query0, k_tile * FLASH_TILE, false, T, lane);
+        // P = exp(q·kᵀ scale - lse), 0 for a key after the query (v4: only the diagonal tile has them) or,
+        // with every key visible, past Tk
+        float pt[FLASH_TILE / 8][4] = {};
+        flash_mma_abt(pt, q_frag, sh.k[stage], lane);
+        if (V == FlashVersion::v3 || (p.causal ? k_tile == q_tile : (k_tile + 1) * FLASH_TILE > Tk)) {
+            flash_mask(pt, query0, k_tile * FLASH_TILE, false, p.causal, Tq, Tk, lane);
+        }
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) p[nt][e] = flash_exp2<V>(fmaf(p[nt][e], scale_log2, -row_lse_log2[e / 2]));
+            for (int e = 0; e < 4; e++) pt[nt][e] = flash_exp2<V>(fmaf(pt[nt][e], scale_log2, -row_lse_log2[e / 2]));
         }
         // dP = dout·vᵀ, then dS = P * (dP - D) in its place
         float ds[FLASH_TILE / 8][4] = {};
@@ -532,14 +591,14 @@ __global__ void __launch_bounds__(FLASH_THREADS) attention_flash_backward_dq_ker
 #pragma unroll
         for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) ds[nt][e] = p[nt][e] * (ds[nt][e] - row_delta[e / 2]);
+            for (int e = 0; e < 4; e++) ds[nt][e] = pt[nt][e] * (ds[nt][e] - row_delta[e / 2]);
         }
         flash_mma_pb(dq, ds, sh.k[stage], lane);  // dq += dS·k
         __syncthreads();
     }
 
     const float dq_factor[2] = {scale, scale};
-    flash_store_rows<D>(dqkv + (size_t)b * T * 3 * C + h * hs, stride, dq, query0, dq_factor, T, hs, lane);
+    flash_store_rows<D>(p.dq.head(b, h, hs), p.dq.row, dq, query0, dq_factor, Tq, hs, lane, p.accumulate);
 }
 
 // ----------------------------------------------------------------------------
@@ -562,49 +621,66 @@ inline void flash_allow_shared(Kernel kernel, size_t bytes, int hs, bool* done) 
 }
 
 template <int D, FlashVersion V>
-inline void attention_flash_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
-                                           cudaStream_t stream) {
+inline void attention_flash_forward_launch(const AttentionProblem& p, cudaStream_t stream) {
     static bool configured = false;
     size_t shared = sizeof(FlashForwardShared<D>);
-    flash_allow_shared(attention_flash_forward_kernel<D, V>, shared, hs, &configured);
-    dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
-    attention_flash_forward_kernel<D, V><<<grid, FLASH_THREADS, shared, stream>>>(out, lse, qkv, T, NH, hs);
+    flash_allow_shared(attention_flash_forward_kernel<D, V>, shared, p.hs, &configured);
+    dim3 grid(ceil_div_int(p.Tq, FLASH_TILE), p.B * p.NH);
+    attention_flash_forward_kernel<D, V><<<grid, FLASH_THREADS, shared, stream>>>(p);
     cudaCheckLaunch();
 }
 
 template <int D, FlashVersion V>
-inline void attention_flash_backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                            const float* delta, int B, int T, int NH, int hs, cudaStream_t stream) {
+inline void attention_flash_backward_launch(const AttentionProblem& p, cudaStream_t stream) {
     static bool kv_configured = false, q_configured = false;
     size_t kv_shared = sizeof(FlashKVShared<D>), q_shared = sizeof(FlashQShared<D>);
-    flash_allow_shared(attention_flash_backward_dkv_kernel<D, V>, kv_shared, hs, &kv_configured);
-    flash_allow_shared(attention_flash_backward_dq_kernel<D, V>, q_shared, hs, &q_configured);
-    dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
-    attention_flash_backward_dkv_kernel<D, V><<<grid, FLASH_THREADS, kv_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
-                                                                                      NH, hs);
+    flash_allow_shared(attention_flash_backward_dkv_kernel<D, V>, kv_shared, p.hs, &kv_configured);
+    flash_allow_shared(attention_flash_backward_dq_kernel<D, V>, q_shared, p.hs, &q_configured);
+    dim3 kv_grid(ceil_div_int(p.Tk, FLASH_TILE), p.B * p.NH), q_grid(ceil_div_int(p.Tq, FLASH_TILE), p.B * p.NH);
+    attention_flash_backward_dkv_kernel<D, V><<<kv_grid, FLASH_THREADS, kv_shared, stream>>>(p);
     cudaCheckLaunch();
-    attention_flash_backward_dq_kernel<D, V><<<grid, FLASH_THREADS, q_shared, stream>>>(dqkv, qkv, dout, lse, delta, T,
-                                                                                    NH, hs);
+    attention_flash_backward_dq_kernel<D, V><<<q_grid, FLASH_THREADS, q_shared, stream>>>(p);
     cudaCheckLaunch();
 }
 
 // The launchers for the head size rounded up to 16 (shapes checked by the caller: hs a multiple of 8,
-// at most FLASH_MAX_HEAD_SIZE). lse: (B, NH, T) fp32; delta: (B, NH, T) fp32 scratch. V: the version
-// (above); only dev/cuda asks for v3.
+// at most FLASH_MAX_HEAD_SIZE). V: the version (above); only dev/cuda asks for v3. The forward writes
+// p.out and p.lse; the backward reads p.lse and p.delta and writes (or adds into) p.dq, p.dk, p.dv.
+template <FlashVersion V = FlashVersion::v4>
+inline void attention_flash_forward(const AttentionProblem& p, cudaStream_t stream) {
+    switch ((p.hs + 15) / 16) {
+        case 1: attention_flash_forward_launch<16, V>(p, stream); break;
+        case 2: attention_flash_forward_launch<32, V>(p, stream); break;
+        case 3: attention_flash_forward_launch<48, V>(p, stream); break;
+        case 4: attention_flash_forward_launch<64, V>(p, stream); break;
+        case 5: attention_flash_forward_launch<80, V>(p, stream); break;
+        case 6: attention_flash_forward_launch<96, V>(p, stream); break;
+        case 7: attention_flash_forward_launch<112, V>(p, stream); break;
+        case 8: attention_flash_forward_launch<128, V>(p, stream); break;
+        default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, p.hs);
+    }
+}
+
+template <FlashVersion V = FlashVersion::v4>
+inline void attention_flash_backward(const AttentionProblem& p, cudaStream_t stream) {
+    switch ((p.hs + 15) / 16) {
+        case 1: attention_flash_backward_launch<16, V>(p, stream); break;
+        case 2: attention_flash_backward_launch<32, V>(p, stream); break;
+        case 3: attention_flash_backward_launch<48, V>(p, stream); break;
+        case 4: attention_flash_backward_launch<64, V>(p, stream); break;
+        case 5: attention_flash_backward_launch<80, V>(p, stream); break;
+        case 6: attention_flash_backward_launch<96, V>(p, stream); break;
+        case 7: attention_flash_backward_launch<112, V>(p, stream); break;
+        case 8: attention_flash_backward_launch<128, V>(p, stream); break;
+        default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, p.hs);
+    }
+}
+
+// One process's whole sequence: lse (B, NH, T) fp32; delta (B, NH, T) fp32 scratch.
 template <FlashVersion V = FlashVersion::v4>
 inline void attention_flash_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int hs,
                                     cudaStream_t stream) {
-    switch ((hs + 15) / 16) {
-        case 1: attention_flash_forward_launch<16, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 2: attention_flash_forward_launch<32, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 3: attention_flash_forward_launch<48, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 4: attention_flash_forward_launch<64, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 5: attention_flash_forward_launch<80, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 6: attention_flash_forward_launch<96, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 7: attention_flash_forward_launch<112, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        case 8: attention_flash_forward_launch<128, V>(out, lse, qkv, B, T, NH, hs, stream); break;
-        default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, hs);
-    }
+    attention_flash_forward<V>(attention_sequence(qkv, out, lse, B, T, NH, hs), stream);
 }
 
 // dqkv overwritten. out and lse: what attention_flash_forward wrote (either version).
@@ -612,19 +688,14 @@ template <FlashVersion V = FlashVersion::v4>
 inline void attention_flash_backward(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv,
                                      const floatX* out, const float* lse, int B, int T, int NH, int hs,
                                      cudaStream_t stream) {
-    attention_flash_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256, 0, stream>>>(delta, dout, out, B, T, NH, hs);
+    attention_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256, 0, stream>>>(delta, dout, out, B, T, NH, hs);
     cudaCheckLaunch();
-    switch ((hs + 15) / 16) {
-        case 1: attention_flash_backward_launch<16, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 2: attention_flash_backward_launch<32, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 3: attention_flash_backward_launch<48, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 4: attention_flash_backward_launch<64, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 5: attention_flash_backward_launch<80, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 6: attention_flash_backward_launch<96, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 7: attention_flash_backward_launch<112, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        case 8: attention_flash_backward_launch<128, V>(dqkv, dout, qkv, lse, delta, B, T, NH, hs, stream); break;
-        default: fatal("flash attention takes head sizes up to %d, got %d", FLASH_MAX_HEAD_SIZE, hs);
-    }
+    AttentionProblem p = attention_sequence(qkv, nullptr, const_cast<float*>(lse), B, T, NH, hs);
+    AttentionProblem g = attention_sequence(dqkv, const_cast<floatX*>(dout), nullptr, B, T, NH, hs);
+    p.dout = g.out;
+    p.dq = g.q, p.dk = g.k, p.dv = g.v;
+    p.delta = delta;
+    attention_flash_backward<V>(p, stream);
 }
 
 #endif  // LLMC_FLASH_ATTENTION

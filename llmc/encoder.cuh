@@ -16,13 +16,22 @@
 
 #include "cuda_common.cuh"
 
+// Which positions a pass's T rows of each sequence hold: row t is at position t on one process; with
+// context parallelism (llmc/parallel/context_split.h) rows [0, split) start at `first` and rows [split, T)
+// at `second` (the ring's front chunk and its mirror; Ulysses's one contiguous span has split 0). The
+// default is the identity.
+struct RowPositions {
+    int first = 0, split = 0, second = 0;
+    __host__ __device__ int position(int t) const { return t < split ? first + t : second + (t - split); }
+};
+
 // ----------------------------------------------------------------------------
 // kernels
 
 // one thread per 16 bytes of output. wte holds the vocabulary rows [v_begin, v_begin + v_count) (all of
 // them without tensor parallelism); a token outside them gives a zero row (another process has it).
 __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
-                                       int B, int T, int C, int v_begin, int v_count) {
+                                       int B, int T, int C, int v_begin, int v_count, RowPositions pos) {
     int idx = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (idx >= B * T * C) return;
     int bt = idx / C;
@@ -35,15 +44,15 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
         for (int k = 0; k < x128::size; k++) result[k] = (floatX)0.0f;
     } else {
         x128 token_row = load128(wte + (size_t)row * C + c);
-        x128 position_row = load128(wpe + (size_t)t * C + c);
+        x128 position_row = load128(wpe + (size_t)pos.position(t) * C + c);
 #pragma unroll
         for (int k = 0; k < x128::size; k++) result[k] = (floatX)((float)token_row[k] + (float)position_row[k]);
     }
     store128(out + idx, result);
 }
 
-// dwpe[t, c:c+8] += sum_b dout[b, t, c:c+8]
-__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+// dwpe[position(t), c:c+8] += sum_b dout[b, t, c:c+8]
+__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C, RowPositions pos) {
     int idx = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (idx >= T * C) return;
     float sum[x128::size] = {};
@@ -52,10 +61,11 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
 #pragma unroll
         for (int k = 0; k < x128::size; k++) sum[k] += (float)d[k];
     }
-    x128 grad = load128(dwpe + idx);
+    floatX* row = dwpe + (size_t)pos.position(idx / C) * C + idx % C;
+    x128 grad = load128(row);
 #pragma unroll
     for (int k = 0; k < x128::size; k++) grad[k] = (floatX)((float)grad[k] + sum[k]);
-    store128(dwpe + idx, grad);
+    store128(row, grad);
 }
 
 // Block (32, ENCODER_ROWS_PER_BLOCK) for bucket blockIdx.x and channel tile blockIdx.y (32 threads of
@@ -111,11 +121,12 @@ inline void encoder_forward(floatX* out,       // (B, T, C)
                             const int* inp,    // (B, T) on the device
                             const floatX* wte, // (Vp, C), or (v_count, C)
                             const floatX* wpe, // (maxT, C)
-                            int B, int T, int C, cudaStream_t stream, int v_begin = 0, int v_count = INT_MAX) {
+                            int B, int T, int C, cudaStream_t stream, int v_begin = 0, int v_count = INT_MAX,
+                            RowPositions pos = {}) {
     check_encoder_shape(C);
     const int block_size = 256;
     int grid_size = ceil_div_int((long)B * T * C / x128::size, block_size);
-    encoder_forward_kernel<<<grid_size, block_size, 0, stream>>>(out, inp, wte, wpe, B, T, C, v_begin, v_count);
+    encoder_forward_kernel<<<grid_size, block_size, 0, stream>>>(out, inp, wte, wpe, B, T, C, v_begin, v_count, pos);
     cudaCheckLaunch();
 }
 
@@ -177,11 +188,11 @@ inline void encoder_backward(floatX* dwte,                  // (Vp, C)
                              floatX* dwpe,                  // (maxT, C)
                              const floatX* dout,            // (B, T, C)
                              const EncoderBuckets& buckets, // the batch's tokens, grouped
-                             int B, int T, int C, cudaStream_t stream) {
+                             int B, int T, int C, cudaStream_t stream, RowPositions pos = {}) {
     check_encoder_shape(C);
     const int block_size = 256;
     int grid_size = ceil_div_int((long)T * C / x128::size, block_size);
-    encoder_backward_wpe_kernel<<<grid_size, block_size, 0, stream>>>(dwpe, dout, B, T, C);
+    encoder_backward_wpe_kernel<<<grid_size, block_size, 0, stream>>>(dwpe, dout, B, T, C, pos);
     cudaCheckLaunch();
 
     int U = buckets.num_buckets;

@@ -76,13 +76,23 @@ using BlockActs = BlockActsOf<floatX>;
 
 inline size_t aligned_elements(size_t count) { return align_up_256(count * sizeof(floatX)) / sizeof(floatX); }
 
+// What attention keeps per layer for the backward (saved) or shares as scratch (!saved), in floatX
+// elements, for a pass over this process's T positions of B rows, NH heads and Cl channels: with -cp
+// ulysses, NH/cp heads over cp·T positions; with -cp ring, whatever the path, flash's sizes (the rows'
+// log-sum-exps: its chunks' scores are never kept, llmc/parallel/context_parallel.cuh).
+inline size_t cp_attention_elements(bool saved, int B, int T, int Cl, int NH, bool flash, int cp, ContextMode mode) {
+    if (cp > 1 && mode == ContextMode::ring) flash = true;
+    else T *= cp, Cl /= cp, NH /= cp;
+    return saved ? attention_saved_elements(B, T, NH, flash) : attention_scratch_elements(B, T, Cl, NH, flash);
+}
+
 // This table's per-layer strides for a pass over (B, T). With tensor parallelism (tp > 1) qkv, atty, att
 // and fch hold this process's C/tp channels (NH/tp heads); with sequence parallelism (sp) ln1, ln2,
 // residual2, residual3 and the layernorm statistics R of the B·T rows. The statistics are kept for every
 // layer at every -r level. With context parallelism (cp > 1) T is this process's T/cp positions of each
-// row, and att holds what attention keeps for NH/cp heads over all cp·T positions (Ulysses).
+// row, and att holds what its scheme's attention keeps (cp_attention_elements).
 LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, bool flash, int tp = 1, bool sp = false,
-                           int cp = 1) {
+                           int cp = 1, ContextMode cp_mode = ContextMode::ulysses) {
     size_t C = cfg.channels, Cl = C / tp, BT = (size_t)B * T, R = sp_rows_per_rank(BT, tp, sp && tp > 1);
     LayerStrides s;
     bool block = recompute >= 3;  // the whole block is recomputed: one layer of everything but residual3
@@ -91,7 +101,7 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
     s.attproj = s.fcproj = 0;  // the scratch proj
     s.qkv = block ? 0 : aligned_elements(BT * 3 * Cl);
     s.atty = block ? 0 : aligned_elements(BT * Cl);
-    s.att = block ? 0 : aligned_elements(attention_saved_elements(B, cp * T, cfg.num_heads / tp / cp, flash));
+    s.att = block ? 0 : aligned_elements(cp_attention_elements(true, B, T, (int)Cl, cfg.num_heads / tp, flash, cp, cp_mode));
     s.residual2 = block ? 0 : aligned_elements(R * C);
     s.residual3 = aligned_elements(R * C);
     s.fch = block ? 0 : aligned_elements(BT * 4 * Cl);
@@ -106,15 +116,16 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
 // process's C/tp channels, NH/tp heads and Vp/tp logits, and the scratch has room for the
 // vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
 // tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R. With context parallelism (cp > 1)
-// T is this process's positions of each row (layer_strides); Ulysses works in the backward scratch
-// (ulysses_buffers).
+// T is this process's positions of each row (layer_strides); its scheme works in the backward scratch
+// (context_scratch).
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
-                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false, int cp = 1) {
+                          bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false, int cp = 1,
+                          ContextMode cp_mode = ContextMode::ulysses) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
     bool on = sp && tp > 1;
     size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;  // rows here; rows of a gathered tensor
-    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on, cp);  // a kept tensor holds L of these
+    LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on, cp, cp_mode);  // a kept tensor holds L of these
     size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
                                      (size_t)NORM_BLOCKS});
@@ -153,7 +164,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&s->attproj, full * C);
     s->fcproj = s->attproj;
     take(&s->gathered, on ? full * C : 0);
-    take(&s->attn_scratch, attention_scratch_elements(B, cp * T, Cl / cp, NH / cp, flash));
+    take(&s->attn_scratch, cp_attention_elements(false, B, T, (int)Cl, (int)NH, flash, cp, cp_mode));
 
     take(&s->dresidual, R * C);
     take(&s->dln, full * C);
@@ -179,8 +190,8 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     return offset;
 }
 
-// Ulysses's buffers (llmc/parallel/context_parallel.cuh) in the backward scratch, free while attention
-// runs; rows_C: this process's rows times its channels (B·T·C/tp).
-inline UlyssesBuffers ulysses_buffers(const ActivationTensors& a, size_t rows_C) {
-    return UlyssesBuffers{a.dfch, a.attproj, a.dqkv, a.dqkv + rows_C, a.datty, a.dln};
+// Context parallelism's scratch (llmc/parallel/context_parallel.cuh): backward buffers free while
+// attention runs.
+inline ContextScratch context_scratch(const ActivationTensors& a) {
+    return ContextScratch{a.dfch, a.attproj, a.dqkv, a.datty, a.dln};
 }

@@ -143,7 +143,7 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     const ParallelLayout& lay = model->layout;  // -cp: T/cp positions of each row (llmc/parallel/context_split.h)
     size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T / lay.cp,
                                             model->recompute, flash, model->act_slots, model->last_stage(), lay.tp,
-                                            lay.sequence_parallel, lay.cp);
+                                            lay.sequence_parallel, lay.cp, lay.cp_mode);
     const GPT2Config& c = model->config;
     context_parallel_start(lay.cp_group, lay.cp_mode, B, T, c.channels, c.channels / lay.tp, c.num_heads / lay.tp, &model->cp,
                            false);
@@ -160,7 +160,10 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
            T, model->recompute, (none - bytes) / 1048576.0);
     for (int r = 0; r <= 3; r++) printf(" %.1f", activation_bytes(model, B, T, r, flash) / 1048576.0);
     printf(" MiB)\n");
-    if (FLASH_ATTENTION_AVAILABLE) {
+    if (model->cp.on() && model->cp.mode == ContextMode::ring) {
+        printf("attention: -cpm ring, %s on each pair of chunks, keeping each row's log-sum-exp (no (T, T) scores)\n",
+               flash ? "flash (-fa 1)" : "plain kernels");
+    } else if (FLASH_ATTENTION_AVAILABLE) {
         size_t with_flash = activation_bytes(model, B, T, model->recompute, true);
         size_t with_cublas = activation_bytes(model, B, T, model->recompute, false);
         printf("attention: %s; activations with flash (-fa 1) %.1f MiB, with cuBLAS + softmax (-fa 0) %.1f MiB\n",

@@ -173,7 +173,7 @@ size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool
     size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
     size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T / lay.cp, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp) + pipe;  // -cp: T/cp positions
+                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode) + pipe;  // -cp: T/cp positions
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
@@ -591,6 +591,11 @@ int agree_recompute(const GPT2Plan* model, int B, int T, int asked) {
     return all;
 }
 
+// -P 1's batch: -b, or what -b auto would choose on this process.
+inline int planned_batch(const GPT2Plan* model, const TrainArgs& args) {
+    return args.B == BATCH_AUTO ? choose_batch(model, args, model->layout.dp) : args.B;
+}
+
 // -b auto on several processes: every process's choice divides the sequences a step takes, so the least
 // fits all.
 int agree_batch(const GPT2Plan* model, const TrainArgs& args) {
@@ -609,6 +614,12 @@ void print_predictions_and_memory(const GPT2Plan* model, const TrainArgs& args, 
         printf("communication: %.0f bytes per step predicted for -z %d, %d data-parallel process(es), tp %d, %d "
                "stage(s), %d micro-step(s) (counted in metrics.jsonl's comm_bytes)\n",
                predicted_comm_bytes(model, micro_steps), layout.zero_stage, layout.dp, layout.tp, layout.pp, micro_steps);
+        if (model->cp.on()) {  // (in the backward's scratch: no buffers of its own)
+            const GPT2Config& c = model->config;
+            printf("%s\n", context_parallel_describe(model->cp, model->batch_size, model->seq_len, c.channels / layout.tp,
+                                                     c.num_layers, micro_steps, model->recompute, sizeof(floatX),
+                                                     ULYSSES_BACKWARD_COLUMNS).c_str());
+        }
         if (model->local_steps > 0) {
             printf("communication: -lh %d: %.0f bytes at each synchronization (after every %d steps and the last)\n",
                    model->local_steps, local_steps_sync_bytes(model->num_parameters, layout.dp, sizeof(floatX)), model->local_steps);

@@ -57,14 +57,6 @@ inline void copy_columns(float* to, size_t to_stride, const float* from, size_t 
     for (size_t i = 0; i < n; i++) memcpy(to + i * to_stride, from + i * stride, width * sizeof(float));
 }
 
-// Which of a query half-chunk's keys in a key half-chunk are visible: the ring's rows are two chunks of
-// the 2N (rank r: chunk r, then chunk 2N-1-r), half qh (0 or 1) of process me's against half kh of
-// process src's. 2: every key (an earlier chunk), 1: the causal triangle (the same chunk), 0: none.
-inline int ring_visibility(int N, int me, int qh, int src, int kh) {
-    int q_chunk = qh ? 2 * N - 1 - me : me, k_chunk = kh ? 2 * N - 1 - src : src;
-    return k_chunk < q_chunk ? 2 : k_chunk == q_chunk ? 1 : 0;
-}
-
 // The first position of half kh of process r's positions (each half one of the 2N chunks of Tc).
 inline int ring_half_start(int N, int r, int kh, int Tc) { return (kh ? 2 * N - 1 - r : r) * Tc; }
 

@@ -56,6 +56,14 @@ inline int context_position(ContextMode mode, int N, int rank, int T, int t) {
     return t < chunk ? rank * chunk + t : (2 * N - 1 - rank) * chunk + (t - chunk);
 }
 
+// Which of a query half-chunk's keys in a key half-chunk are visible: the ring's rows are two chunks of
+// the 2N (rank r: chunk r, then chunk 2N-1-r), half qh (0 or 1) of process me's against half kh of
+// process src's. 2: every key (an earlier chunk), 1: the causal triangle (the same chunk), 0: none.
+inline int ring_visibility(int N, int me, int qh, int src, int kh) {
+    int q_chunk = qh ? 2 * N - 1 - me : me, k_chunk = kh ? 2 * N - 1 - src : src;
+    return k_chunk < q_chunk ? 2 : k_chunk == q_chunk ? 1 : 0;
+}
+
 // The scheme's state on one process: its group and mode, the current pass's split, and its buffers.
 struct ContextParallel {
     ProcessGroup group;                   // the N processes sharing each sequence (size 1: off)
@@ -121,7 +129,8 @@ inline double context_parallel_step_bytes(ContextMode mode, int N, size_t B, siz
 }
 
 // The start-up line: the split and this process's share, the buffers, and the step's predicted traffic.
-inline std::string context_parallel_describe(const ContextParallel& cp, int B, int T, int Cl, int L, int micro, int recompute) {
+inline std::string context_parallel_describe(const ContextParallel& cp, int B, int T, int Cl, int L, int micro, int recompute,
+                                             size_t element_bytes = sizeof(float), int backward_columns = 7) {
     const int N = cp.group.size, Tl = T / N;
     std::string spans;
     for (int t = 0; t < Tl; t++) {  // this process's positions as runs "a-b"
@@ -133,12 +142,12 @@ inline std::string context_parallel_describe(const ContextParallel& cp, int B, i
     snprintf(text, sizeof(text), "context parallel: -cp %d -cpm %s, positions %s of each row's %d on this process; "
              "buffers %.3f MiB; attention traffic %.0f bytes per step predicted (%d micro-batch(es), %d layer(s))", N,
              context_mode_name(cp.mode), spans.c_str(), T, cp.bytes() / 1048576.0,
-             context_parallel_step_bytes(cp.mode, N, B, T, Cl, L, micro, recompute), micro, L);
+             context_parallel_step_bytes(cp.mode, N, B, T, Cl, L, micro, recompute, element_bytes, backward_columns), micro, L);
     return text;
 }
 
 // Starts the scheme on `group` (its size N; 1: off) for B rows of T positions: the tokens' buffer and,
-// with host_buffers, the CPU trainer's (the CUDA trainer's Ulysses works in its backward scratch).
+// with host_buffers, the CPU trainer's (the CUDA trainer's schemes work in its backward scratch).
 inline void context_parallel_start(const ProcessGroup& group, ContextMode mode, int B, int T, int C, int Cl, int NH,
                                    ContextParallel* cp, bool host_buffers = true) {
     cp->group = group;
@@ -187,15 +196,6 @@ inline int context_parallel_enter(ContextParallel* cp, int B, int T, const int**
     }
     *wpe = cp->wpe.data();
     return Tl;
-}
-
-// The same for a trainer whose split is contiguous (the GPU's Ulysses): *T becomes T/N, and the
-// returned first position is where this process's rows of wpe start (0 without -cp). No inputs: a
-// backward's T only.
-inline int context_parallel_rows(ContextParallel* cp, int B, int* T, const int** inputs, const int** targets) {
-    if (!cp->on()) return 0;
-    *T = context_parallel_enter(cp, B, *T, inputs, targets, nullptr, 0);
-    return cp->position(cp->group.rank, 0);
 }
 
 // The backward's end of the embedding: the (Tl, C) gradient the encoder left in cp->wpe (cleared by

@@ -152,7 +152,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-z", FlagKind::Int, &a->zero_stage, 0, 3, false, "ZeRO stage with several processes: 0 all-reduce, 1 shard optimizer state, 2 and gradients, 3 and parameters"},
         {"-tp", FlagKind::Int, &a->tensor_parallel, 1, 1 << 16, false, "tensor-parallel size (divides the processes, the heads and the padded vocabulary)"},
         {"-sq", FlagKind::Int, &a->sequence_parallel, 0, 1, false, "1: sequence parallelism with -tp (layernorms and residuals split by rows across the TP group)"},
-        {"-cp", FlagKind::Int, &a->context_parallel, 1, 1 << 16, false, "context-parallel size: each sequence's positions split over N processes (CPU trainer)"},
+        {"-cp", FlagKind::Int, &a->context_parallel, 1, 1 << 16, false, "context-parallel size: each sequence's positions split over N processes"},
         {"-cpm", FlagKind::String, &a->context_mode, NAN, NAN, false, "context parallelism's attention: ring (K/V passed around, load-balanced split) | ulysses (all-to-all to whole heads)"},
         {"-pp", FlagKind::Int, &a->pipeline_parallel, 1, 1 << 16, false, "pipeline-parallel size: stages (at most the layers)"},
         {"-pm", FlagKind::String, &a->pipeline_schedule, NAN, NAN, false, "pipeline schedule: gpipe|1f1b"},
@@ -264,10 +264,10 @@ inline void check_layout_flags(const TrainArgs& args, bool cuda) {
         fatal("flag -cpm: unknown context-parallel attention '%s' (ring or ulysses)", args.context_mode.c_str());
     }
     if (int cp = args.context_parallel; cp > 1) {
-        if (cuda && (cp_mode == ContextMode::ring || args.sample_every > 0)) {
-            fatal("flag -cp %d: the CUDA trainer has -cpm ulysses (with any -z, -tp, -pp), without sampling (-s 0); the ring "
-                  "(its flash kernel does not yet take a key/value chunk) and samples with -cp are the CPU trainer's "
-                  "(train_gpt2)", cp);
+        if (cuda && args.sample_every > 0) {
+            fatal("flag -cp %d: the CUDA trainer does not sample with context parallelism (its generation runs one "
+                  "position at a time on each process); use -s 0, or the CPU trainer (train_gpt2), which samples "
+                  "from its whole copy of the model", cp);
         }
         std::string problem = context_split_problem(cp, cp_mode, args.T);
         if (!problem.empty()) fatal("%s", problem.c_str());

@@ -637,6 +637,124 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
 }
 #endif
 
+// Context parallelism's ring attends a chunk of queries to a chunk of keys (AttentionProblem,
+// llmc/attention_flash.cuh): causal when both hold the same positions, every key visible otherwise.
+// Flash (bf16 build) and the plain kernels (llmc/parallel/context_parallel.cuh, both builds) against
+// the definition in double: out and the chunk's lse; the backward given the lse and D of the definition
+// (so it is checked on its own) adds into dq, dk, dv that already hold values. q sits in a (B, T, 3C)
+// tensor, k and v in (B, T, C) buffers of their own, as in the ring. Lengths past one and two key tiles
+// of 64 with partial last tiles, where a fully visible problem must mask the padded keys. Tolerances as
+// FlashAttentionEveryHeadSizeAndLength's.
+TEST(Kernels, AttentionOnChunks) {
+    std::mt19937 rng(23);
+    const int B = 2, NH = 2;
+    for (bool flash : {false, true}) {
+        if (flash && !FLASH_ATTENTION_AVAILABLE) continue;
+        for (int hs : {24, 64}) {
+            for (int T : {7, 64, 100, 130}) {
+                for (bool causal : {false, true}) {
+                    SCOPED_TRACE(std::string(flash ? "flash" : "plain") + " hs " + std::to_string(hs) + " T " +
+                                 std::to_string(T) + (causal ? " causal" : " all visible"));
+                    const int C = NH * hs;
+                    const size_t BTC = (size_t)B * T * C, rows = (size_t)B * NH * T;
+                    DeviceArray<floatX> d_q(3 * BTC), d_k(BTC), d_v(BTC), d_out(BTC), d_dout(BTC), d_dq(3 * BTC), d_dk(BTC), d_dv(BTC);
+                    DeviceArray<float> d_lse(rows), d_delta(rows);
+                    upload(d_q, random_values(3 * BTC, rng, -2.0f, 2.0f)), upload(d_k, random_values(BTC, rng, -2.0f, 2.0f));
+                    upload(d_v, random_values(BTC, rng)), upload(d_dout, random_values(BTC, rng));
+                    std::vector<float> init_dq = random_values(3 * BTC, rng), init_dk = random_values(BTC, rng),
+                                       init_dv = random_values(BTC, rng);
+                    upload(d_dq, init_dq), upload(d_dk, init_dk), upload(d_dv, init_dv);
+                    // the values as rounded to floatX
+                    std::vector<float> q = download(d_q), k = download(d_k), v = download(d_v), dout = download(d_dout);
+                    init_dq = download(d_dq), init_dk = download(d_dk), init_dv = download(d_dv);
+
+                    // the definition: s_ij = q_i·k_j / sqrt(hs) over the visible j, P = softmax, out = P v;
+                    // dS = P (dout·v - D), dq = dS k / sqrt(hs), dk = dSᵀ q / sqrt(hs), dv = Pᵀ dout
+                    std::vector<double> out(BTC), lse(rows), delta(rows), dq(BTC, 0.0), dk(BTC, 0.0), dv(BTC, 0.0);
+                    const double scale = 1.0 / std::sqrt((double)hs);
+                    auto Q = [&](int b, int t, int h) { return &q[((size_t)b * T + t) * 3 * C + h * hs]; };
+                    auto K = [&](const std::vector<float>& x, int b, int t, int h) { return &x[((size_t)b * T + t) * C + h * hs]; };
+                    for (int b = 0; b < B; b++) {
+                        for (int h = 0; h < NH; h++) {
+                            for (int i = 0; i < T; i++) {
+                                int keys = causal ? i + 1 : T;
+                                std::vector<double> s(keys), dp(keys);
+                                double m = -INFINITY, sum = 0.0, d = 0.0;
+                                for (int j = 0; j < keys; j++) {
+                                    s[j] = 0.0;
+                                    for (int c = 0; c < hs; c++) s[j] += (double)Q(b, i, h)[c] * K(k, b, j, h)[c] * scale;
+                                    m = std::max(m, s[j]);
+                                }
+                                for (int j = 0; j < keys; j++) sum += std::exp(s[j] - m);
+                                size_t row = ((size_t)b * NH + h) * T + i, at = ((size_t)b * T + i) * C + h * hs;
+                                lse[row] = m + std::log(sum);
+                                for (int c = 0; c < hs; c++) {
+                                    double o = 0.0;
+                                    for (int j = 0; j < keys; j++) o += std::exp(s[j] - lse[row]) * K(v, b, j, h)[c];
+                                    out[at + c] = o;
+                                    d += o * dout[at + c];
+                                }
+                                delta[row] = d;
+                                for (int j = 0; j < keys; j++) {
+                                    double p = std::exp(s[j] - lse[row]), dpj = 0.0;
+                                    for (int c = 0; c < hs; c++) dpj += (double)dout[at + c] * K(v, b, j, h)[c];
+                                    double ds = p * (dpj - d);
+                                    size_t at_j = ((size_t)b * T + j) * C + h * hs;
+                                    for (int c = 0; c < hs; c++) {
+                                        dq[at + c] += ds * K(k, b, j, h)[c] * scale;
+                                        dk[at_j + c] += ds * Q(b, i, h)[c] * scale;
+                                        dv[at_j + c] += p * dout[at + c];
+                                    }
+                                }
+                            }
+                        }
+                    }
+
+                    AttentionProblem p;
+                    p.q = HeadRows{d_q.ptr, (long)T * 3 * C, 3 * C};
+                    p.k = HeadRows{d_k.ptr, (long)T * C, C};
+                    p.v = HeadRows{d_v.ptr, (long)T * C, C};
+                    p.out = HeadRows{d_out.ptr, (long)T * C, C};
+                    p.dout = HeadRows{d_dout.ptr, (long)T * C, C};
+                    p.dq = HeadRows{d_dq.ptr, (long)T * 3 * C, 3 * C};
+                    p.dk = HeadRows{d_dk.ptr, (long)T * C, C};
+                    p.dv = HeadRows{d_dv.ptr, (long)T * C, C};
+                    p.lse = d_lse.ptr, p.stat_row = T;
+                    p.B = B, p.NH = NH, p.hs = hs, p.Tq = p.Tk = T, p.causal = causal, p.accumulate = true;
+                    ring_chunk_forward(p, flash, 0);
+                    std::vector<float> want_out(out.begin(), out.end()), want_lse(lse.begin(), lse.end());
+                    EXPECT_LE(test::max_rel_error(download(d_out).data(), want_out.data(), BTC), TOL_ATTENTION) << "out";
+                    EXPECT_LE(test::max_rel_error(download(d_lse).data(), want_lse.data(), rows), TOL_SUM) << "lse";
+
+                    std::vector<float> exact_lse(lse.begin(), lse.end()), exact_delta(delta.begin(), delta.end());
+                    upload_raw(d_lse, exact_lse), upload_raw(d_delta, exact_delta);
+                    p.delta = d_delta.ptr;
+                    ring_chunk_backward(p, flash, 0);
+                    // what was added, each against the definition on its own scale
+                    std::vector<float> got_dq = download(d_dq), got_dk = download(d_dk), got_dv = download(d_dv);
+                    auto added = [&](const char* name, const std::vector<float>& got, const std::vector<float>& init, size_t stride,
+                                     const std::vector<double>& want) {
+                        double worst = 0.0, top = 0.0;
+                        for (double x : want) top = std::max(top, std::fabs(x));
+                        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+                            for (int c = 0; c < C; c++) {
+                                size_t at = bt * stride + c;
+                                // floatX's rounding of the sum, on the scale of the initial value
+                                double rounding = std::fabs((double)init[at]) * (flash || sizeof(floatX) < 4 ? 1.0 / 128 : 1e-6);
+                                worst = std::max(worst, (std::fabs(got[at] - init[at] - want[bt * C + c]) - rounding) / top);
+                            }
+                        }
+                        EXPECT_LE(worst, TOL_ATTENTION) << name;
+                    };
+                    added("dq", got_dq, init_dq, 3 * C, dq);
+                    added("dk", got_dk, init_dk, C, dk);
+                    added("dv", got_dv, init_dv, C, dv);
+                }
+            }
+        }
+    }
+}
+
 TEST(Kernels, GeluForwardBackward) {
     std::mt19937 rng(17);
     size_t N = 8 * 1000;

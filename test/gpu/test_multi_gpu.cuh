@@ -416,50 +416,83 @@ TEST(MultiGpuMpirun, TwoAndThreeProcessesMatchOneWithAccumulation) {
     }
 }
 
-// Context parallelism by Ulysses (-cp 2 -cpm ulysses, llmc/parallel/context_parallel.cuh): 2 processes
-// on each sequence's halves (8 of T=16 positions; their all-to-alls give each 2 of the 4 heads over all
-// 16) follow one process to this build's per-step tolerances, and so do 2 replicas x cp 2 with ZeRO-1,
-// -r 3 (the recomputed forward's all-to-alls work in the backward's scratch, as the backward's own do),
-// cp 2 x tp 2 (each tensor-parallel rank's 2 heads split again: one each), cp 2 x pp 2 (the stages send
-// their T/2 positions' rows) and in the bf16 build the cuBLAS path (-fa 0) beside flash. The bytes per
-// step are as predicted (the gradients' reduction and the attention's all-to-alls,
-// llmc/parallel/context_split.h), and the val loss is one process's.
-TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
-    REQUIRE_MPIRUN_GPUS(4);
-    REQUIRE_ORACLE("tiny", tiny_args());
-    std::string oracle_dir = tiny_oracle();
-    const int steps = 3;
-    std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * 4);  // one replica: 4 micro-batches of 2 x 16
-    TrainerRun one = run_trainer("cp_one", flags);
-    struct Case { int np; std::string flags; };
-    std::vector<Case> cases = {{2, "-cp 2 -cpm ulysses"}, {4, "-cp 2 -cpm ulysses -z 1"}, {2, "-cp 2 -cpm ulysses -r 3"},
-                               {4, "-cp 2 -cpm ulysses -tp 2"}, {4, "-cp 2 -cpm ulysses -pp 2"}};
-    if (FLASH_ATTENTION_AVAILABLE) cases.push_back({2, "-cp 2 -cpm ulysses -fa 0"});
-    for (const Case& c : cases) {
+// Context parallelism's runs (-cp): each case (processes, flags added to `flags`, or to its own base
+// flags with their own one-process run) follows one process to this build's per-step tolerances with the
+// bytes per step as predicted (the gradients' reduction and the attention's traffic,
+// llmc/parallel/context_split.h); then the val loss of `cp_flags` on 2 processes is one process's (each
+// process's share of its rows' mean, summed; -v 2 over 3 batches of the train data).
+struct ContextCase {
+    int np;
+    std::string flags, base;  // base: "" for the test's flags
+};
+void expect_context_parallel_as_one_process(const std::string& name, const std::string& oracle_dir, const std::string& flags,
+                                            const std::vector<ContextCase>& cases, const std::string& cp_flags, int steps) {
+    std::map<std::string, TrainerRun> one;  // by base flags
+    for (const ContextCase& c : cases) {
         SCOPED_TRACE(c.flags);
-        std::string dir = test::scratch_dir("cp_ulysses");
-        test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + flags + " " + c.flags + " -o " + dir);
+        const std::string& base = c.base.empty() ? flags : c.base;
+        if (!one.count(base)) one[base] = run_trainer(name + "_one" + std::to_string(one.size()), base);
+        std::string dir = test::scratch_dir(name);
+        test::CommandResult r = test::run_command(mpirun_command(c.np) + trainer() + " " + base + " " + c.flags + " -o " + dir);
         ASSERT_EQ(r.exit_code, 0) << r.output;
         expect_comm_bytes_as_predicted(r.output, dir);
-        expect_same_training(one.dir, dir, steps, 1e-3);
+        expect_same_training(one[base].dir, dir, steps, 1e-3);
     }
-    // the val loss: each process's share of its rows' mean, summed (-v 2 over 3 batches of the train data)
     std::string eval = " -v 2 -m 3 -j " + oracle_dir + "/train.bin";
-    std::string one_val = test::scratch_dir("cp_val_one"), cp_val = test::scratch_dir("cp_val");
+    std::string one_val = test::scratch_dir(name + "_val_one"), cp_val = test::scratch_dir(name + "_val");
     ASSERT_EQ(test::run_command(mpirun_command(1) + trainer() + " " + flags + eval + " -o " + one_val).exit_code, 0);
-    test::CommandResult val = test::run_command(mpirun_command(2) + trainer() + " " + flags + eval + " -cp 2 -cpm ulysses -o " + cp_val);
+    test::CommandResult val = test::run_command(mpirun_command(2) + trainer() + " " + flags + eval + " " + cp_flags + " -o " + cp_val);
     ASSERT_EQ(val.exit_code, 0) << val.output;
     std::vector<double> want = test::jsonl_values(one_val + "/metrics.jsonl", "val_loss"),
                         got = test::jsonl_values(cp_val + "/metrics.jsonl", "val_loss");
     ASSERT_EQ(want.size(), 3u);  // steps 0, 2 and the last
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); i++) EXPECT_NEAR(got[i], want[i], step_loss_tolerance(want[i])) << "val loss " << i;
-    // what the CUDA trainer does not have yet is refused, with the reason
-    for (const char* refused : {"-cp 2", "-cp 2 -cpm ulysses -s 1"}) {
-        test::CommandResult r = test::run_command(mpirun_command(2) + trainer() + " " + flags + " " + refused);
-        EXPECT_NE(r.exit_code, 0) << refused;
-        EXPECT_NE(r.output.find("the CUDA trainer has -cpm ulysses"), std::string::npos) << r.output;
-    }
+}
+
+// Context parallelism by Ulysses (-cpm ulysses, llmc/parallel/context_parallel.cuh): 2 processes on each
+// sequence's halves (8 of T=16 positions; their all-to-alls give each 2 of the 4 heads over all 16), 4
+// (a head each), 2 replicas x cp 2 with ZeRO-1, -r 3 (the recomputed forward's all-to-alls work in the
+// backward's scratch, as the backward's own do), cp 2 x tp 2 (each tensor-parallel rank's 2 heads split
+// again: one each), cp 2 x pp 2 (the stages send their T/2 positions' rows) and in the bf16 build the
+// cuBLAS path (-fa 0) beside flash. Sampling with -cp is refused with the reason.
+TEST(MultiGpuMpirun, ContextParallelUlyssesMatchesOneProcess) {
+    REQUIRE_MPIRUN_GPUS(4);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string flags = dp_flags(oracle_dir, 3, 2 * 16 * 4);  // one replica: 4 micro-batches of 2 x 16
+    std::vector<ContextCase> cases = {{2, "-cp 2 -cpm ulysses"}, {4, "-cp 4 -cpm ulysses"}, {4, "-cp 2 -cpm ulysses -z 1"},
+                                      {2, "-cp 2 -cpm ulysses -r 3"}, {4, "-cp 2 -cpm ulysses -tp 2"}, {4, "-cp 2 -cpm ulysses -pp 2"}};
+    if (FLASH_ATTENTION_AVAILABLE) cases.push_back({2, "-cp 2 -cpm ulysses -fa 0"});
+    expect_context_parallel_as_one_process("cp_ulysses", oracle_dir, flags, cases, "-cp 2 -cpm ulysses", 3);
+    test::CommandResult refused = test::run_command(mpirun_command(2) + trainer() + " " + flags + " -cp 2 -cpm ulysses -s 1");
+    EXPECT_NE(refused.exit_code, 0);
+    EXPECT_NE(refused.output.find("the CUDA trainer does not sample with context parallelism"), std::string::npos) << refused.output;
+}
+
+// Context parallelism by the ring (-cpm ring, the default): each process holds a chunk of T/(2N)
+// positions from the front and its mirror from the back, and attends them to every process's key/value
+// chunks as they pass around the ring (flash kernels on a chunk, or the plain ones in the fp32 build and
+// with -fa 0), merging by log-sum-exp. 2 and 4 processes on a sequence of 16, 3 on one of 12, 2 replicas
+// x cp 2 with ZeRO-1 and -r 3 (the recomputed forward's ring), cp 2 x tp 2, cp 2 x pp 2, and -fa 0 in
+// bf16 (the chunks' gradients summed in floatX as they travel: a bf16 rounding a hop). A ring run
+// resumed from its step-3 checkpoint ends with the uninterrupted one's bits.
+TEST(MultiGpuMpirun, ContextParallelRingMatchesOneProcess) {
+    REQUIRE_MPIRUN_GPUS(4);
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string oracle_dir = tiny_oracle();
+    std::string flags = dp_flags(oracle_dir, 3, 2 * 16 * 4), flags12 = dp_flags(oracle_dir, 3, 2 * 12 * 4) + " -t 12";
+    std::vector<ContextCase> cases = {{2, "-cp 2"}, {4, "-cp 4 -cpm ring"}, {3, "-cp 3", flags12}, {4, "-cp 2 -z 1 -r 3"},
+                                      {4, "-cp 2 -tp 2"}, {4, "-cp 2 -pp 2"}};
+    if (FLASH_ATTENTION_AVAILABLE) cases.push_back({2, "-cp 2 -fa 0"});
+    expect_context_parallel_as_one_process("cp_ring", oracle_dir, flags, cases, "-cp 2", 3);
+    std::string cmd = mpirun_command(2) + trainer() + " " + dp_flags(oracle_dir, 5, 2 * 16 * 4) + " -cp 2 -n 1";
+    std::string a = test::scratch_dir("ring_resume_a"), b = test::scratch_dir("ring_resume_b");
+    test::CommandResult whole = test::run_command(cmd + " -o " + a);
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    EXPECT_NE(whole.output.find("context parallel: -cp 2 -cpm ring"), std::string::npos) << whole.output;
+    ASSERT_TRUE(file_exists(a + "/state_00000005_00001.bin")) << whole.output;
+    test::expect_resume_from_step_3_same_bits(cmd, a, b);
 }
 
 // A hung collective must not hang the job (llmc/parallel/watchdog.h): process 1 of 2 is stopped
