@@ -5,15 +5,17 @@
 //   fp8       e4m3 operands (the backward's gradient operand e5m2), per-tensor scales read from device
 //             pointers, fp32 accumulation, bf16 out
 //   fp8 fast  the same with CUBLASLT_MATMUL_DESC_FAST_ACCUM (Hopper's faster, less precise accumulation)
-// and the cast an FP8 step adds: each operand from bf16 to 8 bits (a plain elementwise kernel here; a
-// trainer would fuse it into the kernel that produces the operand where it can).
+// and the cast an FP8 step adds: each operand from bf16 to 8 bits by llmc/fp8.cuh (a separate kernel
+// here; a trainer would fuse it into the kernel that produces the operand where it can), with the
+// transpose on its way where the operand is another layout's (the backward's).
 //
 // Every GEMM is written "TN" (both operands K-contiguous), the one layout Hopper's FP8 path takes:
 //   out (M, N) = X (M, K) · W (N, K)ᵀ        forward: X = inp, W = weight       (M, N, K) = (B·T, OC, C)
 //                                            dinp:    X = dout, W = weightᵀ     (B·T, C, OC)
 //                                            dweight: X = doutᵀ, W = inpᵀ       (OC, C, B·T)
-// The transposed copies the backward needs cost a pass each, which the cast can do on its way; this
-// program times the cast without the transpose, so its "net" column is a lower bound of that cost.
+// The transposed copies the backward needs come from the cast, which writes them on its way (dinp:
+// the weight; dweight: dout and inp); the cast's time below is that of the casts each GEMM needs, its
+// amax recorded for the next step's scale as a trainer with delayed scaling would.
 // The bf16 rows use the same TN layout (the trainer's own backward uses others, at about the same speed).
 //
 // Checks: the FP8 product against the fp32 product of the same 8-bit values times their scales, on 64
@@ -27,26 +29,7 @@
 
 #include <cuda_fp8.h>
 
-// ----------------------------------------------------------------------------
-// the cast: q = fp8(x / scale), saturating to the format's largest finite value
-
-template <typename Fp8>
-__global__ void cast_to_fp8_kernel(Fp8* out, const floatX* in, size_t n, float inv_scale) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= n) return;
-    x128 v = load128(in + i);
-    __align__(8) Fp8 q[x128::size];
-#pragma unroll
-    for (int k = 0; k < x128::size; k++) q[k] = Fp8((float)v[k] * inv_scale);  // the constructor saturates
-    *reinterpret_cast<uint2*>(out + i) = *reinterpret_cast<const uint2*>(q);
-}
-
-template <typename Fp8>
-void cast_to_fp8(Fp8* out, const floatX* in, size_t n, float scale) {
-    if (n % x128::size != 0) fatal("cast_to_fp8: %zu elements, not a multiple of %d", n, x128::size);
-    cast_to_fp8_kernel<<<(unsigned)ceil_div_int((long)(n / x128::size), 256), 256>>>(out, in, n, 1.0f / scale);
-    cudaCheckLaunch();
-}
+#include "../../llmc/fp8.cuh"
 
 // ----------------------------------------------------------------------------
 // one TN GEMM through cuBLASLt: out (M, N) row-major = X (M, K) · W (N, K)ᵀ. In cuBLASLt's column-major
@@ -147,6 +130,7 @@ struct Case {
     std::string name;
     int M, N, K;
     bool backward;  // the X operand is a gradient: e5m2
+    bool transpose_x = false, transpose_w = false;  // the operand is cast from its transpose (K rows)
 };
 
 struct CaseTimes {
@@ -166,10 +150,18 @@ int run_case(const Case& c, double fp8_peak, std::vector<CaseTimes>* all) {
     dev::upload(scale_x_device, std::vector<float>{scale_x});
     dev::DeviceBuffer<__nv_fp8_e4m3> w8((size_t)N * K), x8_e4m3(c.backward ? 0 : (size_t)M * K);
     dev::DeviceBuffer<__nv_fp8_e5m2> x8_e5m2(c.backward ? (size_t)M * K : 0);
+    dev::DeviceBuffer<unsigned> amax(2);  // the casts' amax words
+    cudaCheck(cudaMemset(amax.ptr, 0, 2 * sizeof(unsigned)));
+    // each operand in its (rows, K) layout, from x (M, K) and w (N, K) as they are or, transposed,
+    // from the same buffers read as (K, M) and (K, N)
+    auto cast = [&](auto* q, const floatX* from, int rows, bool transposed, const float* scale, unsigned* word) {
+        if (transposed) fp8_cast(static_cast<decltype(q)>(nullptr), q, from, K, rows, scale, word, 0);
+        else fp8_cast(q, static_cast<decltype(q)>(nullptr), from, rows, K, scale, word, 0);
+    };
     auto cast_operands = [&] {
-        cast_to_fp8(w8.ptr, w.ptr, w.n, scale_w);
-        if (c.backward) cast_to_fp8(x8_e5m2.ptr, x.ptr, x.n, scale_x);
-        else cast_to_fp8(x8_e4m3.ptr, x.ptr, x.n, scale_x);
+        cast(w8.ptr, w.ptr, N, c.transpose_w, scale_w_device.ptr, amax.ptr);
+        if (c.backward) cast(x8_e5m2.ptr, x.ptr, M, c.transpose_x, scale_x_device.ptr, amax.ptr + 1);
+        else cast(x8_e4m3.ptr, x.ptr, M, c.transpose_x, scale_x_device.ptr, amax.ptr + 1);
     };
     cast_operands();
     const void* x8 = c.backward ? (const void*)x8_e5m2.ptr : (const void*)x8_e4m3.ptr;
@@ -304,8 +296,8 @@ int main(int argc, char** argv) {
     std::vector<Case> cases;
     for (const Layer& l : layers) {
         cases.push_back({std::string(l.name) + " forward", BT, l.OC, l.C, false});
-        cases.push_back({std::string(l.name) + " dinp", BT, l.C, l.OC, true});
-        cases.push_back({std::string(l.name) + " dweight", l.OC, l.C, BT, true});
+        cases.push_back({std::string(l.name) + " dinp", BT, l.C, l.OC, true, false, true});       // weightᵀ
+        cases.push_back({std::string(l.name) + " dweight", l.OC, l.C, BT, true, true, true});     // doutᵀ, inpᵀ
     }
     std::vector<CaseTimes> times;
     int status = 0;

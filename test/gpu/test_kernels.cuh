@@ -24,6 +24,7 @@
 #include "../../llmc/adafactor.h"
 #include "../../llmc/adamw.h"
 #include "../../llmc/adamw8.cuh"
+#include "../../llmc/fp8.cuh"
 #include "../../llmc/parallel/grad_compression.cuh"
 #include "../../llmc/attention.h"
 #include "../../llmc/crossentropy.h"
@@ -752,6 +753,75 @@ TEST(Kernels, AttentionOnChunks) {
                 }
             }
         }
+    }
+}
+
+// The FP8 cast (llmc/fp8.cuh) against its definition, element by element: q = fp8(x / scale) by
+// cuda_fp8.h's saturating conversion (under the emulator checked against PyTorch's float8 casts, so
+// the conversion itself is not taken on trust here), in the row-major copy and at the transposed place,
+// for shapes with partial 32 x 32 tiles, values past the format's range (saturated), both formats; the
+// amax word takes the tensor's max |x| exactly when it is larger and keeps its own otherwise; the scale
+// from an amax is amax / the format's largest value, and 1 for an all-zero tensor.
+inline unsigned float_bits(float f) {
+    unsigned u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+template <typename Fp8>
+void expect_fp8_cast_as_defined(int rows, int cols, float scale, std::mt19937& rng) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", scale " + std::to_string(scale));
+    size_t n = (size_t)rows * cols;
+    std::vector<float> x = random_values(n, rng, -3.0f, 3.0f);
+    x[n / 2] = 2.0f * fp8_max<Fp8>() * scale;  // past the range: saturates
+    x[n / 3] = -2.0f * fp8_max<Fp8>() * scale;
+    DeviceArray<floatX> d_x(n);
+    upload(d_x, x);
+    x = download(d_x);  // as rounded to floatX
+    DeviceArray<Fp8> d_out(n), d_out_t(n);
+    DeviceArray<float> d_scale(1);
+    DeviceArray<unsigned> d_amax(2);
+    upload_raw(d_scale, std::vector<float>{scale});
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    // a word already larger keeps its value; a smaller one takes the tensor's
+    upload_raw(d_amax, std::vector<unsigned>{0u, 0u});
+    fp8_cast<Fp8>(d_out.ptr, d_out_t.ptr, d_x.ptr, rows, cols, d_scale.ptr, d_amax.ptr, 0);
+    unsigned larger = float_bits(2.0f * amax);
+    cudaCheck(cudaMemcpy(d_amax.ptr + 1, &larger, sizeof(unsigned), cudaMemcpyHostToDevice));
+    fp8_cast<Fp8>(nullptr, d_out_t.ptr, d_x.ptr, rows, cols, d_scale.ptr, d_amax.ptr + 1, 0);
+    std::vector<Fp8> out(n), out_t(n);
+    std::vector<unsigned> words(2);
+    cudaCheck(cudaMemcpy(out.data(), d_out.ptr, n * sizeof(Fp8), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(out_t.data(), d_out_t.ptr, n * sizeof(Fp8), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(words.data(), d_amax.ptr, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    const float inv_scale = 1.0f / scale;
+    size_t wrong = 0, wrong_t = 0;
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            Fp8 want(x[(size_t)r * cols + c] * inv_scale);
+            wrong += out[(size_t)r * cols + c].__x != want.__x;
+            wrong_t += out_t[(size_t)c * rows + r].__x != want.__x;
+        }
+    }
+    EXPECT_EQ(wrong, 0u) << "row-major";
+    EXPECT_EQ(wrong_t, 0u) << "transposed";
+    EXPECT_EQ(out[n / 2].__x, Fp8(fp8_max<Fp8>()).__x) << "saturated";
+    EXPECT_EQ(words[0], float_bits(amax)) << "amax";
+    EXPECT_EQ(words[1], larger) << "a larger amax is kept";
+    DeviceArray<float> d_next(1);
+    fp8_scale_from_amax_kernel<Fp8><<<1, 1>>>(d_next.ptr, d_amax.ptr);
+    EXPECT_EQ(download(d_next)[0], amax / fp8_max<Fp8>());
+    upload_raw(d_amax, std::vector<unsigned>{0u, 0u});
+    fp8_scale_from_amax_kernel<Fp8><<<1, 1>>>(d_next.ptr, d_amax.ptr);
+    EXPECT_EQ(download(d_next)[0], 1.0f) << "an all-zero tensor";
+}
+
+TEST(Kernels, Fp8CastTransposesAndRecordsAmax) {
+    std::mt19937 rng(29);
+    for (auto shape : {std::pair<int, int>{64, 64}, {37, 70}, {1, 33}}) {
+        expect_fp8_cast_as_defined<__nv_fp8_e4m3>(shape.first, shape.second, 3.0f / 448, rng);
+        expect_fp8_cast_as_defined<__nv_fp8_e5m2>(shape.first, shape.second, 0.5f, rng);
     }
 }
 
