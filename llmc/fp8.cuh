@@ -1,5 +1,5 @@
-// Tensors to 8-bit floats with a per-tensor scale (issue 48: FP8 matmuls on Hopper), the cast an FP8
-// GEMM's operands need. cuBLASLt's FP8 product takes one layout only, both operands K-contiguous ("TN",
+// FP8 matmuls on Hopper (issue 48), the two pieces under them: tensors to 8-bit floats with a
+// per-tensor scale (fp8_cast), and the product of two such tensors through cuBLASLt (fp8_matmul). cuBLASLt's FP8 product takes one layout only, both operands K-contiguous ("TN",
 // dev/cuda/matmul_fp8.cu), so a backward GEMM needs some operands transposed: the cast writes the
 // row-major copy, the transposed one, or both, from one read of the tensor.
 //
@@ -14,6 +14,8 @@
 
 #include <cuda_fp8.h>
 
+#include <map>
+#include <tuple>
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -76,4 +78,73 @@ template <typename Fp8>
 __global__ void fp8_scale_from_amax_kernel(float* scale, const unsigned* amax_bits) {
     float amax = __uint_as_float(*amax_bits);
     *scale = amax > 0.0f ? amax / fp8_max<Fp8>() : 1.0f;
+}
+
+// out (M, N) = scale_x · scale_w · X8 (M, K) · W8 (N, K)ᵀ, accumulated in fp32 and rounded to floatX once:
+// cuBLASLt's FP8 product in the one layout Hopper takes, both operands contiguous along K ("TN"; in
+// cuBLASLt's column-major terms outᵀ = op(W8) · X8 with W8 transposed). X8 is e4m3, or e5m2 for a
+// gradient; W8 e4m3. scale_x and scale_w are device floats, each in an allocation of its own: cuBLASLt
+// refused a scale 4 bytes after the other on the H100 (doc/mixed_precision.md). M, N and K must be
+// multiples of 16 (the FP8 path's rule). The heuristic's first candidate that runs on these pointers is
+// kept per shape.
+template <typename Fp8X>
+inline void fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, const float* scale_x, const float* scale_w,
+                       int M, int N, int K, cudaStream_t stream) {
+    static_assert(std::is_same<Fp8X, __nv_fp8_e4m3>::value || std::is_same<Fp8X, __nv_fp8_e5m2>::value, "e4m3 or e5m2");
+    if (M % 16 != 0 || N % 16 != 0 || K % 16 != 0) {
+        fatal("fp8_matmul: (%d, %d) x (%d, %d)ᵀ: cuBLASLt's FP8 product takes dimensions that are multiples of 16", M, K,
+              N, K);
+    }
+    const cudaDataType_t type_x = std::is_same<Fp8X, __nv_fp8_e4m3>::value ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_w, sizeof(scale_w)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_x, sizeof(scale_x)));
+    cublasLtMatrixLayout_t layout_w, layout_x, layout_out;
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_w, CUDA_R_8F_E4M3, K, N, K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_x, type_x, K, M, K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_out, CUBLAS_FLOATX, N, M, N));
+    const float alpha = 1.0f, beta = 0.0f;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(cublas_context.lt, desc, &alpha, w8, layout_w, x8, layout_x, &beta, out, layout_out, out,
+                              layout_out, &algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, stream);
+    };
+    struct Key {
+        int M, N, K, type;
+        bool operator<(const Key& o) const { return std::tie(M, N, K, type) < std::tie(o.M, o.N, o.K, o.type); }
+    };
+    static std::map<Key, cublasLtMatmulAlgo_t> chosen;
+    Key key{M, N, K, (int)type_x};
+    auto known = chosen.find(key);
+    if (known != chosen.end()) {
+        cublasCheck(run(known->second));
+    } else {
+        cublasLtMatmulPreference_t preference;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
+        size_t workspace = CUBLAS_WORKSPACE_BYTES;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                         sizeof(workspace)));
+        constexpr int MAX_CANDIDATES = 8;
+        cublasLtMatmulHeuristicResult_t candidates[MAX_CANDIDATES];
+        int found = 0;
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublas_context.lt, desc, layout_w, layout_x, layout_out, layout_out,
+                                                   preference, MAX_CANDIDATES, candidates, &found));
+        cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+        cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
+        for (int i = 0; i < found && status != CUBLAS_STATUS_SUCCESS; i++) {
+            status = run(candidates[i].algo);
+            if (status == CUBLAS_STATUS_SUCCESS) chosen[key] = candidates[i].algo;
+        }
+        if (status != CUBLAS_STATUS_SUCCESS) {
+            fatal("fp8_matmul: cuBLASLt ran none of its %d candidates for (%d, %d) x (%d, %d)ᵀ: %s (FP8 needs an sm_89+ "
+                  "GPU)", found, M, K, N, K, cublasGetStatusString(status));
+        }
+    }
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_w));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_x));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_out));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
 }
