@@ -35,7 +35,7 @@ __host__ __device__ constexpr float fp8_max() {
 template <typename Fp8>
 __global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, int rows, int cols, const float* scale,
                                 unsigned* amax_bits) {
-    __shared__ Fp8 tile[FP8_TILE][FP8_TILE + 4];
+    __shared__ unsigned char tile[FP8_TILE][FP8_TILE + 4];  // the 8-bit codes (Fp8's __x)
     const int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
     const int lane = threadIdx.x % FP8_TILE, first = threadIdx.x / FP8_TILE, step = FP8_THREADS / FP8_TILE;
     const float inv_scale = 1.0f / *scale;
@@ -47,14 +47,14 @@ __global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, int rows
             local_max = fmaxf(local_max, fabsf(x));
             Fp8 q(x * inv_scale);  // the conversion saturates
             if (out) out[(size_t)r * cols + c] = q;
-            tile[i][lane] = q;
+            tile[i][lane] = q.__x;
         }
     }
     __syncthreads();
     if (out_t) {
         for (int i = first; i < FP8_TILE; i += step) {  // and writes 32 consecutive values of a column
             int c = c0 + i, r = r0 + lane;
-            if (r < rows && c < cols) out_t[(size_t)c * rows + r] = tile[lane][i];
+            if (r < rows && c < cols) out_t[(size_t)c * rows + r].__x = tile[lane][i];
         }
     }
     float block_max = block_reduce_max(local_max);
