@@ -109,6 +109,7 @@ struct GPT2 : GPT2Plan {
     Adamw8Gpu adamw8;  // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end) (llmc/adamw8.cuh)
     LocalStepsGpu local;  // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.cuh)
     GradCompressionGpu compression;  // -gc sign|powersgd (llmc/parallel/grad_compression.cuh)
+    Fp8Training fp8;  // -fp8 1: the block's linears in FP8, their scales (llmc/fp8_linear.cuh)
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
@@ -257,10 +258,11 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     int tp = model->layout.tp, C = model->config.channels, Cl = C / tp, NH = model->config.num_heads / tp, BT = B * T;
     SequenceShard sq = gpt2_sequence_shard(model, BT);
     cudaStream_t stream = model->stream;
-    matmul_forward(b.qkv, nullptr, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
+    linear_forward(fp8_of(model, b, FP8_QKV), b.qkv, sp_gather(model, b.ln1, sq, C), w.qkvw, w.qkvb, BT, C, 3 * Cl, stream);
     cp_attention_forward(model->cp, context_scratch(a), b.atty, b.att, b.qkv, a.attn_scratch, B, T, Cl, NH,
                          model->flash_attention, stream);
-    matmul_forward(b.attproj, nullptr, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C, stream);
+    linear_forward(fp8_of(model, b, FP8_ATTPROJ), b.attproj, b.atty, w.attprojw, row_parallel_bias(model, w.attprojb), BT, Cl, C,
+                   stream);
     const floatX* proj = sp_sum(model, b.attproj, sq, C);
     fused_residual_layernorm_forward(b.residual2, b.ln2, b.ln2_mean, b.ln2_rstd, b.residual, proj, w.ln2w, w.ln2b,
                                      (int)sq.rows, C, stream);
@@ -268,7 +270,7 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
     if (model->gelu_fusion) {
         matmul_forward(b.fch_gelu, b.fch, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
     } else {
-        matmul_forward(b.fch, nullptr, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
+        linear_forward(fp8_of(model, b, FP8_FC), b.fch, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
         gelu_forward(b.fch_gelu, b.fch, (size_t)BT * 4 * Cl, stream);
     }
 }
@@ -286,8 +288,8 @@ void block_forward(GPT2* model, int l, const BlockParams& w, const LayerStrides&
     BlockActs b = block_acts(a, ls, l);
     cudaStream_t stream = model->stream;
     block_forward_to_fc(model, w, b, B, T);
-    matmul_forward(b.fcproj, nullptr, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), BT, 4 * C / tp, C,
-                   stream);
+    linear_forward(fp8_of(model, b, FP8_FCPROJ), b.fcproj, b.fch_gelu, w.fcprojw, row_parallel_bias(model, w.fcprojb), BT,
+                   4 * C / tp, C, stream);
     const floatX* proj = sp_sum(model, b.fcproj, sq, C);
     if (l + 1 < L) {
         BlockParams next = block_params(model, l + 1, true);
@@ -316,6 +318,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
             fatal("gpt2_forward: token id at position %d is outside 0..%d", i, V - 1);
         }
     }
+    model->fp8.record = dloss > 0.0f;  // -fp8 1: a training forward records its tensors' amax, an evaluation none
     const ParameterTensors& p = model->params;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
@@ -442,24 +445,24 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
         matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, b.fch, (int)BT,
                         4 * Cl, C, stream);
     } else {
-        matmul_backward(a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw, nullptr,
+        linear_backward(fp8_of(model, b, FP8_FCPROJ), a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw,
                         (int)BT, 4 * Cl, C, stream);
         gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * Cl, stream);
     }
-    matmul_backward(a.dln, gl.fcw, gl.fcb, reduce, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, nullptr, (int)BT,
-                    C, 4 * Cl, stream);
+    linear_backward(fp8_of(model, b, FP8_FC), a.dln, gl.fcw, gl.fcb, reduce, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw,
+                    (int)BT, C, 4 * Cl, stream);
     const floatX* dln2 = sp_sum(model, a.dln, sq, C);
     layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, dln2, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
                        (int)N, C, stream);
 
     // attention: residual2 = residual + attproj(attention(qkv(ln1(residual))))
     dout = sp_gather(model, a.dresidual, sq, C);
-    matmul_backward(a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw, nullptr, (int)BT, Cl,
-                    C, stream);
+    linear_backward(fp8_of(model, b, FP8_ATTPROJ), a.datty, gl.attprojw, gl.attprojb, reduce, dout, b.atty, w.attprojw,
+                    (int)BT, Cl, C, stream);
     cp_attention_backward(model->cp, context_scratch(a), a.dqkv, a.datty, b.qkv, b.atty, b.att, a.attn_scratch, B, T, Cl, NH,
                           model->flash_attention, stream);
-    matmul_backward(a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C), w.qkvw, nullptr,
-                    (int)BT, C, 3 * Cl, stream);
+    linear_backward(fp8_of(model, b, FP8_QKV), a.dln, gl.qkvw, gl.qkvb, reduce, a.dqkv, sp_gather(model, b.ln1, sq, C),
+                    w.qkvw, (int)BT, C, 3 * Cl, stream);
     const floatX* dln1 = sp_sum(model, a.dln, sq, C);
     layernorm_backward(a.dresidual, gl.ln1w, gl.ln1b, reduce, dln1, b.residual, w.ln1w, b.ln1_mean, b.ln1_rstd,
                        (int)N, C, stream);
@@ -746,9 +749,11 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
     c.moments8 = [model] { return adamw8_gpu_download(model->adamw8); };
     c.own_kinds = model->local.scheme.every ? std::vector<int32_t>{STATE_SECTION_LOCAL_STEPS}
                                             : grad_compression_own_kinds(model->compression.host);
-    c.own_sections = [model] {  // -lh: its replica, anchor and momentum; -gc: its residuals (and Q)
-        if (!model->local.scheme.every) return grad_compression_gpu_sections(model->compression);
-        return std::vector<StateSection>{local_steps_gpu_section(model->local, gpt2_download_parameters(model))};
+    c.own_sections = [model] {  // -lh: its replica, anchor and momentum; -gc: its residuals (and Q); -fp8: the scales
+        std::vector<StateSection> s = grad_compression_gpu_sections(model->compression);
+        if (model->local.scheme.every) s = {local_steps_gpu_section(model->local, gpt2_download_parameters(model))};
+        if (model->fp8.on) s.push_back(fp8_training_section(model->fp8));  // the same on every process
+        return s;
     };
     c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
     return c;
@@ -760,6 +765,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
 // model file is fp32).
 void gpt2_resume(GPT2* model, TrainRun* run) {
     TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
+    fp8_training_restore(&model->fp8, state.sections);
     if (model->compression.on()) grad_compression_gpu_restore(&model->compression, state.sections);
     if (model->optimizer.kind == OPT_ADAFACTOR) {
         size_t length = adafactor_state_size(model->optimizer.tensors);
@@ -899,6 +905,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     }
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);
+        fp8_step_end(&model->fp8, model->layout.world, model->stream);  // -fp8 1: the next step's scales
         floatX* rounded = model->master_memory ? model->params_memory : nullptr;  // -lh: the floatX copy of the weights
         local_steps_gpu_after_update(dp, &model->local, s.step, s.last, gpt2_fp32_weights(model), rounded, model->grads_memory,
                                      COMM_FLOATX, model->stream);
@@ -922,12 +929,6 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     h.comm_bytes = [] { return (long long)comm_bytes_moved; };
     if (pipeline) h.step_note = [=] { return *note; };
     return h;
-}
-
-// After the run: where -oo 1's host updates spent their time, and -at 1's choices.
-void print_run_reports(const GPT2* model) {
-    if (model->offload) offload_print_report(model->offloaded);
-    if (matmul_algorithms.autotune) printf("%s\n", matmul_autotune_report().c_str());
 }
 
 #ifndef TESTING
@@ -970,10 +971,7 @@ int main(int argc, char** argv) {
     gpt2_allocate_activations(&model, args.B, args.T);
     print_predictions_and_memory(&model, args, m);
     if (resume_step >= 0) gpt2_resume(&model, &run);
-    if (run.scaler.dynamic) {
-        printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", run.scaler.scale, run.scaler.growth,
-               run.scaler.growth_interval, run.scaler.backoff);
-    }
+    loss_scaler_print(run.scaler);
     run.peak_flops = peak_flops;
     // per GPU: its stage's layers, 1/tp of them
     run.flops_per_step = flops_per_token(model.config, args.T) * args.B * args.T * m / (layout.tp * layout.cp);

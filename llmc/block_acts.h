@@ -27,6 +27,7 @@ struct BlockActsOf {
     Act* fch_gelu;        // (B, T, 4C)
     Act* fcproj;          // (B, T, C)   fcproj's output before the residual add
     Act* residual3;       // (B, T, C)   the block's output
+    size_t layer;         // l, this process's (a pipeline stage's own count)
 };
 
 // Per-layer steps, in elements, through a table's stacked tensors for one pass over (B, T): layer l's
@@ -56,5 +57,6 @@ auto block_acts(const Acts& a, const LayerStrides& s, size_t l) {
                             a.fch + l * s.fch,
                             a.fch_gelu + l * s.fch_gelu,
                             a.fcproj + l * s.fcproj,
-                            a.residual3 + l * s.residual3};
+                            a.residual3 + l * s.residual3,
+                            l};
 }

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda_common.cuh"
+#include "matmul.cuh"  // pointer_alignment
 
 constexpr int FP8_TILE = 32;           // a block casts a 32 x 32 tile, transposed through shared memory
 constexpr int FP8_THREADS = 256;       // 8 rows of the tile at a time
@@ -57,12 +58,30 @@ __global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, int rows
             if (r < rows && c < cols) out_t[(size_t)c * rows + r].__x = tile[lane][i];
         }
     }
+    if (amax_bits == nullptr) return;  // uniform: the whole block returns
     float block_max = block_reduce_max(local_max);
     if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
 }
 
+// *amax_bits = max(*amax_bits, bits of max |x|) over in (n), without a cast: what a step that runs its
+// products in BF16 records for the next one's scales (the first step, llmc/fp8_linear.cuh).
+__global__ void fp8_amax_kernel(const floatX* in, size_t n, unsigned* amax_bits) {
+    float local_max = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        local_max = fmaxf(local_max, fabsf((float)in[i]));
+    }
+    float block_max = block_reduce_max(local_max);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
+}
+
+inline void fp8_amax(const floatX* in, size_t n, unsigned* amax_bits, cudaStream_t stream) {
+    int blocks = (int)std::min<size_t>(ceil_div(n, (size_t)FP8_THREADS), 1024);
+    fp8_amax_kernel<<<std::max(blocks, 1), FP8_THREADS, 0, stream>>>(in, n, amax_bits);
+    cudaCheckLaunch();
+}
+
 // The launch: in (rows, cols) bf16/fp32 on the device, scale a device float, amax_bits a device word
-// (zero it to start a new maximum; __uint_as_float of it is the amax).
+// (zero it to start a new maximum; __uint_as_float of it is the amax), or null to record nothing.
 template <typename Fp8>
 inline void fp8_cast(Fp8* out, Fp8* out_t, const floatX* in, int rows, int cols, const float* scale, unsigned* amax_bits,
                      cudaStream_t stream) {
@@ -80,16 +99,18 @@ __global__ void fp8_scale_from_amax_kernel(float* scale, const unsigned* amax_bi
     *scale = amax > 0.0f ? amax / fp8_max<Fp8>() : 1.0f;
 }
 
-// out (M, N) = scale_x · scale_w · X8 (M, K) · W8 (N, K)ᵀ, accumulated in fp32 and rounded to floatX once:
-// cuBLASLt's FP8 product in the one layout Hopper takes, both operands contiguous along K ("TN"; in
-// cuBLASLt's column-major terms outᵀ = op(W8) · X8 with W8 transposed). X8 is e4m3, or e5m2 for a
-// gradient; W8 e4m3. scale_x and scale_w are device floats, each in an allocation of its own: cuBLASLt
-// refused a scale 4 bytes after the other on the H100 (doc/mixed_precision.md). M, N and K must be
-// multiples of 16 (the FP8 path's rule). The heuristic's first candidate that runs on these pointers is
-// kept per shape.
+// out (M, N) = scale_x · scale_w · X8 (M, K) · W8 (N, K)ᵀ [+ bias (N)] [+ out if accumulate], accumulated
+// in fp32 and rounded to floatX once: cuBLASLt's FP8 product in the one layout Hopper takes, both operands
+// contiguous along K ("TN"; in cuBLASLt's column-major terms outᵀ = op(W8) · X8 with W8 transposed). X8 is
+// e4m3, or e5m2 for a gradient; W8 e4m3. The bias (floatX, D's type) rides on the BIAS epilogue; accumulate
+// adds into out (beta = 1, C = D, floatX: a weight gradient summed over micro-steps). scale_x and scale_w are
+// device floats, each in an allocation of its own or 256 bytes apart: cuBLASLt refused a scale 4 bytes after
+// the other on the H100 (doc/mixed_precision.md). M, N and K must be multiples of 16 (the FP8 path's rule).
+// The heuristic is told out's and the bias's real alignment; its first candidate that runs is kept per
+// problem (shape, type, epilogue, alignments), so a problem gets the same kernel, the same bits, every call.
 template <typename Fp8X>
 inline void fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, const float* scale_x, const float* scale_w,
-                       int M, int N, int K, cudaStream_t stream) {
+                       int M, int N, int K, cudaStream_t stream, const floatX* bias = nullptr, bool accumulate = false) {
     static_assert(std::is_same<Fp8X, __nv_fp8_e4m3>::value || std::is_same<Fp8X, __nv_fp8_e5m2>::value, "e4m3 or e5m2");
     if (M % 16 != 0 || N % 16 != 0 || K % 16 != 0) {
         fatal("fp8_matmul: (%d, %d) x (%d, %d)ᵀ: cuBLASLt's FP8 product takes dimensions that are multiples of 16", M, K,
@@ -103,21 +124,33 @@ inline void fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, con
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_w, sizeof(scale_w)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_x, sizeof(scale_x)));
+    if (bias != nullptr) {
+        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bias_type = CUBLAS_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
     cublasLtMatrixLayout_t layout_w, layout_x, layout_out;
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_w, CUDA_R_8F_E4M3, K, N, K));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_x, type_x, K, M, K));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_out, CUBLAS_FLOATX, N, M, N));
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         return cublasLtMatmul(cublas_context.lt, desc, &alpha, w8, layout_w, x8, layout_x, &beta, out, layout_out, out,
                               layout_out, &algo, cublas_context.workspace, CUBLAS_WORKSPACE_BYTES, stream);
     };
+    const uint32_t align_out = pointer_alignment(out), align_bias = pointer_alignment(bias);
     struct Key {
-        int M, N, K, type;
-        bool operator<(const Key& o) const { return std::tie(M, N, K, type) < std::tie(o.M, o.N, o.K, o.type); }
+        int M, N, K, type, bias, accumulate;
+        uint32_t align_out, align_bias;
+        bool operator<(const Key& o) const {
+            return std::tie(M, N, K, type, bias, accumulate, align_out, align_bias) <
+                   std::tie(o.M, o.N, o.K, o.type, o.bias, o.accumulate, o.align_out, o.align_bias);
+        }
     };
     static std::map<Key, cublasLtMatmulAlgo_t> chosen;
-    Key key{M, N, K, (int)type_x};
+    Key key{M, N, K, (int)type_x, bias != nullptr, accumulate, align_out, align_bias};
     auto known = chosen.find(key);
     if (known != chosen.end()) {
         cublasCheck(run(known->second));
@@ -127,6 +160,9 @@ inline void fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, con
         size_t workspace = CUBLAS_WORKSPACE_BYTES;
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                          sizeof(workspace)));
+        for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+            cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &align_out, sizeof(align_out)));
+        }
         constexpr int MAX_CANDIDATES = 8;
         cublasLtMatmulHeuristicResult_t candidates[MAX_CANDIDATES];
         int found = 0;
@@ -139,8 +175,9 @@ inline void fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, con
             if (status == CUBLAS_STATUS_SUCCESS) chosen[key] = candidates[i].algo;
         }
         if (status != CUBLAS_STATUS_SUCCESS) {
-            fatal("fp8_matmul: cuBLASLt ran none of its %d candidates for (%d, %d) x (%d, %d)ᵀ: %s (FP8 needs an sm_89+ "
-                  "GPU)", found, M, K, N, K, cublasGetStatusString(status));
+            fatal("fp8_matmul: cuBLASLt ran none of its %d candidates for (%d, %d) x (%d, %d)ᵀ%s%s: %s (FP8 needs an "
+                  "sm_89+ GPU)", found, M, K, N, K, bias ? " with a bias" : "", accumulate ? " adding into the output" : "",
+                  cublasGetStatusString(status));
         }
     }
     cublasCheck(cublasLtMatrixLayoutDestroy(layout_w));

@@ -151,6 +151,13 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     gpt2_use_activation_slot(model, 0);
     // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
     if (model->layout.pp > 1) model->pipe_grad_in = reinterpret_cast<floatX*>(model->acts_memory + slots_bytes);
+    if (model->fp8_matmuls) {  // -fp8 1: its state and scratch last (activation_bytes counts them)
+        size_t C = model->config.channels, rows = (size_t)B * (T / lay.cp);
+        int L = model->model_config.num_layers;
+        fp8_training_start(&model->fp8, model->acts_memory + bytes - fp8_training_bytes(L, rows, C, C / lay.tp), L, rows, C,
+                           C / lay.tp);
+        printf("%s\n", fp8_training_describe((long)B * (T / lay.cp), (int)C, (int)(C / lay.tp)).c_str());
+    }
     model->batch_size = B;
     model->seq_len = T;
     cudaCheck(cudaMallocHost(&model->host_losses, (size_t)B * T * sizeof(float)));
@@ -178,6 +185,13 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
 // refuses -lh with neither).
 template <typename Model>
 float* gpt2_fp32_weights(Model* model) { return model->master_memory ? model->master_memory : (float*)model->params_memory; }
+
+// After the run: where -oo 1's host updates spent their time, and -at 1's choices.
+template <typename Model>
+void print_run_reports(const Model* model) {
+    if (model->offload) offload_print_report(model->offloaded);
+    if (matmul_algorithms.autotune) printf("%s\n", matmul_autotune_report().c_str());
+}
 
 // Frees everything gpt2_setup and gpt2_allocate_activations allocated, and the stream.
 template <typename Model>

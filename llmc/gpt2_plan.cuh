@@ -29,6 +29,7 @@
 #include "cuda_common.cuh"
 #include "adamw8.cuh"             // adamw8_gpu_bytes
 #include "parallel/grad_compression.cuh"  // grad_compression_gpu_bytes
+#include "fp8_linear.cuh"                 // fp8_training_bytes
 #include "gpt2_activations.cuh"
 #include "attention.cuh"          // check_attention_shape
 #include "muon.cuh"               // muon_scratch_layout
@@ -61,6 +62,7 @@ struct GPT2Plan {
     bool reduces_in_buckets() const { return local_steps == 0 && grad_compression == "none"; }
     int recompute = 1;
     bool gelu_fusion = false;
+    bool fp8_matmuls = false;     // -fp8 1: the block's linears in FP8 (llmc/fp8_linear.cuh)
     bool flash_attention = true;  // -fa; always false in the fp32 build
     // pipeline parallelism (llmc/parallel/pipeline.h): config is this stage's (num_layers = its layers;
     // the whole model's is model_config); every stage keeps wte, wpe, lnfw and lnfb. tensor_origin[i]:
@@ -74,6 +76,29 @@ struct GPT2Plan {
     ContextParallel cp;               // -cp: this process's positions of every sequence (llmc/parallel/context_split.h)
     size_t in_use_before = 0;         // device bytes in use before the model's allocations (context, cuBLAS)
 };
+
+// -fp8 1 (llmc/fp8_linear.cuh): true where it can run; fatal, with the reason, where it cannot: FP8 tensor
+// cores (sm_89 and later) and the bf16 build, and not with the fused epilogues (-ge 1, -bg 1), which its
+// products do not have.
+inline bool fp8_training_possible(const TrainArgs& args) {
+#if defined(ENABLE_FP32) || defined(ENABLE_FP16)
+    fatal("flag -fp8 1: FP8 training runs in the bf16 build (make train_gpt2cu) on an sm_89+ GPU; this is the %s build",
+          PRECISION_NAME);
+#endif
+    int device = 0, major = 0, minor = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major * 10 + minor < 89) {
+        fatal("flag -fp8 1: FP8 matmuls need FP8 tensor cores (sm_89 and later: Ada, Hopper); this GPU is sm_%d%d", major,
+              minor);
+    }
+    if (args.gelu_fusion || args.bias_grad_epilogue) {
+        fatal("flag -fp8 1 with %s: the FP8 products take no GELU or bias-gradient epilogue; use %s", args.gelu_fusion ?
+              "-ge 1" : "-bg 1", args.gelu_fusion ? "-ge 0" : "-bg 0");
+    }
+    return true;
+}
 
 // Decides the run's plan from the whole model's shape and the flags, over `world` (the run's processes;
 // `distributed`: several, over NCCL): the layout and this process's stage and slices of the model, where
@@ -130,6 +155,7 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
     if (!optimizer_from_name(args.optimizer, &optimizer_kind)) fatal("flag -opt: unknown optimizer '%s'", args.optimizer.c_str());
     plan->recompute = args.recompute;
     plan->gelu_fusion = args.gelu_fusion != 0;
+    if (args.fp8) plan->fp8_matmuls = fp8_training_possible(args);
     plan->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
     check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, plan->flash_attention);
     size_t n = plan->num_parameters;
@@ -172,8 +198,10 @@ size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool
     const ParallelLayout& lay = model->layout;
     size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
     size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
+    size_t fp8 = model->fp8_matmuls ? fp8_training_bytes(model->model_config.num_layers, (size_t)B * (T / lay.cp),
+                                                         model->config.channels, model->config.channels / lay.tp) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T / lay.cp, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode) + pipe;  // -cp: T/cp positions
+                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode) + pipe + fp8;  // -cp: T/cp positions
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.

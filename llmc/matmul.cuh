@@ -344,6 +344,18 @@ inline void matmul_forward(floatX* out,          // (N, OC)
 // fp32 scratch the bias gradient needs
 inline size_t matmul_backward_scratch_floats(int OC) { return (size_t)MATMUL_DBIAS_ROW_BLOCKS * OC; }
 
+// dbias (OC) += the column sums of dout (N, OC), our two stages in a fixed order (no atomics); OC a
+// multiple of x128::size.
+inline void matmul_dbias(floatX* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
+    if (OC % x128::size != 0) fatal("matmul_backward: bias size %d must be divisible by %d", OC, x128::size);
+    dim3 grid(ceil_div_int(OC / x128::size, WARP_SIZE), MATMUL_DBIAS_ROW_BLOCKS);
+    dim3 block(WARP_SIZE, MATMUL_DBIAS_ROWS_PER_BLOCK);
+    matmul_dbias_partials_kernel<<<grid, block, 0, stream>>>(scratch, dout, N, OC);
+    cudaCheckLaunch();
+    matmul_dbias_sum_partials_kernel<<<ceil_div_int(OC, 256), 256, 0, stream>>>(dbias, scratch, MATMUL_DBIAS_ROW_BLOCKS, OC);
+    cudaCheckLaunch();
+}
+
 // dinp = dout · weight (overwritten; with pre_gelu non-null, multiplied by gelu'(pre_gelu), i.e. the
 // gradient flows on through the GELU whose output was this layer's input). Accumulates (+=) into
 // dweight and dbias (dbias may be nullptr).
@@ -373,13 +385,5 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
     } else {  // no BGRADB algorithm for this shape
         matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, true, nullptr, false, stream);
     }
-    if (dbias != nullptr) {
-        dim3 grid(ceil_div_int(OC / x128::size, WARP_SIZE), MATMUL_DBIAS_ROW_BLOCKS);
-        dim3 block(WARP_SIZE, MATMUL_DBIAS_ROWS_PER_BLOCK);
-        matmul_dbias_partials_kernel<<<grid, block, 0, stream>>>(scratch, dout, N, OC);
-        cudaCheckLaunch();
-        matmul_dbias_sum_partials_kernel<<<ceil_div_int(OC, 256), 256, 0, stream>>>(dbias, scratch,
-                                                                                   MATMUL_DBIAS_ROW_BLOCKS, OC);
-        cudaCheckLaunch();
-    }
+    if (dbias != nullptr) matmul_dbias(dbias, scratch, dout, N, OC, stream);
 }

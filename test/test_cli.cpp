@@ -181,7 +181,8 @@ TEST(CliTrainer, RefusesBadFlagsAndCombinations) {
     expect_refused_all("cli_bad_flags", {
         {"-Q 1", "unknown flag '-Q'"},
         {"-b 4 --batch 4", "unknown flag '--batch'"},
-        {"-w 1", "unknown flag '-w'"},  // CUDA only
+        {"-w 1", "flag -w is the CUDA trainer's"},  // CUDA only
+        {"-fp8 1", "flag -fp8 is the CUDA trainer's.*FP8"},
         {"-b", "flag -b needs a value"},
         {"-t 64 -sh", "flag -sh needs a value"},
         {"-k step", "flag -k: unknown schedule 'step'"},
@@ -650,7 +651,7 @@ TEST(CliParse, RangeEdgesAndRepeats) {
                     "HellaSwag with -z 3 is not supported");
     }
     EXPECT_EXIT(parse({"-z", "4"}), testing::ExitedWithCode(1), "flag -z: 4 is outside the allowed range 0 \\.\\. 3");
-    EXPECT_EXIT(parse({"-w", "1"}), testing::ExitedWithCode(1), "unknown flag '-w'");
+    EXPECT_EXIT(parse({"-w", "1"}), testing::ExitedWithCode(1), "flag -w is the CUDA trainer's");
     // recomputation and the MFU peak are both trainers' flags
     TrainArgs cpu = parse({"-r", "3", "-pk", "226.5"});
     EXPECT_EQ(cpu.recompute, 3);

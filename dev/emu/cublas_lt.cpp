@@ -25,7 +25,9 @@
 //       alpha·scale_A·scale_B·op(A)·op(B) + beta·C, the scales read from A_SCALE_POINTER and
 //       B_SCALE_POINTER (device floats, 1 when not set) when the product runs; only the "TN" form that
 //       Hopper's FP8 kernels take (A transposed, B not: the documentation's requirement) and the DEFAULT
-//       epilogue. FAST_ACCUM is accepted and changes nothing here: the emulator accumulates in fp32 either
+//       or BIAS epilogue (the bias in D's type, bf16 or fp16, added to the scaled product before the one
+//       rounding, as for the other types; the trainer's -fp8 1 uses it, and a GPU call checks it:
+//       test/gpu's Kernels.Fp8Matmul*). FAST_ACCUM is accepted and changes nothing here: the emulator accumulates in fp32 either
 //       way (a GPU's fast accumulation keeps fewer bits, so its results differ within a tolerance). A
 //       scale pointer must be 16-byte aligned: an H100 refused one 4 bytes into an allocation
 //       (CUBLAS_STATUS_NOT_SUPPORTED, doc/gpu_results.md call 15) and took 256-byte aligned ones; the
@@ -230,9 +232,9 @@ cublasStatus_t check_problem(const char* fn, cublasLtMatmulDesc_t desc, cublasLt
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 needs A transposed and B not (\"TN\"); got TRANSA %d, "
                           "TRANSB %d", fn, (int)desc->transa, (int)desc->transb);
         }
-        if (problem->tf32 || desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        if (problem->tf32 || (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc->epilogue != CUBLASLT_EPILOGUE_BIAS)) {
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 with %s is not emulated (CUBLAS_COMPUTE_32F and the "
-                          "DEFAULT epilogue are)", fn, problem->tf32 ? "TF32 compute" : epilogue_name(desc->epilogue));
+                          "DEFAULT and BIAS epilogues are)", fn, problem->tf32 ? "TF32 compute" : epilogue_name(desc->epilogue));
         }
     } else if (desc->a_scale != nullptr || desc->b_scale != nullptr) {
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: A/B scale pointers without FP8 operands are not emulated", fn);

@@ -739,8 +739,9 @@ const Fp8Code E5M2_CODES[] = {{0x3C, 1}, {0x40, 2}, {0x42, 3}, {0x38, 0.5}, {0x3
 
 // D (m, n) bf16 = alpha·scale_a·scale_b·op(A)·op(B) with A stored (k, m) and transposed, B (k, n): every
 // product and sum of these values is exact in double and in fp32 (halves and small integers, k <= 64),
-// so D is the bf16 rounding of the exact value.
-void expect_fp8_product(cudaDataType type_b, bool fast_accum) {
+// so D is the bf16 rounding of the exact value. With bias_and_c: + bias[i] (BIAS epilogue, bf16) + D's
+// earlier value (beta 1, C = D), both small halves, exact too.
+void expect_fp8_product(cudaDataType type_b, bool fast_accum, bool bias_and_c = false) {
     const int m = 24, n = 16, k = 64;
     std::mt19937 rng(48);
     const Fp8Code* b_codes = type_b == CUDA_R_8F_E5M2 ? E5M2_CODES : E4M3_CODES;
@@ -760,7 +761,13 @@ void expect_fp8_product(cudaDataType type_b, bool fast_accum) {
     Device<float> scales(std::vector<float>(8, 0.0f));  // scale_a at [0], scale_b at [4]: 16-byte aligned
     std::vector<float> s = {0.5f, 0, 0, 0, 4.0f, 0, 0, 0};
     ASSERT_EQ(cudaMemcpy(scales.ptr, s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    Device<uint16_t> dd(std::vector<uint16_t>(m * n, 0));
+    std::vector<double> c0(m * n, 0.0), bias0(m, 0.0);
+    std::vector<uint16_t> c_bits(m * n, 0), bias_bits(m, 0);
+    if (bias_and_c) {
+        for (int i = 0; i < m; i++) bias0[i] = 0.5 * i - 4, bias_bits[i] = bf16_exact((float)bias0[i]);
+        for (int i = 0; i < m * n; i++) c0[i] = 0.5 * (i % 13) - 3, c_bits[i] = bf16_exact((float)c0[i]);
+    }
+    Device<uint16_t> dd(c_bits), dbias(bias_bits);
     LtCall call;
     call.type = CUDA_R_16BF;
     call.type_a = CUDA_R_8F_E4M3;
@@ -772,13 +779,18 @@ void expect_fp8_product(cudaDataType type_b, bool fast_accum) {
     call.a_scale = scales.ptr;
     call.b_scale = scales.ptr + 4;
     call.fast_accum = fast_accum ? 1 : 0;
+    if (bias_and_c) {
+        call.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        call.bias = dbias.ptr;
+        call.beta = 1.0f;
+    }
     ASSERT_EQ(call.run(da.ptr, db.ptr, dd.ptr, dd.ptr), CUBLAS_STATUS_SUCCESS);
     std::vector<uint16_t> d = dd.download();
     for (int i = 0; i < m; i++) {
         for (int j = 0; j < n; j++) {
             double sum = 0;
             for (int p = 0; p < k; p++) sum += av[p + i * k] * bv[p + j * k];
-            double want = 0.25 * 0.5 * 4.0 * sum;
+            double want = 0.25 * 0.5 * 4.0 * sum + bias0[i] + c0[i + j * m];
             float got = bf16_value(d[i + j * m]);
             // bf16 keeps 8 significant bits: within half a step of the exact value
             EXPECT_NEAR(got, want, std::ldexp(std::fabs(want), -8) + 1e-30) << "D(" << i << ", " << j << ")";
@@ -788,6 +800,7 @@ void expect_fp8_product(cudaDataType type_b, bool fast_accum) {
 
 TEST(CublasLtFp8, E4m3TimesE4m3WithScales) { expect_fp8_product(CUDA_R_8F_E4M3, false); }
 TEST(CublasLtFp8, E4m3TimesE5m2WithFastAccumulation) { expect_fp8_product(CUDA_R_8F_E5M2, true); }
+TEST(CublasLtFp8, BiasEpilogueAndAddingIntoD) { expect_fp8_product(CUDA_R_8F_E5M2, false, true); }
 
 TEST(CublasLtFp8, RefusesWhatHopperOrTheEmulatorDoesNot) {
     const int m = 16, n = 16, k = 32;
@@ -812,10 +825,10 @@ TEST(CublasLtFp8, RefusesWhatHopperOrTheEmulatorDoesNot) {
     LtCall both_e5m2 = call();
     both_e5m2.type_a = both_e5m2.type_b = CUDA_R_8F_E5M2;
     EXPECT_EQ(both_e5m2.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
-    LtCall with_bias = call();
-    with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    with_bias.bias = bias.ptr;
-    EXPECT_EQ(with_bias.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
+    LtCall with_gelu = call();  // of the epilogues, DEFAULT and BIAS only
+    with_gelu.epilogue = CUBLASLT_EPILOGUE_GELU_BIAS;
+    with_gelu.bias = bias.ptr;
+    EXPECT_EQ(with_gelu.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);
     LtCall fp8_out = call();  // an FP8 D needs its scale and amax, not emulated
     fp8_out.type = CUDA_R_8F_E4M3;
     EXPECT_EQ(fp8_out.run(a.ptr, b.ptr, d.ptr, d.ptr), CUBLAS_STATUS_NOT_SUPPORTED);

@@ -37,6 +37,12 @@ struct LossScaler {
     int64_t updates = 0;  // AdamW updates applied so far (the t of the next one is updates + 1)
 };
 
+// The start-up line of a dynamic scaler (the FP16 build's); nothing otherwise.
+inline void loss_scaler_print(const LossScaler& s) {
+    if (!s.dynamic) return;
+    printf("loss scaling: S %g, x%g after %d clean steps, x%g on overflow\n", s.scale, s.growth, s.growth_interval, s.backoff);
+}
+
 // Looks at step `step`'s global gradient norm (of the gradients as computed, scaled by S) and decides:
 // true to apply the update, false to skip it. Moves S. Stops the run after max_consecutive skips.
 inline bool loss_scaler_step(LossScaler* s, double scaled_norm, int step) {

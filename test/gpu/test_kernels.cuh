@@ -869,6 +869,86 @@ TEST(Kernels, Fp8MatmulIsTheProductOfTheQuantizedValues) {
     expect_fp8_matmul_as_defined<__nv_fp8_e5m2>(32, 80, 48, rng);
 }
 
+// -fp8 1's linear (llmc/fp8_linear.cuh) against its definition: a calibration step that runs in BF16 and
+// records every operand's amax; at its end each scale is amax / the format's largest value (e4m3 448 for
+// x and w, e5m2 57344 for dy); then the forward and the two backward products are the products of the
+// operands quantized with those scales (decoded on the host, summed in double: each operand in its
+// place, transposed where the product wants it), dweight added into what it held, dbias the column sums
+// of the BF16 dy. Held as the FP8 product's test is (4e-3 of the largest in bf16, 1e-5 in fp32).
+TEST(Kernels, Fp8LinearIsTheQuantizedProductsWithScalesFromTheAmax) {
+    const int N = 32, C = 48, OC = 64;
+    std::mt19937 rng(48);
+    std::vector<float> x = random_values((size_t)N * C, rng, -2.0f, 2.0f), w = random_values((size_t)OC * C, rng, -0.3f, 0.3f);
+    std::vector<float> bias = random_values(OC, rng, -1.0f, 1.0f), dy = random_values((size_t)N * OC, rng, -1e-3f, 1e-3f);
+    std::vector<float> dw0 = random_values((size_t)OC * C, rng, -0.1f, 0.1f);
+    DeviceArray<floatX> d_x(x.size()), d_w(w.size()), d_bias(OC), d_dy(dy.size()), d_out((size_t)N * OC), d_dx(x.size()),
+        d_dw(w.size()), d_db(OC);
+    upload(d_x, x), upload(d_w, w), upload(d_bias, bias), upload(d_dy, dy);
+    x = download(d_x), w = download(d_w), bias = download(d_bias), dy = download(d_dy);  // as rounded to floatX
+    DeviceArray<float> d_scratch(matmul_backward_scratch_floats(OC));
+    DeviceArray<char> d_state(fp8_training_bytes(1, N, C, C));
+    Fp8Training t;
+    fp8_training_start(&t, d_state.ptr, 1, N, C, C);
+    Fp8Linear f = fp8_linear(&t, 0, FP8_FC);
+    auto run = [&] {
+        upload(d_dw, dw0), upload(d_db, std::vector<float>(OC, 0.0f));
+        linear_forward(f, d_out.ptr, d_x.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+        linear_backward(f, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dy.ptr, d_x.ptr, d_w.ptr, N, C, OC, 0);
+    };
+    run();  // the calibration step: BF16, recording
+    fp8_step_end(&t, ProcessGroup(), 0);
+    auto amax = [](const std::vector<float>& v) { float m = 0; for (float e : v) m = std::max(m, std::fabs(e)); return m; };
+    float sx = amax(x) / 448.0f, sw = amax(w) / 448.0f, sdy = amax(dy) / 57344.0f;
+    std::vector<float> scales(t.tensors() * FP8_SCALE_STRIDE);
+    cudaCheck(cudaMemcpy(scales.data(), t.scales, scales.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const size_t first = (size_t)FP8_FC * FP8_OPERANDS;
+    EXPECT_EQ(scales[(first + FP8_X) * FP8_SCALE_STRIDE], sx);
+    EXPECT_EQ(scales[(first + FP8_W) * FP8_SCALE_STRIDE], sw);
+    EXPECT_EQ(scales[(first + FP8_DY) * FP8_SCALE_STRIDE], sdy);
+    EXPECT_EQ(scales[(size_t)FP8_QKV * FP8_OPERANDS * FP8_SCALE_STRIDE], 1.0f) << "a linear never run keeps its scale";
+    run();  // in FP8
+    std::vector<double> x8(x.size()), w8(w.size()), dy8(dy.size());  // the quantized values, decoded
+    for (size_t i = 0; i < x.size(); i++) x8[i] = (float)__nv_fp8_e4m3(x[i] / sx);
+    for (size_t i = 0; i < w.size(); i++) w8[i] = (float)__nv_fp8_e4m3(w[i] / sw);
+    for (size_t i = 0; i < dy.size(); i++) dy8[i] = (float)__nv_fp8_e5m2(dy[i] / sdy);
+    std::vector<float> out((size_t)N * OC), dx(x.size()), dw(w.size()), db(OC, 0.0f);
+    for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) {
+            double sum = 0;
+            for (int c = 0; c < C; c++) sum += x8[(size_t)n * C + c] * w8[(size_t)o * C + c];
+            out[(size_t)n * OC + o] = (float)(sum * sx * sw + bias[o]);
+            db[o] += dy[(size_t)n * OC + o];
+        }
+        for (int c = 0; c < C; c++) {
+            double sum = 0;
+            for (int o = 0; o < OC; o++) sum += dy8[(size_t)n * OC + o] * w8[(size_t)o * C + c];
+            dx[(size_t)n * C + c] = (float)(sum * sdy * sw);
+        }
+    }
+    for (int o = 0; o < OC; o++) {
+        for (int c = 0; c < C; c++) {
+            double sum = 0;
+            for (int n = 0; n < N; n++) sum += dy8[(size_t)n * OC + o] * x8[(size_t)n * C + c];
+            dw[(size_t)o * C + c] = (float)(dw0[(size_t)o * C + c] + sum * sdy * sx);
+        }
+    }
+    const double tolerance = sizeof(floatX) < 4 ? 4e-3 : 1e-5;
+    EXPECT_LE(test::max_rel_error(download(d_out).data(), out.data(), out.size()), tolerance) << "forward";
+    EXPECT_LE(test::max_rel_error(download(d_dx).data(), dx.data(), dx.size()), tolerance) << "dinp";
+    EXPECT_LE(test::max_rel_error(download(d_dw).data(), dw.data(), dw.size()), tolerance) << "dweight";
+    EXPECT_LE(test::max_rel_error(download(d_db).data(), db.data(), db.size()), tolerance) << "dbias";
+    // the FP8 step recorded the same maxima (the casts' own amax); an evaluation records none
+    std::vector<unsigned> words(t.tensors());
+    cudaCheck(cudaMemcpy(words.data(), t.amax, words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(words[first + FP8_X], float_bits(amax(x)));
+    EXPECT_EQ(words[first + FP8_DY], float_bits(amax(dy)));
+    t.record = false;
+    cudaCheck(cudaMemset(t.amax, 0, words.size() * sizeof(unsigned)));
+    linear_forward(f, d_out.ptr, d_x.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+    cudaCheck(cudaMemcpy(words.data(), t.amax, words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(words[first + FP8_X], 0u) << "an evaluation forward records nothing";
+}
+
 TEST(Kernels, Fp8CastTransposesAndRecordsAmax) {
     std::mt19937 rng(29);
     for (auto shape : {std::pair<int, int>{64, 64}, {37, 70}, {1, 33}}) {
