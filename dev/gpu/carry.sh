@@ -10,6 +10,6 @@ case "${1:-gpu}" in
     gpu) printf '%s\n' build/gpu train_gpt2cu train_gpt2fp32cu test_gpt2cu test_gpt2fp32cu dev/cuda/bin \
              build/oracle/tiny build/oracle/tiny_cosine ;;
     emu) printf '%s\n' train_gpt2cu_emu train_gpt2fp32cu_emu test_gpt2cu_emu test_gpt2fp32cu_emu build/emu/devcuda/gelu_forward \
-             build/oracle/tiny build/oracle/tiny_cosine ;;
+             build/oracle/tiny build/oracle/tiny_cosine build/gpu/data ;;
     *) echo "carry.sh: gpu or emu" >&2; exit 2 ;;
 esac

@@ -6,7 +6,7 @@ costliest kernels under Nsight Compute. Standard library only.
     python3 dev/gpu/gpu_results.py DIR [DIR ...] > doc/gpu_results.md
 
 Each DIR holds summary.tsv and main.log, and where those stages ran bench.tsv, cuda_dev.md,
-attention.md, ncu.md, and fp8.log (dev/cuda/bin/matmul_fp8's output, run on its own). A stage run in several calls is listed once per call, in call order. The
+attention.md, ncu.md, fp8.md (the stage fp8: BF16 and -fp8 1 trained alike) and fp8.log (dev/cuda/bin/matmul_fp8's output, run on its own). A stage run in several calls is listed once per call, in call order. The
 benchmark's ratios are computed here from bench.tsv's rows: within each round, against the baseline
 the rows name (ours-r0 unless said), median, min and max over the rounds."""
 import os
@@ -77,7 +77,7 @@ def main(dirs):
            "Made by `dev/gpu/gpu_results.py` from the files `dev/gpu/run_on_gpu.sh` wrote under `$OUT` "
            "(doc/cuda.md, \"A GPU session\"). Numbers are as measured once, on the machine named; nothing here "
            "is edited by hand.", ""]
-    stage_rows, bench_rows, cuda_dev, attention, ncu, fp8 = [], [], [], [], [], []
+    stage_rows, bench_rows, cuda_dev, attention, ncu, fp8, training = [], [], [], [], [], [], []
     for i, d in enumerate(dirs, 1):
         log = read(os.path.join(d, "main.log"))
         fp8_log = read(os.path.join(d, "fp8.log"))
@@ -109,6 +109,9 @@ def main(dirs):
             ncu.append((i, t))
         if fp8_log:
             fp8.append((i, fp8_log))
+        t = read(os.path.join(d, "fp8.md")).strip()
+        if t:
+            training.append((i, t))
     out += ["## Stages", "", "| call | stage | lane | result | seconds | detail |", "| ---: | --- | --- | --- | ---: | --- |"]
     out += [f"| {' | '.join(r)} |" for r in stage_rows]
     failed = sum(r[3] == "failed" for r in stage_rows)
@@ -143,6 +146,11 @@ def main(dirs):
     for i, t in fp8:
         out += [f"Call {i}:", ""] + fp8_table(t) + [""]
     if not fp8:
+        out += ["(did not run)", ""]
+    out += ["## FP8 training against BF16 (the stage fp8: dev/compare_fp8.sh)", ""]
+    for i, t in training:
+        out += [f"Call {i}:", "", "```", t, "```", ""]
+    if not training:
         out += ["(did not run)", ""]
     print("\n".join(out))
     return 0

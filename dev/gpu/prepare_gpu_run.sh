@@ -132,6 +132,11 @@ else
     make -s -C dev/cuda --no-print-directory list | tr ' ' '\n' > build/gpu/changed_programs.txt
 fi
 
+# the stage fp8's data (dev/compare_fp8.sh): tinyshakespeare's shards, 1.3 MB, inside build/gpu (carried)
+[ -f dev/data/tinyshakespeare/tinyshakespeare_train_000000.bin ] || dev/data/tinyshakespeare.sh > /dev/null
+mkdir -p build/gpu/data
+cp dev/data/tinyshakespeare/tinyshakespeare_{train,val}_000000.bin build/gpu/data/
+
 mapfile -t CARRY < <(dev/gpu/carry.sh)
 echo "== to carry to the GPU machine (8 paths, the tool's most)"
 du -sh "${CARRY[@]}"

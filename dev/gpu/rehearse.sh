@@ -26,6 +26,10 @@ for d in build/oracle/tiny build/oracle/tiny_cosine; do
     [ -f "$d/stamp" ] || { echo "rehearse.sh: $d missing (make test, or ./test_gpt2cu_emu --prepare-oracle, makes it)"; exit 1; }
 done
 
+# the stage fp8's tinyshakespeare shards, where prepare_gpu_run.sh puts them for a GPU call
+[ -f dev/data/tinyshakespeare/tinyshakespeare_train_000000.bin ] || dev/data/tinyshakespeare.sh > /dev/null ||
+    { echo "rehearse.sh: dev/data/tinyshakespeare.sh failed"; exit 1; }
+mkdir -p build/gpu/data && cp dev/data/tinyshakespeare/tinyshakespeare_{train,val}_000000.bin build/gpu/data/
 # what a device call sends: tracked and untracked-not-ignored files, plus the carried paths
 rm -rf "$tree" && mkdir -p "$tree"
 mapfile -t carry < <(dev/gpu/carry.sh emu)

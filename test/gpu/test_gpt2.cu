@@ -875,7 +875,8 @@ TEST(TrainNonFinite, SkippedStepLeavesWeightsAndMomentsUntouched) {
 // the later steps' are not (FP8 changes the products: they must differ) but stay within 1% of BF16's, the
 // issue's bar for a GPU run's last 100 steps (e4m3 rounds each operand to within 2^-4 of itself, which
 // sums over 48..256 terms average down; the losses here differ by about 1e-4 relative). An evaluation
-// (-v 2) changes no training bit (its forwards record no amax); the run resumed from step 4's checkpoint
+// (-v 2) changes no training bit (its forwards record no amax), nor does the recompute level (-r 0, 3);
+// the run resumed from step 4's checkpoint
 // is the uninterrupted run bit for bit (the scales and their history travel in the state file); a skipped
 // step (a non-finite gradient, -ni) leaves the scales usable. With B·T = 8 rows (no multiple of 16) every
 // product runs in BF16: the BF16 run's bits, as the start-up line says. The fp32 and fp16 builds refuse it.
@@ -902,6 +903,14 @@ TEST(TrainFp8, CloseToBf16ResumesBitForBitAndEvaluatesWithoutRecording) {
         differ += a[i] != b[i];
     }
     EXPECT_GE(differ, 6) << "the FP8 steps must not be the BF16 steps";
+    // every recompute level the same bits: -r 3's recomputed forward casts the same tensors with the same
+    // scales (its amax records again what the forward recorded)
+    for (const char* r : {"0", "3"}) {
+        TrainerRun other = run_trainer(std::string("gpu_fp8_r") + r, common + " -v 0 -fp8 1 -r " + r);
+        EXPECT_EQ(test::metrics_without_timings(other.dir + "/metrics.jsonl"), test::metrics_without_timings(fp8.dir + "/metrics.jsonl"))
+            << "-r " << r;
+        EXPECT_EQ(test::read_text(other.dir + "/model_00000008.bin"), test::read_text(fp8.dir + "/model_00000008.bin")) << "-r " << r;
+    }
     // evaluating every 2 steps changes no training bit
     TrainerRun evaluated = run_trainer("gpu_fp8_eval", common + " -v 2 -fp8 1");
     EXPECT_EQ(train_losses(evaluated), b);
