@@ -824,6 +824,9 @@ void gpt2_resume(GPT2* model, TrainRun* run) {
     if (model->optimizer.kind == OPT_ADAMW8) model->moments8 = state.moments8;
     if (model->compression.on()) grad_compression_restore(&model->compression, state.sections);
     if (model->local.every) local_steps_restore(&model->local, state.sections, model->params_memory.data(), model->num_parameters);
+    for (const StateSection& s : state.sections) {  // the CUDA trainer's -fp8 1 (llmc/fp8_linear.cuh)
+        if (s.kind == STATE_SECTION_FP8_SCALES) printf("resume: the checkpoint holds FP8 scaling state; this trainer has no FP8 and drops it\n");
+    }
     // Master weights in the checkpoint (the CUDA trainer's -w 1, llm.c's) are the fp32 parameters, more exact
     // than a bf16 model file: each process takes its optimizer range's, then they are shared as after an update.
     if (!state.master.empty()) {

@@ -156,7 +156,9 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
         int L = model->model_config.num_layers;
         fp8_training_start(&model->fp8, model->acts_memory + bytes - fp8_training_bytes(L, rows, C, C / lay.tp), L, rows, C,
                            C / lay.tp);
-        printf("%s\n", fp8_training_describe((long)B * (T / lay.cp), (int)C, (int)(C / lay.tp)).c_str());
+        printf("%s; %.1f MiB of FP8 state and scratch (in the activations below)\n",
+               fp8_training_describe((long)B * (T / lay.cp), (int)C, (int)(C / lay.tp)).c_str(),
+               fp8_activation_bytes(model, B, T) / 1048576.0);
     }
     model->batch_size = B;
     model->seq_len = T;

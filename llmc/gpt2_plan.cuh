@@ -191,6 +191,15 @@ void held_gradient_range(const GPT2Plan* model, size_t* begin, size_t* end) {
     *end = model->packed_grads ? *begin + model->shard.shard_size : model->num_parameters;
 }
 
+// -fp8 1's state and scratch for a pass over (B, T) (llmc/fp8_linear.cuh), allocated after the activations
+// and counted with them (the same at every -r); 0 without -fp8 1.
+size_t fp8_activation_bytes(const GPT2Plan* model, int B, int T) {
+    if (!model->fp8_matmuls) return 0;
+    const ParallelLayout& lay = model->layout;
+    return fp8_training_bytes(model->model_config.num_layers, (size_t)B * (T / lay.cp), model->config.channels,
+                              model->config.channels / lay.tp);
+}
+
 // Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the
 // start-up report): with a pipeline, this stage's layers and its slots.
 size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool flash) {
@@ -198,10 +207,9 @@ size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool
     const ParallelLayout& lay = model->layout;
     size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
     size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
-    size_t fp8 = model->fp8_matmuls ? fp8_training_bytes(model->model_config.num_layers, (size_t)B * (T / lay.cp),
-                                                         model->config.channels, model->config.channels / lay.tp) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T / lay.cp, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode) + pipe + fp8;  // -cp: T/cp positions
+                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode) + pipe +
+           fp8_activation_bytes(model, B, T);  // -cp: T/cp positions
 }
 
 // The least recomputation level whose activations for (B, T) fit in `room` bytes; -1 if none does.
@@ -412,8 +420,8 @@ size_t memory_room(const MemoryPlan& plan) {
 MemoryPlan gpt2_memory_plan(const GPT2Plan* model, int B, int T, int recompute) {
     MemoryPlan plan = gpt2_memory_plan_before_activations(model);
     const double MiB = 1048576.0;
-    size_t act[4];
-    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model, B, T, r, model->flash_attention);
+    size_t act[4], fp8 = fp8_activation_bytes(model, B, T);  // in each activation_bytes; here a row of its own
+    for (int r = 0; r <= 3; r++) act[r] = activation_bytes(model, B, T, r, model->flash_attention) - fp8;
     int level = recompute;
     if (level == RECOMPUTE_AUTO) {
         level = least_recompute_that_fits(model, B, T, memory_room(plan));
@@ -424,6 +432,7 @@ MemoryPlan gpt2_memory_plan(const GPT2Plan* model, int B, int T, int recompute) 
              recompute == RECOMPUTE_AUTO ? ", the least -r that fits" : "", act[0] / MiB, act[1] / MiB, act[2] / MiB,
              act[3] / MiB);
     plan.add("activations at -r " + std::to_string(level), act[level], note);
+    if (fp8 > 0) plan.add("FP8 state and scratch", fp8, "-fp8 1: scales, amax history, the 8-bit operands");
     return plan;
 }
 

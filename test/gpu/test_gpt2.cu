@@ -935,6 +935,17 @@ TEST(TrainFp8, CloseToBf16ResumesBitForBitAndEvaluatesWithoutRecording) {
     EXPECT_EQ(from_bf16.exit_code, 0) << from_bf16.output;
     EXPECT_NE(from_bf16.output.find("no FP8 scaling state (written without -fp8 1): the first step of this run calibrates"),
               std::string::npos) << from_bf16.output;
+    // the CPU trainer resumes the FP8 run's checkpoint without it, saying so (copied: the CPU trainer's
+    // run description differs from the CUDA trainer's, so it continues in a directory of its own)
+    std::string cpu_trainer = test::root() + "/train_gpt2";
+    if (file_exists(cpu_trainer)) {
+        std::string on_cpu = test::scratch_dir("gpu_fp8_on_cpu");
+        ASSERT_EQ(system(("cp -r '" + fp8.dir + "/.' '" + on_cpu + "'").c_str()), 0);
+        test::CommandResult cpu = test::run_command(cpu_trainer + " " + common + " -x 10 -v 0 -o " + on_cpu + " -y 1");
+        EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
+        EXPECT_NE(cpu.output.find("the checkpoint holds FP8 scaling state; this trainer has no FP8 and drops it"),
+                  std::string::npos) << cpu.output;
+    }
     // a skipped step leaves finite scales: the steps after it train
     TrainerRun skipped = run_trainer("gpu_fp8_skip", common + " -v 0 -fp8 1 -ni 3");
     std::vector<double> after = train_losses(skipped);
