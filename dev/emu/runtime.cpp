@@ -584,8 +584,15 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     prop->maxGridSize[0] = 2147483647, prop->maxGridSize[1] = 65535, prop->maxGridSize[2] = 65535;
     prop->clockRate = 1980000;
     prop->totalConstMem = 65536;
+    // EMU_COMPUTE_CAPABILITY=8.0 (say): the version reported, for a program's refusals of older GPUs; the
+    // limits above and the arithmetic stay sm_90's
     prop->major = 9;
     prop->minor = 0;
+    if (const char* cc = getenv("EMU_COMPUTE_CAPABILITY")) {
+        if (sscanf(cc, "%d.%d", &prop->major, &prop->minor) != 2 || prop->major < 1 || prop->minor < 0) {
+            emu::fail("EMU_COMPUTE_CAPABILITY must be MAJOR.MINOR (e.g. 8.0), not '%s'", cc);
+        }
+    }
     prop->textureAlignment = 512;
     prop->multiProcessorCount = h.multiprocessors;
     prop->concurrentKernels = 1;

@@ -956,6 +956,12 @@ TEST(TrainFp8, CloseToBf16ResumesBitForBitAndEvaluatesWithoutRecording) {
     TrainerRun odd_bf16 = run_trainer("gpu_fp8_odd0", odd), odd_fp8 = run_trainer("gpu_fp8_odd1", odd + " -fp8 1");
     EXPECT_NE(odd_fp8.result.output.find("qkv, attproj, fc, fcproj in BF16 (B·T = 8 rows"), std::string::npos) << odd_fp8.result.output;
     EXPECT_EQ(train_losses(odd_bf16), train_losses(odd_fp8));
+#ifdef CUDA_EMULATION
+    test::CommandResult ampere = test::run_command("EMU_COMPUTE_CAPABILITY=8.0 " + trainer() + " " + odd + " -fp8 1");
+    EXPECT_EQ(ampere.exit_code, 1) << ampere.output;
+    EXPECT_NE(ampere.output.find("FP8 matmuls need FP8 tensor cores (sm_89 and later: Ada, Hopper); this GPU is sm_80"),
+              std::string::npos) << ampere.output;
+#endif
     test::CommandResult fused = test::run_command(trainer() + " " + odd + " -fp8 1 -ge 1");
     EXPECT_EQ(fused.exit_code, 1) << fused.output;
     EXPECT_NE(fused.output.find("flag -fp8 1 with -ge 1"), std::string::npos) << fused.output;
