@@ -22,8 +22,9 @@
 // 57344) for gradients, whose values span more orders of magnitude: the hybrid of Micikevicius et al.,
 // "FP8 Formats for Deep Learning" (2022), and Transformer Engine's default. What stays in BF16: attention
 // (its two products are small next to the linears', and its softmax wants the range), the layernorms,
-// GELU, the bias gradients (our column sums of the BF16 dy) and the LM head (its logits' gradient is
-// the loss's own precision; modded-nanogpt runs it in FP8, a later step). An evaluation forward (no
+// GELU, the bias gradients (our column sums of the BF16 dy) and the LM head (modded-nanogpt runs it in
+// FP8, but its (B·T, V) gradient cast in both layouts as its own pass costs most of what its products
+// save: doc/mixed_precision.md's measurements; it waits for the classifier writing that cast itself). An evaluation forward (no
 // targets' gradient) casts with the scales but records nothing, so evaluating never changes training.
 //
 // The three products of a linear y = x·wᵀ + b (x (N, C), w (OC, C), N = B·T rows), each in the one
