@@ -48,7 +48,7 @@ STAGES=(
     "memory|main|30|the memory plan against cudaMemGetInfo (TrainMemory.*), both builds, alone on the GPU"
     "bench|main|300|dev/bench_gpu.py, d12 B=64 T=1024, 3 interleaved rounds: ours -r 0 beside llm.c -r 0 and PyTorch compiled two ways (BENCH_MODES)"
     "bench-recompute|main|120|dev/bench_gpu.py, 3 rounds: ours -r 1 beside llm.c -r 1 (llm.c's default: GELU recomputed)"
-    "bench-d24|main|150|dev/bench_gpu.py at d24 (350M), B=32: ours -r 0 and PyTorch compiled"
+    "bench-d24|main|150|dev/bench_gpu.py at d24 (350M), B=32: ours -r 0 and PyTorch compiled (BENCH_D24_MODES: others)"
     "attention|main|120|3 rounds: dev/cuda attention_forward and attention_backward (every version) beside PyTorch's FlashAttention-2"
     "cuda-dev|main|180|dev/cuda/run_all.sh: every kernel version checked and timed (CUDA_DEV_PROGRAMS: some)"
     "ncu|main|120|Nsight Compute over a d12 step at B=64, -r 0: the time split by kind of kernel, the costliest kernels (dev/gpu/ncu_top.sh)"
@@ -63,12 +63,13 @@ STAGES=(
 # split, the recompute setting against llm.c's, the sanitizers. The limits are what the H100 took on
 # 2026-11-27 (doc/gpu_results.md, calls 9-12) with room; about 4 minutes of the 15 stay for the two
 # starts and one re-run. A session adds its own questions to BENCH_MODES (ours-bg1, ours-oo1, ...).
-# Plan fp8 (issue 48's measurements, in place of call2 when FP8 is the question): BF16 against -fp8 1 at
-# d12, the loss of 300 steps each and the speed in interleaved rounds.
+# Plan fp8 (issue 48's measurements, in place of call2 when FP8 is the question): BF16 against -fp8 1,
+# the loss of 300 steps each at d12 and the speed in interleaved rounds at d12 and d24 (BENCH_D24_B: its
+# micro-batch, 32 by default).
 PLANS=(
     "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile-loss' BENCH_ROUNDS=4|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 memory:15 bench:235"
     "call2|240|CUDA_DEV_PROGRAMS=changed|cuda-dev:45 attention:80 ncu:35 bench-recompute:45 sanitize:35"
-    "fp8|240|BENCH_MODES='ours-r0 ours-fp8' BENCH_ROUNDS=3|fp8:150 bench:90"
+    "fp8|300|BENCH_MODES='ours-r0 ours-fp8' BENCH_D24_MODES='ours-r0 ours-fp8' BENCH_ROUNDS=3|fp8:140 bench:90 bench-d24:70"
 )
 
 row_field() {  # row_field TABLE NAME FIELD: field FIELD of the row of TABLE (STAGES or PLANS) named NAME
@@ -235,7 +236,7 @@ run_stage_body() {
             # a base trainer carried (prepare_gpu_run.sh with BASE_REF): timed beside ours in the same rounds
             [ -x build/gpu/base/train_gpt2cu ] && [[ " $modes " != *" base-r0 "* ]] && modes="ours-r0 base-r0 ${modes/ours-r0/}"
             [ "$1" = bench-recompute ] && modes="ours-r1 llmc-r1" baseline=ours-r1 steps=10
-            [ "$1" = bench-d24 ] && modes="ours-r0 torch-compile" model=d24 B=32
+            [ "$1" = bench-d24 ] && modes="${BENCH_D24_MODES:-ours-r0 torch-compile}" model=d24 B=${BENCH_D24_B:-32}
             if [ "$emu" = 1 ]; then
                 # the rehearsal: the emulated trainer on the tiny oracle model, llm.c's stand-in
                 # (dev/gpu/llmc_stub.sh), PyTorch on the CPU without autocast; two rounds of two steps
