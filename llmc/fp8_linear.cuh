@@ -67,6 +67,7 @@ struct Fp8Training {
     unsigned char* act_a = nullptr;  // (rows · widest) bytes: an FP8 activation or gradient
     unsigned char* act_b = nullptr;  // the same: dy's transposed copy
     unsigned char* weight = nullptr; // (4 Cl · C) bytes: an FP8 weight
+    floatX* product = nullptr;       // (4 Cl · C): a weight gradient, where cuBLASLt cannot add it in place
     int tensors() const { return layers * FP8_GEMMS * FP8_OPERANDS; }
 };
 
@@ -111,6 +112,7 @@ inline size_t fp8_training_layout(Fp8Training* t, char* base, int layers, size_t
     take(&t->act_a, rows * widest);
     take(&t->act_b, rows * widest);
     take(&t->weight, 4 * Cl * C);
+    take(&t->product, 4 * Cl * C * sizeof(floatX));
     return offset;
 }
 
@@ -158,7 +160,10 @@ inline void linear_forward(const Fp8Linear& f, floatX* out, const floatX* inp, c
     auto* w8 = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
     fp8_cast(x8, (__nv_fp8_e4m3*)nullptr, inp, N, C, f.scale(FP8_X), f.amax(FP8_X), stream);
     fp8_cast(w8, (__nv_fp8_e4m3*)nullptr, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);
-    fp8_matmul(out, x8, w8, f.scale(FP8_X), f.scale(FP8_W), N, OC, C, stream, bias);
+    if (!fp8_matmul(out, x8, w8, f.scale(FP8_X), f.scale(FP8_W), N, OC, C, stream, bias)) {  // no BIAS epilogue
+        fp8_matmul(out, x8, w8, f.scale(FP8_X), f.scale(FP8_W), N, OC, C, stream);
+        fp8_add_bias(out, bias, N, OC, stream);
+    }
 }
 
 // The backward of linear_forward: dinp (N, C) = dout · weight (overwritten); dweight (OC, C) and dbias
@@ -183,7 +188,10 @@ inline void linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, f
     fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);
     fp8_matmul(dinp, dy8, w8_t, f.scale(FP8_DY), f.scale(FP8_W), N, C, OC, stream);
     fp8_cast((__nv_fp8_e4m3*)nullptr, x8_t, inp, N, C, f.scale(FP8_X), f.amax(FP8_X), stream);
-    fp8_matmul(dweight, dy8_t, x8_t, f.scale(FP8_DY), f.scale(FP8_X), OC, C, N, stream, nullptr, true);
+    if (!fp8_matmul(dweight, dy8_t, x8_t, f.scale(FP8_DY), f.scale(FP8_X), OC, C, N, stream, nullptr, true)) {
+        fp8_matmul(f.t->product, dy8_t, x8_t, f.scale(FP8_DY), f.scale(FP8_X), OC, C, N, stream);  // no adding in place
+        add_into(dweight, f.t->product, (size_t)OC * C, stream);
+    }
     if (dbias != nullptr) matmul_dbias(dbias, scratch, dout, N, OC, stream);
 }
 

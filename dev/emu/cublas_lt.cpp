@@ -31,7 +31,8 @@
 //       way (a GPU's fast accumulation keeps fewer bits, so its results differ within a tolerance). A
 //       scale pointer must be 16-byte aligned: an H100 refused one 4 bytes into an allocation
 //       (CUBLAS_STATUS_NOT_SUPPORTED, doc/gpu_results.md call 15) and took 256-byte aligned ones; the
-//       documentation gives no limit, 16 is this emulator's assumption.
+//       documentation gives no limit, 16 is this emulator's assumption. EMU_FP8_EPILOGUES=default refuses
+//       the BIAS epilogue and beta != 0 with FP8 operands, as a GPU that lacked them would.
 // The documentation does not say which GELU: it only says "apply GELU point-wise transform". We use
 // the tanh approximation 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) (what GPT-2 uses and what
 // cuBLASLt is generally understood to compute); this is an assumption, not a documented fact.
@@ -567,6 +568,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
     g.a_scale = desc->a_scale;
     g.b_scale = desc->b_scale;
+    // EMU_FP8_EPILOGUES=default: a GPU whose FP8 kernels take neither the BIAS epilogue nor beta != 0 (for a
+    // program's way around that: llmc/fp8_linear.cuh's)
+    const char* fp8_epilogues = getenv("EMU_FP8_EPILOGUES");
+    if (fp8_epilogues && strcmp(fp8_epilogues, "default") == 0 && emu_blas::is_fp8(Adesc->type) &&
+        (e != CUBLASLT_EPILOGUE_DEFAULT || beta_value != 0.0f)) {
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 with %s (EMU_FP8_EPILOGUES=default)", fn,
+                      beta_value != 0.0f ? "beta != 0" : epilogue_name(e));
+    }
     emu_blas::Epilogue& epi = g.epilogue;
     if (epilogue_has_bias(e)) {
         size_t bias_bytes = (size_t)m * emu_blas::type_bytes(problem.bias_type);

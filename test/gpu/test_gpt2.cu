@@ -911,6 +911,19 @@ TEST(TrainFp8, CloseToBf16ResumesBitForBitAndEvaluatesWithoutRecording) {
             << "-r " << r;
         EXPECT_EQ(test::read_text(other.dir + "/model_00000008.bin"), test::read_text(fp8.dir + "/model_00000008.bin")) << "-r " << r;
     }
+#ifdef CUDA_EMULATION
+    // a cuBLASLt whose FP8 products take no BIAS epilogue and no beta (the emulator told so): the bias added
+    // and the weight gradient summed apart, said once each; the same training but for those roundings
+    // (the bias added to the rounded product, the gradient rounded before its sum: a bf16 rounding each)
+    TrainerRun apart = run_trainer("gpu_fp8_apart", common + " -v 0 -fp8 1", "env EMU_FP8_EPILOGUES=default " + trainer());
+    EXPECT_NE(apart.result.output.find("with the BIAS epilogue (the requested functionality is not supported): that part is done apart"),
+              std::string::npos) << apart.result.output;
+    EXPECT_NE(apart.result.output.find("adding into the output (the requested functionality is not supported): that part is done apart"),
+              std::string::npos) << apart.result.output;
+    std::vector<double> c = train_losses(apart);
+    ASSERT_EQ(c.size(), 8u);
+    for (size_t i = 0; i < c.size(); i++) EXPECT_NEAR(c[i], b[i], 0.002 * b[i]) << "step " << i + 1;
+#endif
     // evaluating every 2 steps changes no training bit
     TrainerRun evaluated = run_trainer("gpu_fp8_eval", common + " -v 2 -fp8 1");
     EXPECT_EQ(train_losses(evaluated), b);
