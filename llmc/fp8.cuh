@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 
 #include <map>
+#include <set>
 #include <tuple>
 #include <type_traits>
 
@@ -64,7 +65,8 @@ __global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, int rows
 }
 
 // *amax_bits = max(*amax_bits, bits of max |x|) over in (n), without a cast: what a step that runs its
-// products in BF16 records for the next one's scales (the first step, llmc/fp8_linear.cuh).
+// products in BF16 records for the next one's scales (the first step, llmc/fp8_linear.cuh). As with
+// fp8_cast, a null amax_bits records nothing (no launch).
 __global__ void fp8_amax_kernel(const floatX* in, size_t n, unsigned* amax_bits) {
     float local_max = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -75,6 +77,7 @@ __global__ void fp8_amax_kernel(const floatX* in, size_t n, unsigned* amax_bits)
 }
 
 inline void fp8_amax(const floatX* in, size_t n, unsigned* amax_bits, cudaStream_t stream) {
+    if (amax_bits == nullptr) return;
     int blocks = (int)std::min<size_t>(ceil_div(n, (size_t)FP8_THREADS), 1024);
     fp8_amax_kernel<<<std::max(blocks, 1), FP8_THREADS, 0, stream>>>(in, n, amax_bits);
     cudaCheckLaunch();
@@ -165,7 +168,7 @@ inline bool fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, con
         }
     };
     static std::map<Key, cublasLtMatmulAlgo_t> chosen;
-    static std::map<Key, bool> refused;  // problems with a bias or an addition that no candidate ran
+    static std::set<Key> refused;  // problems with a bias or an addition that no candidate ran
     Key key{M, N, K, (int)type_x, bias != nullptr, accumulate, align_out, align_bias};
     auto known = chosen.find(key);
     bool computed = true;
@@ -197,7 +200,7 @@ inline bool fp8_matmul(floatX* out, const Fp8X* x8, const __nv_fp8_e4m3* w8, con
             printf("fp8_matmul: cuBLASLt ran none of its %d candidates for (%d, %d) x (%d, %d)ᵀ%s (%s): that part is done "
                    "apart\n", found, M, K, N, K, bias ? " with the BIAS epilogue" : " adding into the output",
                    cublasGetStatusString(status));
-            refused[key] = true;
+            refused.insert(key);
             computed = false;
         } else if (status != CUBLAS_STATUS_SUCCESS) {
             fatal("fp8_matmul: cuBLASLt ran none of its %d candidates for (%d, %d) x (%d, %d)ᵀ: %s (FP8 needs an sm_89+ "

@@ -149,10 +149,8 @@ inline void linear_forward(const Fp8Linear& f, floatX* out, const floatX* inp, c
         return;
     }
     if (f.t->steps == 0) {  // calibration: BF16, and the maxima for the first scales
-        if (f.t->record) {
-            fp8_amax(inp, (size_t)N * C, f.amax(FP8_X), stream);
-            fp8_amax(weight, (size_t)OC * C, f.amax(FP8_W), stream);
-        }
+        fp8_amax(inp, (size_t)N * C, f.amax(FP8_X), stream);
+        fp8_amax(weight, (size_t)OC * C, f.amax(FP8_W), stream);
         matmul_forward(out, nullptr, inp, weight, bias, N, C, OC, stream);
         return;
     }

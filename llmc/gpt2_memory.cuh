@@ -152,13 +152,10 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
     if (model->layout.pp > 1) model->pipe_grad_in = reinterpret_cast<floatX*>(model->acts_memory + slots_bytes);
     if (model->fp8_matmuls) {  // -fp8 1: its state and scratch last (activation_bytes counts them)
-        size_t C = model->config.channels, rows = (size_t)B * (T / lay.cp);
-        int L = model->model_config.num_layers;
-        fp8_training_start(&model->fp8, model->acts_memory + bytes - fp8_training_bytes(L, rows, C, C / lay.tp), L, rows, C,
-                           C / lay.tp);
+        size_t C = model->config.channels, rows = (size_t)B * (T / lay.cp), fp8 = fp8_activation_bytes(model, B, T);
+        fp8_training_start(&model->fp8, model->acts_memory + bytes - fp8, model->model_config.num_layers, rows, C, C / lay.tp);
         printf("%s; %.1f MiB of FP8 state and scratch (in the activations below)\n",
-               fp8_training_describe((long)B * (T / lay.cp), (int)C, (int)(C / lay.tp)).c_str(),
-               fp8_activation_bytes(model, B, T) / 1048576.0);
+               fp8_training_describe((long)rows, (int)C, (int)(C / lay.tp)).c_str(), fp8 / 1048576.0);
     }
     model->batch_size = B;
     model->seq_len = T;
