@@ -447,10 +447,10 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
     } else {
         linear_backward(fp8_of(model, b, FP8_FCPROJ), a.dfch, gl.fcprojw, gl.fcprojb, reduce, dout, b.fch_gelu, w.fcprojw,
                         (int)BT, 4 * Cl, C, stream);
-        gelu_backward(a.dfch, b.fch, a.dfch, BT * 4 * Cl, stream);
     }
-    linear_backward(fp8_of(model, b, FP8_FC), a.dln, gl.fcw, gl.fcb, reduce, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw,
-                    (int)BT, C, 4 * Cl, stream);
+    // dfch, the gradient of gelu(fch) (of fch itself with -ge 1), through the GELU's backward and fc's
+    linear_gelu_backward(fp8_of(model, b, FP8_FC), a.dln, gl.fcw, gl.fcb, reduce, a.dfch, model->gelu_fusion ? nullptr : b.fch,
+                         sp_gather(model, b.ln2, sq, C), w.fcw, (int)BT, C, 4 * Cl, stream);
     const floatX* dln2 = sp_sum(model, a.dln, sq, C);
     layernorm_backward(a.dresidual, gl.ln2w, gl.ln2b, reduce, dln2, b.residual2, w.ln2w, b.ln2_mean, b.ln2_rstd,
                        (int)N, C, stream);

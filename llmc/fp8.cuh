@@ -20,7 +20,8 @@
 #include <type_traits>
 
 #include "cuda_common.cuh"
-#include "matmul.cuh"  // pointer_alignment
+#include "gelu.cuh"    // gelu_derivative
+#include "matmul.cuh"  // pointer_alignment, matmul_dbias's second stage
 
 constexpr int FP8_TILE = 32;           // a block casts a 32 x 32 tile, transposed through shared memory
 constexpr int FP8_THREADS = 256;       // 8 rows of the tile at a time
@@ -32,31 +33,55 @@ __host__ __device__ constexpr float fp8_max() {
     return std::is_same<Fp8, __nv_fp8_e4m3>::value ? FP8_E4M3_MAX : FP8_E5M2_MAX;
 }
 
+// The row blocks of a cast that also sums columns (a backward's dy: its bias gradient's first stage,
+// folded into the cast's read of dy): their partial sums fill matmul_dbias's scratch.
+constexpr int FP8_ROW_BLOCKS = MATMUL_DBIAS_ROW_BLOCKS;
+
 // in (rows, cols) row-major -> out (rows, cols) and/or out_t (cols, rows), each skipped when null;
-// *amax_bits = max(*amax_bits, bits of max |x|) over the tile.
+// *amax_bits = max(*amax_bits, bits of max |v|). v is in's element, or, with gelu_pre non-null, the
+// GELU's backward of it: floatX(gelu'(gelu_pre) · in), gelu_backward's value to the bit (the MLP's fc
+// takes its dy so, without gelu_backward's pass). With partials non-null, partials[blockIdx.y][c] = the
+// sum of v over column c of the block's rows (fp32, in a fixed order). Block (x, y) casts the 32-column
+// strip x, row tiles y, y + gridDim.y, ...
 template <typename Fp8>
-__global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, int rows, int cols, const float* scale,
-                                unsigned* amax_bits) {
+__global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, const floatX* gelu_pre, int rows, int cols,
+                                const float* scale, unsigned* amax_bits, float* partials) {
     __shared__ unsigned char tile[FP8_TILE][FP8_TILE + 4];  // the 8-bit codes (Fp8's __x)
-    const int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
+    __shared__ float column_sums[FP8_THREADS / FP8_TILE][FP8_TILE];
+    const int c0 = blockIdx.x * FP8_TILE;
     const int lane = threadIdx.x % FP8_TILE, first = threadIdx.x / FP8_TILE, step = FP8_THREADS / FP8_TILE;
     const float inv_scale = 1.0f / *scale;
-    float local_max = 0.0f;
-    for (int i = first; i < FP8_TILE; i += step) {  // a warp reads 32 consecutive values of a row
-        int r = r0 + i, c = c0 + lane;
-        if (r < rows && c < cols) {
-            float x = (float)in[(size_t)r * cols + c];
-            local_max = fmaxf(local_max, fabsf(x));
-            Fp8 q(x * inv_scale);  // the conversion saturates
-            if (out) out[(size_t)r * cols + c] = q;
-            tile[i][lane] = q.__x;
+    float local_max = 0.0f, column_sum = 0.0f;
+    for (int r0 = blockIdx.y * FP8_TILE; r0 < rows; r0 += gridDim.y * FP8_TILE) {
+        for (int i = first; i < FP8_TILE; i += step) {  // a warp reads 32 consecutive values of a row
+            int r = r0 + i, c = c0 + lane;
+            if (r < rows && c < cols) {
+                size_t at = (size_t)r * cols + c;
+                float v = (float)in[at];
+                if (gelu_pre) v = (float)(floatX)(gelu_derivative((float)gelu_pre[at]) * v);
+                local_max = fmaxf(local_max, fabsf(v));
+                column_sum += v;
+                Fp8 q(v * inv_scale);  // the conversion saturates
+                if (out) out[at] = q;
+                tile[i][lane] = q.__x;
+            }
+        }
+        if (out_t) {  // uniform: the whole block
+            __syncthreads();
+            for (int i = first; i < FP8_TILE; i += step) {  // and writes 32 consecutive values of a column
+                int c = c0 + i, r = r0 + lane;
+                if (r < rows && c < cols) out_t[(size_t)c * rows + r].__x = tile[lane][i];
+            }
+            __syncthreads();  // the tile read before the next one overwrites it
         }
     }
-    __syncthreads();
-    if (out_t) {
-        for (int i = first; i < FP8_TILE; i += step) {  // and writes 32 consecutive values of a column
-            int c = c0 + i, r = r0 + lane;
-            if (r < rows && c < cols) out_t[(size_t)c * rows + r].__x = tile[lane][i];
+    if (partials) {  // uniform
+        column_sums[first][lane] = column_sum;
+        __syncthreads();
+        if (first == 0 && c0 + lane < cols) {
+            float sum = 0.0f;
+            for (int y = 0; y < step; y++) sum += column_sums[y][lane];
+            partials[(size_t)blockIdx.y * cols + c0 + lane] = sum;
         }
     }
     if (amax_bits == nullptr) return;  // uniform: the whole block returns
@@ -85,12 +110,23 @@ inline void fp8_amax(const floatX* in, size_t n, unsigned* amax_bits, cudaStream
 
 // The launch: in (rows, cols) bf16/fp32 on the device, scale a device float, amax_bits a device word
 // (zero it to start a new maximum; __uint_as_float of it is the amax), or null to record nothing.
+// gelu_pre (rows, cols) or null: the kernel's GELU backward. partials or null: (FP8_ROW_BLOCKS, cols)
+// floats, the column sums' first stage, which fp8_cast_dbias finishes.
 template <typename Fp8>
 inline void fp8_cast(Fp8* out, Fp8* out_t, const floatX* in, int rows, int cols, const float* scale, unsigned* amax_bits,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const floatX* gelu_pre = nullptr, float* partials = nullptr) {
     if (out == nullptr && out_t == nullptr) fatal("fp8_cast: neither a row-major nor a transposed output");
-    dim3 grid(ceil_div_int(cols, FP8_TILE), ceil_div_int(rows, FP8_TILE));
-    fp8_cast_kernel<Fp8><<<grid, FP8_THREADS, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_bits);
+    int row_tiles = ceil_div_int(rows, FP8_TILE);
+    dim3 grid(ceil_div_int(cols, FP8_TILE), std::min(row_tiles, partials ? FP8_ROW_BLOCKS : 65535));
+    fp8_cast_kernel<Fp8><<<grid, FP8_THREADS, 0, stream>>>(out, out_t, in, gelu_pre, rows, cols, scale, amax_bits, partials);
+    cudaCheckLaunch();
+}
+
+// dbias (cols) += the column sums of the v a cast of (rows, cols) with partials read: its partials
+// summed in row-block order (matmul_dbias's second stage).
+inline void fp8_cast_dbias(floatX* dbias, const float* partials, int rows, int cols, cudaStream_t stream) {
+    int row_blocks = std::min(ceil_div_int(rows, FP8_TILE), FP8_ROW_BLOCKS);
+    matmul_dbias_sum_partials_kernel<<<ceil_div_int(cols, 256), 256, 0, stream>>>(dbias, partials, row_blocks, cols);
     cudaCheckLaunch();
 }
 

@@ -22,7 +22,7 @@
 // 57344) for gradients, whose values span more orders of magnitude: the hybrid of Micikevicius et al.,
 // "FP8 Formats for Deep Learning" (2022), and Transformer Engine's default. What stays in BF16: attention
 // (its two products are small next to the linears', and its softmax wants the range), the layernorms,
-// GELU, the bias gradients (our column sums of the BF16 dy) and the LM head (modded-nanogpt runs it in
+// GELU, the bias gradients (column sums of the BF16 dy, in fp32) and the LM head (modded-nanogpt runs it in
 // FP8, but its (B·T, V) gradient cast in both layouts as its own pass costs most of what its products
 // save: doc/mixed_precision.md's measurements; it waits for the classifier writing that cast itself). An evaluation forward (no
 // targets' gradient) casts with the scales but records nothing, so evaluating never changes training.
@@ -33,7 +33,9 @@
 //   dx       dx (N, C)   = dy8 (N, OC) · (wᵀ)8 (C, OC)ᵀ
 //   dw       dw (OC, C) += (dyᵀ)8 (OC, N) · (xᵀ)8 (C, N)ᵀ          (beta 1: summed over micro-steps)
 // so the backward casts dy both ways from one read, and x and w transposed (the BF16 tensors are kept
-// anyway; the FP8 copies live in scratch for one product). The dimensions must be multiples of 16; a
+// anyway; the FP8 copies live in scratch for one product). That read of dy also takes its column sums
+// for dbias, and for the MLP's fc (linear_gelu_backward) computes dy itself from the gradient of the
+// GELU's output: no pass of gelu_backward, no bf16 dy written, no pass of matmul_dbias. The dimensions must be multiples of 16; a
 // product whose shape is not (B·T = 120, say) runs in BF16, and the start-up line says which.
 #pragma once
 
@@ -42,6 +44,7 @@
 #include <vector>
 
 #include "fp8.cuh"
+#include "gelu.cuh"
 #include "io/model_file.h"  // require_finite
 #include "io/state_file.h"
 #include "matmul.cuh"
@@ -164,25 +167,22 @@ inline void linear_forward(const Fp8Linear& f, floatX* out, const floatX* inp, c
     }
 }
 
-// The backward of linear_forward: dinp (N, C) = dout · weight (overwritten); dweight (OC, C) and dbias
-// (OC, or null) += their gradients; scratch: matmul_backward_scratch_floats(OC).
-inline void linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
-                            const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                            cudaStream_t stream) {
-    if (f.t == nullptr || !fp8_shape_fits(N, C, OC)) {
-        matmul_backward(dinp, dweight, dbias, scratch, dout, inp, weight, nullptr, N, C, OC, stream);
-        return;
-    }
-    if (f.t->steps == 0) {
-        fp8_amax(dout, (size_t)N * OC, f.amax(FP8_DY), stream);
-        matmul_backward(dinp, dweight, dbias, scratch, dout, inp, weight, nullptr, N, C, OC, stream);
-        return;
-    }
+// Are linear f's products FP8 now: on, past the calibration step, and a shape cuBLASLt's FP8 path takes?
+inline bool fp8_products(const Fp8Linear& f, int N, int C, int OC) {
+    return f.t != nullptr && f.t->steps > 0 && fp8_shape_fits(N, C, OC);
+}
+
+// The FP8 backward (fp8_products): dy cast both ways from one read that also takes its column sums for
+// dbias (and, with gelu_pre, applies the GELU's backward first: linear_gelu_backward), then the two products.
+inline void fp8_linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+                                const floatX* dout, const floatX* gelu_pre, const floatX* inp, const floatX* weight,
+                                int N, int C, int OC, cudaStream_t stream) {
     auto* dy8 = reinterpret_cast<__nv_fp8_e5m2*>(f.t->act_a);
     auto* dy8_t = reinterpret_cast<__nv_fp8_e5m2*>(f.t->act_b);
     auto* w8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
     auto* x8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->act_a);  // after dinp's product: dy8 is done with
-    fp8_cast(dy8, dy8_t, dout, N, OC, f.scale(FP8_DY), f.amax(FP8_DY), stream);
+    fp8_cast(dy8, dy8_t, dout, N, OC, f.scale(FP8_DY), f.amax(FP8_DY), stream, gelu_pre, dbias ? scratch : nullptr);
+    if (dbias != nullptr) fp8_cast_dbias(dbias, scratch, N, OC, stream);
     fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);
     fp8_matmul(dinp, dy8, w8_t, f.scale(FP8_DY), f.scale(FP8_W), N, C, OC, stream);
     fp8_cast((__nv_fp8_e4m3*)nullptr, x8_t, inp, N, C, f.scale(FP8_X), f.amax(FP8_X), stream);
@@ -190,7 +190,35 @@ inline void linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, f
         fp8_matmul(f.t->product, dy8_t, x8_t, f.scale(FP8_DY), f.scale(FP8_X), OC, C, N, stream);  // no adding in place
         add_into(dweight, f.t->product, (size_t)OC * C, stream);
     }
-    if (dbias != nullptr) matmul_dbias(dbias, scratch, dout, N, OC, stream);
+}
+
+// The backward of linear_forward: dinp (N, C) = dout · weight (overwritten); dweight (OC, C) and dbias
+// (OC, or null) += their gradients; scratch: matmul_backward_scratch_floats(OC).
+inline void linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+                            const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
+                            cudaStream_t stream) {
+    if (fp8_products(f, N, C, OC)) {
+        fp8_linear_backward(f, dinp, dweight, dbias, scratch, dout, nullptr, inp, weight, N, C, OC, stream);
+        return;
+    }
+    if (f.t != nullptr && fp8_shape_fits(N, C, OC)) fp8_amax(dout, (size_t)N * OC, f.amax(FP8_DY), stream);  // calibration
+    matmul_backward(dinp, dweight, dbias, scratch, dout, inp, weight, nullptr, N, C, OC, stream);
+}
+
+// The backward of a linear whose output went through a GELU (the MLP's fc): dout_gelu (N, OC) is the
+// gradient of gelu(out), pre = out. In BF16 gelu_backward makes it the linear's dout, in place, before
+// linear_backward; in FP8 dy's cast computes the same values as it reads them (the same bf16 dy to the
+// bit, so the same e5m2 codes and amax) and dout_gelu is left as it was. A null pre: dout_gelu is already
+// the linear's dout (-ge 1: the previous matmul's DGELU epilogue took the GELU's backward).
+inline void linear_gelu_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+                                 floatX* dout_gelu, const floatX* pre, const floatX* inp, const floatX* weight, int N,
+                                 int C, int OC, cudaStream_t stream) {
+    if (fp8_products(f, N, C, OC)) {
+        fp8_linear_backward(f, dinp, dweight, dbias, scratch, dout_gelu, pre, inp, weight, N, C, OC, stream);
+        return;
+    }
+    if (pre != nullptr) gelu_backward(dout_gelu, pre, dout_gelu, (size_t)N * OC, stream);
+    linear_backward(f, dinp, dweight, dbias, scratch, dout_gelu, inp, weight, N, C, OC, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -947,6 +947,71 @@ TEST(Kernels, Fp8LinearIsTheQuantizedProductsWithScalesFromTheAmax) {
     linear_forward(f, d_out.ptr, d_x.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
     cudaCheck(cudaMemcpy(words.data(), t.amax, words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
     EXPECT_EQ(words[first + FP8_X], 0u) << "an evaluation forward records nothing";
+    // the fc's backward through its GELU (linear_gelu_backward: the GELU's backward in dy's cast) is
+    // gelu_backward then linear_backward, to the bit, and leaves the gradient it was given as it was
+    t.record = true;
+    DeviceArray<floatX> d_pre(dy.size()), d_dgelu(dy.size()), d_dx2(x.size()), d_dw2(w.size()), d_db2(OC);
+    upload(d_pre, random_values(dy.size(), rng, -3.0f, 3.0f)), upload(d_dgelu, random_values(dy.size(), rng, -1e-3f, 1e-3f));
+    std::vector<float> dgelu = download(d_dgelu);
+    upload(d_dw2, dw0), upload(d_db2, std::vector<float>(OC, 0.0f));
+    linear_gelu_backward(f, d_dx2.ptr, d_dw2.ptr, d_db2.ptr, d_scratch.ptr, d_dgelu.ptr, d_pre.ptr, d_x.ptr, d_w.ptr, N, C, OC, 0);
+    EXPECT_EQ(download(d_dgelu), dgelu) << "its input left as it was";
+    upload(d_dw, dw0), upload(d_db, std::vector<float>(OC, 0.0f));
+    gelu_backward(d_dgelu.ptr, d_pre.ptr, d_dgelu.ptr, dy.size(), 0);
+    linear_backward(f, d_dx.ptr, d_dw.ptr, d_db.ptr, d_scratch.ptr, d_dgelu.ptr, d_x.ptr, d_w.ptr, N, C, OC, 0);
+    EXPECT_EQ(download(d_dx2), download(d_dx)) << "dinp through the GELU";
+    EXPECT_EQ(download(d_dw2), download(d_dw)) << "dweight through the GELU";
+    EXPECT_EQ(download(d_db2), download(d_db)) << "dbias through the GELU";
+}
+
+// The cast of a backward's dy (llmc/fp8.cuh): with gelu_pre it casts the GELU's backward of its input,
+// the same codes (and amax) as gelu_backward's output cast on its own, to the bit; with partials its row
+// blocks' column sums, finished by fp8_cast_dbias, are dbias's gradient: against the column sums in
+// double of the values cast (gelu_backward's bf16 output), added to what dbias held, within 4e-3 of the
+// largest in bf16 (the sum rounded to bf16 once: 2^-9, and fp32 sums of <= 4200 terms) and 1e-5 in fp32.
+// 4200 rows: more row tiles (132) than row blocks (128), so a block casts several.
+TEST(Kernels, Fp8CastOfAGradientTakesTheGeluBackwardAndTheColumnSums) {
+    std::mt19937 rng(30);
+    for (auto shape : {std::pair<int, int>{4200, 48}, {37, 72}}) {
+        const int rows = shape.first, cols = shape.second;
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+        size_t n = (size_t)rows * cols;
+        DeviceArray<floatX> d_pre(n), d_dout(n), d_dy(n), d_dbias(cols);
+        upload(d_pre, random_values(n, rng, -4.0f, 4.0f)), upload(d_dout, random_values(n, rng, -1e-2f, 1e-2f));
+        std::vector<float> dbias0 = random_values(cols, rng, -1.0f, 1.0f);
+        upload(d_dbias, dbias0);
+        dbias0 = download(d_dbias);
+        gelu_backward(d_dy.ptr, d_pre.ptr, d_dout.ptr, n, 0);  // the unfused path's dy
+        DeviceArray<__nv_fp8_e5m2> d_want(n), d_want_t(n), d_got(n), d_got_t(n);
+        DeviceArray<float> d_scale(1), d_partials((size_t)FP8_ROW_BLOCKS * cols);
+        DeviceArray<unsigned> d_amax(2);
+        upload_raw(d_scale, std::vector<float>{1e-2f / 57344}), upload_raw(d_amax, std::vector<unsigned>{0u, 0u});
+        fp8_cast(d_want.ptr, d_want_t.ptr, d_dy.ptr, rows, cols, d_scale.ptr, d_amax.ptr, 0);
+        fp8_cast(d_got.ptr, d_got_t.ptr, d_dout.ptr, rows, cols, d_scale.ptr, d_amax.ptr + 1, 0, d_pre.ptr, d_partials.ptr);
+        fp8_cast_dbias(d_dbias.ptr, d_partials.ptr, rows, cols, 0);
+        auto differing = [](const DeviceArray<__nv_fp8_e5m2>& a, const DeviceArray<__nv_fp8_e5m2>& b) {
+            std::vector<unsigned char> u(a.n), v(b.n);
+            cudaCheck(cudaMemcpy(u.data(), a.ptr, a.n, cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(v.data(), b.ptr, b.n, cudaMemcpyDeviceToHost));
+            size_t count = 0;
+            for (size_t i = 0; i < u.size(); i++) count += u[i] != v[i];
+            return count;
+        };
+        EXPECT_EQ(differing(d_got, d_want), 0u) << "row-major codes";
+        EXPECT_EQ(differing(d_got_t, d_want_t), 0u) << "transposed codes";
+        std::vector<unsigned> words(2);
+        cudaCheck(cudaMemcpy(words.data(), d_amax.ptr, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(words[1], words[0]) << "amax";
+        EXPECT_NE(words[0], 0u);
+        std::vector<float> dy = download(d_dy), want(cols);
+        for (int c = 0; c < cols; c++) {
+            double sum = dbias0[c];
+            for (int r = 0; r < rows; r++) sum += dy[(size_t)r * cols + c];
+            want[c] = (float)sum;
+        }
+        const double tolerance = sizeof(floatX) < 4 ? 4e-3 : 1e-5;
+        EXPECT_LE(test::max_rel_error(download(d_dbias).data(), want.data(), want.size()), tolerance) << "dbias";
+    }
 }
 
 TEST(Kernels, Fp8CastTransposesAndRecordsAmax) {
