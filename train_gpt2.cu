@@ -271,7 +271,7 @@ void block_forward_to_fc(GPT2* model, const BlockParams& w, const BlockActs& b, 
         matmul_forward(b.fch_gelu, b.fch, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
     } else {
         linear_forward(fp8_of(model, b, FP8_FC), b.fch, ln2, w.fcw, w.fcb, BT, C, 4 * Cl, stream);
-        gelu_forward(b.fch_gelu, b.fch, (size_t)BT * 4 * Cl, stream);
+        gelu_forward_to_linear(fp8_of(model, b, FP8_FCPROJ), b.fch_gelu, b.fch, BT, 4 * Cl, C, stream);  // fcproj's x
     }
 }
 

@@ -130,6 +130,43 @@ inline void fp8_cast_dbias(floatX* dbias, const float* partials, int rows, int c
     cudaCheckLaunch();
 }
 
+// GELU whose output is also an FP8 product's input: out = gelu(inp) in floatX (gelu_forward's bits) and
+// out8 = its e4m3 copy with the scale (the codes fp8_cast writes for out: the rounded value cast), out's
+// amax folded into amax_bits (null: none). One read of inp, where gelu_forward and then a cast read
+// inp and then out. n a multiple of x128::size.
+__global__ void fp8_gelu_forward_kernel(floatX* out, __nv_fp8_e4m3* out8, const floatX* inp, size_t n, const float* scale,
+                                        unsigned* amax_bits) {
+    struct alignas(x128::size) Codes { unsigned char c[x128::size]; };
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    float local_max = 0.0f;
+    if (idx < n) {
+        const float inv_scale = 1.0f / *scale;
+        x128 x = load128cs(inp + idx);
+        x128 y;
+        Codes codes;
+#pragma unroll
+        for (int k = 0; k < x128::size; k++) {
+            y[k] = (floatX)gelu_value((float)x[k]);
+            float v = (float)y[k];
+            local_max = fmaxf(local_max, fabsf(v));
+            codes.c[k] = __nv_fp8_e4m3(v * inv_scale).__x;
+        }
+        store128(out + idx, y);
+        *reinterpret_cast<Codes*>(out8 + idx) = codes;
+    }
+    if (amax_bits == nullptr) return;  // uniform: the whole block returns
+    float block_max = block_reduce_max(local_max);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
+}
+
+inline void fp8_gelu_forward(floatX* out, __nv_fp8_e4m3* out8, const floatX* inp, size_t n, const float* scale,
+                             unsigned* amax_bits, cudaStream_t stream) {
+    check_gelu_size(n);
+    fp8_gelu_forward_kernel<<<ceil_div_int(n / x128::size, FP8_THREADS), FP8_THREADS, 0, stream>>>(out, out8, inp, n, scale,
+                                                                                                   amax_bits);
+    cudaCheckLaunch();
+}
+
 // out (rows, cols) += bias (cols), each row: the bias where cuBLASLt's FP8 product takes no BIAS epilogue.
 __global__ void fp8_add_bias_kernel(floatX* out, const floatX* bias, size_t rows, int cols) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * cols; i += (size_t)gridDim.x * blockDim.x) {

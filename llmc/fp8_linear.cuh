@@ -33,10 +33,12 @@
 //   dx       dx (N, C)   = dy8 (N, OC) · (wᵀ)8 (C, OC)ᵀ
 //   dw       dw (OC, C) += (dyᵀ)8 (OC, N) · (xᵀ)8 (C, N)ᵀ          (beta 1: summed over micro-steps)
 // so the backward casts dy both ways from one read, and x and w transposed (the BF16 tensors are kept
-// anyway; the FP8 copies live in scratch for one product). That read of dy also takes its column sums
-// for dbias, and for the MLP's fc (linear_gelu_backward) computes dy itself from the gradient of the
-// GELU's output: no pass of gelu_backward, no bf16 dy written, no pass of matmul_dbias. The dimensions must be multiples of 16; a
-// product whose shape is not (B·T = 120, say) runs in BF16, and the start-up line says which.
+// anyway; the FP8 copies live in scratch for one product). Where the kernel before a cast can do it,
+// the cast is folded in: dy's cast also takes its column sums for dbias (no pass of matmul_dbias); for
+// the MLP's fc (linear_gelu_backward) it computes dy itself from the gradient of the GELU's output (no
+// pass of gelu_backward, no bf16 dy written); and the forward's GELU writes fcproj's e4m3 x beside its
+// bf16 output (gelu_forward_to_linear). The dimensions must be multiples of 16; a product whose shape
+// is not (B·T = 120, say) runs in BF16, and the start-up line says which.
 #pragma once
 
 #include <algorithm>
@@ -67,6 +69,8 @@ struct Fp8Training {
     unsigned* amax = nullptr;    // (tensors): this step's maxima as float bits
     float* maxima = nullptr;     // (tensors): the step's maxima as floats, all-reduced
     float* history = nullptr;    // (tensors, FP8_HISTORY)
+    const floatX* x8_of = nullptr;   // act_a holds this tensor's e4m3 copy, written by its producer ...
+    int x8_first = -1;               // ... for the linear whose tensors start here (gelu_forward_to_linear)
     unsigned char* act_a = nullptr;  // (rows · widest) bytes: an FP8 activation or gradient
     unsigned char* act_b = nullptr;  // the same: dy's transposed copy
     unsigned char* weight = nullptr; // (4 Cl · C) bytes: an FP8 weight
@@ -142,6 +146,11 @@ inline void fp8_training_start(Fp8Training* t, char* base, int layers, size_t ro
 // ----------------------------------------------------------------------------
 // the linears
 
+// Are linear f's products FP8 now: on, past the calibration step, and a shape cuBLASLt's FP8 path takes?
+inline bool fp8_products(const Fp8Linear& f, int N, int C, int OC) {
+    return f.t != nullptr && f.t->steps > 0 && fp8_shape_fits(N, C, OC);
+}
+
 // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias: FP8 when f is on, its scales known (after the
 // calibration step) and the shape fits; otherwise BF16 (matmul_forward), recording the operands' amax
 // during the calibration step.
@@ -159,7 +168,9 @@ inline void linear_forward(const Fp8Linear& f, floatX* out, const floatX* inp, c
     }
     auto* x8 = reinterpret_cast<__nv_fp8_e4m3*>(f.t->act_a);
     auto* w8 = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
-    fp8_cast(x8, (__nv_fp8_e4m3*)nullptr, inp, N, C, f.scale(FP8_X), f.amax(FP8_X), stream);
+    const bool x8_written = f.t->x8_of == inp && f.t->x8_first == f.first;  // by inp's producer
+    f.t->x8_of = nullptr;
+    if (!x8_written) fp8_cast(x8, (__nv_fp8_e4m3*)nullptr, inp, N, C, f.scale(FP8_X), f.amax(FP8_X), stream);
     fp8_cast(w8, (__nv_fp8_e4m3*)nullptr, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);
     if (!fp8_matmul(out, x8, w8, f.scale(FP8_X), f.scale(FP8_W), N, OC, C, stream, bias)) {  // no BIAS epilogue
         fp8_matmul(out, x8, w8, f.scale(FP8_X), f.scale(FP8_W), N, OC, C, stream);
@@ -167,9 +178,20 @@ inline void linear_forward(const Fp8Linear& f, floatX* out, const floatX* inp, c
     }
 }
 
-// Are linear f's products FP8 now: on, past the calibration step, and a shape cuBLASLt's FP8 path takes?
-inline bool fp8_products(const Fp8Linear& f, int N, int C, int OC) {
-    return f.t != nullptr && f.t->steps > 0 && fp8_shape_fits(N, C, OC);
+// GELU whose output is linear f's input x (the MLP's fcproj: out (N, C) = gelu(inp), f's shape N x C ->
+// OC). When f's forward product is FP8 the kernel also writes x's e4m3 copy with f's x scale and records
+// its amax, and linear_forward takes that copy instead of casting out itself: the same codes, one pass
+// less. Otherwise gelu_forward. The same bits either way.
+inline void gelu_forward_to_linear(const Fp8Linear& f, floatX* out, const floatX* inp, int N, int C, int OC,
+                                   cudaStream_t stream) {
+    if (!fp8_products(f, N, C, OC)) {
+        gelu_forward(out, inp, (size_t)N * C, stream);
+        return;
+    }
+    fp8_gelu_forward(out, reinterpret_cast<__nv_fp8_e4m3*>(f.t->act_a), inp, (size_t)N * C, f.scale(FP8_X), f.amax(FP8_X),
+                     stream);
+    f.t->x8_of = out;
+    f.t->x8_first = f.first;
 }
 
 // The FP8 backward (fp8_products): dy cast both ways from one read that also takes its column sums for
@@ -181,6 +203,7 @@ inline void fp8_linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweigh
     auto* dy8_t = reinterpret_cast<__nv_fp8_e5m2*>(f.t->act_b);
     auto* w8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
     auto* x8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->act_a);  // after dinp's product: dy8 is done with
+    f.t->x8_of = nullptr;  // act_a is overwritten
     fp8_cast(dy8, dy8_t, dout, N, OC, f.scale(FP8_DY), f.amax(FP8_DY), stream, gelu_pre, dbias ? scratch : nullptr);
     if (dbias != nullptr) fp8_cast_dbias(dbias, scratch, N, OC, stream);
     fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);

@@ -962,6 +962,25 @@ TEST(Kernels, Fp8LinearIsTheQuantizedProductsWithScalesFromTheAmax) {
     EXPECT_EQ(download(d_dx2), download(d_dx)) << "dinp through the GELU";
     EXPECT_EQ(download(d_dw2), download(d_dw)) << "dweight through the GELU";
     EXPECT_EQ(download(d_db2), download(d_db)) << "dbias through the GELU";
+    // a GELU whose output is the linear's x (gelu_forward_to_linear) writes the same bf16 output, and the
+    // e4m3 copy the linear's forward then takes in place of its own cast: the same product and amax as
+    // gelu_forward then linear_forward, even with the bf16 x zeroed between the two
+    DeviceArray<floatX> d_pre_x(x.size()), d_gelu_a(x.size()), d_gelu_b(x.size()), d_out_b(d_out.n);
+    upload(d_pre_x, random_values(x.size(), rng, -3.0f, 3.0f));
+    cudaCheck(cudaMemset(t.amax, 0, words.size() * sizeof(unsigned)));
+    gelu_forward(d_gelu_a.ptr, d_pre_x.ptr, x.size(), 0);
+    linear_forward(f, d_out.ptr, d_gelu_a.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+    std::vector<unsigned> unfused(words.size());
+    cudaCheck(cudaMemcpy(unfused.data(), t.amax, words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemset(t.amax, 0, words.size() * sizeof(unsigned)));
+    gelu_forward_to_linear(f, d_gelu_b.ptr, d_pre_x.ptr, N, C, OC, 0);
+    EXPECT_EQ(download(d_gelu_b), download(d_gelu_a)) << "the GELU's bf16 output";
+    cudaCheck(cudaMemset(d_gelu_b.ptr, 0, x.size() * sizeof(floatX)));
+    linear_forward(f, d_out_b.ptr, d_gelu_b.ptr, d_w.ptr, d_bias.ptr, N, C, OC, 0);
+    EXPECT_EQ(download(d_out_b), download(d_out)) << "the forward product from the GELU's e4m3 copy";
+    cudaCheck(cudaMemcpy(words.data(), t.amax, words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(words, unfused) << "the amax the GELU recorded";
+    EXPECT_NE(words[first + FP8_X], 0u);
 }
 
 // The cast of a backward's dy (llmc/fp8.cuh): with gelu_pre it casts the GELU's backward of its input,
