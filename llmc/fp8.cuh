@@ -37,6 +37,18 @@ __host__ __device__ constexpr float fp8_max() {
 // folded into the cast's read of dy): their partial sums fill matmul_dbias's scratch.
 constexpr int FP8_ROW_BLOCKS = MATMUL_DBIAS_ROW_BLOCKS;
 
+// *amax_bits = max(*amax_bits, bits of the block's largest local_max), called by every thread of the block.
+__device__ inline void fp8_record_block_amax(float local_max, unsigned* amax_bits) {
+    float block_max = block_reduce_max(local_max);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
+}
+
+// A cast's row blocks: one a 32-row tile, or, for a cast that sums columns, at most FP8_ROW_BLOCKS of
+// them (each then casts several tiles), which is how many partial sums fp8_cast_dbias adds.
+inline int fp8_cast_row_blocks(int rows, bool sums_columns) {
+    return std::min(ceil_div_int(rows, FP8_TILE), sums_columns ? FP8_ROW_BLOCKS : 65535);
+}
+
 // in (rows, cols) row-major -> out (rows, cols) and/or out_t (cols, rows), each skipped when null;
 // *amax_bits = max(*amax_bits, bits of max |v|). v is in's element, or, with gelu_pre non-null, the
 // GELU's backward of it: floatX(gelu'(gelu_pre) · in), gelu_backward's value to the bit (the MLP's fc
@@ -84,9 +96,7 @@ __global__ void fp8_cast_kernel(Fp8* out, Fp8* out_t, const floatX* in, const fl
             partials[(size_t)blockIdx.y * cols + c0 + lane] = sum;
         }
     }
-    if (amax_bits == nullptr) return;  // uniform: the whole block returns
-    float block_max = block_reduce_max(local_max);
-    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
+    if (amax_bits != nullptr) fp8_record_block_amax(local_max, amax_bits);  // uniform: the whole block
 }
 
 // *amax_bits = max(*amax_bits, bits of max |x|) over in (n), without a cast: what a step that runs its
@@ -97,8 +107,7 @@ __global__ void fp8_amax_kernel(const floatX* in, size_t n, unsigned* amax_bits)
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         local_max = fmaxf(local_max, fabsf((float)in[i]));
     }
-    float block_max = block_reduce_max(local_max);
-    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
+    fp8_record_block_amax(local_max, amax_bits);
 }
 
 inline void fp8_amax(const floatX* in, size_t n, unsigned* amax_bits, cudaStream_t stream) {
@@ -116,8 +125,7 @@ template <typename Fp8>
 inline void fp8_cast(Fp8* out, Fp8* out_t, const floatX* in, int rows, int cols, const float* scale, unsigned* amax_bits,
                      cudaStream_t stream, const floatX* gelu_pre = nullptr, float* partials = nullptr) {
     if (out == nullptr && out_t == nullptr) fatal("fp8_cast: neither a row-major nor a transposed output");
-    int row_tiles = ceil_div_int(rows, FP8_TILE);
-    dim3 grid(ceil_div_int(cols, FP8_TILE), std::min(row_tiles, partials ? FP8_ROW_BLOCKS : 65535));
+    dim3 grid(ceil_div_int(cols, FP8_TILE), fp8_cast_row_blocks(rows, partials != nullptr));
     fp8_cast_kernel<Fp8><<<grid, FP8_THREADS, 0, stream>>>(out, out_t, in, gelu_pre, rows, cols, scale, amax_bits, partials);
     cudaCheckLaunch();
 }
@@ -125,8 +133,8 @@ inline void fp8_cast(Fp8* out, Fp8* out_t, const floatX* in, int rows, int cols,
 // dbias (cols) += the column sums of the v a cast of (rows, cols) with partials read: its partials
 // summed in row-block order (matmul_dbias's second stage).
 inline void fp8_cast_dbias(floatX* dbias, const float* partials, int rows, int cols, cudaStream_t stream) {
-    int row_blocks = std::min(ceil_div_int(rows, FP8_TILE), FP8_ROW_BLOCKS);
-    matmul_dbias_sum_partials_kernel<<<ceil_div_int(cols, 256), 256, 0, stream>>>(dbias, partials, row_blocks, cols);
+    matmul_dbias_sum_partials_kernel<<<ceil_div_int(cols, 256), 256, 0, stream>>>(dbias, partials,
+                                                                                  fp8_cast_row_blocks(rows, true), cols);
     cudaCheckLaunch();
 }
 
@@ -154,9 +162,7 @@ __global__ void fp8_gelu_forward_kernel(floatX* out, __nv_fp8_e4m3* out8, const 
         store128(out + idx, y);
         *reinterpret_cast<Codes*>(out8 + idx) = codes;
     }
-    if (amax_bits == nullptr) return;  // uniform: the whole block returns
-    float block_max = block_reduce_max(local_max);
-    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(block_max));
+    if (amax_bits != nullptr) fp8_record_block_amax(local_max, amax_bits);  // uniform: the whole block
 }
 
 inline void fp8_gelu_forward(floatX* out, __nv_fp8_e4m3* out8, const floatX* inp, size_t n, const float* scale,

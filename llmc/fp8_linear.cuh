@@ -156,13 +156,11 @@ inline bool fp8_products(const Fp8Linear& f, int N, int C, int OC) {
 // during the calibration step.
 inline void linear_forward(const Fp8Linear& f, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, cudaStream_t stream) {
-    if (f.t == nullptr || !fp8_shape_fits(N, C, OC)) {
-        matmul_forward(out, nullptr, inp, weight, bias, N, C, OC, stream);
-        return;
-    }
-    if (f.t->steps == 0) {  // calibration: BF16, and the maxima for the first scales
-        fp8_amax(inp, (size_t)N * C, f.amax(FP8_X), stream);
-        fp8_amax(weight, (size_t)OC * C, f.amax(FP8_W), stream);
+    if (!fp8_products(f, N, C, OC)) {
+        if (f.t != nullptr && fp8_shape_fits(N, C, OC)) {  // calibration: the maxima for the first scales
+            fp8_amax(inp, (size_t)N * C, f.amax(FP8_X), stream);
+            fp8_amax(weight, (size_t)OC * C, f.amax(FP8_W), stream);
+        }
         matmul_forward(out, nullptr, inp, weight, bias, N, C, OC, stream);
         return;
     }
