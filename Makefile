@@ -46,10 +46,8 @@ endif
 # rewritten only when that content changes, so a change of configuration (Open MPI installed after a
 # first build, another PRECISION, NO_MPI=1) makes the target out of date and it is rebuilt; an
 # unchanged configuration leaves it alone. Usage: $(call config_stamp,NAME,CONTENT) names the file.
-# The file is replaced whole (written beside, then renamed), so a make running beside another (CI builds
-# the nvcc targets while `make test` runs) never reads one half written.
 config_stamp = $(shell mkdir -p $(BUILD)/config && f='$(BUILD)/config/$(1)' && c='$(subst ','',$(2))' && \
-  { [ "$$(cat "$$f" 2>/dev/null)" = "$$c" ] || { printf '%s' "$$c" > "$$f.$$$$" && mv -f "$$f.$$$$" "$$f"; }; } && echo "$$f")
+  { [ "$$(cat "$$f" 2>/dev/null)" = "$$c" ] || printf '%s' "$$c" > "$$f"; } && echo "$$f")
 
 TRAIN_CONFIG := $(call config_stamp,train_gpt2,$(TRAIN_CXX) $(CXXFLAGS) $(LDLIBS_CPU))
 

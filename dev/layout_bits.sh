@@ -9,7 +9,6 @@
 #   dev/layout_bits.sh --cuda [BASE_REF]   the CUDA trainer under the emulator (train_gpt2cu_emu and
 #                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
-#   LAYOUT_BITS_BASE=DIR dev/layout_bits.sh 3fbd63f     the base from DIR, a checkout of it (built or not)
 #
 # Changes that must keep the bits compare against one fixed base: 3fbd63f (the one data stream of issue 51,
 # which changed every shuffled run's bits; the tutorial redesign of issue 47 used bdc40c7). With --cuda
@@ -27,25 +26,14 @@ python="$("$root/scripts/find_python.sh")"
 trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 echo "layout_bits: base $(git -C "$root" rev-parse --short "$base_ref") vs the working tree; scratch in $work"
-# LAYOUT_BITS_BASE=DIR: a checkout of BASE_REF, perhaps built already (CI builds it beside its tests),
-# taken instead of a new worktree
-if [ -n "${LAYOUT_BITS_BASE:-}" ]; then
-    base="$LAYOUT_BITS_BASE"
-    if [ "$(git -C "$base" rev-parse HEAD 2>/dev/null)" != "$(git -C "$root" rev-parse "$base_ref^{commit}")" ]; then
-        echo "layout_bits: LAYOUT_BITS_BASE=$base is not a checkout of $base_ref" >&2
-        exit 1
-    fi
-else
-    base="$work/base"
-    git -C "$root" worktree add --detach "$base" "$base_ref" >/dev/null 2>&1
-fi
+git -C "$root" worktree add --detach "$work/base" "$base_ref" >/dev/null 2>&1
 # the binaries: kind -> make target (the CPU trainer; or the CUDA trainer's two emulated builds)
 declare -A target=([cpu]=train_gpt2)
 [ $cuda -eq 1 ] && target=([bf16]=train_gpt2cu_emu [fp32]=train_gpt2fp32cu_emu)
-make -C "$base" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
+make -C "$work/base" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
 make -C "$root" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
 for kind in "${!target[@]}"; do
-    cp "$base/${target[$kind]}" "$work/$kind.base"
+    cp "$work/base/${target[$kind]}" "$work/$kind.base"
     cp "$root/${target[$kind]}" "$work/$kind.new"
 done
 

@@ -17,7 +17,7 @@
 include $(EMU_DIR)/cublas.mk
 include $(EMU_DIR)/nccl.mk
 
-.PHONY: emu-test-binaries emu-sanitizer-test-binaries emu-asan-test-binaries emu-tsan-test-binaries
+.PHONY: emu-test-binaries emu-sanitizer-test-binaries
 
 test_gpt2fp32cu_emu: $(EMU_BUILD)/src.stamp $(EMU_LINK) $(EMU_FLAVOR_STAMP)
 	$(EMU_CXX) $(EMU_CU_FLAGS) -fopenmp -DENABLE_FP32 -DGPT2_TRAINER='"train_gpt2fp32cu_emu"' $(EMU_SRC)/test/gpu/test_gpt2.cu \
@@ -36,9 +36,6 @@ emu-test-binaries: $(EMU_TEST_BINARIES) emu-sanitizer-test-binaries
 # not part of the suites (README.md: what they cover).
 EMU_ASAN_TEST_TARGETS = $(addprefix build/emu-asan/,test_emu_core test_emu_seeded_bugs test_gpt2cu_emu) emu-devcuda
 EMU_TSAN_TEST_TARGETS = $(addprefix build/emu-tsan/,test_emu_core test_emu_seeded_bugs test_mma_emu test_gpt2cu_emu) emu-devcuda
-# The two are independent (each its own folder) and build side by side under make -j.
-emu-sanitizer-test-binaries: emu-asan-test-binaries emu-tsan-test-binaries
-emu-asan-test-binaries: | $(EMU_TEST_BINARIES)
+emu-sanitizer-test-binaries: | $(EMU_TEST_BINARIES)
 	$(MAKE) --no-print-directory -f $(EMU_DIR)/asan.mk $(EMU_ASAN_TEST_TARGETS)
-emu-tsan-test-binaries: | $(EMU_TEST_BINARIES)
 	$(MAKE) --no-print-directory -f $(EMU_DIR)/tsan.mk $(EMU_TSAN_TEST_TARGETS)
