@@ -109,7 +109,7 @@ struct GPT2 : GPT2Plan {
     Adamw8Gpu adamw8;  // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end) (llmc/adamw8.cuh)
     LocalStepsGpu local;  // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.cuh)
     GradCompressionGpu compression;  // -gc sign|powersgd (llmc/parallel/grad_compression.cuh)
-    Fp8Training fp8;  // -fp8 1: the block's linears in FP8, their scales (llmc/fp8_linear.cuh)
+    Fp8Training fp8;  // -fp8 1: the block's linears in FP8 (2: and the LM head's), their scales (llmc/fp8_linear.cuh)
     void* muon_memory = nullptr;  // muon: Newton-Schulz scratch (MuonScratch)
     MuonScratch muon_scratch;
     floatX* muon_gathered = nullptr;  // -tp: (tp, a matrix's slice), every rank's slice of one matrix
@@ -318,7 +318,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
             fatal("gpt2_forward: token id at position %d is outside 0..%d", i, V - 1);
         }
     }
-    model->fp8.record = dloss > 0.0f;  // -fp8 1: a training forward records its tensors' amax, an evaluation none
+    model->fp8.record = dloss > 0.0f;  // -fp8: a training forward records its tensors' amax, an evaluation none
     const ParameterTensors& p = model->params;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
@@ -361,10 +361,12 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     if (!model->last_stage()) return;
     sp_all_gather(a.lnf + model->layout.tp_rank * R * C, a.lnf, sq, C, model->layout.tp_group, COMM_FLOATX,
                   [](floatX*, const floatX*, size_t) {});  // lnf's own rows are in place already
-    matmul_forward(a.logits, nullptr, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
+    linear_forward(fp8_lm_head(model), a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);  // -fp8 2: in FP8
     if (!targets) return;
+    // -fp8 2: the classifier also writes dlogits' e5m2 copy, the LM head's FP8 backward's dy
+    auto dlogits8 = lm_head_dy_copy(fp8_lm_head(model), dloss > 0.0f ? a.logits8 : nullptr, (int)BT, C, Vl);
     if (tp == 1) {
-        fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream);
+        fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream, dlogits8);
         return;
     }
     // vocabulary-parallel cross-entropy (llmc/classifier.cuh): the rows' max, sum of exponentials and
@@ -377,7 +379,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     classifier_slice_sum(a.logits, row_max, row_sum, target_logit, a.targets, (int)BT, v_begin, valid, Vl, stream);
     tp_all_reduce(row_sum, 2 * BT, g, COMM_FLOAT32);  // row_sum and target_logit lie together
     classifier_slice_loss(a.logits, a.losses, row_max, row_sum, target_logit, a.targets, dloss, (int)BT, v_begin, valid,
-                          Vl, dloss > 0.0f, stream);
+                          Vl, dloss > 0.0f, stream, dlogits8);
 }
 
 // Mean of the per-position losses of the last forward with targets; waits for the GPU.
@@ -499,7 +501,7 @@ void gpt2_backward(GPT2* model, int B, int T) {
     // logits -> lnf -> the residual stream
     zero_gather_pass_begin(&model->zero, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
     if (model->last_stage()) {
-        matmul_backward(a.dln, g.wte, nullptr, reduce, a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);
+        lm_head_backward(fp8_lm_head(model), a.dln, g.wte, reduce, a.logits, a.logits8, a.lnf, p.wte, (int)BT, C, Vl, stream);
         const floatX* dlnf = sp_sum(model, a.dln, sq, C);
         cudaCheck(cudaMemsetAsync(a.dresidual, 0, N * C * sizeof(floatX), stream));
         const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
@@ -905,7 +907,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     }
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);
-        fp8_step_end(&model->fp8, model->layout.world, model->stream);  // -fp8 1: the next step's scales
+        fp8_step_end(&model->fp8, model->layout.world, model->stream);  // -fp8: the next step's scales
         floatX* rounded = model->master_memory ? model->params_memory : nullptr;  // -lh: the floatX copy of the weights
         local_steps_gpu_after_update(dp, &model->local, s.step, s.last, gpt2_fp32_weights(model), rounded, model->grads_memory,
                                      COMM_FLOATX, model->stream);

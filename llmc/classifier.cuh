@@ -6,18 +6,27 @@
 // an online running pair over its 16-byte chunks, then a block reduction), then, if asked, walks the
 // row again and overwrites the logits with their gradient. dloss is d(mean loss)/d(loss[n]), i.e.
 // 1 / (B·T·grad_accum_steps).
+//
+// With -fp8 2 (llmc/fp8_linear.cuh) the LM head's input gradient is an FP8 product whose dy is dlogits:
+// the walk that writes them also writes their e5m2 copy (each bf16 value as written, divided by the
+// scale) and folds their amax into the scale's word, so no cast reads the (N, Vp) gradient again.
 #pragma once
 
 #include "cuda_common.cuh"
+#include "fp8.cuh"  // Fp8Copy, fp8_record_block_amax
 
 // ----------------------------------------------------------------------------
 // kernels
 
 // The block overwrites a row of n logits with their gradient: (softmax - one-hot(target)) * dloss for
 // the first `valid` columns (row_max and inv_sum: the whole row's max and 1 / sum of exponentials), 0 for
-// the padding after them.
-__device__ inline void write_dlogits_row(floatX* row, int n, int valid, int target, float row_max, float inv_sum,
-                                         float dloss) {
+// the padding after them. WithCodes: also row8 (n) = their e5m2 codes (the written floatX values times
+// inv_scale); returns the largest |value| the thread wrote (0 without codes).
+template <bool WithCodes>
+__device__ inline float write_dlogits_row(floatX* row, __nv_fp8_e5m2* row8, float inv_scale, int n, int valid,
+                                          int target, float row_max, float inv_sum, float dloss) {
+    struct alignas(x128::size) Codes { unsigned char c[x128::size]; };
+    float local_max = 0.0f;
     for (int v = threadIdx.x * x128::size; v < n; v += blockDim.x * x128::size) {
         x128 x = load128(row + v);
         x128 d;
@@ -32,11 +41,34 @@ __device__ inline void write_dlogits_row(floatX* row, int n, int valid, int targ
             d[k] = (floatX)grad;
         }
         store128(row + v, d);
+        if (WithCodes) {
+            Codes codes;
+#pragma unroll
+            for (int k = 0; k < x128::size; k++) {
+                float g = (float)d[k];
+                local_max = fmaxf(local_max, fabsf(g));
+                codes.c[k] = __nv_fp8_e5m2(g * inv_scale).__x;
+            }
+            *reinterpret_cast<Codes*>(row8 + v) = codes;
+        }
     }
+    return local_max;
+}
+
+// The gradient of a row and, with copy.codes, its e5m2 copy and amax (uniform: the whole block).
+__device__ inline void write_dlogits_row_and_copy(floatX* row, const Fp8Copy<__nv_fp8_e5m2>& copy, size_t row_index,
+                                                  int n, int valid, int target, float row_max, float inv_sum, float dloss) {
+    if (copy.codes == nullptr) {
+        write_dlogits_row<false>(row, nullptr, 0.0f, n, valid, target, row_max, inv_sum, dloss);
+        return;
+    }
+    float local_max = write_dlogits_row<true>(row, copy.codes + row_index * n, 1.0f / *copy.scale, n, valid, target,
+                                              row_max, inv_sum, dloss);
+    if (copy.amax != nullptr) fp8_record_block_amax(local_max, copy.amax);
 }
 
 __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V,
-                                        int Vp, bool write_dlogits) {
+                                        int Vp, bool write_dlogits, Fp8Copy<__nv_fp8_e5m2> copy) {
     int n = blockIdx.x;
     floatX* row = logits + (size_t)n * Vp;
     int target = targets[n];
@@ -63,7 +95,7 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     float rescaled = thread_max == -INFINITY ? 0.0f : thread_sum * expf(thread_max - row_max);
     float row_sum = block_reduce_sum(rescaled);
     if (threadIdx.x == 0) losses[n] = logf(row_sum) + row_max - target_logit;
-    if (write_dlogits) write_dlogits_row(row, Vp, V, target, row_max, 1.0f / row_sum, dloss);
+    if (write_dlogits) write_dlogits_row_and_copy(row, copy, n, Vp, V, target, row_max, 1.0f / row_sum, dloss);
 }
 
 // Vocabulary-parallel cross-entropy (tensor parallelism, llmc/parallel/tensor_parallel.h): this process
@@ -112,28 +144,31 @@ __global__ void classifier_slice_sum_kernel(const floatX* logits, const float* r
 // overwritten by their gradient (as fused_classifier_kernel, on a slice)
 __global__ void classifier_slice_loss_kernel(floatX* logits, float* losses, const float* row_max, const float* row_sum,
                                              const float* target_logit, const int* targets, float dloss, int v_begin,
-                                             int valid, int Vl, bool write_dlogits) {
+                                             int valid, int Vl, bool write_dlogits, Fp8Copy<__nv_fp8_e5m2> copy) {
     int n = blockIdx.x;
     floatX* row = logits + (size_t)n * Vl;
     float m = row_max[n], sum = row_sum[n];
     if (threadIdx.x == 0) losses[n] = logf(sum) + m - target_logit[n];
-    if (write_dlogits) write_dlogits_row(row, Vl, valid, targets[n] - v_begin, m, 1.0f / sum, dloss);
+    if (write_dlogits) write_dlogits_row_and_copy(row, copy, n, Vl, valid, targets[n] - v_begin, m, 1.0f / sum, dloss);
 }
 
 // ----------------------------------------------------------------------------
 // launchers
 
-// losses[n] = cross-entropy of row n; with write_dlogits, logits are overwritten by their gradient.
-// targets must lie in [0, V) (the data loader checks the tokens it reads).
+// losses[n] = cross-entropy of row n; with write_dlogits, logits are overwritten by their gradient, and
+// with copy.codes (N, Vp) also their e5m2 copy. targets must lie in [0, V) (the data loader checks the
+// tokens it reads).
 inline void fused_classifier(floatX* logits,      // (N, Vp)
                              float* losses,       // (N)
                              const int* targets,  // (N) on the device
-                             float dloss, int N, int V, int Vp, bool write_dlogits, cudaStream_t stream) {
+                             float dloss, int N, int V, int Vp, bool write_dlogits, cudaStream_t stream,
+                             Fp8Copy<__nv_fp8_e5m2> copy = {}) {
     if (Vp % x128::size != 0) {
         fatal("fused_classifier needs a padded vocab divisible by %d, got %d", x128::size, Vp);
     }
+    if (copy.codes != nullptr && !write_dlogits) fatal("fused_classifier: an FP8 copy of dlogits not written");
     const int block_size = 1024;
-    fused_classifier_kernel<<<N, block_size, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    fused_classifier_kernel<<<N, block_size, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits, copy);
     cudaCheckLaunch();
 }
 
@@ -150,9 +185,11 @@ inline void classifier_slice_sum(const floatX* logits, const float* row_max, flo
 }
 inline void classifier_slice_loss(floatX* logits, float* losses, const float* row_max, const float* row_sum,
                                   const float* target_logit, const int* targets, float dloss, int N, int v_begin,
-                                  int valid, int Vl, bool write_dlogits, cudaStream_t stream) {
+                                  int valid, int Vl, bool write_dlogits, cudaStream_t stream,
+                                  Fp8Copy<__nv_fp8_e5m2> copy = {}) {
     if (Vl % x128::size != 0) fatal("the vocabulary-parallel classifier needs a slice divisible by %d, got %d", x128::size, Vl);
+    if (copy.codes != nullptr && !write_dlogits) fatal("classifier_slice_loss: an FP8 copy of dlogits not written");
     classifier_slice_loss_kernel<<<N, 1024, 0, stream>>>(logits, losses, row_max, row_sum, target_logit, targets, dloss,
-                                                         v_begin, valid, Vl, write_dlogits);
+                                                         v_begin, valid, Vl, write_dlogits, copy);
     cudaCheckLaunch();
 }

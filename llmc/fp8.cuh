@@ -37,6 +37,16 @@ __host__ __device__ constexpr float fp8_max() {
 // folded into the cast's read of dy): their partial sums fill matmul_dbias's scratch.
 constexpr int FP8_ROW_BLOCKS = MATMUL_DBIAS_ROW_BLOCKS;
 
+// Where a kernel that produces a tensor also writes its FP8 copy: the codes, the device scale they are
+// cast with (q = fp8(v / scale)), and the device word the tensor's amax is folded into (null: none
+// recorded). codes null: no copy.
+template <typename Fp8>
+struct Fp8Copy {
+    Fp8* codes = nullptr;
+    const float* scale = nullptr;
+    unsigned* amax = nullptr;
+};
+
 // *amax_bits = max(*amax_bits, bits of the block's largest local_max), called by every thread of the block.
 __device__ inline void fp8_record_block_amax(float local_max, unsigned* amax_bits) {
     float block_max = block_reduce_max(local_max);

@@ -22,10 +22,13 @@
 // 57344) for gradients, whose values span more orders of magnitude: the hybrid of Micikevicius et al.,
 // "FP8 Formats for Deep Learning" (2022), and Transformer Engine's default. What stays in BF16: attention
 // (its two products are small next to the linears', and its softmax wants the range), the layernorms,
-// GELU, the bias gradients (column sums of the BF16 dy, in fp32) and the LM head (modded-nanogpt runs it in
-// FP8, but its (B·T, V) gradient cast in both layouts as its own pass costs most of what its products
-// save: doc/mixed_precision.md's measurements; it waits for the classifier writing that cast itself). An evaluation forward (no
-// targets' gradient) casts with the scales but records nothing, so evaluating never changes training.
+// GELU and the bias gradients (column sums of the BF16 dy, in fp32). The LM head logits = lnf · wteᵀ
+// (modded-nanogpt runs it in FP8) joins with -fp8 2 for two of its products, the forward and the input
+// gradient, whose dy (dlogits) the classifier writes in e5m2 as it writes them in bf16 (classifier.cuh);
+// its weight gradient stays BF16, as its FP8 product would need dlogits transposed, a cast of the
+// (B·T, Vp) gradient as a pass of its own that costs about what the product saves (doc/mixed_precision.md's
+// measurements). An evaluation forward (no targets' gradient) casts with the scales but records nothing,
+// so evaluating never changes training.
 //
 // The three products of a linear y = x·wᵀ + b (x (N, C), w (OC, C), N = B·T rows), each in the one
 // layout cuBLASLt's FP8 path takes, both operands contiguous along the summed dimension (fp8.cuh):
@@ -56,14 +59,16 @@ enum Fp8Gemm { FP8_QKV, FP8_ATTPROJ, FP8_FC, FP8_FCPROJ, FP8_GEMMS };
 enum Fp8Operand { FP8_X, FP8_W, FP8_DY, FP8_OPERANDS };
 constexpr int FP8_HISTORY = 16;         // steps of amax a scale looks back over
 constexpr size_t FP8_SCALE_STRIDE = 64; // floats: each scale on 256 bytes of its own (fp8.cuh: cuBLASLt's scale pointers)
-constexpr int32_t FP8_STATE_VERSION = 1;
+constexpr int32_t FP8_STATE_VERSION = 2;  // 2: the LM head's tensors (-fp8 2); 1: the blocks' only
 
 // The run's FP8 state and scratch, on the device: for each of the whole model's layers, its four linears'
-// three operands ("tensors", (layer, gemm, operand) in that order).
+// three operands ("tensors", (layer, gemm, operand) in that order), then with -fp8 2 the LM head's three.
 struct Fp8Training {
     bool on = false;
+    bool head = false;     // -fp8 2: the LM head's forward and input gradient too
     int layers = 0;        // the whole model's (a pipeline stage records its own, the maxima merge them)
     long steps = 0;        // steps whose amax went into the history; 0: the calibration step
+    long head_steps = 0;   // the same for the LM head's tensors (0 after resuming a checkpoint without them)
     bool record = true;    // the casts record amax (false in an evaluation forward)
     float* scales = nullptr;     // (tensors, FP8_SCALE_STRIDE): tensor i's scale at i·FP8_SCALE_STRIDE
     unsigned* amax = nullptr;    // (tensors): this step's maxima as float bits
@@ -73,9 +78,10 @@ struct Fp8Training {
     int x8_first = -1;               // ... for the linear whose tensors start here (gelu_forward_to_linear)
     unsigned char* act_a = nullptr;  // (rows · widest) bytes: an FP8 activation or gradient
     unsigned char* act_b = nullptr;  // the same: dy's transposed copy
-    unsigned char* weight = nullptr; // (4 Cl · C) bytes: an FP8 weight
+    unsigned char* weight = nullptr; // (max(4 Cl, Vl) · C) bytes: an FP8 weight (Vl: the LM head's rows here)
     floatX* product = nullptr;       // (4 Cl · C): a weight gradient, where cuBLASLt cannot add it in place
-    int tensors() const { return layers * FP8_GEMMS * FP8_OPERANDS; }
+    int head_first() const { return layers * FP8_GEMMS * FP8_OPERANDS; }
+    int tensors() const { return head_first() + (head ? FP8_OPERANDS : 0); }
 };
 
 // One linear's handle: the state and its tensors' first index; off (null) for a BF16 linear.
@@ -84,11 +90,19 @@ struct Fp8Linear {
     int first = 0;  // tensor index of its x; w and dy follow
     float* scale(Fp8Operand o) const { return t->scales + (size_t)(first + o) * FP8_SCALE_STRIDE; }
     unsigned* amax(Fp8Operand o) const { return t->record ? t->amax + first + o : nullptr; }
+    bool calibrated() const { return (first >= t->head_first() ? t->head_steps : t->steps) > 0; }
 };
 
 inline Fp8Linear fp8_linear(Fp8Training* t, int layer, Fp8Gemm gemm) {
     if (!t->on) return Fp8Linear{};
     return Fp8Linear{t, (layer * FP8_GEMMS + gemm) * FP8_OPERANDS};
+}
+
+// The LM head's handle: on with -fp8 2.
+template <typename Model>
+Fp8Linear fp8_lm_head(Model* model) {
+    Fp8Training* t = &model->fp8;
+    return t->on && t->head ? Fp8Linear{t, t->head_first()} : Fp8Linear{};
 }
 
 // A trainer's block b's linear g (Model: GPT2, with fp8 and layout; b: BlockActs, with its layer): a
@@ -104,8 +118,10 @@ inline bool fp8_shape_fits(long N, long C, long OC) { return N % 16 == 0 && C % 
 // ----------------------------------------------------------------------------
 // memory: the state, then the scratch, each piece on 256 bytes (with base null, only the bytes)
 
-inline size_t fp8_training_layout(Fp8Training* t, char* base, int layers, size_t rows, size_t C, size_t Cl) {
-    size_t tensors = (size_t)layers * FP8_GEMMS * FP8_OPERANDS, offset = 0;
+// (head: -fp8 2's LM head tensors, on every process; Vl: its rows of wte here, 0 on a stage without it)
+inline size_t fp8_training_layout(Fp8Training* t, char* base, int layers, bool head, size_t rows, size_t C, size_t Cl,
+                                  size_t Vl) {
+    size_t tensors = (size_t)layers * FP8_GEMMS * FP8_OPERANDS + (head ? FP8_OPERANDS : 0), offset = 0;
     auto take = [&](auto** ptr, size_t bytes) {
         using Elem = std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>;
         *ptr = base ? reinterpret_cast<Elem*>(base + offset) : nullptr;
@@ -118,24 +134,27 @@ inline size_t fp8_training_layout(Fp8Training* t, char* base, int layers, size_t
     size_t widest = std::max({C, 3 * Cl, 4 * Cl});
     take(&t->act_a, rows * widest);
     take(&t->act_b, rows * widest);
-    take(&t->weight, 4 * Cl * C);
+    take(&t->weight, std::max(4 * Cl, Vl) * C);
     take(&t->product, 4 * Cl * C * sizeof(floatX));
     return offset;
 }
 
 // The bytes of the state and scratch for a pass over `rows` rows (B·T/cp) of a model of `layers` layers,
-// C channels, Cl of them this process's (-tp): the memory plan's, counted with the activations.
-inline size_t fp8_training_bytes(int layers, size_t rows, size_t C, size_t Cl) {
+// C channels, Cl of them this process's (-tp), with the LM head's tensors (head) and Vl of its rows here:
+// the memory plan's, counted with the activations (the head's e5m2 dlogits are an activation: logits8).
+inline size_t fp8_training_bytes(int layers, bool head, size_t rows, size_t C, size_t Cl, size_t Vl) {
     Fp8Training unused;
-    return fp8_training_layout(&unused, nullptr, layers, rows, C, Cl);
+    return fp8_training_layout(&unused, nullptr, layers, head, rows, C, Cl, Vl);
 }
 
 // Lays the state out at base (fp8_training_bytes of device memory) and starts it: no history, scales of 1.
-inline void fp8_training_start(Fp8Training* t, char* base, int layers, size_t rows, size_t C, size_t Cl) {
+inline void fp8_training_start(Fp8Training* t, char* base, int layers, bool head, size_t rows, size_t C, size_t Cl,
+                               size_t Vl) {
     t->on = true;
+    t->head = head;
     t->layers = layers;
-    t->steps = 0;
-    fp8_training_layout(t, base, layers, rows, C, Cl);
+    t->steps = t->head_steps = 0;
+    fp8_training_layout(t, base, layers, head, rows, C, Cl, Vl);
     size_t n = t->tensors();
     std::vector<float> ones(n * FP8_SCALE_STRIDE, 1.0f);
     cudaCheck(cudaMemcpy(t->scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -148,7 +167,7 @@ inline void fp8_training_start(Fp8Training* t, char* base, int layers, size_t ro
 
 // Are linear f's products FP8 now: on, past the calibration step, and a shape cuBLASLt's FP8 path takes?
 inline bool fp8_products(const Fp8Linear& f, int N, int C, int OC) {
-    return f.t != nullptr && f.t->steps > 0 && fp8_shape_fits(N, C, OC);
+    return f.t != nullptr && f.calibrated() && fp8_shape_fits(N, C, OC);
 }
 
 // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias: FP8 when f is on, its scales known (after the
@@ -242,6 +261,30 @@ inline void linear_gelu_backward(const Fp8Linear& f, floatX* dinp, floatX* dweig
     linear_backward(f, dinp, dweight, dbias, scratch, dout_gelu, inp, weight, N, C, OC, stream);
 }
 
+// The LM head (-fp8 2): logits (N, Vl) = lnf (N, C) · wte (Vl, C)ᵀ runs through linear_forward; the
+// classifier then writes dlogits' e5m2 copy (these codes, scale and amax) beside the bf16 values when the
+// head's backward will be FP8, else (or with codes null: no dlogits) nothing.
+inline Fp8Copy<__nv_fp8_e5m2> lm_head_dy_copy(const Fp8Linear& f, __nv_fp8_e5m2* codes, int N, int C, int Vl) {
+    if (codes == nullptr || !fp8_products(f, N, C, Vl)) return {};
+    return {codes, f.scale(FP8_DY), f.amax(FP8_DY)};
+}
+
+// The LM head's backward: dinp (N, C) = dout · weight, from the classifier's e5m2 copy dout8 and wte cast
+// transposed, when FP8 (lm_head_dy_copy); dweight += doutᵀ · inp in BF16 either way (an FP8 product would
+// need dout transposed: a pass over (N, Vl) of its own).
+inline void lm_head_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, float* scratch, const floatX* dout,
+                             const __nv_fp8_e5m2* dout8, const floatX* inp, const floatX* weight, int N, int C, int Vl,
+                             cudaStream_t stream) {
+    if (!fp8_products(f, N, C, Vl)) {
+        linear_backward(f, dinp, dweight, nullptr, scratch, dout, inp, weight, N, C, Vl, stream);
+        return;
+    }
+    auto* w8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
+    fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, Vl, C, f.scale(FP8_W), f.amax(FP8_W), stream);
+    fp8_matmul(dinp, dout8, w8_t, f.scale(FP8_DY), f.scale(FP8_W), N, C, Vl, stream);
+    matmul_backward(nullptr, dweight, nullptr, scratch, dout, inp, weight, nullptr, N, C, Vl, stream);
+}
+
 // ----------------------------------------------------------------------------
 // the step's end: this step's maxima into the history, the next step's scales from it
 
@@ -283,12 +326,14 @@ inline void fp8_step_end(Fp8Training* t, const ProcessGroup& world, cudaStream_t
                                                                    (int)(t->steps % FP8_HISTORY));
     cudaCheckLaunch();
     t->steps++;
+    if (t->head) t->head_steps++;
 }
 
 // ----------------------------------------------------------------------------
 // the start-up line, the checkpoint's section
 
-inline std::string fp8_training_describe(long rows, int C, int Cl) {
+// (head: -fp8 2; Vl: the LM head's rows of wte here, 0 on a pipeline stage without it)
+inline std::string fp8_training_describe(long rows, int C, int Cl, bool head_on, long Vl) {
     const char* names[FP8_GEMMS] = {"qkv", "attproj", "fc", "fcproj"};
     const long shapes[FP8_GEMMS][2] = {{C, 3L * Cl}, {Cl, C}, {C, 4L * Cl}, {4L * Cl, C}};
     std::string fp8, bf16;
@@ -296,19 +341,27 @@ inline std::string fp8_training_describe(long rows, int C, int Cl) {
         std::string& list = fp8_shape_fits(rows, shapes[g][0], shapes[g][1]) ? fp8 : bf16;
         list += (list.empty() ? "" : ", ") + std::string(names[g]);
     }
-    std::string line = "FP8 (-fp8 1): ";
+    const bool head = head_on && Vl > 0 && fp8_shape_fits(rows, C, Vl);
+    if (head_on && Vl > 0 && !head) bf16 += (bf16.empty() ? "" : ", ") + std::string("the LM head");
+    std::string line = head_on ? "FP8 (-fp8 2): " : "FP8 (-fp8 1): ";
     line += fp8.empty() ? "no block matmul" : "the block's " + fp8 + " matmuls, forward and backward,";
+    if (head) line += " and the LM head's forward and input gradient,";
     line += " in FP8 (x, w e4m3; gradients e5m2; a scale per tensor from the last " + std::to_string(FP8_HISTORY) +
             " steps' amax over every process; a run's first step calibrates in BF16)";
     if (!bf16.empty()) {
         line += "; " + bf16 + " in BF16 (B·T = " + std::to_string(rows) + " rows, C " + std::to_string(C) +
                 ": cuBLASLt's FP8 path takes multiples of 16)";
     }
-    return line + "; the LM head, attention, layernorms and GELU in BF16";
+    if (head_on && Vl == 0) line += "; the LM head is the last pipeline stage's";
+    return line + (head ? "; the LM head's weight gradient, attention, layernorms and GELU in BF16"
+                        : head_on ? "; attention, layernorms and GELU in BF16"
+                                  : "; the LM head, attention, layernorms and GELU in BF16");
 }
 
-// The section: version, layers, FP8_HISTORY, steps (int32 x 3, int64), then the history and the scales
-// (tensors x FP8_HISTORY, tensors floats). The same on every process.
+// The section (version 2): version, layers, FP8_HISTORY, the LM head's tensors (1) or not (0) (int32 x
+// 4), steps, the head's steps (int64 x 2), then the history and the scales (tensors x FP8_HISTORY,
+// tensors floats). Version 1 (written before -fp8 2) had the blocks' tensors only, a 0 for the fourth
+// int32 and no head's steps. The same on every process.
 inline StateSection fp8_training_section(const Fp8Training& t) {
     size_t n = t.tensors();
     std::vector<float> history(n * FP8_HISTORY), strided(n * FP8_SCALE_STRIDE);
@@ -316,52 +369,69 @@ inline StateSection fp8_training_section(const Fp8Training& t) {
     cudaCheck(cudaMemcpy(strided.data(), t.scales, strided.size() * sizeof(float), cudaMemcpyDeviceToHost));
     StateSection s;
     s.kind = STATE_SECTION_FP8_SCALES;
-    int32_t head[4] = {FP8_STATE_VERSION, t.layers, FP8_HISTORY, 0};
-    int64_t steps = t.steps;
+    int32_t head[4] = {FP8_STATE_VERSION, t.layers, FP8_HISTORY, t.head ? 1 : 0};
+    int64_t steps[2] = {t.steps, t.head_steps};
     auto put = [&](const void* p, size_t bytes) { s.bytes.insert(s.bytes.end(), (const uint8_t*)p, (const uint8_t*)p + bytes); };
     put(head, sizeof(head));
-    put(&steps, sizeof(steps));
+    put(steps, sizeof(steps));
     put(history.data(), history.size() * sizeof(float));
     for (size_t i = 0; i < n; i++) put(&strided[i * FP8_SCALE_STRIDE], sizeof(float));
     return s;
 }
 
-// The state from a checkpoint's sections: its section if it has one (bit for bit), else (a checkpoint
-// written without -fp8 1) a calibration step first, as a new run; a note says which.
+// The state from a checkpoint's sections: its section if it has one (bit for bit; version 1 or 2), else
+// (a checkpoint written without -fp8) a calibration step first, as a new run; a note says which. The LM
+// head's tensors: restored where both the checkpoint and the run have them; a run with -fp8 2 from a
+// checkpoint without them calibrates the head on its first step (the blocks' products FP8 already); a
+// run without -fp8 2 drops them.
 inline void fp8_training_restore(Fp8Training* t, const std::vector<StateSection>& sections) {
     const StateSection* found = nullptr;
     for (const StateSection& s : sections) if (s.kind == STATE_SECTION_FP8_SCALES) found = &s;
     if (!t->on) {
-        if (found) printf("resume: the checkpoint holds FP8 scaling state; this run has no -fp8 1 and drops it\n");
+        if (found) printf("resume: the checkpoint holds FP8 scaling state; this run has no -fp8 and drops it\n");
         return;
     }
     if (found == nullptr) {
-        printf("resume: the checkpoint has no FP8 scaling state (written without -fp8 1): the first step of this run calibrates in BF16\n");
+        printf("resume: the checkpoint has no FP8 scaling state (written without -fp8): the first step of this run calibrates in BF16\n");
         return;
     }
-    size_t n = t->tensors(), want = 4 * sizeof(int32_t) + sizeof(int64_t) + n * (FP8_HISTORY + 1) * sizeof(float);
     int32_t head[4] = {};
     if (found->bytes.size() >= sizeof(head)) memcpy(head, found->bytes.data(), sizeof(head));
-    if (found->bytes.size() != want || head[0] != FP8_STATE_VERSION || head[1] != t->layers || head[2] != FP8_HISTORY) {
-        fatal("the checkpoint's FP8 scaling state (%zu bytes: version %d, %d layers, history %d) is not this run's "
-              "(version %d, %d layers, history %d: %zu bytes)", found->bytes.size(), head[0], head[1], head[2],
-              FP8_STATE_VERSION, t->layers, FP8_HISTORY, want);
+    const int version = head[0];
+    const bool saved_head = version == 2 && head[3] == 1;
+    const size_t blocks = (size_t)t->head_first(), saved = blocks + (saved_head ? FP8_OPERANDS : 0);
+    const size_t counts = version == 2 ? 2 : 1;  // int64: the steps (and the head's)
+    size_t want = sizeof(head) + counts * sizeof(int64_t) + saved * (FP8_HISTORY + 1) * sizeof(float);
+    if ((version != 1 && version != 2) || head[1] != t->layers || head[2] != FP8_HISTORY || (version == 1 && head[3] != 0) ||
+        (version == 2 && head[3] != 0 && head[3] != 1) || found->bytes.size() != want) {
+        fatal("the checkpoint's FP8 scaling state (%zu bytes: version %d, %d layers, history %d, LM head %d) is not one "
+              "this run reads (version 1 or 2, %d layers, history %d: %zu bytes)", found->bytes.size(), head[0], head[1],
+              head[2], head[3], t->layers, FP8_HISTORY, want);
     }
     const uint8_t* p = found->bytes.data() + sizeof(head);
-    int64_t steps = 0;
-    memcpy(&steps, p, sizeof(steps));
-    p += sizeof(steps);
-    std::vector<float> history(n * FP8_HISTORY), strided(n * FP8_SCALE_STRIDE, 1.0f);
+    int64_t steps[2] = {0, 0};
+    memcpy(steps, p, counts * sizeof(int64_t));
+    p += counts * sizeof(int64_t);
+    std::vector<float> history(saved * FP8_HISTORY), scales(saved);
     memcpy(history.data(), p, history.size() * sizeof(float));
-    p += history.size() * sizeof(float);
-    for (size_t i = 0; i < n; i++) memcpy(&strided[i * FP8_SCALE_STRIDE], p + i * sizeof(float), sizeof(float));
+    memcpy(scales.data(), p + history.size() * sizeof(float), scales.size() * sizeof(float));
     require_finite(history.data(), history.size(), "reading", "the checkpoint's FP8 amax history");
-    for (size_t i = 0; i < n; i++) {
-        float s = strided[i * FP8_SCALE_STRIDE];
-        if (!(s > 0.0f) || !std::isfinite(s)) fatal("the checkpoint's FP8 scale %zu is %g: not a positive finite number", i, s);
+    for (size_t i = 0; i < saved; i++) {
+        if (!(scales[i] > 0.0f) || !std::isfinite(scales[i])) fatal("the checkpoint's FP8 scale %zu is %g: not a positive finite number", i, scales[i]);
     }
-    cudaCheck(cudaMemcpy(t->history, history.data(), history.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // the run's tensors: the blocks' from the checkpoint; the head's from it too, or a new start
+    const size_t n = t->tensors(), kept = std::min(n, saved);
+    std::vector<float> run_history(n * FP8_HISTORY, 0.0f), strided(n * FP8_SCALE_STRIDE, 1.0f);
+    std::copy(history.begin(), history.begin() + kept * FP8_HISTORY, run_history.begin());
+    for (size_t i = 0; i < kept; i++) strided[i * FP8_SCALE_STRIDE] = scales[i];
+    cudaCheck(cudaMemcpy(t->history, run_history.data(), run_history.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(t->scales, strided.data(), strided.size() * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemset(t->amax, 0, n * sizeof(unsigned)));
-    t->steps = steps;
+    t->steps = steps[0];
+    t->head_steps = t->head && saved_head ? steps[1] : 0;
+    if (t->head && !saved_head) {
+        printf("resume: the checkpoint's FP8 scaling state has no LM head (written with -fp8 1): the head calibrates in BF16 on this run's first step\n");
+    } else if (!t->head && saved_head) {
+        printf("resume: the checkpoint's FP8 scaling state holds the LM head's (-fp8 2); this run has -fp8 1 and drops them\n");
+    }
 }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cuda_common.cuh"
+#include <cuda_fp8.h>  // logits8
 #include "global_norm.cuh"  // NORM_BLOCKS
 #include "attention.cuh"  // attention_saved_elements, attention_scratch_elements
 #include "parallel/context_parallel.cuh"
@@ -47,6 +48,7 @@ struct ActivationTensors {
     float* lnf_mean;     // (B, T)
     float* lnf_rstd;     // (B, T)
     floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
+    __nv_fp8_e5m2* logits8; // -fp8 2: (B, T, Vp) dlogits' e5m2 copy, the classifier's (llmc/fp8_linear.cuh)
     float* losses;       // (B, T)
     // scratch, reused by every layer
     floatX* attproj;     // (B, T, C) output of attproj before the residual add (-sq 1: tp·R rows), and
@@ -117,10 +119,10 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
 // vocabulary-parallel classifier's statistics. With sequence parallelism (sp) the residual stream's
 // tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R. With context parallelism (cp > 1)
 // T is this process's positions of each row (layer_strides); its scheme works in the backward scratch
-// (context_scratch).
+// (context_scratch). fp8_head (-fp8 2): the head's logits have an e5m2 copy of their gradient.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
                           bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false, int cp = 1,
-                          ContextMode cp_mode = ContextMode::ulysses) {
+                          ContextMode cp_mode = ContextMode::ulysses, bool fp8_head = false) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
     bool on = sp && tp > 1;
@@ -155,6 +157,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         take(&s->lnf_mean, R);
         take(&s->lnf_rstd, R);
         take(&s->logits, head ? BT * Vp : 0);
+        take(&s->logits8, head && fp8_head ? BT * Vp : 0);
         take(&s->losses, BT);
         take(&s->inputs, BT);
         take(&s->targets, BT);

@@ -143,7 +143,7 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     const ParallelLayout& lay = model->layout;  // -cp: T/cp positions of each row (llmc/parallel/context_split.h)
     size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T / lay.cp,
                                             model->recompute, flash, model->act_slots, model->last_stage(), lay.tp,
-                                            lay.sequence_parallel, lay.cp, lay.cp_mode);
+                                            lay.sequence_parallel, lay.cp, lay.cp_mode, model->fp8_head);
     const GPT2Config& c = model->config;
     context_parallel_start(lay.cp_group, lay.cp_mode, B, T, c.channels, c.channels / lay.tp, c.num_heads / lay.tp, &model->cp,
                            false);
@@ -151,11 +151,14 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     gpt2_use_activation_slot(model, 0);
     // a pipeline stage's received gradient: after the slots, in the same allocation (activation_bytes counts it)
     if (model->layout.pp > 1) model->pipe_grad_in = reinterpret_cast<floatX*>(model->acts_memory + slots_bytes);
-    if (model->fp8_matmuls) {  // -fp8 1: its state and scratch last (activation_bytes counts them)
+    if (model->fp8_matmuls) {  // -fp8: its state and scratch last (activation_bytes counts them)
         size_t C = model->config.channels, rows = (size_t)B * (T / lay.cp), fp8 = fp8_activation_bytes(model, B, T);
-        fp8_training_start(&model->fp8, model->acts_memory + bytes - fp8, model->model_config.num_layers, rows, C, C / lay.tp);
+        size_t Vl = fp8_head_rows(model);
+        fp8_training_start(&model->fp8, model->acts_memory + bytes - fp8, model->model_config.num_layers, model->fp8_head,
+                           rows, C, C / lay.tp, Vl);
         printf("%s; %.1f MiB of FP8 state and scratch (in the activations below)\n",
-               fp8_training_describe((long)rows, (int)C, (int)(C / lay.tp)).c_str(), fp8 / 1048576.0);
+               fp8_training_describe((long)rows, (int)C, (int)(C / lay.tp), model->fp8_head, (long)Vl).c_str(),
+               fp8 / 1048576.0);
     }
     model->batch_size = B;
     model->seq_len = T;

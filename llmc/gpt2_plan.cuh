@@ -63,6 +63,7 @@ struct GPT2Plan {
     int recompute = 1;
     bool gelu_fusion = false;
     bool fp8_matmuls = false;     // -fp8 1: the block's linears in FP8 (llmc/fp8_linear.cuh)
+    bool fp8_head = false;        // -fp8 2: and the LM head's forward and input gradient
     bool flash_attention = true;  // -fa; always false in the fp32 build
     // pipeline parallelism (llmc/parallel/pipeline.h): config is this stage's (num_layers = its layers;
     // the whole model's is model_config); every stage keeps wte, wpe, lnfw and lnfb. tensor_origin[i]:
@@ -77,25 +78,25 @@ struct GPT2Plan {
     size_t in_use_before = 0;         // device bytes in use before the model's allocations (context, cuBLAS)
 };
 
-// -fp8 1 (llmc/fp8_linear.cuh): true where it can run; fatal, with the reason, where it cannot: FP8 tensor
+// -fp8 1 or 2 (llmc/fp8_linear.cuh): true where it can run; fatal, with the reason, where it cannot: FP8 tensor
 // cores (sm_89 and later) and the bf16 build, and not with the fused epilogues (-ge 1, -bg 1), which its
 // products do not have.
 inline bool fp8_training_possible(const TrainArgs& args) {
 #if defined(ENABLE_FP32) || defined(ENABLE_FP16)
-    fatal("flag -fp8 1: FP8 training runs in the bf16 build (make train_gpt2cu) on an sm_89+ GPU; this is the %s build",
-          PRECISION_NAME);
+    fatal("flag -fp8 %d: FP8 training runs in the bf16 build (make train_gpt2cu) on an sm_89+ GPU; this is the %s build",
+          args.fp8, PRECISION_NAME);
 #endif
     int device = 0, major = 0, minor = 0;
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     if (major * 10 + minor < 89) {
-        fatal("flag -fp8 1: FP8 matmuls need FP8 tensor cores (sm_89 and later: Ada, Hopper); this GPU is sm_%d%d", major,
-              minor);
+        fatal("flag -fp8 %d: FP8 matmuls need FP8 tensor cores (sm_89 and later: Ada, Hopper); this GPU is sm_%d%d",
+              args.fp8, major, minor);
     }
     if (args.gelu_fusion || args.bias_grad_epilogue) {
-        fatal("flag -fp8 1 with %s: the FP8 products take no GELU or bias-gradient epilogue; use %s", args.gelu_fusion ?
-              "-ge 1" : "-bg 1", args.gelu_fusion ? "-ge 0" : "-bg 0");
+        fatal("flag -fp8 %d with %s: the FP8 products take no GELU or bias-gradient epilogue; use %s", args.fp8,
+              args.gelu_fusion ? "-ge 1" : "-bg 1", args.gelu_fusion ? "-ge 0" : "-bg 0");
     }
     return true;
 }
@@ -156,6 +157,7 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
     plan->recompute = args.recompute;
     plan->gelu_fusion = args.gelu_fusion != 0;
     if (args.fp8) plan->fp8_matmuls = fp8_training_possible(args);
+    plan->fp8_head = plan->fp8_matmuls && args.fp8 == 2;
     plan->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
     check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, plan->flash_attention);
     size_t n = plan->num_parameters;
@@ -191,13 +193,18 @@ void held_gradient_range(const GPT2Plan* model, size_t* begin, size_t* end) {
     *end = model->packed_grads ? *begin + model->shard.shard_size : model->num_parameters;
 }
 
-// -fp8 1's state and scratch for a pass over (B, T) (llmc/fp8_linear.cuh), allocated after the activations
-// and counted with them (the same at every -r); 0 without -fp8 1.
+// The LM head's rows of wte on this process under -fp8 2 (its FP8 weight's scratch), else 0.
+size_t fp8_head_rows(const GPT2Plan* model) {
+    return model->fp8_head && model->last_stage() ? model->config.padded_vocab_size / model->layout.tp : 0;
+}
+
+// -fp8's state and scratch for a pass over (B, T) (llmc/fp8_linear.cuh), allocated after the activations
+// and counted with them (the same at every -r); 0 without -fp8.
 size_t fp8_activation_bytes(const GPT2Plan* model, int B, int T) {
     if (!model->fp8_matmuls) return 0;
     const ParallelLayout& lay = model->layout;
-    return fp8_training_bytes(model->model_config.num_layers, (size_t)B * (T / lay.cp), model->config.channels,
-                              model->config.channels / lay.tp);
+    return fp8_training_bytes(model->model_config.num_layers, model->fp8_head, (size_t)B * (T / lay.cp),
+                              model->config.channels, model->config.channels / lay.tp, fp8_head_rows(model));
 }
 
 // Bytes of activations at a recompute level and attention path (the memory plan, -r auto, -b auto, the
@@ -208,7 +215,7 @@ size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool
     size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
     size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T / lay.cp, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode) + pipe +
+                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode, model->fp8_head) + pipe +
            fp8_activation_bytes(model, B, T);  // -cp: T/cp positions
 }
 

@@ -371,8 +371,10 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
     if (dbias != nullptr && OC % x128::size != 0) {
         fatal("matmul_backward: bias size %d must be divisible by %d", OC, x128::size);
     }
-    matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
-                    true, stream);
+    if (dinp != nullptr) {  // null: the weight's gradient only (the LM head's under -fp8 2, llmc/fp8_linear.cuh)
+        matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
+                        true, stream);
+    }
     // dweightᵀ (C, OC) += inpᵀ·dout; with -bg 1 its BGRADB epilogue sums op(B) = dout (N, OC) over N
     // into scratch (OC floatX at its start), then added into dbias
     floatX* bias_grad = dbias != nullptr && matmul_algorithms.bias_grad_epilogue ? (floatX*)scratch : nullptr;

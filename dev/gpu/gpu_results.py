@@ -6,7 +6,7 @@ costliest kernels under Nsight Compute. Standard library only.
     python3 dev/gpu/gpu_results.py DIR [DIR ...] > doc/gpu_results.md
 
 Each DIR holds summary.tsv and main.log, and where those stages ran bench.tsv, cuda_dev.md,
-attention.md, ncu.md, fp8.md (the stage fp8: BF16 and -fp8 1 trained alike) and fp8.log (dev/cuda/bin/matmul_fp8's output, run on its own). A stage run in several calls is listed once per call, in call order. The
+attention.md, ncu.md, fp8.md (the stage fp8: BF16 and -fp8 2 trained alike) and fp8.log (dev/cuda/bin/matmul_fp8's output, run on its own). A stage run in several calls is listed once per call, in call order. The
 benchmark's ratios are computed here from bench.tsv's rows: within each round, against the baseline
 the rows name (ours-r0 unless said), median, min and max over the rounds."""
 import os

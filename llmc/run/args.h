@@ -84,7 +84,7 @@ struct TrainArgs {
     int gelu_fusion = 0;
     int matmul_autotune = 0;  // -at 1: time cuBLASLt's candidates per matmul problem (llmc/matmul.cuh)
     int bias_grad_epilogue = 0;  // -bg 1: bias gradients from cuBLASLt's BGRADB epilogue (llmc/matmul.cuh)
-    int fp8 = 0;  // -fp8 1: the block matmuls in FP8 (llmc/fp8_linear.cuh; bf16 build, sm_89+)
+    int fp8 = 0;  // -fp8 1: the block matmuls in FP8, 2: and the LM head's (llmc/fp8_linear.cuh; bf16 build, sm_89+)
     int offload_optimizer = 0;  // -oo 1: AdamW's state in pinned host memory, updated by the CPU (doc/memory.md)
     int plan = 0;  // -P 1: print the memory plan and exit without allocating (both trainers; doc/memory.md)
     int flash_attention = 1;
@@ -178,7 +178,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
         {"-at", FlagKind::Int, &a->matmul_autotune, 0, 1, true, "1: time cuBLASLt's first 8 algorithms per matmul problem once and keep the fastest (runs may then differ in the last bits)"},
         {"-bg", FlagKind::Int, &a->bias_grad_epilogue, 0, 1, true, "1: bias gradients from the weight-gradient matmul's cuBLASLt epilogue (BGRADB) instead of our kernel"},
-        {"-fp8", FlagKind::Int, &a->fp8, 0, 1, true, "1: the block's four matmuls in FP8, forward and backward (bf16 build on an sm_89+ GPU; doc/mixed_precision.md)"},
+        {"-fp8", FlagKind::Int, &a->fp8, 0, 2, true, "1: the block's four matmuls in FP8, forward and backward; 2: also the LM head's forward and input gradient (bf16 build on an sm_89+ GPU; doc/mixed_precision.md)"},
         {"-oo", FlagKind::Int, &a->offload_optimizer, 0, 1, true, "1: AdamW's state (m, v, master weights) in host memory, updated by the CPU"},
         {"-P", FlagKind::Int, &a->plan, 0, 1, false, "1: print the memory plan (per process) and exit without allocating"},
         {"-fa", FlagKind::Int, &a->flash_attention, 0, 1, true, "1: flash attention (bf16 build); 0: cuBLAS + softmax, stores (B, NH, T, T)"},

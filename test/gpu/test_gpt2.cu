@@ -946,7 +946,7 @@ TEST(TrainFp8, CloseToBf16ResumesBitForBitAndEvaluatesWithoutRecording) {
     // a BF16 run's checkpoint resumed with -fp8 1 calibrates first
     test::CommandResult from_bf16 = test::run_command(trainer() + " " + common + " -x 10 -v 0 -fp8 1 -o " + bf16.dir + " -y 1");
     EXPECT_EQ(from_bf16.exit_code, 0) << from_bf16.output;
-    EXPECT_NE(from_bf16.output.find("no FP8 scaling state (written without -fp8 1): the first step of this run calibrates"),
+    EXPECT_NE(from_bf16.output.find("no FP8 scaling state (written without -fp8): the first step of this run calibrates"),
               std::string::npos) << from_bf16.output;
     // the CPU trainer resumes the FP8 run's checkpoint without it, saying so (copied: the CPU trainer's
     // run description differs from the CUDA trainer's, so it continues in a directory of its own)
@@ -964,6 +964,53 @@ TEST(TrainFp8, CloseToBf16ResumesBitForBitAndEvaluatesWithoutRecording) {
     std::vector<double> after = train_losses(skipped);
     ASSERT_EQ(after.size(), 8u);
     for (size_t i = 3; i < after.size(); i++) EXPECT_NEAR(after[i], b[i], 0.02 * b[i]) << "step " << i + 1;
+    // -fp8 2, the LM head's forward and input gradient in FP8 too: step 1 calibrates (BF16's bits), the
+    // later steps stay within 1% of BF16's and differ from -fp8 1's; resumed from step 4 while evaluating
+    // every 2 steps, the same training bits (the head's scales and steps travel in the state file, and the
+    // classifier records no amax in an evaluation)
+    TrainerRun head = run_trainer("gpu_fp8_head", common + " -v 0 -fp8 2");
+    EXPECT_NE(head.result.output.find("FP8 (-fp8 2): the block's qkv, attproj, fc, fcproj matmuls, forward and backward, "
+                                      "and the LM head's forward and input gradient, in FP8"), std::string::npos)
+        << head.result.output;
+    std::vector<double> h = train_losses(head);
+    ASSERT_EQ(h.size(), 8u);
+    EXPECT_EQ(h[0], a[0]) << "step 1 calibrates in BF16";
+    int head_differs = 0;
+    for (size_t i = 1; i < h.size(); i++) {
+        EXPECT_NEAR(h[i], a[i], 0.01 * a[i]) << "step " << i + 1;
+        head_differs += h[i] != b[i];
+    }
+    EXPECT_GE(head_differs, 6) << "the LM head's FP8 products must change the steps";
+    std::string head_resumed = test::scratch_dir("gpu_fp8_head_resume");
+    ASSERT_EQ(system(("cp '" + head.dir + "/model_00000004.bin' '" + head.dir + "/state_00000004_00000.bin' '" + head.dir +
+                      "/DONE_00000004' '" + head_resumed + "'").c_str()), 0);
+    test::CommandResult head_again = test::run_command(trainer() + " " + common + " -v 2 -fp8 2 -o " + head_resumed + " -y 1");
+    ASSERT_EQ(head_again.exit_code, 0) << head_again.output;
+    EXPECT_EQ(head_again.output.find("resume: the checkpoint"), std::string::npos) << head_again.output;  // no note
+    EXPECT_EQ(test::read_text(head.dir + "/model_00000008.bin"), test::read_text(head_resumed + "/model_00000008.bin"));
+    EXPECT_EQ(test::read_text(head.dir + "/state_00000008_00000.bin"), test::read_text(head_resumed + "/state_00000008_00000.bin"));
+    // the levels' checkpoints resume each other: -fp8 1's with -fp8 2 calibrates the head (its first step's
+    // loss is -fp8 1's step 9 to the bit: the head's products BF16, the blocks' FP8 from the state), and
+    // -fp8 2's with -fp8 1 drops the head's state
+    std::string one_to_two = test::scratch_dir("gpu_fp8_1_to_2"), one_on = test::scratch_dir("gpu_fp8_1_on");
+    for (const std::string& to : {one_to_two, one_on}) {
+        ASSERT_EQ(system(("cp '" + fp8.dir + "/model_00000008.bin' '" + fp8.dir + "/state_00000008_00000.bin' '" + fp8.dir +
+                          "/DONE_00000008' '" + to + "'").c_str()), 0);
+    }
+    test::CommandResult to_two = test::run_command(trainer() + " " + common + " -x 9 -v 0 -fp8 2 -o " + one_to_two + " -y 1");
+    ASSERT_EQ(to_two.exit_code, 0) << to_two.output;
+    EXPECT_NE(to_two.output.find("has no LM head (written with -fp8 1): the head calibrates in BF16 on this run's first step"),
+              std::string::npos) << to_two.output;
+    ASSERT_EQ(test::run_command(trainer() + " " + common + " -x 9 -v 0 -fp8 1 -o " + one_on + " -y 1").exit_code, 0);
+    std::vector<double> nine_two = test::jsonl_values(one_to_two + "/metrics.jsonl", "train_loss"),
+                        nine_one = test::jsonl_values(one_on + "/metrics.jsonl", "train_loss");
+    ASSERT_FALSE(nine_two.empty());
+    ASSERT_FALSE(nine_one.empty());
+    EXPECT_EQ(nine_two.back(), nine_one.back()) << "step 9: the head calibrating is -fp8 1's step";
+    test::CommandResult to_one = test::run_command(trainer() + " " + common + " -x 9 -v 0 -fp8 1 -o " + head.dir + " -y 1");
+    EXPECT_EQ(to_one.exit_code, 0) << to_one.output;
+    EXPECT_NE(to_one.output.find("holds the LM head's (-fp8 2); this run has -fp8 1 and drops them"), std::string::npos)
+        << to_one.output;
     // rows that the FP8 path cannot take: BF16, the BF16 run's bits
     std::string odd = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 1 -t 8 -x 3 -v 0 -s 0";
     TrainerRun odd_bf16 = run_trainer("gpu_fp8_odd0", odd), odd_fp8 = run_trainer("gpu_fp8_odd1", odd + " -fp8 1");

@@ -886,9 +886,9 @@ TEST(Kernels, Fp8LinearIsTheQuantizedProductsWithScalesFromTheAmax) {
     upload(d_x, x), upload(d_w, w), upload(d_bias, bias), upload(d_dy, dy);
     x = download(d_x), w = download(d_w), bias = download(d_bias), dy = download(d_dy);  // as rounded to floatX
     DeviceArray<float> d_scratch(matmul_backward_scratch_floats(OC));
-    DeviceArray<char> d_state(fp8_training_bytes(1, N, C, C));
+    DeviceArray<char> d_state(fp8_training_bytes(1, false, N, C, C, 0));
     Fp8Training t;
-    fp8_training_start(&t, d_state.ptr, 1, N, C, C);
+    fp8_training_start(&t, d_state.ptr, 1, false, N, C, C, 0);
     Fp8Linear f = fp8_linear(&t, 0, FP8_FC);
     auto run = [&] {
         upload(d_dw, dw0), upload(d_db, std::vector<float>(OC, 0.0f));
@@ -1031,6 +1031,121 @@ TEST(Kernels, Fp8CastOfAGradientTakesTheGeluBackwardAndTheColumnSums) {
         const double tolerance = sizeof(floatX) < 4 ? 4e-3 : 1e-5;
         EXPECT_LE(test::max_rel_error(download(d_dbias).data(), want.data(), want.size()), tolerance) << "dbias";
     }
+}
+
+// The LM head under -fp8 2 (llmc/fp8_linear.cuh, llmc/classifier.cuh): after its calibration step (BF16,
+// recording lnf's, wte's and dlogits' amax, whose scales are amax / 448 and / 57344), the forward is the
+// product of lnf and wte quantized with them (no bias); the classifier writes beside its floatX dlogits
+// their e5m2 codes, each the written value divided by dy's scale, to the bit (the codes fp8_cast writes
+// from those values), and their amax, in both the whole-vocabulary and the vocabulary-parallel kernel;
+// the backward's input gradient is the product of those codes and wte's e4m3 codes, its weight gradient
+// the floatX product of dlogits and lnf (added to what it held). Products within 4e-3 of the largest in
+// bf16 (the output's rounding), 1e-5 in fp32. V = 200 of Vp = 256: the padding's gradient codes are 0.
+TEST(Kernels, Fp8LmHeadTakesTheClassifiersE5m2Gradient) {
+    const int N = 32, C = 48, V = 200, Vp = 256;
+    std::mt19937 rng(31);
+    std::vector<float> x = random_values((size_t)N * C, rng, -2.0f, 2.0f), w = random_values((size_t)Vp * C, rng, -0.3f, 0.3f);
+    std::vector<float> dw0 = random_values(w.size(), rng, -0.1f, 0.1f);
+    std::vector<int> targets(N);
+    for (int& t : targets) t = (int)(rng() % V);
+    DeviceArray<floatX> d_x(x.size()), d_w(w.size()), d_logits((size_t)N * Vp), d_dx(x.size()), d_dw(w.size());
+    DeviceArray<float> d_losses(N), d_scratch(matmul_backward_scratch_floats(C));
+    DeviceArray<int> d_targets(N);
+    DeviceArray<__nv_fp8_e5m2> d_codes((size_t)N * Vp), d_cast((size_t)N * Vp);
+    upload(d_x, x), upload(d_w, w), upload_raw(d_targets, targets);
+    upload(d_dw, dw0);
+    x = download(d_x), w = download(d_w), dw0 = download(d_dw);  // as rounded to floatX
+    DeviceArray<char> d_state(fp8_training_bytes(1, true, N, C, C, Vp));
+    Fp8Training t;
+    fp8_training_start(&t, d_state.ptr, 1, true, N, C, C, Vp);
+    Fp8Linear f{&t, t.head_first()};
+    const float dloss = 1.0f / N;
+    auto step = [&] {  // forward, classifier, backward; returns dlogits
+        upload(d_dw, dw0);
+        linear_forward(f, d_logits.ptr, d_x.ptr, d_w.ptr, nullptr, N, C, Vp, 0);
+        fused_classifier(d_logits.ptr, d_losses.ptr, d_targets.ptr, dloss, N, V, Vp, true, 0,
+                         lm_head_dy_copy(f, d_codes.ptr, N, C, Vp));
+        std::vector<float> dlogits = download(d_logits);
+        lm_head_backward(f, d_dx.ptr, d_dw.ptr, d_scratch.ptr, d_logits.ptr, d_codes.ptr, d_x.ptr, d_w.ptr, N, C, Vp, 0);
+        return dlogits;
+    };
+    EXPECT_EQ(lm_head_dy_copy(f, d_codes.ptr, N, C, Vp).codes, nullptr) << "no copy in the calibration step";
+    std::vector<float> dlogits = step();  // the calibration step: BF16, recording
+    fp8_step_end(&t, ProcessGroup(), 0);
+    auto amax = [](const std::vector<float>& v) { float m = 0; for (float e : v) m = std::max(m, std::fabs(e)); return m; };
+    float sx = amax(x) / 448.0f, sw = amax(w) / 448.0f, sdy = amax(dlogits) / 57344.0f;
+    std::vector<float> scales(t.tensors() * FP8_SCALE_STRIDE);
+    cudaCheck(cudaMemcpy(scales.data(), t.scales, scales.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const size_t first = t.head_first();
+    EXPECT_EQ(scales[(first + FP8_X) * FP8_SCALE_STRIDE], sx);
+    EXPECT_EQ(scales[(first + FP8_W) * FP8_SCALE_STRIDE], sw);
+    EXPECT_EQ(scales[(first + FP8_DY) * FP8_SCALE_STRIDE], sdy);
+    dlogits = step();  // in FP8
+    std::vector<unsigned char> codes(d_codes.n);
+    cudaCheck(cudaMemcpy(codes.data(), d_codes.ptr, codes.size(), cudaMemcpyDeviceToHost));
+    size_t differing = 0, zeros = 0;
+    for (size_t i = 0; i < codes.size(); i++) {
+        differing += codes[i] != __nv_fp8_e5m2(dlogits[i] / sdy).__x;
+        zeros += (int)(i % Vp) >= V && codes[i] == 0;
+    }
+    EXPECT_EQ(differing, 0u) << "the classifier's codes: its floatX dlogits cast";
+    EXPECT_EQ(zeros, (size_t)N * (Vp - V)) << "the padding";
+    std::vector<unsigned> words(t.tensors());
+    cudaCheck(cudaMemcpy(words.data(), t.amax, words.size() * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(words[first + FP8_DY], float_bits(amax(dlogits))) << "dlogits' amax";
+    std::vector<double> x8(x.size()), w8(w.size()), dy8(dlogits.size());
+    for (size_t i = 0; i < x.size(); i++) x8[i] = (float)__nv_fp8_e4m3(x[i] / sx);
+    for (size_t i = 0; i < w.size(); i++) w8[i] = (float)__nv_fp8_e4m3(w[i] / sw);
+    for (size_t i = 0; i < dlogits.size(); i++) dy8[i] = (float)__nv_fp8_e5m2(dlogits[i] / sdy);
+    std::vector<float> logits((size_t)N * Vp), dx(x.size()), dw(w.size());
+    for (int n = 0; n < N; n++) {
+        for (int v = 0; v < Vp; v++) {
+            double sum = 0;
+            for (int c = 0; c < C; c++) sum += x8[(size_t)n * C + c] * w8[(size_t)v * C + c];
+            logits[(size_t)n * Vp + v] = (float)(sum * sx * sw);
+        }
+        for (int c = 0; c < C; c++) {
+            double sum = 0;
+            for (int v = 0; v < Vp; v++) sum += dy8[(size_t)n * Vp + v] * w8[(size_t)v * C + c];
+            dx[(size_t)n * C + c] = (float)(sum * sdy * sw);
+        }
+    }
+    for (int v = 0; v < Vp; v++) {
+        for (int c = 0; c < C; c++) {
+            double sum = dw0[(size_t)v * C + c];
+            for (int n = 0; n < N; n++) sum += (double)dlogits[(size_t)n * Vp + v] * x[(size_t)n * C + c];
+            dw[(size_t)v * C + c] = (float)sum;
+        }
+    }
+    const double tolerance = sizeof(floatX) < 4 ? 4e-3 : 1e-5;
+    linear_forward(f, d_logits.ptr, d_x.ptr, d_w.ptr, nullptr, N, C, Vp, 0);  // the classifier overwrote them
+    EXPECT_LE(test::max_rel_error(download(d_logits).data(), logits.data(), logits.size()), tolerance) << "forward";
+    EXPECT_LE(test::max_rel_error(download(d_dx).data(), dx.data(), dx.size()), tolerance) << "dinp";
+    EXPECT_LE(test::max_rel_error(download(d_dw).data(), dw.data(), dw.size()), tolerance) << "dweight";
+    // the vocabulary-parallel kernel's copy of a slice of 128 columns, 100 of them real tokens (any row
+    // statistics: the codes are the written values' cast whatever they are)
+    const int Vl = 128, valid = 100;
+    DeviceArray<floatX> d_slice((size_t)N * Vl);
+    upload(d_slice, random_values(d_slice.n, rng, -4.0f, 4.0f));
+    DeviceArray<float> d_stats(3 * N);
+    std::vector<float> stats(3 * N, 0.0f);
+    for (int n = 0; n < N; n++) stats[N + n] = 50.0f + n;  // row max 0, sum of exponentials, target logit 0
+    upload_raw(d_stats, stats);
+    DeviceArray<unsigned> d_words(2);
+    upload_raw(d_words, std::vector<unsigned>{0u, 0u});
+    DeviceArray<float> d_scale(1);
+    upload_raw(d_scale, std::vector<float>{dloss / 57344});
+    classifier_slice_loss(d_slice.ptr, d_losses.ptr, d_stats.ptr, d_stats.ptr + N, d_stats.ptr + 2 * N, d_targets.ptr, dloss,
+                          N, 64, valid, Vl, true, 0, Fp8Copy<__nv_fp8_e5m2>{d_codes.ptr, d_scale.ptr, d_words.ptr});
+    fp8_cast(d_cast.ptr, (__nv_fp8_e5m2*)nullptr, d_slice.ptr, N, Vl, d_scale.ptr, d_words.ptr + 1, 0);
+    std::vector<unsigned char> got((size_t)N * Vl), want((size_t)N * Vl);
+    cudaCheck(cudaMemcpy(got.data(), d_codes.ptr, got.size(), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(want.data(), d_cast.ptr, want.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, want) << "the slice's codes";
+    std::vector<unsigned> slice_words(2);
+    cudaCheck(cudaMemcpy(slice_words.data(), d_words.ptr, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(slice_words[0], slice_words[1]) << "the slice's amax";
+    EXPECT_NE(slice_words[0], 0u);
 }
 
 TEST(Kernels, Fp8CastTransposesAndRecordsAmax) {
