@@ -1148,6 +1148,69 @@ TEST(Kernels, Fp8LmHeadTakesTheClassifiersE5m2Gradient) {
     EXPECT_NE(slice_words[0], 0u);
 }
 
+// The FP8 state section's versions (llmc/fp8_linear.cuh): a version 1 section (written before -fp8 2:
+// the blocks' tensors only, a 0 in its fourth int32, one step count), built here byte by byte from its
+// documented layout, resumes a -fp8 1 run with its steps, history and scales, and a -fp8 2 run with the
+// same for the blocks while the head's three tensors start anew (scale 1, no history, head_steps 0:
+// their products calibrate); the version 2 section a -fp8 2 run writes resumes it bit for bit and says
+// so in its header.
+TEST(Kernels, Fp8StateSectionVersionsResume) {
+    const int layers = 2, blocks = layers * FP8_GEMMS * FP8_OPERANDS;
+    std::vector<float> history((size_t)blocks * FP8_HISTORY), scales(blocks);
+    for (size_t i = 0; i < history.size(); i++) history[i] = 0.01f * (float)(i % 97);
+    for (int i = 0; i < blocks; i++) scales[i] = 0.001f * (float)(i + 1);
+    StateSection v1;
+    v1.kind = STATE_SECTION_FP8_SCALES;
+    auto put = [&](StateSection& s, const void* p, size_t bytes) {
+        s.bytes.insert(s.bytes.end(), (const uint8_t*)p, (const uint8_t*)p + bytes);
+    };
+    int32_t head1[4] = {1, layers, FP8_HISTORY, 0};
+    int64_t steps = 7;
+    put(v1, head1, sizeof(head1)), put(v1, &steps, sizeof(steps));
+    put(v1, history.data(), history.size() * sizeof(float)), put(v1, scales.data(), scales.size() * sizeof(float));
+    auto device_scales = [](const Fp8Training& t) {
+        std::vector<float> strided((size_t)t.tensors() * FP8_SCALE_STRIDE), out(t.tensors());
+        cudaCheck(cudaMemcpy(strided.data(), t.scales, strided.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < t.tensors(); i++) out[i] = strided[(size_t)i * FP8_SCALE_STRIDE];
+        return out;
+    };
+    for (bool head : {false, true}) {
+        SCOPED_TRACE(head ? "-fp8 2" : "-fp8 1");
+        DeviceArray<char> d_state(fp8_training_bytes(layers, head, 32, 64, 64, head ? 128 : 0));
+        Fp8Training t;
+        fp8_training_start(&t, d_state.ptr, layers, head, 32, 64, 64, head ? 128 : 0);
+        fp8_training_restore(&t, {v1});
+        EXPECT_EQ(t.steps, 7);
+        EXPECT_EQ(t.head_steps, 0);
+        std::vector<float> got = device_scales(t), want = scales;
+        if (head) want.insert(want.end(), {1.0f, 1.0f, 1.0f});
+        EXPECT_EQ(got, want);
+        std::vector<float> got_history((size_t)t.tensors() * FP8_HISTORY), want_history = history;
+        cudaCheck(cudaMemcpy(got_history.data(), t.history, got_history.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        want_history.resize(got_history.size(), 0.0f);  // the head's: none yet
+        EXPECT_EQ(got_history, want_history);
+        Fp8Linear first{&t, 0}, lm_head{&t, t.head_first()};
+        EXPECT_TRUE(first.calibrated());
+        if (head) EXPECT_FALSE(lm_head.calibrated()) << "the head calibrates";
+        if (!head) continue;
+        // a -fp8 2 run's own section: version 2, the head flagged, read back to the same state
+        t.head_steps = 3;
+        StateSection v2 = fp8_training_section(t);
+        int32_t head2[4];
+        memcpy(head2, v2.bytes.data(), sizeof(head2));
+        EXPECT_EQ(head2[0], 2);
+        EXPECT_EQ(head2[3], 1);
+        DeviceArray<char> d_again(d_state.n);
+        Fp8Training again;
+        fp8_training_start(&again, d_again.ptr, layers, true, 32, 64, 64, 128);
+        fp8_training_restore(&again, {v2});
+        EXPECT_EQ(again.steps, 7);
+        EXPECT_EQ(again.head_steps, 3);
+        EXPECT_EQ(device_scales(again), got);
+        EXPECT_EQ(fp8_training_section(again).bytes, v2.bytes);
+    }
+}
+
 TEST(Kernels, Fp8CastTransposesAndRecordsAmax) {
     std::mt19937 rng(29);
     for (auto shape : {std::pair<int, int>{64, 64}, {37, 70}, {1, 33}}) {
