@@ -146,9 +146,9 @@ devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_for
 start_all=$(date +%s)
 
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
-# their time on two cores), of about equal length: the CPU suite, the emulator's own tests, the bf16
-# build and dev/cuda in one, the sanitized kernel tests, the fp32 and fp16 builds and dev/cuda under
-# the sanitizers in the other. The CPU suite keeps about one core busy (its trainer
+# their time on two cores), of about equal length: the CPU suite, the emulator's own tests and the bf16
+# build's suite in one; the kernel tests (sanitized, and in both thread orders), the fp32 and fp16
+# builds and dev/cuda (plain and sanitized) in the other. The CPU suite keeps about one core busy (its trainer
 # runs go one at a time), so it no longer runs alone first. TEST_LANES=1 runs them one after the other.
 lane_a() {
     run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
@@ -170,9 +170,7 @@ lane_a() {
     run_suite emu-nccl-nompi emulated "$emu_build/test_nccl_emu --no-mpi"
     run_suite comm-nccl-np3 emulated "EMU_DEVICE_COUNT=3 $(mpirun_np 3) -x EMU_DEVICE_COUNT $emu_build/comm_check_nccl"
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
-    run_kernels_both_orders bf16 test_gpt2cu_emu
     run_suite gpu-suite-bf16 emulated "run_gtest_each ./test_gpt2cu_emu '-Kernels.*'"
-    run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
 }
 lane_b() {
     # the GPU suite's kernel tests under AddressSanitizer with initcheck (a report ends its test's
@@ -182,6 +180,7 @@ lane_b() {
     # take it 4 minutes). OMP_NUM_THREADS=1: the tests' CPU reference runs on OpenMP, whose
     # synchronization ThreadSanitizer does not see.
     run_suite kernels-tsan emulated "OMP_NUM_THREADS=1 TEST_FLASH_SHAPES=few run_gtest_each $emu_tsan_build/test_gpt2cu_emu 'Kernels.*'"
+    run_kernels_both_orders bf16 test_gpt2cu_emu
     run_kernels_both_orders fp32 test_gpt2fp32cu_emu
     run_suite gpu-suite-fp32 emulated "run_gtest_each ./test_gpt2fp32cu_emu '-Kernels.*'"
     # the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
@@ -189,12 +188,14 @@ lane_b() {
     # the FP8 formats (issue 48) against PyTorch's float8 casts
     run_suite emu-fp8 emulated "GPT2_ROOT=$root $emu_build/test_emu_fp8"
     run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
-    # under the sanitizers: every program with AddressSanitizer and initcheck (each version at one block
-    # size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE); with the race checker the
-    # quick ones (the others take one to several minutes each under it: attention, the classifier,
-    # matmul_forward, softmax, global_norm; their llmc kernels are in kernels-tsan)
+    # dev/cuda: every program checked; then under the sanitizers: every program with AddressSanitizer and
+    # initcheck (each version at its first block size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE);
+    # with the race checker (each at its largest: the most warps a block) the quick ones (the others take
+    # one to several minutes each under it: attention, the classifier, matmul_forward, softmax,
+    # global_norm; their llmc kernels are in kernels-tsan)
+    run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
     run_suite devcuda-check-asan emulated "$make_cmd --no-print-directory -f dev/emu/asan.mk emu-devcuda-check \"EMU_DEVCUDA_ENV=ASAN_OPTIONS=detect_leaks=0 DEV_CHECK_ONE_BLOCK_SIZE=1\" \"EMU_DEVCUDA_PROGRAMS=$devcuda_asan_programs\""
-    run_suite devcuda-check-tsan emulated "$make_cmd --no-print-directory -f dev/emu/tsan.mk emu-devcuda-check EMU_DEVCUDA_ENV=OMP_NUM_THREADS=1 \"EMU_DEVCUDA_PROGRAMS=$devcuda_tsan_programs\""
+    run_suite devcuda-check-tsan emulated "$make_cmd --no-print-directory -f dev/emu/tsan.mk emu-devcuda-check \"EMU_DEVCUDA_ENV=OMP_NUM_THREADS=1 DEV_CHECK_ONE_BLOCK_SIZE=largest\" \"EMU_DEVCUDA_PROGRAMS=$devcuda_tsan_programs\""
 }
 if [ "${TEST_LANES:-2}" = 1 ]; then
     records_file="$logs/1-lane-a.records" lane_a

@@ -557,20 +557,25 @@ inline void print_row(const Report& report, const Row& row) {
 // For each version and block size: prepare, launch, check, then time. `prepare` poisons or resets the
 // outputs and restores inputs that a version overwrites; `check` compares the outputs with the CPU
 // reference (computed once by the caller). Rows print as they finish.
-// DEV_CHECK_ONE_BLOCK_SIZE=1 (check-only mode): each version at its first block size only. The
-// sanitizer lanes of CI set it (test/run_tests.sh): a version's code is the same at every block size, and
-// AddressSanitizer makes the naive versions' three sizes most of the suite's time; the plain emulated
-// check still runs them all.
-inline bool one_block_size() {
+// DEV_CHECK_ONE_BLOCK_SIZE=1 (check-only mode): each version at its first block size only; =largest: at
+// its largest (the most warps a block, where a race between warps has the most chances to show). The
+// sanitizer lanes of CI set it (test/run_tests.sh: AddressSanitizer 1, the race checker largest): a
+// version's code is the same at every block size, and the sanitizers make the naive versions' sizes most
+// of the suite's time; the plain emulated check still runs them all.
+inline int one_block_size(const std::vector<int>& sizes) {  // the one size to run, or 0: every size
     const char* env = getenv("DEV_CHECK_ONE_BLOCK_SIZE");
-    return check_only && env != nullptr && strcmp(env, "1") == 0;
+    if (!check_only || env == nullptr) return 0;
+    if (strcmp(env, "1") == 0) return sizes.front();
+    if (strcmp(env, "largest") == 0) return *std::max_element(sizes.begin(), sizes.end());
+    return 0;
 }
 
 inline void run_versions(Report* report, const std::vector<Version>& versions, const std::function<void()>& prepare,
                          const std::function<CheckResult()>& check) {
     for (const Version& version : versions) {
         for (int block_size : version.block_sizes) {
-            if (one_block_size() && block_size != version.block_sizes.front()) continue;
+            int only = one_block_size(version.block_sizes);
+            if (only != 0 && block_size != only) continue;
             prepare();
             version.launch(block_size);
             cudaCheck(cudaGetLastError());
