@@ -34,8 +34,12 @@ emu-test-binaries: $(EMU_TEST_BINARIES) emu-sanitizer-test-binaries
 # when the makefiles are read), on dev/emu/asan.mk and tsan.mk, after the plain build (with EMU_ASAN=1
 # both would build build/emu-asan/). The rest of the project builds under the sanitizers too, but is
 # not part of the suites (README.md: what they cover).
-EMU_ASAN_TEST_TARGETS = $(addprefix build/emu-asan/,test_emu_core test_emu_seeded_bugs test_gpt2cu_emu) emu-devcuda
-EMU_TSAN_TEST_TARGETS = $(addprefix build/emu-tsan/,test_emu_core test_emu_seeded_bugs test_mma_emu test_gpt2cu_emu) emu-devcuda
+# Of dev/cuda, the programs test/run_tests.sh runs under each (its lists, read from there: one place).
+devcuda_list = $(shell sed -n 's/^$(1)="\(.*\)"$$/\1/p' test/run_tests.sh)
+EMU_ASAN_TEST_TARGETS = $(addprefix build/emu-asan/,test_emu_core test_emu_seeded_bugs test_gpt2cu_emu) \
+                        $(addprefix build/emu-asan/devcuda/,$(call devcuda_list,devcuda_asan_programs))
+EMU_TSAN_TEST_TARGETS = $(addprefix build/emu-tsan/,test_emu_core test_emu_seeded_bugs test_mma_emu test_gpt2cu_emu) \
+                        $(addprefix build/emu-tsan/devcuda/,$(call devcuda_list,devcuda_tsan_programs))
 emu-sanitizer-test-binaries: | $(EMU_TEST_BINARIES)
 	$(MAKE) --no-print-directory -f $(EMU_DIR)/asan.mk $(EMU_ASAN_TEST_TARGETS)
 	$(MAKE) --no-print-directory -f $(EMU_DIR)/tsan.mk $(EMU_TSAN_TEST_TARGETS)
