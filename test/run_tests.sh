@@ -147,8 +147,8 @@ start_all=$(date +%s)
 
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
 # their time on two cores), of about equal length: the CPU suite, the emulator's own tests and the bf16
-# build's suite in one; the kernel tests (sanitized, and in both thread orders), the fp32 and fp16
-# builds and dev/cuda (plain and sanitized) in the other. The CPU suite keeps about one core busy (its trainer
+# and fp16 builds' suites in one; the kernel tests (sanitized, and in both thread orders), the fp32
+# build and dev/cuda (plain and sanitized) in the other. The CPU suite keeps about one core busy (its trainer
 # runs go one at a time), so it no longer runs alone first. TEST_LANES=1 runs them one after the other.
 lane_a() {
     run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
@@ -171,6 +171,8 @@ lane_a() {
     run_suite comm-nccl-np3 emulated "EMU_DEVICE_COUNT=3 $(mpirun_np 3) -x EMU_DEVICE_COUNT $emu_build/comm_check_nccl"
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
     run_suite gpu-suite-bf16 emulated "run_gtest_each ./test_gpt2cu_emu '-Kernels.*'"
+    # the fp16 build's kernels, its loss scaling and the oracle's tiny runs (its emulator tests: lane b)
+    run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
 }
 lane_b() {
     # the GPU suite's kernel tests under AddressSanitizer with initcheck (a report ends its test's
@@ -183,11 +185,10 @@ lane_b() {
     run_kernels_both_orders bf16 test_gpt2cu_emu
     run_kernels_both_orders fp32 test_gpt2fp32cu_emu
     run_suite gpu-suite-fp32 emulated "run_gtest_each ./test_gpt2fp32cu_emu '-Kernels.*'"
-    # the fp16 build (dynamic loss scaling, doc/mixed_precision.md): its own tests and the oracle's tiny runs
+    # the fp16 emulator tests (dynamic loss scaling, doc/mixed_precision.md; the fp16 build's suite: lane a)
     run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
     # the FP8 formats (issue 48) against PyTorch's float8 casts
     run_suite emu-fp8 emulated "GPT2_ROOT=$root $emu_build/test_emu_fp8"
-    run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
     # dev/cuda: every program checked; then under the sanitizers: every program with AddressSanitizer and
     # initcheck (each version at its first block size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE);
     # with the race checker (each at its largest: the most warps a block) the quick ones (the others take
