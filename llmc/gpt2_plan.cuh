@@ -439,7 +439,11 @@ MemoryPlan gpt2_memory_plan(const GPT2Plan* model, int B, int T, int recompute) 
              recompute == RECOMPUTE_AUTO ? ", the least -r that fits" : "", act[0] / MiB, act[1] / MiB, act[2] / MiB,
              act[3] / MiB);
     plan.add("activations at -r " + std::to_string(level), act[level], note);
-    if (fp8 > 0) plan.add("FP8 state and scratch", fp8, "-fp8 1: scales, amax history, the 8-bit operands");
+    if (fp8 > 0) {
+        plan.add("FP8 state and scratch", fp8, model->fp8_head ? "-fp8 2: scales, amax history, the 8-bit operands (the "
+                                                                 "LM head's e5m2 dlogits: in the activations)"
+                                                               : "-fp8 1: scales, amax history, the 8-bit operands");
+    }
     return plan;
 }
 
