@@ -118,10 +118,13 @@ inline bool fp8_shape_fits(long N, long C, long OC) { return N % 16 == 0 && C % 
 // ----------------------------------------------------------------------------
 // memory: the state, then the scratch, each piece on 256 bytes (with base null, only the bytes)
 
-// (head: -fp8 2's LM head tensors, on every process; Vl: its rows of wte here, 0 on a stage without it)
+// (head: -fp8 2's LM head tensors, on every process; Vl: its rows of wte here, 0 on a stage without it).
+// Sets t's layers and head, which its tensor count comes from.
 inline size_t fp8_training_layout(Fp8Training* t, char* base, int layers, bool head, size_t rows, size_t C, size_t Cl,
                                   size_t Vl) {
-    size_t tensors = (size_t)layers * FP8_GEMMS * FP8_OPERANDS + (head ? FP8_OPERANDS : 0), offset = 0;
+    t->layers = layers;
+    t->head = head;
+    size_t tensors = (size_t)t->tensors(), offset = 0;
     auto take = [&](auto** ptr, size_t bytes) {
         using Elem = std::remove_pointer_t<std::remove_reference_t<decltype(*ptr)>>;
         *ptr = base ? reinterpret_cast<Elem*>(base + offset) : nullptr;
@@ -151,8 +154,6 @@ inline size_t fp8_training_bytes(int layers, bool head, size_t rows, size_t C, s
 inline void fp8_training_start(Fp8Training* t, char* base, int layers, bool head, size_t rows, size_t C, size_t Cl,
                                size_t Vl) {
     t->on = true;
-    t->head = head;
-    t->layers = layers;
     t->steps = t->head_steps = 0;
     fp8_training_layout(t, base, layers, head, rows, C, Cl, Vl);
     size_t n = t->tensors();
@@ -211,6 +212,15 @@ inline void gelu_forward_to_linear(const Fp8Linear& f, floatX* out, const floatX
     f.t->x8_first = f.first;
 }
 
+// dinp (N, C) = dy8 (N, OC) · weight (OC, C): the FP8 input gradient from dy's e5m2 codes, with the weight
+// cast transposed into the scratch (a linear's backward, and the LM head's from the classifier's codes).
+inline void fp8_linear_dinp(const Fp8Linear& f, floatX* dinp, const __nv_fp8_e5m2* dy8, const floatX* weight, int N,
+                            int C, int OC, cudaStream_t stream) {
+    auto* w8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
+    fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);
+    fp8_matmul(dinp, dy8, w8_t, f.scale(FP8_DY), f.scale(FP8_W), N, C, OC, stream);
+}
+
 // The FP8 backward (fp8_products): dy cast both ways from one read that also takes its column sums for
 // dbias (and, with gelu_pre, applies the GELU's backward first: linear_gelu_backward), then the two products.
 inline void fp8_linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
@@ -218,13 +228,11 @@ inline void fp8_linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweigh
                                 int N, int C, int OC, cudaStream_t stream) {
     auto* dy8 = reinterpret_cast<__nv_fp8_e5m2*>(f.t->act_a);
     auto* dy8_t = reinterpret_cast<__nv_fp8_e5m2*>(f.t->act_b);
-    auto* w8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
     auto* x8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->act_a);  // after dinp's product: dy8 is done with
     f.t->x8_of = nullptr;  // act_a is overwritten
     fp8_cast(dy8, dy8_t, dout, N, OC, f.scale(FP8_DY), f.amax(FP8_DY), stream, gelu_pre, dbias ? scratch : nullptr);
     if (dbias != nullptr) fp8_cast_dbias(dbias, scratch, N, OC, stream);
-    fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, OC, C, f.scale(FP8_W), f.amax(FP8_W), stream);
-    fp8_matmul(dinp, dy8, w8_t, f.scale(FP8_DY), f.scale(FP8_W), N, C, OC, stream);
+    fp8_linear_dinp(f, dinp, dy8, weight, N, C, OC, stream);
     fp8_cast((__nv_fp8_e4m3*)nullptr, x8_t, inp, N, C, f.scale(FP8_X), f.amax(FP8_X), stream);
     if (!fp8_matmul(dweight, dy8_t, x8_t, f.scale(FP8_DY), f.scale(FP8_X), OC, C, N, stream, nullptr, true)) {
         fp8_matmul(f.t->product, dy8_t, x8_t, f.scale(FP8_DY), f.scale(FP8_X), OC, C, N, stream);  // no adding in place
@@ -279,9 +287,7 @@ inline void lm_head_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, 
         linear_backward(f, dinp, dweight, nullptr, scratch, dout, inp, weight, N, C, Vl, stream);
         return;
     }
-    auto* w8_t = reinterpret_cast<__nv_fp8_e4m3*>(f.t->weight);
-    fp8_cast((__nv_fp8_e4m3*)nullptr, w8_t, weight, Vl, C, f.scale(FP8_W), f.amax(FP8_W), stream);
-    fp8_matmul(dinp, dout8, w8_t, f.scale(FP8_DY), f.scale(FP8_W), N, C, Vl, stream);
+    fp8_linear_dinp(f, dinp, dout8, weight, N, C, Vl, stream);
     matmul_backward(nullptr, dweight, nullptr, scratch, dout, inp, weight, nullptr, N, C, Vl, stream);
 }
 
@@ -402,8 +408,8 @@ inline void fp8_training_restore(Fp8Training* t, const std::vector<StateSection>
     const size_t blocks = (size_t)t->head_first(), saved = blocks + (saved_head ? FP8_OPERANDS : 0);
     const size_t counts = version == 2 ? 2 : 1;  // int64: the steps (and the head's)
     size_t want = sizeof(head) + counts * sizeof(int64_t) + saved * (FP8_HISTORY + 1) * sizeof(float);
-    if ((version != 1 && version != 2) || head[1] != t->layers || head[2] != FP8_HISTORY || (version == 1 && head[3] != 0) ||
-        (version == 2 && head[3] != 0 && head[3] != 1) || found->bytes.size() != want) {
+    if ((version != 1 && version != 2) || head[1] != t->layers || head[2] != FP8_HISTORY || head[3] != (saved_head ? 1 : 0) ||
+        found->bytes.size() != want) {
         fatal("the checkpoint's FP8 scaling state (%zu bytes: version %d, %d layers, history %d, LM head %d) is not one "
               "this run reads (version 1 or 2, %d layers, history %d: %zu bytes)", found->bytes.size(), head[0], head[1],
               head[2], head[3], t->layers, FP8_HISTORY, want);
