@@ -65,11 +65,12 @@
 #endif
 #if EMU_TSAN
 #include <sanitizer/tsan_interface.h>
-// exported by GCC's libtsan but declared in no header: ignoring accesses, and reading a report
-// (tsan_debugging.cpp in the sanitizer sources)
+// exported by GCC's libtsan but declared in no header: ignoring accesses, a write of a range (what the
+// instrumentation calls), and reading a report (tsan_debugging.cpp in the sanitizer sources)
 extern "C" {
 void __tsan_ignore_thread_begin();
 void __tsan_ignore_thread_end();
+void __tsan_write_range(void* address, unsigned long size);
 int __tsan_get_report_data(void* report, const char** description, int* count, int* stack_count, int* mop_count,
                            int* loc_count, int* mutex_count, int* thread_count, int* unique_tid_count, void** sleep_trace,
                            uintptr_t trace_size);
@@ -303,7 +304,11 @@ struct Fiber {
     size_t stack_bytes = 0;
     void* asan_fake_stack = nullptr;
     void* tsan_fiber = nullptr;  // EMU_TSAN: the TSan context of the CUDA thread this fiber runs
+    // EMU_TSAN: the windows of the cp.async copies its threads issue (race_check_copy_issue), created
+    // when first needed: TSan contexts of their own, each holding the clock of a copy's issue
+    void* tsan_copy[4] = {};
 };
+constexpr int copy_windows = 4;
 
 // EMU_TSAN: a warp's collectives with one mask release into and acquire from a pair of TSan sync
 // objects (addresses in Worker::sync_page). Consecutive collectives alternate between the two: every
@@ -324,6 +329,12 @@ struct ThreadSlot {
     // address of its latest atomic
     bool fenced;
     const void* last_atomic;
+    // EMU_TSAN: the thread's count of synchronizations that may have moved its clock (barriers, warp
+    // collectives, fences), and its open cp.async window: Fiber::tsan_copy[window], opened at count
+    // window_syncs; window_count counts the windows it opened (the next one is that modulo copy_windows)
+    unsigned syncs;
+    int window;
+    unsigned window_syncs, window_count;
 };
 
 // one lane's part in a warp collective
@@ -522,6 +533,9 @@ void resume(Worker& w, int i) {
         __tsan_set_fiber_name(w.fibers[fiber].tsan_fiber, name);
         slot.fenced = false;
         slot.last_atomic = nullptr;
+        slot.syncs = 0;
+        slot.window = -1;
+        slot.window_count = 0;
 #else
         slot.fiber = take_fiber(w);
 #endif
@@ -777,6 +791,52 @@ void race_check_fence() {
     ThreadSlot& t = w->threads_of_block[w->current_thread];
     if (t.last_atomic) __tsan_acquire((void*)t.last_atomic);
     t.fenced = true;
+    t.syncs++;
+#endif
+}
+
+// EMU_TSAN: a cp.async's write of shared memory may happen at any time from its issue to the
+// cp.async.wait_group that covers it, so the race checker must see it as concurrent with every access
+// that is not ordered before the issue or after the wait. It is written by a TSan context of its own
+// (a window: Fiber::tsan_copy) that takes the issuing thread's clock at the issue and nothing after; at
+// the wait the thread acquires the window's clock, so what it does next comes after the write. A window
+// serves the thread's copies until its next synchronization (each group of a double-buffered loop gets
+// its own); a thread has copy_windows of them in turn, so a copy whose window was reopened for a later
+// issue is seen as later than it was (a race can be missed, never invented). The windows belong to the
+// pooled fiber, whose threads TSan already sees in program order.
+int race_check_copy_issue() {
+#if EMU_TSAN
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) return -1;
+    ThreadSlot& t = w->threads_of_block[w->current_thread];
+    if (t.window >= 0 && t.window_syncs == t.syncs) return t.window;
+    Fiber& f = w->fibers[t.fiber];
+    int k = (int)(t.window_count++ % copy_windows);
+    if (f.tsan_copy[k] == nullptr) f.tsan_copy[k] = __tsan_create_fiber(0);
+    char name[128];  // what a race report calls the copy's write (TSan keeps 63 characters; the kernel is named)
+    snprintf(name, sizeof(name), "cp.async of block (%u,%u,%u) thread (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z,
+             t.index.x, t.index.y, t.index.z);
+    __tsan_set_fiber_name(f.tsan_copy[k], name);
+    __tsan_switch_to_fiber(f.tsan_copy[k], 0);  // with synchronization: the window acquires the thread's clock
+    __tsan_switch_to_fiber(f.tsan_fiber, __tsan_switch_to_fiber_no_sync);
+    t.window = k;
+    t.window_syncs = t.syncs;
+    return k;
+#else
+    return -1;
+#endif
+}
+
+void race_check_copy_land(int window, void* shared, size_t bytes) {
+#if EMU_TSAN
+    Worker* w = this_worker;
+    if (window < 0 || w == nullptr || w->current_thread < 0) return;
+    Fiber& f = w->fibers[w->threads_of_block[w->current_thread].fiber];
+    __tsan_switch_to_fiber(f.tsan_copy[window], __tsan_switch_to_fiber_no_sync);
+    __tsan_write_range(shared, bytes);
+    __tsan_switch_to_fiber(f.tsan_fiber, 0);  // with synchronization: the thread acquires the window's clock
+#else
+    (void)window, (void)shared, (void)bytes;
 #endif
 }
 
@@ -861,6 +921,7 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
     tsan_release(order);
     yield_to_scheduler(w);
     tsan_acquire(order);
+    w.threads_of_block[i].syncs++;
 #else
     yield_to_scheduler(w);
 #endif
@@ -876,6 +937,7 @@ void syncthreads() {
     tsan_release(order);
     yield_to_scheduler(*w);
     tsan_acquire(order);
+    w->threads_of_block[w->current_thread].syncs++;
 #else
     yield_to_scheduler(*w);
 #endif

@@ -35,6 +35,10 @@
 //                    buffer other threads are still reading.
 // A correct kernel passes under both. Copies never waited for are dropped when the block that issued
 // them is followed by another block or launch (on a GPU they would land in shared memory nobody reads).
+// The race checker (EMU_TSAN) sees the whole window whichever the mode: at the default's wait the write
+// is made in a TSan context holding the issuing thread's clock of the issue (exec.cpp's
+// race_check_copy_issue), so a refill issued while other warps still read the stage is reported even
+// though the bytes land after the next barrier.
 #pragma once
 
 #include <cstdint>
@@ -177,6 +181,7 @@ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
 struct PendingCopy {
     void* shared;
     unsigned char bytes[16];
+    int window;  // the race checker's window of the copy (emu::race_check_copy_issue)
 };
 
 struct CopyQueue {
@@ -218,6 +223,7 @@ inline void cp_async16(void* shared, const void* global) {
     PendingCopy copy;
     copy.shared = shared;
     memcpy(copy.bytes, global, 16);  // the read of global memory
+    copy.window = emu::race_check_copy_issue();
     Bookkeeping hidden;
     copy_queue().uncommitted.push_back(copy);
 }
@@ -235,11 +241,9 @@ inline void cp_async_wait(int pending) {
     CopyQueue& q = copy_queue();
     while ((int)q.groups.size() > pending) {
         for (const PendingCopy& copy : q.groups.front()) {
-            unsigned char bytes[16];
-            memcpy(bytes, copy.bytes, 16);
-            emu::race_check_resume();
-            memcpy(copy.shared, bytes, 16);  // the copy lands: the write of shared memory
-            emu::race_check_pause();
+            // the copy lands: the race checker sees the write as made anywhere from the issue to here
+            emu::race_check_copy_land(copy.window, copy.shared, 16);
+            memcpy(copy.shared, copy.bytes, 16);
         }
         q.groups.pop_front();
     }

@@ -226,6 +226,28 @@ __global__ void rotate_in_tiles_kernel(int* out, bool across_tiles, int sync) {
     out[lane] = slots[across_tiles ? (lane + 31) % 32 : in_tile];
 }
 
+// llmc/attention_flash.cuh's key loop in small: a double-buffered cp.async pipeline over `tiles` tiles of
+// 64 x 4 floats, one 16-byte copy a thread (64 threads, 2 warps). Iteration j waits for tile j's stage,
+// reads the other warp's part of it, and has already issued tile j + 1 into the other stage. `end_sync`
+// is the barrier that ends an iteration: without it a thread of a fast warp, in iteration j + 1, issues
+// tile j + 2 into the stage the slow warp still reads for tile j.
+__global__ void staged_sums_kernel(float* out, const float* in, int tiles, bool end_sync) {
+    __shared__ __align__(16) float stage[2][256];
+    int t = threadIdx.x, other = (t + 32) % 64;
+    cp_async16(&stage[0][4 * t], in + 4 * t);
+    cp_async_commit();
+    float sum = 0.0f;
+    for (int j = 0; j < tiles; j++) {
+        if (j + 1 < tiles) cp_async16(&stage[(j + 1) % 2][4 * t], in + (j + 1) * 256 + 4 * t);
+        cp_async_commit();
+        cp_async_wait<1>();  // tile j has landed (this thread's copy)
+        __syncthreads();     // and every thread's
+        for (int i = 0; i < 4; i++) sum += stage[j % 2][4 * other + i];
+        if (end_sync) __syncthreads();  // every warp is done with the stage before it is refilled
+    }
+    out[t] = sum;
+}
+
 }  // namespace emu_seeded
 
 using namespace emu_seeded;
@@ -565,6 +587,33 @@ TEST(EmuSeededBug, TileSyncDoesNotOrderOtherTiles) {
     std::vector<int> out = download(d, 32);
     for (int lane = 0; lane < 32; lane++) EXPECT_EQ(out[lane], (lane + 31) % 32 * 10);
     cudaFree(d);
+}
+
+// A cp.async may land any time from its issue to the wait that covers it. The emulator's default
+// lands it at the wait, after the next barrier here, so the sums come out right in both thread orders
+// whether or not the refill waits for the slow warp; the race checker sees the copy's write as made at
+// the issue (exec.cpp's copy windows) and reports the refill (before those windows it did not: the
+// write was seen at the wait only, ordered after the slow warp's reads by the barrier in between).
+TEST(EmuSeededBug, CpAsyncRefillsAStageAnotherWarpStillReads) {
+    SKIP_WITHOUT_RACE_CHECKER();
+    const int tiles = 3;  // the least with a refill of a stage read before
+    std::vector<float> in(tiles * 256);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (float)(i % 7);
+    float* d_in = device_copy(in);
+    float* d_out = device_copy(std::vector<float>(64));
+    expect_race([&] { staged_sums_kernel<<<1, 64>>>(d_out, d_in, tiles, false); },
+                "cuda-emu: data-race in kernel emu_seeded::staged_sums_kernel.*\\(static shared memory\\) by cp.async "
+                "of block \\(0,0,0\\) thread");
+    expect_no_race([&] { staged_sums_kernel<<<1, 64>>>(d_out, d_in, tiles, true); });
+    std::vector<float> out = download(d_out, 64);
+    for (int t = 0; t < 64; t++) {
+        float sum = 0.0f;
+        for (int j = 0; j < tiles; j++) {
+            for (int i = 0; i < 4; i++) sum += in[j * 256 + 4 * ((t + 32) % 64) + i];
+        }
+        EXPECT_EQ(out[t], sum) << "thread " << t;
+    }
+    cudaFree(d_in), cudaFree(d_out);
 }
 
 // what the race checker must not report: barriers, shuffles, atomics, several blocks and launches

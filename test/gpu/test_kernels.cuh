@@ -550,19 +550,20 @@ TEST(Kernels, AttentionForwardBackward) {
 // terms at small T and head size, reach ~1e-2 (hs 8, T 7). Held to TOL_ATTENTION (lse to TOL_SUM); a
 // wrong mask, tile edge or padding is off by O(1). Also run under
 // EMU_THREAD_ORDER=reverse and EMU_CP_ASYNC=issue (dev/cuda/README.md) to shake out missing barriers.
-// TEST_FLASH_SHAPES=few: hs 24 and 64 at T 7 and 65 only (a zero-padded head, a partial tile and one
-// past a whole one), for the race checker's run in make test, where a shape takes seconds.
+// TEST_FLASH_SHAPES=few, for the race checker's run in make test, where a shape takes seconds: hs 24 at
+// T 7 and 65 (a zero-padded head, a partial tile and one past a whole one) and hs 64 at T 130 (three
+// key tiles, the least where a key loop refills a stage it read before: its double buffer), one head.
 TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
     std::mt19937 rng(17);
-    const int B = 1, NH = 2;
     double worst_out = 0, worst_lse = 0, worst_dqkv = 0;
     const char* shapes = getenv("TEST_FLASH_SHAPES");
     bool few = shapes && strcmp(shapes, "few") == 0;
+    const int B = 1, NH = few ? 1 : 2;  // a head's blocks race among their own threads only
     // 8, 24, 40, 104: not multiples of mma's 16, so the kernels' zero columns past hs are in play
     std::vector<int> every_length = {1, 7, 63, 64, 65, 200}, some_lengths = {7, 65};
     std::vector<int> head_sizes = few ? std::vector<int>{24, 64} : std::vector<int>{8, 16, 24, 32, 40, 64, 80, 104, 128};
     for (int hs : head_sizes) {
-        for (int T : hs % 16 == 0 && !few ? every_length : some_lengths) {
+        for (int T : hs % 16 != 0 ? some_lengths : few ? std::vector<int>{130} : every_length) {
             SCOPED_TRACE("hs " + std::to_string(hs) + " T " + std::to_string(T));
             int C = NH * hs;
             size_t BTC = (size_t)B * T * C, rows = (size_t)B * NH * T;

@@ -55,6 +55,12 @@ int race_reports();
 // queues). No-ops in other builds.
 void race_check_pause();
 void race_check_resume();
+// cp.async's write of shared memory, which may land any time from the issue to the covering
+// cp.async.wait_group: race_check_copy_issue() at the issue returns the copy's window (-1 in other
+// builds), race_check_copy_land(window, ...) at the wait makes the race checker see the write there, as
+// made at the issue, and the calling thread ordered after it (exec.cpp). mma_emu.h's cp_async16.
+int race_check_copy_issue();
+void race_check_copy_land(int window, void* shared, size_t bytes);
 
 // initcheck: true in the EMU_ASAN=1 build (build/emu-asan/) unless EMU_INITCHECK=0: every read of device
 // memory that nothing wrote, by a CUDA thread or declared with initcheck_read, is reported
