@@ -140,9 +140,9 @@ inline void device_init(const char* program, int argc, char** argv) {
         exit(0);
     }
     printf("%s\n", program);
-    printf("device: %s, %d SMs, %.0f MB L2, compute capability %d.%d, %.0f GB; %s\n", d.prop.name,
-           d.prop.multiProcessorCount, d.prop.l2CacheSize / 1e6, d.prop.major, d.prop.minor,
-           d.prop.totalGlobalMem / 1e9, today().c_str());
+    printf("device: %s, %d SMs, %.0f MiB L2, compute capability %d.%d, %.1f GiB; %s\n", d.prop.name,
+           d.prop.multiProcessorCount, d.prop.l2CacheSize / 1048576.0, d.prop.major, d.prop.minor,
+           d.prop.totalGlobalMem / 1073741824.0, today().c_str());
     if (check_only) {
         printf("check-only: B=%d T=%d C=%d NH=%d V=%d Vp=%d parameters=%zu; nothing is timed%s\n", B, T, C, NH, V, Vp,
                NUM_PARAMETERS,
