@@ -63,7 +63,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/gelu.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/layernorm.cuh"
-#include "llmc/matmul.cuh"
+#include "llmc/matmul_choices.cuh"  // matmul.cuh, and -at 1's algorithms kept in the checkpoint
 #include "llmc/muon.cuh"
 #include "llmc/optimizer_offload.cuh"
 #include "llmc/parallel/comm_nccl.cuh"
@@ -171,8 +171,7 @@ void gpt2_setup(GPT2* model, const GPT2Config& whole, const TrainArgs& args, Dat
     // stream's work; the layout (llmc/parallel/layout.h) splits them into tp, pp, dp (and cp) groups
     ProcessGroup world = dp != nullptr ? nccl_group(dp, model->stream) : ProcessGroup();
     gpt2_plan_init(model, whole, args, world, dp != nullptr && dp->nccl);
-    matmul_algorithms.autotune = args.matmul_autotune != 0;  // -at 1 (llmc/matmul.cuh)
-    matmul_algorithms.bias_grad_epilogue = args.bias_grad_epilogue != 0;  // -bg 1 (llmc/matmul.cuh)
+    matmul_configure(args.matmul_autotune != 0, args.bias_grad_epilogue != 0);  // -at 1, -bg 1 (llmc/matmul.cuh)
     size_t free_before = 0, total_bytes = 0;
     cudaCheck(cudaMemGetInfo(&free_before, &total_bytes));
     model->in_use_before = total_bytes - free_before;
@@ -417,12 +416,11 @@ void block_recompute(GPT2* model, const BlockParams& w, const BlockActs& b, int 
     if (model->recompute >= 3) {
         // done above
     } else if (model->recompute >= 1 && model->gelu_fusion) {
-        // The forward's GELU came out of cuBLASLt's epilogue, applied to the fp32 accumulator before
-        // rounding; gelu_forward on the stored bf16 fch can differ by one bf16 ulp. So the fc matmul
-        // is run again, the same call on the same inputs and equally aligned pointers (layer_strides):
-        // the same algorithm, the same bits. Its pre-GELU aux output (the same bits as fch) lands in
-        // dfch, free until the fcproj backward below overwrites it. Cost: one more (B·T, C)x(C, 4C)
-        // matmul per layer, a third more forward matmul flops, about 11% of a step's.
+        // The forward's GELU came out of cuBLASLt's epilogue, applied to the fp32 accumulator before rounding;
+        // gelu_forward on the stored bf16 fch can differ by one bf16 ulp. So the fc matmul is run again, the same
+        // call on the same inputs and equally aligned pointers (layer_strides): the same algorithm, the same bits.
+        // Its pre-GELU aux output (the same bits as fch) lands in dfch, free until the fcproj backward below
+        // overwrites it. Cost: one more (B·T, C)x(C, 4C) matmul a layer, about 11% of a step's flops.
         matmul_forward(b.fch_gelu, a.dfch, sp_gather(model, b.ln2, sq, C), w.fcw, w.fcb, (int)BT, C, 4 * Cl, stream);
     } else if (model->recompute >= 1) {
         gelu_forward(b.fch_gelu, b.fch, BT * 4 * Cl, stream);
@@ -755,6 +753,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
         std::vector<StateSection> s = grad_compression_gpu_sections(model->compression);
         if (model->local.scheme.every) s = {local_steps_gpu_section(model->local, gpt2_download_parameters(model))};
         if (model->fp8.on) s.push_back(fp8_training_section(model->fp8));  // the same on every process
+        if (matmul_algorithms.autotune) s.push_back(matmul_choices_section());  // -at 1: the algorithms it took
         return s;
     };
     c.staging = device_staging(model->stream, [model](const char* what) { gpt2_sync(model, what); });
@@ -768,6 +767,7 @@ CheckpointModel gpt2_checkpoint_model(GPT2* model) {
 void gpt2_resume(GPT2* model, TrainRun* run) {
     TrainState state = checkpoint_restore_state(gpt2_checkpoint_model(model), run);
     fp8_training_restore(&model->fp8, state.sections);
+    if (matmul_algorithms.autotune) matmul_choices_restore(state.sections);
     if (model->compression.on()) grad_compression_gpu_restore(&model->compression, state.sections);
     if (model->optimizer.kind == OPT_ADAFACTOR) {
         size_t length = adafactor_state_size(model->optimizer.tensors);

@@ -20,7 +20,9 @@
 // candidate, or with autotuning (-at 1) the fastest of its first few, each timed on the problem's own
 // buffers the first time the problem comes (the auto-tuning of a kernel's variants, done by cuBLASLt's
 // kernels). Autotuning gives up one thing: two runs may time differently and choose different kernels,
-// whose sums can differ in the last bits, so it is off by default.
+// whose sums can differ in the last bits, so it is off by default. A resumed run takes the choices its
+// checkpoint recorded (llmc/matmul_choices.cuh) instead of timing again, so it continues with the bits
+// of the run that wrote it.
 // The bias gradient is our own two-stage column sum (fixed order, no atomics), like LayerNorm's, or
 // with -bg 1 cuBLASLt's BGRADB epilogue on the weight-gradient product, which reads dout anyway: its
 // B operand is dout, and BGRADB writes the sums of op(B)'s columns over k = N, dbias itself. That
@@ -33,6 +35,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
@@ -116,6 +119,7 @@ struct MatmulChoice {
     int chosen = 0, candidates = 1;      // the heuristic's candidate taken, of how many it offered
     float ms_first = 0, ms_chosen = 0;   // -at 1: one call's time with its first and with the chosen
     long calls = 0;
+    bool from_checkpoint = false;        // -at 1: the recorded choice of the checkpoint resumed from
 };
 
 struct MatmulAlgorithms {
@@ -124,25 +128,36 @@ struct MatmulAlgorithms {
     int max_candidates = 8;    // of the heuristic's, in its order
     int timed_rounds = 5;      // each candidate timed once per round, after an untimed round
     std::map<MatmulKey, MatmulChoice> chosen;
+    // -at 1 resumed: the algorithms the checkpoint recorded, taken (untimed) where this cuBLASLt offers the
+    // same one among its candidates for the problem (llmc/matmul_choices.cuh)
+    std::map<MatmulKey, cublasLtMatmulAlgo_t> recorded;
     std::function<float(int)> test_timer;  // testing: one call of candidate i, its time instead of the GPU's
 };
 inline MatmulAlgorithms matmul_algorithms;
 
+// The run's choices: -at 1 (autotune) and -bg 1 (the bias gradient from cuBLASLt's BGRADB epilogue).
+inline void matmul_configure(bool autotune, bool bias_grad_epilogue) {
+    matmul_algorithms.autotune = autotune;
+    matmul_algorithms.bias_grad_epilogue = bias_grad_epilogue;
+}
+
 // One line on what autotuning chose, weighting each problem by its calls so far ("" without -at 1).
 inline std::string matmul_autotune_report() {
     if (!matmul_algorithms.autotune) return "";
-    size_t problems = 0, changed = 0;
+    size_t problems = 0, changed = 0, recorded = 0;
     double first = 0, chosen = 0;
     for (const auto& [key, c] : matmul_algorithms.chosen) {
         problems++;
         changed += c.chosen != 0;
+        recorded += c.from_checkpoint;
         first += (double)c.calls * c.ms_first;
         chosen += (double)c.calls * c.ms_chosen;
     }
-    char text[320];
+    char text[400];
     snprintf(text, sizeof(text), "matmul autotune (-at 1): %zu problems, %zu took another than the heuristic's first "
-             "candidate; their calls so far timed %.3f ms with the first, %.3f ms with the chosen (%+.1f%%)", problems,
-             changed, first, chosen, first > 0 ? 100.0 * (chosen - first) / first : 0.0);
+             "candidate; their calls so far timed %.3f ms with the first, %.3f ms with the chosen (%+.1f%%); %zu of the "
+             "choices from the checkpoint resumed", problems, changed, first, chosen,
+             first > 0 ? 100.0 * (chosen - first) / first : 0.0, recorded);
     return text;
 }
 
@@ -254,7 +269,21 @@ inline bool matmul_cublaslt_general(floatX* d, const floatX* a, const floatX* b,
         MatmulChoice choice;
         choice.algo = results[0].algo;
         choice.candidates = found;  // 0: none (BGRADB only), nothing is computed
-        if (matmul_algorithms.autotune && found > 1) {
+        auto recorded = matmul_algorithms.recorded.find(key);
+        if (matmul_algorithms.autotune && recorded != matmul_algorithms.recorded.end()) {
+            for (int i = 0; i < found && !choice.from_checkpoint; i++) {
+                if (memcmp(&results[i].algo, &recorded->second, sizeof(cublasLtMatmulAlgo_t)) != 0) continue;
+                choice.chosen = i;
+                choice.algo = results[i].algo;
+                choice.from_checkpoint = true;
+            }
+            if (!choice.from_checkpoint) {
+                printf("matmul autotune: the checkpoint's algorithm for m=%d n=%d k=%d is not among this cuBLASLt's "
+                       "candidates (another library or device): timed afresh, so the run may differ in the last bits "
+                       "from the one that wrote the checkpoint\n", m, n, k);
+            }
+        }
+        if (matmul_algorithms.autotune && found > 1 && !choice.from_checkpoint) {
             // One untimed round over the candidates, then timed_rounds rounds, each candidate once per
             // round between two events, the order reversed every other round; a candidate's time is its
             // fastest round. Rounds rather than each candidate's calls back to back: a device whose

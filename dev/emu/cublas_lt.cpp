@@ -50,7 +50,10 @@
 // remembers the promise and cublasLtMatmul refuses a pointer that breaks it (CUBLAS_STATUS_NOT_SUPPORTED,
 // with the pointer, its alignment and the promised one printed).
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 
 #include "cublas_gemm.h"
 #include "emu/device.h"
@@ -476,6 +479,17 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// EMU_LT_TIMING: unset or "plain" (the candidates take the time their arithmetic takes), or "shuffle"
+static bool lt_timing_shuffled() {
+    static const bool shuffled = [] {
+        const char* v = getenv("EMU_LT_TIMING");
+        if (v == nullptr || strcmp(v, "plain") == 0) return false;
+        if (strcmp(v, "shuffle") == 0) return true;
+        emu::fail("EMU_LT_TIMING=%s: expected plain or shuffle", v);
+    }();
+    return shuffled;
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
                               cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
                               const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
@@ -601,6 +615,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
     epi.gelu = e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX ||
                e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    emu::enqueue(stream, fn, [g] { emu_blas::run_gemm(g); });
+    // EMU_LT_TIMING=shuffle (a test's setting): a candidate takes some extra time, 0.1 to 0.8 ms by a hash of
+    // the candidate, the problem and the process, so an autotuner's choices differ from process to process
+    // as a GPU's timings can make them (-at 1's resume test: llmc/matmul_choices.cuh)
+    double extra_ms = 0.0;
+    if (lt_timing_shuffled() && algo != nullptr) {
+        uint64_t h = (algo->data[SLOT_INDEX] + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(m * 31 + n * 7 + k) ^
+                     (uint64_t)getpid() * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+        h *= 0x94D049BB133111EBull;
+        extra_ms = 0.1 * (double)(1 + (h >> 33) % 8);
+    }
+    emu::enqueue(stream, fn, [g, extra_ms] {
+        emu_blas::run_gemm(g);
+        if (extra_ms > 0) {
+            auto until = std::chrono::steady_clock::now() + std::chrono::microseconds((long)(extra_ms * 1000));
+            while (std::chrono::steady_clock::now() < until) {
+            }
+        }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -176,7 +176,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-pk", FlagKind::Float, &a->peak_gflops, 0, 1e9, false, "peak GFLOP/s for MFU (0: CPU measures its FMA peak, CUDA its table)"},
         {"-w", FlagKind::Int, &a->master_weights, 0, 1, true, "1: keep fp32 master weights"},
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
-        {"-at", FlagKind::Int, &a->matmul_autotune, 0, 1, true, "1: time cuBLASLt's first 8 algorithms per matmul problem once and keep the fastest (runs may then differ in the last bits)"},
+        {"-at", FlagKind::Int, &a->matmul_autotune, 0, 1, true, "1: time cuBLASLt's first 8 algorithms per matmul problem once and keep the fastest (separate runs may differ in the last bits; a resumed run takes its checkpoint's choices)"},
         {"-bg", FlagKind::Int, &a->bias_grad_epilogue, 0, 1, true, "1: bias gradients from the weight-gradient matmul's cuBLASLt epilogue (BGRADB) instead of our kernel"},
         {"-fp8", FlagKind::Int, &a->fp8, 0, 2, true, "1: the block's four matmuls in FP8, forward and backward; 2: also the LM head's forward and input gradient (bf16 build on an sm_89+ GPU; doc/mixed_precision.md)"},
         {"-oo", FlagKind::Int, &a->offload_optimizer, 0, 1, true, "1: AdamW's state (m, v, master weights) in host memory, updated by the CPU"},

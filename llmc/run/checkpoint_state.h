@@ -69,6 +69,7 @@ inline const char* own_section_flag(int32_t kind) {
         case STATE_SECTION_ERROR_FEEDBACK: return "-gc";
         case STATE_SECTION_POWERSGD: return "-gc powersgd";
         case STATE_SECTION_LOCAL_STEPS: return "-lh";
+        case STATE_SECTION_MATMUL_CHOICES: return "-at 1";
         default: return nullptr;
     }
 }
@@ -210,17 +211,24 @@ inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* r
         }
     }
     loss_scaler_restore(&run->scaler, state);
-    // -gc's residuals and factors and -lh's state (extra sections) are each process's own: a run that uses a
-    // kind takes it from its own file, which needs the processes that wrote them; a run without drops it.
+    // -gc's residuals and factors, -lh's state and -at 1's matmul algorithms (extra sections) are each
+    // process's own: a run that uses a kind takes it from its own file, which needs the processes that wrote
+    // them (but for the algorithms, which another process count times afresh); a run without drops it.
     // -lh's replicas differ between synchronizations: their moments come from their own files too.
-    bool read_own = false, own_moments = false;
+    bool read_own = false, own_moments = false, drop_choices = false;
     for (const StateSection& s : state.sections) {
         const char* flag = own_section_flag(s.kind);
         if (!flag) continue;
-        bool used = std::find(m.own_kinds.begin(), m.own_kinds.end(), s.kind) != m.own_kinds.end();
+        bool used = s.kind == STATE_SECTION_MATMUL_CHOICES ? run->args.matmul_autotune != 0
+                                                           : std::find(m.own_kinds.begin(), m.own_kinds.end(), s.kind) != m.own_kinds.end();
         if (!used) {
             if (lay.world.rank == 0) printf("resume: checkpoint %d holds %s's %s; this run has no %s and drops them\n", step, flag,
                                             state_section_name(s.kind), flag);
+        } else if (state.num_processes != lay.world.size && s.kind == STATE_SECTION_MATMUL_CHOICES) {
+            // another layout computes other products anyway: only the last bits are at stake, so it times afresh
+            if (lay.world.rank == 0) printf("resume: checkpoint %d holds the -at 1 matmul algorithms of %d processes; this run "
+                                            "has %d and times its own\n", step, state.num_processes, lay.world.size);
+            drop_choices = true;
         } else if (state.num_processes != lay.world.size) {
             fatal("checkpoint %d in %s holds the %s of %d processes, each its own; this run has %d: resume %s with as many "
                   "processes (or without %s, which drops them)", step, dir.c_str(), state_section_name(s.kind),
@@ -240,6 +248,11 @@ inline TrainState checkpoint_restore_state(const CheckpointModel& m, TrainRun* r
             state.master = std::move(mine.master);
             state.moments8 = std::move(mine.moments8);
         }
+    }
+    if (drop_choices) {  // process 0's, not this process's own
+        state.sections.erase(std::remove_if(state.sections.begin(), state.sections.end(),
+                                            [](const StateSection& s) { return s.kind == STATE_SECTION_MATMUL_CHOICES; }),
+                             state.sections.end());
     }
     return state;
 }

@@ -751,6 +751,43 @@ TEST(TrainDeterminism, MatmulAutotuneRunsAndReports) {
 #endif
 }
 
+// -at 1 resumed takes the algorithms its checkpoint recorded (llmc/matmul_choices.cuh) instead of timing
+// again: a run goes 4 steps with -at 1, checkpointing every 2; its last checkpoint is kept aside, deleted,
+// and the run resumed from step 2. The new checkpoint at step 4, which records the algorithm of every
+// product, must equal the uninterrupted one byte for byte, as must the model (on a GPU the candidates'
+// sums can differ in the last bits; under the emulator they compute alike, and the recorded algorithms
+// are what tells: EMU_LT_TIMING=shuffle makes each process time the candidates in an order of its own,
+// so a resume that timed afresh would record others). A resume without -at 1 drops them, with a note.
+TEST(TrainDeterminism, MatmulAutotuneResumesWithTheCheckpointsAlgorithms) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    std::string dir = tiny_oracle();
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -x 4 -v 0 -s 0 -n 2";
+    const std::string tuned = "EMU_LT_TIMING=shuffle " + trainer();  // the emulator's setting; a GPU ignores it
+    TrainerRun run = run_trainer("gpu_at1_resume", flags + " -at 1", tuned);
+    ASSERT_EQ(run.result.exit_code, 0) << run.result.output;
+    std::string state = test::read_text(run.dir + "/state_00000004_00000.bin"), model = test::read_text(run.dir + "/model_00000004.bin");
+    for (const char* f : {"/model_00000004.bin", "/state_00000004_00000.bin", "/DONE_00000004"}) {
+        ASSERT_EQ(remove((run.dir + f).c_str()), 0) << f;
+    }
+    test::CommandResult resumed = test::run_command(tuned + " " + flags + " -at 1 -o " + run.dir + " -y 1");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing from step 2"), std::string::npos) << resumed.output;
+    EXPECT_NE(resumed.output.find("problems, from the checkpoint"), std::string::npos) << resumed.output;
+    EXPECT_EQ(resumed.output.find("timed afresh"), std::string::npos) << resumed.output;
+    TrainState uninterrupted;
+    state_file_read(run.dir + "/state_00000002_00000.bin", &uninterrupted);
+    ASSERT_EQ(uninterrupted.sections.size(), 1u);
+    EXPECT_EQ(uninterrupted.sections[0].kind, STATE_SECTION_MATMUL_CHOICES);
+    EXPECT_GT(uninterrupted.sections[0].bytes.size(), 10 * MATMUL_CHOICE_BYTES);  // the blocks' products and the head's
+    EXPECT_TRUE(test::read_text(run.dir + "/state_00000004_00000.bin") == state) << "the resumed run chose other algorithms";
+    EXPECT_TRUE(test::read_text(run.dir + "/model_00000004.bin") == model);
+    // without -at 1 the section is dropped, with a note
+    test::CommandResult untuned = test::run_command(trainer() + " " + flags + " -x 6 -o " + run.dir + " -y 1");
+    ASSERT_EQ(untuned.exit_code, 0) << untuned.output;
+    EXPECT_NE(untuned.output.find("holds -at 1's matmul algorithms; this run has no -at 1 and drops them"), std::string::npos)
+        << untuned.output;
+}
+
 // As the CPU suite's resume test: run A goes 12 steps checkpointing every 4; run B is the same run
 // "killed" after step 8 (later files deleted, a half-written one left) and resumed with -y 1.
 // Shuffled shards, accumulation, validation and sampling are on; the master weights travel in the
