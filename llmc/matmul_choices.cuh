@@ -1,6 +1,9 @@
 // The algorithms -at 1 chose (llmc/matmul.cuh), kept in each process's state file so that a resumed run
 // computes every product with the kernel the interrupted run used, and so continues with its bits.
 //
+// cublasLt.h on cublasLtMatmulAlgo_t: "This structure can be trivially serialized and later restored for use
+// with the same version of cuBLAS library to save on selecting the right configuration again."
+//
 // A section of kind STATE_SECTION_MATMUL_CHOICES (llmc/io/state_file.h), each process's own (its shapes
 // are its layout's): a count, then for each problem its key (m, n, k, the transposes, the epilogue, six
 // alignments: 12 int32) and the cublasLtMatmulAlgo_t the run took (64 opaque bytes, compared whole). A
