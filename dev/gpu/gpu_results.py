@@ -124,7 +124,8 @@ def main(dirs):
         out += ["", "Every run:", "",
                 "| call | side | mode | model | B | T | steps | ms/step | tokens/s | MFU % | peak MiB | warm-up s | round |",
                 "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        out += [f"| {' | '.join(r[:13])} |" for r in bench_rows]
+        side = {"llmc": "llm.c"}  # bench.tsv's word for llm.c's train_gpt2cu
+        out += [f"| {' | '.join([r[0], side.get(r[1], r[1])] + r[2:13])} |" for r in bench_rows]
     else:
         out.append("(no benchmark ran)")
     out += ["", "## Attention beside FlashAttention-2", ""]
