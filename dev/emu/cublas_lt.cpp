@@ -481,12 +481,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
 
 // EMU_LT_TIMING: unset or "plain" (the candidates take the time their arithmetic takes), or "shuffle"
 static bool lt_timing_shuffled() {
-    static const bool shuffled = [] {
-        const char* v = getenv("EMU_LT_TIMING");
-        if (v == nullptr || strcmp(v, "plain") == 0) return false;
-        if (strcmp(v, "shuffle") == 0) return true;
-        emu::fail("EMU_LT_TIMING=%s: expected plain or shuffle", v);
-    }();
+    static const bool shuffled = emu::env_choice("EMU_LT_TIMING", "plain", "shuffle");
     return shuffled;
 }
 

@@ -275,10 +275,7 @@ void refuse_integer_for_pointer(const void* kernel, int index, long long value) 
 namespace {
 
 ThreadOrder thread_order_setting() {
-    const char* env = getenv("EMU_THREAD_ORDER");
-    if (env == nullptr || strcmp(env, "forward") == 0) return ThreadOrder::forward;
-    if (strcmp(env, "reverse") == 0) return ThreadOrder::reverse;
-    fail("EMU_THREAD_ORDER must be forward or reverse, not '%s'", env);
+    return env_choice("EMU_THREAD_ORDER", "forward", "reverse") ? ThreadOrder::reverse : ThreadOrder::forward;
 }
 std::atomic<ThreadOrder> thread_order{thread_order_setting()};
 

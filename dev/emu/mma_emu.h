@@ -191,12 +191,7 @@ struct CopyQueue {
 };
 
 inline bool copy_at_issue() {
-    static const bool at_issue = [] {
-        const char* mode = getenv("EMU_CP_ASYNC");
-        if (mode == nullptr || strcmp(mode, "wait") == 0) return false;
-        if (strcmp(mode, "issue") == 0) return true;
-        emu::fail("EMU_CP_ASYNC=%s: expected wait (copies land at cp.async.wait_group) or issue (at cp.async)", mode);
-    }();
+    static const bool at_issue = emu::env_choice("EMU_CP_ASYNC", "wait", "issue");
     return at_issue;
 }
 

@@ -110,6 +110,13 @@ void fail(const char* fmt, ...) {
     _exit(1);  // other threads may hold locks that exit()'s destructors would need
 }
 
+bool env_choice(const char* name, const char* usual, const char* other) {
+    const char* env = getenv(name);
+    if (env == nullptr || strcmp(env, usual) == 0) return false;
+    if (strcmp(env, other) == 0) return true;
+    fail("%s must be %s or %s, not '%s'", name, usual, other, env);
+}
+
 // ----------------------------------------------------------------------------
 // memory
 
@@ -152,10 +159,7 @@ bool is_pinned_host_pointer(const void* p, size_t bytes) {
 namespace {
 
 StreamOrder stream_order_setting() {
-    const char* env = getenv("EMU_STREAM_ORDER");
-    if (env == nullptr || strcmp(env, "newest") == 0) return StreamOrder::newest_stream_first;
-    if (strcmp(env, "issue") == 0) return StreamOrder::issue;
-    fail("EMU_STREAM_ORDER must be newest or issue, not '%s'", env);
+    return env_choice("EMU_STREAM_ORDER", "newest", "issue") ? StreamOrder::issue : StreamOrder::newest_stream_first;
 }
 
 struct Device {

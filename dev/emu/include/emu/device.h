@@ -38,6 +38,10 @@ bool is_pinned_host_pointer(const void* p, size_t bytes);
 // Ends the program with a clear message (an unsupported call or argument): "cuda-emu: <message>".
 [[noreturn]] __attribute__((format(printf, 1, 2))) void fail(const char* fmt, ...);
 
+// A setting of two words (EMU_THREAD_ORDER, EMU_STREAM_ORDER, EMU_CP_ASYNC, EMU_LT_TIMING): false when the
+// variable `name` is unset or `usual`, true when it is `other`; any other value ends the program (fail).
+bool env_choice(const char* name, const char* usual, const char* other);
+
 // ---- for tests and the build (not part of CUDA) ----
 
 // Order in which a block's threads run between two synchronization points (__syncthreads, warp
