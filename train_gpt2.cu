@@ -58,7 +58,7 @@ Run `./train_gpt2cu -h` for the flags.
 #include "llmc/adamw.cuh"
 #include "llmc/adamw8.cuh"
 #include "llmc/attention.cuh"
-#include "llmc/classifier.cuh"
+#include "llmc/gpt2_head.cuh"  // the LM head and the classifier (llmc/classifier.cuh), -lc in chunks
 #include "llmc/encoder.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/global_norm.cuh"
@@ -124,6 +124,7 @@ struct GPT2 : GPT2Plan {
     EncoderBuckets* buckets = nullptr;
     float* host_losses = nullptr;   // (B, T), pinned: copies into it do not block the host
     float* host_norm_sq = nullptr;  // (NUM_PARAMETER_TENSORS), pinned
+    size_t logits_first_row = 0;    // the row acts.logits starts with after a forward (-lc: the last chunk's first)
     cudaStream_t stream = nullptr;
 };
 
@@ -304,7 +305,9 @@ void block_forward(GPT2* model, int l, const BlockParams& w, const LayerStrides&
 
 // Forward pass over inputs (B, T) (host arrays). With targets, also the per-position losses (fetch their
 // mean with gpt2_mean_loss); with dloss > 0 the classifier also leaves d(loss)/d(logits) in
-// acts.logits, scaled by dloss, ready for gpt2_backward. Nothing here waits for the GPU.
+// acts.logits, scaled by dloss, ready for gpt2_backward (-lc: the LM head's backward is done here, chunk by
+// chunk, and d(loss)/d(lnf) left in acts.lnf). acts.logits holds rows from logits_first_row on (all but
+// with -lc: then the last chunk's). Nothing here waits for the GPU.
 void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss = 0.0f) {
     const GPT2Config& cfg = model->config;
     int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size, tp = model->layout.tp;
@@ -360,25 +363,7 @@ void gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int
     if (!model->last_stage()) return;
     sp_all_gather(a.lnf + model->layout.tp_rank * R * C, a.lnf, sq, C, model->layout.tp_group, COMM_FLOATX,
                   [](floatX*, const floatX*, size_t) {});  // lnf's own rows are in place already
-    linear_forward(fp8_lm_head(model), a.logits, a.lnf, p.wte, nullptr, (int)BT, C, Vl, stream);  // -fp8 2: in FP8
-    if (!targets) return;
-    // -fp8 2: the classifier also writes dlogits' e5m2 copy, the LM head's FP8 backward's dy
-    auto dlogits8 = lm_head_dy_copy(fp8_lm_head(model), dloss > 0.0f ? a.logits8 : nullptr, (int)BT, C, Vl);
-    if (tp == 1) {
-        fused_classifier(a.logits, a.losses, a.targets, dloss, (int)BT, V, Vp, dloss > 0.0f, stream, dlogits8);
-        return;
-    }
-    // vocabulary-parallel cross-entropy (llmc/classifier.cuh): the rows' max, sum of exponentials and
-    // target logit combined over the tensor-parallel group, 3 B·T floats, never the logits
-    const ProcessGroup& g = model->layout.tp_group;
-    float *row_max = a.classifier_stats, *row_sum = row_max + BT, *target_logit = row_sum + BT;
-    int valid = std::max(0, std::min(Vl, V - v_begin));
-    classifier_slice_max(a.logits, row_max, (int)BT, valid, Vl, stream);
-    tp_all_reduce_max(row_max, BT, g);
-    classifier_slice_sum(a.logits, row_max, row_sum, target_logit, a.targets, (int)BT, v_begin, valid, Vl, stream);
-    tp_all_reduce(row_sum, 2 * BT, g, COMM_FLOAT32);  // row_sum and target_logit lie together
-    classifier_slice_loss(a.logits, a.losses, row_max, row_sum, target_logit, a.targets, dloss, (int)BT, v_begin, valid,
-                          Vl, dloss > 0.0f, stream, dlogits8);
+    gpt2_head_forward(model, BT, targets != nullptr, dloss);  // llmc/gpt2_head.cuh: logits, loss (-lc: in chunks)
 }
 
 // Mean of the per-position losses of the last forward with targets; waits for the GPU.
@@ -469,22 +454,21 @@ void block_backward(GPT2* model, const BlockParams& w, const BlockGrads& gl, con
 }
 
 // Backward pass of the current activation slot's forward (the last forward, without a pipeline), which
-// must have been called with dloss > 0 (so acts.logits holds dlogits). Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
+// must have been called with dloss > 0 (so acts.logits holds dlogits, or with -lc acts.lnf d(loss)/d(lnf)).
+// Accumulates (+=) into the parameter gradients. With reduce_in_backward, each layer's
 // gradients are handed to the communication stream as soon as that layer is done (llmc/parallel/grad_buckets.h),
 // and the compute stream's later work waits for all of those reductions. With -z 2 and 3 every
 // micro-step is reduced so, from packed buffers into this process's gradient shard (llmc/parallel/zero_device.cuh).
 void gpt2_backward(GPT2* model, int B, int T) {
     const GPT2Config& cfg = model->config;
-    // -tp: Vp/tp vocabulary rows (Vl) of the LM head; the input gradient of a column-parallel matmul
-    // (qkv, fc, the LM head) is one term of a sum over the processes
+    // -tp: the input gradient of a column-parallel matmul (qkv, fc, the LM head) is one term of a sum
+    // over the processes
     int tp = model->layout.tp, L = cfg.num_layers, C = cfg.channels;
-    int Vl = cfg.padded_vocab_size / tp;
-    const ParameterTensors& p = model->params;
     const ParameterTensors& g = model->grads;
     const ActivationTensors& a = model->acts;
     cudaStream_t stream = model->stream;
     const bool packed = model->packed_grads;  // -z 2, 3 (with two or more data-parallel processes: layout.h)
-    if (packed) zero_backward_begin(&model->zero);
+    if (packed && model->head_chunks == 0) zero_backward_begin(&model->zero);  // -lc: the forward began them
     RowPositions pos = context_parallel_positions(&model->cp, B, &T, nullptr, nullptr);  // -cp: T/cp positions
     size_t BT = (size_t)B * T;
     LayerStrides ls = layer_strides(cfg, B, T, model->recompute, model->flash_attention, tp,
@@ -499,12 +483,11 @@ void gpt2_backward(GPT2* model, int B, int T) {
     // logits -> lnf -> the residual stream
     zero_gather_pass_begin(&model->zero, L - 1);  // -z 3: block L-1 (the outer tensors are still the forward's)
     if (model->last_stage()) {
-        lm_head_backward(fp8_lm_head(model), a.dln, g.wte, reduce, a.logits, a.logits8, a.lnf, p.wte, (int)BT, C, Vl, stream);
-        const floatX* dlnf = sp_sum(model, a.dln, sq, C);
+        const floatX* dlnf = sp_sum(model, gpt2_head_backward(model, BT), sq, C);  // llmc/gpt2_head.cuh
         cudaCheck(cudaMemsetAsync(a.dresidual, 0, N * C * sizeof(floatX), stream));
         const floatX* final_residual = a.residual3 + (L - 1) * ls.residual3;
-        layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, dlnf, final_residual, p.lnfw, a.lnf_mean, a.lnf_rstd,
-                           (int)N, C, stream);
+        layernorm_backward(a.dresidual, g.lnfw, g.lnfb, reduce, dlnf, final_residual, model->params.lnfw, a.lnf_mean,
+                           a.lnf_rstd, (int)N, C, stream);
     } else {  // a pipeline stage before the last: d(loss)/d(its output), received from the next stage
         cudaCheck(cudaMemcpyAsync(a.dresidual, model->pipe_grad_in, N * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                   stream));
@@ -698,7 +681,8 @@ void generate_sample(GPT2* model, const SampleSettings& settings, uint64_t* rng,
     std::vector<float> logits(Vp);
     generate_sample(settings, model->config.vocab_size, rng, tok, [&](const int* window, int length) {
         gpt2_forward(model, window, nullptr, 1, length);
-        cudaCheck(cudaMemcpyAsync(raw.data(), model->acts.logits + (size_t)(length - 1) * Vp, Vp * sizeof(floatX),
+        size_t row = (size_t)(length - 1) - model->logits_first_row;  // -lc: the logits start at a later row
+        cudaCheck(cudaMemcpyAsync(raw.data(), model->acts.logits + row * Vp, Vp * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, model->stream));
         cudaCheck(cudaStreamSynchronize(model->stream));
         for (int v = 0; v < Vp; v++) logits[v] = host_from_floatX(raw[v]);

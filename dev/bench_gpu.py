@@ -8,8 +8,9 @@ A difference under 3% is called parity. A benchmark, not a test: it prints numbe
 Modes (BENCH_MODES, in round order):
   ours-r0 ours-r1          train_gpt2cu at -r 0 (no recompute) and -r 1; ours-r0 is the baseline
                            (BENCH_BASELINE)
-  ours-muon ours-ge1 ours-oo1 ours-at1 ours-bg1 ours-fp8 ours-fp8h
-                           -r 0 with -opt muon / -ge 1 / -oo 1 / -at 1 / -bg 1 / -fp8 1 / -fp8 2 (their cost or gain)
+  ours-muon ours-ge1 ours-oo1 ours-at1 ours-bg1 ours-fp8 ours-fp8h ours-lc8
+                           -r 0 with -opt muon / -ge 1 / -oo 1 / -at 1 / -bg 1 / -fp8 1 / -fp8 2 / -lc 8 (their
+                           cost or gain)
   base-r0 base-r1          our trainer as built at another commit (TRAINER_BASE, default
                            build/gpu/base/train_gpt2cu: dev/gpu/prepare_gpu_run.sh with BASE_REF builds it)
                            at -r 0 / -r 1: a change that must keep speed (a restructuring) beside it,
@@ -59,7 +60,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNTIMED = 3
 OURS_FLAGS = {"r0": "-r 0", "r1": "-r 1", "muon": "-r 0 -opt muon", "ge1": "-r 0 -ge 1", "oo1": "-r 0 -oo 1",
               "at1": "-r 0 -at 1", "bg1": "-r 0 -bg 1", "fp8": "-r 0 -fp8 1",
-              "fp8h": "-r 0 -fp8 2"}
+              "fp8h": "-r 0 -fp8 2", "lc8": "-r 0 -lc 8"}
 BASELINE = os.environ.get("BENCH_BASELINE", "ours-r0")  # the mode the ratios are taken against
 
 

@@ -277,18 +277,20 @@ inline Fp8Copy<__nv_fp8_e5m2> lm_head_dy_copy(const Fp8Linear& f, __nv_fp8_e5m2*
     return {codes, f.scale(FP8_DY), f.amax(FP8_DY)};
 }
 
-// The LM head's backward: dinp (N, C) = dout · weight, from the classifier's e5m2 copy dout8 and wte cast
-// transposed, when FP8 (lm_head_dy_copy); dweight += doutᵀ · inp in BF16 either way (an FP8 product would
-// need dout transposed: a pass over (N, Vl) of its own).
+// The LM head's backward: dweight += doutᵀ · inp in BF16 (an FP8 product would need dout transposed: a
+// pass over (N, Vl) of its own), then dinp (N, C) = dout · weight, from the classifier's e5m2 copy dout8
+// and wte cast transposed when FP8 (lm_head_dy_copy). In that order, so dinp may be inp's own memory
+// (-lc: d(loss)/d(lnf) written over lnf's rows).
 inline void lm_head_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, float* scratch, const floatX* dout,
                              const __nv_fp8_e5m2* dout8, const floatX* inp, const floatX* weight, int N, int C, int Vl,
                              cudaStream_t stream) {
-    if (!fp8_products(f, N, C, Vl)) {
-        linear_backward(f, dinp, dweight, nullptr, scratch, dout, inp, weight, N, C, Vl, stream);
+    matmul_backward(nullptr, dweight, nullptr, scratch, dout, inp, weight, nullptr, N, C, Vl, stream);
+    if (fp8_products(f, N, C, Vl)) {
+        fp8_linear_dinp(f, dinp, dout8, weight, N, C, Vl, stream);
         return;
     }
-    fp8_linear_dinp(f, dinp, dout8, weight, N, C, Vl, stream);
-    matmul_backward(nullptr, dweight, nullptr, scratch, dout, inp, weight, nullptr, N, C, Vl, stream);
+    if (f.t != nullptr && fp8_shape_fits(N, C, Vl)) fp8_amax(dout, (size_t)N * Vl, f.amax(FP8_DY), stream);  // calibration
+    matmul_backward_input(dinp, dout, weight, nullptr, N, C, Vl, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -44,11 +44,11 @@ struct ActivationTensors {
     floatX* fch;         // (L, B, T, 4C) before GELU
     floatX* fch_gelu;    // (L, B, T, 4C), or (B, T, 4C) with -r 1 or 2
     floatX* residual3;   // (L, B, T, C)
-    floatX* lnf;         // (B, T, C)
+    floatX* lnf;         // (B, T, C); -lc: a training forward leaves d(loss)/d(lnf) in its place
     float* lnf_mean;     // (B, T)
     float* lnf_rstd;     // (B, T)
-    floatX* logits;      // (B, T, Vp); the classifier overwrites it with dlogits when training
-    __nv_fp8_e5m2* logits8; // -fp8 2: (B, T, Vp) dlogits' e5m2 copy, the classifier's (llmc/fp8_linear.cuh)
+    floatX* logits;      // (B, T, Vp), or -lc: one chunk's rows; the classifier overwrites it with dlogits when training
+    __nv_fp8_e5m2* logits8; // -fp8 2: dlogits' e5m2 copy, logits' shape; the classifier's (llmc/fp8_linear.cuh)
     float* losses;       // (B, T)
     // scratch, reused by every layer
     floatX* attproj;     // (B, T, C) output of attproj before the residual add (-sq 1: tp·R rows), and
@@ -111,6 +111,15 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
     return s;
 }
 
+// -lc N: the rows of one chunk of the LM head (the logits buffer's rows): B·T/N rounded up, with -fp8 2
+// (fp8_head) to a multiple of 16, which FP8's products need (every chunk but a short last one in FP8); at
+// most B·T. 0: all B·T rows in one piece.
+inline size_t head_chunk_rows(size_t BT, int chunks, bool fp8_head) {
+    if (chunks <= 0) return BT;
+    size_t rows = (BT + chunks - 1) / chunks, granule = fp8_head ? 16 : 1;
+    return std::min(BT, (rows + granule - 1) / granule * granule);
+}
+
 // Lays out the activations for (B, T), recompute level and attention path; with base == nullptr only
 // counts bytes. A pipeline stage (llmc/parallel/pipeline.h) keeps `slots` sets of what a micro-batch's
 // forward leaves for its backward, a[0 .. slots), all sharing one backward scratch; a stage before the
@@ -120,13 +129,17 @@ LayerStrides layer_strides(const GPT2Config& cfg, int B, int T, int recompute, b
 // tensors hold R rows, and lnf, proj, dln and the gather buffer tp·R. With context parallelism (cp > 1)
 // T is this process's positions of each row (layer_strides); its scheme works in the backward scratch
 // (context_scratch). fp8_head (-fp8 2): the head's logits have an e5m2 copy of their gradient.
+// head_chunks (-lc N > 0): the head runs a chunk of head_chunk_rows rows at a time and takes its gradient
+// at once, so the logits (and their e5m2 copy) are one chunk's, in the shared scratch.
 size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cfg, int B, int T, int recompute,
                           bool flash, int slots = 1, bool head = true, int tp = 1, bool sp = false, int cp = 1,
-                          ContextMode cp_mode = ContextMode::ulysses, bool fp8_head = false) {
+                          ContextMode cp_mode = ContextMode::ulysses, bool fp8_head = false, int head_chunks = 0) {
     size_t L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads / tp, Vp = cfg.padded_vocab_size / tp;
     size_t BT = (size_t)B * T, Cl = C / tp;
     bool on = sp && tp > 1;
     size_t R = sp_rows_per_rank(BT, tp, on), full = on ? tp * R : BT;  // rows here; rows of a gathered tensor
+    bool chunked = head_chunks > 0;
+    size_t head_rows = head_chunk_rows(BT, head_chunks, fp8_head);  // the rows of the logits (all B·T without -lc)
     LayerStrides all = layer_strides(cfg, B, T, 0, flash, tp, on, cp, cp_mode);  // a kept tensor holds L of these
     size_t L_block = recompute >= 3 ? 1 : L, L_ln = recompute >= 2 ? 1 : L, L_gelu = recompute >= 1 ? 1 : L;
     size_t reduce_floats = std::max({layernorm_backward_scratch_floats(C), matmul_backward_scratch_floats(4 * C),
@@ -156,8 +169,8 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         take(&s->lnf, full * C);
         take(&s->lnf_mean, R);
         take(&s->lnf_rstd, R);
-        take(&s->logits, head ? BT * Vp : 0);
-        take(&s->logits8, head && fp8_head ? BT * Vp : 0);
+        take(&s->logits, head && !chunked ? BT * Vp : 0);
+        take(&s->logits8, head && fp8_head && !chunked ? BT * Vp : 0);
         take(&s->losses, BT);
         take(&s->inputs, BT);
         take(&s->targets, BT);
@@ -176,7 +189,11 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
     take(&s->dfch, BT * 4 * Cl);
     take(&s->reduce_scratch, reduce_floats);
     take(&s->grad_norm_sq, NUM_PARAMETER_TENSORS);
-    take(&s->classifier_stats, tp > 1 ? 3 * BT : 0);
+    take(&s->classifier_stats, tp > 1 ? 3 * head_rows : 0);
+    if (chunked) {
+        take(&s->logits, head ? head_rows * Vp : 0);
+        take(&s->logits8, head && fp8_head ? head_rows * Vp : 0);
+    }
     for (int k = 1; k < slots; k++) {  // the scratch is shared
         a[k].attproj = a[k].fcproj = s->attproj;
         a[k].gathered = s->gathered;
@@ -189,6 +206,7 @@ size_t layout_activations(ActivationTensors* a, char* base, const GPT2Config& cf
         a[k].reduce_scratch = s->reduce_scratch;
         a[k].grad_norm_sq = s->grad_norm_sq;
         a[k].classifier_stats = s->classifier_stats;
+        if (chunked) a[k].logits = s->logits, a[k].logits8 = s->logits8;
     }
     return offset;
 }

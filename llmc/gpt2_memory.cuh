@@ -143,7 +143,8 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
     const ParallelLayout& lay = model->layout;  // -cp: T/cp positions of each row (llmc/parallel/context_split.h)
     size_t slots_bytes = layout_activations(model->slots.data(), model->acts_memory, model->config, B, T / lay.cp,
                                             model->recompute, flash, model->act_slots, model->last_stage(), lay.tp,
-                                            lay.sequence_parallel, lay.cp, lay.cp_mode, model->fp8_head);
+                                            lay.sequence_parallel, lay.cp, lay.cp_mode, model->fp8_head,
+                                            model->head_chunks);
     const GPT2Config& c = model->config;
     context_parallel_start(lay.cp_group, lay.cp_mode, B, T, c.channels, c.channels / lay.tp, c.num_heads / lay.tp, &model->cp,
                            false);
@@ -169,6 +170,13 @@ void gpt2_allocate_activations(Model* model, int B, int T) {
            T, model->recompute, (none - bytes) / 1048576.0);
     for (int r = 0; r <= 3; r++) printf(" %.1f", activation_bytes(model, B, T, r, flash) / 1048576.0);
     printf(" MiB)\n");
+    if (model->head_chunks > 0 && model->last_stage()) {
+        size_t BT = (size_t)B * (T / lay.cp), rows = head_chunk_rows(BT, model->head_chunks, model->fp8_head);
+        size_t row_bytes = (size_t)model->config.padded_vocab_size / lay.tp * (sizeof(floatX) + (model->fp8_head ? 1 : 0));
+        printf("LM head: %zu chunk(s) of up to %zu rows (-lc %d), each with its gradient at once: logits of %.1f MiB "
+               "instead of %.1f MiB\n", (BT + rows - 1) / rows, rows, model->head_chunks, rows * row_bytes / 1048576.0,
+               BT * row_bytes / 1048576.0);
+    }
     if (model->cp.on() && model->cp.mode == ContextMode::ring) {
         printf("attention: -cpm ring, %s on each pair of chunks, keeping each row's log-sum-exp (no (T, T) scores)\n",
                flash ? "flash (-fa 1)" : "plain kernels");

@@ -65,6 +65,7 @@ struct GPT2Plan {
     bool fp8_matmuls = false;     // -fp8 1: the block's linears in FP8 (llmc/fp8_linear.cuh)
     bool fp8_head = false;        // -fp8 2: and the LM head's forward and input gradient
     bool flash_attention = true;  // -fa; always false in the fp32 build
+    int head_chunks = 0;          // -lc: the LM head in chunks of rows (head_chunk_rows), its gradient in the forward
     // pipeline parallelism (llmc/parallel/pipeline.h): config is this stage's (num_layers = its layers;
     // the whole model's is model_config); every stage keeps wte, wpe, lnfw and lnfb. tensor_origin[i]:
     // where this process's tensor i starts in the whole model's tensor i (0 without a pipeline)
@@ -159,6 +160,7 @@ inline void gpt2_plan_init(GPT2Plan* plan, const GPT2Config& whole, const TrainA
     if (args.fp8) plan->fp8_matmuls = fp8_training_possible(args);
     plan->fp8_head = plan->fp8_matmuls && args.fp8 == 2;
     plan->flash_attention = args.flash_attention != 0 && FLASH_ATTENTION_AVAILABLE;
+    plan->head_chunks = args.head_chunks;
     check_attention_shape(cfg.channels / tp, cfg.num_heads / tp, plan->flash_attention);
     size_t n = plan->num_parameters;
     int zero_stage = plan->layout.zero_stage;
@@ -215,7 +217,8 @@ size_t activation_bytes(const GPT2Plan* model, int B, int T, int recompute, bool
     size_t R = sp_rows_per_rank((size_t)B * T, lay.tp, lay.sequence_parallel);  // a stage's rows of its input
     size_t pipe = lay.pp > 1 ? align_up_256(R * model->config.channels * sizeof(floatX)) : 0;
     return layout_activations(unused.data(), nullptr, model->config, B, T / lay.cp, recompute, flash, model->act_slots,
-                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode, model->fp8_head) + pipe +
+                              model->last_stage(), lay.tp, lay.sequence_parallel, lay.cp, lay.cp_mode, model->fp8_head,
+                              model->head_chunks) + pipe +
            fp8_activation_bytes(model, B, T);  // -cp: T/cp positions
 }
 

@@ -388,6 +388,14 @@ inline void matmul_dbias(floatX* dbias, float* scratch, const floatX* dout, int 
 // dinp = dout · weight (overwritten; with pre_gelu non-null, multiplied by gelu'(pre_gelu), i.e. the
 // gradient flows on through the GELU whose output was this layer's input). Accumulates (+=) into
 // dweight and dbias (dbias may be nullptr).
+// dinp (N, C) = dout (N, OC) · weight (OC, C), overwritten; with pre_gelu, cuBLASLt's DGELU epilogue
+// multiplies it by GELU'(pre_gelu), the gradient of the GELU that made this matmul's input.
+inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, const floatX* pre_gelu, int N,
+                                  int C, int OC, cudaStream_t stream) {
+    matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu), true,
+                    stream);
+}
+
 inline void matmul_backward(floatX* dinp,           // (N, C)
                             floatX* dweight,        // (OC, C)
                             floatX* dbias,          // (OC) or nullptr
@@ -400,10 +408,8 @@ inline void matmul_backward(floatX* dinp,           // (N, C)
     if (dbias != nullptr && OC % x128::size != 0) {
         fatal("matmul_backward: bias size %d must be divisible by %d", OC, x128::size);
     }
-    if (dinp != nullptr) {  // null: the weight's gradient only (the LM head's under -fp8 2, llmc/fp8_linear.cuh)
-        matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, false, const_cast<floatX*>(pre_gelu),
-                        true, stream);
-    }
+    // null: the weight's gradient only (the LM head's, llmc/fp8_linear.cuh)
+    if (dinp != nullptr) matmul_backward_input(dinp, dout, weight, pre_gelu, N, C, OC, stream);
     // dweightᵀ (C, OC) += inpᵀ·dout; with -bg 1 its BGRADB epilogue sums op(B) = dout (N, OC) over N
     // into scratch (OC floatX at its start), then added into dbias
     floatX* bias_grad = dbias != nullptr && matmul_algorithms.bias_grad_epilogue ? (floatX*)scratch : nullptr;

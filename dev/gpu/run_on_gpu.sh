@@ -68,7 +68,7 @@ STAGES=(
 # at d24 (BENCH_D24_B: its micro-batch, 32 by default). With call1 that is 750 s of the 900: should the
 # two starts leave less, drop ours-fp8 from BENCH_MODES (bench:90).
 PLANS=(
-    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile-loss' BENCH_ROUNDS=4|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 memory:15 bench:235"
+    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile-loss ours-lc8' BENCH_ROUNDS=3|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 memory:15 bench:235"
     "call2|240|CUDA_DEV_PROGRAMS=changed|cuda-dev:45 attention:80 ncu:35 bench-recompute:45 sanitize:35"
     "fp8|330|BENCH_MODES='ours-r0 ours-fp8 ours-fp8h' BENCH_D24_MODES='ours-r0 ours-fp8h' BENCH_ROUNDS=3|fp8:140 bench:120 bench-d24:70"
 )

@@ -84,6 +84,7 @@ struct TrainArgs {
     int gelu_fusion = 0;
     int matmul_autotune = 0;  // -at 1: time cuBLASLt's candidates per matmul problem (llmc/matmul.cuh)
     int bias_grad_epilogue = 0;  // -bg 1: bias gradients from cuBLASLt's BGRADB epilogue (llmc/matmul.cuh)
+    int head_chunks = 0;  // -lc N: the LM head and loss over N chunks of rows, no (B·T, Vp) logits kept (train_gpt2.cu)
     int fp8 = 0;  // -fp8 1: the block matmuls in FP8, 2: and the LM head's (llmc/fp8_linear.cuh; bf16 build, sm_89+)
     int offload_optimizer = 0;  // -oo 1: AdamW's state in pinned host memory, updated by the CPU (doc/memory.md)
     int plan = 0;  // -P 1: print the memory plan and exit without allocating (both trainers; doc/memory.md)
@@ -178,6 +179,7 @@ inline std::vector<FlagSpec> flag_specs(TrainArgs* a) {
         {"-ge", FlagKind::Int, &a->gelu_fusion, 0, 1, true, "1: fuse GELU into the matmuls (cuBLASLt epilogues)"},
         {"-at", FlagKind::Int, &a->matmul_autotune, 0, 1, true, "1: time cuBLASLt's first 8 algorithms per matmul problem once and keep the fastest (separate runs may differ in the last bits; a resumed run takes its checkpoint's choices)"},
         {"-bg", FlagKind::Int, &a->bias_grad_epilogue, 0, 1, true, "1: bias gradients from the weight-gradient matmul's cuBLASLt epilogue (BGRADB) instead of our kernel"},
+        {"-lc", FlagKind::Int, &a->head_chunks, 0, 1 << 20, true, "N: the LM head, the loss and the head's gradient in N chunks of rows (B*T/N rounded up; with -fp8 2 to a multiple of 16), each chunk's logits gone before the next: no (B*T, Vp) logits kept (0: all rows at once, their gradient kept for the backward; doc/memory.md)"},
         {"-fp8", FlagKind::Int, &a->fp8, 0, 2, true, "1: the block's four matmuls in FP8, forward and backward; 2: also the LM head's forward and input gradient (bf16 build on an sm_89+ GPU; doc/mixed_precision.md)"},
         {"-oo", FlagKind::Int, &a->offload_optimizer, 0, 1, true, "1: AdamW's state (m, v, master weights) in host memory, updated by the CPU"},
         {"-P", FlagKind::Int, &a->plan, 0, 1, false, "1: print the memory plan (per process) and exit without allocating"},

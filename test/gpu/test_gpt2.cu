@@ -102,10 +102,13 @@ std::string trainer() { return test::root() + "/" + TRAINER; }
 // ----------------------------------------------------------------------------
 // the model in-process against the oracle's one batch
 
-void check_against_oracle_state(const std::string& dir, int recompute, int flash_attention = 1) {
+// With head_chunks (-lc), the logits compared are the rows the last chunk leaves (first_row on), and a
+// forward without targets of the first sequence alone leaves the logits of its last positions.
+void check_against_oracle_state(const std::string& dir, int recompute, int flash_attention = 1, int head_chunks = 0) {
     TrainArgs args;
     args.recompute = recompute;
     args.flash_attention = flash_attention;
+    args.head_chunks = head_chunks;
     GPT2 model;
     gpt2_build(&model, dir + "/model.bin", args);
     const GPT2Config& cfg = model.config;
@@ -114,18 +117,31 @@ void check_against_oracle_state(const std::string& dir, int recompute, int flash
     int B = state.B, T = state.T;
     gpt2_allocate_activations(&model, B, T);
 
+    // the logits of rows [first, first + rows) against the oracle's rows from want_first on
+    auto logits_error = [&](size_t first, size_t rows, size_t want_first) {
+        std::vector<floatX> raw(rows * Vp);
+        cudaCheck(cudaMemcpy(raw.data(), model.acts.logits, raw.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        std::vector<float> logits(rows * V);
+        for (size_t i = 0; i < rows; i++) {
+            for (int v = 0; v < V; v++) logits[i * V + v] = host_from_floatX(raw[i * Vp + v]);
+        }
+        EXPECT_EQ(model.logits_first_row, first);
+        return test::max_rel_error(logits.data(), state.logits.data() + want_first * V, logits.size());
+    };
+    size_t BT = (size_t)B * T, rows = head_chunk_rows(BT, head_chunks, false);  // the definition's rounding up of B·T/N
+    size_t last = (BT - 1) / rows * rows;                                       // the last chunk's first row
     gpt2_forward(&model, state.inputs.data(), state.targets.data(), B, T);  // dloss 0: the logits stay
     float loss = gpt2_mean_loss(&model, B, T);
-    std::vector<floatX> raw((size_t)B * T * Vp);
-    cudaCheck(cudaMemcpy(raw.data(), model.acts.logits, raw.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> logits((size_t)B * T * V);
-    for (size_t i = 0; i < (size_t)B * T; i++) {
-        for (int v = 0; v < V; v++) logits[i * V + v] = host_from_floatX(raw[i * Vp + v]);
-    }
-    double logits_err = test::max_rel_error(logits.data(), state.logits.data(), logits.size());
+    double logits_err = logits_error(last, BT - last, last);
     EXPECT_LE(logits_err, TOL_LOGITS) << "logits";
     EXPECT_NEAR(loss, state.loss, loss_tolerance(state.loss)) << "loss";
     printf("  logits max rel error %.2e, loss %.8f vs oracle %.8f\n", logits_err, loss, state.loss);
+    if (head_chunks > 0 && (size_t)T > rows) {  // sampling's forward: one sequence, its last `rows` positions
+        gpt2_forward(&model, state.inputs.data(), nullptr, 1, T);
+        double err = logits_error(T - rows, rows, T - rows);
+        EXPECT_LE(err, TOL_LOGITS) << "logits of the first sequence's last positions";
+        printf("  without targets: logits of positions %zu..%d, max rel error %.2e\n", T - rows, T - 1, err);
+    }
 
     gpt2_zero_grad(&model);
     gpt2_forward(&model, state.inputs.data(), state.targets.data(), B, T, 1.0f / (B * T));
@@ -161,6 +177,17 @@ TEST(ModelOracle, TinyForwardBackwardEachRecomputeLevel) {
 TEST(ModelOracle, TinyForwardBackwardCublasAttention) {
     REQUIRE_ORACLE("tiny", tiny_args());
     check_against_oracle_state(tiny_oracle(), 1, 0);
+}
+
+// -lc 3: the LM head, the loss and the head's gradient in three chunks of 11, 11 and 10 rows (B·T = 32),
+// d(loss)/d(lnf) left over lnf, the same oracle and bars; and -lc 4 (8 rows), whose forward of one
+// sequence of 16 positions keeps the logits of positions 8..15 for the sampler.
+TEST(ModelOracle, TinyForwardBackwardHeadInChunks) {
+    REQUIRE_ORACLE("tiny", tiny_args());
+    for (int chunks : {3, 4}) {
+        SCOPED_TRACE(chunks);
+        check_against_oracle_state(tiny_oracle(), 1, 1, chunks);
+    }
 }
 
 TEST(ModelOracle, Gpt2SmallShapeForwardBackward) {
@@ -487,6 +514,63 @@ TEST(TrainOptions, RecomputeMasterWeightsGeluFusion) {
             EXPECT_NEAR(losses[s], base[s], step_loss_tolerance(base[s])) << "step " << s;
         }
     }
+}
+
+// -lc N: the LM head, the loss and the head's gradient a chunk of rows at a time (train_gpt2.cu's
+// gpt2_forward). One chunk is the same products in another place: -lc 1 gives -lc 0's bits, metrics and
+// checkpoints. Three chunks (11, 11, 10 rows of B·T = 32) sum wte's gradient in three matmuls rounded
+// to floatX in turn, so their runs stay within the oracle's step bars (TrainOracle's). The memory plan
+// (-P 1) is smaller by the logits' rows it no longer holds: (32 - 11) · Vp floatX values, each buffer on
+// 256 bytes. In the bf16 build, with -fp8 2 (the head's forward and input gradient in FP8, whose chunks
+// are multiples of 16 rows: 16 and 16) likewise: -lc 1 the -fp8 2 run's bits, -lc 3 within 1% of its losses
+// (TrainFp8's bar).
+TEST(TrainOptions, HeadInChunks) {
+    REQUIRE_ORACLE("tiny_cosine", tiny_cosine_args());
+    std::string dir = tiny_cosine_oracle();
+    std::string flags = tiny_cosine_flags(dir) + " -n 10";
+    auto same_run = [](const TrainerRun& a, const TrainerRun& b) {
+        EXPECT_EQ(test::metrics_without_timings(b.dir + "/metrics.jsonl"), test::metrics_without_timings(a.dir + "/metrics.jsonl"));
+        for (const char* f : {"/model_00000010.bin", "/state_00000010_00000.bin"}) {
+            EXPECT_EQ(test::read_text(b.dir + f), test::read_text(a.dir + f)) << b.dir << f;
+        }
+    };
+    TrainerRun whole = run_trainer("gpu_lc0", flags), one = run_trainer("gpu_lc1", flags + " -lc 1");
+    same_run(whole, one);
+    TrainerRun three = run_trainer("gpu_lc3", flags + " -lc 3");
+    EXPECT_NE(three.result.output.find("LM head: 3 chunk(s) of up to 11 rows (-lc 3)"), std::string::npos) << three.result.output;
+    std::string run_json = test::read_text(dir + "/run.json");
+    std::vector<double> want_loss = test::json_array(run_json, "losses"), want_norm = test::json_array(run_json, "grad_norms");
+    std::vector<double> loss = train_losses(three), norm = test::jsonl_values(three.dir + "/metrics.jsonl", "grad_norm");
+    ASSERT_EQ(loss.size(), want_loss.size());
+    ASSERT_EQ(norm.size(), want_norm.size());
+    for (size_t s = 0; s < loss.size(); s++) {
+        EXPECT_NEAR(loss[s], want_loss[s], step_loss_tolerance(want_loss[s])) << "loss at step " << s;
+        EXPECT_NEAR(norm[s], want_norm[s], TOL_STEP_NORM_REL * want_norm[s]) << "grad norm at step " << s;
+    }
+    EXPECT_NE(test::read_text(three.dir + "/model_00000010.bin"), test::read_text(whole.dir + "/model_00000010.bin"))
+        << "three chunks sum wte's gradient in another order";
+    GPT2Config cfg;
+    std::vector<float> unused;
+    model_file_read(dir + "/model.bin", &cfg, &unused);
+    auto on_256 = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    unsigned long long planned[2];
+    for (int k = 0; k < 2; k++) {
+        test::CommandResult plan = test::run_command(trainer() + " " + tiny_cosine_flags(dir) + (k ? " -lc 3" : "") + " -P 1");
+        ASSERT_EQ(plan.exit_code, 0) << plan.output;
+        ASSERT_TRUE(read_plan_total(plan.output, &planned[k])) << plan.output;
+    }
+    size_t Vp = cfg.padded_vocab_size;
+    EXPECT_EQ(planned[0] - planned[1], on_256(32 * Vp * sizeof(floatX)) - on_256(11 * Vp * sizeof(floatX)));
+#if !defined(ENABLE_FP32) && !defined(ENABLE_FP16)
+    TrainerRun fp8 = run_trainer("gpu_lc0_fp8", flags + " -fp8 2"), fp8_one = run_trainer("gpu_lc1_fp8", flags + " -fp8 2 -lc 1");
+    same_run(fp8, fp8_one);
+    TrainerRun fp8_three = run_trainer("gpu_lc3_fp8", flags + " -fp8 2 -lc 3");
+    EXPECT_NE(fp8_three.result.output.find("LM head: 2 chunk(s) of up to 16 rows (-lc 3)"), std::string::npos)
+        << fp8_three.result.output;
+    std::vector<double> a = train_losses(fp8), b = train_losses(fp8_three);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t s = 0; s < a.size(); s++) EXPECT_NEAR(b[s], a[s], 0.01 * a[s]) << "-fp8 2 loss at step " << s;
+#endif
 }
 
 // Device memory (EMU_DEVICE_MEMORY under the emulator, which fails a cudaMalloc past it as a GPU

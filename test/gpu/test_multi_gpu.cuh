@@ -605,7 +605,9 @@ size_t local_parameters(const std::string& oracle_dir, int tp, int pp) {
 // layers (2+1), and all three at once: tp 2 x pp 2 x dp 2 with ZeRO-1 (8 processes); with sequence
 // parallelism (-sq 1): tp 2; tp 3 with -r 3, whose B·T = 32 rows split 11, 11, 10; tp 2 x pp 2 (the
 // stages send their rows); tp 2 x dp 2 with ZeRO-3 and -r 2 (the layernorms' partial gradients summed
-// within each shard). The bars are
+// within each shard); with the LM head in chunks (-lc: each chunk's vocabulary-parallel statistics summed
+// on their own, d(loss)/d(lnf) kept over lnf): tp 2 x pp 2 under GPipe (every micro-batch's forward before
+// any backward: each keeps its own in its slot) and tp 3 with -sq 1 (lnf's gathered rows). The bars are
 // expect_same_training's: the row-parallel matmuls' terms and the embedding are summed across the
 // processes in bf16 (in the fp32 build, in another order than one matmul sums them). Also: process 0
 // allocates exactly its slices of its stage, and the bytes counted per step are the start-up line's
@@ -626,7 +628,8 @@ TEST(MultiGpuMpirun, TensorParallelMatchesOneProcess) {
                           Case{five, 4, 2, 1, "-tp 2 -z 3", true}, Case{six, 6, 3, 2, "-tp 3 -pp 2 -pm gpipe", false},
                           Case{five, 8, 2, 2, "-tp 2 -pp 2 -z 1", false}, Case{five, 2, 2, 1, "-tp 2 -sq 1", true},
                           Case{six, 3, 3, 1, "-tp 3 -sq 1 -r 3", false}, Case{five, 4, 2, 2, "-tp 2 -pp 2 -sq 1", false},
-                          Case{five, 4, 2, 1, "-tp 2 -z 3 -sq 1 -r 2", false}}) {
+                          Case{five, 4, 2, 1, "-tp 2 -z 3 -sq 1 -r 2", false},
+                          Case{five, 4, 2, 2, "-tp 2 -pp 2 -pm gpipe -lc 3", true}, Case{six, 3, 3, 1, "-tp 3 -sq 1 -lc 2", false}}) {
         if (sizeof(floatX) == 2 && !c.bf16) continue;
         SCOPED_TRACE(std::to_string(c.np) + " processes, " + c.flags);
         std::string flags = dp_flags(c.oracle, steps, 2 * 16 * 4);
@@ -1095,12 +1098,14 @@ TEST(MultiGpuMpirun, ThreeProcessesZero2And3WithAccumulationMatchTheCpuTrainer) 
     const int steps = 3;
     std::string flags = dp_flags(oracle_dir, steps, 2 * 16 * 3 * 2);
     TrainerRun cpu = run_trainer("mpi_cpu_z2", flags, "OMP_NUM_THREADS=1 " + cpu_trainer);
-    for (int zero : {2, 3}) {
-        SCOPED_TRACE("-z " + std::to_string(zero));
-        std::string dir = test::scratch_dir("mpi_3_cpu_z" + std::to_string(zero));
+    // -lc 3 (the LM head in chunks, its gradient in the forward): the packed gradient of wte starts there
+    for (const std::string zero_flags : {"-z 2", "-z 3", "-z 2 -lc 3"}) {
+        SCOPED_TRACE(zero_flags);
+        int zero = zero_flags[3] - '0';
+        std::string dir = test::scratch_dir("mpi_3_cpu_z" + std::to_string(zero) + std::to_string(zero_flags.size()));
         std::string extra = zero == 3 ? " -s 2 -g 4 -j " + oracle_dir + "/train.bin -v 2 -m 3" : "";
-        test::CommandResult r = test::run_command(mpirun_command(3) + trainer() + " " + flags + extra + " -z " +
-                                                  std::to_string(zero) + " -o " + dir);
+        test::CommandResult r = test::run_command(mpirun_command(3) + trainer() + " " + flags + extra + " " + zero_flags +
+                                                  " -o " + dir);
         ASSERT_EQ(r.exit_code, 0) << r.output;
         EXPECT_NE(r.output.find("x 2 accumulation step(s) x 3 process(es)"), std::string::npos) << r.output;
         if (zero == 3) EXPECT_NE(r.output.find("--- sample ---"), std::string::npos) << r.output;
