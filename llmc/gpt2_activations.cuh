@@ -47,7 +47,7 @@ struct ActivationTensors {
     floatX* lnf;         // (B, T, C); -lc: a training forward leaves d(loss)/d(lnf) in its place
     float* lnf_mean;     // (B, T)
     float* lnf_rstd;     // (B, T)
-    floatX* logits;      // (B, T, Vp), or -lc: one chunk's rows; the classifier overwrites it with dlogits when training
+    floatX* logits;      // (B, T, Vp) (-lc: a chunk of rows); the classifier writes dlogits over them when training
     __nv_fp8_e5m2* logits8; // -fp8 2: dlogits' e5m2 copy, logits' shape; the classifier's (llmc/fp8_linear.cuh)
     float* losses;       // (B, T)
     // scratch, reused by every layer

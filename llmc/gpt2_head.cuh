@@ -32,7 +32,8 @@ void lm_head_forward(Model* model, size_t r0, size_t n, bool with_targets, float
     floatX* logits = a.logits;
     float* losses = a.losses + r0;
     const int* targets = a.targets + r0;
-    linear_forward(fp8_lm_head(model), logits, a.lnf + r0 * C, model->params.wte, nullptr, (int)n, C, Vl, stream);  // -fp8 2: in FP8
+    // -fp8 2: in FP8
+    linear_forward(fp8_lm_head(model), logits, a.lnf + r0 * C, model->params.wte, nullptr, (int)n, C, Vl, stream);
     if (!with_targets) return;
     // -fp8 2: the classifier also writes dlogits' e5m2 copy, the LM head's FP8 backward's dy
     auto dlogits8 = lm_head_dy_copy(fp8_lm_head(model), dloss > 0.0f ? a.logits8 : nullptr, (int)n, C, Vl);
