@@ -147,8 +147,9 @@ start_all=$(date +%s)
 
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
 # their time on two cores), of about equal length: the CPU suite, the emulator's own tests and the bf16
-# and fp16 builds' suites in one; the kernel tests (sanitized, and in both thread orders), the fp32
-# build and dev/cuda (plain and sanitized) in the other. The CPU suite keeps about one core busy (its trainer
+# build's suite in one; the kernel tests (sanitized, and in both thread orders), the fp32 and fp16
+# builds, the seeded bugs under the race checker and dev/cuda (plain and sanitized) in the other
+# (measured at c8fbf82: 960 and 946 s before the last two moved and the race checker's classifiers shrank). The CPU suite keeps about one core busy (its trainer
 # runs go one at a time), so it no longer runs alone first. TEST_LANES=1 runs them one after the other.
 lane_a() {
     run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
@@ -162,7 +163,6 @@ lane_a() {
     run_suite emu-core-asan emulated "ASAN_OPTIONS=detect_leaks=0 $emu_asan_build/test_emu_core"
     run_suite emu-seeded-bugs-asan emulated "ASAN_OPTIONS=detect_leaks=0 $emu_asan_build/test_emu_seeded_bugs"
     run_suite emu-core-tsan emulated "$emu_tsan_build/test_emu_core"
-    run_suite emu-seeded-bugs-tsan emulated "$emu_tsan_build/test_emu_seeded_bugs"
     run_suite emu-mma-tsan emulated "$emu_tsan_build/test_mma_emu"
     run_suite emu-cublas emulated "$emu_build/test_cublas_emu"
     run_suite emu-nccl-np2 emulated "$(mpirun_np 2) $emu_build/test_nccl_emu"
@@ -171,24 +171,27 @@ lane_a() {
     run_suite comm-nccl-np3 emulated "EMU_DEVICE_COUNT=3 $(mpirun_np 3) -x EMU_DEVICE_COUNT $emu_build/comm_check_nccl"
     run_suite emu-mma emulated "$emu_build/test_mma_emu"
     run_suite gpu-suite-bf16 emulated "run_gtest_each ./test_gpt2cu_emu '-Kernels.*'"
-    # the fp16 build's kernels, its loss scaling and the oracle's tiny runs (its emulator tests: lane b)
-    run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
 }
 lane_b() {
     # the GPU suite's kernel tests under AddressSanitizer with initcheck (a report ends its test's
     # process with status 67: that test fails)
     run_suite kernels-asan emulated "ASAN_OPTIONS=detect_leaks=0 run_gtest_each $emu_asan_build/test_gpt2cu_emu 'Kernels.*'"
     # ... and under the race checker (dev/emu/README.md), flash attention at a few shapes (all of them
-    # take it 4 minutes). OMP_NUM_THREADS=1: the tests' CPU reference runs on OpenMP, whose
+    # take it 4 minutes) and the classifiers at 4 rows (TEST_SHAPES=few: test/gpu/test_kernels.cuh).
+    # OMP_NUM_THREADS=1: the tests' CPU reference runs on OpenMP, whose
     # synchronization ThreadSanitizer does not see.
-    run_suite kernels-tsan emulated "OMP_NUM_THREADS=1 TEST_FLASH_SHAPES=few run_gtest_each $emu_tsan_build/test_gpt2cu_emu 'Kernels.*'"
+    run_suite kernels-tsan emulated "OMP_NUM_THREADS=1 TEST_SHAPES=few run_gtest_each $emu_tsan_build/test_gpt2cu_emu 'Kernels.*'"
     run_kernels_both_orders bf16 test_gpt2cu_emu
     run_kernels_both_orders fp32 test_gpt2fp32cu_emu
     run_suite gpu-suite-fp32 emulated "run_gtest_each ./test_gpt2fp32cu_emu '-Kernels.*'"
-    # the fp16 emulator tests (dynamic loss scaling, doc/mixed_precision.md; the fp16 build's suite: lane a)
+    # the fp16 build's kernels, its loss scaling and the oracle's tiny runs, and its emulator tests
+    # (dynamic loss scaling, doc/mixed_precision.md)
+    run_suite gpu-suite-fp16 emulated "run_gtest_each ./test_gpt2fp16cu_emu 'Kernels.*:TrainFp16*:TrainNonFinite*:ModelOracle.Tiny*:TrainOracle.*'"
     run_suite emu-fp16 emulated "$emu_build/test_emu_fp16"
     # the FP8 formats (issue 48) against PyTorch's float8 casts
     run_suite emu-fp8 emulated "GPT2_ROOT=$root $emu_build/test_emu_fp8"
+    # the seeded bugs under the race checker (the other emulator tests: lane a)
+    run_suite emu-seeded-bugs-tsan emulated "$emu_tsan_build/test_emu_seeded_bugs"
     # dev/cuda: every program checked; then under the sanitizers: every program with AddressSanitizer and
     # initcheck (each version at its first block size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE);
     # with the race checker (each at its largest: the most warps a block) the quick ones (the others take

@@ -106,6 +106,14 @@ inline std::vector<float> random_values(size_t n, std::mt19937& rng, float lo = 
     return v;
 }
 
+// TEST_SHAPES=few: the race checker's run in make test (test/run_tests.sh), where every access of every
+// thread is checked and a shape can take seconds: the tests that take the longest there run fewer or
+// smaller shapes (each says which); every other run takes them all.
+inline bool few_shapes() {
+    const char* shapes = getenv("TEST_SHAPES");
+    return shapes && strcmp(shapes, "few") == 0;
+}
+
 inline std::vector<int> random_tokens(size_t n, int V, std::mt19937& rng) {
     std::vector<int> v(n);
     for (int& x : v) x = (int)(rng() % V);
@@ -550,14 +558,13 @@ TEST(Kernels, AttentionForwardBackward) {
 // terms at small T and head size, reach ~1e-2 (hs 8, T 7). Held to TOL_ATTENTION (lse to TOL_SUM); a
 // wrong mask, tile edge or padding is off by O(1). Also run under
 // EMU_THREAD_ORDER=reverse and EMU_CP_ASYNC=issue (dev/cuda/README.md) to shake out missing barriers.
-// TEST_FLASH_SHAPES=few, for the race checker's run in make test, where a shape takes seconds: hs 24 at
+// TEST_SHAPES=few, for the race checker's run in make test, where a shape takes seconds: hs 24 at
 // T 7 and 65 (a zero-padded head, a partial tile and one past a whole one) and hs 64 at T 130 (three
 // key tiles, the least where a key loop refills a stage it read before: its double buffer), one head.
 TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
     std::mt19937 rng(17);
     double worst_out = 0, worst_lse = 0, worst_dqkv = 0;
-    const char* shapes = getenv("TEST_FLASH_SHAPES");
-    bool few = shapes && strcmp(shapes, "few") == 0;
+    const bool few = few_shapes();
     const int B = 1, NH = few ? 1 : 2;  // a head's blocks race among their own threads only
     // 8, 24, 40, 104: not multiples of mma's 16, so the kernels' zero columns past hs are in play
     std::vector<int> every_length = {1, 7, 63, 64, 65, 200}, some_lengths = {7, 65};
@@ -646,12 +653,11 @@ TEST(Kernels, FlashAttentionEveryHeadSizeAndLength) {
 // (so it is checked on its own) adds into dq, dk, dv that already hold values. q sits in a (B, T, 3C)
 // tensor, k and v in (B, T, C) buffers of their own, as in the ring. Lengths past one and two key tiles
 // of 64 with partial last tiles, where a fully visible problem must mask the padded keys. Tolerances as
-// FlashAttentionEveryHeadSizeAndLength's. TEST_FLASH_SHAPES=few (the race checker's run): one sequence,
+// FlashAttentionEveryHeadSizeAndLength's. TEST_SHAPES=few (the race checker's run): one sequence,
 // hs 24, flash at T 7 and 70 (a partial tile, and one past a whole one), the plain kernels at T 7.
 TEST(Kernels, AttentionOnChunks) {
     std::mt19937 rng(23);
-    const char* shapes = getenv("TEST_FLASH_SHAPES");
-    const bool few = shapes && strcmp(shapes, "few") == 0;
+    const bool few = few_shapes();
     const int B = few ? 1 : 2, NH = 2;
     for (bool flash : {false, true}) {
         if (flash && !FLASH_ATTENTION_AVAILABLE) continue;
@@ -1043,7 +1049,7 @@ TEST(Kernels, Fp8CastOfAGradientTakesTheGeluBackwardAndTheColumnSums) {
 // the floatX product of dlogits and lnf (added to what it held). Products within 4e-3 of the largest in
 // bf16 (the output's rounding), 1e-5 in fp32. V = 200 of Vp = 256: the padding's gradient codes are 0.
 TEST(Kernels, Fp8LmHeadTakesTheClassifiersE5m2Gradient) {
-    const int N = 32, C = 48, V = 200, Vp = 256;
+    const int N = few_shapes() ? 16 : 32, C = 48, V = 200, Vp = 256;  // rows: a multiple of 16 for FP8
     std::mt19937 rng(31);
     std::vector<float> x = random_values((size_t)N * C, rng, -2.0f, 2.0f), w = random_values((size_t)Vp * C, rng, -0.3f, 0.3f);
     std::vector<float> dw0 = random_values(w.size(), rng, -0.1f, 0.1f);
@@ -1242,7 +1248,7 @@ TEST(Kernels, FusedClassifier) {
   for (int V : {300, 301}) {
     SCOPED_TRACE("V " + std::to_string(V));
     std::mt19937 rng(18);
-    int N = 24, Vp = 384;
+    int N = few_shapes() ? 4 : 24, Vp = 384;  // a block a row: 4 rows race as 24 do
     std::vector<float> logits = random_values((size_t)N * Vp, rng, -4.0f, 4.0f);
     std::vector<int> targets = random_tokens(N, V, rng);
     float dloss = 1.0f / N;
@@ -1278,7 +1284,7 @@ TEST(Kernels, VocabularyParallelClassifier) {
   for (int tp : {2, 3}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
     std::mt19937 rng(19);
-    int N = 24, V = 301, Vp = 384, Vl = Vp / tp;
+    int N = few_shapes() ? 4 : 24, V = 301, Vp = 384, Vl = Vp / tp;
     std::vector<float> logits = random_values((size_t)N * Vp, rng, -4.0f, 4.0f);
     std::vector<int> targets = random_tokens(N, V, rng);
     float dloss = 1.0f / N;
