@@ -240,6 +240,12 @@ inline void fp8_linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweigh
     }
 }
 
+// A BF16 backward of a linear -fp8 runs (not yet calibrated, or a shape FP8 cannot take): dy's amax is
+// recorded all the same where FP8 could take the shape, so the next step's scale is ready.
+inline void fp8_calibrate_dy(const Fp8Linear& f, const floatX* dout, int N, int C, int OC, cudaStream_t stream) {
+    if (f.t != nullptr && fp8_shape_fits(N, C, OC)) fp8_amax(dout, (size_t)N * OC, f.amax(FP8_DY), stream);
+}
+
 // The backward of linear_forward: dinp (N, C) = dout · weight (overwritten); dweight (OC, C) and dbias
 // (OC, or null) += their gradients; scratch: matmul_backward_scratch_floats(OC).
 inline void linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
@@ -249,7 +255,7 @@ inline void linear_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, f
         fp8_linear_backward(f, dinp, dweight, dbias, scratch, dout, nullptr, inp, weight, N, C, OC, stream);
         return;
     }
-    if (f.t != nullptr && fp8_shape_fits(N, C, OC)) fp8_amax(dout, (size_t)N * OC, f.amax(FP8_DY), stream);  // calibration
+    fp8_calibrate_dy(f, dout, N, C, OC, stream);
     matmul_backward(dinp, dweight, dbias, scratch, dout, inp, weight, nullptr, N, C, OC, stream);
 }
 
@@ -289,7 +295,7 @@ inline void lm_head_backward(const Fp8Linear& f, floatX* dinp, floatX* dweight, 
         fp8_linear_dinp(f, dinp, dout8, weight, N, C, Vl, stream);
         return;
     }
-    if (f.t != nullptr && fp8_shape_fits(N, C, Vl)) fp8_amax(dout, (size_t)N * Vl, f.amax(FP8_DY), stream);  // calibration
+    fp8_calibrate_dy(f, dout, N, C, Vl, stream);
     matmul_backward_input(dinp, dout, weight, nullptr, N, C, Vl, stream);
 }
 

@@ -385,9 +385,6 @@ inline void matmul_dbias(floatX* dbias, float* scratch, const floatX* dout, int 
     cudaCheckLaunch();
 }
 
-// dinp = dout · weight (overwritten; with pre_gelu non-null, multiplied by gelu'(pre_gelu), i.e. the
-// gradient flows on through the GELU whose output was this layer's input). Accumulates (+=) into
-// dweight and dbias (dbias may be nullptr).
 // dinp (N, C) = dout (N, OC) · weight (OC, C), overwritten; with pre_gelu, cuBLASLt's DGELU epilogue
 // multiplies it by GELU'(pre_gelu), the gradient of the GELU that made this matmul's input.
 inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, const floatX* pre_gelu, int N,
@@ -396,6 +393,9 @@ inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX
                     stream);
 }
 
+// dinp = dout · weight (overwritten; with pre_gelu non-null, multiplied by gelu'(pre_gelu), i.e. the
+// gradient flows on through the GELU whose output was this layer's input). Accumulates (+=) into
+// dweight and dbias (dbias may be nullptr).
 inline void matmul_backward(floatX* dinp,           // (N, C)
                             floatX* dweight,        // (OC, C)
                             floatX* dbias,          // (OC) or nullptr

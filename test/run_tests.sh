@@ -149,8 +149,8 @@ start_all=$(date +%s)
 # their time on two cores), of about equal length: the CPU suite, the emulator's own tests and the bf16
 # build's suite in one; the kernel tests (sanitized, and in both thread orders), the fp32 and fp16
 # builds, the seeded bugs under the race checker and dev/cuda (plain and sanitized) in the other
-# (measured at c8fbf82: 960 and 946 s before the last two moved and the race checker's classifiers shrank). The CPU suite keeps about one core busy (its trainer
-# runs go one at a time), so it no longer runs alone first. TEST_LANES=1 runs them one after the other.
+# (measured: 894 and 925 s at e17398b). The CPU suite keeps about one core busy (its trainer runs go
+# one at a time), so it no longer runs alone first. TEST_LANES=1 runs them one after the other.
 lane_a() {
     run_suite cpu cpu "build/test_cpu ${TEST_ARGS:-}"
     # llmc/parallel/comm.h's calls checked against their definitions on the MPI backend (needs mpirun)

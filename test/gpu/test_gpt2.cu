@@ -128,8 +128,9 @@ void check_against_oracle_state(const std::string& dir, int recompute, int flash
         EXPECT_EQ(model.logits_first_row, first);
         return test::max_rel_error(logits.data(), state.logits.data() + want_first * V, logits.size());
     };
-    size_t BT = (size_t)B * T, rows = head_chunk_rows(BT, head_chunks, false);  // the definition's rounding up of B·T/N
-    size_t last = (BT - 1) / rows * rows;                                       // the last chunk's first row
+    size_t BT = (size_t)B * T;
+    size_t rows = head_chunks > 0 ? (BT + head_chunks - 1) / head_chunks : BT;  // -lc's definition: B·T/N rounded up
+    size_t last = (BT - 1) / rows * rows;                                        // the last chunk's first row
     gpt2_forward(&model, state.inputs.data(), state.targets.data(), B, T);  // dloss 0: the logits stay
     float loss = gpt2_mean_loss(&model, B, T);
     double logits_err = logits_error(last, BT - last, last);
