@@ -49,7 +49,7 @@ EMU_LDLIBS = -rdynamic -lboost_context -lpthread -ldl $(TOKENIZER_LIBS)
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
 
 EMU_CORE_SOURCES := $(EMU_DIR)/exec.cpp $(EMU_DIR)/runtime.cpp $(EMU_DIR)/device_memory.cpp $(EMU_DIR)/memcpy2d.cpp
-EMU_CORE_HEADERS := $(wildcard $(EMU_DIR)/include/*.h $(EMU_DIR)/include/emu/*.h $(EMU_DIR)/include/cooperative_groups/*.h) $(EMU_DIR)/prelude.h $(EMU_DIR)/internal.h
+EMU_CORE_HEADERS := $(wildcard $(EMU_DIR)/include/*.h $(EMU_DIR)/include/emu/*.h $(EMU_DIR)/include/cooperative_groups/*.h) $(EMU_DIR)/prelude.h $(EMU_DIR)/internal.h $(EMU_DIR)/fiber_switch.h
 EMU_CORE_OBJECTS := $(patsubst $(EMU_DIR)/%.cpp,$(EMU_BUILD)/obj/%.o,$(EMU_CORE_SOURCES))
 # the other parts of the emulator (dev/emu/CONTRACT.md): linked when they are there
 EMU_LIB_SOURCES := $(wildcard $(EMU_DIR)/cublas*.cpp $(EMU_DIR)/nccl*.cpp)

@@ -47,7 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <boost/context/detail/fcontext.hpp>
+#include "fiber_switch.h"
 
 #include <cuda_runtime.h>
 
@@ -80,8 +80,6 @@ int __tsan_get_report_thread(void* report, uintptr_t idx, int* tid, uint64_t* os
                              int* parent_tid, void** trace, uintptr_t trace_size);
 }
 #endif
-
-namespace bctx = boost::context::detail;
 
 __thread uint3 threadIdx;
 __thread uint3 blockIdx;
@@ -296,7 +294,7 @@ size_t fiber_stack_bytes() {
 enum class ThreadState : uint8_t { not_started, runnable, running, at_barrier, at_warp, done };
 
 struct Fiber {
-    bctx::fcontext_t context = nullptr;  // where it resumes
+    emu_fiber::Context context = nullptr;  // where it resumes
     char* stack_bottom = nullptr;
     size_t stack_bytes = 0;
     void* asan_fake_stack = nullptr;
@@ -349,9 +347,10 @@ struct Worker {
     std::vector<ThreadSlot> threads_of_block;  // [thread]
     std::vector<LaneSlot> lanes;               // [thread]
     std::vector<unsigned> warp_arrived;        // [warp]: lanes waiting in a collective
-    bctx::fcontext_t scheduler = nullptr;
+    emu_fiber::Context scheduler = nullptr;
     int current_thread = -1;  // -1: not inside a kernel
     int current_fiber = -1;
+    int switched_from = -1;  // the fiber that made the latest switch (-1: the scheduler)
     const void* scheduler_stack_bottom = nullptr;
     size_t scheduler_stack_bytes = 0;
     void* scheduler_fake_stack = nullptr;
@@ -446,22 +445,90 @@ inline void asan_finish(void* fake_stack_save, const void** bottom_old, size_t* 
 #endif
 }
 
-// from a fiber back to its block's scheduler; returns when the scheduler resumes this fiber
-void yield_to_scheduler(Worker& w) {
-    int self = w.current_fiber;  // an index: `fibers` may grow while this fiber waits
-    asan_start(&w.fibers[self].asan_fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
-    tsan_switch(w.tsan_host);
-    bctx::transfer_t t = bctx::jump_fcontext(w.scheduler, nullptr);
-    asan_finish(w.fibers[self].asan_fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
-    w.scheduler = t.fctx;
+// The switches. A block's scheduler (run_block, on the host thread's stack) starts a sweep over the
+// block's threads; from then on each fiber, when its thread waits (a barrier, a warp collective) or
+// ends, does the scheduler's part itself: records where its thread stopped (note_arrival), picks the
+// next thread of the sweep that can run and switches straight to that thread's fiber. Only at the end
+// of a sweep does it switch back to the scheduler, which opens a barrier, starts the next sweep or ends
+// the block. One switch per waiting thread instead of two (to the scheduler and out again): the
+// emulator spends much of its time switching (a warp collective is 32 fibers waiting in turn).
+
+// switches from fiber `from` (-1: the scheduler) to fiber `to` (-1: the scheduler); returns when some
+// fiber or the scheduler switches back to `from`
+void switch_fibers(Worker& w, int from, int to);
+
+// after a switch into fiber (or scheduler) `self`: keeps where the one that switched here resumes
+void arrived(Worker& w, int self, emu_fiber::Transfer t) {
+    int from = w.switched_from;
+    if (from < 0) {  // from the scheduler: its stack's bounds, which only the switch tells
+        asan_finish(self < 0 ? w.scheduler_fake_stack : w.fibers[self].asan_fake_stack, &w.scheduler_stack_bottom,
+                    &w.scheduler_stack_bytes);
+        w.scheduler = t.fctx;
+    } else {
+        asan_finish(self < 0 ? w.scheduler_fake_stack : w.fibers[self].asan_fake_stack, nullptr, nullptr);
+        w.fibers[from].context = t.fctx;
+    }
 }
 
-void fiber_main(bctx::transfer_t t) {
+void switch_fibers(Worker& w, int from, int to) {
+    void** fake_stack = from < 0 ? &w.scheduler_fake_stack : &w.fibers[from].asan_fake_stack;
+    emu_fiber::Context target;
+    if (to < 0) {
+        asan_start(fake_stack, w.scheduler_stack_bottom, w.scheduler_stack_bytes);
+        tsan_switch(w.tsan_host);
+        target = w.scheduler;
+    } else {
+        Fiber& f = w.fibers[to];
+        asan_start(fake_stack, f.stack_bottom, f.stack_bytes);
+        tsan_switch(f.tsan_fiber);
+        target = f.context;
+    }
+    w.switched_from = from;
+    emu_fiber::Transfer t = emu_fiber::fiber_jump(target, &w);
+    arrived(w, from, t);  // `fibers` may have grown meanwhile: indices, not references, from here on
+}
+
+// The next thread of the sweep that can run, after position w.sweep, which moves to it; -1 when the
+// sweep is over. From a fiber under EMU_TSAN, a thread that has not started is left to the scheduler
+// (-1, the sweep stopped before it): starting one maps stacks and creates TSan contexts, host work that
+// the scheduler's TSan context hides.
+int next_in_sweep(Worker& w, bool on_fiber) {
+    if (w.runnable == 0) return -1;
+    for (int p = w.sweep + 1; p < w.threads; p++) {
+        int i = w.thread_at(p);
+        ThreadState state = w.threads_of_block[i].state;
+        if (state != ThreadState::runnable && state != ThreadState::not_started) continue;
+        if (EMU_TSAN && on_fiber && state == ThreadState::not_started) {
+            w.sweep = p - 1;
+            return -1;
+        }
+        w.sweep = p;
+        return i;
+    }
+    w.sweep = w.threads;
+    return -1;
+}
+
+// makes thread `i` the running one (on a fiber of its own if it has not started); returns its fiber
+int take_thread(Worker& w, int i);
+
+// the running thread waits (its state says for what) or has ended: note it, and switch to the next
+// thread of the sweep, or back to the scheduler; returns when this fiber's thread runs again
+void note_arrival(Worker& w, int t);
+void leave_thread(Worker& w) {
+    int self = w.current_fiber;  // an index: `fibers` may grow while this fiber waits
+    note_arrival(w, w.current_thread);
+    int next = next_in_sweep(w, true);
+    switch_fibers(w, self, next < 0 ? -1 : take_thread(w, next));
+}
+
+void fiber_main(emu_fiber::Transfer t) {
     Worker& w = *static_cast<Worker*>(t.data);
-    asan_finish(nullptr, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
-    w.scheduler = t.fctx;
+    const int self = w.current_fiber;  // whoever switched here made this fiber the current one
+    arrived(w, self, t);
     for (;;) {
-        // the scheduler has set current_thread to a thread that has not started
+        // current_thread is a thread that has not started, given to this fiber
+        int next;
         for (;;) {
             tsan_acquire(&w.launch_start_sync);
             w.run_thread(w.args);
@@ -470,23 +537,20 @@ void fiber_main(bctx::transfer_t t) {
             ended.state = ThreadState::done;
             ended.fiber = -1;
             w.live--;
-            // EMU_TSAN: a thread runs on the fiber the pool gives it (its TSan context); the next thread
-            // on this stack would otherwise seem to race with this one on the stack's memory
-            if (EMU_TSAN) break;
-            int position = w.sweep + 1;
-            if (position >= w.threads) break;
-            int next = w.thread_at(position);
+            next = next_in_sweep(w, true);
+            // a thread that has not started goes on on this fiber, with no switch; under EMU_TSAN a
+            // thread runs on the fiber the pool gives it (its TSan context): the next thread on this
+            // stack would otherwise seem to race with this one on the stack's memory
+            if (EMU_TSAN || next < 0 || w.threads_of_block[next].state != ThreadState::not_started) break;
             ThreadSlot& slot = w.threads_of_block[next];
-            if (slot.state != ThreadState::not_started) break;
-            w.sweep = position;
             w.runnable--;
             slot.state = ThreadState::running;
-            slot.fiber = w.current_fiber;
+            slot.fiber = self;
             w.current_thread = next;
             threadIdx = slot.index;
         }
-        if (!EMU_TSAN) w.free_fibers.push_back(w.current_fiber);
-        yield_to_scheduler(w);
+        if (!EMU_TSAN) w.free_fibers.push_back(self);
+        switch_fibers(w, self, next < 0 ? -1 : take_thread(w, next));
     }
 }
 
@@ -508,7 +572,7 @@ int take_fiber(Worker& w) {
     // stacks are a multiple of 4 KiB apart, so their tops would all fall in the same L1 cache sets;
     // a different offset per fiber spreads the saved contexts over the sets
     size_t stagger = (w.fibers.size() % 63) * 64;
-    f.context = bctx::make_fcontext(f.stack_bottom + bytes - stagger, bytes - stagger, fiber_main);
+    f.context = emu_fiber::fiber_make(f.stack_bottom + bytes - stagger, bytes - stagger, fiber_main);
 #if EMU_TSAN
     f.tsan_fiber = __tsan_create_fiber(0);
 #endif
@@ -516,8 +580,7 @@ int take_fiber(Worker& w) {
     return (int)w.fibers.size() - 1;
 }
 
-// runs thread `i` (starting it on a fiber if it has not started) until it waits or ends
-void resume(Worker& w, int i) {
+int take_thread(Worker& w, int i) {
     ThreadSlot& slot = w.threads_of_block[i];
     if (slot.state == ThreadState::not_started) {
 #if EMU_TSAN
@@ -542,12 +605,7 @@ void resume(Worker& w, int i) {
     w.current_thread = i;
     w.current_fiber = slot.fiber;
     threadIdx = slot.index;
-    Fiber& f = w.fibers[slot.fiber];
-    asan_start(&w.scheduler_fake_stack, f.stack_bottom, f.stack_bytes);
-    tsan_switch(f.tsan_fiber);
-    bctx::transfer_t t = bctx::jump_fcontext(f.context, &w);
-    asan_finish(w.scheduler_fake_stack, nullptr, nullptr);
-    w.fibers[w.current_fiber].context = t.fctx;
+    return slot.fiber;
 }
 
 std::string lanes_text(unsigned bits) {
@@ -679,6 +737,24 @@ void complete_collective(Worker& w, int warp, unsigned mask) {
          kernel_name(w.kernel).c_str(), blockIdx.x, blockIdx.y, blockIdx.z, detail.c_str());
 }
 
+// thread t has stopped running: at a barrier, in a warp collective (the last lane to arrive completes
+// it), or ended (fiber_main has counted it)
+void note_arrival(Worker& w, int t) {
+    switch (w.threads_of_block[t].state) {
+        case ThreadState::done: break;
+        case ThreadState::at_barrier: w.at_barrier++; break;
+        case ThreadState::at_warp: {
+            w.at_warp++;
+            int warp = t / 32;
+            unsigned mask = w.lanes[t].mask;
+            w.warp_arrived[warp] |= 1u << (t % 32);
+            if ((w.warp_arrived[warp] & mask) == mask) complete_collective(w, warp, mask);
+            break;
+        }
+        default: fail("internal: a fiber left while its thread is running");
+    }
+}
+
 void run_block(Worker& w) {
     const int n = w.threads;
     const dim3 b = blockDim;
@@ -696,27 +772,16 @@ void run_block(Worker& w) {
     w.at_barrier = 0;
     w.at_warp = 0;
     w.reverse = thread_order.load(std::memory_order_relaxed) == ThreadOrder::reverse;
+    w.sweep = -1;
     for (;;) {
-        for (w.sweep = 0; w.sweep < n && w.runnable > 0; w.sweep++) {
-            int i = w.thread_at(w.sweep);
-            ThreadState state = w.threads_of_block[i].state;
-            if (state != ThreadState::runnable && state != ThreadState::not_started) continue;
-            resume(w, i);
-            int t = w.current_thread;  // the fiber may have gone on to later threads
-            switch (w.threads_of_block[t].state) {
-                case ThreadState::done: break;
-                case ThreadState::at_barrier: w.at_barrier++; break;
-                case ThreadState::at_warp: {
-                    w.at_warp++;
-                    int warp = t / 32;
-                    unsigned mask = w.lanes[t].mask;
-                    w.warp_arrived[warp] |= 1u << (t % 32);
-                    if ((w.warp_arrived[warp] & mask) == mask) complete_collective(w, warp, mask);
-                    break;
-                }
-                default: fail("internal: a fiber came back while its thread is running");
-            }
+        // the sweep goes on from fiber to fiber (leave_thread) and comes back here when it is over, or
+        // under EMU_TSAN before a thread that has not started
+        int next = next_in_sweep(w, false);
+        if (next >= 0) {
+            switch_fibers(w, -1, take_thread(w, next));
+            continue;
         }
+        w.sweep = -1;
         if (w.runnable > 0) continue;
         if (w.live == 0) break;
         if (w.at_warp == 0 && w.at_barrier == w.live) {
@@ -916,11 +981,11 @@ uint64_t warp_collective(WarpOp op, const char* name, unsigned mask, uint64_t va
     WarpSync& sync = warp_sync(w, i / 32, mask);
     char* order = w.sync_page + 2 * sync.pair + sync.completed % 2;
     tsan_release(order);
-    yield_to_scheduler(w);
+    leave_thread(w);
     tsan_acquire(order);
     w.threads_of_block[i].syncs++;
 #else
-    yield_to_scheduler(w);
+    leave_thread(w);
 #endif
     return w.lanes[i].result;
 }
@@ -932,11 +997,11 @@ void syncthreads() {
 #if EMU_TSAN
     char* order = w->sync_page + w->barriers_opened % 2;  // alternating, as in WarpSync
     tsan_release(order);
-    yield_to_scheduler(*w);
+    leave_thread(*w);
     tsan_acquire(order);
     w->threads_of_block[w->current_thread].syncs++;
 #else
-    yield_to_scheduler(*w);
+    leave_thread(*w);
 #endif
 }
 
