@@ -9,6 +9,9 @@
 #   dev/layout_bits.sh --cuda [BASE_REF]   the CUDA trainer under the emulator (train_gpt2cu_emu and
 #                                          train_gpt2fp32cu_emu; several processes over emulated NCCL)
 #   LAYOUTS="single dp2_z1" dev/layout_bits.sh main~3   only these layouts (names below)
+#   LAYOUT_BITS_BASE_TREE=DIR dev/layout_bits.sh REF    the base built in DIR, a checkout of REF made
+#                                          beforehand (.ci/run builds it beside the tests), not in a
+#                                          worktree of its own
 #
 # Changes that must keep the bits compare against one fixed base: 3fbd63f (the one data stream of issue 51,
 # which changed every shuffled run's bits; the tutorial redesign of issue 47 used bdc40c7). With --cuda
@@ -23,17 +26,29 @@ if [ "${1:-}" = --cuda ]; then cuda=1; shift; fi
 base_ref="${1:-HEAD}"
 work="$(mktemp -d /tmp/layout_bits.XXXXXX)"
 python="$("$root/scripts/find_python.sh")"
-trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+base_tree="${LAYOUT_BITS_BASE_TREE:-}"
+if [ -n "$base_tree" ]; then
+    trap 'rm -rf "$work"' EXIT
+    want="$(git -C "$root" rev-parse "$base_ref^{commit}")"
+    have="$(git -C "$base_tree" rev-parse HEAD 2>/dev/null || echo none)"
+    if [ "$have" != "$want" ] || [ -n "$(git -C "$base_tree" status --porcelain --untracked-files=no)" ]; then
+        echo "layout_bits: LAYOUT_BITS_BASE_TREE=$base_tree is not a clean checkout of $base_ref (its HEAD: $have)" >&2
+        exit 1
+    fi
+else
+    base_tree="$work/base"
+    trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+fi
 
 echo "layout_bits: base $(git -C "$root" rev-parse --short "$base_ref") vs the working tree; scratch in $work"
-git -C "$root" worktree add --detach "$work/base" "$base_ref" >/dev/null 2>&1
+[ "$base_tree" = "$work/base" ] && git -C "$root" worktree add --detach "$work/base" "$base_ref" >/dev/null 2>&1
 # the binaries: kind -> make target (the CPU trainer; or the CUDA trainer's two emulated builds)
 declare -A target=([cpu]=train_gpt2)
 [ $cuda -eq 1 ] && target=([bf16]=train_gpt2cu_emu [fp32]=train_gpt2fp32cu_emu)
-make -C "$work/base" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
+make -C "$base_tree" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
 make -C "$root" -s -j"${JOBS:-2}" "${target[@]}" >/dev/null
 for kind in "${!target[@]}"; do
-    cp "$work/base/${target[$kind]}" "$work/$kind.base"
+    cp "$base_tree/${target[$kind]}" "$work/$kind.base"
     cp "$root/${target[$kind]}" "$work/$kind.new"
 done
 
