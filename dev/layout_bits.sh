@@ -38,10 +38,10 @@ if [ -n "$base_tree" ]; then
 else
     base_tree="$work/base"
     trap 'git -C "$root" worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+    git -C "$root" worktree add --detach "$base_tree" "$base_ref" >/dev/null 2>&1
 fi
 
 echo "layout_bits: base $(git -C "$root" rev-parse --short "$base_ref") vs the working tree; scratch in $work"
-[ "$base_tree" = "$work/base" ] && git -C "$root" worktree add --detach "$work/base" "$base_ref" >/dev/null 2>&1
 # the binaries: kind -> make target (the CPU trainer; or the CUDA trainer's two emulated builds)
 declare -A target=([cpu]=train_gpt2)
 [ $cuda -eq 1 ] && target=([bf16]=train_gpt2cu_emu [fp32]=train_gpt2fp32cu_emu)

@@ -453,23 +453,21 @@ inline void asan_finish(void* fake_stack_save, const void** bottom_old, size_t* 
 // the block. One switch per waiting thread instead of two (to the scheduler and out again): the
 // emulator spends much of its time switching (a warp collective is 32 fibers waiting in turn).
 
-// switches from fiber `from` (-1: the scheduler) to fiber `to` (-1: the scheduler); returns when some
-// fiber or the scheduler switches back to `from`
-void switch_fibers(Worker& w, int from, int to);
-
 // after a switch into fiber (or scheduler) `self`: keeps where the one that switched here resumes
 void arrived(Worker& w, int self, emu_fiber::Transfer t) {
     int from = w.switched_from;
+    void* fake_stack = self < 0 ? w.scheduler_fake_stack : w.fibers[self].asan_fake_stack;
     if (from < 0) {  // from the scheduler: its stack's bounds, which only the switch tells
-        asan_finish(self < 0 ? w.scheduler_fake_stack : w.fibers[self].asan_fake_stack, &w.scheduler_stack_bottom,
-                    &w.scheduler_stack_bytes);
+        asan_finish(fake_stack, &w.scheduler_stack_bottom, &w.scheduler_stack_bytes);
         w.scheduler = t.fctx;
     } else {
-        asan_finish(self < 0 ? w.scheduler_fake_stack : w.fibers[self].asan_fake_stack, nullptr, nullptr);
+        asan_finish(fake_stack, nullptr, nullptr);
         w.fibers[from].context = t.fctx;
     }
 }
 
+// switches from fiber `from` (-1: the scheduler) to fiber `to` (-1: the scheduler); returns when some
+// fiber or the scheduler switches back to `from`
 void switch_fibers(Worker& w, int from, int to) {
     void** fake_stack = from < 0 ? &w.scheduler_fake_stack : &w.fibers[from].asan_fake_stack;
     emu_fiber::Context target;
