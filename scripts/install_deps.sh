@@ -6,8 +6,8 @@
 #   libpcre2-dev             the tokenizer's Unicode regular expressions
 #   libgtest-dev             the C++ test suites
 #   openmpi-bin libopenmpi-dev   multi-process (data-parallel) runs and their tests
-#   libboost-context-dev     the fibers of the CUDA emulation (dev/emu: CUDA threads on the CPU):
-#                            linked everywhere, its switch used off x86-64 (dev/emu/fiber_switch.h)
+#   libboost-context-dev     the fibers of the CUDA emulation (dev/emu: CUDA threads on the CPU) off
+#                            x86-64, linked only there (dev/emu/fiber_switch.h has x86-64's own switch)
 #   libtsan2                 ThreadSanitizer, the emulator's race checker (comes with g++ 12 and 13)
 #   python3 python3-venv     only to make the Python environment below
 # From PyPI, into a virtual environment in the repository (.venv, git-ignored), the versions pinned in
