@@ -44,8 +44,9 @@ EMU_BASE_FLAGS = -std=c++17 $(EMU_OPT) $(EMU_SAN) -I$(EMU_DIR)/include -DCUDA_EM
 # -I$(EMU_DIR): sources that include the emulator's own headers; prelude.h brings mma_emu.h (the emulated
 # mma.sync, ldmatrix, cp.async behind llmc/mma.cuh's wrappers)
 EMU_CU_FLAGS = $(EMU_BASE_FLAGS) $(EMU_CU_SAN) -I$(EMU_DIR) -x c++ -include $(EMU_DIR)/prelude.h
-# Boost.Context: the fiber switch off x86-64 only (fiber_switch.h has its own for x86-64)
-EMU_BOOST_CONTEXT := $(if $(filter x86_64,$(shell uname -m)),,-lboost_context)
+# Boost.Context: the fiber switch off x86-64 only (fiber_switch.h has its own for x86-64); the compiler's
+# target decides, as __x86_64__ does in fiber_switch.h, not the machine's
+EMU_BOOST_CONTEXT := $(if $(filter x86_64-%,$(shell $(CXX) -dumpmachine)),,-lboost_context)
 EMU_LDLIBS = -rdynamic $(EMU_BOOST_CONTEXT) -lpthread -ldl $(TOKENIZER_LIBS)
 # trainers and their test link the NCCL emulation, which runs over MPI when mpicxx is there
 EMU_CXX = $(if $(TRAIN_CXX),$(TRAIN_CXX),$(CXX))
