@@ -141,8 +141,8 @@ run_kernels_both_orders() {
 
 # AddressSanitizer: every dev/cuda program but matmul_forward (its lesson kernels take a minute under it;
 # production uses cuBLAS, and the plain check runs it)
-devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias matmul_fp8 nccl_all_reduce softmax_forward"
-devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce"
+devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias matmul_fp8 nccl_all_reduce softmax_forward wgmma_check"
+devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce wgmma_check"
 start_all=$(date +%s)
 
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
@@ -226,6 +226,17 @@ while read -r name kind passed failed skipped seconds; do
     [ "$failed" -eq 0 ] || any_failed=1
 done < <(cat "$logs"/*.records 2>/dev/null)
 echo "(emulated: the CUDA code run on the CPU by dev/emu; proves the logic, not the speed or the GPU memory model)"
+# What failed, again, right above the closing lines: CI shows only the end of this output.
+if [ "$any_failed" -ne 0 ]; then
+    while read -r name kind passed failed skipped seconds; do
+        [ "$failed" -eq 0 ] && continue
+        echo "failed in $name ($logs/$name.log):"
+        {   # the failed tests' names, then the first failure's place and message
+            grep -E '^\[  FAILED  \] [A-Za-z]|^FAILED: ' "$logs/$name.log" | sed -E 's/ \([0-9]+ ms\)$//' | sort -u | head -n 4
+            grep -m 1 -A 3 -E 'Failure$|cuda-emu:' "$logs/$name.log"
+        } | cut -c 1-200 | sed 's/^/   | /'
+    done < <(cat "$logs"/*.records 2>/dev/null)
+fi
 echo "all suites: $(($(date +%s) - start_all)) s; logs in $logs/"
 echo "tests: $total_passed passed, $total_failed failed, $total_skipped skipped"
 exit $any_failed
