@@ -36,7 +36,7 @@ $(DEVCUDA_BUILD)/%_kernels.cpp: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh llmc/*.c
 $(DEVCUDA_BUILD)/%_kernels.o: $(DEVCUDA_BUILD)/%_kernels.cpp $(EMU_CORE_HEADERS)
 	$(CXX) $(EMU_BASE_FLAGS) -c $< -o $@
 
-$(DEVCUDA_BINS): $(DEVCUDA_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_DIR)/mma_emu.h $(DEVCUDA_BUILD)/%_kernels.o $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS)
+$(DEVCUDA_BINS): $(DEVCUDA_BUILD)/%: $(EMU_BUILD)/src.stamp $(EMU_DIR)/mma_emu.h $(EMU_DIR)/wgmma_emu.h $(DEVCUDA_BUILD)/%_kernels.o $(EMU_CORE_OBJECTS) $(EMU_LIB_OBJECTS)
 	$(EMU_CXX) $(DEVCUDA_FLAGS) $(EMU_SRC)/dev/cuda/$*.cu -x none $(DEVCUDA_BUILD)/$*_kernels.o $(DEVCUDA_LINK) -o $@
 
 # Each program alone; a program passes when it exits 0 (all its checks

@@ -71,7 +71,7 @@ $(EMU_FLAVOR_STAMP):
 	@mkdir -p build
 	rm -f build/emu-flavor-* && touch $@
 
-$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh $(EMU_DIR)/mma_emu.h
+$(EMU_BUILD)/src.stamp: $(EMU_CU_SOURCES) $(EMU_DIR)/cu2cpp.sh $(EMU_DIR)/mma_emu.h $(EMU_DIR)/wgmma_emu.h
 	@mkdir -p $(EMU_BUILD)
 	$(EMU_DIR)/cu2cpp.sh $(EMU_SRC) $(EMU_CU_SOURCES)
 	touch $@

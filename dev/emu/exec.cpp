@@ -66,11 +66,12 @@
 #if EMU_TSAN
 #include <sanitizer/tsan_interface.h>
 // exported by GCC's libtsan but declared in no header: ignoring accesses, a write of a range (what the
-// instrumentation calls), and reading a report (tsan_debugging.cpp in the sanitizer sources)
+// instrumentation calls) and a read of one, and reading a report (tsan_debugging.cpp in the sanitizer sources)
 extern "C" {
 void __tsan_ignore_thread_begin();
 void __tsan_ignore_thread_end();
 void __tsan_write_range(void* address, unsigned long size);
+void __tsan_read_range(void* address, unsigned long size);
 int __tsan_get_report_data(void* report, const char** description, int* count, int* stack_count, int* mop_count,
                            int* loc_count, int* mutex_count, int* thread_count, int* unique_tid_count, void** sleep_trace,
                            uintptr_t trace_size);
@@ -330,6 +331,7 @@ struct ThreadSlot {
     unsigned syncs;
     int window;
     unsigned window_syncs, window_count;
+    const char* window_kind;  // what its accesses are called in a report ("cp.async", "wgmma.mma_async")
 };
 
 // one lane's part in a warp collective
@@ -363,7 +365,7 @@ struct Worker {
     int sweep = 0;  // position in the current sweep over the threads
     int runnable = 0, at_barrier = 0, at_warp = 0, live = 0;
     dim3 indexed_block{0, 0, 0};  // the blockDim that threads_of_block[].index was computed for
-    // dynamic shared memory, 16-byte aligned: dynamic_storage, or with EMU_TSAN a mapped region
+    // dynamic shared memory, 1024-byte aligned: in dynamic_storage, or with EMU_TSAN a mapped region
     char* dynamic_shared = nullptr;
     size_t dynamic_shared_bytes = 0;
     std::vector<uint4> dynamic_storage;
@@ -594,6 +596,7 @@ int take_thread(Worker& w, int i) {
         slot.syncs = 0;
         slot.window = -1;
         slot.window_count = 0;
+        slot.window_kind = nullptr;
 #else
         slot.fiber = take_fiber(w);
 #endif
@@ -864,25 +867,27 @@ void race_check_fence() {
 // its own); a thread has copy_windows of them in turn, so a copy whose window was reopened for a later
 // issue is seen as later than it was (a race can be missed, never invented). The windows belong to the
 // pooled fiber, whose threads TSan already sees in program order.
-int race_check_copy_issue() {
+int race_check_copy_issue(const char* kind) {
 #if EMU_TSAN
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) return -1;
     ThreadSlot& t = w->threads_of_block[w->current_thread];
-    if (t.window >= 0 && t.window_syncs == t.syncs) return t.window;
+    if (t.window >= 0 && t.window_syncs == t.syncs && t.window_kind == kind) return t.window;
     Fiber& f = w->fibers[t.fiber];
     int k = (int)(t.window_count++ % copy_windows);
     if (f.tsan_copy[k] == nullptr) f.tsan_copy[k] = __tsan_create_fiber(0);
     char name[128];  // what a race report calls the copy's write (TSan keeps 63 characters; the kernel is named)
-    snprintf(name, sizeof(name), "cp.async of block (%u,%u,%u) thread (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z,
+    snprintf(name, sizeof(name), "%s of block (%u,%u,%u) thread (%u,%u,%u)", kind, blockIdx.x, blockIdx.y, blockIdx.z,
              t.index.x, t.index.y, t.index.z);
     __tsan_set_fiber_name(f.tsan_copy[k], name);
     __tsan_switch_to_fiber(f.tsan_copy[k], 0);  // with synchronization: the window acquires the thread's clock
     __tsan_switch_to_fiber(f.tsan_fiber, __tsan_switch_to_fiber_no_sync);
     t.window = k;
     t.window_syncs = t.syncs;
+    t.window_kind = kind;
     return k;
 #else
+    (void)kind;
     return -1;
 #endif
 }
@@ -898,6 +903,45 @@ void race_check_copy_land(int window, void* shared, size_t bytes) {
 #else
     (void)window, (void)shared, (void)bytes;
 #endif
+}
+
+// EMU_TSAN: wgmma's read of shared memory (wgmma_emu.h), made at the covering wgmma.wait_group but
+// possibly anywhere from the issue on: read in a window (race_check_copy_issue, opened at the
+// wgmma.fence before the issue), so that a write of the operand by any thread not ordered before the
+// fence, the issuing thread's own writes after it included, is reported; the thread then acquires the
+// window's clock.
+void race_check_async_read(int window, const void* shared, size_t bytes) {
+#if EMU_TSAN
+    Worker* w = this_worker;
+    if (window < 0 || w == nullptr || w->current_thread < 0) return;
+    Fiber& f = w->fibers[w->threads_of_block[w->current_thread].fiber];
+    __tsan_switch_to_fiber(f.tsan_copy[window], __tsan_switch_to_fiber_no_sync);
+    __tsan_read_range(const_cast<void*>(shared), bytes);
+    __tsan_switch_to_fiber(f.tsan_fiber, 0);
+#else
+    (void)window, (void)shared, (void)bytes;
+#endif
+}
+
+// The shared window (the addresses of __cvta_generic_to_shared and of wgmma's descriptors) is the
+// block's dynamic shared memory from address 0, as on a GPU whose kernel declares no static shared
+// memory; a static __shared__ variable has no window address here (each is a variable of its own).
+size_t shared_window_offset(const void* p) {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) fail("__cvta_generic_to_shared outside a kernel");
+    const char* c = (const char*)p;
+    if (c >= w->dynamic_shared && c <= w->dynamic_shared + w->dynamic_shared_bytes) return (size_t)(c - w->dynamic_shared);
+    fail("__cvta_generic_to_shared(%p) in %s: the address is %s; the emulator gives a shared-window address only to "
+         "dynamic shared memory (extern __shared__)", p, current_cuda_thread().c_str(), memory_kind(p, 1));
+}
+
+void* shared_window_pointer(size_t offset, size_t bytes, const char* what) {
+    Worker* w = this_worker;
+    if (w == nullptr || w->current_thread < 0) fail("%s outside a kernel", what);
+    if (offset + bytes > w->dynamic_shared_bytes)
+        fail("%s in %s: shared address 0x%zx (+%zu bytes) is past the block's %zu bytes of dynamic shared memory", what,
+             current_cuda_thread().c_str(), offset, bytes, w->dynamic_shared_bytes);
+    return w->dynamic_shared + offset;
 }
 
 bool race_checking() { return EMU_TSAN; }
@@ -1148,9 +1192,11 @@ void run_blocks(Grid& g) {
     w.dynamic_shared_bytes = c.shared_bytes;
     tsan_release(&w.launch_start_sync);  // what the host did before the launch comes before its threads
 #else
-    size_t shared_words = (c.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4);
+    // on a 1024-byte boundary: the shared window's address 0 (shared_window_offset), whose low bits
+    // wgmma's swizzle reads, is the pointer's too, as on a GPU
+    size_t shared_words = (c.shared_bytes + 1024 + sizeof(uint4) - 1) / sizeof(uint4);
     if (w.dynamic_storage.size() < shared_words) w.dynamic_storage.resize(shared_words);
-    w.dynamic_shared = (char*)w.dynamic_storage.data();
+    w.dynamic_shared = (char*)(((uintptr_t)w.dynamic_storage.data() + 1023) & ~(uintptr_t)1023);
     w.dynamic_shared_bytes = c.shared_bytes;
 #endif
     for (;;) {

@@ -61,9 +61,9 @@ inline int linear_thread() {
     return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
 }
 
-// what one lane contributes to a warp-wide operation: up to 6 registers, or an address
+// what one lane contributes to a warp-wide operation: up to 8 registers, or an address
 struct LaneSlot {
-    uint32_t regs[6];
+    uint32_t regs[8];
     const void* address;
     uint32_t call;     // the lane's count of warp-wide calls
     const char* what;  // the instruction

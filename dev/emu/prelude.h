@@ -31,3 +31,5 @@
 
 // the tensor-core primitives that llmc/mma.cuh declares only for the GPU (ldmatrix, mma.sync, cp.async)
 #include "mma_emu.h"
+// and Hopper's warpgroup matrix multiply, which llmc/wgmma.cuh declares only for the GPU
+#include "wgmma_emu.h"

@@ -23,6 +23,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "../../llmc/wgmma.cuh"
+
 namespace {
 
 template <typename T>
@@ -246,6 +248,37 @@ __global__ void staged_sums_kernel(float* out, const float* in, int tiles, bool 
         if (end_sync) __syncthreads();  // every warp is done with the stage before it is refilled
     }
     out[t] = sum;
+}
+
+// One warpgroup, D (64 x 64) = A (64 x 16) · Bᵀ (B: 64 x 16), both in the 128-byte swizzled tiles of
+// llmc/wgmma.cuh, from integer values (exact sums). `bug` 1: the threads overwrite B with zeros after
+// the mma_async is issued and meet at a barrier, before its wait_group (the refill of a stage the
+// tensor cores may still read); 2: they read their accumulators before the wait. 0: the correct order.
+__global__ void wgmma_product_kernel(float* out, const float* a, const float* b, int bug) {
+    extern __shared__ unsigned char dynamic_smem[];
+    unsigned char* tile_a = dynamic_smem;  // 1024-byte aligned in the emulator, as the swizzle needs
+    unsigned char* tile_b = dynamic_smem + 64 * 128;
+    int t = threadIdx.x, w = t / 32, g = (t % 32) / 4, q = t % 4;
+    for (int i = t; i < 64 * 16; i += 128) {
+        *(__nv_bfloat16*)(tile_a + wgmma_tile_offset(i / 16, i % 16)) = __float2bfloat16(a[i]);
+        *(__nv_bfloat16*)(tile_b + wgmma_tile_offset(i / 16, i % 16)) = __float2bfloat16(b[i]);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float d[32];
+    wgmma_fence();
+    wgmma_m64n64k16_ss<0, 0>(d, wgmma_tile_descriptor(tile_a, 0, 0), wgmma_tile_descriptor(tile_b, 0, 0), 0);
+    wgmma_commit();
+    if (bug == 1) {
+        for (int i = t; i < 64 * 16; i += 128) *(__nv_bfloat16*)(tile_b + wgmma_tile_offset(i / 16, i % 16)) = __float2bfloat16(0.0f);
+        __syncthreads();
+    }
+    float early = d[0];
+    wgmma_wait<0>();
+    for (int i = 0; i < 32; i++) {
+        int row = 16 * w + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * q + (i & 1);
+        out[row * 64 + col] = bug == 2 && i == 0 ? early : d[i];
+    }
 }
 
 }  // namespace emu_seeded
@@ -614,6 +647,46 @@ TEST(EmuSeededBug, CpAsyncRefillsAStageAnotherWarpStillReads) {
         EXPECT_EQ(out[t], sum) << "thread " << t;
     }
     cudaFree(d_in), cudaFree(d_out);
+}
+
+// wgmma (llmc/wgmma.cuh) is asynchronous: the tensor cores may read shared memory and write the
+// accumulators any time until the wait_group. The emulator reads the operands at the wait and holds the
+// accumulators as NaN until then (dev/emu/wgmma_emu.h): a refill before the wait computes with the new
+// contents (and the race checker names the read "by wgmma.mma_async"), an early read of an
+// accumulator sees NaN.
+TEST(EmuSeededBug, WgmmaOperandsAndAccumulatorsTouchedBeforeTheWait) {
+    std::vector<float> a(64 * 16), b(64 * 16), expected(64 * 64);
+    for (int i = 0; i < 64 * 16; i++) a[i] = (float)(i % 7 - 3), b[i] = (float)(i % 5 - 2);
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < 64; n++) {
+            float sum = 0.0f;
+            for (int k = 0; k < 16; k++) sum += a[m * 16 + k] * b[n * 16 + k];
+            expected[m * 64 + n] = sum;
+        }
+    float* d_a = device_copy(a);
+    float* d_b = device_copy(b);
+    float* d_out = device_copy(std::vector<float>(64 * 64));
+    const size_t smem = 2 * 64 * 128;
+    if (emu::race_checking()) {  // the buggy kernel in a child (a report here would fail the whole program)
+        expect_race([&] { wgmma_product_kernel<<<1, 128, smem>>>(d_out, d_a, d_b, 1); },
+                    "cuda-emu: data-race in kernel emu_seeded::wgmma_product_kernel.*by wgmma.mma_async of block \\(0,0,0\\)");
+        expect_no_race([&] { wgmma_product_kernel<<<1, 128, smem>>>(d_out, d_a, d_b, 0); });
+    }
+    for (int bug : {0, 1, 2}) {
+        if (bug == 1 && emu::race_checking()) continue;  // run in the child above
+        SCOPED_TRACE("bug " + std::to_string(bug));
+        wgmma_product_kernel<<<1, 128, smem>>>(d_out, d_a, d_b, bug);
+        std::vector<float> out = download(d_out, 64 * 64);
+        int wrong = 0;
+        for (int i = 0; i < 64 * 64; i++) wrong += !(out[i] == expected[i]);
+        if (bug == 0) EXPECT_EQ(wrong, 0);
+        if (bug == 1) EXPECT_GT(wrong, 64 * 64 / 2) << "the refill before the wait went unseen";
+        if (bug == 2) {
+            EXPECT_TRUE(std::isnan(out[0])) << "the accumulator read before the wait was " << out[0];
+            EXPECT_EQ(wrong, 128) << "thread t's first accumulator alone";  // one an accumulator's thread
+        }
+    }
+    cudaFree(d_a), cudaFree(d_b), cudaFree(d_out);
 }
 
 // what the race checker must not report: barriers, shuffles, atomics, several blocks and launches

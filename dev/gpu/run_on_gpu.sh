@@ -39,6 +39,7 @@ cd "$root"
 # name | lane | time limit (s) when run alone | what it runs
 STAGES=(
     "smi|main|30|nvidia-smi; every binary's shared libraries resolve"
+    "wgmma|main|20|dev/cuda/bin/wgmma_check: wgmma's fragments, descriptors and 128-byte swizzle against a CPU product (llmc/wgmma.cuh, and the emulator's reading of the PTX ISA: dev/emu/wgmma_emu.h)"
     "kernels-bf16|bf16|120|every kernel against its CPU op, bf16 build (Kernels.*)"
     "model-bf16|bf16|150|bf16 model (tiny and d12) and 10 training steps against the oracle"
     "trainer-bf16|bf16|180|the trainer's promises, bf16: -r 0..3, -ge, -bg, determinism, resume, checkpoints, optimizers"
@@ -68,7 +69,7 @@ STAGES=(
 # at d24 (BENCH_D24_B: its micro-batch, 32 by default). With call1 that is 750 s of the 900: should the
 # two starts leave less, drop ours-fp8 from BENCH_MODES (bench:90).
 PLANS=(
-    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile-loss ours-lc8' BENCH_ROUNDS=3|smi:15 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 memory:15 bench:235"
+    "call1|420|BENCH_MODES='ours-r0 llmc-r0 torch-compile-loss ours-lc8' BENCH_ROUNDS=3|smi:15 wgmma:10 kernels-bf16:30 trainer-bf16:110 kernels-fp32:30 trainer-fp32:110 memory:15 bench:235"
     "call2|240|CUDA_DEV_PROGRAMS=changed|cuda-dev:45 attention:80 ncu:35 bench-recompute:45 sanitize:35"
     "fp8|330|BENCH_MODES='ours-r0 ours-fp8 ours-fp8h' BENCH_D24_MODES='ours-r0 ours-fp8h' BENCH_ROUNDS=3|fp8:140 bench:120 bench-d24:70"
 )
@@ -225,6 +226,11 @@ run_stage_body() {
             done
             echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
             return $bad ;;
+        wgmma)
+            if [ "$emu" = 1 ]; then echo "emulated: CI runs it under the emulator (make emu-devcuda-check)"; else
+                dev/cuda/bin/wgmma_check | tee "$out/wgmma.md"
+                [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+            fi ;;
         kernels-bf16) gtest_stage "$TEST_BF16" "$F_KERNELS" ;;
         kernels-fp32) gtest_stage "$TEST_FP32" "$F_KERNELS" ;;
         model-bf16) gtest_stage "$TEST_BF16" "$F_MODEL" ;;

@@ -63,8 +63,13 @@ void race_check_resume();
 // cp.async.wait_group: race_check_copy_issue() at the issue returns the copy's window (-1 in other
 // builds), race_check_copy_land(window, ...) at the wait makes the race checker see the write there, as
 // made at the issue, and the calling thread ordered after it (exec.cpp). mma_emu.h's cp_async16.
-int race_check_copy_issue();
+int race_check_copy_issue(const char* kind = "cp.async");
 void race_check_copy_land(int window, void* shared, size_t bytes);
+// wgmma's read of a shared-memory operand (wgmma_emu.h), in the window of its issue, made at its wait.
+void race_check_async_read(int window, const void* shared, size_t bytes);
+// The shared window: the calling thread's block's dynamic shared memory at [offset, offset + bytes)
+// (fails naming `what` when it lies outside). __cvta_generic_to_shared gives the offsets (kernel.h).
+void* shared_window_pointer(size_t offset, size_t bytes, const char* what);
 
 // initcheck: true in the EMU_ASAN=1 build (build/emu-asan/) unless EMU_INITCHECK=0: every read of device
 // memory that nothing wrote, by a CUDA thread or declared with initcheck_read, is reported

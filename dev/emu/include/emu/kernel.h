@@ -255,8 +255,12 @@ template <typename T> inline void __stcg(T* p, T v) { *p = v; }
 template <typename T> inline void __stcs(T* p, T v) { *p = v; }
 template <typename T> inline void __stwb(T* p, T v) { *p = v; }
 template <typename T> inline void __stwt(T* p, T v) { *p = v; }
-// a shared-memory window address; only its use as an opaque number can be emulated
-inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
+// a shared-memory window address: the offset in the block's dynamic shared memory (exec.cpp), which is
+// the window from 0 (static __shared__ variables have none here: it fails for them)
+namespace emu {
+size_t shared_window_offset(const void* p);
+}
+inline size_t __cvta_generic_to_shared(const void* p) { return emu::shared_window_offset(p); }
 
 // ----------------------------------------------------------------------------
 // intrinsics. The fast-math ones (__expf, __fdividef, ...) are less precise on the GPU; here they
