@@ -17,6 +17,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/attention.h"
+#include "flash_wgmma.cuh"
 
 constexpr int HS = 64;  // head size: the kernels below keep a row of it in registers
 
@@ -154,6 +155,194 @@ void attention_backward_v1(floatX* dqkv, float* dscore /* (B, NH, T, T) fp32 */,
 // kernels after the GEMMs).
 
 // ----------------------------------------------------------------------------
+// v5: v4's two kernels on Hopper's warpgroup product (wgmma, flash_wgmma.cuh; sm_90a), head size 64.
+// The block's 4 warps are one warpgroup. Per tile, the two products from shared memory are issued
+// together and awaited once (dkv: Pᵀ = k·qᵀ and dPᵀ = v·doutᵀ; dq: P = q·kᵀ and dP = dout·vᵀ), then the
+// products with a register operand (dkv: dv += Pᵀ·dout and dk += dSᵀ·q; dq: dq += dS·k), their B
+// tiles read N-major. k and v are read from shared memory by every product instead of held as
+// fragments (v4 holds 32 registers of each in the dkv kernel). The same arithmetic as v4 otherwise:
+// the order of each product's sums is the tensor cores' (the ISA does not say it), so the bits may
+// differ from v4's; the tolerances are the same. Other GPUs run v4.
+
+__global__ void __launch_bounds__(128) attention_backward_v5_dkv_kernel(const AttentionProblem p) {
+    extern __shared__ unsigned char v5_shared[];
+    unsigned char* tiles = wg_tiles(v5_shared);  // k, v, then two stages of q and of dout
+    unsigned char* k_tile = tiles;
+    unsigned char* v_tile = tiles + WG_TILE_BYTES;
+    auto q_tile = [&](int stage) { return tiles + (2 + stage) * WG_TILE_BYTES; };
+    auto dout_tile = [&](int stage) { return tiles + (4 + stage) * WG_TILE_BYTES; };
+    float* lse_of = reinterpret_cast<float*>(tiles + 6 * WG_TILE_BYTES);  // [2][64], log2 units
+    float* delta_of = lse_of + 2 * FLASH_TILE;                            // [2][64]
+    const int hs = WG_HS, Tq = p.Tq, Tk = p.Tk;
+    int k_index = blockIdx.x;
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    int num_q_tiles = (Tq + FLASH_TILE - 1) / FLASH_TILE;
+    int first_q_tile = p.causal ? k_index : 0;
+    auto load_query_tile = [&](int stage, int q_index) {
+        wg_load_tile(q_tile(stage), p.q.head(b, h, hs), p.q.row, q_index * FLASH_TILE, Tq);
+        wg_load_tile(dout_tile(stage), p.dout.head(b, h, hs), p.dout.row, q_index * FLASH_TILE, Tq);
+        int i = threadIdx.x % FLASH_TILE, query = q_index * FLASH_TILE + i;
+        size_t stat = (size_t)blockIdx.y * p.stat_row + query;
+        if (threadIdx.x < FLASH_TILE) {
+            lse_of[stage * FLASH_TILE + i] = query < Tq ? p.lse[stat] * FLASH_LOG2E : 0.0f;
+        } else {
+            delta_of[stage * FLASH_TILE + i] = query < Tq ? p.delta[stat] : 0.0f;
+        }
+    };
+    wg_load_tile(k_tile, p.k.head(b, h, hs), p.k.row, k_index * FLASH_TILE, Tk);
+    wg_load_tile(v_tile, p.v.head(b, h, hs), p.v.row, k_index * FLASH_TILE, Tk);
+    load_query_tile(0, first_q_tile);
+    cp_async_commit();
+
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float scale_log2 = scale * FLASH_LOG2E;
+    int key0 = k_index * FLASH_TILE + warp * 16 + lane / 4;  // the lane's keys: key0 and key0 + 8
+    float dk[WG_HS / 8][4] = {}, dv[WG_HS / 8][4] = {};
+
+    for (int q_index = first_q_tile; q_index < num_q_tiles; q_index++) {
+        int stage = (q_index - first_q_tile) % 2;
+        if (q_index + 1 < num_q_tiles) load_query_tile(1 - stage, q_index + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();  // what cp.async and the zero stores wrote, to the tensor cores' reads
+        __syncthreads();
+        float pt[FLASH_TILE / 8][4], ds[FLASH_TILE / 8][4];  // Pᵀ and dPᵀ (16 keys x 64 queries a warp)
+        wgmma_fence();
+        wg_abt(pt, k_tile, q_tile(stage));
+        wg_abt(ds, v_tile, dout_tile(stage));
+        wgmma_commit();
+        wgmma_wait<0>();
+        if ((p.causal && q_index == k_index) || (q_index + 1) * FLASH_TILE > Tq) {
+            flash_mask(pt, key0, q_index * FLASH_TILE, true, p.causal, Tq, Tk, lane);
+        }
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+            int column = stage * FLASH_TILE + nt * 8 + (lane % 4) * 2;  // and + 1
+            float2 lse = *reinterpret_cast<const float2*>(&lse_of[column]);
+            float2 delta = *reinterpret_cast<const float2*>(&delta_of[column]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                pt[nt][e] = exp2_approx(fmaf(pt[nt][e], scale_log2, -(e % 2 ? lse.y : lse.x)));
+                ds[nt][e] = pt[nt][e] * (ds[nt][e] - (e % 2 ? delta.y : delta.x));  // dSᵀ
+            }
+        }
+        uint32_t a_p[4][4], a_ds[4][4];
+        wg_pack_a(a_p, pt);
+        wg_pack_a(a_ds, ds);
+        wgmma_fence();
+        wg_pb(dv, a_p, dout_tile(stage));  // dv += Pᵀ·dout
+        wg_pb(dk, a_ds, q_tile(stage));    // dk += dSᵀ·q
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncthreads();  // every thread is done with this stage before it is refilled
+    }
+    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
+    flash_store_rows<WG_HS>(p.dk.head(b, h, hs), p.dk.row, dk, key0, dk_factor, Tk, hs, lane, p.accumulate);
+    flash_store_rows<WG_HS>(p.dv.head(b, h, hs), p.dv.row, dv, key0, dv_factor, Tk, hs, lane, p.accumulate);
+}
+
+__global__ void __launch_bounds__(128) attention_backward_v5_dq_kernel(const AttentionProblem p) {
+    extern __shared__ unsigned char v5_shared[];
+    unsigned char* tiles = wg_tiles(v5_shared);  // q, dout, then two stages of k and of v
+    unsigned char* q_tile = tiles;
+    unsigned char* dout_tile = tiles + WG_TILE_BYTES;
+    auto k_tile = [&](int stage) { return tiles + (2 + stage) * WG_TILE_BYTES; };
+    auto v_tile = [&](int stage) { return tiles + (4 + stage) * WG_TILE_BYTES; };
+    const int hs = WG_HS, Tq = p.Tq, Tk = p.Tk;
+    int q_index = gridDim.x - 1 - blockIdx.x;  // longest first
+    int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH;
+    int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const floatX *k_head = p.k.head(b, h, hs), *v_head = p.v.head(b, h, hs);
+    int last_tile = p.causal ? q_index : (Tk - 1) / FLASH_TILE;
+
+    wg_load_tile(q_tile, p.q.head(b, h, hs), p.q.row, q_index * FLASH_TILE, Tq);
+    wg_load_tile(dout_tile, p.dout.head(b, h, hs), p.dout.row, q_index * FLASH_TILE, Tq);
+    wg_load_tile(k_tile(0), k_head, p.k.row, 0, Tk);
+    wg_load_tile(v_tile(0), v_head, p.v.row, 0, Tk);
+    cp_async_commit();
+
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float scale_log2 = scale * FLASH_LOG2E;
+    int query0 = q_index * FLASH_TILE + warp * 16 + lane / 4;
+    float row_lse_log2[2], row_delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int query = query0 + 8 * r;
+        row_lse_log2[r] = query < Tq ? p.lse[(size_t)blockIdx.y * p.stat_row + query] * FLASH_LOG2E : 0.0f;
+        row_delta[r] = query < Tq ? p.delta[(size_t)blockIdx.y * p.stat_row + query] : 0.0f;
+    }
+    float dq[WG_HS / 8][4] = {};
+
+    for (int k_index = 0; k_index <= last_tile; k_index++) {
+        int stage = k_index % 2;
+        if (k_index + 1 <= last_tile) {
+            wg_load_tile(k_tile(1 - stage), k_head, p.k.row, (k_index + 1) * FLASH_TILE, Tk);
+            wg_load_tile(v_tile(1 - stage), v_head, p.v.row, (k_index + 1) * FLASH_TILE, Tk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        float pt[FLASH_TILE / 8][4], ds[FLASH_TILE / 8][4];  // P and dP
+        wgmma_fence();
+        wg_abt(pt, q_tile, k_tile(stage));
+        wg_abt(ds, dout_tile, v_tile(stage));
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (p.causal ? k_index == q_index : (k_index + 1) * FLASH_TILE > Tk) {
+            flash_mask(pt, query0, k_index * FLASH_TILE, false, p.causal, Tq, Tk, lane);
+        }
+#pragma unroll
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float pe = exp2_approx(fmaf(pt[nt][e], scale_log2, -row_lse_log2[e / 2]));
+                ds[nt][e] = pe * (ds[nt][e] - row_delta[e / 2]);
+            }
+        }
+        uint32_t a_ds[4][4];
+        wg_pack_a(a_ds, ds);
+        wgmma_fence();
+        wg_pb(dq, a_ds, k_tile(stage));  // dq += dS·k
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncthreads();
+    }
+    const float dq_factor[2] = {scale, scale};
+    flash_store_rows<WG_HS>(p.dq.head(b, h, hs), p.dq.row, dq, query0, dq_factor, Tq, hs, lane, p.accumulate);
+}
+
+// v5 where wgmma runs (an sm_90 GPU, or the emulator), else v4
+void attention_backward_v5(floatX* dqkv, float* delta, const floatX* dout, const floatX* qkv, const floatX* out,
+                           const float* lse, int B, int T, int C, int NH) {
+    if (C != NH * WG_HS) fatal("attention_backward_v5 is written for head size %d, got C %d, NH %d", WG_HS, C, NH);
+    if (dev::device().prop.major != 9) {
+        attention_flash_backward<FlashVersion::v4>(dqkv, delta, dout, qkv, out, lse, B, T, NH, WG_HS, 0);
+        return;
+    }
+    static bool configured = false;
+    size_t shared = 6 * WG_TILE_BYTES + 4 * FLASH_TILE * sizeof(float) + 1024;  // tiles, lse and delta, alignment
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(attention_backward_v5_dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+        cudaCheck(cudaFuncSetAttribute(attention_backward_v5_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+        configured = true;
+    }
+    attention_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256>>>(delta, dout, out, B, T, NH, WG_HS);
+    cudaCheckLaunch();
+    AttentionProblem p = attention_sequence(qkv, nullptr, const_cast<float*>(lse), B, T, NH, WG_HS);
+    AttentionProblem g = attention_sequence(dqkv, const_cast<floatX*>(dout), nullptr, B, T, NH, WG_HS);
+    p.dout = g.out;
+    p.dq = g.q, p.dk = g.k, p.dv = g.v;
+    p.delta = delta;
+    dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
+    attention_backward_v5_dkv_kernel<<<grid, 128, shared>>>(p);
+    cudaCheckLaunch();
+    attention_backward_v5_dq_kernel<<<grid, 128, shared>>>(p);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------
 
 // part 0, 1 or 2 (dq, dk, dv) of a (B, T, 3C) tensor, as (B, T, C): each is checked on its own scale
 std::vector<float> qkv_part(const std::vector<float>& qkv, int part, size_t BT, int C) {
@@ -236,6 +425,11 @@ static int check_and_time(int T) {
          [&](int) {
              attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, reinterpret_cast<floatX*>(d_lse.ptr),
                                 d_scratch.ptr, B, T, C, NH, true, 0);
+         }},
+        {dev::device().prop.major == 9 ? "v5 flash: v4 on wgmma (sm_90a)" : "v5 flash: wgmma is sm_90's; v4 here", {0},
+         [&](int) {
+             attention_backward_v5(d_dqkv.ptr, reinterpret_cast<float*>(d_scratch.ptr), d_dout.ptr, d_qkv.ptr,
+                                   d_out.ptr, d_lse.ptr, B, T, C, NH);
          }},
     };
     dev::run_versions(&report, versions, [&] { dev::poison(d_dqkv); },

@@ -13,7 +13,7 @@
 
 #include "../../llmc/attention.cuh"
 #include "../../llmc/attention.h"
-#include "../../llmc/wgmma.cuh"
+#include "flash_wgmma.cuh"
 
 constexpr int HS = 64;  // head size: the kernels below keep a row of it in registers
 
@@ -120,40 +120,21 @@ void attention_forward_v1(floatX* out, floatX* att, const floatX* qkv, int B, in
 // block's 4 warps are one warpgroup, which issues each tile's two products as 4 wgmma's each instead of
 // the warps' 64 mma.sync's: S (64 x 64) = q·kᵀ with both operands in shared memory (K-major), then
 // O (64 x 64) += P·v with P from registers (mma.sync's A fragment, packed as v4 packs it) and v read
-// N-major. The tiles sit in shared memory in the 128-byte swizzle wgmma reads (wgmma_tile_offset: each
-// 16-byte chunk of a row at chunk ^ (row % 8)), loaded by the same cp.async double buffer, no ldmatrix.
+// N-major. The tiles sit in shared memory in the 128-byte swizzle wgmma reads (flash_wgmma.cuh), loaded
+// by the same cp.async double buffer, no ldmatrix.
 // The accumulator fragments are mma.sync's, so v4's mask, online softmax, log-sum-exp and store run
 // unchanged on them. Each product waits for its result at once (no overlap of the softmax with the
 // next product, no bulk-tensor copies, no producer warps: FlashAttention-3's further steps); a GPU
 // times it against v4 before anything else is built on it. Other GPUs (and the emulator's check of
 // head sizes other than 64: none here) run v4.
 
-constexpr int V6_TILE_BYTES = 64 * 128;  // 64 rows of 64 bf16
-
-// rows row0 .. row0+63 of a (T, row_stride) head view into a swizzled tile; rows past T are zeros
-__device__ inline void v6_load_tile(unsigned char* tile, const floatX* src, size_t row_stride, int row0, int T) {
-    const floatX* base = src + (size_t)row0 * row_stride;
-    int rows_left = T - row0;
-#pragma unroll
-    for (int i = 0; i < 64 * 8 / 128; i++) {  // 8 chunks of 16 bytes a row
-        int chunk = threadIdx.x + i * 128, r = chunk / 8, c = chunk % 8;
-        unsigned char* dst = tile + wgmma_tile_offset(r, 8 * c);
-        if (r < rows_left) {
-            cp_async16(dst, base + (r * (int)row_stride + 8 * c));
-        } else {
-            *reinterpret_cast<int4*>(dst) = make_int4(0, 0, 0, 0);
-        }
-    }
-}
-
 __global__ void __launch_bounds__(128) attention_forward_v6_kernel(const AttentionProblem p) {
     extern __shared__ unsigned char v6_shared[];
-    // on a 1024-byte boundary, where the swizzle's pattern starts: q, then two stages of k and of v
-    unsigned char* tiles = reinterpret_cast<unsigned char*>(((uintptr_t)v6_shared + 1023) & ~(uintptr_t)1023);
+    unsigned char* tiles = wg_tiles(v6_shared);  // q, then two stages of k and of v
     unsigned char* q_tile = tiles;
     // stage s of k and of v (computed, not an array a run-time index would put in local memory)
-    auto k_tile = [&](int stage) { return tiles + (1 + stage) * V6_TILE_BYTES; };
-    auto v_tile = [&](int stage) { return tiles + (3 + stage) * V6_TILE_BYTES; };
+    auto k_tile = [&](int stage) { return tiles + (1 + stage) * WG_TILE_BYTES; };
+    auto v_tile = [&](int stage) { return tiles + (3 + stage) * WG_TILE_BYTES; };
     const int hs = HS, Tq = p.Tq, Tk = p.Tk;
     int q_index = gridDim.x - 1 - blockIdx.x;  // the longest rows first
     int b = blockIdx.y / p.NH, h = blockIdx.y % p.NH;
@@ -161,9 +142,9 @@ __global__ void __launch_bounds__(128) attention_forward_v6_kernel(const Attenti
     const floatX *q_head = p.q.head(b, h, hs), *k_head = p.k.head(b, h, hs), *v_head = p.v.head(b, h, hs);
     int last_tile = p.causal ? q_index : (Tk - 1) / FLASH_TILE;
 
-    v6_load_tile(q_tile, q_head, p.q.row, q_index * FLASH_TILE, Tq);
-    v6_load_tile(k_tile(0), k_head, p.k.row, 0, Tk);
-    v6_load_tile(v_tile(0), v_head, p.v.row, 0, Tk);
+    wg_load_tile(q_tile, q_head, p.q.row, q_index * FLASH_TILE, Tq);
+    wg_load_tile(k_tile(0), k_head, p.k.row, 0, Tk);
+    wg_load_tile(v_tile(0), v_head, p.v.row, 0, Tk);
     cp_async_commit();
 
     const float step = (1.0f / sqrtf((float)hs)) * FLASH_LOG2E;
@@ -175,8 +156,8 @@ __global__ void __launch_bounds__(128) attention_forward_v6_kernel(const Attenti
     for (int j = 0; j <= last_tile; j++) {
         int stage = j % 2;
         if (j + 1 <= last_tile) {
-            v6_load_tile(k_tile(1 - stage), k_head, p.k.row, (j + 1) * FLASH_TILE, Tk);
-            v6_load_tile(v_tile(1 - stage), v_head, p.v.row, (j + 1) * FLASH_TILE, Tk);
+            wg_load_tile(k_tile(1 - stage), k_head, p.k.row, (j + 1) * FLASH_TILE, Tk);
+            wg_load_tile(v_tile(1 - stage), v_head, p.v.row, (j + 1) * FLASH_TILE, Tk);
         }
         cp_async_commit();
         cp_async_wait<1>();   // tile j (and q) have landed
@@ -185,11 +166,7 @@ __global__ void __launch_bounds__(128) attention_forward_v6_kernel(const Attenti
 
         float s[FLASH_TILE / 8][4];
         wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < HS / 16; kc++) {
-            wgmma_m64n64k16_ss<0, 0>(&s[0][0], wgmma_tile_descriptor(q_tile, kc, 0),
-                                     wgmma_tile_descriptor(k_tile(stage), kc, 0), kc > 0);
-        }
+        wg_abt(s, q_tile, k_tile(stage));
         wgmma_commit();
         wgmma_wait<0>();
         if (p.causal ? j == q_index : (j + 1) * FLASH_TILE > Tk) {
@@ -212,34 +189,24 @@ __global__ void __launch_bounds__(128) attention_forward_v6_kernel(const Attenti
             row_sum[r] *= alpha[r];
             max_log2[r] = new_max * step;
         }
-        uint32_t a[FLASH_TILE / 16][4];  // P as the A fragments of the k16 steps (keys 16 kc ..)
 #pragma unroll
-        for (int kc = 0; kc < FLASH_TILE / 16; kc++) {
-            float pk[2][4];
+        for (int nt = 0; nt < FLASH_TILE / 8; nt++) {
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float pe = exp2_approx(fmaf(s[2 * kc + half][e], step, -max_log2[e / 2]));
-                    pk[half][e] = pe;
-                    row_sum[e / 2] += pe;
-                }
+            for (int e = 0; e < 4; e++) {
+                float pe = exp2_approx(fmaf(s[nt][e], step, -max_log2[e / 2]));
+                s[nt][e] = pe;
+                row_sum[e / 2] += pe;
             }
-            a[kc][0] = pack_bf16x2(pk[0][0], pk[0][1]);
-            a[kc][1] = pack_bf16x2(pk[0][2], pk[0][3]);
-            a[kc][2] = pack_bf16x2(pk[1][0], pk[1][1]);
-            a[kc][3] = pack_bf16x2(pk[1][2], pk[1][3]);
         }
+        uint32_t a[FLASH_TILE / 16][4];  // P as the A fragments of the k16 steps
+        wg_pack_a(a, s);
 #pragma unroll
         for (int nt = 0; nt < HS / 8; nt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) o[nt][e] *= alpha[e / 2];
         }
         wgmma_fence();  // o and a were written since the last wait
-#pragma unroll
-        for (int kc = 0; kc < FLASH_TILE / 16; kc++) {
-            wgmma_m64n64k16_rs<1>(&o[0][0], a[kc], wgmma_tile_descriptor(v_tile(stage), kc, 1), 1);
-        }
+        wg_pb(o, a, v_tile(stage));
         wgmma_commit();
         wgmma_wait<0>();
         __syncthreads();  // every thread is done with this stage before it is refilled
@@ -267,7 +234,7 @@ bool attention_forward_v6(floatX* out, float* lse, const floatX* qkv, int B, int
         return false;
     }
     static bool configured = false;
-    size_t shared = 5 * V6_TILE_BYTES + 1024;  // the tiles and the slack to align them
+    size_t shared = 5 * WG_TILE_BYTES + 1024;  // the tiles and the slack to align them
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(attention_forward_v6_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
         configured = true;
