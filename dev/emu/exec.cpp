@@ -587,6 +587,13 @@ int take_thread(Worker& w, int i) {
         int fiber = (w.first_fiber + i) % tsan_fiber_pool;
         while ((int)w.fibers.size() <= fiber) take_fiber(w);
         slot.fiber = fiber;
+        // the windows an earlier block's thread opened on this fiber serve no one now: destroyed, so that
+        // TSan reuses their slots (it has about 8000: 2048 fibers with 4 windows each would pass it, and
+        // flash attention's kernels, whose every thread opens windows, stopped it so)
+        for (void*& window : w.fibers[fiber].tsan_copy) {
+            if (window != nullptr) __tsan_destroy_fiber(window);
+            window = nullptr;
+        }
         char name[128];  // what a race report calls this thread
         snprintf(name, sizeof(name), "%s block (%u,%u,%u) thread (%u,%u,%u)", w.kernel_label.c_str(), blockIdx.x,
                  blockIdx.y, blockIdx.z, slot.index.x, slot.index.y, slot.index.z);

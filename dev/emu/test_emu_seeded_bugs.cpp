@@ -253,7 +253,8 @@ __global__ void staged_sums_kernel(float* out, const float* in, int tiles, bool 
 // One warpgroup, D (64 x 64) = A (64 x 16) · Bᵀ (B: 64 x 16), both in the 128-byte swizzled tiles of
 // llmc/wgmma.cuh, from integer values (exact sums). `bug` 1: the threads overwrite B with zeros after
 // the mma_async is issued and meet at a barrier, before its wait_group (the refill of a stage the
-// tensor cores may still read); 2: they read their accumulators before the wait. 0: the correct order.
+// tensor cores may still read); 2: they read their accumulators before the wait; 3: no wgmma.fence
+// before the product; 4: a descriptor with a base offset. 0: the correct order.
 __global__ void wgmma_product_kernel(float* out, const float* a, const float* b, int bug) {
     extern __shared__ unsigned char dynamic_smem[];
     unsigned char* tile_a = dynamic_smem;  // 1024-byte aligned in the emulator, as the swizzle needs
@@ -266,8 +267,10 @@ __global__ void wgmma_product_kernel(float* out, const float* a, const float* b,
     fence_proxy_async();
     __syncthreads();
     float d[32];
-    wgmma_fence();
-    wgmma_m64n64k16_ss<0, 0>(d, wgmma_tile_descriptor(tile_a, 0, 0), wgmma_tile_descriptor(tile_b, 0, 0), 0);
+    if (bug != 3) wgmma_fence();
+    uint64_t desc_a = wgmma_tile_descriptor(tile_a, 0, 0);
+    if (bug == 4) desc_a |= 1ull << 49;  // a base offset
+    wgmma_m64n64k16_ss<0, 0>(d, desc_a, wgmma_tile_descriptor(tile_b, 0, 0), 0);
     wgmma_commit();
     if (bug == 1) {
         for (int i = t; i < 64 * 16; i += 128) *(__nv_bfloat16*)(tile_b + wgmma_tile_offset(i / 16, i % 16)) = __float2bfloat16(0.0f);
@@ -686,6 +689,24 @@ TEST(EmuSeededBug, WgmmaOperandsAndAccumulatorsTouchedBeforeTheWait) {
             EXPECT_EQ(wrong, 128) << "thread t's first accumulator alone";  // one an accumulator's thread
         }
     }
+    cudaFree(d_a), cudaFree(d_b), cudaFree(d_out);
+}
+
+// What the emulator refuses outright, each with its message: an mma_async without a wgmma.fence since the
+// last wait, a descriptor it does not emulate (a base offset), a warpgroup of fewer than 128 threads.
+TEST(EmuSeededBug, WgmmaMisuseStopsTheRunNamingIt) {
+    std::vector<float> a(64 * 16, 1.0f), b(64 * 16, 1.0f);
+    float* d_a = device_copy(a);
+    float* d_b = device_copy(b);
+    float* d_out = device_copy(std::vector<float>(64 * 64));
+    const size_t smem = 2 * 64 * 128;
+    auto run = [&](int threads, int bug) {
+        wgmma_product_kernel<<<1, threads, smem>>>(d_out, d_a, d_b, bug);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(run(128, 3), "wgmma.mma_async.m64n64k16 in block \\(0,0,0\\) thread 0: no wgmma.fence since");
+    EXPECT_DEATH(run(128, 4), "has a base offset \\(1\\): not emulated");
+    EXPECT_DEATH(run(96, 0), "wgmma.fence needs all 128 threads of a warpgroup .* the block of 96 threads");
     cudaFree(d_a), cudaFree(d_b), cudaFree(d_out);
 }
 
