@@ -28,20 +28,7 @@ namespace {
 
 constexpr size_t ID_BYTES = 128;  // sizeof(ncclUniqueId)
 
-// A TCP port on 127.0.0.1 that nothing listens on right now.
-int free_port() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr;
-    memset(&addr, 0, sizeof(addr));
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    EXPECT_EQ(bind(fd, (sockaddr*)&addr, sizeof(addr)), 0);
-    socklen_t size = sizeof(addr);
-    getsockname(fd, (sockaddr*)&addr, &size);
-    close(fd);
-    return ntohs(addr.sin_port);
-}
+int free_port() { return test::free_loopback_port(); }  // test_helpers.h: below the ephemeral range
 
 std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -100,6 +104,29 @@ inline std::string re_escape(const std::string& text) {
         out += c;
     }
     return out;
+}
+
+// A TCP port on 127.0.0.1 that nothing listens on right now, taken below Linux's ephemeral range
+// (32768-60999), where the kernel picks the ports of other programs' connections and listeners: MPI's
+// among them, in the suites running beside this one. A port from that range (what binding to port 0
+// gives) could be handed to another process between this function and the test's own bind or connect,
+// and a test expecting "refused" would then reach someone else's listener.
+inline int free_loopback_port() {
+    static std::mt19937 rng(std::random_device{}());
+    for (int attempt = 0; attempt < 200; attempt++) {
+        int port = 20000 + (int)(rng() % 12000);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr;
+        memset(&addr, 0, sizeof(addr));
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        addr.sin_port = htons((uint16_t)port);
+        bool free = bind(fd, (sockaddr*)&addr, sizeof(addr)) == 0;
+        close(fd);
+        if (free) return port;
+    }
+    ADD_FAILURE() << "no free TCP port in 20000..31999 after 200 tries";
+    return 0;
 }
 
 inline std::string read_text(const std::string& path) {

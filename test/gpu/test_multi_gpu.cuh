@@ -25,19 +25,8 @@ int visible_gpus() {
 #define REQUIRE_GPUS(n)                                                                                   \
     if (visible_gpus() < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << visible_gpus() << " visible"
 
-// A port for rank 0 that nothing listens on now (127.0.0.1 only).
-std::string free_loopback_address() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr;
-    memset(&addr, 0, sizeof(addr));
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, (sockaddr*)&addr, sizeof(addr));
-    socklen_t size = sizeof(addr);
-    getsockname(fd, (sockaddr*)&addr, &size);
-    close(fd);
-    return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-}
+// A port for rank 0 that nothing listens on now (127.0.0.1 only; test_helpers.h: below the ephemeral range).
+std::string free_loopback_address() { return "127.0.0.1:" + std::to_string(test::free_loopback_port()); }
 
 size_t tiny_parameters(const std::string& oracle_dir) {
     GPT2Config cfg;
