@@ -587,13 +587,6 @@ int take_thread(Worker& w, int i) {
         int fiber = (w.first_fiber + i) % tsan_fiber_pool;
         while ((int)w.fibers.size() <= fiber) take_fiber(w);
         slot.fiber = fiber;
-        // the windows an earlier block's thread opened on this fiber serve no one now: destroyed, so that
-        // TSan reuses their slots (it has about 8000: 2048 fibers with 4 windows each would pass it, and
-        // flash attention's kernels, whose every thread opens windows, stopped it so)
-        for (void*& window : w.fibers[fiber].tsan_copy) {
-            if (window != nullptr) __tsan_destroy_fiber(window);
-            window = nullptr;
-        }
         char name[128];  // what a race report calls this thread
         snprintf(name, sizeof(name), "%s block (%u,%u,%u) thread (%u,%u,%u)", w.kernel_label.c_str(), blockIdx.x,
                  blockIdx.y, blockIdx.z, slot.index.x, slot.index.y, slot.index.z);
@@ -1219,6 +1212,20 @@ void run_blocks(Grid& g) {
         if (c.shared_bytes) memset(w.dynamic_shared, 0xFF, c.shared_bytes);
 #endif
         run_block(w);
+#if EMU_TSAN
+        // The block's cp.async and wgmma windows serve no one now (they touched only its shared memory,
+        // which the next block gets afresh): destroyed, so that TSan reuses their contexts. It has about
+        // 8000; windows kept with the pool's 2048 fibers, up to 4 each, used them up in the dev/cuda
+        // attention programs, whose every thread opens windows.
+        for (int i = 0; i < w.threads; i++) {
+            int fiber = (w.first_fiber + i) % tsan_fiber_pool;
+            if (fiber >= (int)w.fibers.size()) break;
+            for (void*& window : w.fibers[fiber].tsan_copy) {
+                if (window != nullptr) __tsan_destroy_fiber(window);
+                window = nullptr;
+            }
+        }
+#endif
     }
     tsan_acquire(&w.threads_end_sync);  // every thread's end comes before what the host does next
 #if EMU_TSAN
