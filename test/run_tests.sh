@@ -140,9 +140,10 @@ run_kernels_both_orders() {
 }
 
 # AddressSanitizer: every dev/cuda program but matmul_forward (its lesson kernels take a minute under it;
-# production uses cuBLAS, and the plain check runs it)
-devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias matmul_fp8 nccl_all_reduce softmax_forward wgmma_check"
-devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce wgmma_check"
+# production uses cuBLAS, and the plain check runs it) and wgmma_check (the attention programs' wgmma
+# versions run the same emulated wgmma under it; the race checker's seeded bugs have wgmma's)
+devcuda_asan_programs="adamw attention_backward attention_forward encoder_backward encoder_forward fused_classifier fused_residual_forward gelu_backward gelu_forward global_norm layernorm_backward layernorm_forward matmul_backward matmul_backward_bias matmul_fp8 nccl_all_reduce softmax_forward"
+devcuda_tsan_programs="adamw encoder_backward encoder_forward fused_residual_forward gelu_backward gelu_forward layernorm_backward layernorm_forward matmul_backward_bias nccl_all_reduce"
 start_all=$(date +%s)
 
 # The emulated suites run one host thread each, so they go in two lanes side by side (about halving
@@ -193,12 +194,13 @@ lane_b() {
     # the seeded bugs under the race checker (the other emulator tests: lane a)
     run_suite emu-seeded-bugs-tsan emulated "$emu_tsan_build/test_emu_seeded_bugs"
     # dev/cuda: every program checked; then under the sanitizers: every program with AddressSanitizer and
-    # initcheck (each version at its first block size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE);
+    # initcheck (each version at its first block size: dev/cuda/harness.cuh, DEV_CHECK_ONE_BLOCK_SIZE; the
+    # attention programs at their length with a partial last tile alone, DEV_CHECK_PARTIAL_ONLY);
     # with the race checker (each at its largest: the most warps a block) the quick ones (the others take
     # one to several minutes each under it: attention, the classifier, matmul_forward, softmax,
     # global_norm; their llmc kernels are in kernels-tsan)
     run_suite devcuda-check emulated "$make_cmd --no-print-directory emu-devcuda-check"
-    run_suite devcuda-check-asan emulated "$make_cmd --no-print-directory -f dev/emu/asan.mk emu-devcuda-check \"EMU_DEVCUDA_ENV=ASAN_OPTIONS=detect_leaks=0 DEV_CHECK_ONE_BLOCK_SIZE=1\" \"EMU_DEVCUDA_PROGRAMS=$devcuda_asan_programs\""
+    run_suite devcuda-check-asan emulated "$make_cmd --no-print-directory -f dev/emu/asan.mk emu-devcuda-check \"EMU_DEVCUDA_ENV=ASAN_OPTIONS=detect_leaks=0 DEV_CHECK_ONE_BLOCK_SIZE=1 DEV_CHECK_PARTIAL_ONLY=1\" \"EMU_DEVCUDA_PROGRAMS=$devcuda_asan_programs\""
     run_suite devcuda-check-tsan emulated "$make_cmd --no-print-directory -f dev/emu/tsan.mk emu-devcuda-check \"EMU_DEVCUDA_ENV=OMP_NUM_THREADS=1 DEV_CHECK_ONE_BLOCK_SIZE=largest\" \"EMU_DEVCUDA_PROGRAMS=$devcuda_tsan_programs\""
 }
 if [ "${TEST_LANES:-2}" = 1 ]; then

@@ -66,6 +66,14 @@ inline size_t NUM_PARAMETERS = 124475904;  // GPT-2 124M with the padded vocabul
 // true: check every version at the small shapes, time nothing (--check, DEV_CHECK_ONLY=1, the emulator)
 inline bool check_only = false;
 
+// The attention programs check two lengths in the check mode: T, and T - 20, whose last 64-row tile is
+// partial. DEV_CHECK_PARTIAL_ONLY=1 checks the second alone (make test's ASan run: the partial tile's
+// edges are where an access out of bounds would be, and each length costs half a minute there).
+inline bool check_partial_only() {
+    const char* env = getenv("DEV_CHECK_PARTIAL_ONLY");
+    return check_only && env != nullptr && strcmp(env, "1") == 0;
+}
+
 // Small shapes every kernel here accepts, chosen to reach the same code paths as the real ones:
 // head size C / NH = 64 (the attention kernels' HS); B·T = 640 rows, a multiple of the 128-row matmul
 // tiles; T = 320, five 64-query tiles for the flash kernels and, like C = 384, more than one but not a

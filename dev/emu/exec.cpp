@@ -935,13 +935,16 @@ size_t shared_window_offset(const void* p) {
          "dynamic shared memory (extern __shared__)", p, current_cuda_thread().c_str(), memory_kind(p, 1));
 }
 
-void* shared_window_pointer(size_t offset, size_t bytes, const char* what) {
+unsigned char* shared_window(size_t* bytes, const char* what) {
     Worker* w = this_worker;
     if (w == nullptr || w->current_thread < 0) fail("%s outside a kernel", what);
-    if (offset + bytes > w->dynamic_shared_bytes)
-        fail("%s in %s: shared address 0x%zx (+%zu bytes) is past the block's %zu bytes of dynamic shared memory", what,
-             current_cuda_thread().c_str(), offset, bytes, w->dynamic_shared_bytes);
-    return w->dynamic_shared + offset;
+    *bytes = w->dynamic_shared_bytes;
+    return reinterpret_cast<unsigned char*>(w->dynamic_shared);
+}
+
+void shared_window_overrun(size_t offset, size_t bytes, size_t window, const char* what) {
+    fail("%s in %s: shared address 0x%zx (+%zu bytes) is past the block's %zu bytes of dynamic shared memory", what,
+         current_cuda_thread().c_str(), offset, bytes, window);
 }
 
 bool race_checking() { return EMU_TSAN; }

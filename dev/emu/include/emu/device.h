@@ -67,9 +67,12 @@ int race_check_copy_issue(const char* kind = "cp.async");
 void race_check_copy_land(int window, void* shared, size_t bytes);
 // wgmma's read of a shared-memory operand (wgmma_emu.h), in the window of its issue, made at its wait.
 void race_check_async_read(int window, const void* shared, size_t bytes);
-// The shared window: the calling thread's block's dynamic shared memory at [offset, offset + bytes)
-// (fails naming `what` when it lies outside). __cvta_generic_to_shared gives the offsets (kernel.h).
-void* shared_window_pointer(size_t offset, size_t bytes, const char* what);
+// The shared window: the calling thread's block's dynamic shared memory, its start (address 0) and its
+// size in bytes; `what` names the caller should it be called outside a kernel. __cvta_generic_to_shared
+// gives the addresses (kernel.h). shared_window_overrun ends the run: an access at [offset, offset +
+// bytes) past the window's `window` bytes.
+unsigned char* shared_window(size_t* bytes, const char* what);
+[[noreturn]] void shared_window_overrun(size_t offset, size_t bytes, size_t window, const char* what);
 
 // initcheck: true in the EMU_ASAN=1 build (build/emu-asan/) unless EMU_INITCHECK=0: every read of device
 // memory that nothing wrote, by a CUDA thread or declared with initcheck_read, is reported
