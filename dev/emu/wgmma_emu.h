@@ -97,7 +97,7 @@ inline size_t element_address(const Descriptor& d, int trans, int r, int k) {
 }
 
 // The block's shared window, fetched once an operation: an element's load is then arithmetic and a copy
-// (a call an element made the ASan build's attention programs 3 times slower).
+// (with a call an element, attention_backward's v5 was make test's slowest program under ASan).
 struct Window {
     const unsigned char* base;
     size_t bytes;
