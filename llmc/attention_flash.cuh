@@ -89,6 +89,18 @@ inline AttentionProblem attention_sequence(const floatX* qkv, floatX* out, float
     return p;
 }
 
+// The backward's problem for one process's whole sequence: q, k, v inside qkv, their gradients into
+// dqkv (same layout), dout as out, the forward's lse and delta = rowsum(dout * out) (attention_delta_kernel).
+inline AttentionProblem attention_sequence_backward(floatX* dqkv, const float* delta, const floatX* dout,
+                                                    const floatX* qkv, const float* lse, int B, int T, int NH, int hs) {
+    AttentionProblem p = attention_sequence(qkv, nullptr, const_cast<float*>(lse), B, T, NH, hs);
+    AttentionProblem g = attention_sequence(dqkv, const_cast<floatX*>(dout), nullptr, B, T, NH, hs);
+    p.dout = g.out;
+    p.dq = g.q, p.dk = g.k, p.dv = g.v;
+    p.delta = delta;
+    return p;
+}
+
 // D[b, h, t] = rowsum(dout * out) (the backward of a softmax over keys in chunks needs it whole), the sum over the head's values of dout * out: one thread per row (b, h, t)
 __global__ void attention_delta_kernel(float* delta, const floatX* dout, const floatX* out, int B, int T, int NH,
                                              int hs) {
@@ -690,12 +702,7 @@ inline void attention_flash_backward(floatX* dqkv, float* delta, const floatX* d
                                      cudaStream_t stream) {
     attention_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256, 0, stream>>>(delta, dout, out, B, T, NH, hs);
     cudaCheckLaunch();
-    AttentionProblem p = attention_sequence(qkv, nullptr, const_cast<float*>(lse), B, T, NH, hs);
-    AttentionProblem g = attention_sequence(dqkv, const_cast<floatX*>(dout), nullptr, B, T, NH, hs);
-    p.dout = g.out;
-    p.dq = g.q, p.dk = g.k, p.dv = g.v;
-    p.delta = delta;
-    attention_flash_backward<V>(p, stream);
+    attention_flash_backward<V>(attention_sequence_backward(dqkv, delta, dout, qkv, lse, B, T, NH, hs), stream);
 }
 
 #endif  // LLMC_FLASH_ATTENTION

@@ -330,11 +330,7 @@ void attention_backward_v5(floatX* dqkv, float* delta, const floatX* dout, const
     }
     attention_delta_kernel<<<ceil_div_int(B * NH * T, 256), 256>>>(delta, dout, out, B, T, NH, WG_HS);
     cudaCheckLaunch();
-    AttentionProblem p = attention_sequence(qkv, nullptr, const_cast<float*>(lse), B, T, NH, WG_HS);
-    AttentionProblem g = attention_sequence(dqkv, const_cast<floatX*>(dout), nullptr, B, T, NH, WG_HS);
-    p.dout = g.out;
-    p.dq = g.q, p.dk = g.k, p.dv = g.v;
-    p.delta = delta;
+    AttentionProblem p = attention_sequence_backward(dqkv, delta, dout, qkv, lse, B, T, NH, WG_HS);
     dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
     attention_backward_v5_dkv_kernel<<<grid, 128, shared>>>(p);
     cudaCheckLaunch();

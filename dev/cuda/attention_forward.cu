@@ -226,12 +226,12 @@ __global__ void __launch_bounds__(128) attention_forward_v6_kernel(const Attenti
     flash_store_rows<HS>(p.out.head(b, h, hs), p.out.row, o, query0, inv_sum, Tq, hs, lane);
 }
 
-// v6 where wgmma runs (an sm_90 GPU, or the emulator), else v4; true if v6 ran
-bool attention_forward_v6(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+// v6 where wgmma runs (an sm_90 GPU, or the emulator), else v4
+void attention_forward_v6(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     if (C != NH * HS) fatal("attention_forward_v6 is written for head size %d, got C %d, NH %d", HS, C, NH);
     if (dev::device().prop.major != 9) {
         attention_flash_forward<FlashVersion::v4>(out, lse, qkv, B, T, NH, HS, 0);
-        return false;
+        return;
     }
     static bool configured = false;
     size_t shared = 5 * WG_TILE_BYTES + 1024;  // the tiles and the slack to align them
@@ -242,7 +242,6 @@ bool attention_forward_v6(floatX* out, float* lse, const floatX* qkv, int B, int
     dim3 grid(ceil_div_int(T, FLASH_TILE), B * NH);
     attention_forward_v6_kernel<<<grid, 128, shared>>>(attention_sequence(qkv, out, lse, B, T, NH, HS));
     cudaCheckLaunch();
-    return true;
 }
 
 // ----------------------------------------------------------------------------
