@@ -69,12 +69,24 @@ struct LaneSlot {
     const char* what;  // the instruction
 };
 
+// The scratch of every warp-wide instruction (one, whatever the instruction: a template's own statics
+// would give each its own slots and counts, and lanes at different instructions would never meet in one)
+struct WarpScratch {
+    LaneSlot slots[2][1024];
+    uint32_t calls[1024];
+};
+inline WarpScratch& warp_scratch() {
+    static thread_local WarpScratch scratch;
+    return scratch;
+}
+
 // Publishes this lane's slot (filled by `fill`) and waits for the warp; returns the warp's 32 slots.
 template <typename Fill>
 inline const LaneSlot* exchange(const char* what, Fill fill) {
     Bookkeeping hidden;
-    static thread_local LaneSlot slots[2][1024];
-    static thread_local uint32_t calls[1024];
+    WarpScratch& scratch = warp_scratch();
+    auto& slots = scratch.slots;
+    uint32_t* calls = scratch.calls;
     int thread = linear_thread();
     uint32_t call = calls[thread]++;
     LaneSlot& mine = slots[call & 1][thread];
@@ -83,15 +95,16 @@ inline const LaneSlot* exchange(const char* what, Fill fill) {
     mine.what = what;
     __syncwarp();
     const LaneSlot* warp = &slots[call & 1][thread & ~31];
-    for (int lane = 0; lane < 32; lane++) {
-        // the same literal is the same pointer: strcmp only where they differ (10% of a tiny training run's
-        // time went to these compares, 32 a lane a call)
-        if (warp[lane].call != call || (warp[lane].what != what && strcmp(warp[lane].what, what) != 0))
-            emu::fail("%s (.sync.aligned) in block (%u,%u,%u): lane %d is at its warp-wide call %u (%s) while lane %d "
-                      "is at call %u (%s); all lanes must execute the same instructions",
-                      what, blockIdx.x, blockIdx.y, blockIdx.z, thread % 32, call, what, lane, warp[lane].call,
-                      warp[lane].what);
-    }
+    // Each lane compares the next lane's slot (lane 31 lane 0's): if any two lanes of the warp are at
+    // different calls or instructions, two neighbours on that circle are, and one of them fails. (All 32
+    // compares a lane, 1024 a warp, were a sixth of an emulated flash kernel's time.) The same literal is
+    // the same pointer: strcmp only where they differ.
+    int next = ((thread & 31) + 1) & 31;
+    if (warp[next].call != call || (warp[next].what != what && strcmp(warp[next].what, what) != 0))
+        emu::fail("%s (.sync.aligned) in block (%u,%u,%u): lane %d is at its warp-wide call %u (%s) while lane %d "
+                  "is at call %u (%s); all lanes must execute the same instructions",
+                  what, blockIdx.x, blockIdx.y, blockIdx.z, thread % 32, call, what, next, warp[next].call,
+                  warp[next].what);
     return warp;
 }
 
@@ -145,20 +158,6 @@ inline void ldmatrix_x4(uint32_t* r, const void* shared, bool trans) {
 //   B (16x8):  reg 0 = B[2t, 2t+1][g], reg 1 = B[2t+8, 2t+9][g]
 //   C, D (16x8, fp32): d0, d1 = D[g][2t, 2t+1], d2, d3 = D[g+8][2t, 2t+1]
 
-// element A[row][k] from the lanes' registers
-inline float fragment_a(const LaneSlot* slots, int row, int k) {
-    int lane = (row % 8) * 4 + (k % 8) / 2;
-    int reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-    return bf16_to_float((slots[lane].regs[reg] >> (16 * (k % 2))) & 0xFFFFu);
-}
-
-// element B[k][col]
-inline float fragment_b(const LaneSlot* slots, int k, int col) {
-    int lane = col * 4 + (k % 8) / 2;
-    int reg = 4 + (k >= 8 ? 1 : 0);  // slots hold a in regs 0..3, b in 4..5
-    return bf16_to_float((slots[lane].regs[reg] >> (16 * (k % 2))) & 0xFFFFu);
-}
-
 inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
     require_full_warp("mma.sync.m16n8k16");
     const LaneSlot* slots = exchange("mma.sync.m16n8k16", [&](LaneSlot& slot) {
@@ -168,20 +167,37 @@ inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
     });
     int lane = linear_thread() & 31;
     int g = lane / 4, t = lane % 4;
-    float a_rows[2][16], b_cols[2][16];  // this lane's rows g, g + 8 of A and columns 2t, 2t + 1 of B
+    // this lane's rows g, g + 8 of A and columns 2t, 2t + 1 of B, read from the lanes that hold them (the
+    // layout above: lane 4g' + q holds A[g'][2q, 2q+1] and A[g'][2q+8, 2q+9], and of B column g' the rows
+    // 2q, 2q+1 and 2q+8, 2q+9)
+    float a_rows[2][16], b_cols[2][16];
+    for (int q = 0; q < 4; q++) {
+        const LaneSlot& row_lane = slots[g * 4 + q];  // A[g][2q, 2q+1, 2q+8, 2q+9] and A[g+8][...]
+        for (int half = 0; half < 2; half++) {
+            a_rows[half][2 * q] = bf16_to_float(row_lane.regs[half] & 0xFFFFu);
+            a_rows[half][2 * q + 1] = bf16_to_float(row_lane.regs[half] >> 16);
+            a_rows[half][2 * q + 8] = bf16_to_float(row_lane.regs[half + 2] & 0xFFFFu);
+            a_rows[half][2 * q + 9] = bf16_to_float(row_lane.regs[half + 2] >> 16);
+        }
+        for (int j = 0; j < 2; j++) {
+            const LaneSlot& col_lane = slots[(2 * t + j) * 4 + q];  // B[2q, 2q+1, 2q+8, 2q+9][2t + j]
+            b_cols[j][2 * q] = bf16_to_float(col_lane.regs[4] & 0xFFFFu);
+            b_cols[j][2 * q + 1] = bf16_to_float(col_lane.regs[4] >> 16);
+            b_cols[j][2 * q + 8] = bf16_to_float(col_lane.regs[5] & 0xFFFFu);
+            b_cols[j][2 * q + 9] = bf16_to_float(col_lane.regs[5] >> 16);
+        }
+    }
+    // the 16 exact products and c in one wide sum each, rounded once (see the top); the four sums side by
+    // side, each in k's order
+    double acc0 = d[0], acc1 = d[1], acc2 = d[2], acc3 = d[3];
     for (int k = 0; k < 16; k++) {
-        a_rows[0][k] = fragment_a(slots, g, k);
-        a_rows[1][k] = fragment_a(slots, g + 8, k);
-        b_cols[0][k] = fragment_b(slots, k, 2 * t);
-        b_cols[1][k] = fragment_b(slots, k, 2 * t + 1);
+        double a0 = a_rows[0][k], a1 = a_rows[1][k], b0 = b_cols[0][k], b1 = b_cols[1][k];
+        acc0 += a0 * b0;  // D[g][2t]
+        acc1 += a0 * b1;  // D[g][2t+1]
+        acc2 += a1 * b0;  // D[g+8][2t]
+        acc3 += a1 * b1;  // D[g+8][2t+1]
     }
-    for (int i = 0; i < 4; i++) {
-        const float* a_row = a_rows[i / 2];
-        const float* b_col = b_cols[i % 2];
-        double acc = d[i];  // the 16 exact products and c in one wide sum, rounded once (see the top)
-        for (int k = 0; k < 16; k++) acc += (double)a_row[k] * b_col[k];
-        d[i] = (float)acc;
-    }
+    d[0] = (float)acc0, d[1] = (float)acc1, d[2] = (float)acc2, d[3] = (float)acc3;
 }
 
 // ----------------------------------------------------------------------------

@@ -263,6 +263,41 @@ TEST(EmuMma, LdmatrixFragmentsFeedMma) {
 }
 
 // ----------------------------------------------------------------------------
+// .sync.aligned: every lane of the warp must execute the same warp-wide instruction at the same point.
+// Lane `odd` executes ldmatrix where the others execute mma (the same count of warp-wide calls, another
+// instruction): the run must stop naming it, whichever lane is the odd one (the first, one in the middle,
+// the last: the emulator compares each lane with its neighbour on a circle, so the ends matter).
+__global__ void odd_lane_kernel(float* D, const uint16_t* A, int odd) {
+    __shared__ __align__(16) uint16_t tile[16 * 16];
+    int lane = threadIdx.x;
+    for (int i = lane; i < 256; i += 32) tile[i] = A[i];
+    __syncwarp();
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float d[4] = {0, 0, 0, 0};
+    if (lane == odd) {
+        ldmatrix_x4(a, &tile[(lane % 16) * 16 + (lane / 16) * 8]);
+    } else {
+        mma_bf16_16816(d, a, b);
+    }
+    D[lane] = d[0] + (float)a[0];
+}
+
+TEST(EmuMma, LanesAtDifferentWarpWideInstructionsStopTheRun) {
+    if (emu::race_checking()) GTEST_SKIP() << "not a race: the plain build checks it";
+    uint16_t* dA = to_device(std::vector<uint16_t>(256, bf16_bits(1.0f)));
+    float* dD = to_device(std::vector<float>(32, 0.0f));
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    for (int odd : {0, 13, 31}) {
+        auto launch = [&] {
+            odd_lane_kernel<<<1, 32>>>(dD, dA, odd);
+            cudaDeviceSynchronize();
+        };
+        EXPECT_DEATH(launch(), "all lanes must execute the same instructions") << "odd lane " << odd;
+    }
+    cudaFree(dA), cudaFree(dD);
+}
+
+// ----------------------------------------------------------------------------
 // cp.async: two groups of 16 bytes per lane; what each lane sees in its destinations before any wait,
 // after wait_group 1 (the older group must have landed) and after wait_group 0 (both). The source is
 // 0x01.. bytes, the destination starts as 0xAA. The PTX ISA allows the data to land any time before
