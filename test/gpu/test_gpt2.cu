@@ -584,6 +584,10 @@ TEST(TrainMemory, RecomputeAutoTakesTheLeastThatFitsAndWhatCannotFitIsRefused) {
 #if !defined(CUDA_EMULATION)
     GTEST_SKIP() << "sets the device's memory with EMU_DEVICE_MEMORY: emulator only";
 #endif
+#if defined(ENABLE_FP32) || defined(ENABLE_FP16)
+    GTEST_SKIP() << "the bf16 build's suite runs it: the choice is made from the plan's numbers on the host, the "
+                    "same code in every precision";
+#endif
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
     // B=64, T=32 on the tiny model (its shard has 4096 tokens): the levels differ by half a MiB and more
@@ -699,6 +703,10 @@ TEST(TrainMemory, DeviceMemoryLineShowsWhatIsInUse) {
 TEST(TrainMemory, BatchAutoTakesTheLargestMicroBatchThatFits) {
 #if !defined(CUDA_EMULATION)
     GTEST_SKIP() << "sets the device's memory with EMU_DEVICE_MEMORY: emulator only";
+#endif
+#if defined(ENABLE_FP32) || defined(ENABLE_FP16)
+    GTEST_SKIP() << "the bf16 build's suite runs it: the choice is made from the plan's numbers on the host, the "
+                    "same code in every precision (a fifth of a minute of CI time)";
 #endif
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
@@ -825,7 +833,7 @@ TEST(TrainDeterminism, SameSeedSameRun) {
 TEST(TrainDeterminism, MatmulAutotuneRunsAndReports) {
     REQUIRE_ORACLE("tiny", tiny_args());
     std::string dir = tiny_oracle();
-    std::string flags = "-e d6 -sd 5 -i " + dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0 -n 2";
+    std::string flags = "-e " + dir + "/model.bin -i " + dir + "/train.bin -b 2 -t 16 -x 2 -v 0 -s 0 -n 2";
     TrainerRun plain = run_trainer("gpu_at0", flags), tuned = run_trainer("gpu_at1", flags + " -at 1");
     ASSERT_EQ(tuned.result.exit_code, 0) << tuned.result.output;
     EXPECT_NE(tuned.result.output.find("matmul autotune (-at 1): "), std::string::npos) << tuned.result.output;
