@@ -942,6 +942,11 @@ unsigned char* shared_window(size_t* bytes, const char* what) {
     return reinterpret_cast<unsigned char*>(w->dynamic_shared);
 }
 
+unsigned long long block_serial() {
+    Worker* w = this_worker;
+    return w == nullptr || w->current_thread < 0 ? 0 : w->block_serial;
+}
+
 void shared_window_overrun(size_t offset, size_t bytes, size_t window, const char* what) {
     fail("%s in %s: shared address 0x%zx (+%zu bytes) is past the block's %zu bytes of dynamic shared memory", what,
          current_cuda_thread().c_str(), offset, bytes, window);

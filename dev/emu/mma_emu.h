@@ -215,6 +215,69 @@ struct CopyQueue {
     std::deque<std::vector<PendingCopy>> groups;  // committed, oldest first
 };
 
+// ----------------------------------------------------------------------------
+// Proxies (sm_90). wgmma (wgmma_emu.h) reads shared memory through the async proxy; a cp.async writes it
+// through the generic proxy, and what it wrote is visible to the async proxy only after a
+// fence.proxy.async by the thread whose copy it was (a barrier then orders that for the others: the PTX
+// ISA's memory consistency model, "proxies"). The emulator's memory has one proxy, where a missing fence
+// would go unseen on the CPU and show on a GPU as stale operands now and then. So it keeps, for each
+// 16-byte chunk of the block's dynamic shared memory that a cp.async landed in, the thread whose copy it
+// was and that thread's count of fences then; a wgmma operand in a chunk whose writer has not fenced
+// since stops the run (proxy_require_fenced). Ordinary stores are not tracked (the emulator does not
+// see them; a kernel must fence those as well).
+
+struct ProxyTrack {
+    unsigned long long block = ~0ull;  // emu::block_serial() of the block the entries are for
+    std::vector<uint32_t> writer;      // per chunk: 0, or the thread whose cp.async landed there + 1
+    std::vector<uint32_t> fences_then; // that thread's count of fences at the landing
+    std::vector<uint32_t> fences;      // per thread of the block: its fence.proxy.async so far
+};
+
+inline ProxyTrack& proxy_track() {
+    static thread_local ProxyTrack track;
+    unsigned long long block = emu::block_serial();
+    if (track.block != block) {
+        size_t bytes;
+        emu::shared_window(&bytes, "fence.proxy.async");
+        track.writer.assign(bytes / 16, 0);
+        track.fences_then.assign(bytes / 16, 0);
+        track.fences.assign(1024, 0);
+        track.block = block;
+    }
+    return track;
+}
+
+// a cp.async of this thread landed its 16 bytes at `shared`
+inline void proxy_note_generic_write(const void* shared) {
+    ProxyTrack& track = proxy_track();
+    size_t bytes;
+    const unsigned char* base = emu::shared_window(&bytes, "cp.async");
+    const unsigned char* p = static_cast<const unsigned char*>(shared);
+    if (p < base || p >= base + bytes) return;  // static shared memory: wgmma reads the dynamic window only
+    size_t chunk = (size_t)(p - base) / 16;
+    int thread = linear_thread();
+    track.writer[chunk] = (uint32_t)thread + 1;
+    track.fences_then[chunk] = track.fences[thread];
+}
+
+inline void proxy_fence() {
+    Bookkeeping hidden;
+    proxy_track().fences[linear_thread()]++;
+}
+
+// `what` reads the chunk at `offset` of the dynamic shared memory through the async proxy
+inline void proxy_require_fenced(size_t offset, const char* what) {
+    ProxyTrack& track = proxy_track();
+    size_t chunk = offset / 16;
+    if (chunk >= track.writer.size() || track.writer[chunk] == 0) return;
+    uint32_t writer = track.writer[chunk] - 1;
+    if (track.fences[writer] == track.fences_then[chunk])
+        emu::fail("%s in block (%u,%u,%u) thread %d reads shared address 0x%zx, which a cp.async of thread %u wrote "
+                  "(the generic proxy) with no fence.proxy.async by that thread since: the tensor cores (the async "
+                  "proxy) need it, then a barrier", what, blockIdx.x, blockIdx.y, blockIdx.z, linear_thread(),
+                  chunk * 16, writer);
+}
+
 inline bool copy_at_issue() {
     static const bool at_issue = emu::env_choice("EMU_CP_ASYNC", "wait", "issue");
     return at_issue;
@@ -238,6 +301,8 @@ inline void cp_async16(void* shared, const void* global) {
         emu::fail("cp.async: source %p is not 16 bytes of global memory on a 16-byte boundary", global);
     if (copy_at_issue()) {
         memcpy(shared, global, 16);
+        Bookkeeping hidden;
+        proxy_note_generic_write(shared);
         return;
     }
     PendingCopy copy;
@@ -264,6 +329,7 @@ inline void cp_async_wait(int pending) {
             // the copy lands: the race checker sees the write as made anywhere from the issue to here
             emu::race_check_copy_land(copy.window, copy.shared, 16);
             memcpy(copy.shared, copy.bytes, 16);
+            proxy_note_generic_write(copy.shared);
         }
         q.groups.pop_front();
     }

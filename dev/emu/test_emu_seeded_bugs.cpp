@@ -284,6 +284,34 @@ __global__ void wgmma_product_kernel(float* out, const float* a, const float* b,
     }
 }
 
+// The same product with the tiles loaded by cp.async (bf16 in global memory, 16 bytes a copy). A
+// cp.async writes shared memory through the generic proxy and wgmma reads it through the async proxy:
+// each thread fences what it copied (fence.proxy.async) before the barrier. `fence` false leaves that out.
+__global__ void wgmma_cp_async_kernel(float* out, const __nv_bfloat16* a, const __nv_bfloat16* b, bool fence) {
+    extern __shared__ unsigned char dynamic_smem[];
+    unsigned char* tile_a = dynamic_smem;
+    unsigned char* tile_b = dynamic_smem + 64 * 128;
+    int t = threadIdx.x, w = t / 32, g = (t % 32) / 4, q = t % 4;
+    for (int c = t; c < 64 * 2; c += 128) {  // chunk c: row c / 2, columns 8 (c % 2) to 8 (c % 2) + 7
+        int row = c / 2, col = 8 * (c % 2);
+        cp_async16(tile_a + wgmma_tile_offset(row, col), a + row * 16 + col);
+        cp_async16(tile_b + wgmma_tile_offset(row, col), b + row * 16 + col);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    if (fence) fence_proxy_async();
+    __syncthreads();
+    float d[32];
+    wgmma_fence();
+    wgmma_m64n64k16_ss<0, 0>(d, wgmma_tile_descriptor(tile_a, 0, 0), wgmma_tile_descriptor(tile_b, 0, 0), 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < 32; i++) {
+        int row = 16 * w + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * q + (i & 1);
+        out[row * 64 + col] = d[i];
+    }
+}
+
 }  // namespace emu_seeded
 
 using namespace emu_seeded;
@@ -689,6 +717,39 @@ TEST(EmuSeededBug, WgmmaOperandsAndAccumulatorsTouchedBeforeTheWait) {
             EXPECT_EQ(wrong, 128) << "thread t's first accumulator alone";  // one an accumulator's thread
         }
     }
+    cudaFree(d_a), cudaFree(d_b), cudaFree(d_out);
+}
+
+// On a GPU a missing fence.proxy.async between a cp.async and the wgmma that reads its data shows as
+// stale operands now and then; the emulator's memory has one proxy, so it notes which thread's cp.async
+// wrote each 16-byte chunk and whether that thread fenced since (dev/emu/mma_emu.h), and stops the run
+// at the wgmma's issue.
+TEST(EmuSeededBug, WgmmaReadsWhatACpAsyncWroteWithoutTheProxyFence) {
+    if (emu::race_checking()) GTEST_SKIP() << "not a race: the plain and ASan builds check it";
+    std::vector<__nv_bfloat16> a(64 * 16), b(64 * 16);
+    std::vector<float> expected(64 * 64);
+    for (int i = 0; i < 64 * 16; i++) a[i] = __float2bfloat16((float)(i % 7 - 3)), b[i] = __float2bfloat16((float)(i % 5 - 2));
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < 64; n++) {
+            float sum = 0.0f;
+            for (int k = 0; k < 16; k++) sum += __bfloat162float(a[m * 16 + k]) * __bfloat162float(b[n * 16 + k]);
+            expected[m * 64 + n] = sum;
+        }
+    __nv_bfloat16* d_a = device_copy(a);
+    __nv_bfloat16* d_b = device_copy(b);
+    float* d_out = device_copy(std::vector<float>(64 * 64));
+    const size_t smem = 2 * 64 * 128;
+    wgmma_cp_async_kernel<<<1, 128, smem>>>(d_out, d_a, d_b, true);
+    std::vector<float> out = download(d_out, 64 * 64);
+    int wrong = 0;
+    for (int i = 0; i < 64 * 64; i++) wrong += !(out[i] == expected[i]);
+    EXPECT_EQ(wrong, 0) << "with the fence";
+    auto unfenced = [&] {
+        wgmma_cp_async_kernel<<<1, 128, smem>>>(d_out, d_a, d_b, false);
+        cudaDeviceSynchronize();
+    };
+    EXPECT_DEATH(unfenced(), "wgmma.mma_async.m64n64k16 in block \\(0,0,0\\) thread [0-9]+ reads shared address 0x[0-9a-f]+, "
+                             "which a cp.async of thread [0-9]+ wrote \\(the generic proxy\\) with no fence.proxy.async");
     cudaFree(d_a), cudaFree(d_b), cudaFree(d_out);
 }
 

@@ -28,7 +28,8 @@
 // a wait a kernel reads its results); a descriptor with a base offset (not emulated); an operand
 // outside the block's dynamic shared memory (the shared window: exec.cpp). Not checked: that the four
 // warps pass the same descriptors (each warp is checked alone), that register A is left untouched until
-// the wait (it is read at the issue), and fence.proxy.async (a no-op: the emulator's memory has one proxy).
+// the wait (it is read at the issue). fence.proxy.async: an operand a cp.async wrote must have had its
+// writer's fence before the issue (mma_emu.h's proxy tracking; ordinary stores are not seen).
 #pragma once
 
 #include <cstdint>
@@ -218,6 +219,23 @@ inline const emu_mma::LaneSlot* exchange(const char* what, uint64_t desc_a, uint
     return slots;
 }
 
+// At the issue (the tensor cores may read from then on): every chunk of shared memory this thread's
+// share of the product reads that a cp.async wrote has had its writer's fence.proxy.async (mma_emu.h).
+// A 16-byte chunk holds 8 consecutive elements along the contiguous dimension: k for a K-major operand
+// (k 0 and 8 stand for a row), r for an M/N-major one (every k).
+inline void require_operands_fenced(const Operation& op, const char* what) {
+    emu_mma::Bookkeeping hidden;
+    int t = emu_mma::linear_thread() % 128, w = t / 32, g = (t % 32) / 4, qd = t % 4;
+    auto check = [&](uint64_t bits, int trans, int r) {
+        Descriptor d = decode(bits, what);
+        for (int k = 0; k < 16; k += trans == 0 ? 8 : 1) emu_mma::proxy_require_fenced(element_address(d, trans, r, k), what);
+    };
+    if (!op.a_registers)
+        for (int h = 0; h < 2; h++) check(op.desc_a, op.trans_a, 16 * w + g + 8 * h);
+    for (int j = 0; j < op.n / 8; j++)
+        for (int c = 0; c < 2; c++) check(op.desc_b, op.trans_b, 8 * j + 2 * qd + c);
+}
+
 inline void mma_async(const char* what, float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
                       int trans_a, int trans_b, int accumulate) {
     require_full_warpgroup(what);
@@ -246,6 +264,7 @@ inline void mma_async(const char* what, float* d, int n, const uint32_t* a, uint
                 op.a_rows[h][k] = emu_mma::bf16_to_float((slots[lane].regs[4 + reg] >> (16 * (k % 2))) & 0xFFFFu);
             }
     }
+    require_operands_fenced(op, what);
     op.window = q.window;
     if (held(q, d) == nullptr) {
         Accumulators acc{d, n, std::vector<float>(d, d + n / 2)};
@@ -313,7 +332,7 @@ template <int pending>
 inline void wgmma_wait() {
     emu_wgmma::wait(pending);
 }
-inline void fence_proxy_async() {}
+inline void fence_proxy_async() { emu_mma::proxy_fence(); }
 template <int TRANS_A, int TRANS_B>
 inline void wgmma_m64n64k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma::mma_async("wgmma.mma_async.m64n64k16", d, 64, nullptr, desc_a, desc_b, TRANS_A, TRANS_B, accumulate);

@@ -72,6 +72,10 @@ void race_check_async_read(int window, const void* shared, size_t bytes);
 // gives the addresses (kernel.h). shared_window_overrun ends the run: an access at [offset, offset +
 // bytes) past the window's `window` bytes.
 unsigned char* shared_window(size_t* bytes, const char* what);
+// A number of the calling thread's block, another for every block a host thread runs, launch after
+// launch: bookkeeping kept per block by code compiled with the kernels (mma_emu.h's proxy tracking)
+// starts afresh where it changes. 0 outside a kernel.
+unsigned long long block_serial();
 [[noreturn]] void shared_window_overrun(size_t offset, size_t bytes, size_t window, const char* what);
 
 // initcheck: true in the EMU_ASAN=1 build (build/emu-asan/) unless EMU_INITCHECK=0: every read of device
