@@ -517,7 +517,9 @@ TEST(ModelParallel, TensorParallelMatchesOneProcess) {
         EXPECT_GT(param_mib(rn.output), 0.0) << rn.output;
         EXPECT_LT(param_mib(rn.output), param_mib(r1.output) * (1.0 / tp + 0.25)) << rn.output << r1.output;
         bool sp = c.flags.find("-sq 1") != std::string::npos;
-        if (sp) EXPECT_NE(rn.output.find(", sequence parallel"), std::string::npos) << rn.output;
+        if (sp) {
+            EXPECT_NE(rn.output.find(", sequence parallel"), std::string::npos) << rn.output;
+        }
         activations[c.flags] = mib_after(rn.output, "MiB, activations ");
     }
     for (const char* flags : {"-tp 2", "-tp 3"}) {
