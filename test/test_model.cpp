@@ -326,8 +326,10 @@ TEST(ModelGradients, FirstBackwardSetsWhatZeroGradLeftStale) {
 
 // Issue 51, item 1.8: one process's "comm" was the global norm's time (the sum of squares over every
 // gradient): nothing was communicated. The norm is its own phase now ("gradnorm", ms_gradnorm), and
-// comm times only collectives: a process alone reads 0 there (under 0.05 ms: a sum over a group of
-// one and the clock reads), while its norm over d6's 30M gradients takes milliseconds.
+// comm times only collectives: a process alone moves no byte and reads about 0 there (a sum over a
+// group of one and the clock reads: 0.005 ms), while its norm over d6's 30M gradients takes
+// milliseconds. The time bound holds for the quickest of the 3 steps: on a loaded 2-core machine one
+// step's clock reads can be preempted (0.056 ms seen once), which says nothing about what the phase holds.
 TEST(StepBreakdown, OneProcessCommunicatesNothing) {
     std::string oracle_dir = test::oracle("tiny", std::string(TINY_MODEL) + " " + TINY_DATA);
     std::string dir = test::scratch_dir("breakdown_one");
@@ -336,12 +338,15 @@ TEST(StepBreakdown, OneProcessCommunicatesNothing) {
     ASSERT_EQ(run.exit_code, 0) << run.output;
     std::vector<double> comm = test::jsonl_values(dir + "/metrics.jsonl", "ms_comm");
     std::vector<double> norm = test::jsonl_values(dir + "/metrics.jsonl", "ms_gradnorm");
+    std::vector<double> bytes = test::jsonl_values(dir + "/metrics.jsonl", "comm_bytes");
     ASSERT_EQ(comm.size(), 3u);
     ASSERT_EQ(norm.size(), 3u) << "metrics.jsonl has no ms_gradnorm";
+    ASSERT_EQ(bytes.size(), 3u);
     for (int s = 0; s < 3; s++) {
-        EXPECT_LT(comm[s], 0.05) << "step " << s;
+        EXPECT_EQ(bytes[s], 0.0) << "step " << s;
         EXPECT_GT(norm[s], 0.1) << "step " << s;
     }
+    EXPECT_LT(*std::min_element(comm.begin(), comm.end()), 0.05);
 }
 
 // The step line and metrics.jsonl carry the time of each phase, FLOP/s and MFU. With a given peak
