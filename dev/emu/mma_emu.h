@@ -228,17 +228,19 @@ struct CopyQueue {
 
 struct ProxyTrack {
     unsigned long long block = ~0ull;  // emu::block_serial() of the block the entries are for
+    const unsigned char* base = nullptr;  // its dynamic shared memory (the shared window)
     std::vector<uint32_t> writer;      // per chunk: 0, or the thread whose cp.async landed there + 1
     std::vector<uint32_t> fences_then; // that thread's count of fences at the landing
     std::vector<uint32_t> fences;      // per thread of the block: its fence.proxy.async so far
 };
 
+// the calling block's tracking, started afresh at a block's first use (one call for a batch of uses)
 inline ProxyTrack& proxy_track() {
     static thread_local ProxyTrack track;
     unsigned long long block = emu::block_serial();
     if (track.block != block) {
         size_t bytes;
-        emu::shared_window(&bytes, "fence.proxy.async");
+        track.base = emu::shared_window(&bytes, "fence.proxy.async");
         track.writer.assign(bytes / 16, 0);
         track.fences_then.assign(bytes / 16, 0);
         track.fences.assign(1024, 0);
@@ -248,13 +250,11 @@ inline ProxyTrack& proxy_track() {
 }
 
 // a cp.async of this thread landed its 16 bytes at `shared`
-inline void proxy_note_generic_write(const void* shared) {
-    ProxyTrack& track = proxy_track();
-    size_t bytes;
-    const unsigned char* base = emu::shared_window(&bytes, "cp.async");
+inline void proxy_note_generic_write(ProxyTrack& track, const void* shared) {
     const unsigned char* p = static_cast<const unsigned char*>(shared);
-    if (p < base || p >= base + bytes) return;  // static shared memory: wgmma reads the dynamic window only
-    size_t chunk = (size_t)(p - base) / 16;
+    // static shared memory lies outside the window: wgmma reads the dynamic window only
+    if (p < track.base || p >= track.base + 16 * track.writer.size()) return;
+    size_t chunk = (size_t)(p - track.base) / 16;
     int thread = linear_thread();
     track.writer[chunk] = (uint32_t)thread + 1;
     track.fences_then[chunk] = track.fences[thread];
@@ -266,8 +266,7 @@ inline void proxy_fence() {
 }
 
 // `what` reads the chunk at `offset` of the dynamic shared memory through the async proxy
-inline void proxy_require_fenced(size_t offset, const char* what) {
-    ProxyTrack& track = proxy_track();
+inline void proxy_require_fenced(const ProxyTrack& track, size_t offset, const char* what) {
     size_t chunk = offset / 16;
     if (chunk >= track.writer.size() || track.writer[chunk] == 0) return;
     uint32_t writer = track.writer[chunk] - 1;
@@ -302,7 +301,7 @@ inline void cp_async16(void* shared, const void* global) {
     if (copy_at_issue()) {
         memcpy(shared, global, 16);
         Bookkeeping hidden;
-        proxy_note_generic_write(shared);
+        proxy_note_generic_write(proxy_track(), shared);
         return;
     }
     PendingCopy copy;
@@ -324,12 +323,14 @@ inline void cp_async_commit() {
 inline void cp_async_wait(int pending) {
     Bookkeeping hidden;
     CopyQueue& q = copy_queue();
+    if ((int)q.groups.size() <= pending) return;
+    ProxyTrack& track = proxy_track();
     while ((int)q.groups.size() > pending) {
         for (const PendingCopy& copy : q.groups.front()) {
             // the copy lands: the race checker sees the write as made anywhere from the issue to here
             emu::race_check_copy_land(copy.window, copy.shared, 16);
             memcpy(copy.shared, copy.bytes, 16);
-            proxy_note_generic_write(copy.shared);
+            proxy_note_generic_write(track, copy.shared);
         }
         q.groups.pop_front();
     }

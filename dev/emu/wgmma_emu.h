@@ -225,10 +225,12 @@ inline const emu_mma::LaneSlot* exchange(const char* what, uint64_t desc_a, uint
 // (k 0 and 8 stand for a row), r for an M/N-major one (every k).
 inline void require_operands_fenced(const Operation& op, const char* what) {
     emu_mma::Bookkeeping hidden;
+    const emu_mma::ProxyTrack& track = emu_mma::proxy_track();
     int t = emu_mma::linear_thread() % 128, w = t / 32, g = (t % 32) / 4, qd = t % 4;
     auto check = [&](uint64_t bits, int trans, int r) {
         Descriptor d = decode(bits, what);
-        for (int k = 0; k < 16; k += trans == 0 ? 8 : 1) emu_mma::proxy_require_fenced(element_address(d, trans, r, k), what);
+        for (int k = 0; k < 16; k += trans == 0 ? 8 : 1)
+            emu_mma::proxy_require_fenced(track, element_address(d, trans, r, k), what);
     };
     if (!op.a_registers)
         for (int h = 0; h < 2; h++) check(op.desc_a, op.trans_a, 16 * w + g + 8 * h);
