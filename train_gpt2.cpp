@@ -115,7 +115,7 @@ struct GPT2 {
     // -opt adamw8: m and v in 8 bits over [opt_begin, opt_end), in the blocks of the flat vector (llmc/adamw8.h)
     Adamw8Blocks blocks8;
     Adamw8State moments8;
-    // -gc sign|powersgd: the data-parallel gradients compressed, with this process's residuals
+    // -gc sign|powersgd: the data-parallel gradients compressed, with this process's error feedback
     // (llmc/parallel/grad_compression.h); kind none: all-reduced in fp32
     GradCompression compression;
     // -lh H: the replicas synchronize every H steps (llmc/parallel/local_steps.h); every 0: every step

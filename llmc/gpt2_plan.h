@@ -83,7 +83,7 @@ MemoryPlan gpt2_memory_plan(const GPT2Config& model_cfg, const ParallelLayout& l
     }
     if (lay.dp > 1 && args.grad_compression != "none") {
         plan.add("-gc state", grad_compression_state_bytes(args.grad_compression, args.grad_rank, optimizer_tensors(cfg), n, lay.dp),
-                 args.grad_compression == "sign" ? "residuals, every process's bits and scales" : "residuals, Q, P and Q's buffers");
+                 args.grad_compression == "sign" ? "h, H, every process's bits and scales" : "residuals, Q, P and Q's buffers");
     }
     if (lay.dp > 1 && args.local_steps > 0) {
         plan.add("-lh state", local_steps_state_bytes(n, args.local_outer), args.local_outer == 1 ? "anchor, outer momentum" : "anchor");

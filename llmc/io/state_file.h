@@ -65,6 +65,7 @@ enum StateSectionKind : int32_t {
     STATE_SECTION_POWERSGD = 3,        // PowerSGD's factors Q, its warm start (issue 49)
     STATE_SECTION_LOCAL_STEPS = 4,     // local steps' parameters, anchor and outer momentum (issue 49)
     STATE_SECTION_MATMUL_CHOICES = 5,  // the cuBLASLt algorithms -at 1 chose (llmc/matmul_choices.cuh; issue 52)
+    STATE_SECTION_SIGN_ESTIMATES = 6,  // -gc sign's h_p and H (llmc/parallel/grad_compression.h; issue 49)
     STATE_SECTION_TEST = 999,          // written by the tests only
 };
 constexpr int STATE_MAX_SECTIONS = 5;
@@ -83,6 +84,7 @@ inline const char* state_section_name(int32_t kind) {
         case STATE_SECTION_POWERSGD: return "PowerSGD's factors";
         case STATE_SECTION_LOCAL_STEPS: return "local steps' state";
         case STATE_SECTION_MATMUL_CHOICES: return "matmul algorithms";
+        case STATE_SECTION_SIGN_ESTIMATES: return "sign-compression estimates";
         case STATE_SECTION_TEST: return "test section";
         default: return nullptr;
     }

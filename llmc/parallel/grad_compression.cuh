@@ -36,7 +36,8 @@ struct GradCompressionGpu {
     GradCompression host;  // the scheme, its layout and bytes (big vectors empty)
     size_t n = 0;
     int processes = 1;
-    float* residual = nullptr;           // (n) this process's e
+    float* feedback = nullptr;           // this process's error feedback: -gc sign's h_p then H (2n), PowerSGD's e (n)
+    size_t feedback_n = 0;
     // sign
     SignBlockGpu* blocks = nullptr;      // one per word of bits
     size_t num_blocks = 0;
@@ -58,14 +59,14 @@ static T* gc_upload(const std::vector<T>& v) {
     return d;
 }
 
-// The device bytes of the state (the memory plan): the residuals, and the gather (sign) or P, the two Qs
-// and Q's first value (PowerSGD), with the kernels' tables.
+// The device bytes of the state (the memory plan): h_p, H and the gather (sign), or the residuals, P, the
+// two Qs and Q's first value (PowerSGD), with the kernels' tables.
 inline size_t grad_compression_gpu_bytes(const std::string& flag, int rank, const std::vector<OptimizerTensor>& tensors,
                                          size_t n, int processes) {
     if (processes == 1 || flag == "none") return 0;
     if (flag == "sign") {
         SignCompression shape = sign_compression_init(tensors, 0, 0);
-        return n * sizeof(float) + (size_t)processes * shape.block_words * sizeof(uint64_t) +
+        return 2 * n * sizeof(float) + (size_t)processes * shape.block_words * sizeof(uint64_t) +
                shape.first_word.back() * sizeof(SignBlockGpu);
     }
     PowerSgd shape = powersgd_init(tensors, 0, rank);
@@ -87,8 +88,9 @@ inline bool grad_compression_gpu_start(const std::string& flag, int rank, const 
 inline void grad_compression_gpu_setup(GradCompressionGpu* gc, size_t n, int processes) {
     gc->n = n;
     gc->processes = processes;
-    cudaCheck(cudaMalloc(&gc->residual, n * sizeof(float)));
-    cudaCheck(cudaMemset(gc->residual, 0, n * sizeof(float)));
+    gc->feedback_n = gc->host.feedback().size();  // 2n or n
+    cudaCheck(cudaMalloc(&gc->feedback, gc->feedback_n * sizeof(float)));
+    cudaCheck(cudaMemset(gc->feedback, 0, gc->feedback_n * sizeof(float)));
     if (gc->host.kind == "sign") {
         SignCompression& sc = gc->host.sign;
         std::vector<SignBlockGpu> blocks;
@@ -101,7 +103,7 @@ inline void grad_compression_gpu_setup(GradCompressionGpu* gc, size_t n, int pro
         gc->blocks = gc_upload(blocks);
         cudaCheck(cudaMalloc(&gc->gathered, (size_t)processes * sc.block_words * sizeof(uint64_t)));
         cudaCheck(cudaMemset(gc->gathered, 0, (size_t)processes * sc.block_words * sizeof(uint64_t)));
-        std::vector<float>().swap(sc.residual);
+        std::vector<float>().swap(sc.estimates);
         std::vector<uint64_t>().swap(sc.gathered);
         return;
     }
@@ -132,7 +134,7 @@ inline void grad_compression_gpu_setup(GradCompressionGpu* gc, size_t n, int pro
 }
 
 inline void grad_compression_gpu_free(GradCompressionGpu* gc) {
-    for (void* p : {(void*)gc->residual, (void*)gc->blocks, (void*)gc->gathered, (void*)gc->exact,
+    for (void* p : {(void*)gc->feedback, (void*)gc->blocks, (void*)gc->gathered, (void*)gc->exact,
                     (void*)gc->p, (void*)gc->q, (void*)gc->q_new, (void*)gc->q_first}) {
         cudaCheck(cudaFree(p));
     }
@@ -143,21 +145,22 @@ inline void grad_compression_gpu_free(GradCompressionGpu* gc) {
 // sign
 
 template <typename T>
-__global__ void sign_encode_kernel(const T* grads, float* residual, const SignBlockGpu* blocks, size_t num_blocks,
+__global__ void sign_encode_kernel(const T* grads, const float* h, const SignBlockGpu* blocks, size_t num_blocks,
                                    uint64_t* words, float* scales) {
     size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= num_blocks) return;
     const SignBlockGpu blk = blocks[b];
-    sign_encode_block(grads + blk.offset, residual + blk.offset, blk.n, words + b, scales + b);
+    sign_encode_block(grads + blk.offset, h + blk.offset, blk.n, words + b, scales + b);
 }
 
 template <typename T>
-__global__ void sign_decode_kernel(T* grads, const uint64_t* gathered, size_t W, size_t words, const SignBlockGpu* blocks,
-                                   size_t num_blocks, int P) {
+__global__ void sign_decode_kernel(T* grads, float* h, float* H, const uint64_t* gathered, size_t W, size_t words,
+                                   const SignBlockGpu* blocks, size_t num_blocks, int P, int rank) {
     size_t b = (size_t)blockIdx.x * (blockDim.x / 64) + threadIdx.x / 64;
     int j = (int)(threadIdx.x % 64);
     if (b >= num_blocks || j >= (int)blocks[b].n) return;
-    grads[blocks[b].offset + j] = (T)sign_decode_element(gathered, W, words, b, P, j);
+    size_t x = blocks[b].offset + j;
+    grads[x] = (T)sign_decode_element(gathered, W, words, b, P, rank, j, h + x, H + x);
 }
 
 template <typename T>
@@ -166,13 +169,14 @@ void sign_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, c
     const size_t W = sc.block_words, words = sc.first_word.back();
     uint64_t* mine = gc->gathered + (size_t)dp.rank * W;
     cudaCheck(cudaMemsetAsync(mine + W - 1, 0, sizeof(uint64_t), stream));  // an odd count of scales leaves half a word
-    sign_encode_kernel<T><<<(unsigned)((gc->num_blocks + 127) / 128), 128, 0, stream>>>(grads, gc->residual, gc->blocks,
+    sign_encode_kernel<T><<<(unsigned)((gc->num_blocks + 127) / 128), 128, 0, stream>>>(grads, gc->feedback, gc->blocks,
                                                                                     gc->num_blocks, mine, (float*)(mine + words));
     cudaCheck(cudaGetLastError());
     all_gather(dp, gc->gathered, W, COMM_UINT64);
     comm_join(dp);
-    sign_decode_kernel<T><<<(unsigned)((gc->num_blocks + 3) / 4), 256, 0, stream>>>(grads, gc->gathered, W, words, gc->blocks,
-                                                                                gc->num_blocks, dp.size);
+    sign_decode_kernel<T><<<(unsigned)((gc->num_blocks + 3) / 4), 256, 0, stream>>>(grads, gc->feedback, gc->feedback + gc->n,
+                                                                                gc->gathered, W, words, gc->blocks,
+                                                                                gc->num_blocks, dp.size, dp.rank);
     cudaCheck(cudaGetLastError());
 }
 
@@ -254,8 +258,8 @@ void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grad
     auto blocks = [&](size_t count) { return (unsigned)((count + threads - 1) / threads); };
     const unsigned E = (unsigned)gc->num_exact;
     for (const PowerSgdTensorGpu& t : gc->matrices) {
-        powersgd_add_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->residual, t);
-        powersgd_p_kernel<<<blocks((size_t)t.rows * R), threads, 0, stream>>>(gc->residual, gc->q, gc->p, t, R);
+        powersgd_add_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->feedback, t);
+        powersgd_p_kernel<<<blocks((size_t)t.rows * R), threads, 0, stream>>>(gc->feedback, gc->q, gc->p, t, R);
     }
     if (E) powersgd_exact_kernel<T><<<dim3(blocks(gc->max_exact), E), threads, 0, stream>>>(grads, gc->p, gc->exact, true);
     cudaCheck(cudaGetLastError());
@@ -275,13 +279,13 @@ void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grad
     // (from pageable memory: the call returns once p_host has been read)
     cudaCheck(cudaMemcpyAsync(gc->p, gc->p_host.data(), matrices_p * sizeof(float), cudaMemcpyHostToDevice, stream));
     for (const PowerSgdTensorGpu& t : gc->matrices) {
-        powersgd_q_kernel<<<blocks((size_t)t.cols * R), threads, 0, stream>>>(gc->residual, gc->p, gc->q_new, t, R);
+        powersgd_q_kernel<<<blocks((size_t)t.cols * R), threads, 0, stream>>>(gc->feedback, gc->p, gc->q_new, t, R);
     }
     cudaCheck(cudaGetLastError());
     all_reduce(dp, gc->q_new, ps.q_length, COMM_FLOAT32, COMM_SUM);
     comm_join(dp);
     for (const PowerSgdTensorGpu& t : gc->matrices) {
-        powersgd_approx_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->residual, gc->p, gc->q_new, t,
+        powersgd_approx_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->feedback, gc->p, gc->q_new, t,
                                                                                       R, 1.0f / (float)dp.size);
         powersgd_q_reset_kernel<<<1, 256, 0, stream>>>(gc->q_new, gc->q_first, t, R);
     }
@@ -298,13 +302,13 @@ void grad_compression_gpu_reduce(const ProcessGroup& dp, GradCompressionGpu* gc,
     else powersgd_reduce_gpu(dp, gc, grads, stream, sync);
 }
 
-// The checkpoint's sections (grad_compression_sections, from host copies of the residuals and Q).
+// The checkpoint's sections (grad_compression_sections, from host copies of the error feedback and Q).
 inline std::vector<StateSection> grad_compression_gpu_sections(const GradCompressionGpu& gc) {
     if (!gc.on()) return {};
     GradCompression copy = gc.host;
-    std::vector<float>& e = copy.residual();
-    e.resize(gc.n);
-    cudaCheck(cudaMemcpy(e.data(), gc.residual, gc.n * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<float>& e = copy.feedback();
+    e.resize(gc.feedback_n);
+    cudaCheck(cudaMemcpy(e.data(), gc.feedback, gc.feedback_n * sizeof(float), cudaMemcpyDeviceToHost));
     if (copy.kind == "powersgd") {
         copy.power.q.resize(copy.power.q_length);
         cudaCheck(cudaMemcpy(copy.power.q.data(), gc.q, copy.power.q_length * sizeof(float), cudaMemcpyDeviceToHost));
@@ -312,16 +316,16 @@ inline std::vector<StateSection> grad_compression_gpu_sections(const GradCompres
     return grad_compression_sections(copy);
 }
 
-// The residuals (and Q) from this process's sections (grad_compression_restore's rules and notes).
+// The error feedback (and Q) from this process's sections (grad_compression_restore's rules and notes).
 inline void grad_compression_gpu_restore(GradCompressionGpu* gc, const std::vector<StateSection>& sections) {
     GradCompression copy = gc->host;
-    copy.residual().assign(gc->n, 0.0f);
+    copy.feedback().assign(gc->feedback_n, 0.0f);
     if (copy.kind == "powersgd") {
         copy.power.q.resize(copy.power.q_length);
         cudaCheck(cudaMemcpy(copy.power.q.data(), gc->q_first, copy.power.q_length * sizeof(float), cudaMemcpyDeviceToHost));
     }
     grad_compression_restore(&copy, sections);
-    cudaCheck(cudaMemcpy(gc->residual, copy.residual().data(), gc->n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(gc->feedback, copy.feedback().data(), gc->feedback_n * sizeof(float), cudaMemcpyHostToDevice));
     if (copy.kind == "powersgd") {
         cudaCheck(cudaMemcpy(gc->q, copy.power.q.data(), copy.power.q_length * sizeof(float), cudaMemcpyHostToDevice));
     }

@@ -66,8 +66,9 @@ struct CheckpointModel {
 // The flag whose state a section of each process's own holds; null for the other kinds.
 inline const char* own_section_flag(int32_t kind) {
     switch (kind) {
-        case STATE_SECTION_ERROR_FEEDBACK: return "-gc";
+        case STATE_SECTION_ERROR_FEEDBACK: return "-gc powersgd";
         case STATE_SECTION_POWERSGD: return "-gc powersgd";
+        case STATE_SECTION_SIGN_ESTIMATES: return "-gc sign";
         case STATE_SECTION_LOCAL_STEPS: return "-lh";
         case STATE_SECTION_MATMUL_CHOICES: return "-at 1";
         default: return nullptr;

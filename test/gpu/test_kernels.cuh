@@ -1642,9 +1642,9 @@ inline std::vector<T> slice(const std::vector<T>& v, size_t begin, size_t end) {
 
 // -gc's GPU kernels (llmc/parallel/grad_compression.cuh) against the CPU's reduce (grad_compression.h,
 // powersgd.h) on one process, over three steps of new gradients (floatX values, the same numbers on both
-// sides), the residuals carried: four tensors (a 40 x 24 and a 30 x 8 matrix, vectors of 24 and 100)
+// sides), the error feedback carried: four tensors (a 40 x 24 and a 30 x 8 matrix, vectors of 24 and 100)
 // whose 64-element blocks end part-way, and which PowerSGD at R = 2 factors (the matrices) or sums exactly
-// (the vectors). Sign: the sums have no products, so the residuals and gradients are bit for bit. PowerSGD:
+// (the vectors). Sign: the sums have no products, so h, H and the gradients are bit for bit. PowerSGD:
 // the dot products' double sums run in the same order, but the compilers may fuse a multiply and an add
 // differently (fma), a last-bit difference of a double before it is rounded to float: the gradients,
 // residuals and Q to 1e-6 of each array's largest value (measured: equal). A wrong index or order is far
@@ -1690,9 +1690,9 @@ TEST(Kernels, GradCompressionAgainstTheCpu) {
             std::vector<float> want(n);
             for (size_t i = 0; i < n; i++) want[i] = host_from_floatX(host_to_floatX(g[i]));
             compare(want, download(d_grads), "gradients");
-            std::vector<float> residual(n);
-            cudaCheck(cudaMemcpy(residual.data(), gpu.residual, n * sizeof(float), cudaMemcpyDeviceToHost));
-            compare(cpu.residual(), residual, "residuals");
+            std::vector<float> feedback(gpu.feedback_n);
+            cudaCheck(cudaMemcpy(feedback.data(), gpu.feedback, feedback.size() * sizeof(float), cudaMemcpyDeviceToHost));
+            compare(cpu.feedback(), feedback, kind == "sign" ? "h and H" : "residuals");
             if (kind == "powersgd") {
                 std::vector<float> q(cpu.power.q.size());
                 cudaCheck(cudaMemcpy(q.data(), gpu.q, q.size() * sizeof(float), cudaMemcpyDeviceToHost));
