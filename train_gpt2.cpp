@@ -643,14 +643,15 @@ void gpt2_update(GPT2* model, const OptimizerStep& s) {
 // The end of a step, after every micro-step's backward: the gradients made complete over the layout
 // (llmc/parallel/grad_completion.h: the tensor-parallel replicas' broadcast, the stages' shared tensors'
 // sums, the data-parallel sum as the ZeRO stage cuts it); their global norm follows (gpt2_grad_norm).
-void gpt2_complete_gradients(GPT2* model) {
+// loss_scale: the S the gradients carry (the run loop's; 1 here, where no loss scaling runs).
+void gpt2_complete_gradients(GPT2* model, float loss_scale) {
     const ParallelLayout& lay = model->layout;
     float* grads = model->grads_memory.data();
     // -tp and -pp come with -z 0 or 1: the gradient array is whole (grads_base 0)
     complete_model_parallel_gradients(lay, grads, 0, model->num_parameters, model->param_offsets, model->param_sizes,
                                       COMM_FLOAT32);
     if (model->compression.on()) {
-        grad_compression_reduce(lay.dp_group, &model->compression, grads);
+        grad_compression_reduce(lay.dp_group, &model->compression, grads, loss_scale);
     } else if (model->local.every == 0) {  // -lh: each replica's own until it synchronizes
         reduce_gradients_over_replicas(lay, grads, model->num_parameters, model->shard.shard_size, COMM_FLOAT32);
     }
@@ -897,7 +898,7 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, PipelineComm* pipe, 
     h.forward_backward = [=](const StepBatches& b, float dloss, int bad_micro, PhaseTimer* timer) {
         return gpt2_forward_backward(model, pipe, schedule, b, dloss, bad_micro, timer, note);
     };
-    h.complete_gradients = [=] { gpt2_complete_gradients(model); };
+    h.complete_gradients = [=](float S) { gpt2_complete_gradients(model, S); };
     h.grad_norm = [=] { return gpt2_grad_norm(model); };
     h.update = [=](bool apply, const OptimizerStep& settings) {
         if (apply) gpt2_apply_update(model, settings);

@@ -887,7 +887,9 @@ RunHooks gpt2_run_hooks(GPT2* model, const TrainArgs& args, GpuPhases* phases, P
     h.grad_norm = [=] { return gpt2_grad_norm(model); };  // the gradients were reduced during the backward
     if (model->compression.on()) {  // or -gc's reduction after it
         auto sync = [model](const char* what) { gpt2_sync(model, what); };
-        h.complete_gradients = [=] { grad_compression_gpu_reduce(dp, &model->compression, model->grads_memory, model->stream, sync); };
+        h.complete_gradients = [=](float S) {
+            grad_compression_gpu_reduce(dp, &model->compression, model->grads_memory, model->stream, sync, S);
+        };
     }
     h.update = [=](bool apply, const OptimizerStep& s) {
         if (apply) gpt2_update(model, s);

@@ -128,6 +128,34 @@ TEST(GradCompression, Ef21FollowsItsDefinitionAndConverges) {
            worst, ratio);
 }
 
+// The FP16 build's gradients carry the loss scale S, which the scaler halves after an overflow and
+// doubles after clean steps: -gc's state holds the gradient itself, so the same gradients at another S
+// hand on the same gradients times S and leave the same state, bit for bit (S a power of two: the
+// multiplications are exact). Both schemes, one process, S changing every step; with the state kept in
+// S's units instead, -gc sign would hand on an H twice too large after each halving.
+TEST(GradCompression, StateHoldsTheGradientWhateverTheLossScale) {
+    const std::vector<OptimizerTensor> tensors = {{P_QKVW, 0, 0, 40, 24, 0}, {P_QKVB, 0, 960, 1, 24, 0}};
+    const size_t n = 984;
+    const float scales[6] = {1.0f, 1024.0f, 512.0f, 1024.0f, 65536.0f, 0.5f};
+    for (std::string kind : {"sign", "powersgd"}) {
+        SCOPED_TRACE(kind);
+        GradCompression plain, scaled;
+        plain.kind = scaled.kind = kind;
+        if (kind == "sign") plain.sign = scaled.sign = sign_compression_init(tensors, n, 1);
+        else plain.power = scaled.power = powersgd_init(tensors, n, 2);
+        std::mt19937 rng(3);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (float S : scales) {
+            std::vector<float> g(n), gs(n);
+            for (size_t i = 0; i < n; i++) g[i] = normal(rng), gs[i] = g[i] * S;
+            grad_compression_reduce(ProcessGroup(), &plain, g.data());
+            grad_compression_reduce(ProcessGroup(), &scaled, gs.data(), S);
+            for (size_t i = 0; i < n; i++) ASSERT_EQ(gs[i], g[i] * S) << "S " << S << ", element " << i;
+            ASSERT_EQ(plain.feedback(), scaled.feedback()) << "S " << S;
+        }
+    }
+}
+
 std::string tiny_dir() { return test::oracle("tiny", std::string(OPTIMIZER_TINY)); }
 
 // np processes, 64 tokens a step (-b 2 x 2 processes, or -b 1 x 4)

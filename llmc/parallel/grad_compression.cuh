@@ -7,7 +7,8 @@
 // is the host's: a GradCompression whose big vectors are filled only to write or read a checkpoint.
 //
 // Per step, after the backward (the buckets' reductions do not run, gpt2_plan_init):
-//   sign      encode (a thread per 64-element block) -> all-gather of every process's words -> decode
+//   sign      encode d = g - h (a thread per 64-element block) -> all-gather of every process's words ->
+//             decode, adding to h and H and handing H on (a thread per element)
 //   powersgd  M = g + e, P = M Q (a thread per element of P) -> all-reduce of P and the vectors -> vectors
 //             back, P to the host, Gram-Schmidt, back -> Q = M^T P (a thread per element) -> all-reduce of Q ->
 //             g = P Q^T and e = M - g / P (a thread per element); a non-finite Q restarts from its first value
@@ -146,48 +147,49 @@ inline void grad_compression_gpu_free(GradCompressionGpu* gc) {
 
 template <typename T>
 __global__ void sign_encode_kernel(const T* grads, const float* h, const SignBlockGpu* blocks, size_t num_blocks,
-                                   uint64_t* words, float* scales) {
+                                   float inv_s, uint64_t* words, float* scales) {
     size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= num_blocks) return;
     const SignBlockGpu blk = blocks[b];
-    sign_encode_block(grads + blk.offset, h + blk.offset, blk.n, words + b, scales + b);
+    sign_encode_block(grads + blk.offset, h + blk.offset, blk.n, inv_s, words + b, scales + b);
 }
 
 template <typename T>
 __global__ void sign_decode_kernel(T* grads, float* h, float* H, const uint64_t* gathered, size_t W, size_t words,
-                                   const SignBlockGpu* blocks, size_t num_blocks, int P, int rank) {
+                                   const SignBlockGpu* blocks, size_t num_blocks, int P, int rank, float loss_scale) {
     size_t b = (size_t)blockIdx.x * (blockDim.x / 64) + threadIdx.x / 64;
     int j = (int)(threadIdx.x % 64);
     if (b >= num_blocks || j >= (int)blocks[b].n) return;
     size_t x = blocks[b].offset + j;
-    grads[x] = (T)sign_decode_element(gathered, W, words, b, P, rank, j, h + x, H + x);
+    grads[x] = (T)(loss_scale * sign_decode_element(gathered, W, words, b, P, rank, j, h + x, H + x));
 }
 
 template <typename T>
-void sign_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, cudaStream_t stream) {
+void sign_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, float loss_scale, cudaStream_t stream) {
     const SignCompression& sc = gc->host.sign;
     const size_t W = sc.block_words, words = sc.first_word.back();
     uint64_t* mine = gc->gathered + (size_t)dp.rank * W;
     cudaCheck(cudaMemsetAsync(mine + W - 1, 0, sizeof(uint64_t), stream));  // an odd count of scales leaves half a word
     sign_encode_kernel<T><<<(unsigned)((gc->num_blocks + 127) / 128), 128, 0, stream>>>(grads, gc->feedback, gc->blocks,
-                                                                                    gc->num_blocks, mine, (float*)(mine + words));
+                                                                                    gc->num_blocks, 1.0f / loss_scale, mine,
+                                                                                    (float*)(mine + words));
     cudaCheck(cudaGetLastError());
     all_gather(dp, gc->gathered, W, COMM_UINT64);
     comm_join(dp);
     sign_decode_kernel<T><<<(unsigned)((gc->num_blocks + 3) / 4), 256, 0, stream>>>(grads, gc->feedback, gc->feedback + gc->n,
                                                                                 gc->gathered, W, words, gc->blocks,
-                                                                                gc->num_blocks, dp.size, dp.rank);
+                                                                                gc->num_blocks, dp.size, dp.rank, loss_scale);
     cudaCheck(cudaGetLastError());
 }
 
 // ---------------------------------------------------------------------------------------------------
 // PowerSGD (the sums in powersgd.h's order: over a row's columns, a column's rows, a product's R terms)
 
-// Element x of matrix t: M = g + e, kept in e.
+// Element x of matrix t: M = g / S + e, kept in e.
 template <typename T>
-__global__ void powersgd_add_kernel(const T* grads, float* residual, const PowerSgdTensorGpu t) {
+__global__ void powersgd_add_kernel(const T* grads, float* residual, const PowerSgdTensorGpu t, float inv_s) {
     size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (x < (size_t)t.rows * t.cols) residual[t.offset + x] += (float)grads[t.offset + x];
+    if (x < (size_t)t.rows * t.cols) residual[t.offset + x] += (float)grads[t.offset + x] * inv_s;
 }
 
 // P's element (r, j) of matrix t: M's row r times Q's column j (a thread each: one sum in registers).
@@ -226,17 +228,17 @@ __global__ void powersgd_q_kernel(const float* residual, const float* p, float* 
     q[t.q_first + x] = (float)acc;
 }
 
-// Element x of matrix t: g = P^ Q^T, e = M - g / P.
+// Element x of matrix t: g = P^ Q^T (handed on times S), e = M - g / P.
 template <typename T>
 __global__ void powersgd_approx_kernel(T* grads, float* residual, const float* p, const float* q, const PowerSgdTensorGpu t,
-                                       int R, float inv_processes) {
+                                       int R, float inv_processes, float loss_scale) {
     size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (x >= (size_t)t.rows * t.cols) return;
     size_t r = x / t.cols, c = x % t.cols;
     double sum = 0.0;
     for (int j = 0; j < R; j++) sum += (double)p[t.p_first + r * R + j] * q[t.q_first + c * R + j];
     float g = (float)sum;
-    grads[t.offset + x] = (T)g;
+    grads[t.offset + x] = (T)(g * loss_scale);
     float e = residual[t.offset + x] - g * inv_processes;
     residual[t.offset + x] = gc_finite(e) ? e : 0.0f;
 }
@@ -251,14 +253,14 @@ __global__ void powersgd_q_reset_kernel(float* q, const float* q_first, const Po
 }
 
 template <typename T>
-void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, cudaStream_t stream,
+void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, float loss_scale, cudaStream_t stream,
                          const std::function<void(const char*)>& sync) {
     const PowerSgd& ps = gc->host.power;
     const int R = ps.rank, threads = 128;
     auto blocks = [&](size_t count) { return (unsigned)((count + threads - 1) / threads); };
     const unsigned E = (unsigned)gc->num_exact;
     for (const PowerSgdTensorGpu& t : gc->matrices) {
-        powersgd_add_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->feedback, t);
+        powersgd_add_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->feedback, t, 1.0f / loss_scale);
         powersgd_p_kernel<<<blocks((size_t)t.rows * R), threads, 0, stream>>>(gc->feedback, gc->q, gc->p, t, R);
     }
     if (E) powersgd_exact_kernel<T><<<dim3(blocks(gc->max_exact), E), threads, 0, stream>>>(grads, gc->p, gc->exact, true);
@@ -286,20 +288,20 @@ void powersgd_reduce_gpu(const ProcessGroup& dp, GradCompressionGpu* gc, T* grad
     comm_join(dp);
     for (const PowerSgdTensorGpu& t : gc->matrices) {
         powersgd_approx_kernel<T><<<blocks((size_t)t.rows * t.cols), threads, 0, stream>>>(grads, gc->feedback, gc->p, gc->q_new, t,
-                                                                                      R, 1.0f / (float)dp.size);
+                                                                                      R, 1.0f / (float)dp.size, loss_scale);
         powersgd_q_reset_kernel<<<1, 256, 0, stream>>>(gc->q_new, gc->q_first, t, R);
     }
     cudaCheck(cudaGetLastError());
     std::swap(gc->q, gc->q_new);
 }
 
-// The step's gradients (n floatX on the device) reduced over the data-parallel group as -gc says.
-// A collective; sync waits for the stream (and the group's collectives).
+// The step's gradients (n floatX on the device, times the loss scale S) reduced over the data-parallel
+// group as -gc says. A collective; sync waits for the stream (and the group's collectives).
 template <typename T>
 void grad_compression_gpu_reduce(const ProcessGroup& dp, GradCompressionGpu* gc, T* grads, cudaStream_t stream,
-                                 const std::function<void(const char*)>& sync) {
-    if (gc->host.kind == "sign") sign_reduce_gpu(dp, gc, grads, stream);
-    else powersgd_reduce_gpu(dp, gc, grads, stream, sync);
+                                 const std::function<void(const char*)>& sync, float loss_scale = 1.0f) {
+    if (gc->host.kind == "sign") sign_reduce_gpu(dp, gc, grads, loss_scale, stream);
+    else powersgd_reduce_gpu(dp, gc, grads, loss_scale, stream, sync);
 }
 
 // The checkpoint's sections (grad_compression_sections, from host copies of the error feedback and Q).

@@ -107,18 +107,19 @@ HOST_DEVICE inline bool gc_finite(float x) {
 #endif
 }
 
-// One block of n <= 64 elements (a word of bits) on this process: d = g - h, the block's scale and its
-// bits; h is not changed yet (sign_decode_element adds q once every process's scale is known). The sum in
-// double in index order: the same bits on every machine, host or GPU (T: the gradient's type, fp32 or the
-// CUDA build's floatX).
+// One block of n <= 64 elements (a word of bits) on this process: d = g / S - h, the block's scale and
+// its bits; h is not changed yet (sign_decode_element adds q once every process's scale is known). S is
+// the loss scale the gradients carry (1 but in the FP16 build): h and H hold the gradient itself, so a
+// change of S leaves them right. The sum in double in index order: the same bits on every machine, host
+// or GPU (T: the gradient's type, fp32 or the CUDA build's floatX).
 template <typename T>
-HOST_DEVICE inline void sign_encode_block(const T* g, const float* h, size_t n, uint64_t* word, float* scale) {
+HOST_DEVICE inline void sign_encode_block(const T* g, const float* h, size_t n, float inv_s, uint64_t* word, float* scale) {
     double l1 = 0.0;
-    for (size_t i = 0; i < n; i++) l1 += fabs((double)((float)g[i] - h[i]));
+    for (size_t i = 0; i < n; i++) l1 += fabs((double)((float)g[i] * inv_s - h[i]));
     *scale = (float)(l1 / (double)n);
     uint64_t bits = 0;
     for (size_t i = 0; i < n; i++) {
-        if ((float)g[i] - h[i] < 0.0f) bits |= (uint64_t)1 << i;
+        if ((float)g[i] * inv_s - h[i] < 0.0f) bits |= (uint64_t)1 << i;
     }
     *word = bits;
 }
@@ -143,16 +144,17 @@ HOST_DEVICE inline float sign_decode_element(const uint64_t* gathered, size_t W,
 }
 
 // One tensor's compression on this process (its blocks, sign_encode_block), into `bits` and `scales`.
-inline void sign_encode(const float* g, const float* h, size_t n, uint64_t* bits, float* scales) {
+inline void sign_encode(const float* g, const float* h, size_t n, float inv_s, uint64_t* bits, float* scales) {
     for (size_t b = 0; b * SIGN_BLOCK < n; b++) {
         size_t begin = b * SIGN_BLOCK;
-        sign_encode_block(g + begin, h + begin, std::min(n - begin, SIGN_BLOCK), bits + b, scales + b);
+        sign_encode_block(g + begin, h + begin, std::min(n - begin, SIGN_BLOCK), inv_s, bits + b, scales + b);
     }
 }
 
 // The reduced gradient of the step in grads (N, replaced): every process's bits and scales gathered, h_p
-// and H advanced by them, g = H. A collective of the data-parallel group.
-inline void sign_compressed_reduce(const ProcessGroup& dp, SignCompression* sc, float* grads) {
+// and H advanced by them, g = H S (S: the loss scale the gradients carry). A collective of the
+// data-parallel group.
+inline void sign_compressed_reduce(const ProcessGroup& dp, SignCompression* sc, float* grads, float loss_scale = 1.0f) {
     const size_t W = sc->block_words, T = sc->tensors.size(), N = sc->estimates.size() / 2;
     uint64_t* mine = sc->gathered.data() + (size_t)dp.rank * W;
     mine[W - 1] = 0;  // an odd count of scales leaves half a word
@@ -160,7 +162,8 @@ inline void sign_compressed_reduce(const ProcessGroup& dp, SignCompression* sc, 
     for (size_t k = 0; k < T; k++) {
         const OptimizerTensor& t = sc->tensors[k];
         float* scales = (float*)(mine + sc->first_word[T]) + sc->first_scale[k];
-        sign_encode(grads + t.offset, sc->estimates.data() + t.offset, t.size(), mine + sc->first_word[k], scales);
+        sign_encode(grads + t.offset, sc->estimates.data() + t.offset, t.size(), 1.0f / loss_scale, mine + sc->first_word[k],
+                    scales);
     }
     all_gather(dp, sc->gathered.data(), W, COMM_UINT64);
     comm_join(dp);
@@ -169,8 +172,8 @@ inline void sign_compressed_reduce(const ProcessGroup& dp, SignCompression* sc, 
         const OptimizerTensor& t = sc->tensors[k];
         for (size_t i = 0; i < t.size(); i++) {
             size_t x = t.offset + i;
-            grads[x] = sign_decode_element(sc->gathered.data(), W, sc->first_word[T], sc->first_word[k] + i / 64, dp.size,
-                                           dp.rank, (int)(i % 64), &sc->estimates[x], &sc->estimates[N + x]);
+            grads[x] = loss_scale * sign_decode_element(sc->gathered.data(), W, sc->first_word[T], sc->first_word[k] + i / 64,
+                                                        dp.size, dp.rank, (int)(i % 64), &sc->estimates[x], &sc->estimates[N + x]);
         }
     }
 }
@@ -233,10 +236,11 @@ inline bool grad_compression_start(const std::string& flag, int rank, const Proc
     return true;
 }
 
-// The step's gradients (N) reduced over the data-parallel group as -gc says. A collective.
-inline void grad_compression_reduce(const ProcessGroup& dp, GradCompression* gc, float* grads) {
-    if (gc->kind == "sign") sign_compressed_reduce(dp, &gc->sign, grads);
-    else powersgd_reduce(dp, &gc->power, grads);
+// The step's gradients (N, times the loss scale S) reduced over the data-parallel group as -gc says. A
+// collective.
+inline void grad_compression_reduce(const ProcessGroup& dp, GradCompression* gc, float* grads, float loss_scale = 1.0f) {
+    if (gc->kind == "sign") sign_compressed_reduce(dp, &gc->sign, grads, loss_scale);
+    else powersgd_reduce(dp, &gc->power, grads, loss_scale);
 }
 
 // The checkpoint's sections of this process's own (llmc/io/state_file.h): -gc sign's h_p and H, or

@@ -145,17 +145,19 @@ inline void powersgd_orthonormalize(float* p, size_t rows, int R) {
     for (size_t i = 0; i < rows * R; i++) p[i] = (float)col[i];
 }
 
-// The reduced gradient of the step in grads (N, replaced). A collective of the data-parallel group.
-inline void powersgd_reduce(const ProcessGroup& dp, PowerSgd* ps, float* grads) {
+// The reduced gradient of the step in grads (N, replaced; times the loss scale S the gradients carry, 1
+// but in the FP16 build: M and e hold the gradient itself). A collective of the data-parallel group.
+inline void powersgd_reduce(const ProcessGroup& dp, PowerSgd* ps, float* grads, float loss_scale = 1.0f) {
     const int R = ps->rank;
     const size_t matrices = ps->matrices.size();
     float* e = ps->residual.data();
-    // M_p = g_p + e_p (in the residual's place), P = M_p Q; the exact tensors after the P's
+    const float inv_s = 1.0f / loss_scale;  // M and e in the gradient's own units, whatever S the step has
+    // M_p = g_p / S + e_p (in the residual's place), P = M_p Q; the exact tensors after the P's
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < matrices; i++) {
         const OptimizerTensor& t = ps->tensors[ps->matrices[i]];
         float* m = e + t.offset;
-        for (size_t j = 0; j < t.size(); j++) m[j] += grads[t.offset + j];
+        for (size_t j = 0; j < t.size(); j++) m[j] += grads[t.offset + j] * inv_s;
         powersgd_times(m, ps->q.data() + ps->q_first[i], ps->p_buffer.data() + ps->p_first[i], t.rows, t.cols, R);
     }
     size_t at = matrices ? ps->p_first.back() + ps->tensors[ps->matrices.back()].rows * R : 0;
@@ -195,7 +197,7 @@ inline void powersgd_reduce(const ProcessGroup& dp, PowerSgd* ps, float* grads) 
                 for (int j = 0; j < R; j++) sum += (double)p[r * R + j] * q[c * R + j];
                 float g = (float)sum;
                 size_t x = t.offset + r * t.cols + c;
-                grads[x] = g;
+                grads[x] = g * loss_scale;
                 e[x] -= g * inv;
                 if (!std::isfinite(e[x])) e[x] = 0.0f;  // a non-finite gradient (a skipped step) leaves nothing behind
             }

@@ -71,8 +71,10 @@ struct RunHooks {
     // before the last).
     std::function<double(const StepBatches& batches, float dloss, int bad_micro, PhaseTimer* timer)> forward_backward;
     // Optional: completes the step's gradients over the processes (the collectives that make them
-    // whole); unset where nothing is left to do (the CUDA trainer reduced them during the backward).
-    std::function<void()> complete_gradients;
+    // whole); unset where nothing is left to do (the CUDA trainer reduced them during the backward). S:
+    // the loss scale the gradients carry (1 but in the FP16 build), for state kept in the gradient's
+    // own units (-gc's error feedback).
+    std::function<void(float S)> complete_gradients;
     // The gradients' global norm as computed (times S), the same on every process (its sums over the
     // processes included).
     std::function<double()> grad_norm;
@@ -240,7 +242,7 @@ inline void run_train_step(TrainRun* run, const RunHooks& hooks, int step, StepB
     double loss_sum = hooks.forward_backward(*batches, dloss, bad_micro, timer);
     phase_begin(timer, PHASE_COMM);
     float loss = (float)(hooks.sum_over_replicas(loss_sum, "the step's loss") / ((double)m * run->dp_size));
-    if (hooks.complete_gradients) hooks.complete_gradients();
+    if (hooks.complete_gradients) hooks.complete_gradients(step_scale);
     phase_end(timer);
     phase_begin(timer, PHASE_GRADNORM);
     double scaled_norm = hooks.grad_norm();  // global: every process decides the same

@@ -1642,7 +1642,7 @@ inline std::vector<T> slice(const std::vector<T>& v, size_t begin, size_t end) {
 
 // -gc's GPU kernels (llmc/parallel/grad_compression.cuh) against the CPU's reduce (grad_compression.h,
 // powersgd.h) on one process, over three steps of new gradients (floatX values, the same numbers on both
-// sides), the error feedback carried: four tensors (a 40 x 24 and a 30 x 8 matrix, vectors of 24 and 100)
+// sides; the second step's times a loss scale of 1024), the error feedback carried: four tensors (a 40 x 24 and a 30 x 8 matrix, vectors of 24 and 100)
 // whose 64-element blocks end part-way, and which PowerSGD at R = 2 factors (the matrices) or sums exactly
 // (the vectors). Sign: the sums have no products, so h, H and the gradients are bit for bit. PowerSGD:
 // the dot products' double sums run in the same order, but the compilers may fuse a multiply and an add
@@ -1683,10 +1683,12 @@ TEST(Kernels, GradCompressionAgainstTheCpu) {
             worst = std::max(worst, diff / largest);
         };
         for (int step = 0; step < 3; step++) {
+            const float S = step == 1 ? 1024.0f : 1.0f;  // a loss scale (FP16's): the state stays unscaled
             std::vector<float> g = random_values(n, rng);
+            for (float& x : g) x *= S;
             upload(d_grads, g);
-            grad_compression_reduce(ProcessGroup(), &cpu, g.data());
-            grad_compression_gpu_reduce(ProcessGroup(), &gpu, d_grads.ptr, 0, [](const char*) { cudaCheck(cudaDeviceSynchronize()); });
+            grad_compression_reduce(ProcessGroup(), &cpu, g.data(), S);
+            grad_compression_gpu_reduce(ProcessGroup(), &gpu, d_grads.ptr, 0, [](const char*) { cudaCheck(cudaDeviceSynchronize()); }, S);
             std::vector<float> want(n);
             for (size_t i = 0; i < n; i++) want[i] = host_from_floatX(host_to_floatX(g[i]));
             compare(want, download(d_grads), "gradients");
