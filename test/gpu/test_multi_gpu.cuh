@@ -972,28 +972,28 @@ TEST(MultiGpuMpirun, LocalStepsMatchTheOracleAndResumeBitForBit) {
     test::expect_resume_from_step_3_same_bits(cmd, a, b);
 }
 
-// -gc powersgd -gr 2 on 2 processes (fp32) against the oracle's compression by its definition
-// (gpt2_oracle.py --powersgd, with torch's QR), with the fp32 bars of the one-process runs; the bytes of
-// each step as the start-up predicts (the two all-reduces); and -gc sign's bytes likewise. Each scheme
-// resumed from step 3 (its residuals, and Q, from each process's own state file) ends with the same bits.
+// -gc powersgd -gr 2 and -gc sign on 2 processes (fp32) against the oracle's compression by its
+// definition (gpt2_oracle.py --powersgd, with torch's QR; --sign, EF21), with the fp32 bars of the
+// one-process runs; the bytes of each step as the start-up predicts (PowerSGD's two all-reduces, sign's
+// gather). Each scheme resumed from step 3 (its state, and Q, from each process's own state file) ends
+// with the same bits.
 TEST(MultiGpuMpirun, CompressedGradientsMatchTheOracleAndResumeBitForBit) {
     REQUIRE_MPIRUN_GPUS(2);
     OptimizerRun run{"adamw", 1e-3, 0.02};
-    std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(2) + " --powersgd 2";
-    REQUIRE_ORACLE("powersgd_r2", oracle_args);
-    std::string oracle_dir = test::oracle("powersgd_r2", oracle_args);
-    for (std::string flags : {" -gc powersgd -gr 2", " -gc sign"}) {
-        SCOPED_TRACE(flags);
+    for (std::string name : {"powersgd", "sign"}) {
+        SCOPED_TRACE(name);
+        std::string oracle_args = std::string(OPTIMIZER_TINY) + run.oracle_args(2) + (name == "sign" ? " --sign" : " --powersgd 2");
+        std::string oracle_name = name == "sign" ? "sign_ef21" : "powersgd_r2";
+        REQUIRE_ORACLE(oracle_name, oracle_args);
+        std::string oracle_dir = test::oracle(oracle_name, oracle_args);
+        std::string flags = name == "sign" ? " -gc sign" : " -gc powersgd -gr 2";
         std::string cmd = mpirun_command(2) + run.trainer_args(oracle_dir, 2, TRAINER) + flags + " -n 1";
-        std::string name = flags.find("sign") != std::string::npos ? "sign" : "powersgd";
         std::string a = test::scratch_dir("mpi_2_gc_" + name), b = test::scratch_dir("mpi_2_gc_" + name + "_resumed");
         test::CommandResult r = test::run_command(cmd + " -o " + a);
         ASSERT_EQ(r.exit_code, 0) << r.output;
         expect_comm_bytes_as_predicted(r.output, a);
-        if (name == "powersgd") {
-            Agreement agree = compare_with_oracle(oracle_dir, a, run.steps);
-            expect_agreement(agree, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-2);
-        }
+        Agreement agree = compare_with_oracle(oracle_dir, a, run.steps);
+        expect_agreement(agree, TOL_STEP_LOSS_REL + TOL_STEP_LOSS_ABS / 5.0, TOL_STEP_NORM_REL, 1e-2);
         test::expect_resume_from_step_3_same_bits(cmd, a, b);
     }
 }

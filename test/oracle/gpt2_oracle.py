@@ -110,9 +110,11 @@ def parse_args(argv):
     g.add_argument("--local-steps", type=int, default=0, metavar="H",
                    help="train_gpt2 -lh H: --replicas replicas, each with its share of --accum's micro-batches, "
                         "synchronized every H steps and after the last (--opt adamw)")
-    g.add_argument("--replicas", type=int, default=2, help="--local-steps, --powersgd: data-parallel replicas P")
+    g.add_argument("--replicas", type=int, default=2, help="--local-steps, --powersgd, --sign: data-parallel replicas P")
     g.add_argument("--powersgd", type=int, default=0, metavar="R",
                    help="train_gpt2 -gc powersgd -gr R: --replicas replicas' gradients compressed (--opt adamw)")
+    g.add_argument("--sign", action="store_true",
+                   help="train_gpt2 -gc sign: --replicas replicas' gradients by EF21's scaled sign (--opt adamw)")
     g.add_argument("--outer", choices=["nesterov", "mean"], default="nesterov",
                    help="--local-steps: DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9; -lo 1) or the mean (-lo 0)")
     g.add_argument("--muon-ns-dtype", choices=["bfloat16", "compute"], default="bfloat16",
@@ -749,70 +751,117 @@ def xorshift_uniforms(seed, count):
     return out
 
 
-def train_powersgd(args, cfg, params, tokens, B, T, out_dir):
-    """train_gpt2 -gc powersgd -gr R (llmc/parallel/powersgd.h) from its definition, with torch's QR: P
-    replicas, replica p's gradient share from micro-batches p, p + P, ... (each weighted 1/K, so the shares
-    sum to the step's gradient); for each matrix view (layer_views) with (rows + cols) R < rows cols:
-    M_p = g_p + e_p, P = sum_p M_p Q, P^ = an orthonormal basis of P's columns (QR), Q = sum_p M_p^T P^,
-    g = P^ Q^T, e_p = M_p - g / P, Q kept; the other views summed exactly. Q's first value: matrix k's
-    entries 2u - 1 from xorshift64* seeded with (k + 1) * 0x9E3779B97F4A7C15, (cols x R) row by row. The
-    result is the same whichever orthonormal basis of P's columns is taken. Then clipping and AdamW as
-    without compression."""
-    S, K, P, R = args.steps, args.accum, args.replicas, args.powersgd
-    if args.opt != "adamw" or K % P != 0 or P < 2:
-        raise UsageError("--powersgd needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+def replica_shares(params, tokens, cfg, s, K, P, B, T):
+    """Step s's gradient shares of P replicas: replica p's from micro-batches p, p + P, ... (each weighted
+    1/K, so the shares sum to the step's gradient); and the micro-batches' losses in replica order."""
+    shares, step_losses = [], []
+    for r in range(P):
+        for p in params:
+            p.grad = None
+        for m in range(r, K, P):
+            inputs, targets = stream_batch(tokens, (s * K + m) * B, B, T)
+            loss = loss_fn(params, inputs, targets, cfg)[0]
+            (loss / K).backward()
+            step_losses.append(loss.item())
+        shares.append([p.grad.detach().clone() for p in params])
+    return shares, step_losses
+
+
+def train_compressed(args, cfg, params, tokens, B, T, out_dir, scheme, reduce_view):
+    """A run of P replicas whose gradient shares are reduced view by view (layer_views) by
+    reduce_view(k, view, shares of that view) -> the view's gradient; then clipping and AdamW as without
+    compression. Writes run.json and final.bin as train does."""
+    S, K, P = args.steps, args.accum, args.replicas
     m_state = [torch.zeros_like(p) for p in params]
     v_state = [torch.zeros_like(p) for p in params]
     views = layer_views(PARAM_NAMES, params)
-    compressed = [v.dim() == 2 and (v.shape[0] + v.shape[1]) * R < v.numel() for _, _, v in views]
-    Q = {k: torch.tensor(xorshift_uniforms((k + 1) * 0x9E3779B97F4A7C15 & ((1 << 64) - 1), v.shape[1] * R),
-                         dtype=params[0].dtype).view(v.shape[1], R) * 2 - 1
-         for k, (_, _, v) in enumerate(views) if compressed[k]}
-    residual = [{k: torch.zeros_like(v) for k, (_, _, v) in enumerate(views) if compressed[k]} for _ in range(P)]
     losses, lrs, norms = [], [], []
     for s in range(S):
         lr = learning_rate(s, S, args.lr, args.warmup, args.final_frac, args.schedule)
-        shares, step_losses = [], []
-        for r in range(P):
-            for p in params:
-                p.grad = None
-            for m in range(r, K, P):
-                inputs, targets = stream_batch(tokens, (s * K + m) * B, B, T)
-                loss = loss_fn(params, inputs, targets, cfg)[0]
-                (loss / K).backward()
-                step_losses.append(loss.item())
-            shares.append([p.grad.detach().clone() for p in params])
+        shares, step_losses = replica_shares(params, tokens, cfg, s, K, P, B, T)
         grads = [torch.zeros_like(p) for p in params]
         with torch.no_grad():
-            for k, (name, l, _) in enumerate(views):
+            for k, (name, l, v) in enumerate(views):
                 i = PARAM_NAMES.index(name)
                 part = lambda g: g[i] if l is None else g[i][l]
-                if not compressed[k]:
-                    part(grads).copy_(sum(part(g) for g in shares))
-                    continue
-                M = [part(shares[r]) + residual[r][k] for r in range(P)]
-                basis = torch.linalg.qr(sum(x @ Q[k] for x in M)).Q
-                Q[k] = sum(x.T @ basis for x in M)
-                g = basis @ Q[k].T
-                part(grads).copy_(g)
-                for r in range(P):
-                    residual[r][k] = M[r] - g / P
+                part(grads).copy_(reduce_view(k, v, [part(share) for share in shares]))
         norm = clip_gradients(grads)
         adamw_update(params, grads, m_state, v_state, s, lr, args.weight_decay)
         losses.append(sum(step_losses) / K), lrs.append(lr), norms.append(norm)
         print(f"step {s + 1:4d}/{S} | loss {losses[-1]:.6f} | lr {lr:.4e} | grad norm {norm:.4f}")
     with open(os.path.join(out_dir, "run.json"), "w") as f:
         json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms, "first_step": 0,
-                   "config": {**cfg.as_dict(), "B": B, "T": T, "steps": S, "accum": K, "powersgd": R,
+                   "config": {**cfg.as_dict(), "B": B, "T": T, "steps": S, "accum": K, **scheme,
                               "replicas": P}}, f, indent=1)
     write_model(os.path.join(out_dir, "final.bin"), cfg, params)
     return losses
+
+
+def train_powersgd(args, cfg, params, tokens, B, T, out_dir):
+    """train_gpt2 -gc powersgd -gr R (llmc/parallel/powersgd.h) from its definition, with torch's QR: for
+    each matrix view (layer_views) with (rows + cols) R < rows cols: M_p = g_p + e_p, P = sum_p M_p Q, P^ =
+    an orthonormal basis of P's columns (QR), Q = sum_p M_p^T P^, g = P^ Q^T, e_p = M_p - g / P, Q kept;
+    the other views summed exactly. Q's first value: matrix k's entries 2u - 1 from xorshift64* seeded
+    with (k + 1) * 0x9E3779B97F4A7C15, (cols x R) row by row. The result is the same whichever orthonormal
+    basis of P's columns is taken."""
+    K, P, R = args.accum, args.replicas, args.powersgd
+    if args.opt != "adamw" or K % P != 0 or P < 2:
+        raise UsageError("--powersgd needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    views = layer_views(PARAM_NAMES, params)
+    compressed = [v.dim() == 2 and (v.shape[0] + v.shape[1]) * R < v.numel() for _, _, v in views]
+    Q = {k: torch.tensor(xorshift_uniforms((k + 1) * 0x9E3779B97F4A7C15 & ((1 << 64) - 1), v.shape[1] * R),
+                         dtype=params[0].dtype).view(v.shape[1], R) * 2 - 1
+         for k, (_, _, v) in enumerate(views) if compressed[k]}
+    residual = [{k: torch.zeros_like(v) for k, (_, _, v) in enumerate(views) if compressed[k]} for _ in range(P)]
+
+    def reduce_view(k, v, shares):
+        if not compressed[k]:
+            return sum(shares)
+        M = [shares[r] + residual[r][k] for r in range(P)]
+        basis = torch.linalg.qr(sum(x @ Q[k] for x in M)).Q
+        Q[k] = sum(x.T @ basis for x in M)
+        g = basis @ Q[k].T
+        for r in range(P):
+            residual[r][k] = M[r] - g / P
+        return g
+    return train_compressed(args, cfg, params, tokens, B, T, out_dir, {"powersgd": R}, reduce_view)
+
+
+def train_sign(args, cfg, params, tokens, B, T, out_dir):
+    """train_gpt2 -gc sign (llmc/parallel/grad_compression.h) from its definition, EF21 with the scaled
+    sign: for each view (layer_views), flattened, in blocks of 64 from its start, on replica p with h_p
+    what the others hold for its gradient and H their sum (both from 0): d = g_p - h_p, s = mean |d| over
+    the block, q_p = s sign(d) (+s where d = 0), h_p += q_p, H += sum_p q_p; the view's gradient is H."""
+    K, P = args.accum, args.replicas
+    if args.opt != "adamw" or K % P != 0 or P < 2:
+        raise UsageError("--sign needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    views = layer_views(PARAM_NAMES, params)
+    h = [[torch.zeros(v.numel(), dtype=v.dtype) for _, _, v in views] for _ in range(P)]
+    H = [torch.zeros(v.numel(), dtype=v.dtype) for _, _, v in views]
+
+    def scaled_sign(d):
+        n = d.numel()
+        blocks = torch.nn.functional.pad(d, (0, (-n) % 64)).view(-1, 64)
+        counts = torch.full((blocks.shape[0], 1), 64.0, dtype=d.dtype)
+        counts[-1] = n - 64 * (blocks.shape[0] - 1)
+        scale = (blocks.abs().sum(1, keepdim=True) / counts).expand(-1, 64).reshape(-1)[:n]
+        return torch.where(d < 0, -scale, scale)
+
+    def reduce_view(k, v, shares):
+        q = [scaled_sign(shares[r].reshape(-1) - h[r][k]) for r in range(P)]
+        for r in range(P):
+            h[r][k] += q[r]
+        H[k] += sum(q)
+        return H[k].view_as(v)
+    return train_compressed(args, cfg, params, tokens, B, T, out_dir, {"sign": True}, reduce_view)
 
 
 def train(args, cfg, params, tokens, B, T, out_dir, start=None):
     """start: (step, m, v, batch) to continue llm.c's checkpoint (--resume-llmc), else None."""
     if args.powersgd:
         return train_powersgd(args, cfg, params, tokens, B, T, out_dir)
+    if args.sign:
+        return train_sign(args, cfg, params, tokens, B, T, out_dir)
     if args.local_steps:
         return train_local_steps(args, cfg, params, tokens, B, T, out_dir)
     S, K = args.steps, args.accum
