@@ -35,7 +35,7 @@
 // A block with a non-finite scale on any process (a non-finite gradient: a skipped step) adds nothing to
 // h_p or H and gives a non-finite gradient, so the step is seen as skipped on every process alike. One
 // all-gather of every process's bits and scales (1.5 bits an element) moves 2 (P-1) 1.5 N / 8 bytes a
-// process: 3P/128 of the fp32 all-reduce's 16 N (P-1)/P (4.7% with 2 processes, an eighth with 5; the
+// process: 3P/128 of the fp32 all-reduce's 16 N (P-1)/P (4.7% with 2 processes, 11.7% with 5, over an eighth from 6; the
 // gather grows with P).
 //
 // The scheme runs with -z 0 (ZeRO's shards would need each process's h_p of every shard; refused) and
@@ -280,7 +280,7 @@ inline void grad_compression_restore(GradCompression* gc, const std::vector<Stat
                 fatal("the checkpoint's %s hold %zu bytes; this model's are %zu", what, s.bytes.size(), e.size() * sizeof(float));
             }
             memcpy(e.data(), s.bytes.data(), s.bytes.size());
-            require_finite(e.data(), e.size(), "reading", (std::string("the checkpoint's ") + what).c_str());
+            require_finite(e.data(), e.size(), "reading", std::string("the checkpoint's ") + what);
             feedback = true;
         } else if (s.kind == STATE_SECTION_POWERSGD && gc->kind == "powersgd") {
             std::vector<float>& q = gc->power.q;

@@ -694,6 +694,12 @@ def train_step(params, update, batches, loss_impl, autocast=None):
     return sum(losses) / K, norm
 
 
+def require_replicas(args, flag):
+    """The data-parallel modes' common demands: AdamW, at least 2 replicas, each with as many micro-batches."""
+    if args.opt != "adamw" or args.accum % args.replicas != 0 or args.replicas < 2:
+        raise UsageError(f"{flag} needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+
+
 def train_local_steps(args, cfg, params, tokens, B, T, out_dir):
     """train_gpt2 -lh H (llmc/parallel/local_steps.h) from its definition: P replicas, replica p taking the
     step's micro-batches p, p + P, ... (the data loader's order: each micro-step's P batches in rank order),
@@ -702,8 +708,7 @@ def train_local_steps(args, cfg, params, tokens, B, T, out_dir):
     mean: theta = theta_0 - d; every replica and the anchor become theta. Logs the mean of the replicas'
     losses and replica 0's gradient norm (train_gpt2's process 0)."""
     S, K, P, H = args.steps, args.accum, args.replicas, args.local_steps
-    if args.opt != "adamw" or K % P != 0 or P < 2:
-        raise UsageError("--local-steps needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    require_replicas(args, "--local-steps")
     loss_impl = lambda p, x, y: loss_fn(p, x, y, cfg)[0]
     replicas = [[p.detach().clone().requires_grad_(True) for p in params] for _ in range(P)]
     moments = [([torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]) for _ in range(P)]
@@ -804,9 +809,8 @@ def train_powersgd(args, cfg, params, tokens, B, T, out_dir):
     the other views summed exactly. Q's first value: matrix k's entries 2u - 1 from xorshift64* seeded
     with (k + 1) * 0x9E3779B97F4A7C15, (cols x R) row by row. The result is the same whichever orthonormal
     basis of P's columns is taken."""
-    K, P, R = args.accum, args.replicas, args.powersgd
-    if args.opt != "adamw" or K % P != 0 or P < 2:
-        raise UsageError("--powersgd needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    P, R = args.replicas, args.powersgd
+    require_replicas(args, "--powersgd")
     views = layer_views(PARAM_NAMES, params)
     compressed = [v.dim() == 2 and (v.shape[0] + v.shape[1]) * R < v.numel() for _, _, v in views]
     Q = {k: torch.tensor(xorshift_uniforms((k + 1) * 0x9E3779B97F4A7C15 & ((1 << 64) - 1), v.shape[1] * R),
@@ -832,9 +836,8 @@ def train_sign(args, cfg, params, tokens, B, T, out_dir):
     sign: for each view (layer_views), flattened, in blocks of 64 from its start, on replica p with h_p
     what the others hold for its gradient and H their sum (both from 0): d = g_p - h_p, s = mean |d| over
     the block, q_p = s sign(d) (+s where d = 0), h_p += q_p, H += sum_p q_p; the view's gradient is H."""
-    K, P = args.accum, args.replicas
-    if args.opt != "adamw" or K % P != 0 or P < 2:
-        raise UsageError("--sign needs --opt adamw, --replicas >= 2 and --accum a multiple of --replicas")
+    P = args.replicas
+    require_replicas(args, "--sign")
     views = layer_views(PARAM_NAMES, params)
     h = [[torch.zeros(v.numel(), dtype=v.dtype) for _, _, v in views] for _ in range(P)]
     H = [torch.zeros(v.numel(), dtype=v.dtype) for _, _, v in views]
